@@ -1,0 +1,75 @@
+"""Every well-known name of elasticgpu, defined once.
+
+Group, versions, kinds, resource names, annotations, labels, finalizers, the scheduling gate
+and the provisioners. Other modules import these constants instead of spelling strings.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "elasticgpu.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+CATEGORY: Final = "elasticgpu"
+
+# Kinds and their REST plurals.
+KIND_GPU: Final = "GPU"
+KIND_ELASTIC_GPU: Final = "ElasticGPU"
+KIND_CLAIM: Final = "ElasticGPUClaim"
+KIND_CLASS: Final = "ElasticGPUClass"
+PLURAL_GPU: Final = "gpus"
+PLURAL_ELASTIC_GPU: Final = "elasticgpus"
+PLURAL_CLAIM: Final = "elasticgpuclaims"
+PLURAL_CLASS: Final = "elasticgpuclasses"
+
+# Resources a claim can request.
+RESOURCE_CORE: Final = "elasticgpu.io/gpu-core"
+RESOURCE_MEMORY: Final = "elasticgpu.io/gpu-memory"
+RESOURCE_NVIDIA_GPU: Final = "nvidia.com/gpu"
+KNOWN_RESOURCES: Final = (RESOURCE_CORE, RESOURCE_MEMORY, RESOURCE_NVIDIA_GPU)
+CORES_PER_CARD: Final = 100
+
+# Provisioners this project implements; any other name belongs to someone else.
+PROVISIONER_GPUSHARE: Final = "elasticgpu.io/gpushare"
+PROVISIONER_PHYSICAL: Final = "elasticgpu.io/physical"
+OWN_PROVISIONERS: Final = (PROVISIONER_GPUSHARE, PROVISIONER_PHYSICAL)
+
+# Annotations and labels.
+ANNOTATION_DEFAULT_CLASS: Final = "elasticgpu.io/is-default-class"
+ANNOTATION_CLAIM_PREFIX: Final = "egpuc.elasticgpu.io/"
+ANNOTATION_INLINE_REQUEST_PREFIX: Final = "elasticgpu.io/request."
+ANNOTATION_SELECTED_NODE: Final = "elasticgpu.io/selected-node"
+LABEL_NODE: Final = "elasticgpu.io/node"
+LABEL_CLAIM_NAMESPACE: Final = "elasticgpu.io/claim-namespace"
+LABEL_CLAIM_NAME: Final = "elasticgpu.io/claim-name"
+LABEL_CLASS: Final = "elasticgpu.io/class"
+
+# Finalizers and the pod scheduling gate.
+FINALIZER_CLAIM_PROTECTION: Final = "elasticgpu.io/claim-protection"
+FINALIZER_EGPU_PROTECTION: Final = "elasticgpu.io/egpu-protection"
+SCHEDULING_GATE: Final = "elasticgpu.io/claims"
+
+# CDI kind under which the agent publishes devices (`elasticgpu.io/gpu=<uuid>`).
+CDI_KIND: Final = "elasticgpu.io/gpu"
+
+
+def elastic_gpu_name_for_claim(claim_uid: str) -> str:
+    """Name of the ElasticGPU dynamically provisioned for a claim; derived from its UID so that
+    a retried provisioning after a crash finds the object instead of creating a duplicate."""
+    return f"egpu-{claim_uid.lower()}"
+
+
+def gpu_object_name(uuid: str) -> str:
+    """Name of the GPU object of a card: its uuid, lowercased (`GPU-8F6B...` -> `gpu-8f6b...`)."""
+    return uuid.lower()
+
+
+def claim_annotation(container: str) -> str:
+    """Pod annotation that names the claim used by one container."""
+    return f"{ANNOTATION_CLAIM_PREFIX}{container}"
+
+
+def inline_request_annotation(container: str) -> str:
+    """Pod annotation carrying an inline request for one container."""
+    return f"{ANNOTATION_INLINE_REQUEST_PREFIX}{container}"
