@@ -1,1 +1,90 @@
-"""Models of the four kinds, quantities and names: the one source of truth of elasticgpu."""
+"""Models of the four kinds, quantities and names: the one source of truth of elasticgpu.
+
+Nothing here talks to Kubernetes, gRPC or a database; the controller and the agent translate
+API objects to and from these models at their edges.
+"""
+
+from elasticgpu.api import names
+from elasticgpu.api.claim import (
+    ClaimUsage,
+    ElasticGPUClaim,
+    ElasticGPUClaimSpec,
+    ElasticGPUClaimStatus,
+    ResourceRequirements,
+)
+from elasticgpu.api.elastic_gpu import (
+    ElasticGPU,
+    ElasticGPUSpec,
+    ElasticGPUStatus,
+    GPUShareSource,
+    PhysicalGPUSource,
+)
+from elasticgpu.api.errors import (
+    ElasticGPUError,
+    InvalidClassParameters,
+    InvalidQuantity,
+    InvalidRequest,
+    InvalidSpec,
+    NotFound,
+)
+from elasticgpu.api.gpu import GPU, GPUAllocation, GPUSpec, GPUStatus, GPUUsage
+from elasticgpu.api.gpu_class import ClassParameters, ElasticGPUClass, parse_class_parameters
+from elasticgpu.api.kinds import KINDS, KindInfo
+from elasticgpu.api.meta import (
+    Condition,
+    GPUNodeAffinity,
+    LabelSelector,
+    LabelSelectorRequirement,
+    NodeSelector,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    ObjectMeta,
+    ObjectReference,
+)
+from elasticgpu.api.quantities import format_memory, parse_count, parse_memory_mib
+from elasticgpu.api.resources import GpuRequest, parse_claim_resources, parse_resource_map
+
+__all__ = [
+    "GPU",
+    "KINDS",
+    "ClaimUsage",
+    "ClassParameters",
+    "Condition",
+    "ElasticGPU",
+    "ElasticGPUClaim",
+    "ElasticGPUClaimSpec",
+    "ElasticGPUClaimStatus",
+    "ElasticGPUClass",
+    "ElasticGPUError",
+    "ElasticGPUSpec",
+    "ElasticGPUStatus",
+    "GPUAllocation",
+    "GPUNodeAffinity",
+    "GPUShareSource",
+    "GPUSpec",
+    "GPUStatus",
+    "GPUUsage",
+    "GpuRequest",
+    "InvalidClassParameters",
+    "InvalidQuantity",
+    "InvalidRequest",
+    "InvalidSpec",
+    "KindInfo",
+    "LabelSelector",
+    "LabelSelectorRequirement",
+    "NodeSelector",
+    "NodeSelectorRequirement",
+    "NodeSelectorTerm",
+    "NotFound",
+    "ObjectMeta",
+    "ObjectReference",
+    "PhysicalGPUSource",
+    "ResourceRequirements",
+    "format_memory",
+    "names",
+    "parse_claim_resources",
+    "parse_class_parameters",
+    "parse_count",
+    "parse_memory_mib",
+    "parse_resource_map",
+]

@@ -1,0 +1,118 @@
+"""ElasticGPUClaim: a user's request for GPU capacity (the PersistentVolumeClaim analog)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from elasticgpu.api import cel, names
+from elasticgpu.api.meta import Condition, LabelSelector, ObjectMeta
+from elasticgpu.api.resources import GpuRequest, parse_claim_resources
+from elasticgpu.api.schema import KubeModel, ResourceValue, crd_field, rule
+
+ClaimPhase = Literal["Pending", "Bound", "Lost"]
+
+
+def _resource_map(field: str, description: str) -> object:
+    return Field(
+        default_factory=dict,
+        max_length=3,
+        description=description,
+        json_schema_extra=crd_field(**{"x-kubernetes-validations": cel.resource_map_rules(field)}),
+    )
+
+
+class ResourceRequirements(KubeModel):
+    """Requested resources, as in a container's resources."""
+
+    crd_rules: ClassVar[list[dict[str, str]]] = [
+        rule(
+            "(has(self.requests) && size(self.requests) > 0) || (has(self.limits) && size(self.limits) > 0)",
+            "spec.resources: must request at least one of " + ", ".join(names.KNOWN_RESOURCES),
+            reason="FieldValueRequired",
+        ),
+    ]
+
+    requests: dict[str, ResourceValue] = _resource_map(
+        "spec.resources.requests",
+        "What the claim needs: elasticgpu.io/gpu-core (1..100 percent of one card, or a multiple of 100 for whole"
+        " cards), elasticgpu.io/gpu-memory (MiB or a quantity such as 10Gi), nvidia.com/gpu (whole cards).",
+    )
+    limits: dict[str, ResourceValue] = _resource_map(
+        "spec.resources.limits",
+        "Upper limits enforced in the container (HAMi-core, MPS); default: the requests.",
+    )
+
+
+class ElasticGPUClaimSpec(KubeModel):
+    """What the user asks for."""
+
+    crd_rules: ClassVar[list[dict[str, str]]] = [
+        cel.set_once("elasticGPUName", "spec"),
+        cel.set_once("elasticGPUClassName", "spec"),
+        cel.set_once("egpuClassName", "spec"),
+        cel.immutable("resources", "spec.", "delete the claim and create a new one"),
+        cel.immutable("selector", "spec.", "delete the claim and create a new one"),
+        cel.same_if_both("elasticGPUClassName", "egpuClassName", "spec."),
+    ]
+
+    resources: ResourceRequirements = Field(description="Resources requested from one card, or whole cards.")
+    elastic_gpu_name: str | None = Field(
+        None,
+        alias="elasticGPUName",
+        description="ElasticGPU to bind to (static binding); filled in by the controller on bind. Set once.",
+    )
+    elastic_gpu_class_name: str | None = Field(
+        None,
+        alias="elasticGPUClassName",
+        description="Class to bind or provision with; empty means the default class.",
+    )
+    egpu_class_name: str | None = Field(
+        None,
+        alias="egpuClassName",
+        description="Upstream elastic-gpu spelling of elasticGPUClassName; accepted for compatibility.",
+    )
+    selector: LabelSelector | None = Field(None, description="Bind only to ElasticGPUs with these labels.")
+
+    @property
+    def class_name(self) -> str | None:
+        """The class the user named, whichever spelling they used."""
+        return self.elastic_gpu_class_name or self.egpu_class_name
+
+    def gpu_request(self) -> tuple[GpuRequest, GpuRequest]:
+        """(request, limit) normalised; raises `InvalidRequest` naming the field."""
+        return parse_claim_resources(self.resources.requests, self.resources.limits)
+
+
+class ClaimUsage(KubeModel):
+    """What the claim's containers really use, reported by the agent."""
+
+    memory_used: int = Field(0, ge=0, description="MiB of GPU memory in use.")
+    cores_used: int = Field(0, ge=0, description="Percent of SM time in use.")
+    update_time: str | None = Field(None, description="When the agent measured it (RFC 3339).")
+
+
+class ElasticGPUClaimStatus(KubeModel):
+    """Where the claim is in its life."""
+
+    phase: ClaimPhase | None = Field(None, description="Pending, Bound or Lost.")
+    capacity: dict[str, ResourceValue] = Field(
+        default_factory=dict, description="What the bound ElasticGPU gives (cores integer, memory quantity)."
+    )
+    node_name: str | None = Field(None, description="Node of the bound card(s).")
+    gpus: list[str] = Field(default_factory=list, description="Uuids of the bound card(s).")
+    conditions: list[Condition] = Field(default_factory=list, description="Bound, or Pending with the reason.")
+    usage: ClaimUsage | None = Field(None, description="Measured usage of the claim.")
+
+
+class ElasticGPUClaim(KubeModel):
+    """A claim for GPU capacity (namespaced)."""
+
+    crd_rules: ClassVar[list[dict[str, str]]] = []
+
+    api_version: str = Field(names.API_VERSION, description="elasticgpu.io/v1alpha1")
+    kind: str = Field(names.KIND_CLAIM, description="ElasticGPUClaim")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: ElasticGPUClaimSpec
+    status: ElasticGPUClaimStatus = Field(default_factory=ElasticGPUClaimStatus)

@@ -1,0 +1,107 @@
+"""GPU: one physical card, written by the agent of its node (the Node / ResourceSlice analog)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from elasticgpu.api import names
+from elasticgpu.api.meta import Condition, ObjectMeta, ObjectReference
+from elasticgpu.api.schema import KubeModel, ResourceValue, crd_field, rule
+
+# Bounds the CEL cost of the sums over allocations; far above what 100 cores can hold.
+MAX_ALLOCATIONS = 256
+
+
+class GPUSpec(KubeModel):
+    """Inventory of one card, as its node's agent discovered it."""
+
+    index: int = Field(ge=0, description="Index of the card on its node (NVML index).")
+    uuid: str = Field(min_length=1, description="Card uuid, e.g. GPU-8f6b...; the object is named by it, lowercased.")
+    model: str = Field("", description="Product name, e.g. NVIDIA A100-SXM4-80GB.")
+    memory: int = Field(ge=1, description="Total memory of the card in MiB.")
+    node_name: str = Field(min_length=1, description="Node that holds the card.")
+    numa: int | None = Field(None, ge=0, description="NUMA node of the card; absent when unknown.")
+    links: list[str] = Field(default_factory=list, description="Uuids of the cards linked to this one by NVLink.")
+    mig: bool = Field(False, description="True when MIG mode is enabled on the card.")
+
+
+class GPUAllocation(KubeModel):
+    """One reservation on the card. Writing it (with a resourceVersion precondition) is the commit point."""
+
+    elastic_gpu: str = Field(alias="elasticGPU", min_length=1, description="ElasticGPU that holds the reservation.")
+    claim_ref: ObjectReference | None = Field(None, description="Claim the reservation was made for.")
+    cores: int = Field(0, ge=0, le=names.CORES_PER_CARD, description="Percent of the card's compute reserved.")
+    memory: int = Field(0, ge=0, description="MiB of the card's memory reserved.")
+    exclusive: bool = Field(False, description="True when the whole card is reserved; nobody else may share it.")
+    reserved_at: str | None = Field(None, description="When the reservation was written (RFC 3339).")
+
+
+class GPUUsage(KubeModel):
+    """What the card's processes really use, reported by the agent."""
+
+    memory_used: int = Field(0, ge=0, description="MiB of memory in use.")
+    cores_used: int = Field(0, ge=0, description="Percent of SM time in use.")
+    update_time: str | None = Field(None, description="When the agent measured it (RFC 3339).")
+
+
+class GPUStatus(KubeModel):
+    """Capacity, reservations, health and usage of the card."""
+
+    capacity: dict[str, ResourceValue] = Field(default_factory=dict, description="Total resources of the card.")
+    allocatable: dict[str, ResourceValue] = Field(
+        default_factory=dict, description="Resources left after the reservations."
+    )
+    allocations: list[GPUAllocation] = Field(
+        default_factory=list,
+        max_length=MAX_ALLOCATIONS,
+        description="Reservations on the card, one per ElasticGPU.",
+        json_schema_extra=crd_field(
+            **{
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["elasticGPU"],
+                "x-kubernetes-validations": [
+                    rule(
+                        "self.map(a, a.cores).sum() <= 100",
+                        "status.allocations: the cores of all reservations must not exceed 100",
+                        reason="FieldValueInvalid",
+                    ),
+                    rule(
+                        "!self.exists(a, a.exclusive) || size(self) == 1",
+                        "status.allocations: a card reserved whole (exclusive) cannot hold other reservations",
+                        reason="FieldValueInvalid",
+                    ),
+                ],
+            }
+        ),
+    )
+    health: Literal["Healthy", "Unhealthy", "Unknown"] | None = Field(
+        None, description="Healthy, Unhealthy (XID errors) or Unknown (agent silent)."
+    )
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions of the card.")
+    usage: GPUUsage | None = Field(None, description="Measured usage of the card.")
+
+
+class GPU(KubeModel):
+    """A physical card (cluster scoped, named by its lowercased uuid)."""
+
+    crd_rules: ClassVar[list[dict[str, str]]] = [
+        rule(
+            "self.metadata.name == self.spec.uuid.lowerAscii()",
+            "metadata.name must be spec.uuid in lower case (GPU objects are named by their card's uuid)",
+            reason="FieldValueInvalid",
+        ),
+        rule(
+            "!has(self.status) || !has(self.status.allocations)"
+            " || self.status.allocations.map(a, a.memory).sum() <= self.spec.memory",
+            "status.allocations: the memory of all reservations must not exceed spec.memory",
+            reason="FieldValueInvalid",
+        ),
+    ]
+
+    api_version: str = Field(names.API_VERSION, description="elasticgpu.io/v1alpha1")
+    kind: str = Field(names.KIND_GPU, description="GPU")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: GPUSpec
+    status: GPUStatus = Field(default_factory=GPUStatus)

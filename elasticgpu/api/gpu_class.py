@@ -1,0 +1,161 @@
+"""ElasticGPUClass: how claims of a class are provisioned (the StorageClass analog)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from elasticgpu.api import cel, names
+from elasticgpu.api.errors import InvalidClassParameters
+from elasticgpu.api.meta import Condition, ObjectMeta
+from elasticgpu.api.schema import KubeModel, crd_field, rule
+
+BindingMode = Literal["Immediate", "WaitForFirstConsumer"]
+Policy = Literal["binpack", "spread", "fragmentation"]
+Sharing = Literal["exclusive", "timeslice", "mps"]
+POLICIES: tuple[Policy, ...] = ("binpack", "spread", "fragmentation")
+SHARINGS: tuple[Sharing, ...] = ("exclusive", "timeslice", "mps")
+PARAMETER_KEYS = ("policy", "gpuModel", "nodeSelector", "sharing")
+
+
+def _in_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{value}'" for value in values) + "]"
+
+
+class ClassParameters(KubeModel):
+    """The parsed `parameters` of a class."""
+
+    policy: Policy = "fragmentation"
+    gpu_model: tuple[str, ...] = ()
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    sharing: Sharing = "timeslice"
+
+
+def parse_class_parameters(parameters: Mapping[str, str], *, class_name: str = "") -> ClassParameters:
+    """Read a class's string parameters; unknown keys and bad values raise `InvalidClassParameters`."""
+    where = f"ElasticGPUClass {class_name}: " if class_name else ""
+    unknown = sorted(set(parameters) - set(PARAMETER_KEYS))
+    if unknown:
+        raise InvalidClassParameters(
+            field=f"{where}parameters.{unknown[0]}",
+            rule="is not a parameter elasticgpu knows",
+            fix="use " + ", ".join(PARAMETER_KEYS),
+        )
+    policy = parameters.get("policy", "fragmentation")
+    if policy not in POLICIES:
+        raise InvalidClassParameters(
+            field=f"{where}parameters.policy", rule="must be one of " + ", ".join(POLICIES), value=policy
+        )
+    sharing = parameters.get("sharing", "timeslice")
+    if sharing not in SHARINGS:
+        raise InvalidClassParameters(
+            field=f"{where}parameters.sharing", rule="must be one of " + ", ".join(SHARINGS), value=sharing
+        )
+    models = tuple(glob.strip() for glob in parameters.get("gpuModel", "").split("|") if glob.strip())
+    selector: dict[str, str] = {}
+    for pair in (item.strip() for item in parameters.get("nodeSelector", "").split(",")):
+        if not pair:
+            continue
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InvalidClassParameters(
+                field=f"{where}parameters.nodeSelector",
+                rule="must be k=v pairs separated by commas",
+                value=parameters["nodeSelector"],
+                fix="write it as zone=a,pool=gpu",
+            )
+        selector[key.strip()] = value.strip()
+    return ClassParameters(policy=policy, gpu_model=models, node_selector=selector, sharing=sharing)
+
+
+class ElasticGPUClassStatus(KubeModel):
+    """What the controller found wrong with the class, if anything."""
+
+    conditions: list[Condition] = Field(default_factory=list, description="Valid, or not with the reason.")
+
+
+class ElasticGPUClass(KubeModel):
+    """A class of GPU capacity (cluster scoped); fields are top-level, as in a StorageClass."""
+
+    crd_rules: ClassVar[list[dict[str, str]]] = [
+        rule(
+            "self.provisioner == oldSelf.provisioner",
+            "provisioner: is immutable; create a new class instead",
+            reason="FieldValueForbidden",
+        ),
+        cel.immutable("parameters", "", "create a new class instead"),
+        cel.same_if_both("bindingMode", "egpuBindingMode", ""),
+    ]
+
+    api_version: str = Field(names.API_VERSION, description="elasticgpu.io/v1alpha1")
+    kind: str = Field(names.KIND_CLASS, description="ElasticGPUClass")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    provisioner: str = Field(
+        min_length=1,
+        description="Who provisions claims of this class: elasticgpu.io/gpushare (slices of a card),"
+        " elasticgpu.io/physical (whole cards), or another name (then elasticgpu leaves the claims alone).",
+    )
+    parameters: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=len(PARAMETER_KEYS),
+        description="policy (binpack | spread | fragmentation), gpuModel (globs such as A100*|H100*),"
+        " nodeSelector (k=v,k2=v2), sharing (exclusive | timeslice | mps).",
+        json_schema_extra=crd_field(
+            **{
+                "x-kubernetes-validations": [
+                    rule(
+                        f"self.all(k, k in {_in_list(PARAMETER_KEYS)})",
+                        "parameters: only " + ", ".join(PARAMETER_KEYS) + " are known",
+                        reason="FieldValueNotSupported",
+                    ),
+                    rule(
+                        f"!('policy' in self) || self['policy'] in {_in_list(POLICIES)}",
+                        "parameters.policy: must be one of " + ", ".join(POLICIES),
+                        reason="FieldValueNotSupported",
+                    ),
+                    rule(
+                        f"!('sharing' in self) || self['sharing'] in {_in_list(SHARINGS)}",
+                        "parameters.sharing: must be one of " + ", ".join(SHARINGS),
+                        reason="FieldValueNotSupported",
+                    ),
+                    rule(
+                        "!('nodeSelector' in self) || self['nodeSelector'].matches("
+                        "'^\\\\s*([^=,\\\\s]+\\\\s*=[^,]*)(,\\\\s*[^=,\\\\s]+\\\\s*=[^,]*)*$')",
+                        "parameters.nodeSelector: must be k=v pairs separated by commas, e.g. zone=a,pool=gpu",
+                        reason="FieldValueInvalid",
+                    ),
+                ]
+            }
+        ),
+    )
+    reclaim_policy: Literal["Delete", "Retain"] | None = Field(
+        None, description="Reclaim policy of provisioned ElasticGPUs: Delete (default) or Retain."
+    )
+    binding_mode: BindingMode | None = Field(
+        None, description="Immediate (default) binds at once; WaitForFirstConsumer waits for a pod and its node."
+    )
+    egpu_binding_mode: BindingMode | None = Field(
+        None, alias="egpuBindingMode", description="Upstream elastic-gpu spelling of bindingMode; accepted."
+    )
+    status: ElasticGPUClassStatus = Field(default_factory=ElasticGPUClassStatus)
+
+    @property
+    def effective_binding_mode(self) -> BindingMode:
+        """The binding mode, whichever spelling the class used (Immediate when none)."""
+        return self.binding_mode or self.egpu_binding_mode or "Immediate"
+
+    @property
+    def effective_reclaim_policy(self) -> Literal["Delete", "Retain"]:
+        """Reclaim policy of ElasticGPUs provisioned for this class."""
+        return self.reclaim_policy or "Delete"
+
+    @property
+    def is_default(self) -> bool:
+        """True when annotated as the default class."""
+        return self.metadata.annotations.get(names.ANNOTATION_DEFAULT_CLASS) == "true"
+
+    def parsed_parameters(self) -> ClassParameters:
+        """The parameters parsed; raises `InvalidClassParameters` naming the class and the key."""
+        return parse_class_parameters(self.parameters, class_name=self.metadata.name or "")

@@ -1,0 +1,127 @@
+"""The four kinds: names, scope, printer columns and model of each, in one table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from elasticgpu.api import names
+from elasticgpu.api.claim import ElasticGPUClaim
+from elasticgpu.api.elastic_gpu import ElasticGPU
+from elasticgpu.api.gpu import GPU
+from elasticgpu.api.gpu_class import ElasticGPUClass
+from elasticgpu.api.schema import KubeModel
+
+_CORE_KEY = names.RESOURCE_CORE.replace(".", "\\.")
+_MEMORY_KEY = names.RESOURCE_MEMORY.replace(".", "\\.")
+
+
+@dataclass(frozen=True)
+class PrinterColumn:
+    """One column of `kubectl get`."""
+
+    name: str
+    type: str
+    json_path: str
+    description: str
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    """Everything the CRD of one kind needs besides the schema, which comes from `model`."""
+
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    namespaced: bool
+    model: type[KubeModel]
+    columns: tuple[PrinterColumn, ...]
+    crd_file: str
+
+    @property
+    def crd_name(self) -> str:
+        """`<plural>.<group>`, the CRD's own name."""
+        return f"{self.plural}.{names.GROUP}"
+
+
+def _age() -> PrinterColumn:
+    return PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation.")
+
+
+def _core(path: str) -> PrinterColumn:
+    return PrinterColumn("Core", "integer", f"{path}.{_CORE_KEY}", "Percent of one card's compute (100 per card).")
+
+
+def _memory(path: str) -> PrinterColumn:
+    return PrinterColumn("Memory", "string", f"{path}.{_MEMORY_KEY}", "GPU memory.")
+
+
+CLAIM = KindInfo(
+    kind=names.KIND_CLAIM,
+    plural=names.PLURAL_CLAIM,
+    singular="elasticgpuclaim",
+    short_names=("egpuc",),
+    namespaced=True,
+    model=ElasticGPUClaim,
+    columns=(
+        PrinterColumn("Status", "string", ".status.phase", "Pending, Bound or Lost."),
+        PrinterColumn("EGPU", "string", ".spec.elasticGPUName", "The bound ElasticGPU."),
+        _core(".status.capacity"),
+        _memory(".status.capacity"),
+        PrinterColumn("Node", "string", ".status.nodeName", "Node of the bound card(s)."),
+        PrinterColumn("Class", "string", ".spec.elasticGPUClassName", "Class of the claim."),
+        _age(),
+    ),
+    crd_file="elasticgpuclaim.yaml",
+)
+ELASTIC_GPU = KindInfo(
+    kind=names.KIND_ELASTIC_GPU,
+    plural=names.PLURAL_ELASTIC_GPU,
+    singular="elasticgpu",
+    short_names=("egpu",),
+    namespaced=False,
+    model=ElasticGPU,
+    columns=(
+        PrinterColumn("Node", "string", ".status.nodeName", "Node of the card(s)."),
+        PrinterColumn("GPUs", "string", ".status.gpus[*]", "Uuids of the card(s)."),
+        _core(".status.capacity"),
+        _memory(".status.capacity"),
+        PrinterColumn("Status", "string", ".status.phase", "Pending, Available, Bound, Released or Failed."),
+        PrinterColumn("Claim", "string", ".spec.claimRef.name", "Name of the bound claim."),
+        PrinterColumn("Class", "string", ".spec.elasticGPUClassName", "Class of the ElasticGPU."),
+        _age(),
+    ),
+    crd_file="elasticgpu.yaml",
+)
+CLASS = KindInfo(
+    kind=names.KIND_CLASS,
+    plural=names.PLURAL_CLASS,
+    singular="elasticgpuclass",
+    short_names=("egpuclass",),
+    namespaced=False,
+    model=ElasticGPUClass,
+    columns=(
+        PrinterColumn("Provisioner", "string", ".provisioner", "Who provisions claims of this class."),
+        PrinterColumn("BindingMode", "string", ".bindingMode", "Immediate or WaitForFirstConsumer."),
+        PrinterColumn("Reclaim", "string", ".reclaimPolicy", "Delete or Retain."),
+        _age(),
+    ),
+    crd_file="egpuclass.yaml",
+)
+GPU_KIND = KindInfo(
+    kind=names.KIND_GPU,
+    plural=names.PLURAL_GPU,
+    singular="gpu",
+    short_names=("pgpu",),
+    namespaced=False,
+    model=GPU,
+    columns=(
+        PrinterColumn("Node", "string", ".spec.nodeName", "Node that holds the card."),
+        PrinterColumn("Model", "string", ".spec.model", "Product name."),
+        PrinterColumn("Memory", "integer", ".spec.memory", "Total memory in MiB."),
+        PrinterColumn("Health", "string", ".status.health", "Healthy, Unhealthy or Unknown."),
+        _age(),
+    ),
+    crd_file="gpu.yaml",
+)
+KINDS: tuple[KindInfo, ...] = (GPU_KIND, ELASTIC_GPU, CLAIM, CLASS)

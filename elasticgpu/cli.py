@@ -1,0 +1,57 @@
+"""The `elasticgpu` command line: one subcommand per job that really works."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from elasticgpu import __version__
+
+
+def _crds(args: argparse.Namespace) -> int:
+    from elasticgpu.api import crd
+
+    documents = crd.all_crds()
+    if args.write:
+        target = Path(args.write)
+        target.mkdir(parents=True, exist_ok=True)
+        for file_name, text in documents.items():
+            (target / file_name).write_text(text)
+            print(f"wrote {target / file_name}")
+        return 0
+    if args.apply:
+        from elasticgpu.crd_installer import apply_crds
+
+        for line in apply_crds(kubeconfig=args.kubeconfig, context=args.context):
+            print(line)
+        return 0
+    sys.stdout.write("---\n".join(documents.values()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="elasticgpu", description="Claim GPUs in Kubernetes like storage.")
+    parser.add_argument("--version", action="version", version=f"elasticgpu {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    crds = commands.add_parser("crds", help="print, write or apply the CustomResourceDefinitions")
+    mode = crds.add_mutually_exclusive_group()
+    mode.add_argument("--write", metavar="DIR", help="write one YAML file per CRD into DIR")
+    mode.add_argument("--apply", action="store_true", help="apply them to the cluster (server-side apply)")
+    crds.add_argument("--kubeconfig", help="kubeconfig for --apply (default: $KUBECONFIG or ~/.kube/config)")
+    crds.add_argument("--context", help="kubeconfig context for --apply")
+    crds.set_defaults(handler=_crds)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `elasticgpu` console script."""
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
