@@ -1,0 +1,176 @@
+"""Placement policies: how good one node (in one state) is for one request shape.
+
+A policy sees only a node's signature (`NodeSig`) and the request's `Shape`, so its score can
+be cached per (signature, shape) and shared by every node in that state. Lower is better; `inf`
+means the shape does not fit. Each policy also says which card(s) it would use on the node.
+
+- `fragmentation` (default): fragmentation gradient descent (Weng et al., ATC'23): the move
+  that grows the node's fragmentation against the target workload least; ties go to the node
+  with less free capacity left, which keeps empty nodes empty for the large requests.
+- `binpack`: the fullest node that fits, and on it the fullest card that fits.
+- `spread`: the emptiest node, and on it the emptiest card.
+- `bestfit`, `packing`, `random`: the paper's baselines, for the benchmark.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import ClassVar
+
+from elasticgpu.allocator.fragmentation import FragmentationModel
+from elasticgpu.allocator.shapes import CardSig, NodeSig, Shape, card_fits, share_memory
+from elasticgpu.allocator.workloads import Workload
+from elasticgpu.api import names
+
+INFEASIBLE = math.inf
+
+# A move: the card signatures the request would take, and the node's usable cards afterwards.
+Move = tuple[tuple[CardSig, ...], tuple[CardSig, ...]]
+
+
+def moves(sig: NodeSig, shape: Shape) -> Iterator[Move]:
+    """Every distinct way the shape fits the node (cards with equal signatures are one way)."""
+    cards = sig.cards
+    if shape.cpu_milli > sig.cpu_free:
+        return
+    if shape.cards < 0:
+        yield (), cards
+        return
+    if shape.cards > 0:
+        fitting = [i for i, c in enumerate(cards) if card_fits(shape, c)]
+        if len(fitting) < shape.cards:
+            return
+        # Cards come sorted by (free, memory): the first fitting ones are the smallest cards
+        # that satisfy the memory floor, which leaves bigger cards for bigger requests.
+        taken = set(fitting[: shape.cards])
+        yield tuple(cards[i] for i in sorted(taken)), tuple(c for i, c in enumerate(cards) if i not in taken)
+        return
+    seen: set[CardSig] = set()
+    for i, card in enumerate(cards):
+        if card in seen or not card_fits(shape, card):
+            continue
+        seen.add(card)
+        after = CardSig(card.free_cores - shape.cores, card.free_memory - share_memory(shape, card.memory),
+                        card.memory, False, card.model)
+        rest = [*cards[:i], after, *cards[i + 1 :]]
+        rest.sort()
+        yield (card,), tuple(rest)
+
+
+def free_cores(cards: tuple[CardSig, ...]) -> int:
+    """Free cores over these cards."""
+    return sum(c.free_cores for c in cards)
+
+
+class Policy:
+    """Scores a node state for a shape; subclasses define `move_score`."""
+
+    name: ClassVar[str] = ""
+    randomized: ClassVar[bool] = False
+    """True for policies that pick uniformly among the nodes that fit (no scores)."""
+
+    def move_score(self, sig: NodeSig, shape: Shape, move: Move) -> float:
+        """Score of one move; lower is better."""
+        raise NotImplementedError
+
+    def best(self, sig: NodeSig, shape: Shape) -> tuple[float, tuple[CardSig, ...]]:
+        """Best score of the node for the shape and the cards it takes (`inf`, () if none fit)."""
+        best_score = INFEASIBLE
+        best_cards: tuple[CardSig, ...] = ()
+        for move in moves(sig, shape):
+            score = self.move_score(sig, shape, move)
+            if score < best_score:
+                best_score, best_cards = score, move[0]
+        return best_score, best_cards
+
+
+class Fragmentation(Policy):
+    """Fragmentation gradient descent, with a best-fit tie-break."""
+
+    name = "fragmentation"
+
+    def __init__(self, workload: Workload | None = None) -> None:
+        self.model = FragmentationModel(workload or Workload.default())
+
+    def move_score(self, sig: NodeSig, shape: Shape, move: Move) -> float:
+        before = self.model.node(sig.cards, sig.cpu_free)
+        after = self.model.node(move[1], sig.cpu_free - shape.cpu_milli)
+        # The tie-break is scaled far below one core of fragmentation so that it only orders
+        # moves whose fragmentation growth is equal.
+        return (after - before) + 1e-6 * free_cores(move[1])
+
+
+class BinPack(Policy):
+    """Fullest node first, fullest card first."""
+
+    name = "binpack"
+
+    def move_score(self, sig: NodeSig, shape: Shape, move: Move) -> float:
+        card_left = sum(c.free_cores for c in move[0]) - (shape.cores if shape.cards == 0 else 0)
+        return free_cores(move[1]) * 1000.0 + card_left
+
+
+class Spread(Policy):
+    """Emptiest node first, emptiest card first."""
+
+    name = "spread"
+
+    def move_score(self, sig: NodeSig, shape: Shape, move: Move) -> float:
+        card_left = sum(c.free_cores for c in move[0]) - (shape.cores if shape.cards == 0 else 0)
+        return -(free_cores(move[1]) * 1000.0 + card_left)
+
+
+class BestFit(Policy):
+    """The paper's BestFit: the node with the least CPU and GPU left, as fractions."""
+
+    name = "bestfit"
+
+    def move_score(self, sig: NodeSig, shape: Shape, move: Move) -> float:
+        gpu_total = names.CORES_PER_CARD * max(len(sig.cards), 1)
+        cpu_left = (sig.cpu_free - shape.cpu_milli) / sig.cpu_total if sig.cpu_total else 0.0
+        card_left = sum(c.free_cores for c in move[0]) - (shape.cores if shape.cards == 0 else 0)
+        return free_cores(move[1]) / gpu_total + cpu_left + 1e-6 * card_left
+
+
+class Packing(Policy):
+    """The paper's GpuPacking: a card already shared, then a free card on a used node, then an
+    empty node."""
+
+    name = "packing"
+
+    def move_score(self, sig: NodeSig, shape: Shape, move: Move) -> float:
+        taken = move[0]
+        if taken and all(not c.idle for c in taken):
+            tier = 0
+        elif any(not c.idle for c in sig.cards):
+            tier = 1
+        else:
+            tier = 2
+        return tier * 1e6 + free_cores(move[1])
+
+
+class Random(Policy):
+    """Any node that fits, chosen uniformly at random (the paper's Random baseline)."""
+
+    name = "random"
+    randomized = True
+
+    def move_score(self, sig: NodeSig, shape: Shape, move: Move) -> float:
+        return 0.0
+
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Fragmentation, BinPack, Spread, BestFit, Packing, Random)}
+DEFAULT_POLICY = Fragmentation.name
+
+
+def make_policy(name: str, *, workload: Workload | None = None) -> Policy:
+    """A policy by name (`fragmentation`, `binpack`, `spread`, `bestfit`, `packing`, `random`)."""
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        known = ", ".join(sorted(POLICIES))
+        raise ValueError(f"unknown policy {name!r}; use one of {known}") from None
+    if cls is Fragmentation:
+        return Fragmentation(workload)
+    return cls()

@@ -1,0 +1,166 @@
+"""Plain records the allocator reads and writes: nodes, cards, requests and placements.
+
+These are the allocator's own types, built from `elasticgpu.api` objects by whoever calls it
+(the controller, `elasticgpu plan`, the benchmark), so the allocator never sees Kubernetes.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from elasticgpu.api.quantities import format_memory
+from elasticgpu.api.resources import GpuRequest
+
+
+class Health(enum.Enum):
+    """Health of a card as the node agent reports it."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+
+
+def _frozen_labels(labels: Mapping[str, str] | None) -> Mapping[str, str]:
+    return MappingProxyType(dict(labels or {}))
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeRecord:
+    """A node: what the pods' CPU and memory may use, and its labels (for node selectors)."""
+
+    name: str
+    cpu_milli: int = 0
+    """Allocatable CPU in milli-cores; 0 means "not tracked" (CPU never limits placement)."""
+    memory_mib: int = 0
+    """Allocatable main memory in MiB; 0 means "not tracked"."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", _frozen_labels(self.labels))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.cpu_milli, self.memory_mib, tuple(sorted(self.labels.items()))))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NodeRecord):
+            return NotImplemented
+        return (self.name, self.cpu_milli, self.memory_mib, dict(self.labels)) == (
+            other.name,
+            other.cpu_milli,
+            other.memory_mib,
+            dict(other.labels),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CardRecord:
+    """A physical card: 100 cores and `memory_mib` MiB, on one NUMA node, linked to peers."""
+
+    uuid: str
+    node: str
+    index: int
+    model: str
+    memory_mib: int
+    numa: int = 0
+    links: frozenset[str] = frozenset()
+    """uuids of the cards this one reaches over NVLink."""
+    health: Health = Health.HEALTHY
+
+    def describe(self) -> str:
+        """Short human name: `node-7 card 2`."""
+        return f"{self.node} card {self.index}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementRequest:
+    """What one claim (or one pod's claim, with delayed binding) needs from a node.
+
+    `gpu` is the normalised request of the claim; `None` places only the pod's CPU and memory.
+    `models` are globs over card models (`A100*`); any one may match. `node_selector` must
+    match the node's labels exactly. `cpu_milli` / `memory_mib` are the pod's own needs, used
+    with delayed binding; 0 means they do not constrain the choice. `nodes` restricts the
+    choice to these node names (a pod already bound to a node); empty means any node.
+    """
+
+    gpu: GpuRequest | None
+    models: tuple[str, ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    nodes: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "node_selector", _frozen_labels(self.node_selector))
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.gpu,
+                self.models,
+                tuple(sorted(self.node_selector.items())),
+                self.cpu_milli,
+                self.memory_mib,
+                self.nodes,
+            )
+        )
+
+    def describe(self) -> str:
+        """Short human form of the request."""
+        parts = [self.gpu.describe() if self.gpu is not None else "no GPU"]
+        if self.models:
+            parts.append("model " + "|".join(self.models))
+        if self.node_selector:
+            parts.append("nodes " + ",".join(f"{k}={v}" for k, v in sorted(self.node_selector.items())))
+        if self.cpu_milli:
+            parts.append(f"{self.cpu_milli / 1000:g} CPU")
+        if self.memory_mib:
+            parts.append(f"{format_memory(self.memory_mib)} memory")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True, kw_only=True, order=True)
+class CardShare:
+    """What a placement takes from one card: cores (percent) and memory (MiB)."""
+
+    uuid: str
+    cores: int
+    memory_mib: int
+    whole: bool = False
+    """The card is taken whole: nobody else may share it while this holds."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Where a request goes: one node, the shares of its cards, and the pod's CPU and memory."""
+
+    node: str
+    cards: tuple[CardShare, ...]
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        """uuids of the cards used, in placement order."""
+        return tuple(card.uuid for card in self.cards)
+
+    def describe(self) -> str:
+        """Short human form: `node-3: GPU-a (30%, 10Gi)`."""
+        shares = ", ".join(
+            f"{c.uuid} ({'whole' if c.whole else f'{c.cores}%'}, {format_memory(c.memory_mib)})" for c in self.cards
+        )
+        return f"{self.node}: {shares or 'no GPU'}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unplaceable:
+    """Nothing fits. `reason` says why, in words a user can act on; `closest` names the
+    candidate that came nearest (`node-7 card 2`), or is empty when none came near."""
+
+    reason: str
+    closest: str = ""
+
+    def __bool__(self) -> bool:
+        # So that `if result:` reads "if it was placed".
+        return False

@@ -1,0 +1,96 @@
+"""Canonical, hashable forms of node states and request shapes, the keys of every score cache.
+
+Two nodes with the same signature score the same for any request shape, whatever their names:
+most of a large cluster shares a few signatures (all empty nodes of a type, for a start), so
+a score is computed once per (signature, shape) and reused.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import NamedTuple
+
+from elasticgpu.allocator.inventory import CardState, NodeState
+from elasticgpu.allocator.records import PlacementRequest
+from elasticgpu.api import names
+
+
+class CardSig(NamedTuple):
+    """What a card can still take: free cores and MiB, its total MiB, whether nobody holds it."""
+
+    free_cores: int
+    free_memory: int
+    memory: int
+    idle: bool
+    model: str
+
+
+class NodeSig(NamedTuple):
+    """What a node can still take: free CPU, total CPU, and its usable cards in canonical order."""
+
+    cpu_free: int
+    cpu_total: int
+    cards: tuple[CardSig, ...]
+
+
+class Shape(NamedTuple):
+    """The part of a request that decides a node's score (the pod's memory only filters)."""
+
+    cards: int
+    """Whole cards; 0 for a share; -1 for no GPU at all."""
+    cores: int
+    memory_mib: int | None
+    cpu_milli: int
+    models: tuple[str, ...]
+
+
+def card_sig(card: CardState) -> CardSig:
+    """Signature of a card state."""
+    record = card.record
+    return CardSig(card.free_cores, card.free_memory, record.memory_mib, not card.holders, record.model)
+
+
+def node_sig(node: NodeState) -> NodeSig:
+    """Signature of a node: Unhealthy cards and cards taken whole are left out, as they can
+    take nothing new (and their capacity is not "free" for fragmentation either)."""
+    cards = tuple(sorted(card_sig(c) for c in node.cards if c.healthy and not c.whole))
+    return NodeSig(node.cpu_free, node.record.cpu_milli, cards)
+
+
+def shape_of(request: PlacementRequest) -> Shape:
+    """The shape of a request."""
+    gpu = request.gpu
+    if gpu is None:
+        return Shape(-1, 0, None, request.cpu_milli, request.models)
+    return Shape(gpu.cards, gpu.cores if not gpu.is_whole else names.CORES_PER_CARD, gpu.memory_mib,
+                 request.cpu_milli, request.models)
+
+
+def share_memory(shape: Shape, card_memory: int) -> int:
+    """MiB a share of `shape` takes on a card of `card_memory` MiB (as `GpuRequest.memory_on`)."""
+    if shape.memory_mib is not None:
+        return shape.memory_mib
+    return card_memory * shape.cores // names.CORES_PER_CARD
+
+
+def card_fits(shape: Shape, card: CardSig) -> bool:
+    """Whether one card of this signature can take one card's worth of the shape."""
+    if shape.models and not model_matches(card.model, shape.models):
+        return False
+    if shape.cards > 0:
+        return card.idle and card.free_cores == names.CORES_PER_CARD and card.memory >= (shape.memory_mib or 0)
+    return card.free_cores >= shape.cores and card.free_memory >= share_memory(shape, card.memory)
+
+
+_MATCH_CACHE: dict[tuple[str, tuple[str, ...]], bool] = {}
+
+
+def model_matches(model: str, globs: tuple[str, ...]) -> bool:
+    """Whether a card model matches any of the globs (case-insensitive; `|` may join globs)."""
+    key = (model, globs)
+    hit = _MATCH_CACHE.get(key)
+    if hit is None:
+        patterns = [p.strip() for g in globs for p in g.split("|") if p.strip()]
+        hit = any(fnmatchcase(model.lower(), p.lower()) for p in patterns)
+        _MATCH_CACHE[key] = hit
+    return hit
