@@ -22,9 +22,21 @@ class KubeModel(BaseModel):
 
     model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, extra="ignore")
 
-    def to_dict(self) -> dict[str, Any]:
-        """The object as the API server expects it: aliases, no unset optional fields."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+    def to_dict(self, *, prune_empty: bool = True) -> dict[str, Any]:
+        """The object as the API server expects it: camelCase, no None fields, and (by default)
+        no empty maps or lists, so a manifest reads back as it was written. Pass
+        `prune_empty=False` where an empty list must be written, e.g. to clear allocations."""
+        data = self.model_dump(by_alias=True, exclude_none=True, mode="json")
+        return _pruned(data) if prune_empty else data
+
+
+def _pruned(value: Any) -> Any:
+    if isinstance(value, dict):
+        pruned = {key: _pruned(item) for key, item in value.items()}
+        return {key: item for key, item in pruned.items() if item not in ({}, [])}
+    if isinstance(value, list):
+        return [_pruned(item) for item in value]
+    return value
 
 
 def rule(expression: str, message: str, *, reason: str | None = None, field_path: str | None = None) -> dict[str, str]:
