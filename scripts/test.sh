@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on a fresh machine: installs the Python package with its test
+# extra into .venv, builds (or reuses from cache) the local Kubernetes API server, checks lint
+# and layering, then runs pytest. Extra arguments go to pytest (e.g. `-k binding -x`).
+# Set ELASTICGPU_TEST_KUBECONFIG to run the same tests against a real cluster instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n== %s ==\n' "$*"; }
+
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  python3 -m venv .venv
+fi
+log "installing elasticgpu[test]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
+
+if [ -z "${ELASTICGPU_TEST_KUBECONFIG:-}" ]; then
+  log "building the local API server (cached)"
+  bash testserver/build.sh
+fi
+
+log "ruff"
+.venv/bin/ruff check elasticgpu tests bench
+log "import layering"
+.venv/bin/lint-imports
+
+log "pytest"
+exec .venv/bin/python -m pytest "$@"
