@@ -1,0 +1,3 @@
+module elasticgpu.local/testserver
+
+go 1.22
