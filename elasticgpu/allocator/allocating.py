@@ -232,8 +232,9 @@ class Allocator:
                 CardShare(uuid=c.record.uuid, cores=names.CORES_PER_CARD, memory_mib=c.record.memory_mib, whole=True)
                 for c in self._whole_cards(usable, shape, taken)
             )
-        return Placement(node=node.record.name, cards=shares, cpu_milli=request.cpu_milli,
-                         memory_mib=request.memory_mib)
+        return Placement(
+            node=node.record.name, cards=shares, cpu_milli=request.cpu_milli, memory_mib=request.memory_mib
+        )
 
     @staticmethod
     def _whole_cards(usable: list[CardState], shape: Shape, taken: tuple[object, ...]) -> list[CardState]:

@@ -83,8 +83,7 @@ def explain(inventory: Inventory, request: PlacementRequest, shape: Shape) -> Un
         if closest.cpu_free < request.cpu_milli:
             return Unplaceable(
                 reason=(
-                    f"{closest.record.name} has {_cpu(closest.cpu_free)} free, "
-                    f"the pod asks {_cpu(request.cpu_milli)}"
+                    f"{closest.record.name} has {_cpu(closest.cpu_free)} free, the pod asks {_cpu(request.cpu_milli)}"
                 ),
                 closest=closest.record.name,
             )
@@ -114,8 +113,10 @@ def _explain_whole(roomy: list[NodeState], cards: list[tuple[NodeState, CardStat
         if healthy > best_free:
             best, best_free, best_unhealthy = node, healthy, len(usable) - healthy
     assert best is not None
-    if best_free == 0 and all(not c.healthy for _, c in cards if _whole_free(c, shape)) and any(
-        _whole_free(c, shape) for _, c in cards
+    if (
+        best_free == 0
+        and all(not c.healthy for _, c in cards if _whole_free(c, shape))
+        and any(_whole_free(c, shape) for _, c in cards)
     ):
         return Unplaceable(reason="every card with room is Unhealthy")
     plural = "s" if want > 1 else ""

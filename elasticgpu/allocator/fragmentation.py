@@ -20,13 +20,25 @@ class FragmentationModel:
     """Fragmentation of node states for one workload, memoised by state.
 
     The memo key is (cards, CPU bucket): only the ordering of free CPU against the workload's
-    CPU needs matters, so nodes with different free CPU share entries.
+    CPU needs matters, so nodes with different free CPU share entries. Shapes that differ only
+    in CPU share one pass over the cards (the GPU part decides which cards fit).
     """
 
     def __init__(self, workload: Workload) -> None:
         self.workload = workload
-        self._shapes = list(zip(workload.shapes, workload.weights, strict=True))
         self._cpu_steps = sorted({s.cpu_milli for s in workload.shapes if s.cpu_milli > 0})
+        groups: dict[Shape, list[tuple[int, float]]] = {}
+        for shape, weight in zip(workload.shapes, workload.weights, strict=True):
+            gpu_part = shape._replace(cpu_milli=0)
+            groups.setdefault(gpu_part, []).append((shape.cpu_milli, weight))
+        # Per GPU part: the weight of its shapes whose CPU a node in each bucket can meet.
+        self._groups: list[tuple[Shape, list[float], float]] = []
+        for gpu_part, entries in groups.items():
+            by_bucket = [
+                sum(w for cpu, w in entries if cpu <= (self._cpu_steps[b - 1] if b else 0))
+                for b in range(len(self._cpu_steps) + 1)
+            ]
+            self._groups.append((gpu_part, by_bucket, sum(w for _, w in entries)))
         self._memo: dict[tuple[tuple[CardSig, ...], int], float] = {}
 
     def cpu_bucket(self, cpu_free: int) -> int:
@@ -35,7 +47,7 @@ class FragmentationModel:
 
     def node(self, cards: tuple[CardSig, ...], cpu_free: int) -> float:
         """Fragmented cores of a node with these usable cards and this much free CPU."""
-        bucket = self.cpu_bucket(cpu_free)
+        bucket = bisect_right(self._cpu_steps, cpu_free)
         key = (cards, bucket)
         value = self._memo.get(key)
         if value is None:
@@ -46,26 +58,38 @@ class FragmentationModel:
         return value
 
     def _compute(self, cards: tuple[CardSig, ...], bucket: int) -> float:
-        total_free = sum(c.free_cores for c in cards)
+        total_free = 0
+        for card in cards:
+            total_free += card.free_cores
         if total_free == 0:
             return 0.0
-        cpu_free_level = self._cpu_steps[bucket - 1] if bucket else 0
         frag = 0.0
-        for shape, weight in self._shapes:
-            frag += weight * self._for_shape(shape, cards, total_free, cpu_free_level)
+        for shape, by_bucket, weight in self._groups:
+            cpu_ok = by_bucket[bucket]
+            # Shapes whose CPU the node lacks see all its free GPU as fragmented.
+            frag += (weight - cpu_ok) * total_free
+            if cpu_ok:
+                frag += cpu_ok * self._for_gpu_part(shape, cards, total_free)
         return frag
 
     @staticmethod
-    def _for_shape(shape: Shape, cards: tuple[CardSig, ...], total_free: int, cpu_free_level: int) -> int:
-        if shape.cpu_milli > cpu_free_level:
-            return total_free
+    def _for_gpu_part(shape: Shape, cards: tuple[CardSig, ...], total_free: int) -> int:
         fitting = 0
         unusable = 0
-        for card in cards:
-            if card_fits(shape, card):
-                fitting += 1
-            else:
-                unusable += card.free_cores
+        if shape.cards == 0 and shape.memory_mib is None and not shape.models:
+            # The common case (a share with memory in proportion), inlined for speed.
+            cores = shape.cores
+            for card in cards:
+                if card.free_cores >= cores and card.free_memory >= card.memory * cores // 100:
+                    fitting += 1
+                else:
+                    unusable += card.free_cores
+        else:
+            for card in cards:
+                if card_fits(shape, card):
+                    fitting += 1
+                else:
+                    unusable += card.free_cores
         needed = shape.cards if shape.cards > 0 else 1
         if fitting < needed:
             return total_free

@@ -51,8 +51,13 @@ def moves(sig: NodeSig, shape: Shape) -> Iterator[Move]:
         if card in seen or not card_fits(shape, card):
             continue
         seen.add(card)
-        after = CardSig(card.free_cores - shape.cores, card.free_memory - share_memory(shape, card.memory),
-                        card.memory, False, card.model)
+        after = CardSig(
+            card.free_cores - shape.cores,
+            card.free_memory - share_memory(shape, card.memory),
+            card.memory,
+            False,
+            card.model,
+        )
         rest = [*cards[:i], after, *cards[i + 1 :]]
         rest.sort()
         yield (card,), tuple(rest)
@@ -98,7 +103,7 @@ class Fragmentation(Policy):
         after = self.model.node(move[1], sig.cpu_free - shape.cpu_milli)
         # The tie-break is scaled far below one core of fragmentation so that it only orders
         # moves whose fragmentation growth is equal.
-        return (after - before) + 1e-6 * free_cores(move[1])
+        return (after - before) + 1e-9 * free_cores(move[1])
 
 
 class BinPack(Policy):

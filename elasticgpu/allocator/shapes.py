@@ -62,8 +62,13 @@ def shape_of(request: PlacementRequest) -> Shape:
     gpu = request.gpu
     if gpu is None:
         return Shape(-1, 0, None, request.cpu_milli, request.models)
-    return Shape(gpu.cards, gpu.cores if not gpu.is_whole else names.CORES_PER_CARD, gpu.memory_mib,
-                 request.cpu_milli, request.models)
+    return Shape(
+        gpu.cards,
+        gpu.cores if not gpu.is_whole else names.CORES_PER_CARD,
+        gpu.memory_mib,
+        request.cpu_milli,
+        request.models,
+    )
 
 
 def share_memory(shape: Shape, card_memory: int) -> int:

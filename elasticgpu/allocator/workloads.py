@@ -23,7 +23,7 @@ class Workload:
     weights: tuple[float, ...]
 
     @classmethod
-    def from_requests(cls, requests: Iterable[PlacementRequest], *, coverage: float = 0.95) -> Workload:
+    def from_requests(cls, requests: Iterable[PlacementRequest], *, coverage: float = 1.0) -> Workload:
         """The most popular GPU shapes of `requests`, enough of them to cover `coverage` of the
         GPU requests (as the paper does: rare shapes cost time and change little)."""
         counts = Counter(shape_of(r) for r in requests if r.gpu is not None)
