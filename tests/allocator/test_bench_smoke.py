@@ -1,0 +1,28 @@
+"""A tiny run of bench/openb.py: it loads the trace, replays a few hundred pods, prints."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TRACES = (REPO / "../shared/traces/openb").resolve()
+
+
+@pytest.mark.skipif(not (TRACES / "openb_node_list_gpu_node.csv").exists(), reason="openb trace not present")
+def test_bench_replays_a_few_hundred_pods(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("openb_bench", REPO / "bench" / "openb.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["openb_bench"] = bench  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    code = bench.main(
+        ["--seeds", "1", "--max-pods", "300", "--policies", "fragmentation", "random", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "fragmentation" in out and "random" in out
+    assert (tmp_path / "openb-default.png").stat().st_size > 1000
