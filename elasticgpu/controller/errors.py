@@ -1,0 +1,54 @@
+"""The exceptions of elasticgpu's controller.
+
+    ElasticGPUError (elasticgpu.api.errors)
+    ├── NotFound (elasticgpu.api.errors)   the object is not on the server (HTTP 404)
+    └── ControllerError                    base of what the controller raises on purpose
+        ├── ApiError                       the API server refused or failed a call
+        │   ├── Conflict                   the object changed since it was read (HTTP 409): re-read, re-plan
+        │   │   └── AlreadyExists          a create found the name taken (HTTP 409, reason AlreadyExists)
+        │   ├── Rejected                   the server refused the object (HTTP 400/422: schema or CEL rule)
+        │   └── ApiUnavailable             the server could not be reached or failed (5xx, timeouts)
+        └── BindingError                   a decision cannot be carried out; the next sync retries
+
+`kube.py` is the only place that sees `kubernetes.client.ApiException`; it translates every
+failure into this tree, so the rest of the controller never imports the client library.
+"""
+
+from __future__ import annotations
+
+from elasticgpu.api.errors import ElasticGPUError, NotFound
+
+__all__ = ["AlreadyExists", "ApiError", "ApiUnavailable", "BindingError", "Conflict", "ControllerError",
+           "NotFound", "Rejected"]
+
+
+class ControllerError(ElasticGPUError):
+    """Base of the controller's errors."""
+
+
+class ApiError(ControllerError):
+    """A call to the API server failed. `status` is the HTTP status (0 when none came back)."""
+
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class Conflict(ApiError):
+    """The object changed since it was read (resourceVersion precondition failed)."""
+
+
+class AlreadyExists(Conflict):
+    """A create found the name taken."""
+
+
+class Rejected(ApiError):
+    """The API server refused the object: a schema or CEL rule of the CRD, or a bad request."""
+
+
+class ApiUnavailable(ApiError):
+    """The server could not be reached, timed out, or failed (5xx)."""
+
+
+class BindingError(ControllerError):
+    """A binding step cannot be carried out now; nothing was saved and the next sync retries."""

@@ -1,0 +1,322 @@
+"""The only module of the controller that talks to the Kubernetes API.
+
+It speaks plain JSON dicts (the wire form of `elasticgpu.api` models) over the kubernetes
+client's configured HTTP pool, which keeps the client's kubeconfig, TLS and token handling but
+skips its generated per-call validation and model deserialisation (most of the cost of a
+call). Every failure becomes an exception of `elasticgpu.controller.errors`: 404 -> NotFound,
+409 -> Conflict / AlreadyExists, 400/422 -> Rejected, anything else -> ApiUnavailable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import urllib3
+from kubernetes import client, config
+
+from elasticgpu.api import names
+from elasticgpu.controller import errors
+from elasticgpu.controller.settings import ApiSettings
+
+logger = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+
+_MERGE = "application/merge-patch+json"
+_JSON = "application/json"
+_BASE = f"/apis/{names.GROUP}/{names.VERSION}"
+
+
+def _kind_of(path: str) -> tuple[str, str]:
+    """(kind, name) of a REST path, for error messages."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    kinds = {
+        names.PLURAL_GPU: names.KIND_GPU,
+        names.PLURAL_ELASTIC_GPU: names.KIND_ELASTIC_GPU,
+        names.PLURAL_CLAIM: names.KIND_CLAIM,
+        names.PLURAL_CLASS: names.KIND_CLASS,
+        "pods": "Pod",
+        "events": "Event",
+        "nodes": "Node",
+    }
+    for index, part in enumerate(parts):
+        if part in kinds:
+            name = parts[index + 1] if index + 1 < len(parts) else ""
+            return kinds[part], name
+    return "object", path
+
+
+class KubeApi:
+    """Typed-by-convention calls for the kinds the controller reads and writes.
+
+    Objects go in and come out as dicts; callers validate them with the `elasticgpu.api`
+    models. Writes that must not overwrite a concurrent change carry the resourceVersion the
+    caller read (`metadata.resourceVersion` in the body or patch): the server answers 409.
+    """
+
+    def __init__(self, api_client: client.ApiClient, *, settings: ApiSettings | None = None) -> None:
+        self._api = api_client
+        self.settings = settings or ApiSettings()
+
+    @classmethod
+    def from_kubeconfig(
+        cls, kubeconfig: str | None = None, *, context: str | None = None, settings: ApiSettings | None = None
+    ) -> KubeApi:
+        """A client for the cluster of `kubeconfig` (default: in-cluster, then $KUBECONFIG)."""
+        if kubeconfig is None:
+            try:
+                config.load_incluster_config()
+                return cls(client.ApiClient(), settings=settings)
+            except config.ConfigException:
+                pass
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
+        configuration.connection_pool_maxsize = 32
+        return cls(client.ApiClient(configuration), settings=settings)
+
+    def close(self) -> None:
+        """Release the HTTP connections."""
+        self._api.close()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = _JSON,
+        timeout_s: float | None = None,
+    ) -> Body:
+        query_params = list((query or {}).items())
+        headers = {"Accept": _JSON}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        try:
+            _method, url, header_params, serialized, _post = self._api.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=query_params,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self._api.call_api(
+                method,
+                url,
+                header_params=header_params,
+                body=serialized,
+                _request_timeout=timeout_s or self.settings.request_timeout_s,
+            )
+            data = response.read()
+        except client.ApiException as err:
+            raise errors.ApiUnavailable(f"{method} {path}: {err.reason}; is the API server up?", status=0) from err
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise errors.ApiUnavailable(f"{method} {path}: {err}; is the API server up?", status=0) from err
+        status = int(response.status)
+        if 200 <= status < 300:
+            return json.loads(data) if data else {}
+        self._raise(status, method, path, data)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _raise(status: int, method: str, path: str, data: bytes | None) -> None:
+        try:
+            payload = json.loads(data or b"{}")
+        except ValueError:
+            payload = {"message": (data or b"").decode(errors="replace")}
+        message = str(payload.get("message") or f"HTTP {status}")
+        reason = str(payload.get("reason") or "")
+        kind, name = _kind_of(path)
+        if status == 404:
+            raise errors.NotFound(kind=kind, name=name, fix="it was deleted or never created")
+        if status == 409 and reason == "AlreadyExists":
+            raise errors.AlreadyExists(f"{kind} {name} already exists: {message}", status=status)
+        if status == 409:
+            raise errors.Conflict(f"{kind} {name} changed since it was read: {message}; re-read it", status=status)
+        if status in (400, 422):
+            raise errors.Rejected(f"{kind} {name}: the API server refused {method}: {message}", status=status)
+        raise errors.ApiUnavailable(f"{method} {path}: HTTP {status}: {message}", status=status)
+
+    def _list(self, path: str, *, label_selector: str | None = None) -> tuple[list[Body], str]:
+        items: list[Body] = []
+        query: dict[str, str] = {"limit": "500"}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        resource_version = ""
+        while True:
+            page = self._call("GET", path, query=query, timeout_s=60.0)
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            resource_version = str(meta.get("resourceVersion") or resource_version)
+            token = meta.get("continue")
+            if not token:
+                return items, resource_version
+            query["continue"] = str(token)
+
+    @staticmethod
+    def _cluster(plural: str, name: str = "", *, status: bool = False) -> str:
+        path = f"{_BASE}/{plural}"
+        if name:
+            path += f"/{name}"
+        return path + ("/status" if status else "")
+
+    @staticmethod
+    def _claims(namespace: str | None, name: str = "", *, status: bool = False) -> str:
+        path = f"{_BASE}/namespaces/{namespace}/{names.PLURAL_CLAIM}" if namespace else f"{_BASE}/{names.PLURAL_CLAIM}"
+        if name:
+            path += f"/{name}"
+        return path + ("/status" if status else "")
+
+    def _write_query(self) -> dict[str, str]:
+        return {"fieldManager": self.settings.field_manager}
+
+    # -- GPUs ----------------------------------------------------------------------------------
+
+    def list_gpus(self) -> list[Body]:
+        """Every GPU object."""
+        return self._list(self._cluster(names.PLURAL_GPU))[0]
+
+    def get_gpu(self, name: str) -> Body:
+        """One GPU object; raises NotFound."""
+        return self._call("GET", self._cluster(names.PLURAL_GPU, name))
+
+    def replace_gpu_status(self, body: Body) -> Body:
+        """PUT the status of a GPU. `body.metadata.resourceVersion` is the precondition: this is
+        the commit point of a reservation. Raises Conflict when the card changed meanwhile and
+        Rejected when the CRD's rules refuse the allocations (oversubscription)."""
+        name = body["metadata"]["name"]
+        return self._call("PUT", self._cluster(names.PLURAL_GPU, name, status=True), body=body,
+                          query=self._write_query())
+
+    def create_gpu(self, body: Body) -> Body:
+        """Create a GPU object (tests and the simulated agent)."""
+        return self._call("POST", self._cluster(names.PLURAL_GPU), body=body, query=self._write_query())
+
+    def delete_gpu(self, name: str) -> None:
+        """Delete a GPU object."""
+        self._call("DELETE", self._cluster(names.PLURAL_GPU, name))
+
+    # -- ElasticGPUs ---------------------------------------------------------------------------
+
+    def list_elastic_gpus(self) -> list[Body]:
+        """Every ElasticGPU."""
+        return self._list(self._cluster(names.PLURAL_ELASTIC_GPU))[0]
+
+    def get_elastic_gpu(self, name: str) -> Body:
+        """One ElasticGPU; raises NotFound."""
+        return self._call("GET", self._cluster(names.PLURAL_ELASTIC_GPU, name))
+
+    def create_elastic_gpu(self, body: Body) -> Body:
+        """Create an ElasticGPU; raises AlreadyExists when the name is taken."""
+        return self._call("POST", self._cluster(names.PLURAL_ELASTIC_GPU), body=body, query=self._write_query())
+
+    def patch_elastic_gpu(self, name: str, patch: Body) -> Body:
+        """Merge-patch an ElasticGPU (metadata, spec); a resourceVersion in the patch is a precondition."""
+        return self._call("PATCH", self._cluster(names.PLURAL_ELASTIC_GPU, name), body=patch, content_type=_MERGE,
+                          query=self._write_query())
+
+    def patch_elastic_gpu_status(self, name: str, patch: Body) -> Body:
+        """Merge-patch the status of an ElasticGPU."""
+        return self._call("PATCH", self._cluster(names.PLURAL_ELASTIC_GPU, name, status=True), body=patch,
+                          content_type=_MERGE, query=self._write_query())
+
+    def delete_elastic_gpu(self, name: str, *, uid: str | None = None) -> None:
+        """Delete an ElasticGPU; with `uid`, only that incarnation of the name."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}} if uid else None
+        self._call("DELETE", self._cluster(names.PLURAL_ELASTIC_GPU, name), body=body)
+
+    # -- claims and classes --------------------------------------------------------------------
+
+    def list_claims(self, namespace: str | None = None) -> list[Body]:
+        """Every claim, of one namespace or of all."""
+        return self._list(self._claims(namespace))[0]
+
+    def get_claim(self, namespace: str, name: str) -> Body:
+        """One claim; raises NotFound."""
+        return self._call("GET", self._claims(namespace, name))
+
+    def create_claim(self, body: Body) -> Body:
+        """Create a claim (tests and benchmarks)."""
+        namespace = body["metadata"]["namespace"]
+        return self._call("POST", self._claims(namespace), body=body, query=self._write_query())
+
+    def delete_claim(self, namespace: str, name: str) -> None:
+        """Delete a claim (tests and benchmarks)."""
+        self._call("DELETE", self._claims(namespace, name))
+
+    def patch_claim(self, namespace: str, name: str, patch: Body) -> Body:
+        """Merge-patch a claim's metadata and spec; a resourceVersion in the patch is a precondition."""
+        return self._call("PATCH", self._claims(namespace, name), body=patch, content_type=_MERGE,
+                          query=self._write_query())
+
+    def patch_claim_status(self, namespace: str, name: str, patch: Body) -> Body:
+        """Merge-patch a claim's status."""
+        return self._call("PATCH", self._claims(namespace, name, status=True), body=patch, content_type=_MERGE,
+                          query=self._write_query())
+
+    def list_classes(self) -> list[Body]:
+        """Every ElasticGPUClass."""
+        return self._list(self._cluster(names.PLURAL_CLASS))[0]
+
+    def create_class(self, body: Body) -> Body:
+        """Create an ElasticGPUClass (tests)."""
+        return self._call("POST", self._cluster(names.PLURAL_CLASS), body=body, query=self._write_query())
+
+    def delete_class(self, name: str) -> None:
+        """Delete an ElasticGPUClass (tests)."""
+        self._call("DELETE", self._cluster(names.PLURAL_CLASS, name))
+
+    # -- core kinds ----------------------------------------------------------------------------
+
+    def list_pods(self, namespace: str | None = None) -> list[Body]:
+        """Pods of one namespace or of all."""
+        path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        return self._list(path)[0]
+
+    def list_nodes(self) -> list[Body]:
+        """Every Node; an empty list where the caller may not read them."""
+        return self._list("/api/v1/nodes")[0]
+
+    def create_event(self, namespace: str, body: Body) -> None:
+        """Create a core/v1 Event. Failures are logged, never raised: an Event is a courtesy."""
+        try:
+            self._call("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
+        except errors.ApiError as err:
+            logger.debug("event not written", extra={"namespace": namespace, "error": str(err)})
+
+    def list_events(self, namespace: str) -> list[Body]:
+        """Events of a namespace (tests)."""
+        return self._list(f"/api/v1/namespaces/{namespace}/events")[0]
+
+    def watch(self, path: str, *, resource_version: str, timeout_s: int = 300) -> Iterator[Body]:
+        """Watch events (`{"type", "object"}`) of a collection from `resource_version`."""
+        query = {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": str(timeout_s),
+                 "allowWatchBookmarks": "true"}
+        _method, url, headers, _body, _post = self._api.param_serialize(
+            method="GET", resource_path=path, query_params=list(query.items()), header_params={"Accept": _JSON},
+            auth_settings=["BearerToken"])
+        try:
+            response = self._api.rest_client.pool_manager.request(
+                "GET", url, headers=headers, preload_content=False, timeout=urllib3.Timeout(connect=10, read=None))
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise errors.ApiUnavailable(f"watch {path}: {err}") from err
+        try:
+            if response.status != 200:
+                self._raise(response.status, "WATCH", path, response.read())
+            buffer = b""
+            for chunk in response.stream(65536, decode_content=True):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise errors.ApiUnavailable(f"watch {path}: {err}") from err
+        finally:
+            response.release_conn()

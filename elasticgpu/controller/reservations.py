@@ -1,0 +1,288 @@
+"""The controller's picture of GPU capacity: GPU objects, the allocator's inventory, and the
+reservations written into `status.allocations`.
+
+The GPU objects on the server are the truth. `Ledger` mirrors them into an allocator
+`Inventory` (one reservation per ElasticGPU name, spanning every card that holds an
+allocation for it) so that `place` answers from memory, and it builds the GPU status bodies
+that commit or free a reservation. It does no I/O: the caller PUTs the bodies with their
+resourceVersion (the commit point) and feeds the server's answer back with `observe_gpu`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from elasticgpu.allocator import (
+    Allocator,
+    CardRecord,
+    CardShare,
+    Health,
+    Inventory,
+    NodeRecord,
+    Placement,
+    PlacementRequest,
+    ReservationConflict,
+    Unplaceable,
+)
+from elasticgpu.api import GPU, GPUAllocation, ObjectReference, format_memory, names
+
+logger = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+
+
+def now_rfc3339() -> str:
+    """The current time as the API server writes it."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """An RFC 3339 timestamp, or None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reservation:
+    """One ElasticGPU's capacity, as it should stand in the GPUs' allocations."""
+
+    key: str
+    """The ElasticGPU's name, the key of `status.allocations`."""
+    placement: Placement
+    claim_ref: ObjectReference | None = None
+
+
+class Ledger:
+    """GPUs by object name and the allocator's inventory kept in step with their allocations."""
+
+    def __init__(self) -> None:
+        self.inventory = Inventory()
+        self._allocators: dict[str, Allocator] = {}
+        self._gpus: dict[str, Body] = {}
+        self._models: dict[str, GPU] = {}
+        self._uuid_to_name: dict[str, str] = {}
+        self._node_labels: dict[str, dict[str, str]] = {}
+        self._keys_on: dict[str, set[str]] = {}
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def gpu(self, name: str) -> GPU | None:
+        """The GPU object `name` as last seen, or None."""
+        return self._models.get(name)
+
+    def gpu_body(self, name: str) -> Body | None:
+        """The GPU object `name` as last seen (dict with its resourceVersion), or None."""
+        return self._gpus.get(name)
+
+    def gpu_names(self) -> list[str]:
+        """Names of every GPU object seen."""
+        return list(self._gpus)
+
+    def name_of_uuid(self, uuid: str) -> str:
+        """GPU object name of a card uuid."""
+        return self._uuid_to_name.get(uuid, names.gpu_object_name(uuid))
+
+    def held(self, key: str) -> Placement | None:
+        """What the GPUs hold for ElasticGPU `key`, or None."""
+        return self.inventory.reservations.get(key)
+
+    def keys(self) -> list[str]:
+        """Every ElasticGPU name that holds a reservation."""
+        return list(self.inventory.reservations)
+
+    def allocation(self, gpu_name: str, key: str) -> GPUAllocation | None:
+        """The allocation of `key` on one GPU, or None."""
+        model = self._models.get(gpu_name)
+        if model is None:
+            return None
+        return next((a for a in model.status.allocations if a.elastic_gpu == key), None)
+
+    def place(self, request: PlacementRequest, *, policy: str) -> Placement | Unplaceable:
+        """Where the request would go now under `policy` (changes nothing)."""
+        allocator = self._allocators.get(policy)
+        if allocator is None:
+            allocator = Allocator(self.inventory, policy=policy)
+            self._allocators[policy] = allocator
+        return allocator.place(request)
+
+    def conflict(self, placement: Placement) -> str:
+        """Why `placement` cannot be reserved now, or "" when it can."""
+        return self.inventory.conflict(placement)
+
+    # -- keeping in step with the server ---------------------------------------------------------
+
+    def observe_node(self, name: str, labels: Mapping[str, str]) -> None:
+        """Remember a node's labels (for class nodeSelectors); re-adds its cards when they changed."""
+        if self._node_labels.get(name) == dict(labels):
+            return
+        self._node_labels[name] = dict(labels)
+        if name in self.inventory:
+            bodies = [b for n, b in self._gpus.items() if self._models[n].spec.node_name == name]
+            for body in bodies:
+                self.forget_gpu(body["metadata"]["name"])
+            for body in bodies:
+                self.observe_gpu(body)
+
+    def observe_gpu(self, body: Body) -> None:
+        """Take in a GPU object as the server holds it (from a list, watch event or write)."""
+        name = body["metadata"]["name"]
+        old = self._gpus.get(name)
+        if old is not None and _older(body, old):
+            return
+        model = GPU.model_validate(body)
+        previous = self._models.get(name)
+        if previous is not None and (previous.spec != model.spec or _health(previous) != _health(model)):
+            self.forget_gpu(name)
+            previous = None
+        self._gpus[name] = body
+        self._models[name] = model
+        self._uuid_to_name[model.spec.uuid] = name
+        if previous is None:
+            node = model.spec.node_name
+            if node not in self.inventory:
+                self.inventory.add_node(NodeRecord(name=node, labels=self._node_labels.get(node, {})))
+            self.inventory.add_card(
+                CardRecord(
+                    uuid=model.spec.uuid,
+                    node=node,
+                    index=model.spec.index,
+                    model=model.spec.model,
+                    memory_mib=model.spec.memory,
+                    numa=model.spec.numa or 0,
+                    links=frozenset(model.spec.links),
+                    health=_health(model),
+                )
+            )
+        touched = set(self._keys_on.get(name, set())) | {a.elastic_gpu for a in model.status.allocations}
+        self._keys_on[name] = {a.elastic_gpu for a in model.status.allocations}
+        self._resync_keys(touched)
+
+    def forget_gpu(self, name: str) -> None:
+        """Drop a GPU object (deleted, or about to be re-added with a new spec)."""
+        model = self._models.pop(name, None)
+        self._gpus.pop(name, None)
+        keys = self._keys_on.pop(name, set())
+        if model is None:
+            return
+        self.inventory.remove_card(model.spec.uuid)
+        node = model.spec.node_name
+        if not any(m.spec.node_name == node for m in self._models.values()) and node in self.inventory:
+            self.inventory.remove_node(node)
+        self._resync_keys(keys)
+
+    def _resync_keys(self, keys: Iterable[str]) -> None:
+        """Make the inventory's reservation of each key equal what the GPUs hold for it."""
+        for key in keys:
+            shares: list[CardShare] = []
+            node = ""
+            for gpu_name in self._gpus_holding(key):
+                model = self._models[gpu_name]
+                allocation = self.allocation(gpu_name, key)
+                if allocation is None:
+                    continue
+                node = model.spec.node_name
+                shares.append(
+                    CardShare(
+                        uuid=model.spec.uuid,
+                        cores=allocation.cores,
+                        memory_mib=allocation.memory,
+                        whole=allocation.exclusive,
+                    )
+                )
+            wanted = Placement(node=node, cards=tuple(shares)) if shares else None
+            if self.inventory.reservations.get(key) == wanted:
+                continue
+            self.inventory.release(key)
+            if wanted is None:
+                continue
+            try:
+                self.inventory.reserve(key, wanted)
+            except ReservationConflict as err:
+                # The GPUs were written by the server under its own rules; a conflict here means
+                # cards of one key disagree in our picture for a moment (a multi-card write in
+                # flight). The next event of those cards settles it.
+                logger.debug("reservation not mirrored yet", extra={"key": key, "error": str(err)})
+
+    def _gpus_holding(self, key: str) -> list[str]:
+        return sorted(name for name, keys in self._keys_on.items() if key in keys)
+
+    def gpus_holding(self, key: str) -> list[str]:
+        """Names of the GPU objects with an allocation for `key`."""
+        return self._gpus_holding(key)
+
+    # -- building writes -----------------------------------------------------------------------
+
+    def with_allocation(self, gpu_name: str, allocation: GPUAllocation) -> Body:
+        """The GPU body (for a PUT of its status) with `allocation` added or replaced."""
+        body = self._gpus[gpu_name]
+        allocations = [a for a in _allocations(body) if a.get("elasticGPU") != allocation.elastic_gpu]
+        allocations.append(allocation.to_dict())
+        return self._status_body(body, allocations)
+
+    def without_allocation(self, gpu_name: str, key: str) -> Body | None:
+        """The GPU body with `key`'s allocation removed, or None when it holds none."""
+        body = self._gpus[gpu_name]
+        allocations = _allocations(body)
+        kept = [a for a in allocations if a.get("elasticGPU") != key]
+        if len(kept) == len(allocations):
+            return None
+        return self._status_body(body, kept)
+
+    def _status_body(self, body: Body, allocations: list[Body]) -> Body:
+        model = self._models[body["metadata"]["name"]]
+        status = dict(body.get("status") or {})
+        status["allocations"] = allocations
+        cores = sum(int(a.get("cores", 0)) for a in allocations)
+        memory = sum(int(a.get("memory", 0)) for a in allocations)
+        whole = any(a.get("exclusive") for a in allocations)
+        free_cores = 0 if whole else max(0, names.CORES_PER_CARD - cores)
+        free_memory = 0 if whole else max(0, model.spec.memory - memory)
+        status["allocatable"] = {
+            names.RESOURCE_CORE: free_cores,
+            names.RESOURCE_MEMORY: format_memory(free_memory) if free_memory else "0",
+        }
+        return {
+            "apiVersion": body.get("apiVersion", names.API_VERSION),
+            "kind": body.get("kind", names.KIND_GPU),
+            "metadata": body["metadata"],
+            "spec": body["spec"],
+            "status": status,
+        }
+
+
+def allocation_for(key: str, share: CardShare, claim_ref: ObjectReference | None) -> GPUAllocation:
+    """The `status.allocations` entry of one card of a placement."""
+    return GPUAllocation.model_validate(
+        {
+            "elasticGPU": key,
+            "claimRef": claim_ref.to_dict() if claim_ref else None,
+            "cores": share.cores,
+            "memory": share.memory_mib,
+            "exclusive": share.whole,
+            "reservedAt": now_rfc3339(),
+        }
+    )
+
+
+def _allocations(body: Body) -> list[Body]:
+    return list((body.get("status") or {}).get("allocations") or [])
+
+
+def _health(model: GPU) -> Health:
+    return Health.UNHEALTHY if model.status.health == "Unhealthy" else Health.HEALTHY
+
+
+def _older(new: Body, old: Body) -> bool:
+    """True when `new` is known to be older than `old`. resourceVersions are opaque, but every
+    server we know writes integers; anything else is taken as newer."""
+    a = str(new.get("metadata", {}).get("resourceVersion", ""))
+    b = str(old.get("metadata", {}).get("resourceVersion", ""))
+    return a.isdigit() and b.isdigit() and int(a) < int(b)

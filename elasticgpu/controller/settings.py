@@ -1,0 +1,73 @@
+"""Settings of the controller: one small dataclass per concern, combined in `ControllerSettings`.
+
+Every field has a typed default and says its unit and why it has that value. They are built
+once (from flags and environment by `run_controller`) and passed down; nothing reads the
+environment elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiSettings:
+    """How the controller talks to the API server."""
+
+    field_manager: str = "elasticgpu-controller"
+    """Field manager recorded in managedFields for every write."""
+    request_timeout_s: float = 10.0
+    """Seconds one API call may take before it counts as failed (ApiUnavailable)."""
+    events_namespace: str = "default"
+    """Namespace of the Events about cluster-scoped objects (ElasticGPUs, GPUs), as for PVs."""
+    component: str = "elasticgpu-controller"
+    """`source.component` / `reportingController` of the Events the controller writes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BindingSettings:
+    """How claims are bound."""
+
+    conflict_retries: int = 8
+    """How often one claim is re-planned after a resourceVersion conflict on a GPU before the
+    sync gives up and requeues it. Conflicts are normal with two controllers on one card."""
+    requeue_delay_s: float = 0.5
+    """Seconds before a claim whose sync failed (API unavailable, too many conflicts) is retried."""
+    workers: int = 4
+    """Threads that carry out the steps after the commit point (create the ElasticGPU, bind the
+    claim). Decisions and reservations stay on one thread, so the picture never races itself."""
+    batch_size: int = 256
+    """Most claims decided in one pass of the binder before their API writes are flushed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResyncSettings:
+    """The periodic, level-based repair."""
+
+    interval_s: float = 30.0
+    """Seconds between full resyncs: re-list everything, free orphan reservations, mark Lost."""
+    orphan_grace_s: float = 60.0
+    """Seconds a reservation may exist on a GPU without its ElasticGPU before it is freed. It
+    covers the gap between the commit point and the ElasticGPU's creation (and a crash there)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerSettings:
+    """All settings of the controller."""
+
+    api: ApiSettings = field(default_factory=ApiSettings)
+    binding: BindingSettings = field(default_factory=BindingSettings)
+    resync: ResyncSettings = field(default_factory=ResyncSettings)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> ControllerSettings:
+        """Settings with `ELASTICGPU_RESYNC_INTERVAL_S`, `ELASTICGPU_ORPHAN_GRACE_S` and
+        `ELASTICGPU_BINDING_WORKERS` read from the environment where set."""
+        env = os.environ if environ is None else environ
+        resync = ResyncSettings(
+            interval_s=float(env.get("ELASTICGPU_RESYNC_INTERVAL_S", ResyncSettings.interval_s)),
+            orphan_grace_s=float(env.get("ELASTICGPU_ORPHAN_GRACE_S", ResyncSettings.orphan_grace_s)),
+        )
+        binding = BindingSettings(workers=int(env.get("ELASTICGPU_BINDING_WORKERS", BindingSettings.workers)))
+        return cls(binding=binding, resync=resync)
