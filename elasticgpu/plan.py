@@ -1,0 +1,376 @@
+"""`elasticgpu plan`: bind claims to cards offline, with no cluster.
+
+It reads YAML files holding GPU objects (as the node agent publishes them) or a short node
+list, ElasticGPUClasses and ElasticGPUClaims; binds the claims, in file order, with the
+allocator under each claim's class; and prints a kubectl-style table (or, with `-o yaml`, the
+ElasticGPUs the controller would create). A claim that stays Pending shows why.
+
+A short node list is a YAML document without `kind`:
+
+    nodes:
+      - {name: node-1, cards: 8, model: A100-SXM4-80GB, memory: 80Gi, cpu: 96, labels: {zone: a}}
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from elasticgpu.allocator import (
+    Allocator,
+    CardRecord,
+    CardShare,
+    Health,
+    Inventory,
+    NodeRecord,
+    Placement,
+    PlacementRequest,
+    ReservationConflict,
+)
+from elasticgpu.api import (
+    GPU,
+    ElasticGPU,
+    ElasticGPUClaim,
+    ElasticGPUClass,
+    ElasticGPUError,
+    GpuRequest,
+    format_memory,
+    names,
+    parse_memory_mib,
+)
+
+
+@dataclass
+class PlanInput:
+    """Everything read from the files."""
+
+    gpus: list[GPU]
+    node_list: list[dict[str, Any]]
+    classes: list[ElasticGPUClass]
+    claims: list[ElasticGPUClaim]
+
+
+@dataclass
+class ClaimResult:
+    """The outcome for one claim."""
+
+    claim: ElasticGPUClaim
+    class_name: str
+    request: str
+    placement: Placement | None
+    message: str
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `elasticgpu plan`."""
+    parser.add_argument(
+        "-f",
+        "--filename",
+        action="append",
+        required=True,
+        metavar="PATH",
+        help="YAML file or directory of GPUs / node list, classes and claims (repeatable)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "yaml"),
+        default="table",
+        help="table of claims (default), or the ElasticGPUs that would be created",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed for tie-breaks (results are deterministic)")
+
+
+def _files(paths: Iterable[str]) -> list[Path]:
+    out: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            out.extend(sorted(p for p in path.iterdir() if p.suffix in {".yaml", ".yml"}))
+        else:
+            out.append(path)
+    return out
+
+
+def read_inputs(paths: Iterable[str]) -> PlanInput:
+    """Parse every document of every file into the kinds `plan` understands."""
+    found = PlanInput([], [], [], [])
+    for path in _files(paths):
+        for number, doc in enumerate(yaml.safe_load_all(path.read_text()), start=1):
+            if not doc:
+                continue
+            where = f"{path} document {number}"
+            kind = doc.get("kind")
+            try:
+                if kind is None and "nodes" in doc:
+                    found.node_list.extend(doc["nodes"])
+                elif kind == names.KIND_GPU:
+                    found.gpus.append(GPU.model_validate(doc))
+                elif kind == names.KIND_CLASS:
+                    found.classes.append(ElasticGPUClass.model_validate(doc))
+                elif kind == names.KIND_CLAIM:
+                    found.claims.append(ElasticGPUClaim.model_validate(doc))
+                else:
+                    raise ValueError(
+                        f"kind {kind!r} is not used by plan (GPU, ElasticGPUClass, ElasticGPUClaim, "
+                        "or a document with `nodes:`)"
+                    )
+            except (ValueError, ElasticGPUError) as err:
+                raise SystemExit(f"error: {where}: {err}") from None
+    return found
+
+
+def build_inventory(found: PlanInput) -> Inventory:
+    """Nodes and cards from GPU objects and the node list; GPU reservations restored."""
+    inventory = Inventory()
+    for entry in found.node_list:
+        name = str(entry["name"])
+        cpu = entry.get("cpu", 0)
+        host_memory = entry.get("hostMemory")
+        inventory.add_node(
+            NodeRecord(
+                name=name,
+                cpu_milli=int(float(cpu) * 1000),
+                memory_mib=parse_memory_mib(host_memory, field=f"nodes[{name}].hostMemory") if host_memory else 0,
+                labels={str(k): str(v) for k, v in (entry.get("labels") or {}).items()},
+            )
+        )
+        memory = parse_memory_mib(entry.get("memory", "16Gi"), field=f"nodes[{name}].memory")
+        for i in range(int(entry.get("cards", 1))):
+            inventory.add_card(
+                CardRecord(
+                    uuid=f"GPU-{name}-{i}",
+                    node=name,
+                    index=i,
+                    model=str(entry.get("model", "")),
+                    memory_mib=memory,
+                    numa=i * 2 // max(int(entry.get("cards", 1)), 1),
+                )
+            )
+    for gpu in found.gpus:
+        spec = gpu.spec
+        if spec.node_name not in inventory:
+            inventory.add_node(NodeRecord(name=spec.node_name))
+        health = Health.UNHEALTHY if gpu.status.health == "Unhealthy" else Health.HEALTHY
+        inventory.add_card(
+            CardRecord(
+                uuid=spec.uuid,
+                node=spec.node_name,
+                index=spec.index,
+                model=spec.model,
+                memory_mib=spec.memory,
+                numa=spec.numa or 0,
+                links=frozenset(spec.links),
+                health=health,
+            )
+        )
+    # Reservations already written into GPU status (the controller's commit point) are kept.
+    held: dict[str, list[tuple[GPU, Any]]] = {}
+    for gpu in found.gpus:
+        for allocation in gpu.status.allocations:
+            held.setdefault(allocation.elastic_gpu, []).append((gpu, allocation))
+    for key, parts in held.items():
+        shares = tuple(
+            CardShare(
+                uuid=g.spec.uuid,
+                cores=names.CORES_PER_CARD if a.exclusive else a.cores,
+                memory_mib=g.spec.memory if a.exclusive else a.memory,
+                whole=a.exclusive,
+            )
+            for g, a in parts
+        )
+        try:
+            inventory.reserve(key, Placement(node=parts[0][0].spec.node_name, cards=shares))
+        except ReservationConflict as err:
+            print(f"warning: {err}", file=sys.stderr)
+    return inventory
+
+
+def _class_for(claim: ElasticGPUClaim, classes: dict[str, ElasticGPUClass]) -> ElasticGPUClass | None:
+    name = claim.spec.class_name
+    if name:
+        return classes.get(name)
+    defaults = [c for c in classes.values() if c.is_default]
+    return defaults[0] if defaults else None
+
+
+def plan(found: PlanInput, *, seed: int = 0) -> list[ClaimResult]:
+    """Bind every claim in order; returns one result per claim."""
+    inventory = build_inventory(found)
+    classes = {c.metadata.name: c for c in found.classes if c.metadata.name}
+    allocators: dict[str, Allocator] = {}
+    results: list[ClaimResult] = []
+    for claim in found.claims:
+        gpu_class = _class_for(claim, classes)
+        class_name = (gpu_class.metadata.name or "") if gpu_class else (claim.spec.class_name or "")
+        try:
+            request, _limit = claim.spec.gpu_request()
+        except ElasticGPUError as err:
+            results.append(ClaimResult(claim, class_name, "-", None, str(err)))
+            continue
+        if gpu_class is None:
+            why = (
+                f"ElasticGPUClass {class_name} not found"
+                if class_name
+                else 'no class named and no default class (annotate one elasticgpu.io/is-default-class: "true")'
+            )
+            results.append(ClaimResult(claim, class_name, request.describe(), None, why))
+            continue
+        if gpu_class.provisioner not in names.OWN_PROVISIONERS:
+            results.append(
+                ClaimResult(
+                    claim,
+                    class_name,
+                    request.describe(),
+                    None,
+                    f"provisioner {gpu_class.provisioner} is not elasticgpu's; left alone",
+                )
+            )
+            continue
+        try:
+            params = gpu_class.parsed_parameters()
+        except ElasticGPUError as err:
+            results.append(ClaimResult(claim, class_name, request.describe(), None, str(err)))
+            continue
+        allocator = allocators.get(params.policy)
+        if allocator is None:
+            allocator = allocators[params.policy] = Allocator(inventory, policy=params.policy, seed=seed)
+        placement_request = PlacementRequest(
+            gpu=request, models=tuple(params.gpu_model), node_selector=params.node_selector
+        )
+        key = claim.metadata.uid or f"{claim.metadata.namespace or 'default'}/{claim.metadata.name}"
+        result = allocator.allocate(key, placement_request)
+        if isinstance(result, Placement):
+            results.append(ClaimResult(claim, class_name, request.describe(), result, ""))
+        else:
+            results.append(ClaimResult(claim, class_name, request.describe(), None, result.reason))
+    return results
+
+
+def _capacity(request: GpuRequest, placement: Placement) -> dict[str, int | str]:
+    if request.is_whole:
+        return {names.RESOURCE_NVIDIA_GPU: request.cards}
+    share = placement.cards[0]
+    return {names.RESOURCE_CORE: share.cores, names.RESOURCE_MEMORY: format_memory(share.memory_mib)}
+
+
+def elastic_gpus(results: list[ClaimResult], classes: list[ElasticGPUClass]) -> list[ElasticGPU]:
+    """The ElasticGPUs the controller would create for the bound claims."""
+    by_name = {c.metadata.name: c for c in classes}
+    out = []
+    for r in results:
+        if r.placement is None:
+            continue
+        claim = r.claim
+        request, _ = claim.spec.gpu_request()
+        gpu_names = [names.gpu_object_name(u) for u in r.placement.uuids]
+        uid = claim.metadata.uid or f"{claim.metadata.namespace or 'default'}-{claim.metadata.name}"
+        gpu_class = by_name.get(r.class_name)
+        spec: dict[str, Any] = {
+            "capacity": _capacity(request, r.placement),
+            "claimRef": {
+                "apiVersion": names.API_VERSION,
+                "kind": names.KIND_CLAIM,
+                "namespace": claim.metadata.namespace or "default",
+                "name": claim.metadata.name,
+                "uid": claim.metadata.uid,
+            },
+            "nodeName": r.placement.node,
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [r.placement.node]}
+                            ]
+                        }
+                    ]
+                }
+            },
+            "elasticGPUClassName": r.class_name or None,
+            "reclaimPolicy": gpu_class.effective_reclaim_policy if gpu_class else None,
+        }
+        if request.is_whole:
+            spec["physicalGPU"] = {"gpuNames": gpu_names}
+        else:
+            spec["gpuShare"] = {"gpuName": gpu_names[0]}
+        out.append(
+            ElasticGPU.model_validate(
+                {
+                    "metadata": {"name": names.elastic_gpu_name_for_claim(uid).replace("/", "-")},
+                    "spec": {k: v for k, v in spec.items() if v is not None},
+                }
+            )
+        )
+    return out
+
+
+def print_table(results: list[ClaimResult], out: TextIO) -> None:
+    """kubectl-style columns; the message of a Pending claim is its explanation."""
+    rows = [("NAMESPACE", "NAME", "STATUS", "CLASS", "REQUEST", "NODE", "GPUS", "MESSAGE")]
+    for r in results:
+        placement = r.placement
+        rows.append(
+            (
+                r.claim.metadata.namespace or "default",
+                r.claim.metadata.name or "",
+                "Bound" if placement else "Pending",
+                r.class_name or "<none>",
+                r.request,
+                placement.node if placement else "<none>",
+                ",".join(placement.uuids) if placement else "<none>",
+                r.message,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
+        out.write(("   ".join(cells) + "   " + row[-1]).rstrip() + "\n")
+
+
+def _prune(value: Any) -> Any:
+    """Drop empty maps and lists, as `kubectl get -o yaml` shows a fresh object."""
+    if isinstance(value, dict):
+        pruned = {k: _prune(v) for k, v in value.items()}
+        return {k: v for k, v in pruned.items() if v not in ({}, [])}
+    if isinstance(value, list):
+        return [_prune(v) for v in value]
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `elasticgpu plan`; exit 0 when every claim is bound, 1 when some stay Pending."""
+    found = read_inputs(args.filename)
+    if not found.gpus and not found.node_list:
+        print("error: no GPU objects and no node list in the files given with -f", file=sys.stderr)
+        return 2
+    results = plan(found, seed=args.seed)
+    if args.output == "yaml":
+        docs = [
+            e.model_dump(by_alias=True, exclude_none=True, mode="json") for e in elastic_gpus(results, found.classes)
+        ]
+        docs = [_prune({k: v for k, v in doc.items() if k != "status"}) for doc in docs]
+        sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False) if docs else "")
+        for r in results:
+            if r.placement is None:
+                print(f"# {r.claim.metadata.name} stays Pending: {r.message}", file=sys.stderr)
+    else:
+        print_table(results, sys.stdout)
+    return 0 if all(r.placement for r in results) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point (`python -m elasticgpu.plan`)."""
+    parser = argparse.ArgumentParser(prog="elasticgpu plan", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""`elasticgpu plan` on the sample input: bound claims, Pending ones with their reason, YAML out."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import yaml
+
+from elasticgpu import plan
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plan"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser()
+    plan.add_arguments(parser)
+    code = plan.run(parser.parse_args(list(argv)))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_plan_prints_a_table_with_reasons_for_pending_claims(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "-f", str(EXAMPLES))
+    assert code == 1  # two sample claims cannot be placed, on purpose
+    lines = {line.split()[1]: line for line in out.splitlines()[1:]}
+    assert out.splitlines()[0].split()[:3] == ["NAMESPACE", "NAME", "STATUS"]
+    assert "Bound" in lines["notebook"] and "Bound" in lines["training"]
+    assert lines["training"].count("GPU-node-") == 4
+    assert "Pending" in lines["too-much-memory"]
+    assert lines["too-much-memory"].endswith("has 80Gi free, the claim asks 96Gi")
+    assert lines["wants-h100"].endswith("no node has a *H100* card (models here: NVIDIA A100-SXM4-80GB, Tesla T4)")
+
+
+def test_plan_yaml_lists_the_elastic_gpus_it_would_create(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "-f", str(EXAMPLES), "-o", "yaml")
+    assert code == 1
+    docs = list(yaml.safe_load_all(out))
+    by_claim = {d["spec"]["claimRef"]["name"]: d for d in docs}
+    assert set(by_claim) == {"notebook", "inference", "training"}
+    assert by_claim["training"]["spec"]["capacity"] == {"nvidia.com/gpu": 4}
+    assert len(by_claim["training"]["spec"]["physicalGPU"]["gpuNames"]) == 4
+    assert by_claim["notebook"]["spec"]["capacity"] == {
+        "elasticgpu.io/gpu-core": 30,
+        "elasticgpu.io/gpu-memory": "10Gi",
+    }
+    assert "too-much-memory stays Pending" in err
+
+
+def test_plan_reads_gpu_objects_and_keeps_their_reservations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    docs = [
+        {
+            "apiVersion": "elasticgpu.io/v1alpha1",
+            "kind": "GPU",
+            "metadata": {"name": f"gpu-{i}"},
+            "spec": {"index": i, "uuid": f"GPU-{i}", "model": "A100", "memory": 40960, "nodeName": "n1"},
+            "status": {
+                "allocations": [{"elasticGPU": "egpu-old", "cores": 100, "memory": 40960, "exclusive": True}]
+                if i == 0
+                else []
+            },
+        }
+        for i in range(2)
+    ]
+    docs.append(
+        {
+            "apiVersion": "elasticgpu.io/v1alpha1",
+            "kind": "ElasticGPUClass",
+            "metadata": {"name": "whole", "annotations": {"elasticgpu.io/is-default-class": "true"}},
+            "provisioner": "elasticgpu.io/physical",
+        }
+    )
+    for name in ("one", "two"):
+        docs.append(
+            {
+                "apiVersion": "elasticgpu.io/v1alpha1",
+                "kind": "ElasticGPUClaim",
+                "metadata": {"name": name, "namespace": "ns"},
+                "spec": {"resources": {"requests": {"nvidia.com/gpu": 1}}},
+            }
+        )
+    (tmp_path / "in.yaml").write_text(yaml.safe_dump_all(docs))
+    code, out, _ = run(capsys, "-f", str(tmp_path / "in.yaml"))
+    assert code == 1
+    lines = {line.split()[1]: line for line in out.splitlines()[1:]}
+    assert "GPU-1" in lines["one"]  # GPU-0 is held whole by egpu-old
+    assert lines["two"].endswith("n1 has 0 free cards (of 2), the claim asks 1 whole card on one node")
