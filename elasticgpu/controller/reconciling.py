@@ -1,0 +1,738 @@
+"""The controller's picture of the cluster and the executor of the binder's decisions.
+
+`Controller` holds what the watches delivered (claims, ElasticGPUs, classes, pods, and GPUs in
+the `Ledger`), a work queue of object keys, and one method per kind that asks the pure deciders
+(`binder`, `release`, `resync`) for the next step and carries it out through `KubeApi`.
+Every write's answer goes back into the picture at once, so the next decision sees it.
+
+Decisions run on one thread (`run_worker`): the picture never races itself, and two controller
+processes are kept apart by the server (resourceVersion preconditions, uid-derived names).
+Every failure path leaves the objects as they were after the last successful write: nothing
+half-written is assumed, and the key is requeued so the next sync retries from what it finds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import threading
+import time
+from collections import deque
+from datetime import UTC, datetime
+from typing import Any
+
+from elasticgpu.allocator import Placement, PlacementRequest, Unplaceable
+from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names
+from elasticgpu.controller import binder, errors, release, resync
+from elasticgpu.controller.events import NORMAL, WARNING, EventRecorder
+from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.provisioner import build_elastic_gpu, capacity_of, claim_ref_of
+from elasticgpu.controller.reservations import Ledger, allocation_for, now_rfc3339
+from elasticgpu.controller.settings import ControllerSettings
+
+logger = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+ClaimKey = tuple[str, str]
+Key = tuple[str, ...]
+"""("claim", namespace, name) or ("egpu", name)."""
+
+
+class WorkQueue:
+    """FIFO of keys without duplicates, with delayed requeues."""
+
+    def __init__(self) -> None:
+        self._items: deque[Key] = deque()
+        self._queued: set[Key] = set()
+        self._delayed: list[tuple[float, Key]] = []
+        self._cond = threading.Condition()
+
+    def add(self, key: Key, *, delay_s: float = 0.0) -> None:
+        """Queue `key` now, or after `delay_s` seconds."""
+        with self._cond:
+            if delay_s > 0:
+                heapq.heappush(self._delayed, (time.monotonic() + delay_s, key))
+            elif key not in self._queued:
+                self._queued.add(key)
+                self._items.append(key)
+            self._cond.notify()
+
+    def get(self, timeout_s: float) -> Key | None:
+        """The next key, or None after `timeout_s` without one."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                while self._delayed and self._delayed[0][0] <= now:
+                    _, key = heapq.heappop(self._delayed)
+                    if key not in self._queued:
+                        self._queued.add(key)
+                        self._items.append(key)
+                if self._items:
+                    key = self._items.popleft()
+                    self._queued.discard(key)
+                    return key
+                wait = deadline - now
+                if self._delayed:
+                    wait = min(wait, self._delayed[0][0] - now)
+                if wait <= 0:
+                    return None
+                self._cond.wait(wait)
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._items)
+
+
+def _newer(new: Body, old: Body | None) -> bool:
+    if old is None:
+        return True
+    a = str(new.get("metadata", {}).get("resourceVersion", ""))
+    b = str(old.get("metadata", {}).get("resourceVersion", ""))
+    return not (a.isdigit() and b.isdigit() and int(a) < int(b))
+
+
+def _condition(type_: str, reason: str, message: str, previous: list[Condition]) -> dict[str, Any]:
+    """One condition; keeps the old transition time when the type and reason did not change."""
+    old = next((c for c in previous if c.type == type_), None)
+    when = old.last_transition_time if old is not None and old.reason == reason else now_rfc3339()
+    return {"type": type_, "status": "True", "reason": reason, "message": message, "lastTransitionTime": when}
+
+
+class Controller:
+    """Picture + queue + executor. Feed it with `observe`, start it with `rebuild`, run it with
+    `run_worker` (or call `sync` / `drain` directly, as the tests do)."""
+
+    def __init__(self, kube: KubeApi, settings: ControllerSettings | None = None, *,
+                 namespace: str | None = None) -> None:
+        self.kube = kube
+        self.settings = settings or ControllerSettings()
+        self.namespace = namespace
+        self.ledger = Ledger()
+        self.events = EventRecorder(kube)
+        self.queue = WorkQueue()
+        self._lock = threading.RLock()
+        self._claims: dict[ClaimKey, ElasticGPUClaim] = {}
+        self._claim_bodies: dict[ClaimKey, Body] = {}
+        self._egpus: dict[str, ElasticGPU] = {}
+        self._egpu_bodies: dict[str, Body] = {}
+        self._classes: dict[str, ElasticGPUClass] = {}
+        self._pod_claims: dict[ClaimKey, set[str]] = {}
+        self._claims_of_pod: dict[tuple[str, str], set[str]] = {}
+        self.ready = threading.Event()
+
+    # -- observing -----------------------------------------------------------------------------
+
+    def rebuild(self) -> None:
+        """List everything and rebuild the picture, before anything is bound (on start and on
+        every resync); then queue every claim and ElasticGPU."""
+        nodes = self._try(self.kube.list_nodes) or []
+        gpus = self.kube.list_gpus()
+        egpus = self.kube.list_elastic_gpus()
+        classes = self.kube.list_classes()
+        claims = self.kube.list_claims(self.namespace)
+        pods = self._try(lambda: self.kube.list_pods(self.namespace)) or []
+        with self._lock:
+            for node in nodes:
+                self.ledger.observe_node(node["metadata"]["name"], node["metadata"].get("labels") or {})
+            seen = {g["metadata"]["name"] for g in gpus}
+            for gone in set(self.ledger.gpu_names()) - seen:
+                self.ledger.forget_gpu(gone)
+            for body in gpus:
+                self.ledger.observe_gpu(body)
+            self._egpus.clear()
+            self._egpu_bodies.clear()
+            for body in egpus:
+                self._put_egpu(body)
+            self._classes = {c["metadata"]["name"]: ElasticGPUClass.model_validate(c) for c in classes}
+            self._claims.clear()
+            self._claim_bodies.clear()
+            for body in claims:
+                self._put_claim(body)
+            self._pod_claims.clear()
+            self._claims_of_pod.clear()
+            for pod in pods:
+                self._put_pod(pod)
+            keys: list[Key] = [("egpu", n) for n in self._egpus]
+            keys += [("claim", ns, n) for ns, n in self._claims]
+        for key in keys:
+            self.queue.add(key)
+        self.ready.set()
+
+    def _try(self, call: Any) -> Any:
+        try:
+            return call()
+        except errors.ApiError as err:
+            logger.warning("optional list failed: %s", err)
+            return None
+
+    def observe(self, kind: str, event_type: str | None, body: Body) -> None:
+        """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node)."""
+        deleted = event_type == "DELETED"
+        meta = body.get("metadata") or {}
+        name = meta.get("name", "")
+        with self._lock:
+            if kind == "claim":
+                key = (meta.get("namespace", ""), name)
+                if deleted:
+                    self._claims.pop(key, None)
+                    self._claim_bodies.pop(key, None)
+                    egpu = self._egpu_for_claim_uid(meta.get("uid", ""))
+                    if egpu:
+                        self.queue.add(("egpu", egpu))
+                    return
+                self._put_claim(body)
+                self.queue.add(("claim", *key))
+            elif kind == "egpu":
+                if deleted:
+                    self._egpus.pop(name, None)
+                    self._egpu_bodies.pop(name, None)
+                else:
+                    self._put_egpu(body)
+                    self.queue.add(("egpu", name))
+                self._queue_claims_of_egpu(name, body)
+            elif kind == "gpu":
+                before = self._free_of(name)
+                if deleted:
+                    self.ledger.forget_gpu(name)
+                else:
+                    self.ledger.observe_gpu(body)
+                for egpu_name in self._egpus_on_gpu(name):
+                    self.queue.add(("egpu", egpu_name))
+                if deleted or self._free_of(name) > before:
+                    self._capacity_freed()
+            elif kind == "class":
+                if deleted:
+                    self._classes.pop(name, None)
+                else:
+                    self._classes[name] = ElasticGPUClass.model_validate(body)
+                self._queue_pending_claims()
+            elif kind == "pod":
+                self._put_pod(body, deleted=deleted)
+            elif kind == "node":
+                self.ledger.observe_node(name, meta.get("labels") or {})
+                self._capacity_freed()
+
+    def _put_claim(self, body: Body) -> None:
+        key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
+        if not _newer(body, self._claim_bodies.get(key)):
+            return
+        self._claim_bodies[key] = body
+        self._claims[key] = ElasticGPUClaim.model_validate(body)
+
+    def _put_egpu(self, body: Body) -> None:
+        name = body["metadata"]["name"]
+        if not _newer(body, self._egpu_bodies.get(name)):
+            return
+        old = self._egpus.get(name)
+        self._egpu_bodies[name] = body
+        model = ElasticGPU.model_validate(body)
+        self._egpus[name] = model
+        if model.status.phase == "Available" and (old is None or old.status.phase != "Available"):
+            self._queue_pending_claims()
+
+    def _put_pod(self, body: Body, *, deleted: bool = False) -> None:
+        meta = body.get("metadata") or {}
+        pod_key = (meta.get("namespace", ""), meta.get("name", ""))
+        before = self._claims_of_pod.pop(pod_key, set())
+        now = set() if deleted or not release.pod_is_running(body) else release.claims_of_pod(body)
+        if now:
+            self._claims_of_pod[pod_key] = now
+        for claim in before | now:
+            users = self._pod_claims.setdefault((pod_key[0], claim), set())
+            if claim in now:
+                users.add(pod_key[1])
+            else:
+                users.discard(pod_key[1])
+            if not users:
+                self._pod_claims.pop((pod_key[0], claim), None)
+            if claim in before - now:
+                self.queue.add(("claim", pod_key[0], claim))
+
+    def _free_of(self, gpu_name: str) -> int:
+        model = self.ledger.gpu(gpu_name)
+        if model is None:
+            return 0
+        return -sum(a.cores + a.memory for a in model.status.allocations)
+
+    def _egpus_on_gpu(self, gpu_name: str) -> list[str]:
+        found: set[str] = set()
+        for name, egpu in self._egpus.items():
+            spec = egpu.spec
+            if (spec.gpu_share is not None and spec.gpu_share.gpu_name == gpu_name) or (
+                spec.physical_gpu is not None and gpu_name in spec.physical_gpu.gpu_names
+            ):
+                found.add(name)
+        return sorted(found)
+
+    def _egpu_for_claim_uid(self, uid: str) -> str | None:
+        if not uid:
+            return None
+        name = names.elastic_gpu_name_for_claim(uid)
+        if name in self._egpus:
+            return name
+        for egpu_name, egpu in self._egpus.items():
+            if egpu.spec.claim_ref is not None and egpu.spec.claim_ref.uid == uid:
+                return egpu_name
+        return None
+
+    def _queue_claims_of_egpu(self, name: str, body: Body) -> None:
+        ref = (body.get("spec") or {}).get("claimRef") or {}
+        if ref.get("name"):
+            self.queue.add(("claim", ref.get("namespace", ""), ref["name"]))
+        for (ns, claim_name), claim in self._claims.items():
+            if claim.spec.elastic_gpu_name == name:
+                self.queue.add(("claim", ns, claim_name))
+
+    def _capacity_freed(self) -> None:
+        """Capacity grew somewhere: queue the claims that wait for capacity."""
+        self._queue_pending_claims()
+
+    def _queue_pending_claims(self) -> None:
+        for (ns, name), claim in self._claims.items():
+            if claim.status.phase in (None, "Pending"):
+                self.queue.add(("claim", ns, name))
+
+    # -- running -------------------------------------------------------------------------------
+
+    def run_worker(self, stop: threading.Event) -> None:
+        """Process the queue until `stop` is set."""
+        while not stop.is_set():
+            key = self.queue.get(timeout_s=0.2)
+            if key is not None:
+                self.sync(key)
+
+    def drain(self, *, max_items: int = 100_000) -> int:
+        """Process queued keys until none is left (delayed ones included once due); returns how many."""
+        done = 0
+        while done < max_items:
+            key = self.queue.get(timeout_s=0.0)
+            if key is None:
+                return done
+            self.sync(key)
+            done += 1
+        return done
+
+    def sync(self, key: Key) -> None:
+        """Sync one object; on any API failure requeue it with a delay (nothing half-written is assumed)."""
+        try:
+            if key[0] == "claim":
+                self.sync_claim(key[1], key[2])
+            elif key[0] == "egpu":
+                self.sync_elastic_gpu(key[1])
+        except errors.ControllerError as err:
+            logger.warning("sync of %s failed, retrying: %s", "/".join(key), err)
+            self.queue.add(key, delay_s=self.settings.binding.requeue_delay_s)
+
+    def picture(self) -> binder.Picture:
+        """The binder's view of the current picture."""
+        egpus = dict(self._egpus)
+        return binder.Picture(
+            elastic_gpus=egpus,
+            classes=dict(self._classes),
+            card_memory=lambda n: (m.spec.memory if (m := self.ledger.gpu(n)) is not None else None),
+            by_claim_uid=binder.index_by_claim_uid(egpus.values()),
+        )
+
+    # -- claims --------------------------------------------------------------------------------
+
+    def sync_claim(self, namespace: str, name: str) -> None:
+        """Decide and carry out the next step of one claim."""
+        with self._lock:
+            claim = self._claims.get((namespace, name))
+            if claim is None:
+                return
+            decision = binder.decide_claim(claim, self.picture())
+        if isinstance(decision, binder.Ignore | binder.InSync):
+            return
+        if isinstance(decision, binder.Wait):
+            self._claim_pending(claim, decision.reason, decision.message)
+        elif isinstance(decision, binder.MarkLost):
+            self._claim_lost(claim, decision.reason, decision.message)
+        elif isinstance(decision, binder.CompleteBind):
+            self._complete_bind(claim, decision.elastic_gpu)
+        elif isinstance(decision, binder.BindToExisting):
+            self._bind_existing(claim, decision.elastic_gpu)
+        elif isinstance(decision, binder.Provision):
+            self._provision(claim, decision)
+        elif isinstance(decision, binder.Deleting):
+            self._release_claim(claim)
+
+    def _claim_body(self, claim: ElasticGPUClaim) -> Body:
+        return self._claim_bodies[(claim.metadata.namespace or "", claim.metadata.name or "")]
+
+    def _write_claim_status(self, claim: ElasticGPUClaim, status: Body) -> None:
+        try:
+            answer = self.kube.patch_claim_status(claim.metadata.namespace or "", claim.metadata.name or "",
+                                                  {"status": status})
+        except errors.NotFound:
+            return  # deleted meanwhile: nothing to report on
+        with self._lock:
+            self._put_claim(answer)
+
+    def _claim_pending(self, claim: ElasticGPUClaim, reason: str, message: str) -> None:
+        current = claim.status.conditions
+        if claim.status.phase == "Pending" and any(
+            c.type == "Pending" and c.reason == reason and c.message == message for c in current
+        ):
+            return  # said already: no write, no Event
+        condition = _condition("Pending", reason, message, current)
+        self._write_claim_status(claim, {"phase": "Pending", "conditions": [condition]})
+        kind = NORMAL if reason == binder.REASON_WAIT_FOR_CONSUMER else WARNING
+        self.events.record(self._claim_body(claim), type_=kind, reason=reason, message=message)
+
+    def _claim_lost(self, claim: ElasticGPUClaim, reason: str, message: str) -> None:
+        said = any(c.type == "Lost" and c.reason == reason for c in claim.status.conditions)
+        if claim.status.phase == "Lost" and said:
+            return
+        condition = _condition("Lost", reason, message, claim.status.conditions)
+        self._write_claim_status(claim, {"phase": "Lost", "conditions": [condition]})
+        self.events.record(self._claim_body(claim), type_=WARNING, reason=reason, message=message)
+
+    def _complete_bind(self, claim: ElasticGPUClaim, egpu_name: str) -> None:
+        egpu = self._egpus.get(egpu_name)
+        if egpu is None:
+            raise errors.BindingError(f"ElasticGPU {egpu_name} left the picture; the next sync re-decides")
+        if egpu.status.phase != "Bound":
+            egpu = self._set_egpu_phase(egpu, "Bound", binder.REASON_BOUND,
+                                        f"bound to claim {claim.metadata.namespace}/{claim.metadata.name}")
+        self._bind_claim(claim, egpu)
+
+    def _bind_claim(self, claim: ElasticGPUClaim, egpu: ElasticGPU) -> None:
+        """Step 3: the claim names the ElasticGPU, keeps the finalizer, and says Bound."""
+        namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
+        egpu_name = egpu.metadata.name or ""
+        finalizers = list(claim.metadata.finalizers)
+        if claim.spec.elastic_gpu_name != egpu_name or names.FINALIZER_CLAIM_PROTECTION not in finalizers:
+            if names.FINALIZER_CLAIM_PROTECTION not in finalizers:
+                finalizers.append(names.FINALIZER_CLAIM_PROTECTION)
+            patch = {
+                "metadata": {"finalizers": finalizers, "resourceVersion": claim.metadata.resource_version},
+                "spec": {"elasticGPUName": egpu_name},
+            }
+            answer = self.kube.patch_claim(namespace, name, patch)
+            with self._lock:
+                self._put_claim(answer)
+            claim = ElasticGPUClaim.model_validate(answer)
+        message = f"bound to ElasticGPU {egpu_name} on {egpu.status.node_name or egpu.spec.node_name or '?'}" + (
+            f" ({', '.join(egpu.status.gpus)})" if egpu.status.gpus else "")
+        status = {
+            "phase": "Bound",
+            "capacity": egpu.status.capacity or dict(egpu.spec.capacity),
+            "nodeName": egpu.status.node_name or egpu.spec.node_name,
+            "gpus": list(egpu.status.gpus),
+            "conditions": [_condition("Bound", binder.REASON_BOUND, message, claim.status.conditions)],
+        }
+        self._write_claim_status(claim, status)
+        self.events.record(self._claim_bodies.get((namespace, name), claim.to_dict()), type_=NORMAL,
+                           reason=binder.REASON_BOUND, message=message)
+
+    def _bind_existing(self, claim: ElasticGPUClaim, egpu_name: str) -> None:
+        """Static bind, step 2: point the ElasticGPU at the claim (with its resourceVersion)."""
+        egpu = self._egpus[egpu_name]
+        patch = {
+            "metadata": {"resourceVersion": egpu.metadata.resource_version},
+            "spec": {"claimRef": claim_ref_of(claim).to_dict()},
+        }
+        try:
+            answer = self.kube.patch_elastic_gpu(egpu_name, patch)
+        except errors.Conflict:
+            # Someone else changed it (maybe bound it): re-read and decide again.
+            fresh = self.kube.get_elastic_gpu(egpu_name)
+            with self._lock:
+                self._put_egpu(fresh)
+            self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""))
+            return
+        with self._lock:
+            self._put_egpu(answer)
+        egpu = self._set_egpu_phase(ElasticGPU.model_validate(answer), "Bound", binder.REASON_BOUND,
+                                    f"bound to claim {claim.metadata.namespace}/{claim.metadata.name}")
+        self._bind_claim(claim, egpu)
+
+    # -- provisioning --------------------------------------------------------------------------
+
+    def _provision(self, claim: ElasticGPUClaim, decision: binder.Provision) -> None:
+        key = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
+        placement = self._reserve_for_claim(claim, key, decision)
+        if placement is None:
+            return
+        body = build_elastic_gpu(claim, decision, placement, self.ledger)
+        try:
+            created = self.kube.create_elastic_gpu(body)
+        except errors.AlreadyExists:
+            created = self.kube.get_elastic_gpu(key)
+        with self._lock:
+            self._put_egpu(created)
+        egpu = ElasticGPU.model_validate(created)
+        if not binder.points_to(egpu, claim):
+            raise errors.BindingError(f"ElasticGPU {key} exists but points to another claim; an admin must delete it")
+        egpu = self._set_egpu_status(egpu, placement, "Bound", binder.REASON_BOUND,
+                                     f"provisioned for claim {claim.metadata.namespace}/{claim.metadata.name}")
+        self.events.record(self._claim_body(claim), type_=NORMAL, reason="Provisioned",
+                           message=f"provisioned ElasticGPU {key}: {placement.describe()}")
+        self._bind_claim(claim, egpu)
+
+    def _reserve_for_claim(self, claim: ElasticGPUClaim, key: str, decision: binder.Provision) -> Placement | None:
+        """Step 1: plan and commit the reservation; None when the claim must wait (status written)."""
+        request = PlacementRequest(
+            gpu=decision.request,
+            models=decision.parameters.gpu_model,
+            node_selector=decision.parameters.node_selector,
+        )
+        for _attempt in range(self.settings.binding.conflict_retries):
+            with self._lock:
+                held = self.ledger.held(key)
+                if held is not None and len(held.cards) == max(1, decision.request.cards):
+                    return held  # committed before a crash or a lost answer: reuse it
+                result = None if held is not None else self.ledger.place(request, policy=decision.parameters.policy)
+            if held is not None:
+                self._free_reservation(key)  # a partial multi-card reservation: start over
+                continue
+            if isinstance(result, Unplaceable):
+                message = f"no card can give {decision.request.describe()}: {result.reason}"
+                if result.closest:
+                    message += f" (closest: {result.closest})"
+                self._claim_pending(claim, binder.REASON_NO_CAPACITY, message)
+                return None
+            assert result is not None
+            try:
+                self._commit(key, result, claim_ref_of(claim))
+            except (errors.Conflict, errors.Rejected) as err:
+                logger.debug("reservation lost a race, re-planning: %s", err)
+                continue
+            return result
+        raise errors.BindingError(f"claim {claim.metadata.namespace}/{claim.metadata.name}: too many conflicts on"
+                                  " the GPUs; retrying later")
+
+    def _commit(self, key: str, placement: Placement, claim_ref: Any) -> None:
+        """Write the reservation into each card's allocations (PUT with its resourceVersion).
+        On a conflict the cards already written are freed again and the conflict is raised."""
+        written: list[str] = []
+        for share in placement.cards:
+            gpu_name = self.ledger.name_of_uuid(share.uuid)
+            with self._lock:
+                body = self.ledger.with_allocation(gpu_name, allocation_for(key, share, claim_ref))
+            try:
+                answer = self.kube.replace_gpu_status(body)
+            except (errors.Conflict, errors.Rejected):
+                self._refresh_gpu(gpu_name)
+                for done in written:
+                    self._free_on(done, key)
+                raise
+            with self._lock:
+                self.ledger.observe_gpu(answer)
+            written.append(gpu_name)
+
+    def _refresh_gpu(self, gpu_name: str) -> None:
+        try:
+            fresh = self.kube.get_gpu(gpu_name)
+        except errors.NotFound:
+            with self._lock:
+                self.ledger.forget_gpu(gpu_name)
+            return
+        with self._lock:
+            self.ledger.observe_gpu(fresh)
+
+    def _free_on(self, gpu_name: str, key: str) -> None:
+        """Remove `key`'s allocation from one GPU (re-reading on conflicts)."""
+        for _attempt in range(self.settings.binding.conflict_retries):
+            with self._lock:
+                if self.ledger.gpu(gpu_name) is None:
+                    return
+                body = self.ledger.without_allocation(gpu_name, key)
+            if body is None:
+                return
+            try:
+                answer = self.kube.replace_gpu_status(body)
+            except errors.Conflict:
+                self._refresh_gpu(gpu_name)
+                continue
+            except errors.NotFound:
+                with self._lock:
+                    self.ledger.forget_gpu(gpu_name)
+                return
+            with self._lock:
+                self.ledger.observe_gpu(answer)
+                self._capacity_freed()
+            return
+        raise errors.BindingError(f"GPU {gpu_name}: could not free the reservation of {key}; retrying later")
+
+    def _free_reservation(self, key: str) -> None:
+        """Free every allocation of `key`."""
+        with self._lock:
+            holding = self.ledger.gpus_holding(key)
+        for gpu_name in holding:
+            self._free_on(gpu_name, key)
+
+    # -- ElasticGPUs ---------------------------------------------------------------------------
+
+    def _set_egpu_status(self, egpu: ElasticGPU, placement: Placement | None, phase: str, reason: str,
+                         message: str) -> ElasticGPU:
+        status: Body = {"phase": phase, "reason": reason, "message": message}
+        if placement is not None:
+            status["capacity"] = capacity_of(placement)
+            status["nodeName"] = placement.node
+            status["gpus"] = [share.uuid for share in placement.cards]
+        name = egpu.metadata.name or ""
+        answer = self.kube.patch_elastic_gpu_status(name, {"status": status})
+        with self._lock:
+            self._put_egpu(answer)
+        if egpu.status.phase != phase:
+            kind = WARNING if phase == "Failed" else NORMAL
+            self.events.record(answer, type_=kind, reason=reason, message=message)
+        return ElasticGPU.model_validate(answer)
+
+    def _set_egpu_phase(self, egpu: ElasticGPU, phase: str, reason: str, message: str) -> ElasticGPU:
+        placement = self.ledger.held(egpu.metadata.name or "")
+        return self._set_egpu_status(egpu, placement, phase, reason, message)
+
+    def sync_elastic_gpu(self, name: str) -> None:
+        """Decide and carry out the next step of one ElasticGPU."""
+        with self._lock:
+            egpu = self._egpus.get(name)
+            if egpu is None:
+                return
+            claim = None
+            ref = egpu.spec.claim_ref
+            if ref is not None and ref.name:
+                claim = self._claims.get((ref.namespace or "", ref.name))
+            decision = binder.decide_elastic_gpu(
+                egpu, claim=claim, gpus=self.ledger.gpu, held=self.ledger.held(name), conflict=self.ledger.conflict
+            )
+        if isinstance(decision, binder.Keep):
+            return
+        if isinstance(decision, binder.Reserve):
+            self._reserve_elastic_gpu(egpu, decision.placement, claim)
+        elif isinstance(decision, binder.Fail):
+            self._free_reservation(name)
+            if egpu.status.phase != "Failed" or egpu.status.reason != decision.reason:
+                self._set_egpu_status(egpu, None, "Failed", decision.reason, decision.message)
+            if ref is not None and ref.name:
+                self.queue.add(("claim", ref.namespace or "", ref.name))
+        elif isinstance(decision, binder.MarkBound):
+            self._set_egpu_phase(egpu, "Bound", binder.REASON_BOUND, f"bound to claim {ref.namespace}/{ref.name}"
+                                 if ref else "bound")
+        elif isinstance(decision, binder.ReleaseIfClaimGone):
+            self._release_if_claim_gone(egpu)
+        elif isinstance(decision, binder.Reclaim):
+            self._reclaim(egpu, delete=decision.delete)
+
+    def _reserve_elastic_gpu(self, egpu: ElasticGPU, placement: Placement, claim: ElasticGPUClaim | None) -> None:
+        name = egpu.metadata.name or ""
+        if names.FINALIZER_EGPU_PROTECTION not in egpu.metadata.finalizers:
+            patch = {"metadata": {"finalizers": [*egpu.metadata.finalizers, names.FINALIZER_EGPU_PROTECTION],
+                                  "resourceVersion": egpu.metadata.resource_version}}
+            answer = self.kube.patch_elastic_gpu(name, patch)
+            with self._lock:
+                self._put_egpu(answer)
+            egpu = ElasticGPU.model_validate(answer)
+        if self.ledger.held(name) != placement:
+            try:
+                self._commit(name, placement, egpu.spec.claim_ref)
+            except (errors.Conflict, errors.Rejected):
+                self.queue.add(("egpu", name))  # the card changed: decide again (maybe DoesNotFit)
+                return
+        bound = claim is not None and binder.points_to(egpu, claim) and claim.spec.elastic_gpu_name == name
+        if bound:
+            self._set_egpu_status(egpu, placement, "Bound", binder.REASON_BOUND,
+                                  f"bound to claim {claim.metadata.namespace}/{claim.metadata.name}")  # type: ignore[union-attr]
+        else:
+            self._set_egpu_status(egpu, placement, "Available", binder.REASON_AVAILABLE,
+                                  f"reserved on {placement.describe()}")
+        if egpu.spec.claim_ref is not None and egpu.spec.claim_ref.name:
+            self.queue.add(("claim", egpu.spec.claim_ref.namespace or "", egpu.spec.claim_ref.name))
+
+    def _release_if_claim_gone(self, egpu: ElasticGPU) -> None:
+        ref = egpu.spec.claim_ref
+        assert ref is not None and ref.name
+        try:
+            fresh = self.kube.get_claim(ref.namespace or "", ref.name)
+        except errors.NotFound:
+            fresh = None
+        if fresh is not None and (not ref.uid or fresh["metadata"].get("uid") == ref.uid):
+            with self._lock:
+                self._put_claim(fresh)
+            if not fresh["metadata"].get("deletionTimestamp"):
+                self.queue.add(("claim", ref.namespace or "", ref.name))
+                return
+            if names.FINALIZER_CLAIM_PROTECTION in (fresh["metadata"].get("finalizers") or []):
+                return  # its own release path runs
+        self._set_egpu_phase(egpu, "Released", binder.REASON_RELEASED,
+                             f"claim {ref.namespace}/{ref.name} was deleted")
+        self.queue.add(("egpu", egpu.metadata.name or ""))
+
+    def _reclaim(self, egpu: ElasticGPU, *, delete: bool) -> None:
+        name = egpu.metadata.name or ""
+        self._free_reservation(name)
+        if names.FINALIZER_EGPU_PROTECTION in egpu.metadata.finalizers:
+            kept = [f for f in egpu.metadata.finalizers if f != names.FINALIZER_EGPU_PROTECTION]
+            try:
+                answer = self.kube.patch_elastic_gpu(
+                    name, {"metadata": {"finalizers": kept, "resourceVersion": egpu.metadata.resource_version}})
+            except errors.NotFound:
+                return
+            with self._lock:
+                self._put_egpu(answer)
+        if delete and not egpu.metadata.deletion_timestamp:
+            with contextlib.suppress(errors.NotFound):
+                self.kube.delete_elastic_gpu(name, uid=egpu.metadata.uid)
+            self.events.record(self._egpu_bodies.get(name, egpu.to_dict()), type_=NORMAL, reason="Reclaimed",
+                               message=f"reclaim policy Delete: capacity freed and ElasticGPU {name} deleted")
+
+    # -- release -------------------------------------------------------------------------------
+
+    def _release_claim(self, claim: ElasticGPUClaim) -> None:
+        namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
+        with self._lock:
+            users = set(self._pod_claims.get((namespace, name), set()))
+            decision = release.decide_release(claim, pods_using=users, elastic_gpus=dict(self._egpus))
+        if isinstance(decision, release.NothingToRelease):
+            return
+        if isinstance(decision, release.KeepFinalizer):
+            message = f"in use by pod(s) {', '.join(decision.pods)}; deletion waits until they terminate"
+            if not any(c.reason == release.REASON_CLAIM_IN_USE for c in claim.status.conditions):
+                condition = _condition("Terminating", release.REASON_CLAIM_IN_USE, message, claim.status.conditions)
+                self._write_claim_status(claim, {"conditions": [*[c.to_dict() for c in claim.status.conditions
+                                                                   if c.type != "Terminating"], condition]})
+                self.events.record(self._claim_body(claim), type_=NORMAL, reason=release.REASON_CLAIM_IN_USE,
+                                   message=message)
+            return
+        if decision.elastic_gpu is not None:
+            egpu = self._egpus[decision.elastic_gpu]
+            if egpu.status.phase not in ("Released", "Failed"):
+                self._set_egpu_phase(egpu, "Released", binder.REASON_RELEASED,
+                                     f"claim {namespace}/{name} was deleted")
+            self.queue.add(("egpu", decision.elastic_gpu))
+        kept = [f for f in claim.metadata.finalizers if f != names.FINALIZER_CLAIM_PROTECTION]
+        try:
+            self.kube.patch_claim(namespace, name, {"metadata": {"finalizers": kept,
+                                                                 "resourceVersion": claim.metadata.resource_version}})
+        except errors.NotFound:
+            return
+
+    # -- resync --------------------------------------------------------------------------------
+
+    def resync(self) -> None:
+        """Re-list everything, free orphan reservations past the grace period, requeue all."""
+        self.rebuild()
+        with self._lock:
+            orphans = resync.find_orphans(self.ledger, elastic_gpus=set(self._egpus), now=datetime.now(UTC),
+                                          grace_s=self.settings.resync.orphan_grace_s)
+        for orphan in orphans:
+            try:
+                self.kube.get_elastic_gpu(orphan.key)
+                continue  # it exists after all (created since the list)
+            except errors.NotFound:
+                pass
+            logger.info("GPU %s: freeing reservation %s: its ElasticGPU does not exist",
+                        ",".join(orphan.gpu_names), orphan.key)
+            for gpu_name in orphan.gpu_names:
+                self._free_on(gpu_name, orphan.key)
+
+    # -- reading, for tests and the benchmark -----------------------------------------------------
+
+    def claim(self, namespace: str, name: str) -> ElasticGPUClaim | None:
+        """The claim as the picture holds it."""
+        with self._lock:
+            return self._claims.get((namespace, name))
