@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from elasticgpu import __version__
+from elasticgpu import __version__, plan
 
 
 def _crds(args: argparse.Namespace) -> int:
@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     crds.add_argument("--kubeconfig", help="kubeconfig for --apply (default: $KUBECONFIG or ~/.kube/config)")
     crds.add_argument("--context", help="kubeconfig context for --apply")
     crds.set_defaults(handler=_crds)
+
+    plan_parser = commands.add_parser(
+        "plan", help="bind claims to GPUs offline, with no cluster, and show the result and the reasons"
+    )
+    plan.add_arguments(plan_parser)
+    plan_parser.set_defaults(handler=plan.run)
     return parser
 
 

@@ -45,6 +45,9 @@ from elasticgpu.api import (
     parse_memory_mib,
 )
 
+# The sample a newcomer sees first (`elasticgpu plan` with no -f), shipped in the repository.
+SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plan"
+
 
 @dataclass
 class PlanInput:
@@ -73,9 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-f",
         "--filename",
         action="append",
-        required=True,
         metavar="PATH",
-        help="YAML file or directory of GPUs / node list, classes and claims (repeatable)",
+        help="YAML file or directory of GPUs / node list, classes and claims (repeatable);"
+        " default: the bundled sample in examples/plan",
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="exit 1 when any claim stays Pending (for scripts and CI gates)"
     )
     parser.add_argument(
         "-o",
@@ -345,8 +351,8 @@ def _prune(value: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run `elasticgpu plan`; exit 0 when every claim is bound, 1 when some stay Pending."""
-    found = read_inputs(args.filename)
+    """Run `elasticgpu plan`; exit 0, or with `--strict` 1 when some claim stays Pending."""
+    found = read_inputs(args.filename or [str(SAMPLE)])
     if not found.gpus and not found.node_list:
         print("error: no GPU objects and no node list in the files given with -f", file=sys.stderr)
         return 2
@@ -362,7 +368,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"# {r.claim.metadata.name} stays Pending: {r.message}", file=sys.stderr)
     else:
         print_table(results, sys.stdout)
-    return 0 if all(r.placement for r in results) else 1
+    pending = sum(1 for r in results if r.placement is None)
+    return 1 if args.strict and pending else 0
 
 
 def main(argv: list[str] | None = None) -> int:
