@@ -1,0 +1,88 @@
+"""kopf wiring: watches feed the controller's picture; one worker thread decides and writes.
+
+kopf is used for what it is good at here: watching (with re-listing, backoff and login) and the
+process's lifecycle. Its per-object handler machinery (progress annotations, retries, patches)
+is not used: the `on.event` handlers only hand the raw object to `Controller.observe`, which is
+cheap, and the decisions run in batches off the event loop on the worker thread. Startup lists
+everything (`Controller.rebuild`) before the worker binds anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import kopf
+
+from elasticgpu.api import names
+from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.reconciling import Controller
+
+logger = logging.getLogger(__name__)
+
+WATCHED = (
+    ("claim", names.GROUP, names.VERSION, names.PLURAL_CLAIM),
+    ("egpu", names.GROUP, names.VERSION, names.PLURAL_ELASTIC_GPU),
+    ("gpu", names.GROUP, names.VERSION, names.PLURAL_GPU),
+    ("class", names.GROUP, names.VERSION, names.PLURAL_CLASS),
+    ("pod", "", "v1", "pods"),
+)
+
+
+def build_registry(controller: Controller, kube: KubeApi, stop: threading.Event) -> kopf.OperatorRegistry:
+    """A kopf registry whose handlers feed `controller`; startup rebuilds, then starts the threads."""
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        configuration = kube._api.configuration
+        token = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken")
+        scheme = None
+        if token and " " in token:
+            scheme, token = token.split(" ", 1)
+        return kopf.ConnectionInfo(
+            server=configuration.host,
+            ca_path=configuration.ssl_ca_cert,
+            insecure=not configuration.verify_ssl,
+            certificate_path=configuration.cert_file,
+            private_key_path=configuration.key_file,
+            scheme=scheme,
+            token=token,
+        )
+
+    for kind, group, version, plural in WATCHED:
+
+        def handler(event: dict[str, Any], _kind: str = kind, **_: Any) -> None:
+            body = event.get("object")
+            if isinstance(body, dict):
+                controller.observe(_kind, event.get("type"), body)
+
+        kopf.on.event(group, version, plural, registry=registry, id=f"observe-{kind}")(handler)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False  # our Events are written by EventRecorder
+        settings.watching.server_timeout = 300
+        settings.persistence.finalizer = "elasticgpu.io/kopf"  # never added: no on.delete handlers
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, controller.rebuild)
+        threading.Thread(target=controller.run_worker, args=(stop,), name="binder", daemon=True).start()
+        threading.Thread(target=_resync_loop, args=(controller, stop), name="resync", daemon=True).start()
+        logger.info("controller ready: %d GPUs, picture rebuilt", len(controller.ledger.gpu_names()))
+
+    @kopf.on.cleanup(registry=registry)
+    def cleanup(**_: Any) -> None:
+        stop.set()
+
+    return registry
+
+
+def _resync_loop(controller: Controller, stop: threading.Event) -> None:
+    interval = controller.settings.resync.interval_s
+    while not stop.wait(interval):
+        try:
+            controller.resync()
+        except Exception:  # a failed resync must not end the loop; the next one retries
+            logger.exception("resync failed; retrying in %.0fs", interval)
