@@ -1016,6 +1016,9 @@ func run(o *genericoptions.RecommendedOptions, runOpts *genericoptions.ServerRun
 		if gi.VersionedResourcesStorageMap[k.gvk.Version] == nil {
 			gi.VersionedResourcesStorageMap[k.gvk.Version] = map[string]rest.Storage{}
 		}
+		// These types have no separate internal version: register the versioned
+		// types as the internal (hub) version too, which server-side apply needs.
+		Scheme.AddKnownTypes(schema.GroupVersion{Group: g, Version: runtime.APIVersionInternal}, k.newFunc(), k.newListFunc())
 		store, status, err := newStore(k, builtinGetter, Scheme)
 		if err != nil {
 			return fmt.Errorf("%s: %w", k.resource, err)
@@ -1026,6 +1029,7 @@ func run(o *genericoptions.RecommendedOptions, runOpts *genericoptions.ServerRun
 			m[k.resource+"/status"] = status
 		}
 		if k.resource == "pods" {
+			Scheme.AddKnownTypes(schema.GroupVersion{Group: g, Version: runtime.APIVersionInternal}, &corev1.Binding{})
 			m["pods/binding"] = &BindingREST{store: store.Store}
 		}
 	}
