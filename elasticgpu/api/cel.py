@@ -31,7 +31,7 @@ def resource_map_rules(field: str) -> list[dict[str, str]]:
         rule(
             f"self.all(k, k in [{_KNOWN}])",
             f"{field}: only {', '.join(names.KNOWN_RESOURCES)} can be requested",
-            reason="FieldValueNotSupported",
+            reason="FieldValueInvalid",
         ),
         rule(
             f"!('{_CORE}' in self) || ({core}.matches('^[0-9]+$') && int({core}) >= 1"

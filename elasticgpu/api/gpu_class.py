@@ -108,17 +108,17 @@ class ElasticGPUClass(KubeModel):
                     rule(
                         f"self.all(k, k in {_in_list(PARAMETER_KEYS)})",
                         "parameters: only " + ", ".join(PARAMETER_KEYS) + " are known",
-                        reason="FieldValueNotSupported",
+                        reason="FieldValueInvalid",
                     ),
                     rule(
                         f"!('policy' in self) || self['policy'] in {_in_list(POLICIES)}",
                         "parameters.policy: must be one of " + ", ".join(POLICIES),
-                        reason="FieldValueNotSupported",
+                        reason="FieldValueInvalid",
                     ),
                     rule(
                         f"!('sharing' in self) || self['sharing'] in {_in_list(SHARINGS)}",
                         "parameters.sharing: must be one of " + ", ".join(SHARINGS),
-                        reason="FieldValueNotSupported",
+                        reason="FieldValueInvalid",
                     ),
                     rule(
                         "!('nodeSelector' in self) || self['nodeSelector'].matches("
