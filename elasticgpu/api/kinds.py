@@ -83,7 +83,7 @@ ELASTIC_GPU = KindInfo(
     model=ElasticGPU,
     columns=(
         PrinterColumn("Node", "string", ".status.nodeName", "Node of the card(s)."),
-        PrinterColumn("GPUs", "string", ".status.gpus[*]", "Uuids of the card(s)."),
+        PrinterColumn("GPUs", "string", ".status.gpus", "Uuids of the card(s)."),
         _core(".status.capacity"),
         _memory(".status.capacity"),
         PrinterColumn("Status", "string", ".status.phase", "Pending, Available, Bound, Released or Failed."),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,12 @@ def test_example_applies_and_reads_back_equal(path: Path, objects: Objects) -> N
 
 
 def _table(api_client: client.ApiClient, path: str) -> dict[str, Any]:
-    response = api_client.call_api(
-        path, "GET", header_params={"Accept": TABLE}, response_type="object", _return_http_data_only=True
+    method, url, headers, _, _ = api_client.param_serialize(
+        method="GET", resource_path=path, header_params={"Accept": TABLE}
     )
+    raw = api_client.call_api(method, url, header_params=headers)
+    raw.read()
+    response: dict[str, Any] = json.loads(raw.data)
     assert response["kind"] == "Table", response
     return response
 
@@ -109,7 +113,7 @@ def test_elastic_gpu_columns(api_client: client.ApiClient, objects: Objects) -> 
         assert list(cells) == ["Name", "Node", "GPUs", "Core", "Memory", "Status", "Claim", "Class", "Age"]
         assert (cells["Node"], cells["GPUs"], cells["Core"], cells["Memory"], cells["Status"]) == (
             "gpu-node-1",
-            "GPU-a GPU-b",
+            '["GPU-a","GPU-b"]',
             25,
             "20Gi",
             "Available",

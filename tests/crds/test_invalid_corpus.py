@@ -11,7 +11,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from elasticgpu.api import ElasticGPUClaim, InvalidClassParameters, InvalidRequest, parse_class_parameters
+from elasticgpu.api import ElasticGPUClaim, InvalidClassParameters, InvalidSpec, parse_class_parameters
 from tests.crds.objects import Objects
 
 CORPUS = sorted((Path(__file__).resolve().parents[1] / "invalid").glob("*.yaml"))
@@ -66,7 +66,7 @@ def test_python_refuses_the_same_claims(path: Path) -> None:
     if spec is None or "resources" not in spec:
         pytest.skip("missing fields are the schema's job")
     claim = ElasticGPUClaim.model_validate(documents[-1])
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidSpec):
         claim.spec.gpu_request()
 
 
