@@ -1,20 +1,22 @@
 """The allocator: picks a node and card(s) for a request, fast, without changing anything.
 
-How a decision stays cheap (the cluster is never rescanned per decision):
-- every node has a signature (`NodeSig`); signatures are interned to small ints;
-- per request shape there is a table: one score per node slot, and a memo from signature id
-  to score, so nodes in the same state are scored once;
-- the inventory tells us which node changed; a table recomputes only the nodes that changed
-  since it was last used (a change log with one read position per table);
-- the pick itself is a vectorised argmin over the table masked by the request's node filter
-  (selector, node names) and the pod's CPU and memory; ties go to a per-seed node rank, so a
-  run is deterministic for a given seed.
+How a decision stays cheap (the cluster is never rescanned in Python per decision):
+- every node has a signature (`NodeSig`); signatures are interned to small ints, and an
+  array holds the signature id of every node slot (id 0 is "no node here");
+- per request shape there is a table: one score per signature id (NaN until needed), so all
+  nodes in one state are scored once, and a node that changes only brings a new id;
+- a signature the table has not seen is resolved through the policy's `memo_key`, which maps
+  states that score alike (for fragmentation: the same cards, and free CPU on the same side of
+  every threshold that matters) to one cached (score, cards) entry;
+- the pick is vectorised: gather the table by the slots' ids, mask by the request's node
+  filter and the pod's memory, argmin; ties go to a per-seed node rank, so a run is
+  deterministic for a given seed.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,21 +25,25 @@ from elasticgpu.allocator.explain import explain as explain_failure
 from elasticgpu.allocator.inventory import CardState, Inventory, NodeState
 from elasticgpu.allocator.policies import DEFAULT_POLICY, Policy, make_policy, moves
 from elasticgpu.allocator.records import CardShare, Placement, PlacementRequest, Unplaceable
-from elasticgpu.allocator.shapes import NodeSig, Shape, card_fits, card_sig, node_sig, shape_of, share_memory
+from elasticgpu.allocator.shapes import CardSig, NodeSig, Shape, card_fits, card_sig, node_sig, shape_of, share_memory
 from elasticgpu.allocator.workloads import Workload
 from elasticgpu.api import names
 
 _INF = np.inf
+# Bound on interned signatures: past it, the index starts over from the nodes' current states
+# (a long-lived controller would otherwise keep every state it ever saw).
+_MAX_SIGS = 1 << 20
 
 
 @dataclass
 class _Table:
-    """Scores of every node slot for one shape."""
+    """Scores of every interned signature for one shape (NaN: not resolved yet)."""
 
     scores: np.ndarray
-    memo: dict[int, float] = field(default_factory=dict)
-    position: int = -1
-    """How far into the change log this table is; -1 means "recompute every slot"."""
+    taken: dict[int, object] = field(default_factory=dict)
+    """The policy's token for its move, by signature id (read when a placement is built)."""
+    memo: dict[Hashable, tuple[float, object]] = field(default_factory=dict)
+    """The policy's cache for this shape: states that score alike share one entry."""
 
 
 class Allocator:
@@ -61,100 +67,105 @@ class Allocator:
         self._rank_rng = random.Random(f"rank-{seed}")
         self._index: dict[str, int] = {}
         self._names: list[str | None] = []
-        self._sig_of: list[int] = []  # interned signature id per slot; -1 for a removed node
-        self._sig_ids: dict[NodeSig, int] = {}
-        self._sigs: list[NodeSig] = []
         self._labels: list[Mapping[str, str]] = []
         capacity = 64
-        self._cpu = np.zeros(capacity, dtype=np.int64)
+        self._sig_of = np.zeros(capacity, dtype=np.intp)  # interned signature id per slot; 0: no node
         self._mem = np.zeros(capacity, dtype=np.int64)
         self._rank = np.zeros(capacity, dtype=np.float64)
-        self._changes: list[int] = []
         self._tables: dict[Shape, _Table] = {}
         self._masks: dict[tuple[object, ...], np.ndarray] = {}
+        self._reset_sigs()
         self.inventory.subscribe(self._on_change)
         for name in self.inventory.node_names():
             self._on_change(name)
 
     # -- keeping the index in step with the inventory ------------------------------------------
 
+    def _reset_sigs(self) -> None:
+        self._sig_ids: dict[NodeSig, int] = {}
+        self._sigs: list[NodeSig | None] = [None]
+        self._prepared: list[object] = [None]  # the policy's view of each signature
+        self._tables.clear()
+
+    def _intern(self, sig: NodeSig) -> int:
+        sig_id = self._sig_ids.get(sig)
+        if sig_id is None:
+            sig_id = len(self._sigs)
+            self._sig_ids[sig] = sig_id
+            self._sigs.append(sig)
+            self._prepared.append(self.policy.prepare(sig))
+        return sig_id
+
     def _grow(self) -> None:
-        size = len(self._cpu) * 2
-        self._cpu = np.resize(self._cpu, size)
+        size = len(self._sig_of) * 2
+        self._sig_of = np.resize(self._sig_of, size)
+        self._sig_of[size // 2 :] = 0
         self._mem = np.resize(self._mem, size)
         self._rank = np.resize(self._rank, size)
-        for table in self._tables.values():
-            old = table.scores
-            table.scores = np.full(size, _INF)
-            table.scores[: len(old)] = old
 
     def _on_change(self, name: str) -> None:
         slot = self._index.get(name)
         if name not in self.inventory:
             if slot is not None:
-                self._sig_of[slot] = -1
+                self._sig_of[slot] = 0
                 self._names[slot] = None
                 del self._index[name]
-                self._changes.append(slot)
                 self._masks.clear()
             return
         node = self.inventory.node(name)
         if slot is None:
             slot = len(self._names)
-            if slot >= len(self._cpu):
+            if slot >= len(self._sig_of):
                 self._grow()
             self._index[name] = slot
             self._names.append(name)
-            self._sig_of.append(-1)
             self._labels.append(node.record.labels)
             self._rank[slot] = self._rank_rng.random()
             self._masks.clear()
         elif self._labels[slot] != node.record.labels:
             self._labels[slot] = node.record.labels
             self._masks.clear()
-        self._cpu[slot] = node.cpu_free
         self._mem[slot] = node.memory_free
-        sig = node_sig(node)
-        sig_id = self._sig_ids.get(sig)
-        if sig_id is None:
-            sig_id = len(self._sigs)
-            self._sig_ids[sig] = sig_id
-            self._sigs.append(sig)
-        if sig_id != self._sig_of[slot]:
-            self._sig_of[slot] = sig_id
-            self._changes.append(slot)
-        if len(self._changes) > 8 * len(self._cpu) + 4096:
-            # Keep the log bounded: tables start over with a full (memoised) recompute.
-            self._changes.clear()
-            for table in self._tables.values():
-                table.position = -1
+        if len(self._sigs) >= _MAX_SIGS:
+            self._reset_sigs()
+            for other, other_name in enumerate(self._names):
+                if other_name is not None and other != slot:
+                    self._sig_of[other] = self._intern(node_sig(self.inventory.node(other_name)))
+        self._sig_of[slot] = self._intern(node_sig(node))
 
     # -- deciding ------------------------------------------------------------------------------
 
-    def _table(self, shape: Shape) -> _Table:
+    def _scores(self, shape: Shape, n: int) -> tuple[np.ndarray, _Table]:
+        """Score of every node slot for the shape (inf: does not fit), resolving new states."""
         table = self._tables.get(shape)
+        count = len(self._sigs)
         if table is None:
-            table = _Table(np.full(len(self._cpu), _INF))
+            scores = np.full(max(64, 2 * count), np.nan)
+            scores[0] = _INF
+            table = _Table(scores)
             self._tables[shape] = table
-        if table.position < 0:
-            slots: object = range(len(self._names))
-        else:
-            slots = set(self._changes[table.position :])
-        memo = table.memo
-        scores = table.scores
-        sig_of = self._sig_of
-        for slot in slots:  # type: ignore[attr-defined]
-            sig_id = sig_of[slot]
-            if sig_id < 0:
-                scores[slot] = _INF
-                continue
-            score = memo.get(sig_id)
-            if score is None:
-                score = self.policy.best(self._sigs[sig_id], shape)[0]
-                memo[sig_id] = score
-            scores[slot] = score
-        table.position = len(self._changes)
-        return table
+        elif len(table.scores) < count:
+            old = table.scores
+            table.scores = np.full(2 * count, np.nan)
+            table.scores[: len(old)] = old
+        ids = self._sig_of[:n]
+        scores = table.scores[ids]
+        missing = np.flatnonzero(np.isnan(scores))
+        if len(missing):
+            resolve = self.policy.resolve
+            memo = table.memo
+            sigs = self._sigs
+            prepared = self._prepared
+            values = table.scores
+            taken = table.taken
+            for sig_id in set(ids[missing].tolist()):
+                sig = sigs[sig_id]
+                assert sig is not None
+                score, token = resolve(prepared[sig_id], sig, shape, memo)
+                values[sig_id] = score
+                taken[sig_id] = token
+            scores = values[ids]
+        return scores, table
 
     def _mask(self, request: PlacementRequest) -> np.ndarray | None:
         """Node slots the request's filters allow, or None when it has no filters."""
@@ -163,7 +174,7 @@ class Allocator:
         key = (tuple(sorted(request.node_selector.items())), request.nodes)
         mask = self._masks.get(key)
         if mask is None:
-            mask = np.zeros(len(self._cpu), dtype=bool)
+            mask = np.zeros(len(self._sig_of), dtype=bool)
             for slot, name in enumerate(self._names):
                 if name is None or (request.nodes and name not in request.nodes):
                     continue
@@ -180,44 +191,49 @@ class Allocator:
         """
         shape = shape_of(request)
         n = len(self._names)
-        scores = self._table(shape).scores[:n]
-        candidates = scores
-        mask = self._mask(request)
-        if mask is not None:
-            candidates = np.where(mask[:n], candidates, _INF)
-        if request.cpu_milli or request.memory_mib:
-            fits = (self._cpu[:n] >= request.cpu_milli) & (self._mem[:n] >= request.memory_mib)
-            candidates = np.where(fits, candidates, _INF)
-        if n == 0:
-            slot = -1
-        elif self.policy.randomized:
-            feasible = np.flatnonzero(candidates < _INF)
-            slot = int(feasible[self._rng.randrange(len(feasible))]) if len(feasible) else -1
-        else:
-            slot = int(np.argmin(candidates))
-            best = candidates[slot]
-            if best == _INF:
-                slot = -1
+        slot = -1
+        table: _Table | None = None
+        if n:
+            # The pod's CPU is part of the shape (a node short of it scores inf); its memory
+            # only filters, here.
+            candidates, table = self._scores(shape, n)
+            mask = self._mask(request)
+            if mask is not None:
+                candidates = np.where(mask[:n], candidates, _INF)
+            if request.memory_mib:
+                candidates = np.where(self._mem[:n] >= request.memory_mib, candidates, _INF)
+            if self.policy.randomized:
+                feasible = np.flatnonzero(candidates < _INF)
+                if len(feasible):
+                    slot = int(feasible[self._rng.randrange(len(feasible))])
             else:
-                ties = np.flatnonzero(candidates == best)
-                if len(ties) > 1:
-                    slot = int(ties[np.argmin(self._rank[ties])])
-        if slot < 0:
+                slot = int(np.argmin(candidates))
+                best = candidates[slot]
+                if best == _INF:
+                    slot = -1
+                else:
+                    ties = np.flatnonzero(candidates == best)
+                    if len(ties) > 1:
+                        slot = int(ties[np.argmin(self._rank[ties])])
+        if slot < 0 or table is None:
             if not explain:
                 return Unplaceable(reason="no node fits")
             return explain_failure(self.inventory, request, shape)
         name = self._names[slot]
         assert name is not None
-        return self._build(self.inventory.node(name), shape, request)
+        sig_id = int(self._sig_of[slot])
+        sig = self._sigs[sig_id]
+        assert sig is not None
+        cards = () if self.policy.randomized else self.policy.cards(sig, shape, table.taken[sig_id])
+        return self._build(self.inventory.node(name), sig, shape, request, cards)
 
-    def _build(self, node: NodeState, shape: Shape, request: PlacementRequest) -> Placement:
+    def _build(
+        self, node: NodeState, sig: NodeSig, shape: Shape, request: PlacementRequest, taken: tuple[CardSig, ...]
+    ) -> Placement:
         """The placement on the chosen node: the policy's best move, mapped to real cards."""
-        sig = self._sigs[self._sig_of[self._index[node.record.name]]]
         if self.policy.randomized:
             options = list(moves(sig, shape))
             taken = options[self._rng.randrange(len(options))][0]
-        else:
-            taken = self.policy.best(sig, shape)[1]
         usable = [c for c in node.cards if c.healthy and not c.whole]
         shares: tuple[CardShare, ...]
         if shape.cards < 0:

@@ -11,9 +11,11 @@ fragmentation-gradient policy places each request where this sum grows least.
 from __future__ import annotations
 
 from bisect import bisect_right
+from typing import NamedTuple
 
-from elasticgpu.allocator.shapes import CardSig, Shape, card_fits
+from elasticgpu.allocator.shapes import CardSig, Shape, card_fits, model_matches
 from elasticgpu.allocator.workloads import Workload
+from elasticgpu.api import names
 
 
 class FragmentationModel:
@@ -98,3 +100,170 @@ class FragmentationModel:
     def cluster(self, nodes: list[tuple[tuple[CardSig, ...], int]]) -> float:
         """Fragmented cores of many nodes, each given as (cards, cpu_free)."""
         return sum(self.node(cards, cpu) for cards, cpu in nodes)
+
+
+class NodeView(NamedTuple):
+    """A node as the fast path sees it: one card model, every card's memory at least in
+    proportion to its free cores (so a proportional share fits wherever its cores fit)."""
+
+    key: int
+    """Interned id of (model, frees, full): states with equal keys fragment alike."""
+    model: str
+    frees: tuple[int, ...]
+    """Free cores of each usable card, ascending."""
+    full: int
+    """Cards nobody holds (free whole): what whole-card requests can take."""
+    total: int
+
+
+class FastFragmentation:
+    """The same fragmentation as `FragmentationModel`, computed per card from tables.
+
+    Valid when every workload shape is a proportional share or whole cards without a memory
+    floor. For a share of `c` cores a card with `f` free cores is fragmented exactly when
+    `f < c`, so a node's share part is a sum over its cards of `f * (weight of the shapes
+    bigger than f)`: one table lookup per card and CPU bucket. Whole-card shapes only need the
+    count of free cards. Moves are then scored in O(cards) without building the after-state.
+    """
+
+    def __init__(self, model: FragmentationModel) -> None:
+        self.model = model
+        self.buckets = len(model._cpu_steps) + 1
+        self.shares: list[tuple[int, tuple[str, ...], list[float]]] = []
+        self.wholes: list[tuple[int, tuple[str, ...], list[float]]] = []
+        self.valid = True
+        for shape, by_bucket, _ in model._groups:
+            if shape.memory_mib is not None or shape.cards < 0:
+                self.valid = False
+            elif shape.cards == 0:
+                self.shares.append((shape.cores, shape.models, by_bucket))
+            else:
+                self.wholes.append((shape.cards, shape.models, by_bucket))
+        total_weight = sum(weight for _, _, weight in model._groups)
+        # Shapes the node's CPU cannot host see all of its free GPU as fragmented.
+        self._lack = [total_weight - sum(g[1][b] for g in model._groups) for b in range(self.buckets)]
+        self._per_model: dict[str, tuple[list[float], list[list[float]], list[tuple[int, list[float]]]]] = {}
+        self._keys: dict[tuple[str, tuple[int, ...], int], int] = {}
+        self._next_key = 0  # never reused, so a cleared `_keys` cannot alias old memo entries
+
+    def tables(self, model: str) -> tuple[list[float], list[list[float]], list[tuple[int, list[float]]]]:
+        """For one card model: per bucket, the weight that sees all free GPU as fragmented;
+        per bucket and free cores f, f * (weight of the shares that cannot use f); and the
+        whole-card shapes the model can serve."""
+        cached = self._per_model.get(model)
+        if cached is not None:
+            return cached
+        lack = list(self._lack)
+        wholes = []
+        for cards, models, by_bucket in self.wholes:
+            if models and not model_matches(model, models):
+                lack = [lack[b] + by_bucket[b] for b in range(self.buckets)]
+            else:
+                wholes.append((cards, by_bucket))
+        per_card = []
+        for b in range(self.buckets):
+            row = []
+            for free in range(names.CORES_PER_CARD + 1):
+                weight = sum(
+                    by_bucket[b]
+                    for cores, models, by_bucket in self.shares
+                    if free < cores or (models and not model_matches(model, models))
+                )
+                row.append(free * weight)
+            per_card.append(row)
+        cached = (lack, per_card, wholes)
+        self._per_model[model] = cached
+        return cached
+
+    def view(self, cards: tuple[CardSig, ...]) -> NodeView | None:
+        """The node's view, or None when the fast path does not apply to it."""
+        if not self.valid or not cards:
+            return None
+        model = cards[0].model
+        frees = []
+        full = 0
+        for card in cards:
+            if card.model != model or card.free_memory < card.memory * card.free_cores // names.CORES_PER_CARD:
+                return None
+            frees.append(card.free_cores)
+            if card.idle and card.free_cores == names.CORES_PER_CARD:
+                full += 1
+        frees.sort()
+        state = (model, tuple(frees), full)
+        key = self._keys.get(state)
+        if key is None:
+            if len(self._keys) > 1_000_000:  # bound memory on very long runs
+                self._keys.clear()
+            key = self._next_key
+            self._next_key += 1
+            self._keys[state] = key
+        return NodeView(key, model, state[1], full, sum(frees))
+
+    def value(self, view: NodeView, bucket: int) -> float:
+        """Fragmented cores of the node in this CPU bucket (as `FragmentationModel.node`)."""
+        lack, per_card, wholes = self.tables(view.model)
+        row = per_card[bucket]
+        return self._value(lack[bucket], row, wholes, bucket, view.total, sum(row[f] for f in view.frees), view.full)
+
+    @staticmethod
+    def _value(
+        lack: float,
+        row: list[float],
+        wholes: list[tuple[int, list[float]]],
+        bucket: int,
+        total: int,
+        share_part: float,
+        full: int,
+    ) -> float:
+        frag = lack * total + share_part
+        for cards, by_bucket in wholes:
+            weight = by_bucket[bucket]
+            if weight:
+                frag += weight * (total if full < cards else total - names.CORES_PER_CARD * full)
+        return frag
+
+    def deltas(self, view: NodeView, before: int, after: int, shape: Shape) -> list[tuple[float, int, int]]:
+        """(fragmentation growth, free cores left on the node, a move token) of every distinct
+        move of `shape`, whose CPU
+        moves the node from bucket `before` to `after`. The token of a share is `2 * free + idle`:
+        the free cores of the card it goes to, and whether that card is a free card nobody
+        holds; -1 for whole cards and for no GPU."""
+        lack, per_card, wholes = self.tables(view.model)
+        row0, row1 = per_card[before], per_card[after]
+        frees = view.frees
+        total, full = view.total, view.full
+        base = self._value(lack[before], row0, wholes, before, total, sum(row0[f] for f in frees), full)
+        shared1 = sum(row1[f] for f in frees)
+        if shape.cards < 0:
+            return [(self._value(lack[after], row1, wholes, after, total, shared1, full) - base, total, -1)]
+        if shape.models and not model_matches(view.model, shape.models):
+            return []
+        if shape.cards > 0:
+            if full < shape.cards:
+                return []
+            taken = names.CORES_PER_CARD * shape.cards
+            left = total - taken
+            part = shared1 - shape.cards * row1[names.CORES_PER_CARD]
+            after_value = self._value(lack[after], row1, wholes, after, left, part, full - shape.cards)
+            return [(after_value - base, left, -1)]
+        cores = shape.cores
+        left = total - cores
+        out = []
+        seen = -1
+        held_full = frees.count(names.CORES_PER_CARD) - full  # free cards that hold a memory-only share
+        for free in frees:
+            if free < cores or free == seen:
+                continue
+            seen = free
+            part = shared1 - row1[free] + row1[free - cores]
+            if free == names.CORES_PER_CARD:
+                if held_full:
+                    value = self._value(lack[after], row1, wholes, after, left, part, full)
+                    out.append((value - base, left, 2 * free))
+                if full:
+                    value = self._value(lack[after], row1, wholes, after, left, part, full - 1)
+                    out.append((value - base, left, 2 * free + 1))
+            else:
+                value = self._value(lack[after], row1, wholes, after, left, part, full)
+                out.append((value - base, left, 2 * free))
+        return out
