@@ -5,6 +5,7 @@ Set ELASTICGPU_TEST_KUBECONFIG to run against an existing cluster instead of the
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,6 +67,16 @@ def namespace(api_client: client.ApiClient) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:12]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"elasticgpu-test": "1"})))
     try:
+        # Real clusters reject pods until the "default" ServiceAccount exists; wait for it everywhere.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                core.read_namespaced_service_account("default", name)
+                break
+            except ApiException as e:
+                if e.status != 404 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
         yield name
     finally:
         try:

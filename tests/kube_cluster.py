@@ -336,6 +336,14 @@ def _tail(path: Path, lines: int = 40) -> str:
         return ""
 
 
+def _die_with_parent() -> None:
+    """preexec_fn: SIGTERM the child if the test process dies without cleaning up (Linux only)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
 def _stop(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
     if proc is None or proc.poll() is not None:
         return
@@ -413,7 +421,8 @@ def running_cluster() -> Iterator[TestCluster]:
                     "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
                     "--initial-cluster", f"default={peer_url}", "--unsafe-no-fsync", "--log-level", "warn",
                 ],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=_die_with_parent,
             )  # fmt: skip
         etcd_procs = [("etcd", etcd_proc, etcd_log)]
 
@@ -433,7 +442,8 @@ def running_cluster() -> Iterator[TestCluster]:
                     "--tls-cert-file", str(certs["server.crt"]), "--tls-private-key-file", str(certs["server.key"]),
                     "--client-ca-file", str(certs["ca.crt"]), "-v", os.environ.get("ELASTICGPU_TESTSERVER_V", "1"),
                 ],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=_die_with_parent,
             )  # fmt: skip
         cluster = TestCluster(
             kubeconfig=tmp / "kubeconfig",
@@ -472,6 +482,11 @@ def running_cluster() -> Iterator[TestCluster]:
 
 if __name__ == "__main__":
     # Manual use: python -m tests.kube_cluster  (prints KUBECONFIG, waits for Ctrl-C)
+    def _interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     with running_cluster() as c:
         print(f"export KUBECONFIG={c.kubeconfig}  # server {c.server}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):

@@ -19,6 +19,7 @@
 # Environment:
 #   ELASTICGPU_CACHE               cache root (default ~/.cache/elasticgpu)
 #   ELASTICGPU_TESTSERVER_OFFLINE=1  do not touch the network; use newest cache
+#   ELASTICGPU_TESTSERVER_STRICT=1   fail instead of falling back (when editing main.go)
 #   ELASTICGPU_DEBIAN_MIRROR       (default http://deb.debian.org/debian)
 #   ELASTICGPU_DEBIAN_SUITE        (default sid)
 #   ELASTICGPU_GO_PKG              Go toolchain package (default golang-1.26-go)
@@ -63,6 +64,10 @@ newest_cached() {
 
 fallback() { # $1 = reason
   local d
+  if [ "${ELASTICGPU_TESTSERVER_STRICT:-}" = 1 ]; then
+    log "ERROR: $1 (ELASTICGPU_TESTSERVER_STRICT=1: no fallback)"
+    exit 1
+  fi
   if d=$(newest_cached); then
     log "WARNING: $1"
     log "WARNING: falling back to the newest cached test server: $d"
@@ -220,3 +225,5 @@ if ! bash "$HERE/build.sh" __build "$key" "$versions" >&2; then
 fi
 log "built in $(($(date +%s) - start))s: $CACHE/$key"
 write_env "$CACHE/$key"
+# Keep the three newest builds.
+ls -1td "$CACHE"/*/"$BIN_NAME" 2>/dev/null | tail -n +4 | while read -r old; do rm -rf "$(dirname "$old")"; done
