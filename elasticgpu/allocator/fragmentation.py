@@ -102,6 +102,19 @@ class FragmentationModel:
         return sum(self.node(cards, cpu) for cards, cpu in nodes)
 
 
+class ModelTables(NamedTuple):
+    """The fast path's tables for one card model, per CPU bucket `b` (see `FastFragmentation`)."""
+
+    spread: list[float]
+    """Weight per free core that is fragmented whatever the cards: shapes the node's CPU
+    cannot host, and whole-card shapes (a free card they use is subtracted via `whole`)."""
+    per_card: list[list[float]]
+    """`per_card[b][f]`: f * (weight of the share shapes that cannot use a card with f free)."""
+    whole: list[list[float]]
+    """`whole[b][k]`: weight of the whole-card shapes of at most k cards (they can run on a
+    node with k free cards, which then are not fragmented for them)."""
+
+
 class NodeView(NamedTuple):
     """A node as the fast path sees it: one card model, every card's memory at least in
     proportion to its free cores (so a proportional share fits wherever its cores fit)."""
@@ -114,6 +127,7 @@ class NodeView(NamedTuple):
     full: int
     """Cards nobody holds (free whole): what whole-card requests can take."""
     total: int
+    tables: ModelTables
 
 
 class FastFragmentation:
@@ -121,9 +135,11 @@ class FastFragmentation:
 
     Valid when every workload shape is a proportional share or whole cards without a memory
     floor. For a share of `c` cores a card with `f` free cores is fragmented exactly when
-    `f < c`, so a node's share part is a sum over its cards of `f * (weight of the shapes
-    bigger than f)`: one table lookup per card and CPU bucket. Whole-card shapes only need the
-    count of free cards. Moves are then scored in O(cards) without building the after-state.
+    `f < c` (or its model is excluded), so a node's share part is a sum over its cards of
+    `f * (weight of the shares that cannot use f)`: one table lookup per card. A whole-card
+    shape of `k` cards sees all free GPU as fragmented on a node with fewer than `k` free
+    cards, else all but the free cards: a function of (free total, free cards) alone. Moves
+    are then scored in O(cards) without building the state after them.
     """
 
     def __init__(self, model: FragmentationModel) -> None:
@@ -142,24 +158,24 @@ class FastFragmentation:
         total_weight = sum(weight for _, _, weight in model._groups)
         # Shapes the node's CPU cannot host see all of its free GPU as fragmented.
         self._lack = [total_weight - sum(g[1][b] for g in model._groups) for b in range(self.buckets)]
-        self._per_model: dict[str, tuple[list[float], list[list[float]], list[tuple[int, list[float]]]]] = {}
+        self._max_cards = max((cards for cards, _, _ in self.wholes), default=0)
+        self._per_model: dict[str, ModelTables] = {}
         self._keys: dict[tuple[str, tuple[int, ...], int], int] = {}
         self._next_key = 0  # never reused, so a cleared `_keys` cannot alias old memo entries
 
-    def tables(self, model: str) -> tuple[list[float], list[list[float]], list[tuple[int, list[float]]]]:
-        """For one card model: per bucket, the weight that sees all free GPU as fragmented;
-        per bucket and free cores f, f * (weight of the shares that cannot use f); and the
-        whole-card shapes the model can serve."""
+    def tables(self, model: str) -> ModelTables:
+        """The tables for one card model (built on first use)."""
         cached = self._per_model.get(model)
         if cached is not None:
             return cached
-        lack = list(self._lack)
-        wholes = []
+        spread = list(self._lack)
+        whole = [[0.0] * (self._max_cards + 1) for _ in range(self.buckets)]
         for cards, models, by_bucket in self.wholes:
-            if models and not model_matches(model, models):
-                lack = [lack[b] + by_bucket[b] for b in range(self.buckets)]
-            else:
-                wholes.append((cards, by_bucket))
+            for b in range(self.buckets):
+                spread[b] += by_bucket[b]
+                if not models or model_matches(model, models):
+                    for k in range(cards, self._max_cards + 1):
+                        whole[b][k] += by_bucket[b]
         per_card = []
         for b in range(self.buckets):
             row = []
@@ -171,7 +187,7 @@ class FastFragmentation:
                 )
                 row.append(free * weight)
             per_card.append(row)
-        cached = (lack, per_card, wholes)
+        cached = ModelTables(spread, per_card, whole)
         self._per_model[model] = cached
         return cached
 
@@ -197,55 +213,47 @@ class FastFragmentation:
             key = self._next_key
             self._next_key += 1
             self._keys[state] = key
-        return NodeView(key, model, state[1], full, sum(frees))
+        return NodeView(key, model, state[1], full, sum(frees), self.tables(model))
+
+    def _value(self, tables: ModelTables, bucket: int, total: int, part: float, full: int) -> float:
+        whole = tables.whole[bucket]
+        return (
+            tables.spread[bucket] * total
+            + part
+            - names.CORES_PER_CARD * full * whole[full if full < len(whole) else -1]
+        )
 
     def value(self, view: NodeView, bucket: int) -> float:
         """Fragmented cores of the node in this CPU bucket (as `FragmentationModel.node`)."""
-        lack, per_card, wholes = self.tables(view.model)
-        row = per_card[bucket]
-        return self._value(lack[bucket], row, wholes, bucket, view.total, sum(row[f] for f in view.frees), view.full)
-
-    @staticmethod
-    def _value(
-        lack: float,
-        row: list[float],
-        wholes: list[tuple[int, list[float]]],
-        bucket: int,
-        total: int,
-        share_part: float,
-        full: int,
-    ) -> float:
-        frag = lack * total + share_part
-        for cards, by_bucket in wholes:
-            weight = by_bucket[bucket]
-            if weight:
-                frag += weight * (total if full < cards else total - names.CORES_PER_CARD * full)
-        return frag
+        row = view.tables.per_card[bucket]
+        return self._value(view.tables, bucket, view.total, sum(row[f] for f in view.frees), view.full)
 
     def deltas(self, view: NodeView, before: int, after: int, shape: Shape) -> list[tuple[float, int, int]]:
         """(fragmentation growth, free cores left on the node, a move token) of every distinct
-        move of `shape`, whose CPU
-        moves the node from bucket `before` to `after`. The token of a share is `2 * free + idle`:
-        the free cores of the card it goes to, and whether that card is a free card nobody
-        holds; -1 for whole cards and for no GPU."""
-        lack, per_card, wholes = self.tables(view.model)
-        row0, row1 = per_card[before], per_card[after]
+        move of `shape`, whose CPU moves the node from bucket `before` to `after`. The token
+        of a share is `2 * free + idle`: the free cores of the card it goes to, and whether
+        that card is a free card nobody holds; -1 for whole cards and for no GPU."""
+        tables = view.tables
         frees = view.frees
         total, full = view.total, view.full
-        base = self._value(lack[before], row0, wholes, before, total, sum(row0[f] for f in frees), full)
-        shared1 = sum(row1[f] for f in frees)
+        row0 = tables.per_card[before]
+        shared0 = sum(row0[f] for f in frees)
+        base = self._value(tables, before, total, shared0, full)
+        if after == before:
+            row1, shared1 = row0, shared0
+        else:
+            row1 = tables.per_card[after]
+            shared1 = sum(row1[f] for f in frees)
         if shape.cards < 0:
-            return [(self._value(lack[after], row1, wholes, after, total, shared1, full) - base, total, -1)]
+            return [(self._value(tables, after, total, shared1, full) - base, total, -1)]
         if shape.models and not model_matches(view.model, shape.models):
             return []
         if shape.cards > 0:
             if full < shape.cards:
                 return []
-            taken = names.CORES_PER_CARD * shape.cards
-            left = total - taken
+            left = total - names.CORES_PER_CARD * shape.cards
             part = shared1 - shape.cards * row1[names.CORES_PER_CARD]
-            after_value = self._value(lack[after], row1, wholes, after, left, part, full - shape.cards)
-            return [(after_value - base, left, -1)]
+            return [(self._value(tables, after, left, part, full - shape.cards) - base, left, -1)]
         cores = shape.cores
         left = total - cores
         out = []
@@ -258,12 +266,9 @@ class FastFragmentation:
             part = shared1 - row1[free] + row1[free - cores]
             if free == names.CORES_PER_CARD:
                 if held_full:
-                    value = self._value(lack[after], row1, wholes, after, left, part, full)
-                    out.append((value - base, left, 2 * free))
+                    out.append((self._value(tables, after, left, part, full) - base, left, 2 * free))
                 if full:
-                    value = self._value(lack[after], row1, wholes, after, left, part, full - 1)
-                    out.append((value - base, left, 2 * free + 1))
+                    out.append((self._value(tables, after, left, part, full - 1) - base, left, 2 * free + 1))
             else:
-                value = self._value(lack[after], row1, wholes, after, left, part, full)
-                out.append((value - base, left, 2 * free))
+                out.append((self._value(tables, after, left, part, full) - base, left, 2 * free))
         return out
