@@ -57,6 +57,7 @@ class TestCluster:
     client_cert_file: Path | None = None
     client_key_file: Path | None = None
     log_dir: Path | None = None
+    kubectl: Path | None = None  # kubectl from build.sh (Debian's, same version) or from PATH
     versions: dict[str, str] = field(default_factory=dict)
 
     def ssl_context(self) -> ssl.SSLContext:
@@ -192,6 +193,19 @@ def wait_established(api: Any, names: list[str], timeout: float = 30.0) -> None:
             raise AssertionError(f"CRDs not Established after {timeout:.0f}s: {sorted(pending)}")
         if pending:
             time.sleep(0.1)
+
+
+def find_kubectl() -> Path | None:
+    """kubectl: ELASTICGPU_KUBECTL_BIN, else the one build.sh unpacked, else PATH."""
+    candidates = [
+        os.environ.get("ELASTICGPU_KUBECTL_BIN"),
+        _read_env_file(cache_dir() / "current.env").get("ELASTICGPU_KUBECTL_BIN"),
+        shutil.which("kubectl"),
+    ]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    return None
 
 
 def _free_port() -> int:
@@ -382,7 +396,7 @@ def _external_cluster(kubeconfig: Path) -> TestCluster:
     clusters = {c["name"]: c.get("cluster", {}) for c in config.get("clusters") or []}
     context = contexts.get(config.get("current-context", ""), {})
     server = clusters.get(context.get("cluster", ""), {}).get("server", "")
-    return TestCluster(kubeconfig=kubeconfig, server=server, external=True)
+    return TestCluster(kubeconfig=kubeconfig, server=server, external=True, kubectl=find_kubectl())
 
 
 def _read_versions(server_bin: Path) -> dict[str, str]:
@@ -452,6 +466,7 @@ def running_cluster() -> Iterator[TestCluster]:
             client_cert_file=certs["client.crt"],
             client_key_file=certs["client.key"],
             log_dir=tmp,
+            kubectl=find_kubectl(),
             versions=_read_versions(server_bin),
         )
         ctx = cluster.ssl_context()

@@ -9,7 +9,7 @@
 # nothing is installed into the system.
 #
 # Result: ${ELASTICGPU_CACHE:-$HOME/.cache/elasticgpu}/testserver/<key>/
-#   elasticgpu-testserver, etcd, versions.txt
+#   elasticgpu-testserver, etcd, kubectl (if sid has it), versions.txt
 # where <key> hashes main.go, go.mod, this script and the exact package versions.
 # The paths are written to <cache>/testserver/current.env and printed.
 #
@@ -39,6 +39,7 @@ GO_PKG=${ELASTICGPU_GO_PKG:-golang-1.26-go}
 GO_VER=${GO_PKG#golang-}
 GO_VER=${GO_VER%-go}
 ROOT_PKGS="golang-k8s-apiextensions-apiserver-dev golang-k8s-kube-openapi-dev kube-openapi $GO_PKG golang-$GO_VER-src etcd-server"
+OPTIONAL_PKGS="kubectl" # sid's kubectl (same Kubernetes version); the tests use it when present
 BIN_NAME=elasticgpu-testserver
 
 log() { echo "testserver/build.sh: $*" >&2; }
@@ -50,10 +51,10 @@ write_env() { # $1 = build dir
     echo "ELASTICGPU_TESTSERVER_BIN=$d/$BIN_NAME"
     echo "ELASTICGPU_ETCD_BIN=$d/etcd"
     echo "ELASTICGPU_TESTSERVER_VERSIONS=$d/versions.txt"
+    [ ! -x "$d/kubectl" ] || echo "ELASTICGPU_KUBECTL_BIN=$d/kubectl"
   } >"$tmp"
   mv -f "$tmp" "$CACHE/current.env"
-  echo "ELASTICGPU_TESTSERVER_BIN=$d/$BIN_NAME"
-  echo "ELASTICGPU_ETCD_BIN=$d/etcd"
+  grep -v VERSIONS "$CACHE/current.env"
 }
 
 newest_cached() {
@@ -159,8 +160,12 @@ if [ "${1:-}" = "__build" ]; then
   cp "$R/usr/bin/etcd" "$work/etcd"
   "$work/etcd" --version >/dev/null
   "$work/$BIN_NAME" --help >/dev/null 2>&1
+  rm -rf "$out.tmp"
   mkdir -p "$out.tmp"
   mv "$work/$BIN_NAME" "$work/etcd" "$out.tmp/"
+  if [ -x "$R/usr/bin/kubectl" ] && "$R/usr/bin/kubectl" version --client >/dev/null 2>&1; then
+    cp "$R/usr/bin/kubectl" "$out.tmp/kubectl"
+  fi
   {
     echo "# elasticgpu test server build $key ($(date -u +%Y-%m-%dT%H:%M:%SZ))"
     echo "# suite=$SUITE mirror=$MIRROR go=$(go version | cut -d' ' -f3) gitVersion=$gitver"
@@ -204,7 +209,7 @@ if ! pkgs=$(apt-cache $(apt_opts) depends --recurse --no-recommends --no-suggest
   fallback "could not resolve the package closure"
 fi
 # shellcheck disable=SC2046,SC2086
-apt-cache $(apt_opts) show --no-all-versions $pkgs $ROOT_PKGS 2>/dev/null |
+apt-cache $(apt_opts) show --no-all-versions $pkgs $ROOT_PKGS $OPTIONAL_PKGS 2>/dev/null |
   awk '/^Package:/{p=$2} /^Version:/{print p"="$2}' | sort -u >"$versions" || true
 for p in $ROOT_PKGS; do
   grep -q "^$p=" "$versions" || fallback "package $p not available in $SUITE"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import http.server
 import json
-import shutil
 import ssl
 import subprocess
 import tempfile
@@ -67,14 +66,14 @@ def test_discovery_api_and_apis(api_client: client.ApiClient) -> None:
     assert by_name["nodes"]["namespaced"] is False
 
 
-def test_kubectl_works(kube_cluster: TestCluster) -> None:
-    kubectl = shutil.which("kubectl")
+def test_kubectl_works(kube_cluster: TestCluster, namespace: str) -> None:
+    kubectl = kube_cluster.kubectl
     if kubectl is None:
-        pytest.skip("kubectl not installed")
+        pytest.skip("no kubectl (neither from testserver/build.sh nor on PATH)")
 
     def run(*args: str) -> str:
         result = subprocess.run(
-            [kubectl, "--kubeconfig", str(kube_cluster.kubeconfig), *args],
+            [str(kubectl), "--kubeconfig", str(kube_cluster.kubeconfig), *args],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
@@ -85,6 +84,17 @@ def test_kubectl_works(kube_cluster: TestCluster) -> None:
     assert "pods" in api_resources
     assert "customresourcedefinitions.apiextensions.k8s.io" in api_resources
     assert "Server Version" in run("version")
+    # client-side apply twice (create, then a strategic-merge patch) and server-side apply
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as manifest:
+        manifest.write(
+            f"apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: kubectl-applied, namespace: {namespace}}}\n"
+            "data: {a: '1'}\n"
+        )
+        manifest.flush()
+        assert "created" in run("apply", "-f", manifest.name)
+        assert "unchanged" in run("apply", "-f", manifest.name)
+        assert "serverside-applied" in run("apply", "--server-side", "-f", manifest.name)
+        run("delete", "-f", manifest.name)
 
 
 @pytest.fixture
