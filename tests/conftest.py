@@ -16,7 +16,14 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from tests.kube_cluster import REPO_ROOT, TestCluster, running_cluster, server_side_apply, wait_established
+from tests.kube_cluster import (
+    REPO_ROOT,
+    TestCluster,
+    kube_request,
+    running_cluster,
+    server_side_apply,
+    wait_established,
+)
 
 CRDS_DIR = REPO_ROOT / "crds"
 
@@ -57,6 +64,15 @@ def crds_installed(api_client: client.ApiClient) -> list[str]:
         server_side_apply(api_client, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", doc)
         names.append(name)
     wait_established(api_client, names)
+    # Established means served; still, wait until each served version answers a list.
+    for doc in crd_documents():
+        spec = doc["spec"]
+        for version in (v["name"] for v in spec["versions"] if v.get("served", True)):
+            path = f"/apis/{spec['group']}/{version}/{spec['names']['plural']}"
+            deadline = time.monotonic() + 30
+            while (status := kube_request(api_client, "GET", path).status) != 200:
+                assert time.monotonic() < deadline, f"{path}: HTTP {status}"
+                time.sleep(0.1)
     return names
 
 
