@@ -214,7 +214,10 @@ class Allocator:
                 else:
                     ties = np.flatnonzero(candidates == best)
                     if len(ties) > 1:
-                        slot = int(ties[np.argmin(self._rank[ties])])
+                        if self.policy.random_ties:
+                            slot = int(ties[self._rng.randrange(len(ties))])
+                        else:
+                            slot = int(ties[np.argmin(self._rank[ties])])
         if slot < 0 or table is None:
             if not explain:
                 return Unplaceable(reason="no node fits")

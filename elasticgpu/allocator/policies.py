@@ -74,6 +74,9 @@ class Policy:
     name: ClassVar[str] = ""
     randomized: ClassVar[bool] = False
     """True for policies that pick uniformly among the nodes that fit (no scores)."""
+    random_ties: ClassVar[bool] = False
+    """True: equal best scores are broken at random per decision (the Kubernetes scheduler's
+    way, for the paper's baselines); False: by the allocator's per-seed node order."""
 
     def move_score(self, sig: NodeSig, shape: Shape, move: Move) -> float:
         """Score of one move; lower is better."""
@@ -207,33 +210,51 @@ class Spread(Policy):
         return -(free_cores(move[1]) * 1000.0 + card_left)
 
 
+# The paper's simulator normalises BestFit by the largest node spec of the openb cluster.
+_MAX_SPEC_CPU = 128000  # milli-CPU
+_MAX_SPEC_GPU_CORES = 8 * names.CORES_PER_CARD
+
+
 class BestFit(Policy):
-    """The paper's BestFit: the node with the least CPU and GPU left, as fractions."""
+    """The paper's BestFit baseline (Weng et al., ATC'23; the authors' simulator,
+    `best_fit_score.go`): `int(100 * (1 - (cpu left / 128 CPU + GPU left / 8 GPUs) / 2))`,
+    higher is better, equal scores broken at random per decision as the Kubernetes scheduler
+    does. The card of a share is the fullest that fits."""
 
     name = "bestfit"
+    random_ties = True
 
     def move_score(self, sig: NodeSig, shape: Shape, move: Move) -> float:
-        gpu_total = names.CORES_PER_CARD * max(len(sig.cards), 1)
-        cpu_left = (sig.cpu_free - shape.cpu_milli) / sig.cpu_total if sig.cpu_total else 0.0
-        card_left = sum(c.free_cores for c in move[0]) - (shape.cores if shape.cards == 0 else 0)
-        return free_cores(move[1]) / gpu_total + cpu_left + 1e-6 * card_left
+        cpu_left = (sig.cpu_free - shape.cpu_milli) / _MAX_SPEC_CPU
+        gpu_left = free_cores(move[1]) / _MAX_SPEC_GPU_CORES
+        # Moves on one node score alike; `best` keeps the first, the fullest card that fits.
+        return -int(100.0 * (1.0 - 0.5 * (cpu_left + gpu_left)))
 
 
 class Packing(Policy):
-    """The paper's GpuPacking: a card already shared, then a free card on a used node, then an
-    empty node."""
+    """The paper's GpuPacking baseline (the authors' simulator, `gpu_packing_score.go`), in
+    its integer scores, higher is better: a share that fits on a card already in use scores
+    `100 - (free % of that card) // 10` (at least 50); a request that needs free cards of a
+    node already in use `50 - free cards taken` (at least 33); a node with every card free
+    `max(33 - its cards, its cards)`. Pods without GPU score alike. Equal scores are broken
+    at random per decision; the card is the fullest that fits."""
 
     name = "packing"
+    random_ties = True
 
     def move_score(self, sig: NodeSig, shape: Shape, move: Move) -> float:
         taken = move[0]
-        if taken and all(not c.idle for c in taken):
-            tier = 0
-        elif any(not c.idle for c in sig.cards):
-            tier = 1
+        if shape.cards < 0:
+            return 0.0
+        gpus = sig.gpus or len(sig.cards)
+        free_cards = sum(c.idle and c.free_cores == names.CORES_PER_CARD for c in sig.cards)
+        card_left = sum(c.free_cores for c in taken)
+        if free_cards == gpus:
+            score = max(33 - gpus, gpus)
         else:
-            tier = 2
-        return tier * 1e6 + free_cores(move[1])
+            newly = sum(c.idle and c.free_cores == names.CORES_PER_CARD for c in taken)
+            score = max(50 - newly, 33) if newly else max(100 - card_left // 10, 50)
+        return -score  # equal moves: `best` keeps the first, the fullest card that fits
 
 
 class Random(Policy):

@@ -26,11 +26,14 @@ class CardSig(NamedTuple):
 
 
 class NodeSig(NamedTuple):
-    """What a node can still take: free CPU, total CPU, and its usable cards in canonical order."""
+    """What a node can still take: free CPU, total CPU, its usable cards in canonical order,
+    how many cards it has in all (usable or not), and its free main memory (MiB)."""
 
     cpu_free: int
     cpu_total: int
     cards: tuple[CardSig, ...]
+    gpus: int = 0
+    memory_free: int = 0
 
 
 class Shape(NamedTuple):
@@ -54,7 +57,7 @@ def node_sig(node: NodeState) -> NodeSig:
     """Signature of a node: Unhealthy cards and cards taken whole are left out, as they can
     take nothing new (and their capacity is not "free" for fragmentation either)."""
     cards = tuple(sorted(card_sig(c) for c in node.cards if c.healthy and not c.whole))
-    return NodeSig(node.cpu_free, node.record.cpu_milli, cards)
+    return NodeSig(node.cpu_free, node.record.cpu_milli, cards, len(node.cards), node.memory_free)
 
 
 def shape_of(request: PlacementRequest) -> Shape:
