@@ -446,3 +446,51 @@ def test_admission_webhooks(
     finally:
         admission.delete_validating_webhook_configuration(name)
         admission.delete_mutating_webhook_configuration(name)
+
+
+def test_validating_admission_policy(api_client: client.ApiClient, namespace: str) -> None:
+    admission = client.AdmissionregistrationV1Api(api_client)
+    name = f"elasticgpu-test-{namespace}"
+    policy = {
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["configmaps"]}
+                ]
+            },
+            "validations": [{"expression": "!has(object.data) || size(object.data) < 2", "message": "too many keys"}],
+        },
+    }
+    binding = {
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
+        },
+    }
+    admission.create_validating_admission_policy(policy)
+    admission.create_validating_admission_policy_binding(binding)
+    core = client.CoreV1Api(api_client)
+    try:
+        deadline = time.monotonic() + 30
+        attempt = 0
+        while True:  # policies reach the admission plugin through informers
+            attempt += 1
+            try:
+                core.create_namespaced_config_map(
+                    namespace,
+                    client.V1ConfigMap(metadata=client.V1ObjectMeta(name=f"big-{attempt}"), data={"a": "1", "b": "2"}),
+                )
+            except ApiException as denied:
+                assert denied.status == 422, denied.body
+                assert "too many keys" in denied.body
+                break
+            assert time.monotonic() < deadline, "ValidatingAdmissionPolicy never enforced"
+            time.sleep(0.2)
+        core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="small")))
+    finally:
+        admission.delete_validating_admission_policy_binding(name)
+        admission.delete_validating_admission_policy(name)
