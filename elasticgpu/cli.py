@@ -31,6 +31,19 @@ def _crds(args: argparse.Namespace) -> int:
     return 0
 
 
+def _controller(args: argparse.Namespace) -> int:
+    import logging
+
+    from elasticgpu.controller import run_controller
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
+    run_controller(kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="elasticgpu", description="Claim GPUs in Kubernetes like storage.")
@@ -50,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_arguments(plan_parser)
     plan_parser.set_defaults(handler=plan.run)
+
+    controller = commands.add_parser("controller", help="run the controller that binds claims (blocking)")
+    controller.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG, ~/.kube/config)")
+    controller.add_argument("--context", help="kubeconfig context")
+    controller.add_argument("--namespace", help="watch claims of this namespace only (default: all)")
+    controller.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    controller.set_defaults(handler=_controller)
     return parser
 
 
