@@ -103,7 +103,7 @@ def find_binaries(build_if_missing: bool = True) -> tuple[Path, Path]:
     found = from_env_file()
     if found is None and build_if_missing:
         print(f"kube_cluster: no cached test server; running {BUILD_SCRIPT} (a few minutes)", file=sys.stderr)
-        subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, stdout=sys.stderr)
+        subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.DEVNULL)
         found = from_env_file()
     if found is None:
         raise ClusterStartError(f"test server binaries not found; run `bash {BUILD_SCRIPT}`")
