@@ -139,7 +139,7 @@ def frag_ratio(inventory: Inventory, model: FragmentationModel) -> float:
     frag = free = 0.0
     for node in inventory.nodes():
         sig = node_sig(node)
-        frag += model.node(sig.cards, sig.cpu_free)
+        frag += model.node(sig.cards, sig.cpu_free, sig.memory_free)
         free += sum(c.free_cores for c in sig.cards)
     return 100.0 * frag / free if free else 0.0
 

@@ -189,13 +189,13 @@ class Allocator:
         `explain=False` skips building the explanation (a generic reason is returned), for
         callers that only count failures.
         """
-        shape = shape_of(request)
+        shape = self.policy.table_shape(shape_of(request))
         n = len(self._names)
         slot = -1
         table: _Table | None = None
         if n:
             # The pod's CPU is part of the shape (a node short of it scores inf); its memory
-            # only filters, here.
+            # too if the policy scores it, and it filters here in any case.
             candidates, table = self._scores(shape, n)
             mask = self._mask(request)
             if mask is not None:
@@ -221,7 +221,7 @@ class Allocator:
         if slot < 0 or table is None:
             if not explain:
                 return Unplaceable(reason="no node fits")
-            return explain_failure(self.inventory, request, shape)
+            return explain_failure(self.inventory, request, shape_of(request))
         name = self._names[slot]
         assert name is not None
         sig_id = int(self._sig_of[slot])

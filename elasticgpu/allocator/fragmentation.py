@@ -10,9 +10,12 @@ fragmentation-gradient policy places each request where this sum grows least.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from typing import NamedTuple
 
+import numpy as np
+
+from elasticgpu.allocator.inventory import UNTRACKED
 from elasticgpu.allocator.shapes import CardSig, Shape, card_fits, model_matches
 from elasticgpu.allocator.workloads import Workload
 from elasticgpu.api import names
@@ -21,35 +24,47 @@ from elasticgpu.api import names
 class FragmentationModel:
     """Fragmentation of node states for one workload, memoised by state.
 
-    The memo key is (cards, CPU bucket): only the ordering of free CPU against the workload's
-    CPU needs matters, so nodes with different free CPU share entries. Shapes that differ only
-    in CPU share one pass over the cards (the GPU part decides which cards fit).
+    A shape the node's free CPU or main memory cannot host sees all of its free GPU as
+    fragmented (the paper counts CPU; counting memory too is ours: on the openb trace most
+    GPUs left idle sit on nodes whose memory is gone). Only the ordering of free CPU and
+    memory against the workload's needs matters, so the node's (CPU, memory) pair is reduced
+    to a bucket and the memo key is (cards, bucket). Shapes that differ only in CPU and memory
+    share one pass over the cards (the GPU part decides which cards fit).
+
+    `memory=False` ignores main memory (the paper's model).
     """
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, *, memory: bool = True) -> None:
         self.workload = workload
+        self.memory = memory
         self._cpu_steps = sorted({s.cpu_milli for s in workload.shapes if s.cpu_milli > 0})
-        groups: dict[Shape, list[tuple[int, float]]] = {}
+        self._mem_steps = sorted({s.pod_memory for s in workload.shapes if s.pod_memory > 0}) if memory else []
+        self._mems = len(self._mem_steps) + 1
+        self.buckets = (len(self._cpu_steps) + 1) * self._mems
+        groups: dict[Shape, list[tuple[int, int, float]]] = {}
         for shape, weight in zip(workload.shapes, workload.weights, strict=True):
-            gpu_part = shape._replace(cpu_milli=0)
-            groups.setdefault(gpu_part, []).append((shape.cpu_milli, weight))
-        # Per GPU part: the weight of its shapes whose CPU a node in each bucket can meet.
+            gpu_part = shape._replace(cpu_milli=0, pod_memory=0)
+            groups.setdefault(gpu_part, []).append((shape.cpu_milli, shape.pod_memory if memory else 0, weight))
+        # Per GPU part and bucket: the weight of its shapes that a node in the bucket can host
+        # (CPU and memory), as a 2-D cumulative sum over the workload's steps.
         self._groups: list[tuple[Shape, list[float], float]] = []
         for gpu_part, entries in groups.items():
-            by_bucket = [
-                sum(w for cpu, w in entries if cpu <= (self._cpu_steps[b - 1] if b else 0))
-                for b in range(len(self._cpu_steps) + 1)
-            ]
-            self._groups.append((gpu_part, by_bucket, sum(w for _, w in entries)))
+            grid = np.zeros((len(self._cpu_steps) + 1, self._mems))
+            for cpu, mem, weight in entries:
+                grid[bisect_left(self._cpu_steps, cpu) + (cpu > 0), bisect_left(self._mem_steps, mem) + (mem > 0)] += (
+                    weight
+                )
+            by_bucket = grid.cumsum(axis=0).cumsum(axis=1).ravel().tolist()
+            self._groups.append((gpu_part, by_bucket, sum(w for _, _, w in entries)))
         self._memo: dict[tuple[tuple[CardSig, ...], int], float] = {}
 
-    def cpu_bucket(self, cpu_free: int) -> int:
-        """How many of the workload's CPU needs `cpu_free` can meet."""
-        return bisect_right(self._cpu_steps, cpu_free)
+    def bucket(self, cpu_free: int, memory_free: int = UNTRACKED) -> int:
+        """Which of the workload's CPU and memory needs a node with this much free can meet."""
+        return bisect_right(self._cpu_steps, cpu_free) * self._mems + bisect_right(self._mem_steps, memory_free)
 
-    def node(self, cards: tuple[CardSig, ...], cpu_free: int) -> float:
-        """Fragmented cores of a node with these usable cards and this much free CPU."""
-        bucket = bisect_right(self._cpu_steps, cpu_free)
+    def node(self, cards: tuple[CardSig, ...], cpu_free: int, memory_free: int = UNTRACKED) -> float:
+        """Fragmented cores of a node with these usable cards and this much free CPU/memory."""
+        bucket = self.bucket(cpu_free, memory_free)
         key = (cards, bucket)
         value = self._memo.get(key)
         if value is None:
@@ -102,16 +117,17 @@ class FragmentationModel:
         return sum(self.node(cards, cpu) for cards, cpu in nodes)
 
 
-class ModelTables(NamedTuple):
-    """The fast path's tables for one card model, per CPU bucket `b` (see `FastFragmentation`)."""
+class BucketTables(NamedTuple):
+    """The fast path's tables for one card model and one CPU/memory bucket."""
 
-    spread: list[float]
-    """Weight per free core that is fragmented whatever the cards: shapes the node's CPU
-    cannot host, and whole-card shapes (a free card they use is subtracted via `whole`)."""
-    per_card: list[list[float]]
-    """`per_card[b][f]`: f * (weight of the share shapes that cannot use a card with f free)."""
-    whole: list[list[float]]
-    """`whole[b][k]`: weight of the whole-card shapes of at most k cards (they can run on a
+    spread: float
+    """Weight per free core that is fragmented whatever the cards: shapes the node's CPU or
+    memory cannot host, and whole-card shapes (their usable free cards are taken off via
+    `whole`)."""
+    per_card: list[float]
+    """`per_card[f]`: f * (weight of the share shapes that cannot use a card with f free)."""
+    whole: list[float]
+    """`whole[k]`: weight of the whole-card shapes of at most k cards (they can run on a
     node with k free cards, which then are not fragmented for them)."""
 
 
@@ -127,7 +143,6 @@ class NodeView(NamedTuple):
     full: int
     """Cards nobody holds (free whole): what whole-card requests can take."""
     total: int
-    tables: ModelTables
 
 
 class FastFragmentation:
@@ -144,7 +159,7 @@ class FastFragmentation:
 
     def __init__(self, model: FragmentationModel) -> None:
         self.model = model
-        self.buckets = len(model._cpu_steps) + 1
+        self.buckets = model.buckets
         self.shares: list[tuple[int, tuple[str, ...], list[float]]] = []
         self.wholes: list[tuple[int, tuple[str, ...], list[float]]] = []
         self.valid = True
@@ -155,40 +170,37 @@ class FastFragmentation:
                 self.shares.append((shape.cores, shape.models, by_bucket))
             else:
                 self.wholes.append((shape.cards, shape.models, by_bucket))
-        total_weight = sum(weight for _, _, weight in model._groups)
-        # Shapes the node's CPU cannot host see all of its free GPU as fragmented.
-        self._lack = [total_weight - sum(g[1][b] for g in model._groups) for b in range(self.buckets)]
+        self._total_weight = sum(weight for _, _, weight in model._groups)
         self._max_cards = max((cards for cards, _, _ in self.wholes), default=0)
-        self._per_model: dict[str, ModelTables] = {}
+        self._tables: dict[tuple[str, int], BucketTables] = {}
         self._keys: dict[tuple[str, tuple[int, ...], int], int] = {}
         self._next_key = 0  # never reused, so a cleared `_keys` cannot alias old memo entries
 
-    def tables(self, model: str) -> ModelTables:
-        """The tables for one card model (built on first use)."""
-        cached = self._per_model.get(model)
+    def tables(self, model: str, bucket: int) -> BucketTables:
+        """The tables for one card model and bucket (built on first use)."""
+        key = (model, bucket)
+        cached = self._tables.get(key)
         if cached is not None:
             return cached
-        spread = list(self._lack)
-        whole = [[0.0] * (self._max_cards + 1) for _ in range(self.buckets)]
+        # Shapes the node's CPU or memory cannot host see all of its free GPU as fragmented.
+        spread = self._total_weight - sum(g[1][bucket] for g in self.model._groups)
+        whole = [0.0] * (self._max_cards + 1)
         for cards, models, by_bucket in self.wholes:
-            for b in range(self.buckets):
-                spread[b] += by_bucket[b]
-                if not models or model_matches(model, models):
-                    for k in range(cards, self._max_cards + 1):
-                        whole[b][k] += by_bucket[b]
-        per_card = []
-        for b in range(self.buckets):
-            row = []
-            for free in range(names.CORES_PER_CARD + 1):
-                weight = sum(
-                    by_bucket[b]
-                    for cores, models, by_bucket in self.shares
-                    if free < cores or (models and not model_matches(model, models))
-                )
-                row.append(free * weight)
-            per_card.append(row)
-        cached = ModelTables(spread, per_card, whole)
-        self._per_model[model] = cached
+            weight = by_bucket[bucket]
+            spread += weight
+            if not models or model_matches(model, models):
+                for k in range(cards, self._max_cards + 1):
+                    whole[k] += weight
+        # per_card[f] = f * (weight of the shares with more cores than f, or another model).
+        steps = np.zeros(names.CORES_PER_CARD + 2)
+        for cores, models, by_bucket in self.shares:
+            weight = by_bucket[bucket]
+            steps[0] += weight
+            if not models or model_matches(model, models):
+                steps[cores] -= weight
+        per_card = (np.cumsum(steps[:-1]) * np.arange(names.CORES_PER_CARD + 1)).tolist()
+        cached = BucketTables(spread, per_card, whole)
+        self._tables[key] = cached
         return cached
 
     def view(self, cards: tuple[CardSig, ...]) -> NodeView | None:
@@ -213,39 +225,39 @@ class FastFragmentation:
             key = self._next_key
             self._next_key += 1
             self._keys[state] = key
-        return NodeView(key, model, state[1], full, sum(frees), self.tables(model))
+        return NodeView(key, model, state[1], full, sum(frees))
 
-    def _value(self, tables: ModelTables, bucket: int, total: int, part: float, full: int) -> float:
-        whole = tables.whole[bucket]
-        return (
-            tables.spread[bucket] * total
-            + part
-            - names.CORES_PER_CARD * full * whole[full if full < len(whole) else -1]
-        )
+    @staticmethod
+    def _value(tables: BucketTables, total: int, part: float, full: int) -> float:
+        whole = tables.whole
+        return tables.spread * total + part - names.CORES_PER_CARD * full * whole[full if full < len(whole) else -1]
 
     def value(self, view: NodeView, bucket: int) -> float:
-        """Fragmented cores of the node in this CPU bucket (as `FragmentationModel.node`)."""
-        row = view.tables.per_card[bucket]
-        return self._value(view.tables, bucket, view.total, sum(row[f] for f in view.frees), view.full)
+        """Fragmented cores of the node in this bucket (as `FragmentationModel.node`)."""
+        tables = self.tables(view.model, bucket)
+        row = tables.per_card
+        return self._value(tables, view.total, sum(row[f] for f in view.frees), view.full)
 
     def deltas(self, view: NodeView, before: int, after: int, shape: Shape) -> list[tuple[float, int, int]]:
         """(fragmentation growth, free cores left on the node, a move token) of every distinct
-        move of `shape`, whose CPU moves the node from bucket `before` to `after`. The token
-        of a share is `2 * free + idle`: the free cores of the card it goes to, and whether
-        that card is a free card nobody holds; -1 for whole cards and for no GPU."""
-        tables = view.tables
+        move of `shape`, whose CPU and memory move the node from bucket `before` to `after`.
+        The token of a share is `2 * free + idle`: the free cores of the card it goes to, and
+        whether that card is a free card nobody holds; -1 for whole cards and for no GPU."""
         frees = view.frees
         total, full = view.total, view.full
-        row0 = tables.per_card[before]
+        t0 = self.tables(view.model, before)
+        row0 = t0.per_card
         shared0 = sum(row0[f] for f in frees)
-        base = self._value(tables, before, total, shared0, full)
+        base = self._value(t0, total, shared0, full)
         if after == before:
-            row1, shared1 = row0, shared0
+            t1, row1, shared1 = t0, row0, shared0
         else:
-            row1 = tables.per_card[after]
+            t1 = self.tables(view.model, after)
+            row1 = t1.per_card
             shared1 = sum(row1[f] for f in frees)
+        value = self._value
         if shape.cards < 0:
-            return [(self._value(tables, after, total, shared1, full) - base, total, -1)]
+            return [(value(t1, total, shared1, full) - base, total, -1)]
         if shape.models and not model_matches(view.model, shape.models):
             return []
         if shape.cards > 0:
@@ -253,7 +265,7 @@ class FastFragmentation:
                 return []
             left = total - names.CORES_PER_CARD * shape.cards
             part = shared1 - shape.cards * row1[names.CORES_PER_CARD]
-            return [(self._value(tables, after, left, part, full - shape.cards) - base, left, -1)]
+            return [(value(t1, left, part, full - shape.cards) - base, left, -1)]
         cores = shape.cores
         left = total - cores
         out = []
@@ -266,9 +278,9 @@ class FastFragmentation:
             part = shared1 - row1[free] + row1[free - cores]
             if free == names.CORES_PER_CARD:
                 if held_full:
-                    out.append((self._value(tables, after, left, part, full) - base, left, 2 * free))
+                    out.append((value(t1, left, part, full) - base, left, 2 * free))
                 if full:
-                    out.append((self._value(tables, after, left, part, full - 1) - base, left, 2 * free + 1))
+                    out.append((value(t1, left, part, full - 1) - base, left, 2 * free + 1))
             else:
-                out.append((self._value(tables, after, left, part, full) - base, left, 2 * free))
+                out.append((value(t1, left, part, full) - base, left, 2 * free))
         return out

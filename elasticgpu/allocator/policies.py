@@ -32,7 +32,7 @@ Move = tuple[tuple[CardSig, ...], tuple[CardSig, ...]]
 def moves(sig: NodeSig, shape: Shape) -> Iterator[Move]:
     """Every distinct way the shape fits the node (cards with equal signatures are one way)."""
     cards = sig.cards
-    if shape.cpu_milli > sig.cpu_free:
+    if shape.cpu_milli > sig.cpu_free or shape.pod_memory > sig.memory_free:
         return
     if shape.cards < 0:
         yield (), cards
@@ -82,6 +82,11 @@ class Policy:
         """Score of one move; lower is better."""
         raise NotImplementedError
 
+    def table_shape(self, shape: Shape) -> Shape:
+        """The shape as this policy's scores see it (the allocator keeps one table per such
+        shape). By default the pod's memory only filters, so it is left out."""
+        return shape._replace(pod_memory=0) if shape.pod_memory else shape
+
     def prepare(self, sig: NodeSig) -> object:
         """Whatever `resolve` wants precomputed about a node state; called once per distinct
         state (the allocator interns states), so per-shape work can stay small."""
@@ -123,8 +128,8 @@ class Fragmentation(Policy):
 
     name = "fragmentation"
 
-    def __init__(self, workload: Workload | None = None, *, quantum: float = 100.0) -> None:
-        self.model = FragmentationModel(workload or Workload.default())
+    def __init__(self, workload: Workload | None = None, *, quantum: float = 100.0, memory: bool = False) -> None:
+        self.model = FragmentationModel(workload or Workload.default(), memory=memory)
         self.fast = FastFragmentation(self.model)
         self.quantum = quantum
 
@@ -137,9 +142,12 @@ class Fragmentation(Policy):
         return -math.floor(self.quantum * sigmoid)
 
     def move_score(self, sig: NodeSig, shape: Shape, move: Move) -> float:
-        before = self.model.node(sig.cards, sig.cpu_free)
-        after = self.model.node(move[1], sig.cpu_free - shape.cpu_milli)
+        before = self.model.node(sig.cards, sig.cpu_free, sig.memory_free)
+        after = self.model.node(move[1], sig.cpu_free - shape.cpu_milli, sig.memory_free - shape.pod_memory)
         return self.score(after - before, free_cores(move[1]))
+
+    def table_shape(self, shape: Shape) -> Shape:
+        return shape if self.model.memory else super().table_shape(shape)
 
     def prepare(self, sig: NodeSig) -> object:
         return self.fast.view(sig.cards)
@@ -147,12 +155,12 @@ class Fragmentation(Policy):
     def resolve(
         self, prepared: object, sig: NodeSig, shape: Shape, memo: dict[Hashable, tuple[float, object]]
     ) -> tuple[float, object]:
-        cpu = sig.cpu_free
-        if shape.cpu_milli > cpu:
+        cpu, memory = sig.cpu_free, sig.memory_free
+        if shape.cpu_milli > cpu or shape.pod_memory > memory:
             return INFEASIBLE, ()
-        # Free CPU matters only through the model's CPU buckets before and after the move.
-        before = self.model.cpu_bucket(cpu)
-        after = self.model.cpu_bucket(cpu - shape.cpu_milli)
+        # Free CPU and memory matter only through the model's buckets before and after.
+        before = self.model.bucket(cpu, memory)
+        after = self.model.bucket(cpu - shape.cpu_milli, memory - shape.pod_memory)
         view = prepared if isinstance(prepared, NodeView) else None
         if view is None or (shape.cards >= 0 and shape.memory_mib is not None):
             # The general path: its cards are this state's own, so it keys on them.

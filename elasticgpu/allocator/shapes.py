@@ -37,7 +37,7 @@ class NodeSig(NamedTuple):
 
 
 class Shape(NamedTuple):
-    """The part of a request that decides a node's score (the pod's memory only filters)."""
+    """The part of a request that decides a node's score."""
 
     cards: int
     """Whole cards; 0 for a share; -1 for no GPU at all."""
@@ -45,6 +45,8 @@ class Shape(NamedTuple):
     memory_mib: int | None
     cpu_milli: int
     models: tuple[str, ...]
+    pod_memory: int = 0
+    """The pod's main memory (MiB): it moves the node's memory, which fragmentation counts."""
 
 
 def card_sig(card: CardState) -> CardSig:
@@ -64,13 +66,14 @@ def shape_of(request: PlacementRequest) -> Shape:
     """The shape of a request."""
     gpu = request.gpu
     if gpu is None:
-        return Shape(-1, 0, None, request.cpu_milli, request.models)
+        return Shape(-1, 0, None, request.cpu_milli, request.models, request.memory_mib)
     return Shape(
         gpu.cards,
         gpu.cores if not gpu.is_whole else names.CORES_PER_CARD,
         gpu.memory_mib,
         request.cpu_milli,
         request.models,
+        request.memory_mib,
     )
 
 
