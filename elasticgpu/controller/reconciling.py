@@ -84,6 +84,11 @@ class WorkQueue:
         with self._cond:
             return len(self._items)
 
+    def waiting(self) -> int:
+        """Keys queued now or for later."""
+        with self._cond:
+            return len(self._items) + len(self._delayed)
+
 
 def _newer(new: Body, old: Body | None) -> bool:
     if old is None:
@@ -363,13 +368,27 @@ class Controller:
         return self._claim_bodies[(claim.metadata.namespace or "", claim.metadata.name or "")]
 
     def _write_claim_status(self, claim: ElasticGPUClaim, status: Body) -> None:
+        namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
+        # The resourceVersion makes this a precondition: a controller with a stale picture must
+        # never write Pending over a Bound another one just wrote.
+        patch = {"metadata": {"resourceVersion": claim.metadata.resource_version}, "status": status}
         try:
-            answer = self.kube.patch_claim_status(claim.metadata.namespace or "", claim.metadata.name or "",
-                                                  {"status": status})
+            answer = self.kube.patch_claim_status(namespace, name, patch)
         except errors.NotFound:
             return  # deleted meanwhile: nothing to report on
+        except errors.Conflict:
+            self._refresh_claim(namespace, name)
+            raise
         with self._lock:
             self._put_claim(answer)
+
+    def _refresh_claim(self, namespace: str, name: str) -> None:
+        try:
+            fresh = self.kube.get_claim(namespace, name)
+        except errors.NotFound:
+            return
+        with self._lock:
+            self._put_claim(fresh)
 
     def _claim_pending(self, claim: ElasticGPUClaim, reason: str, message: str) -> None:
         current = claim.status.conditions
@@ -461,12 +480,26 @@ class Controller:
         try:
             created = self.kube.create_elastic_gpu(body)
         except errors.AlreadyExists:
-            created = self.kube.get_elastic_gpu(key)
+            # Another controller (or this one before a crash) provisioned it first, maybe on other
+            # cards: free what this attempt reserved beyond its cards, then finish its bind.
+            existing = self.kube.get_elastic_gpu(key)
+            with self._lock:
+                self._put_egpu(existing)
+                model = self._egpus[key]
+                cards = set(model.spec.physical_gpu.gpu_names if model.spec.physical_gpu else [])
+                if model.spec.gpu_share is not None:
+                    cards.add(model.spec.gpu_share.gpu_name)
+                extra = [g for g in self.ledger.gpus_holding(key) if g not in cards]
+            for gpu_name in extra:
+                self._free_on(gpu_name, key)
+            if not binder.points_to(model, claim):
+                raise errors.BindingError(f"ElasticGPU {key} exists but points to another claim;"
+                                          " an admin must delete it") from None
+            self._complete_bind(claim, key)
+            return
         with self._lock:
             self._put_egpu(created)
         egpu = ElasticGPU.model_validate(created)
-        if not binder.points_to(egpu, claim):
-            raise errors.BindingError(f"ElasticGPU {key} exists but points to another claim; an admin must delete it")
         egpu = self._set_egpu_status(egpu, placement, "Bound", binder.REASON_BOUND,
                                      f"provisioned for claim {claim.metadata.namespace}/{claim.metadata.name}")
         self.events.record(self._claim_body(claim), type_=NORMAL, reason="Provisioned",

@@ -4,6 +4,7 @@ cluster-scoped objects (GPUs, classes, ElasticGPUs) that are removed after each 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -102,6 +103,9 @@ def settle(controller: Controller, rounds: int = 3) -> None:
     for _ in range(rounds):
         controller.rebuild()
         controller.drain()
+        while controller.queue.waiting():  # retries after a lost race are queued for later
+            time.sleep(0.1)
+            controller.drain()
 
 
 __all__ = ["Cluster", "names", "new_controller", "settle"]
