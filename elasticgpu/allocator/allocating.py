@@ -16,7 +16,7 @@ How a decision stays cheap (the cluster is never rescanned in Python per decisio
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +44,8 @@ class _Table:
     """The policy's token for its move, by signature id (read when a placement is built)."""
     memo: dict[Hashable, tuple[float, object]] = field(default_factory=dict)
     """The policy's cache for this shape: states that score alike share one entry."""
+    resolve: Callable[[object, NodeSig], tuple[float, object]] | None = None
+    """The policy's resolver for this shape (bound to `memo`)."""
 
 
 class Allocator:
@@ -70,8 +72,14 @@ class Allocator:
         self._labels: list[Mapping[str, str]] = []
         capacity = 64
         self._sig_of = np.zeros(capacity, dtype=np.intp)  # interned signature id per slot; 0: no node
-        self._mem = np.zeros(capacity, dtype=np.int64)
+        # What each slot has free, for a vectorised test of what can fit at all (most nodes
+        # cannot host most shapes once the cluster fills: they are never scored).
+        self._cpu = np.full(capacity, -1, dtype=np.int64)
+        self._mem = np.full(capacity, -1, dtype=np.int64)
+        self._most = np.full(capacity, -1, dtype=np.int64)  # free cores of the emptiest usable card
+        self._full = np.full(capacity, -1, dtype=np.int64)  # cards nobody holds
         self._rank = np.zeros(capacity, dtype=np.float64)
+        self._half_rank = np.zeros(capacity, dtype=np.float64)
         self._tables: dict[Shape, _Table] = {}
         self._masks: dict[tuple[object, ...], np.ndarray] = {}
         self._reset_sigs()
@@ -100,14 +108,19 @@ class Allocator:
         size = len(self._sig_of) * 2
         self._sig_of = np.resize(self._sig_of, size)
         self._sig_of[size // 2 :] = 0
-        self._mem = np.resize(self._mem, size)
+        for name in ("_cpu", "_mem", "_most", "_full"):
+            grown = np.full(size, -1, dtype=np.int64)
+            grown[: size // 2] = getattr(self, name)
+            setattr(self, name, grown)
         self._rank = np.resize(self._rank, size)
+        self._half_rank = np.resize(self._half_rank, size)
 
     def _on_change(self, name: str) -> None:
         slot = self._index.get(name)
         if name not in self.inventory:
             if slot is not None:
                 self._sig_of[slot] = 0
+                self._cpu[slot] = self._mem[slot] = self._most[slot] = self._full[slot] = -1
                 self._names[slot] = None
                 del self._index[name]
                 self._masks.clear()
@@ -121,51 +134,66 @@ class Allocator:
             self._names.append(name)
             self._labels.append(node.record.labels)
             self._rank[slot] = self._rank_rng.random()
+            self._half_rank[slot] = 0.5 * self._rank[slot]
             self._masks.clear()
         elif self._labels[slot] != node.record.labels:
             self._labels[slot] = node.record.labels
             self._masks.clear()
-        self._mem[slot] = node.memory_free
         if len(self._sigs) >= _MAX_SIGS:
             self._reset_sigs()
             for other, other_name in enumerate(self._names):
                 if other_name is not None and other != slot:
                     self._sig_of[other] = self._intern(node_sig(self.inventory.node(other_name)))
-        self._sig_of[slot] = self._intern(node_sig(node))
+        sig = node_sig(node)
+        self._sig_of[slot] = self._intern(sig)
+        self._cpu[slot] = sig.cpu_free
+        self._mem[slot] = sig.memory_free
+        self._most[slot] = max((c.free_cores for c in sig.cards), default=-1)
+        self._full[slot] = sum(c.idle and c.free_cores == names.CORES_PER_CARD for c in sig.cards)
 
     # -- deciding ------------------------------------------------------------------------------
 
-    def _scores(self, shape: Shape, n: int) -> tuple[np.ndarray, _Table]:
-        """Score of every node slot for the shape (inf: does not fit), resolving new states."""
+    def _scores(self, shape: Shape, n: int, memory: int) -> tuple[np.ndarray, _Table]:
+        """Score of every node slot for the shape and the pod's memory (inf: does not fit),
+        resolving the states the table has not seen among the nodes that might fit."""
         table = self._tables.get(shape)
         count = len(self._sigs)
         if table is None:
             scores = np.full(max(64, 2 * count), np.nan)
             scores[0] = _INF
             table = _Table(scores)
+            table.resolve = self.policy.resolver(shape, table.memo)
             self._tables[shape] = table
         elif len(table.scores) < count:
             old = table.scores
             table.scores = np.full(2 * count, np.nan)
             table.scores[: len(old)] = old
+        # Necessary conditions of any fit, whatever the policy: the pod's CPU and memory, and
+        # a card with room for a share / enough free cards for whole ones.
+        fits = self._cpu[:n] >= shape.cpu_milli
+        if memory:
+            fits &= self._mem[:n] >= memory
+        if shape.cards == 0:
+            fits &= self._most[:n] >= shape.cores
+        elif shape.cards > 0:
+            fits &= self._full[:n] >= shape.cards
         ids = self._sig_of[:n]
-        scores = table.scores[ids]
-        missing = np.flatnonzero(np.isnan(scores))
+        values = table.scores
+        scores = values[ids]
+        missing = np.flatnonzero(np.isnan(scores) & fits)
         if len(missing):
-            resolve = self.policy.resolve
-            memo = table.memo
+            resolve = table.resolve
+            assert resolve is not None
             sigs = self._sigs
             prepared = self._prepared
-            values = table.scores
             taken = table.taken
-            for sig_id in set(ids[missing].tolist()):
-                sig = sigs[sig_id]
-                assert sig is not None
-                score, token = resolve(prepared[sig_id], sig, shape, memo)
+            new = ids[missing]
+            for sig_id in set(new.tolist()):
+                score, token = resolve(prepared[sig_id], sigs[sig_id])  # type: ignore[arg-type]
                 values[sig_id] = score
                 taken[sig_id] = token
-            scores = values[ids]
-        return scores, table
+            scores[missing] = values[new]
+        return np.where(fits, scores, _INF), table
 
     def _mask(self, request: PlacementRequest) -> np.ndarray | None:
         """Node slots the request's filters allow, or None when it has no filters."""
@@ -194,15 +222,19 @@ class Allocator:
         slot = -1
         table: _Table | None = None
         if n:
-            # The pod's CPU is part of the shape (a node short of it scores inf); its memory
-            # too if the policy scores it, and it filters here in any case.
-            candidates, table = self._scores(shape, n)
+            # The pod's CPU is part of the shape; its memory is too when the policy scores it,
+            # and it filters in any case.
+            candidates, table = self._scores(shape, n, request.memory_mib)
             mask = self._mask(request)
             if mask is not None:
                 candidates = np.where(mask[:n], candidates, _INF)
-            if request.memory_mib:
-                candidates = np.where(self._mem[:n] >= request.memory_mib, candidates, _INF)
-            if self.policy.randomized:
+            if self.policy.integral:
+                # Whole-number scores: half the per-seed node rank breaks ties in one argmin.
+                candidates = candidates + self._half_rank[:n]
+                slot = int(np.argmin(candidates))
+                if candidates[slot] == _INF:
+                    slot = -1
+            elif self.policy.randomized:
                 feasible = np.flatnonzero(candidates < _INF)
                 if len(feasible):
                     slot = int(feasible[self._rng.randrange(len(feasible))])

@@ -136,10 +136,16 @@ class NodeView(NamedTuple):
     proportion to its free cores (so a proportional share fits wherever its cores fit)."""
 
     key: int
-    """Interned id of (model, frees, full): states with equal keys fragment alike."""
+    """Interned id of (model class, frees, full): states with equal keys fragment alike for
+    every shape without a model constraint of its own."""
+    model_key: int
+    """Interned id of (model, frees, full), for shapes that name models."""
     model: str
+    kind: tuple[bool, ...]
+    """The model's class: which of the workload's model globs it matches (models of one
+    class share tables)."""
     frees: tuple[int, ...]
-    """Free cores of each usable card, ascending."""
+    """Free cores of each usable card that has any, ascending (empty cards change nothing)."""
     full: int
     """Cards nobody holds (free whole): what whole-card requests can take."""
     total: int
@@ -172,13 +178,15 @@ class FastFragmentation:
                 self.wholes.append((shape.cards, shape.models, by_bucket))
         self._total_weight = sum(weight for _, _, weight in model._groups)
         self._max_cards = max((cards for cards, _, _ in self.wholes), default=0)
-        self._tables: dict[tuple[str, int], BucketTables] = {}
-        self._keys: dict[tuple[str, tuple[int, ...], int], int] = {}
+        self._tables: dict[tuple[tuple[bool, ...], int], BucketTables] = {}
+        self._globs = sorted({models for _, models, _ in self.shares + self.wholes if models})
+        self._kinds: dict[str, tuple[bool, ...]] = {}
+        self._keys: dict[tuple[object, ...], int] = {}
         self._next_key = 0  # never reused, so a cleared `_keys` cannot alias old memo entries
 
     def tables(self, model: str, bucket: int) -> BucketTables:
-        """The tables for one card model and bucket (built on first use)."""
-        key = (model, bucket)
+        """The tables for one card model's class and bucket (built on first use)."""
+        key = (self.kind(model), bucket)
         cached = self._tables.get(key)
         if cached is not None:
             return cached
@@ -203,6 +211,24 @@ class FastFragmentation:
         self._tables[key] = cached
         return cached
 
+    def kind(self, model: str) -> tuple[bool, ...]:
+        """The class of a card model: which of the workload's model globs it matches."""
+        kind = self._kinds.get(model)
+        if kind is None:
+            kind = tuple(model_matches(model, globs) for globs in self._globs)
+            self._kinds[model] = kind
+        return kind
+
+    def _intern(self, state: tuple[object, ...]) -> int:
+        key = self._keys.get(state)
+        if key is None:
+            if len(self._keys) > 1_000_000:  # bound memory on very long runs
+                self._keys.clear()
+            key = self._next_key
+            self._next_key += 1
+            self._keys[state] = key
+        return key
+
     def view(self, cards: tuple[CardSig, ...]) -> NodeView | None:
         """The node's view, or None when the fast path does not apply to it."""
         if not self.valid or not cards:
@@ -213,19 +239,16 @@ class FastFragmentation:
         for card in cards:
             if card.model != model or card.free_memory < card.memory * card.free_cores // names.CORES_PER_CARD:
                 return None
-            frees.append(card.free_cores)
-            if card.idle and card.free_cores == names.CORES_PER_CARD:
-                full += 1
+            if card.free_cores:
+                frees.append(card.free_cores)
+                if card.idle and card.free_cores == names.CORES_PER_CARD:
+                    full += 1
         frees.sort()
-        state = (model, tuple(frees), full)
-        key = self._keys.get(state)
-        if key is None:
-            if len(self._keys) > 1_000_000:  # bound memory on very long runs
-                self._keys.clear()
-            key = self._next_key
-            self._next_key += 1
-            self._keys[state] = key
-        return NodeView(key, model, state[1], full, sum(frees))
+        shape = tuple(frees)
+        kind = self.kind(model)
+        return NodeView(
+            self._intern((kind, shape, full)), self._intern((model, shape, full)), model, kind, shape, full, sum(frees)
+        )
 
     @staticmethod
     def _value(tables: BucketTables, total: int, part: float, full: int) -> float:
@@ -245,16 +268,17 @@ class FastFragmentation:
         whether that card is a free card nobody holds; -1 for whole cards and for no GPU."""
         frees = view.frees
         total, full = view.total, view.full
-        t0 = self.tables(view.model, before)
+        cache = self._tables
+        t0 = cache.get((view.kind, before)) or self.tables(view.model, before)
         row0 = t0.per_card
-        shared0 = sum(row0[f] for f in frees)
+        shared0 = sum(map(row0.__getitem__, frees))
         base = self._value(t0, total, shared0, full)
         if after == before:
             t1, row1, shared1 = t0, row0, shared0
         else:
-            t1 = self.tables(view.model, after)
+            t1 = cache.get((view.kind, after)) or self.tables(view.model, after)
             row1 = t1.per_card
-            shared1 = sum(row1[f] for f in frees)
+            shared1 = sum(map(row1.__getitem__, frees))
         value = self._value
         if shape.cards < 0:
             return [(value(t1, total, shared1, full) - base, total, -1)]

@@ -15,7 +15,8 @@ means the shape does not fit. Each policy also says which card(s) it would use o
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterator
+from bisect import bisect_right
+from collections.abc import Callable, Hashable, Iterator
 from typing import ClassVar
 
 from elasticgpu.allocator.fragmentation import FastFragmentation, FragmentationModel, NodeView
@@ -74,6 +75,9 @@ class Policy:
     name: ClassVar[str] = ""
     randomized: ClassVar[bool] = False
     """True for policies that pick uniformly among the nodes that fit (no scores)."""
+    integral: bool = False
+    """True when every score is a whole number (or inf): ties are then broken by adding half
+    the node's rank, in one pass."""
     random_ties: ClassVar[bool] = False
     """True: equal best scores are broken at random per decision (the Kubernetes scheduler's
     way, for the paper's baselines); False: by the allocator's per-seed node order."""
@@ -98,6 +102,17 @@ class Policy:
         """Score of a node state for a shape and a token for the move (see `cards`). `memo`
         is the shape's cache, for policies that map many states to one computation."""
         return self.best(sig, shape)
+
+    def resolver(
+        self, shape: Shape, memo: dict[Hashable, tuple[float, object]]
+    ) -> Callable[[object, NodeSig], tuple[float, object]]:
+        """`resolve` for one shape and its memo, as one callable (the allocator calls it for
+        every new node state a shape's table meets, so policies may specialise it)."""
+
+        def resolve(prepared: object, sig: NodeSig) -> tuple[float, object]:
+            return self.resolve(prepared, sig, shape, memo)
+
+        return resolve
 
     def cards(self, sig: NodeSig, shape: Shape, token: object) -> tuple[CardSig, ...]:
         """The card signatures a move takes, from the token `resolve` returned."""
@@ -132,6 +147,7 @@ class Fragmentation(Policy):
         self.model = FragmentationModel(workload or Workload.default(), memory=memory)
         self.fast = FastFragmentation(self.model)
         self.quantum = quantum
+        self.integral = quantum > 0
 
     def score(self, growth: float, left: int) -> float:
         """Score of a move that grows fragmentation by `growth` cores and leaves `left` free."""
@@ -162,7 +178,7 @@ class Fragmentation(Policy):
         before = self.model.bucket(cpu, memory)
         after = self.model.bucket(cpu - shape.cpu_milli, memory - shape.pod_memory)
         view = prepared if isinstance(prepared, NodeView) else None
-        if view is None or (shape.cards >= 0 and shape.memory_mib is not None):
+        if view is None or (shape.cards >= 0 and shape.memory_mib is not None) or _coreless(shape):
             # The general path: its cards are this state's own, so it keys on them.
             key: Hashable = (sig.cards, before, after)
             hit = memo.get(key)
@@ -170,7 +186,7 @@ class Fragmentation(Policy):
                 hit = self.best(sig, shape)
                 memo[key] = hit
         else:
-            key = (view.key, before, after)
+            key = (view.model_key if shape.models else view.key, before, after)
             hit = memo.get(key)
             if hit is None:
                 best_score, token = INFEASIBLE, _NO_MOVE
@@ -181,6 +197,47 @@ class Fragmentation(Policy):
                 hit = (best_score, token)
             memo[key] = hit
         return hit
+
+    def resolver(
+        self, shape: Shape, memo: dict[Hashable, tuple[float, object]]
+    ) -> Callable[[object, NodeSig], tuple[float, object]]:
+        if (
+            self.model.memory
+            or not self.fast.valid
+            or (shape.cards >= 0 and shape.memory_mib is not None)
+            or _coreless(shape)
+        ):
+            return super().resolver(shape, memo)
+        # The hot path, specialised per shape: no memory buckets, proportional shares.
+        need = shape.cpu_milli
+        named = bool(shape.models)  # then the card model itself decides, not only its class
+        steps = self.model._cpu_steps
+        deltas = self.fast.deltas
+        score = self.score
+        general = self.resolve
+
+        def resolve(prepared: object, sig: NodeSig) -> tuple[float, object]:
+            cpu = sig.cpu_free
+            if need > cpu:
+                return _INFEASIBLE
+            if prepared is None:
+                return general(prepared, sig, shape, memo)
+            view: NodeView = prepared  # type: ignore[assignment]
+            before = bisect_right(steps, cpu)
+            after = bisect_right(steps, cpu - need) if need else before
+            key = (view.model_key if named else view.key, before, after)
+            hit = memo.get(key)
+            if hit is None:
+                best_score, token = INFEASIBLE, _NO_MOVE
+                for growth, left, move in deltas(view, before, after, shape):
+                    value = score(growth, left)
+                    if value < best_score:
+                        best_score, token = value, move
+                hit = (best_score, token)
+                memo[key] = hit
+            return hit
+
+        return resolve
 
     def cards(self, sig: NodeSig, shape: Shape, token: object) -> tuple[CardSig, ...]:
         if not isinstance(token, int):
@@ -196,6 +253,15 @@ class Fragmentation(Policy):
 
 
 _NO_MOVE = -2
+
+
+def _coreless(shape: Shape) -> bool:
+    """A share of no cores (memory only): it can go on a card with nothing free, which the
+    fast path's view leaves out, so the general path scores it."""
+    return shape.cards == 0 and shape.cores == 0
+
+
+_INFEASIBLE: tuple[float, object] = (INFEASIBLE, ())
 
 
 class BinPack(Policy):
