@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from elasticgpu.api import names
 from elasticgpu.api.errors import InvalidRequest
@@ -37,6 +37,15 @@ class GpuRequest(BaseModel):
         ge=1,
         description="Share: MiB on the card (None: in proportion to cores). Whole cards: least MiB per card.",
     )
+
+    @model_validator(mode="after")
+    def _asks_for_something(self) -> GpuRequest:
+        # A share of nothing would "fit" everywhere and reserve nothing: refuse it at the source.
+        if self.cards == 0 and self.cores == 0 and self.memory_mib is None:
+            raise ValueError("a share of one card needs cores, memory or both")
+        if self.cards == 0 and self.cores > names.CORES_PER_CARD:
+            raise ValueError("a share of one card has at most 100 cores; ask for whole cards instead")
+        return self
 
     @property
     def is_whole(self) -> bool:

@@ -29,9 +29,9 @@ POLICY_NAMES = ["fragmentation", "binpack", "spread", "bestfit", "packing", "ran
 cards_per_node = st.lists(st.sampled_from([8192, 16384, 40960]), min_size=1, max_size=4)
 clusters = st.lists(cards_per_node, min_size=1, max_size=4)
 gpu_requests = st.one_of(
-    st.builds(
-        GpuRequest.share, st.integers(0, 100).filter(lambda c: c < 100), st.one_of(st.none(), st.integers(1, 45000))
-    ),
+    st.tuples(st.integers(0, 99), st.one_of(st.none(), st.integers(1, 45000)))
+    .filter(lambda pair: pair[0] > 0 or pair[1] is not None)  # a share asks for something
+    .map(lambda pair: GpuRequest.share(*pair)),
     st.builds(GpuRequest.whole, st.integers(1, 5), st.one_of(st.none(), st.integers(1, 45000))),
 )
 requests = st.builds(

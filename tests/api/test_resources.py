@@ -105,3 +105,8 @@ def test_parse_accepts_exactly_the_documented_rule(cores: int, memory: int | Non
     assert request.cores == cores
     assert request.cards == (cores // 100 if cores >= 100 else 0)
     assert request.cores_on_card() == min(cores, 100)
+
+
+def test_a_share_of_nothing_cannot_be_built() -> None:
+    with pytest.raises(ValueError, match="needs cores, memory or both"):
+        GpuRequest.share(0)
