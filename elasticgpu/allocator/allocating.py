@@ -148,8 +148,10 @@ class Allocator:
         self._sig_of[slot] = self._intern(sig)
         self._cpu[slot] = sig.cpu_free
         self._mem[slot] = sig.memory_free
-        self._most[slot] = max((c.free_cores for c in sig.cards), default=-1)
-        self._full[slot] = sum(c.idle and c.free_cores == names.CORES_PER_CARD for c in sig.cards)
+        cards = sig.cards
+        # Card signatures sort by free cores first: the last is the roomiest.
+        self._most[slot] = cards[-1].free_cores if cards else -1
+        self._full[slot] = sum(1 for c in cards if c.idle and c.free_cores == names.CORES_PER_CARD) if cards else 0
 
     # -- deciding ------------------------------------------------------------------------------
 
@@ -269,16 +271,16 @@ class Allocator:
         if self.policy.randomized:
             options = list(moves(sig, shape))
             taken = options[self._rng.randrange(len(options))][0]
-        usable = [c for c in node.cards if c.healthy and not c.whole]
         shares: tuple[CardShare, ...]
         if shape.cards < 0:
             shares = ()
         elif shape.cards == 0:
             wanted = taken[0]
-            card = next(c for c in usable if card_sig(c) == wanted)
+            card = next(c for c in node.cards if not c.whole and c.healthy and card_sig(c) == wanted)
             mem = share_memory(shape, card.record.memory_mib)
             shares = (CardShare(uuid=card.record.uuid, cores=shape.cores, memory_mib=mem),)
         else:
+            usable = [c for c in node.cards if c.healthy and not c.whole]
             shares = tuple(
                 CardShare(uuid=c.record.uuid, cores=names.CORES_PER_CARD, memory_mib=c.record.memory_mib, whole=True)
                 for c in self._whole_cards(usable, shape, taken)

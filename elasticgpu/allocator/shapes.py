@@ -11,7 +11,7 @@ from fnmatch import fnmatchcase
 from typing import NamedTuple
 
 from elasticgpu.allocator.inventory import CardState, NodeState
-from elasticgpu.allocator.records import PlacementRequest
+from elasticgpu.allocator.records import Health, PlacementRequest
 from elasticgpu.api import names
 
 
@@ -49,17 +49,26 @@ class Shape(NamedTuple):
     """The pod's main memory (MiB): it moves the node's memory, which fragmentation counts."""
 
 
+_new_tuple = tuple.__new__  # builds NamedTuples without their Python-level __new__ (hot path)
+
+
 def card_sig(card: CardState) -> CardSig:
     """Signature of a card state."""
     record = card.record
-    return CardSig(card.free_cores, card.free_memory, record.memory_mib, not card.holders, record.model)
+    return _new_tuple(CardSig, (card.free_cores, card.free_memory, record.memory_mib, not card.holders, record.model))
 
 
 def node_sig(node: NodeState) -> NodeSig:
     """Signature of a node: Unhealthy cards and cards taken whole are left out, as they can
     take nothing new (and their capacity is not "free" for fragmentation either)."""
-    cards = tuple(sorted(card_sig(c) for c in node.cards if c.healthy and not c.whole))
-    return NodeSig(node.cpu_free, node.record.cpu_milli, cards, len(node.cards), node.memory_free)
+    healthy = Health.HEALTHY
+    cards = [
+        _new_tuple(CardSig, (c.free_cores, c.free_memory, c.record.memory_mib, not c.holders, c.record.model))
+        for c in node.cards
+        if not c.whole and c.record.health is healthy
+    ]
+    cards.sort()
+    return _new_tuple(NodeSig, (node.cpu_free, node.record.cpu_milli, tuple(cards), len(node.cards), node.memory_free))
 
 
 def shape_of(request: PlacementRequest) -> Shape:
