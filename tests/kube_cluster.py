@@ -41,6 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "testserver" / "build.sh"
 KUBECONFIG_ENV = "ELASTICGPU_TEST_KUBECONFIG"
 START_TIMEOUT_S = 90.0
+TMP_PREFIX = "elasticgpu-kube-"
 
 
 @dataclass
@@ -410,6 +411,35 @@ def _read_versions(server_bin: Path) -> dict[str, str]:
     return versions
 
 
+def _sweep_stale_dirs() -> None:
+    """Remove temp dirs of earlier runs whose test process died without cleaning up (SIGKILL)."""
+    for d in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}*"):
+        try:
+            pid = int((d / "owner.pid").read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+def _sigterm_as_keyboard_interrupt() -> None:
+    """Let SIGTERM (CI timeouts) unwind like Ctrl-C so the cluster is stopped; only if nobody handles it."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+
+        def _raise(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt("SIGTERM")
+
+        signal.signal(signal.SIGTERM, _raise)
+
+
 @contextlib.contextmanager
 def running_cluster() -> Iterator[TestCluster]:
     """Start etcd + the test server (or use ELASTICGPU_TEST_KUBECONFIG); stop and clean up on exit."""
@@ -419,7 +449,10 @@ def running_cluster() -> Iterator[TestCluster]:
         return
 
     server_bin, etcd_bin = find_binaries()
-    tmp = Path(tempfile.mkdtemp(prefix="elasticgpu-kube-"))
+    _sweep_stale_dirs()
+    _sigterm_as_keyboard_interrupt()
+    tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
+    (tmp / "owner.pid").write_text(str(os.getpid()))
     etcd_proc: subprocess.Popen[bytes] | None = None
     server_proc: subprocess.Popen[bytes] | None = None
     try:
