@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from elasticgpu.api import names
-from elasticgpu.api.kinds import KINDS, KindInfo
+from elasticgpu.api.kinds import KINDS, KindInfo, PrinterColumn
 from elasticgpu.api.schema import CRD_EXTRA
 
 _SCALARS: dict[type, str] = {str: "string", int: "integer", bool: "boolean", float: "number"}
@@ -124,6 +124,18 @@ def schema_for_model(model: type[BaseModel], *, top_level: bool = False) -> dict
     return schema
 
 
+def _column(column: PrinterColumn) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": column.name,
+        "type": column.type,
+        "jsonPath": column.json_path,
+        "description": column.description,
+    }
+    if column.priority:
+        entry["priority"] = column.priority
+    return entry
+
+
 def crd_for(info: KindInfo) -> dict[str, Any]:
     """The CustomResourceDefinition of one kind."""
     root = schema_for_model(info.model, top_level=True)
@@ -150,10 +162,7 @@ def crd_for(info: KindInfo) -> dict[str, Any]:
                     "storage": True,
                     "schema": {"openAPIV3Schema": root},
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": c.name, "type": c.type, "jsonPath": c.json_path, "description": c.description}
-                        for c in info.columns
-                    ],
+                    "additionalPrinterColumns": [_column(c) for c in info.columns],
                 }
             ],
         },

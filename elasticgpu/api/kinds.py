@@ -23,6 +23,7 @@ class PrinterColumn:
     type: str
     json_path: str
     description: str
+    priority: int = 0  # 0: always shown; 1: only with `kubectl get -o wide`
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ CLAIM = KindInfo(
         PrinterColumn("Node", "string", ".status.nodeName", "Node of the bound card(s)."),
         PrinterColumn("Class", "string", ".spec.elasticGPUClassName", "Class of the claim."),
         _age(),
+        PrinterColumn("Reason", "string", ".status.conditions[0].reason", "Why it is in this phase.", priority=1),
     ),
     crd_file="elasticgpuclaim.yaml",
 )
@@ -90,6 +92,7 @@ ELASTIC_GPU = KindInfo(
         PrinterColumn("Claim", "string", ".spec.claimRef.name", "Name of the bound claim."),
         PrinterColumn("Class", "string", ".spec.elasticGPUClassName", "Class of the ElasticGPU."),
         _age(),
+        PrinterColumn("Reason", "string", ".status.reason", "Why it is in this phase.", priority=1),
     ),
     crd_file="elasticgpu.yaml",
 )

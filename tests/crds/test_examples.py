@@ -84,7 +84,7 @@ def test_claim_columns(api_client: client.ApiClient, objects: Objects, namespace
     plural = BY_KIND[names.KIND_CLAIM].plural
     table = _table(api_client, f"/apis/{names.API_VERSION}/namespaces/{namespace}/{plural}")
     cells = _row(table, "notebook")
-    assert list(cells) == ["Name", "Status", "EGPU", "Core", "Memory", "Node", "Class", "Age"]
+    assert list(cells) == ["Name", "Status", "EGPU", "Core", "Memory", "Node", "Class", "Age", "Reason"]
     assert (cells["Status"], cells["Core"], cells["Memory"], cells["Node"], cells["Class"]) == (
         "Bound",
         30,
@@ -110,7 +110,7 @@ def test_elastic_gpu_columns(api_client: client.ApiClient, objects: Objects) -> 
         )
         table = _table(api_client, f"/apis/{names.API_VERSION}/{names.PLURAL_ELASTIC_GPU}")
         cells = _row(table, "static-a100-slice")
-        assert list(cells) == ["Name", "Node", "GPUs", "Core", "Memory", "Status", "Claim", "Class", "Age"]
+        assert list(cells) == ["Name", "Node", "GPUs", "Core", "Memory", "Status", "Claim", "Class", "Age", "Reason"]
         assert (cells["Node"], cells["GPUs"], cells["Core"], cells["Memory"], cells["Status"]) == (
             "gpu-node-1",
             '["GPU-a","GPU-b"]',

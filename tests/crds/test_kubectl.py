@@ -38,6 +38,8 @@ def test_get_egpuc_shows_the_columns(kubectl) -> None:  # type: ignore[no-untype
     header, row = listed.stdout.splitlines()[:2]
     assert header.split() == ["NAME", "STATUS", "EGPU", "CORE", "MEMORY", "NODE", "CLASS", "AGE"]
     assert row.split()[0] == "notebook"
+    wide = kubectl("get", "egpuc", "-o", "wide")
+    assert wide.stdout.splitlines()[0].split()[-1] == "REASON"
     by_category = kubectl("get", "elasticgpu")
     assert by_category.returncode == 0 and "notebook" in by_category.stdout
 
