@@ -340,16 +340,6 @@ def print_table(results: list[ClaimResult], out: TextIO) -> None:
         out.write(("   ".join(cells) + "   " + row[-1]).rstrip() + "\n")
 
 
-def _prune(value: Any) -> Any:
-    """Drop empty maps and lists, as `kubectl get -o yaml` shows a fresh object."""
-    if isinstance(value, dict):
-        pruned = {k: _prune(v) for k, v in value.items()}
-        return {k: v for k, v in pruned.items() if v not in ({}, [])}
-    if isinstance(value, list):
-        return [_prune(v) for v in value]
-    return value
-
-
 def run(args: argparse.Namespace) -> int:
     """Run `elasticgpu plan`; exit 0, or with `--strict` 1 when some claim stays Pending."""
     found = read_inputs(args.filename or [str(SAMPLE)])
@@ -358,10 +348,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     results = plan(found, seed=args.seed)
     if args.output == "yaml":
+        # Without status, as the controller creates them; to_dict drops empty maps and lists.
         docs = [
-            e.model_dump(by_alias=True, exclude_none=True, mode="json") for e in elastic_gpus(results, found.classes)
+            {k: v for k, v in e.to_dict().items() if k != "status"} for e in elastic_gpus(results, found.classes)
         ]
-        docs = [_prune({k: v for k, v in doc.items() if k != "status"}) for doc in docs]
         sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False) if docs else "")
         for r in results:
             if r.placement is None:
