@@ -43,8 +43,8 @@ from elasticgpu.allocator.shapes import model_matches  # noqa: E402
 from elasticgpu.api.resources import GpuRequest  # noqa: E402
 
 # `fgd-paper` is the paper's FGD as its authors' simulator runs it (typical pods covering 95%
-# of the pods, scores floor(100 * sigmoid), ties broken at random per decision); the others
-# are the allocator's policies of those names.
+# of the pods, scores floor(100 * sigmoid), ties in a fixed node order); the others are the
+# allocator's policies of those names.
 POLICIES = ("fragmentation", "fgd-paper", "bestfit", "packing", "random")
 PAPER_COVERAGE = 0.95
 # The trace gives no card memory; requests are in proportion to cores, so any size works.
@@ -64,21 +64,11 @@ class Pod:
     """The paper's task type: (cpu_milli, gpu_milli per GPU, num_gpu, gpu_spec)."""
 
 
-class PaperFGD(Fragmentation):
-    """FGD as the paper's simulator runs it: random choice among equal scores."""
-
-    name = "fgd-paper"
-    random_ties = True
-
-    def __init__(self, workload: Workload) -> None:
-        super().__init__(workload)
-        self.integral = False  # ties go to the per-decision random draw, not the node order
-
-
 def make_policy(policy: str, pods: list[Pod]) -> str | Policy:
-    """The policy of a table row (the fragmentation ones against the trace's own shapes)."""
+    """The policy of a table row. `fgd-paper` is our FGD with the paper's typical pods (the
+    shapes covering 95% of the pods) instead of all of the trace's shapes."""
     if policy == "fgd-paper":
-        return PaperFGD(Workload.from_requests((p.request for p in pods), coverage=PAPER_COVERAGE))
+        return Fragmentation(Workload.from_requests((p.request for p in pods), coverage=PAPER_COVERAGE))
     return policy
 
 

@@ -248,10 +248,7 @@ class Allocator:
                 else:
                     ties = np.flatnonzero(candidates == best)
                     if len(ties) > 1:
-                        if self.policy.random_ties:
-                            slot = int(ties[self._rng.randrange(len(ties))])
-                        else:
-                            slot = int(ties[np.argmin(self._rank[ties])])
+                        slot = int(ties[np.argmin(self._rank[ties])])
         if slot < 0 or table is None:
             if not explain:
                 return Unplaceable(reason="no node fits")
