@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import logging
+import random
 import threading
 import time
 from collections import deque
@@ -122,6 +123,8 @@ class Controller:
         self._claim_bodies: dict[ClaimKey, Body] = {}
         self._egpus: dict[str, ElasticGPU] = {}
         self._egpu_bodies: dict[str, Body] = {}
+        self._by_claim_uid: dict[str, str] = {}
+        """ElasticGPU name by the uid in its claimRef, kept in step by `_put_egpu` / `_drop_egpu`."""
         self._classes: dict[str, ElasticGPUClass] = {}
         self._pod_claims: dict[ClaimKey, set[str]] = {}
         self._claims_of_pod: dict[tuple[str, str], set[str]] = {}
@@ -148,6 +151,7 @@ class Controller:
                 self.ledger.observe_gpu(body)
             self._egpus.clear()
             self._egpu_bodies.clear()
+            self._by_claim_uid.clear()
             for body in egpus:
                 self._put_egpu(body)
             self._classes = {c["metadata"]["name"]: ElasticGPUClass.model_validate(c) for c in classes}
@@ -191,8 +195,7 @@ class Controller:
                 self.queue.add(("claim", *key))
             elif kind == "egpu":
                 if deleted:
-                    self._egpus.pop(name, None)
-                    self._egpu_bodies.pop(name, None)
+                    self._drop_egpu(name)
                 else:
                     self._put_egpu(body)
                     self.queue.add(("egpu", name))
@@ -234,8 +237,22 @@ class Controller:
         self._egpu_bodies[name] = body
         model = ElasticGPU.model_validate(body)
         self._egpus[name] = model
+        self._index_uid(name, old, model)
         if model.status.phase == "Available" and (old is None or old.status.phase != "Available"):
             self._queue_pending_claims()
+
+    def _drop_egpu(self, name: str) -> None:
+        old = self._egpus.pop(name, None)
+        self._egpu_bodies.pop(name, None)
+        self._index_uid(name, old, None)
+
+    def _index_uid(self, name: str, old: ElasticGPU | None, new: ElasticGPU | None) -> None:
+        old_uid = old.spec.claim_ref.uid if old is not None and old.spec.claim_ref is not None else None
+        new_uid = new.spec.claim_ref.uid if new is not None and new.spec.claim_ref is not None else None
+        if old_uid and old_uid != new_uid and self._by_claim_uid.get(old_uid) == name:
+            del self._by_claim_uid[old_uid]
+        if new_uid:
+            self._by_claim_uid[new_uid] = name
 
     def _put_pod(self, body: Body, *, deleted: bool = False) -> None:
         meta = body.get("metadata") or {}
@@ -277,10 +294,7 @@ class Controller:
         name = names.elastic_gpu_name_for_claim(uid)
         if name in self._egpus:
             return name
-        for egpu_name, egpu in self._egpus.items():
-            if egpu.spec.claim_ref is not None and egpu.spec.claim_ref.uid == uid:
-                return egpu_name
-        return None
+        return self._by_claim_uid.get(uid)
 
     def _queue_claims_of_egpu(self, name: str, body: Body) -> None:
         ref = (body.get("spec") or {}).get("claimRef") or {}
@@ -328,17 +342,30 @@ class Controller:
                 self.sync_elastic_gpu(key[1])
         except errors.ControllerError as err:
             logger.warning("sync of %s failed, retrying: %s", "/".join(key), err)
-            self.queue.add(key, delay_s=self.settings.binding.requeue_delay_s)
+            # Jittered: two controllers that conflicted on the same object must not retry in step.
+            delay = self.settings.binding.requeue_delay_s
+            self.queue.add(key, delay_s=delay * (0.5 + random.random()))
+
+    def _backoff(self, attempt: int) -> None:
+        """A short, jittered pause before re-planning after a conflict (the other writer of the
+        card is usually mid-bind: giving it a few ms lets the re-plan see its result)."""
+        base = self.settings.binding.conflict_backoff_s
+        if base > 0:
+            time.sleep(random.uniform(0, base * (2 ** min(attempt, 4))))
 
     def picture(self) -> binder.Picture:
-        """The binder's view of the current picture."""
-        egpus = dict(self._egpus)
+        """The binder's view of the current picture. It shares the controller's maps (no copy:
+        decisions run under the lock and change nothing), so a sync costs no O(objects) rebuild."""
         return binder.Picture(
-            elastic_gpus=egpus,
-            classes=dict(self._classes),
-            card_memory=lambda n: (m.spec.memory if (m := self.ledger.gpu(n)) is not None else None),
-            by_claim_uid=binder.index_by_claim_uid(egpus.values()),
+            elastic_gpus=self._egpus,
+            classes=self._classes,
+            card_memory=self._card_memory,
+            by_claim_uid=self._by_claim_uid,
         )
+
+    def _card_memory(self, gpu_name: str) -> int | None:
+        model = self.ledger.gpu(gpu_name)
+        return model.spec.memory if model is not None else None
 
     # -- claims --------------------------------------------------------------------------------
 
@@ -430,7 +457,13 @@ class Controller:
                 "metadata": {"finalizers": finalizers, "resourceVersion": claim.metadata.resource_version},
                 "spec": {"elasticGPUName": egpu_name},
             }
-            answer = self.kube.patch_claim(namespace, name, patch)
+            try:
+                answer = self.kube.patch_claim(namespace, name, patch)
+            except errors.Conflict:
+                # Changed since our picture (often: the other controller bound it). Re-read it, so
+                # the retry decides from what the server holds (InSync when it is Bound already).
+                self._refresh_claim(namespace, name)
+                raise
             with self._lock:
                 self._put_claim(answer)
             claim = ElasticGPUClaim.model_validate(answer)
@@ -467,6 +500,7 @@ class Controller:
             self._put_egpu(answer)
         egpu = self._set_egpu_phase(ElasticGPU.model_validate(answer), "Bound", binder.REASON_BOUND,
                                     f"bound to claim {claim.metadata.namespace}/{claim.metadata.name}")
+        self._stamp_claim_ref(egpu)
         self._bind_claim(claim, egpu)
 
     # -- provisioning --------------------------------------------------------------------------
@@ -486,12 +520,7 @@ class Controller:
             with self._lock:
                 self._put_egpu(existing)
                 model = self._egpus[key]
-                cards = set(model.spec.physical_gpu.gpu_names if model.spec.physical_gpu else [])
-                if model.spec.gpu_share is not None:
-                    cards.add(model.spec.gpu_share.gpu_name)
-                extra = [g for g in self.ledger.gpus_holding(key) if g not in cards]
-            for gpu_name in extra:
-                self._free_on(gpu_name, key)
+            self._free_extra_cards(model)
             if not binder.points_to(model, claim):
                 raise errors.BindingError(f"ElasticGPU {key} exists but points to another claim;"
                                           " an admin must delete it") from None
@@ -513,14 +542,20 @@ class Controller:
             models=decision.parameters.gpu_model,
             node_selector=decision.parameters.node_selector,
         )
-        for _attempt in range(self.settings.binding.conflict_retries):
+        for attempt in range(self.settings.binding.conflict_retries):
             with self._lock:
                 held = self.ledger.held(key)
                 if held is not None and len(held.cards) == max(1, decision.request.cards):
-                    return held  # committed before a crash or a lost answer: reuse it
+                    return held  # committed before a crash, a lost answer, or by the other controller
                 result = None if held is not None else self.ledger.place(request, policy=decision.parameters.policy)
             if held is not None:
-                self._free_reservation(key)  # a partial multi-card reservation: start over
+                # Not the claim's shape: a partial multi-card write, or two controllers reserved
+                # the same key on different cards. If the ElasticGPU exists, its spec decided
+                # which cards are the claim's: keep those and finish that bind (the claim's next
+                # sync finds it prebound); otherwise start over.
+                if self._adopt_existing(claim, key):
+                    return None
+                self._free_reservation(key)
                 continue
             if isinstance(result, Unplaceable):
                 message = f"no card can give {decision.request.describe()}: {result.reason}"
@@ -533,10 +568,36 @@ class Controller:
                 self._commit(key, result, claim_ref_of(claim))
             except (errors.Conflict, errors.Rejected) as err:
                 logger.debug("reservation lost a race, re-planning: %s", err)
+                self._backoff(attempt)
                 continue
             return result
         raise errors.BindingError(f"claim {claim.metadata.namespace}/{claim.metadata.name}: too many conflicts on"
                                   " the GPUs; retrying later")
+
+    def _adopt_existing(self, claim: ElasticGPUClaim, key: str) -> bool:
+        """When ElasticGPU `key` exists (live read): free what `key` holds outside its spec's
+        cards, requeue the claim, and answer True. False when it does not exist."""
+        try:
+            existing = self.kube.get_elastic_gpu(key)
+        except errors.NotFound:
+            return False
+        with self._lock:
+            self._put_egpu(existing)
+        self._free_extra_cards(self._egpus[key])
+        self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""))
+        return True
+
+    def _free_extra_cards(self, egpu: ElasticGPU) -> None:
+        """Free the reservations of `egpu` on cards its spec does not name: they are what a
+        controller that lost the race to create it had reserved."""
+        name = egpu.metadata.name or ""
+        cards = set(egpu.spec.physical_gpu.gpu_names if egpu.spec.physical_gpu else [])
+        if egpu.spec.gpu_share is not None:
+            cards.add(egpu.spec.gpu_share.gpu_name)
+        with self._lock:
+            extra = [g for g in self.ledger.gpus_holding(name) if g not in cards]
+        for gpu_name in extra:
+            self._free_on(gpu_name, name)
 
     def _commit(self, key: str, placement: Placement, claim_ref: Any) -> None:
         """Write the reservation into each card's allocations (PUT with its resourceVersion).
@@ -626,6 +687,16 @@ class Controller:
             egpu = self._egpus.get(name)
             if egpu is None:
                 return
+            extra = self._holds_outside_spec(egpu)
+        if extra:
+            # OBSERVATION: the GPUs hold this ElasticGPU on cards its spec does not name (the
+            # loser of a provisioning race reserved them): free those first, or the decision
+            # below would see a placement that disagrees with the spec and fail it.
+            self._free_extra_cards(egpu)
+        with self._lock:
+            egpu = self._egpus.get(name)
+            if egpu is None:
+                return
             claim = None
             ref = egpu.spec.claim_ref
             if ref is not None and ref.name:
@@ -634,6 +705,8 @@ class Controller:
                 egpu, claim=claim, gpus=self.ledger.gpu, held=self.ledger.held(name), conflict=self.ledger.conflict
             )
         if isinstance(decision, binder.Keep):
+            if egpu.status.phase == "Bound":
+                self._stamp_claim_ref(egpu)
             return
         if isinstance(decision, binder.Reserve):
             self._reserve_elastic_gpu(egpu, decision.placement, claim)
@@ -650,6 +723,40 @@ class Controller:
             self._release_if_claim_gone(egpu)
         elif isinstance(decision, binder.Reclaim):
             self._reclaim(egpu, delete=decision.delete)
+
+    def _stamp_claim_ref(self, egpu: ElasticGPU) -> None:
+        """Make the allocations of a bound ElasticGPU name its claim (with uid), as a dynamic
+        reservation does from the start. A static ElasticGPU was reserved while Available, with
+        no claim; this write records who holds the capacity. A conflict leaves it to the next sync."""
+        name = egpu.metadata.name or ""
+        ref = egpu.spec.claim_ref
+        if ref is None or not ref.uid:
+            return
+        with self._lock:
+            stale = [g for g in self.ledger.gpus_holding(name)
+                     if (a := self.ledger.allocation(g, name)) is not None
+                     and (a.claim_ref is None or a.claim_ref.uid != ref.uid)]
+        for gpu_name in stale:
+            with self._lock:
+                allocation = self.ledger.allocation(gpu_name, name)
+                if allocation is None:
+                    continue
+                body = self.ledger.with_allocation(gpu_name, allocation.model_copy(update={"claim_ref": ref}))
+            try:
+                answer = self.kube.replace_gpu_status(body)
+            except (errors.Conflict, errors.Rejected):
+                self._refresh_gpu(gpu_name)
+                self.queue.add(("egpu", name), delay_s=self.settings.binding.requeue_delay_s)
+                continue
+            with self._lock:
+                self.ledger.observe_gpu(answer)
+
+    def _holds_outside_spec(self, egpu: ElasticGPU) -> bool:
+        spec = egpu.spec
+        cards = set(spec.physical_gpu.gpu_names if spec.physical_gpu else [])
+        if spec.gpu_share is not None:
+            cards.add(spec.gpu_share.gpu_name)
+        return bool(cards) and any(g not in cards for g in self.ledger.gpus_holding(egpu.metadata.name or ""))
 
     def _reserve_elastic_gpu(self, egpu: ElasticGPU, placement: Placement, claim: ElasticGPUClaim | None) -> None:
         name = egpu.metadata.name or ""

@@ -33,7 +33,12 @@ class BindingSettings:
     """How often one claim is re-planned after a resourceVersion conflict on a GPU before the
     sync gives up and requeues it. Conflicts are normal with two controllers on one card."""
     requeue_delay_s: float = 0.5
-    """Seconds before a claim whose sync failed (API unavailable, too many conflicts) is retried."""
+    """Seconds before a claim whose sync failed (API unavailable, too many conflicts) is retried;
+    jittered by 0.5x..1.5x so that two controllers that conflicted do not retry in step."""
+    conflict_backoff_s: float = 0.005
+    """Seconds of the first jittered pause before re-planning after a conflict on a GPU (doubling
+    per attempt, at most 16x). Short: the conflicting card was re-read already; the pause only
+    keeps two controllers from colliding again on the next attempt."""
     workers: int = 4
     """Threads that carry out the steps after the commit point (create the ElasticGPU, bind the
     claim). Decisions and reservations stay on one thread, so the picture never races itself."""

@@ -133,6 +133,9 @@ def test_admin_elastic_gpu_available_then_bound_by_name(cluster: Cluster, kube: 
     bound = kube.get_elastic_gpu(available["metadata"]["name"])
     assert bound["status"]["phase"] == "Bound"
     assert bound["spec"]["claimRef"]["uid"] == claim["metadata"]["uid"]
+    # The reservation made while it was Available now names the claim too (with its uid).
+    [allocation] = [a for a in _allocations(kube, gpus[0]) if a["elasticGPU"] == available["metadata"]["name"]]
+    assert allocation["claimRef"]["uid"] == claim["metadata"]["uid"]
 
 
 def test_release_delete_frees_and_retain_keeps(cluster: Cluster, kube: KubeApi) -> None:
