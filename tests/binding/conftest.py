@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -47,28 +48,35 @@ class Cluster:
         return self.kube.get_claim(self.namespace, name)
 
     def cleanup(self) -> None:
-        for body in self.kube.list_claims(self.namespace):
-            name = body["metadata"]["name"]
+        def drop_claim(name: str) -> None:
             try:
                 self.kube.patch_claim(self.namespace, name, {"metadata": {"finalizers": []}})
                 self.kube.delete_claim(self.namespace, name)
             except errors.NotFound:
                 pass
-        for body in self.kube.list_elastic_gpus():
-            spec = body.get("spec") or {}
-            mine = (spec.get("claimRef") or {}).get("namespace") == self.namespace or body["metadata"][
-                "name"].startswith(self.prefix)
-            if not mine:
-                continue
-            name = body["metadata"]["name"]
+
+        def drop_egpu(name: str) -> None:
             try:
                 self.kube.patch_elastic_gpu(name, {"metadata": {"finalizers": []}})
                 self.kube.delete_elastic_gpu(name)
             except errors.NotFound:
                 pass
-        for name in self._gpus:
+
+        def drop_gpu(name: str) -> None:
             with contextlib.suppress(errors.NotFound):
                 self.kube.delete_gpu(name)
+
+        egpus = []
+        for body in self.kube.list_elastic_gpus():
+            spec = body.get("spec") or {}
+            if (spec.get("claimRef") or {}).get("namespace") == self.namespace or body["metadata"][
+                    "name"].startswith(self.prefix):
+                egpus.append(body["metadata"]["name"])
+        # In parallel: the race and crash tests leave hundreds of objects.
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(drop_claim, [b["metadata"]["name"] for b in self.kube.list_claims(self.namespace)]))
+            list(pool.map(drop_egpu, egpus))
+            list(pool.map(drop_gpu, self._gpus))
         for name in self._classes:
             with contextlib.suppress(errors.NotFound):
                 self.kube.delete_class(name)

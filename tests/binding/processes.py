@@ -1,0 +1,137 @@
+"""Controller processes for the race and crash tests, and the invariants both check.
+
+Every controller here is a real `python -m elasticgpu controller` process (kopf watches, the
+binder thread, the resync loop), started in its own session so that `kill -9` hits it alone, and
+killed by `ControllerProcesses.close` whatever happens in the test. Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elasticgpu.api import names
+from elasticgpu.controller.kube import KubeApi
+from tests.kube_cluster import REPO_ROOT, _die_with_parent
+
+
+@dataclass
+class ControllerProcesses:
+    """Started controller processes; `close` kills every one still alive."""
+
+    kubeconfig: Path
+    namespace: str
+    log_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """One more controller process, logging into `log_dir/controller-<n>.log`."""
+        log = self.log_dir / f"controller-{len(self.procs)}.log"
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.env}
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(self.kubeconfig),
+                 "--namespace", self.namespace, "--log-level", "warning"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT, env=env,
+                start_new_session=True, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        self.procs.append(proc)
+        return proc
+
+    @staticmethod
+    def kill(proc: subprocess.Popen[bytes]) -> None:
+        """kill -9, and reap it (bounded)."""
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=15)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            self.kill(proc)
+
+    def logs(self, lines: int = 30) -> str:
+        """The last lines of every controller's log, for a failure message."""
+        parts = []
+        for path in sorted(self.log_dir.glob("controller-*.log")):
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {path.name}\n" + "\n".join(text))
+        return "\n".join(parts)
+
+
+def wait_quiescent(kube: KubeApi, namespace: str, *, quiet_s: float, deadline_s: float,
+                   done: Any = None, procs: ControllerProcesses | None = None) -> list[dict[str, Any]]:
+    """Poll the namespace's claims until none changed for `quiet_s` seconds (and `done(claims)`,
+    when given, holds); returns them. Fails after `deadline_s` seconds, with the controllers' logs."""
+    start = time.monotonic()
+    last: tuple[Any, ...] | None = None
+    since = start
+    while True:
+        claims = kube.list_claims(namespace)
+        now = time.monotonic()
+        signature = tuple(sorted((c["metadata"]["name"], c["metadata"]["resourceVersion"]) for c in claims))
+        if signature != last:
+            last, since = signature, now
+        elif now - since >= quiet_s and (done is None or done(claims)):
+            return claims
+        if now - start > deadline_s:
+            phases = Counter((c.get("status") or {}).get("phase") for c in claims)
+            raise AssertionError(f"not quiescent after {deadline_s:.0f}s: {dict(phases)}\n"
+                                 + (procs.logs() if procs else ""))
+        time.sleep(0.5)
+
+
+def check_invariants(kube: KubeApi, namespace: str, claims: list[dict[str, Any]], gpu_names: list[str]) -> Counter[str]:
+    """What both promises mean, read from the server. Returns the claims' phases."""
+    # No card oversubscribed: the reservations on each card fit its cores and memory.
+    held_by: Counter[str] = Counter()
+    for gpu_name in gpu_names:
+        gpu = kube.get_gpu(gpu_name)
+        allocations = (gpu.get("status") or {}).get("allocations") or []
+        assert sum(a["cores"] for a in allocations) <= names.CORES_PER_CARD, (gpu_name, allocations)
+        assert sum(a["memory"] for a in allocations) <= gpu["spec"]["memory"], (gpu_name, allocations)
+        keys = [a["elasticGPU"] for a in allocations]
+        assert len(keys) == len(set(keys)), (gpu_name, keys)
+        held_by.update(keys)
+    # Every claim is Bound, or Pending with a reason.
+    phases: Counter[str] = Counter()
+    for claim in claims:
+        status = claim.get("status") or {}
+        phase = status.get("phase")
+        phases[str(phase)] += 1
+        assert phase in ("Bound", "Pending"), (claim["metadata"]["name"], status)
+        conditions = status.get("conditions") or []
+        assert conditions and conditions[0].get("reason"), (claim["metadata"]["name"], status)
+    # No two ElasticGPUs for one claim; every Bound claim's ElasticGPU exists and points back.
+    egpus = {e["metadata"]["name"]: e for e in kube.list_elastic_gpus()
+             if (e["spec"].get("claimRef") or {}).get("namespace") == namespace}
+    per_uid = Counter(e["spec"]["claimRef"].get("uid") for e in egpus.values())
+    assert max(per_uid.values(), default=1) == 1, [u for u, n in per_uid.items() if n > 1]
+    uids = {c["metadata"]["uid"] for c in claims}
+    assert set(per_uid) <= uids, "an ElasticGPU points to a claim that does not exist"
+    bound_to: Counter[str] = Counter()
+    for claim in claims:
+        if claim["status"]["phase"] != "Bound":
+            continue
+        egpu_name = claim["spec"].get("elasticGPUName")
+        bound_to[egpu_name] += 1
+        egpu = egpus.get(egpu_name)
+        assert egpu is not None, (claim["metadata"]["name"], egpu_name)
+        assert egpu["spec"]["claimRef"]["uid"] == claim["metadata"]["uid"]
+        assert egpu["spec"]["claimRef"]["name"] == claim["metadata"]["name"]
+        assert (egpu.get("status") or {}).get("phase") == "Bound", egpu.get("status")
+        assert held_by[egpu_name] >= 1, f"{egpu_name} holds no reservation"
+    assert max(bound_to.values(), default=1) == 1
+    # Every reservation belongs to an ElasticGPU of a Bound claim (no leaked capacity).
+    assert set(held_by) <= set(bound_to), sorted(set(held_by) - set(bound_to))[:5]
+    return phases
