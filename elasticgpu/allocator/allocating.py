@@ -46,6 +46,10 @@ class _Table:
     """The policy's cache for this shape: states that score alike share one entry."""
     resolve: Callable[[object, NodeSig], tuple[float, object]] | None = None
     """The policy's resolver for this shape (bound to `memo`)."""
+    slot_scores: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Score per node slot (inf where the shape cannot fit), as of `seen`."""
+    seen: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Per slot, the allocator's change count that `slot_scores` reflects (-1: never)."""
 
 
 class Allocator:
@@ -78,6 +82,7 @@ class Allocator:
         self._mem = np.full(capacity, -1, dtype=np.int64)
         self._most = np.full(capacity, -1, dtype=np.int64)  # free cores of the emptiest usable card
         self._full = np.full(capacity, -1, dtype=np.int64)  # cards nobody holds
+        self._version = np.zeros(capacity, dtype=np.int64)  # changes per slot: tables rescore what moved
         self._rank = np.zeros(capacity, dtype=np.float64)
         self._half_rank = np.zeros(capacity, dtype=np.float64)
         self._tables: dict[Shape, _Table] = {}
@@ -112,6 +117,8 @@ class Allocator:
             grown = np.full(size, -1, dtype=np.int64)
             grown[: size // 2] = getattr(self, name)
             setattr(self, name, grown)
+        self._version = np.resize(self._version, size)
+        self._version[size // 2 :] = 0
         self._rank = np.resize(self._rank, size)
         self._half_rank = np.resize(self._half_rank, size)
 
@@ -121,6 +128,7 @@ class Allocator:
             if slot is not None:
                 self._sig_of[slot] = 0
                 self._cpu[slot] = self._mem[slot] = self._most[slot] = self._full[slot] = -1
+                self._version[slot] += 1
                 self._names[slot] = None
                 del self._index[name]
                 self._masks.clear()
@@ -145,6 +153,7 @@ class Allocator:
                 if other_name is not None and other != slot:
                     self._sig_of[other] = self._intern(node_sig(self.inventory.node(other_name)))
         sig = node_sig(node)
+        self._version[slot] += 1
         self._sig_of[slot] = self._intern(sig)
         self._cpu[slot] = sig.cpu_free
         self._mem[slot] = sig.memory_free
@@ -170,32 +179,45 @@ class Allocator:
             old = table.scores
             table.scores = np.full(2 * count, np.nan)
             table.scores[: len(old)] = old
-        # Necessary conditions of any fit, whatever the policy: the pod's CPU and memory, and
-        # a card with room for a share / enough free cards for whole ones.
-        fits = self._cpu[:n] >= shape.cpu_milli
+        size = len(self._version)
+        if len(table.seen) < size:
+            grown = np.full(size, -1, dtype=np.int64)
+            grown[: len(table.seen)] = table.seen
+            table.seen = grown
+            table.slot_scores = np.resize(table.slot_scores, size)
+        # Only the slots that changed since this table was last used are scored again.
+        version = self._version[:n]
+        dirty = np.flatnonzero(table.seen[:n] != version)
+        if len(dirty):
+            # Necessary conditions of any fit, whatever the policy: the pod's CPU, and a card
+            # with room for a share / enough free cards for whole ones.
+            fits = self._cpu[dirty] >= shape.cpu_milli
+            if shape.cards == 0:
+                fits &= self._most[dirty] >= shape.cores
+            elif shape.cards > 0:
+                fits &= self._full[dirty] >= shape.cards
+            ids = self._sig_of[dirty]
+            values = table.scores
+            scores = values[ids]
+            missing = np.flatnonzero(np.isnan(scores) & fits)
+            if len(missing):
+                resolve = table.resolve
+                assert resolve is not None
+                sigs = self._sigs
+                prepared = self._prepared
+                taken = table.taken
+                new = ids[missing]
+                for sig_id in set(new.tolist()):
+                    score, token = resolve(prepared[sig_id], sigs[sig_id])  # type: ignore[arg-type]
+                    values[sig_id] = score
+                    taken[sig_id] = token
+                scores[missing] = values[new]
+            table.slot_scores[dirty] = np.where(fits, scores, _INF)
+            table.seen[dirty] = version[dirty]
+        scores = table.slot_scores[:n]
         if memory:
-            fits &= self._mem[:n] >= memory
-        if shape.cards == 0:
-            fits &= self._most[:n] >= shape.cores
-        elif shape.cards > 0:
-            fits &= self._full[:n] >= shape.cards
-        ids = self._sig_of[:n]
-        values = table.scores
-        scores = values[ids]
-        missing = np.flatnonzero(np.isnan(scores) & fits)
-        if len(missing):
-            resolve = table.resolve
-            assert resolve is not None
-            sigs = self._sigs
-            prepared = self._prepared
-            taken = table.taken
-            new = ids[missing]
-            for sig_id in set(new.tolist()):
-                score, token = resolve(prepared[sig_id], sigs[sig_id])  # type: ignore[arg-type]
-                values[sig_id] = score
-                taken[sig_id] = token
-            scores[missing] = values[new]
-        return np.where(fits, scores, _INF), table
+            scores = np.where(self._mem[:n] >= memory, scores, _INF)
+        return scores, table
 
     def _mask(self, request: PlacementRequest) -> np.ndarray | None:
         """Node slots the request's filters allow, or None when it has no filters."""
