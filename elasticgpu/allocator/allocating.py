@@ -4,13 +4,16 @@ How a decision stays cheap (the cluster is never rescanned in Python per decisio
 - every node has a signature (`NodeSig`); signatures are interned to small ints, and an
   array holds the signature id of every node slot (id 0 is "no node here");
 - per request shape there is a table: one score per signature id (NaN until needed), so all
-  nodes in one state are scored once, and a node that changes only brings a new id;
-- a signature the table has not seen is resolved through the policy's `memo_key`, which maps
-  states that score alike (for fragmentation: the same cards, and free CPU on the same side of
-  every threshold that matters) to one cached (score, cards) entry;
-- the pick is vectorised: gather the table by the slots' ids, mask by the request's node
-  filter and the pod's memory, argmin; ties go to a per-seed node rank, so a run is
-  deterministic for a given seed.
+  nodes in one state are scored once, and a node that changes only brings a new id; the
+  table also keeps a score per slot and the slot's change count it reflects, so a decision
+  rescores only the slots that changed since the shape was last used;
+- a vectorised test of what can fit at all (free CPU, roomiest card, free cards) keeps the
+  nodes that cannot host the shape from being scored;
+- a signature the table has not seen is resolved by the policy (`Policy.resolver`), which
+  may map states that score alike (for fragmentation: the same free cores per card, free
+  CPU in the same bucket) to one cached entry;
+- the pick is vectorised: the slot scores, masked by the request's node filter and the pod's
+  memory, argmin; ties go to a per-seed node rank, so a run is deterministic for a seed.
 """
 
 from __future__ import annotations

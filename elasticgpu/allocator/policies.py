@@ -5,11 +5,13 @@ be cached per (signature, shape) and shared by every node in that state. Lower i
 means the shape does not fit. Each policy also says which card(s) it would use on the node.
 
 - `fragmentation` (default): fragmentation gradient descent (Weng et al., ATC'23): the move
-  that grows the node's fragmentation against the target workload least; ties go to the node
-  with less free capacity left, which keeps empty nodes empty for the large requests.
+  that grows the node's fragmentation against the target workload least, scored in the
+  paper's whole-number steps; equal scores go to a fixed node order (first-fit among
+  near-equals), which keeps other nodes empty for the large requests.
 - `binpack`: the fullest node that fits, and on it the fullest card that fits.
 - `spread`: the emptiest node, and on it the emptiest card.
-- `bestfit`, `packing`, `random`: the paper's baselines, for the benchmark.
+- `bestfit`, `packing`, `random`: the paper's baselines, scored as its authors' simulator
+  does, for the benchmark.
 """
 
 from __future__ import annotations
