@@ -26,7 +26,6 @@ from elasticgpu.allocator import (
     Allocator,
     CardRecord,
     CardShare,
-    Health,
     Inventory,
     NodeRecord,
     Placement,
@@ -163,19 +162,7 @@ def build_inventory(found: PlanInput) -> Inventory:
         spec = gpu.spec
         if spec.node_name not in inventory:
             inventory.add_node(NodeRecord(name=spec.node_name))
-        health = Health.UNHEALTHY if gpu.status.health == "Unhealthy" else Health.HEALTHY
-        inventory.add_card(
-            CardRecord(
-                uuid=spec.uuid,
-                node=spec.node_name,
-                index=spec.index,
-                model=spec.model,
-                memory_mib=spec.memory,
-                numa=spec.numa or 0,
-                links=frozenset(spec.links),
-                health=health,
-            )
-        )
+        inventory.add_card(CardRecord.from_gpu(gpu))
     # Reservations already written into GPU status (the controller's commit point) are kept.
     held: dict[str, list[tuple[GPU, Any]]] = {}
     for gpu in found.gpus:

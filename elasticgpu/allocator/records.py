@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from elasticgpu.api.gpu import GPU
 from elasticgpu.api.quantities import format_memory
 from elasticgpu.api.resources import GpuRequest
 
@@ -71,6 +72,21 @@ class CardRecord:
     def describe(self) -> str:
         """Short human name: `node-7 card 2`."""
         return f"{self.node} card {self.index}"
+
+    @classmethod
+    def from_gpu(cls, gpu: GPU) -> CardRecord:
+        """The allocator's view of a GPU object; Unhealthy only when its agent says so."""
+        spec = gpu.spec
+        return cls(
+            uuid=spec.uuid,
+            node=spec.node_name,
+            index=spec.index,
+            model=spec.model,
+            memory_mib=spec.memory,
+            numa=spec.numa or 0,
+            links=frozenset(spec.links),
+            health=Health.UNHEALTHY if gpu.status.health == "Unhealthy" else Health.HEALTHY,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -259,3 +259,19 @@ def test_an_empty_inventory_explains_itself() -> None:
     result = Allocator().place(share(10))
     assert isinstance(result, Unplaceable)
     assert "no GPU nodes" in result.reason
+
+
+def test_card_record_from_a_gpu_object() -> None:
+    from elasticgpu.allocator import CardRecord, Health
+    from tests.factories import GPUFactory
+
+    gpu = GPUFactory(spec__links=["GPU-peer"], spec__numa=1)
+    gpu.status.health = "Unhealthy"
+    record = CardRecord.from_gpu(gpu)
+    assert (record.uuid, record.node, record.memory_mib, record.numa) == (
+        gpu.spec.uuid,
+        gpu.spec.node_name,
+        gpu.spec.memory,
+        1,
+    )
+    assert record.links == frozenset({"GPU-peer"}) and record.health is Health.UNHEALTHY
