@@ -52,4 +52,5 @@ def run_controller(
         )
     finally:
         stop.set()
+        controller.close()
         kube.close()

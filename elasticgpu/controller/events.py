@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import uuid
 from typing import Any
 
@@ -18,8 +20,38 @@ WARNING = "Warning"
 class EventRecorder:
     """Writes Events about claims (in their namespace) and cluster objects (in `events_namespace`)."""
 
-    def __init__(self, kube: KubeApi) -> None:
+    def __init__(self, kube: KubeApi, *, background: bool = False, backlog: int = 10_000) -> None:
+        """`background`: Events are written by one daemon thread, off the binding path; when
+        more than `backlog` wait (the API server is slower than binding), new ones are dropped
+        (logged): an Event is a courtesy, the claim's status is the record."""
         self._kube = kube
+        self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] | None = None
+        self._thread: threading.Thread | None = None
+        if background:
+            self._queue = queue.Queue(maxsize=backlog)
+            self._thread = threading.Thread(target=self._write_loop, name="events", daemon=True)
+            self._thread.start()
+
+    def _write_loop(self) -> None:
+        assert self._queue is not None
+        while (item := self._queue.get()) is not None:
+            try:
+                self._kube.create_event(*item)
+            finally:
+                self._queue.task_done()
+
+    def idle(self) -> bool:
+        """True when no Event waits to be written."""
+        return self._queue is None or self._queue.unfinished_tasks == 0
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the background writer after the Events already queued."""
+        if self._queue is not None and self._thread is not None:
+            try:
+                self._queue.put(None, timeout=timeout_s)
+            except queue.Full:
+                return
+            self._thread.join(timeout_s)
 
     def record(self, obj: dict[str, Any], *, type_: str, reason: str, message: str) -> None:
         """Write one Event about `obj` and log the decision once (object, reason, message)."""
@@ -53,4 +85,10 @@ class EventRecorder:
             "lastTimestamp": now,
             "count": 1,
         }
-        self._kube.create_event(namespace, body)
+        if self._queue is None:
+            self._kube.create_event(namespace, body)
+            return
+        try:
+            self._queue.put_nowait((namespace, body))
+        except queue.Full:
+            logger.debug("event dropped: backlog full", extra={"reason": reason})

@@ -54,7 +54,8 @@ def build_registry(controller: Controller, kube: KubeApi, stop: threading.Event)
 
     for kind, group, version, plural in WATCHED:
 
-        def handler(event: dict[str, Any], _kind: str = kind, **_: Any) -> None:
+        # async: kopf runs it on its event loop; a sync handler would cost a thread hop per event.
+        async def handler(event: dict[str, Any], _kind: str = kind, **_: Any) -> None:
             body = event.get("object")
             if isinstance(body, dict):
                 controller.observe(_kind, event.get("type"), body)

@@ -20,6 +20,8 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -116,7 +118,16 @@ class Controller:
         self.settings = settings or ControllerSettings()
         self.namespace = namespace
         self.ledger = Ledger()
-        self.events = EventRecorder(kube)
+        workers = self.settings.binding.workers
+        # With workers, Events leave the hot path too (a background writer); workers=0 keeps
+        # every write inline on the binder thread (the simplest behaviour, and the benchmark's "before").
+        self.events = EventRecorder(kube, background=workers > 0)
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="bind") if workers > 0 else None
+        # The batch's GPU writes get their own threads: they must not wait behind finishing binds.
+        self._commit_pool = ThreadPoolExecutor(workers, thread_name_prefix="commit") if workers > 0 else None
+        self._in_flight: set[Key] = set()
+        """Keys whose steps after the commit point run on a worker: their syncs wait (`_dirty`)."""
+        self._dirty: set[Key] = set()
         self.queue = WorkQueue()
         self._lock = threading.RLock()
         self._claims: dict[ClaimKey, ElasticGPUClaim] = {}
@@ -124,6 +135,10 @@ class Controller:
         self._egpus: dict[str, ElasticGPU] = {}
         self._egpu_bodies: dict[str, Body] = {}
         self._by_claim_uid: dict[str, str] = {}
+        self._claims_naming: dict[str, set[ClaimKey]] = {}
+        """Claims by the ElasticGPU their spec names; and ElasticGPUs by the GPUs their spec names:
+        watch events of one object must not cost a scan of all of them."""
+        self._egpus_on: dict[str, set[str]] = {}
         """ElasticGPU name by the uid in its claimRef, kept in step by `_put_egpu` / `_drop_egpu`."""
         self._classes: dict[str, ElasticGPUClass] = {}
         self._pod_claims: dict[ClaimKey, set[str]] = {}
@@ -152,11 +167,13 @@ class Controller:
             self._egpus.clear()
             self._egpu_bodies.clear()
             self._by_claim_uid.clear()
+            self._egpus_on.clear()
             for body in egpus:
                 self._put_egpu(body)
             self._classes = {c["metadata"]["name"]: ElasticGPUClass.model_validate(c) for c in classes}
             self._claims.clear()
             self._claim_bodies.clear()
+            self._claims_naming.clear()
             for body in claims:
                 self._put_claim(body)
             self._pod_claims.clear()
@@ -185,8 +202,10 @@ class Controller:
             if kind == "claim":
                 key = (meta.get("namespace", ""), name)
                 if deleted:
-                    self._claims.pop(key, None)
+                    old_claim = self._claims.pop(key, None)
                     self._claim_bodies.pop(key, None)
+                    if old_claim is not None and old_claim.spec.elastic_gpu_name:
+                        self._claims_naming.get(old_claim.spec.elastic_gpu_name, set()).discard(key)
                     egpu = self._egpu_for_claim_uid(meta.get("uid", ""))
                     if egpu:
                         self.queue.add(("egpu", egpu))
@@ -227,7 +246,15 @@ class Controller:
         if not _newer(body, self._claim_bodies.get(key)):
             return
         self._claim_bodies[key] = body
-        self._claims[key] = ElasticGPUClaim.model_validate(body)
+        old = self._claims.get(key)
+        model = ElasticGPUClaim.model_validate(body)
+        self._claims[key] = model
+        before = old.spec.elastic_gpu_name if old is not None else None
+        if before != model.spec.elastic_gpu_name:
+            if before:
+                self._claims_naming.get(before, set()).discard(key)
+            if model.spec.elastic_gpu_name:
+                self._claims_naming.setdefault(model.spec.elastic_gpu_name, set()).add(key)
 
     def _put_egpu(self, body: Body) -> None:
         name = body["metadata"]["name"]
@@ -238,6 +265,7 @@ class Controller:
         model = ElasticGPU.model_validate(body)
         self._egpus[name] = model
         self._index_uid(name, old, model)
+        self._index_cards(name, old, model)
         if model.status.phase == "Available" and (old is None or old.status.phase != "Available"):
             self._queue_pending_claims()
 
@@ -245,6 +273,23 @@ class Controller:
         old = self._egpus.pop(name, None)
         self._egpu_bodies.pop(name, None)
         self._index_uid(name, old, None)
+        self._index_cards(name, old, None)
+
+    @staticmethod
+    def _cards_of(egpu: ElasticGPU | None) -> set[str]:
+        if egpu is None:
+            return set()
+        cards = set(egpu.spec.physical_gpu.gpu_names) if egpu.spec.physical_gpu is not None else set()
+        if egpu.spec.gpu_share is not None:
+            cards.add(egpu.spec.gpu_share.gpu_name)
+        return cards
+
+    def _index_cards(self, name: str, old: ElasticGPU | None, new: ElasticGPU | None) -> None:
+        before, after = self._cards_of(old), self._cards_of(new)
+        for gpu_name in before - after:
+            self._egpus_on.get(gpu_name, set()).discard(name)
+        for gpu_name in after - before:
+            self._egpus_on.setdefault(gpu_name, set()).add(name)
 
     def _index_uid(self, name: str, old: ElasticGPU | None, new: ElasticGPU | None) -> None:
         old_uid = old.spec.claim_ref.uid if old is not None and old.spec.claim_ref is not None else None
@@ -279,14 +324,7 @@ class Controller:
         return -sum(a.cores + a.memory for a in model.status.allocations)
 
     def _egpus_on_gpu(self, gpu_name: str) -> list[str]:
-        found: set[str] = set()
-        for name, egpu in self._egpus.items():
-            spec = egpu.spec
-            if (spec.gpu_share is not None and spec.gpu_share.gpu_name == gpu_name) or (
-                spec.physical_gpu is not None and gpu_name in spec.physical_gpu.gpu_names
-            ):
-                found.add(name)
-        return sorted(found)
+        return sorted(self._egpus_on.get(gpu_name, ()))
 
     def _egpu_for_claim_uid(self, uid: str) -> str | None:
         if not uid:
@@ -300,9 +338,8 @@ class Controller:
         ref = (body.get("spec") or {}).get("claimRef") or {}
         if ref.get("name"):
             self.queue.add(("claim", ref.get("namespace", ""), ref["name"]))
-        for (ns, claim_name), claim in self._claims.items():
-            if claim.spec.elastic_gpu_name == name:
-                self.queue.add(("claim", ns, claim_name))
+        for ns, claim_name in sorted(self._claims_naming.get(name, ())):
+            self.queue.add(("claim", ns, claim_name))
 
     def _capacity_freed(self) -> None:
         """Capacity grew somewhere: queue the claims that wait for capacity."""
@@ -320,7 +357,97 @@ class Controller:
         while not stop.is_set():
             key = self.queue.get(timeout_s=0.2)
             if key is not None:
+                self.sync_many(self._take_more(key))
+
+    def _take_more(self, first: Key) -> list[Key]:
+        """`first` and whatever else is queued now, up to the batch size."""
+        keys = [first]
+        if self._pool is None:
+            return keys
+        while len(keys) < self.settings.binding.batch_size and (key := self.queue.get(timeout_s=0.0)) is not None:
+            keys.append(key)
+        return keys
+
+    def sync_many(self, keys: list[Key]) -> None:
+        """Sync several keys. With workers, the claims that provision a slice of one card are
+        planned together and their reservations committed with one GPU status write per card
+        (`_commit_batch`); every other key is an ordinary `sync`, in order."""
+        if self._pool is None or len(keys) == 1:
+            for key in keys:
                 self.sync(key)
+            return
+        batch: dict[str, list[tuple[ElasticGPUClaim, binder.Provision, str, Placement]]] = {}
+        seen: set[Key] = set()
+        for key in keys:
+            if key in seen:
+                continue
+            seen.add(key)
+            planned = self._plan_in_batch(key) if key[0] == "claim" else None
+            if planned is None:
+                self.sync(key)
+                continue
+            gpu_name = self.ledger.name_of_uuid(planned[3].cards[0].uuid)
+            batch.setdefault(gpu_name, []).append(planned)
+        if batch:
+            self._commit_batch(batch)
+
+    def _plan_in_batch(self, key: Key) -> tuple[ElasticGPUClaim, binder.Provision, str, Placement] | None:
+        """For a claim that provisions a slice of one card and holds nothing yet: its placement,
+        tentatively reserved in the picture so the next claim of the batch sees it. None (and
+        nothing changed) for anything else: the caller syncs it the ordinary way."""
+        with self._lock:
+            if key in self._in_flight:
+                return None
+            claim = self._claims.get((key[1], key[2]))
+            if claim is None:
+                return None
+            decision = binder.decide_claim(claim, self.picture())
+            if not isinstance(decision, binder.Provision) or decision.request.cards > 1:
+                return None
+            egpu_name = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
+            if self.ledger.held(egpu_name) is not None:
+                return None
+            request = PlacementRequest(gpu=decision.request, models=decision.parameters.gpu_model,
+                                       node_selector=decision.parameters.node_selector)
+            result = self.ledger.place(request, policy=decision.parameters.policy)
+            if not isinstance(result, Placement) or len(result.cards) != 1:
+                return None
+            self.ledger.inventory.reserve(egpu_name, result)
+        return claim, decision, egpu_name, result
+
+    def _commit_batch(self, batch: dict[str, list[tuple[ElasticGPUClaim, binder.Provision, str, Placement]]]) -> None:
+        """One GPU status write per card with all of its new reservations (the commit point of
+        each), the cards in parallel. A card that conflicts commits none of its claims: their
+        tentative reservations are dropped, the card re-read, and the claims requeued."""
+        assert self._commit_pool is not None
+
+        def put(gpu_name: str) -> tuple[str, Body | errors.ControllerError]:
+            with self._lock:
+                allocations = [allocation_for(egpu_name, placement.cards[0], claim_ref_of(claim))
+                               for claim, _decision, egpu_name, placement in batch[gpu_name]]
+                body = self.ledger.with_allocations(gpu_name, allocations)
+            try:
+                return gpu_name, self.kube.replace_gpu_status(body)
+            except errors.ControllerError as err:
+                return gpu_name, err
+
+        for gpu_name, answer in self._commit_pool.map(put, list(batch)):
+            planned = batch[gpu_name]
+            if isinstance(answer, errors.ControllerError):
+                logger.debug("batched reservation on %s not committed, re-planning: %s", gpu_name, answer)
+                with self._lock:
+                    for _claim, _decision, egpu_name, _placement in planned:
+                        self.ledger.inventory.release(egpu_name)
+                if isinstance(answer, errors.Conflict | errors.Rejected):
+                    self._refresh_gpu(gpu_name)
+                for claim, _decision, _egpu_name, _placement in planned:
+                    self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
+                                   delay_s=self.settings.binding.conflict_backoff_s * random.random())
+                continue
+            with self._lock:
+                self.ledger.observe_gpu(answer)
+            for claim, decision, egpu_name, placement in planned:
+                self._hand_off(claim, decision, egpu_name, placement)
 
     def drain(self, *, max_items: int = 100_000) -> int:
         """Process queued keys until none is left (delayed ones included once due); returns how many."""
@@ -328,13 +455,23 @@ class Controller:
         while done < max_items:
             key = self.queue.get(timeout_s=0.0)
             if key is None:
-                return done
-            self.sync(key)
-            done += 1
+                with self._lock:
+                    busy = bool(self._in_flight)
+                if not busy and self.events.idle():
+                    return done
+                time.sleep(0.005)  # a worker is finishing a bind (each of its calls has a timeout)
+                continue
+            keys = self._take_more(key)
+            self.sync_many(keys)
+            done += len(keys)
         return done
 
     def sync(self, key: Key) -> None:
         """Sync one object; on any API failure requeue it with a delay (nothing half-written is assumed)."""
+        with self._lock:
+            if key in self._in_flight:
+                self._dirty.add(key)  # synced again when its worker is done
+                return
         try:
             if key[0] == "claim":
                 self.sync_claim(key[1], key[2])
@@ -510,7 +647,49 @@ class Controller:
         placement = self._reserve_for_claim(claim, key, decision)
         if placement is None:
             return
+        self._hand_off(claim, decision, key, placement)
+
+    def _hand_off(self, claim: ElasticGPUClaim, decision: binder.Provision, key: str, placement: Placement) -> None:
+        """After the commit point: the rest of the bind, inline or on a worker."""
         body = build_elastic_gpu(claim, decision, placement, self.ledger)
+        if self._pool is None:
+            self._finish_provision(claim, placement, key, body)
+            return
+        # After the commit point the rest is idempotent writes to objects of this claim only: a
+        # worker does them while the binder thread decides the next claim. Until it is done,
+        # syncs of the claim and its ElasticGPU wait (they would only repeat its writes).
+        claim_key: Key = ("claim", claim.metadata.namespace or "", claim.metadata.name or "")
+        keys = (claim_key, ("egpu", key))
+        with self._lock:
+            self._in_flight.update(keys)
+        self._pool.submit(self._in_worker, keys, lambda: self._finish_provision(claim, placement, key, body))
+
+    def _in_worker(self, keys: tuple[Key, ...], work: Callable[[], None]) -> None:
+        try:
+            work()
+        except errors.ControllerError as err:
+            logger.warning("bind of %s failed, retrying: %s", "/".join(keys[0]), err)
+            self.queue.add(keys[0], delay_s=self.settings.binding.requeue_delay_s * (0.5 + random.random()))
+        except Exception:  # a bug must not kill the worker; the claim's next sync retries
+            logger.exception("bind of %s failed", "/".join(keys[0]))
+            self.queue.add(keys[0], delay_s=self.settings.binding.requeue_delay_s)
+        finally:
+            with self._lock:
+                self._in_flight.difference_update(keys)
+                again = [k for k in keys if k in self._dirty]
+                self._dirty.difference_update(again)
+            for key in again:
+                self.queue.add(key)
+
+    def close(self) -> None:
+        """Wait for the workers and the Event writer (bounded by their calls' timeouts)."""
+        for pool in (self._commit_pool, self._pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self.events.close()
+
+    def _finish_provision(self, claim: ElasticGPUClaim, placement: Placement, key: str, body: Body) -> None:
+        """Steps 2 and 3 of a dynamic bind, after the commit point."""
         try:
             created = self.kube.create_elastic_gpu(body)
         except errors.AlreadyExists:
@@ -529,8 +708,11 @@ class Controller:
         with self._lock:
             self._put_egpu(created)
         egpu = ElasticGPU.model_validate(created)
+        # One Event for the provisioning (on the claim, where the user looks), none for the
+        # ElasticGPU's first phase: Events cost the API server as much as the bind's own writes.
         egpu = self._set_egpu_status(egpu, placement, "Bound", binder.REASON_BOUND,
-                                     f"provisioned for claim {claim.metadata.namespace}/{claim.metadata.name}")
+                                     f"provisioned for claim {claim.metadata.namespace}/{claim.metadata.name}",
+                                     event=False)
         self.events.record(self._claim_body(claim), type_=NORMAL, reason="Provisioned",
                            message=f"provisioned ElasticGPU {key}: {placement.describe()}")
         self._bind_claim(claim, egpu)
@@ -662,7 +844,7 @@ class Controller:
     # -- ElasticGPUs ---------------------------------------------------------------------------
 
     def _set_egpu_status(self, egpu: ElasticGPU, placement: Placement | None, phase: str, reason: str,
-                         message: str) -> ElasticGPU:
+                         message: str, *, event: bool = True) -> ElasticGPU:
         status: Body = {"phase": phase, "reason": reason, "message": message}
         if placement is not None:
             status["capacity"] = capacity_of(placement)
@@ -672,7 +854,7 @@ class Controller:
         answer = self.kube.patch_elastic_gpu_status(name, {"status": status})
         with self._lock:
             self._put_egpu(answer)
-        if egpu.status.phase != phase:
+        if event and egpu.status.phase != phase:
             kind = WARNING if phase == "Failed" else NORMAL
             self.events.record(answer, type_=kind, reason=reason, message=message)
         return ElasticGPU.model_validate(answer)

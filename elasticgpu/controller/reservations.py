@@ -227,6 +227,13 @@ class Ledger:
         allocations.append(allocation.to_dict())
         return self._status_body(body, allocations)
 
+    def with_allocations(self, gpu_name: str, allocations: list[GPUAllocation]) -> Body:
+        """The GPU body with several allocations added or replaced (one write for a batch)."""
+        keys = {a.elastic_gpu for a in allocations}
+        body = self._gpus[gpu_name]
+        kept = [a for a in _allocations(body) if a.get("elasticGPU") not in keys]
+        return self._status_body(body, kept + [a.to_dict() for a in allocations])
+
     def without_allocation(self, gpu_name: str, key: str) -> Body | None:
         """The GPU body with `key`'s allocation removed, or None when it holds none."""
         body = self._gpus[gpu_name]

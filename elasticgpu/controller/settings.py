@@ -41,7 +41,8 @@ class BindingSettings:
     keeps two controllers from colliding again on the next attempt."""
     workers: int = 4
     """Threads that carry out the steps after the commit point (create the ElasticGPU, bind the
-    claim). Decisions and reservations stay on one thread, so the picture never races itself."""
+    claim) and, when above 0, a background Event writer. Decisions and reservations stay on one
+    thread, so the picture never races itself. 0: every write inline on the binder thread."""
     batch_size: int = 256
     """Most claims decided in one pass of the binder before their API writes are flushed."""
 
