@@ -10,10 +10,21 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
-from elasticgpu.controller.settings import ApiSettings, BindingSettings, ControllerSettings, ResyncSettings
+from elasticgpu.controller.settings import (
+    ApiSettings,
+    BindingSettings,
+    ControllerSettings,
+    ResyncSettings,
+    WatchSettings,
+)
 
-__all__ = ["ApiSettings", "BindingSettings", "ControllerSettings", "ResyncSettings", "run_controller"]
+if TYPE_CHECKING:
+    from elasticgpu.controller.kube import KubeApi
+    from elasticgpu.controller.reconciling import Controller
+
+__all__ = ["ApiSettings", "BindingSettings", "ControllerSettings", "ResyncSettings", "WatchSettings", "run_controller"]
 
 
 def run_controller(
@@ -28,7 +39,8 @@ def run_controller(
 
     `kubeconfig` None means in-cluster config, then $KUBECONFIG / ~/.kube/config. `namespace`
     restricts the claims (and pods) watched to one namespace; None watches all namespaces.
-    `settings` default to `ControllerSettings.from_env()`.
+    `settings` default to `ControllerSettings.from_env()`; `settings.watch.engine` picks the
+    watches: the controller's own client (default, `watching.py`) or kopf (`operator.py`).
     """
     import kopf
 
@@ -40,6 +52,14 @@ def run_controller(
     kube = KubeApi.from_kubeconfig(kubeconfig, context=context, settings=settings.api)
     controller = Controller(kube, settings, namespace=namespace)
     stop = stop or threading.Event()
+    if settings.watch.engine == "client":
+        try:
+            _run_with_client_watches(controller, kube, namespace=namespace, stop=stop)
+        finally:
+            stop.set()
+            controller.close()
+            kube.close()
+        return
     registry = build_registry(controller, kube, stop)
     logging.getLogger("kopf").setLevel(logging.WARNING)
     try:
@@ -54,3 +74,34 @@ def run_controller(
         stop.set()
         controller.close()
         kube.close()
+
+
+def _run_with_client_watches(controller: Controller, kube: KubeApi, *, namespace: str | None,
+                             stop: threading.Event) -> None:
+    """Rebuild the picture (retrying until the API server answers), then watch, bind and resync
+    until `stop` is set; SIGTERM and SIGINT set it when this is the main thread."""
+    import signal
+
+    from elasticgpu.controller import errors, watching
+    from elasticgpu.controller.operator import resync_loop
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    backoff = 0.5
+    while not stop.is_set():
+        try:
+            controller.rebuild()
+            break
+        except errors.ApiError as err:
+            logging.getLogger(__name__).warning("cannot list the cluster yet, retrying in %.1fs: %s", backoff, err)
+            stop.wait(backoff)
+            backoff = min(backoff * 2, 30.0)
+    if stop.is_set():
+        return
+    watching.start_watches(controller, kube, stop, timeout_s=controller.settings.watch.timeout_s,
+                           namespace=namespace)
+    threading.Thread(target=controller.run_worker, args=(stop,), name="binder", daemon=True).start()
+    threading.Thread(target=resync_loop, args=(controller, stop), name="resync", daemon=True).start()
+    logging.getLogger(__name__).info("controller ready: %d GPUs, picture rebuilt", len(controller.ledger.gpu_names()))
+    stop.wait()

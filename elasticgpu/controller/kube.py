@@ -272,6 +272,22 @@ class KubeApi:
         """Delete an ElasticGPUClass (tests)."""
         self._call("DELETE", self._cluster(names.PLURAL_CLASS, name))
 
+    # -- watching ------------------------------------------------------------------------------
+
+    def collection_path(self, kind: str, namespace: str | None = None) -> str:
+        """REST path of the collection the controller watches for `kind` (claim, egpu, gpu,
+        class, pod); `namespace` limits claims and pods to one namespace."""
+        if kind == "claim":
+            return self._claims(namespace)
+        if kind == "pod":
+            return f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        plural = {"egpu": names.PLURAL_ELASTIC_GPU, "gpu": names.PLURAL_GPU, "class": names.PLURAL_CLASS}[kind]
+        return self._cluster(plural)
+
+    def list_collection(self, path: str) -> tuple[list[Body], str]:
+        """Every object of a collection and the resourceVersion to watch it from."""
+        return self._list(path)
+
     # -- core kinds ----------------------------------------------------------------------------
 
     def list_pods(self, namespace: str | None = None) -> list[Body]:

@@ -1,4 +1,8 @@
-"""kopf wiring: watches feed the controller's picture; one worker thread decides and writes.
+"""kopf wiring (watch engine "kopf"): watches feed the controller's picture; one worker thread decides.
+
+The default engine is the controller's own list+watch (`watching.py`), which costs a third of
+the CPU per event; this one is kept for clusters where kopf's login and reconnect handling are
+wanted, and as the benchmark's baseline.
 
 kopf is used for what it is good at here: watching (with re-listing, backoff and login) and the
 process's lifecycle. Its per-object handler machinery (progress annotations, retries, patches)
@@ -70,7 +74,7 @@ def build_registry(controller: Controller, kube: KubeApi, stop: threading.Event)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, controller.rebuild)
         threading.Thread(target=controller.run_worker, args=(stop,), name="binder", daemon=True).start()
-        threading.Thread(target=_resync_loop, args=(controller, stop), name="resync", daemon=True).start()
+        threading.Thread(target=resync_loop, args=(controller, stop), name="resync", daemon=True).start()
         logger.info("controller ready: %d GPUs, picture rebuilt", len(controller.ledger.gpu_names()))
 
     @kopf.on.cleanup(registry=registry)
@@ -80,7 +84,8 @@ def build_registry(controller: Controller, kube: KubeApi, stop: threading.Event)
     return registry
 
 
-def _resync_loop(controller: Controller, stop: threading.Event) -> None:
+def resync_loop(controller: Controller, stop: threading.Event) -> None:
+    """Resync every `settings.resync.interval_s` until `stop` is set (both watch engines use it)."""
     interval = controller.settings.resync.interval_s
     while not stop.wait(interval):
         try:

@@ -48,6 +48,17 @@ class BindingSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WatchSettings:
+    """How the controller learns of changes."""
+
+    engine: str = "client"
+    """"client": list+watch with the controller's own HTTP client (`watching.py`), cheap per
+    event; "kopf": kopf's watches and lifecycle (`operator.py`), about 3x the CPU per event."""
+    timeout_s: int = 60
+    """Seconds a watch request stays open before the server ends it and it is reopened."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ResyncSettings:
     """The periodic, level-based repair."""
 
@@ -65,15 +76,19 @@ class ControllerSettings:
     api: ApiSettings = field(default_factory=ApiSettings)
     binding: BindingSettings = field(default_factory=BindingSettings)
     resync: ResyncSettings = field(default_factory=ResyncSettings)
+    watch: WatchSettings = field(default_factory=WatchSettings)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ControllerSettings:
-        """Settings with `ELASTICGPU_RESYNC_INTERVAL_S`, `ELASTICGPU_ORPHAN_GRACE_S` and
-        `ELASTICGPU_BINDING_WORKERS` read from the environment where set."""
+        """Settings with `ELASTICGPU_RESYNC_INTERVAL_S`, `ELASTICGPU_ORPHAN_GRACE_S`,
+        `ELASTICGPU_BINDING_WORKERS` and `ELASTICGPU_WATCH` read from the environment where set."""
         env = os.environ if environ is None else environ
         resync = ResyncSettings(
             interval_s=float(env.get("ELASTICGPU_RESYNC_INTERVAL_S", ResyncSettings.interval_s)),
             orphan_grace_s=float(env.get("ELASTICGPU_ORPHAN_GRACE_S", ResyncSettings.orphan_grace_s)),
         )
         binding = BindingSettings(workers=int(env.get("ELASTICGPU_BINDING_WORKERS", BindingSettings.workers)))
-        return cls(binding=binding, resync=resync)
+        watch = WatchSettings(engine=env.get("ELASTICGPU_WATCH", WatchSettings.engine))
+        if watch.engine not in ("client", "kopf"):
+            raise ValueError(f"ELASTICGPU_WATCH={watch.engine!r}: use client or kopf")
+        return cls(binding=binding, resync=resync, watch=watch)

@@ -1,6 +1,6 @@
 """Controller processes for the race and crash tests, and the invariants both check.
 
-Every controller here is a real `python -m elasticgpu controller` process (kopf watches, the
+Every controller here is a real `python -m elasticgpu controller` process (watches, the
 binder thread, the resync loop), started in its own session so that `kill -9` hits it alone, and
 killed by `ControllerProcesses.close` whatever happens in the test. Every wait has a deadline.
 """

@@ -1,4 +1,5 @@
-"""The kopf operator end to end: `run_controller` binds a claim created while it runs, then stops."""
+"""The controller end to end, with either watch engine: `run_controller` binds a claim created
+while it runs, then stops."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from elasticgpu.api import names
-from elasticgpu.controller import ControllerSettings, run_controller
+from elasticgpu.controller import ControllerSettings, WatchSettings, run_controller
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster
 
@@ -22,7 +25,8 @@ def _wait_for(check: Any, timeout_s: float = 30.0) -> Any:
     raise AssertionError("timed out")
 
 
-def test_operator_binds_and_stops(cluster: Cluster, kube_cluster: Any) -> None:
+@pytest.mark.parametrize("engine", ["client", "kopf"])
+def test_operator_binds_and_stops(cluster: Cluster, kube_cluster: Any, engine: str) -> None:
     model = f"T{cluster.prefix}"
     cluster.gpu(o.gpu(f"gpu-{cluster.prefix}-0", node=f"{cluster.prefix}-node", model=model))
     class_name = f"{cluster.prefix}-class"
@@ -31,7 +35,7 @@ def test_operator_binds_and_stops(cluster: Cluster, kube_cluster: Any) -> None:
     thread = threading.Thread(
         target=run_controller,
         kwargs={"kubeconfig": str(kube_cluster.kubeconfig), "namespace": cluster.namespace,
-                "settings": ControllerSettings(), "stop": stop},
+                "settings": ControllerSettings(watch=WatchSettings(engine=engine)), "stop": stop},
         daemon=True,
     )
     thread.start()
