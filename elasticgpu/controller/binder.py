@@ -9,13 +9,22 @@ A claim is Bound only when both pointers agree and `claim.status.phase` says so.
 Binding always writes in this order, and every write is idempotent:
 
     1. reserve   GPU.status.allocations += {elasticGPU: <name>, claimRef, cores, memory}
-                 (PUT with the GPU's resourceVersion: the commit point; a 409 means re-read,
-                 re-plan). Dynamic ElasticGPUs are named `egpu-<claim-uid>`, so a retry finds
-                 its own reservation instead of making a second one.
+                 (PUT with the GPU's resourceVersion: the commit point; a 409 means re-read
+                 that GPU, back off a few jittered ms, re-plan). Dynamic ElasticGPUs are named
+                 `egpu-<claim-uid>`, so a retry finds its own reservation instead of making a
+                 second one. Claims that provision a slice of one card are planned in a batch
+                 and each card gets one PUT with all of its new reservations: a 409 commits
+                 none of that card's claims, which are re-planned. A static ElasticGPU was
+                 reserved while Available (no claim); binding it rewrites its allocations with
+                 the claim's claimRef (uid included).
     2. egpu      dynamic: create `egpu-<claim-uid>` with claimRef (pre-bound), then status Bound;
                  static: set claimRef (with the ElasticGPU's resourceVersion), then status Bound.
     3. claim     set spec.elasticGPUName and the protection finalizer, then status Bound with
                  capacity, nodeName, gpus and the Bound condition; one Event.
+
+Steps 2 and 3 run on a worker pool (`BindingSettings.workers`) while the binder thread plans the
+next claims; until a worker is done, syncs of that claim and its ElasticGPU wait. Events are
+written by a background thread (dropped, never blocking, when the server lags).
 
 # Crash cases (what the next sync finds, and does)
 
@@ -43,6 +52,14 @@ Two controllers may decide the same claim at once. The reservation's resourceVer
 precondition (and the GPU CRD's CEL rules) make oversubscription impossible; names derived from
 uids make duplicate ElasticGPUs impossible; a static bind is a PATCH with the ElasticGPU's
 resourceVersion, so one claim wins and the other re-plans.
+
+- Both reserved the same `egpu-<uid>` on different cards: the create decides; the loser's
+  reservation is on a card the ElasticGPU's spec does not name and is freed (by the loser's
+  AlreadyExists path, or by whichever controller syncs the ElasticGPU first), never taken as a
+  reason to fail the ElasticGPU.
+- Every claim write carries the claim's resourceVersion; a 409 re-reads the claim before the
+  (jittered) retry, so a claim the other controller bound meanwhile is seen Bound and left
+  alone (`InSync`) instead of being retried against a stale picture forever.
 """
 
 from __future__ import annotations

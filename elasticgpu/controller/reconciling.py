@@ -5,8 +5,10 @@ the `Ledger`), a work queue of object keys, and one method per kind that asks th
 (`binder`, `release`, `resync`) for the next step and carries it out through `KubeApi`.
 Every write's answer goes back into the picture at once, so the next decision sees it.
 
-Decisions run on one thread (`run_worker`): the picture never races itself, and two controller
-processes are kept apart by the server (resourceVersion preconditions, uid-derived names).
+Decisions and reservations run on one thread (`run_worker`, in batches: `sync_many`), so the
+picture never races itself; the writes after the commit point run on a worker pool, and the
+keys they touch wait until they are done (`_in_flight`). Two controller processes are kept
+apart by the server (resourceVersion preconditions, uid-derived names).
 Every failure path leaves the objects as they were after the last successful write: nothing
 half-written is assumed, and the key is requeued so the next sync retries from what it finds.
 """
