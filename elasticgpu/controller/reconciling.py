@@ -584,8 +584,9 @@ class Controller:
                                         f"bound to claim {claim.metadata.namespace}/{claim.metadata.name}")
         self._bind_claim(claim, egpu)
 
-    def _bind_claim(self, claim: ElasticGPUClaim, egpu: ElasticGPU) -> None:
-        """Step 3: the claim names the ElasticGPU, keeps the finalizer, and says Bound."""
+    def _bind_claim(self, claim: ElasticGPUClaim, egpu: ElasticGPU, *, provisioned: bool = False) -> None:
+        """Step 3: the claim names the ElasticGPU, keeps the finalizer, and says Bound (its Event
+        says "provisioned" too when the ElasticGPU was just made for it)."""
         namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
         egpu_name = egpu.metadata.name or ""
         finalizers = list(claim.metadata.finalizers)
@@ -617,7 +618,8 @@ class Controller:
         }
         self._write_claim_status(claim, status)
         self.events.record(self._claim_bodies.get((namespace, name), claim.to_dict()), type_=NORMAL,
-                           reason=binder.REASON_BOUND, message=message)
+                           reason=binder.REASON_BOUND,
+                           message=f"provisioned ElasticGPU {egpu_name} and {message}" if provisioned else message)
 
     def _bind_existing(self, claim: ElasticGPUClaim, egpu_name: str) -> None:
         """Static bind, step 2: point the ElasticGPU at the claim (with its resourceVersion)."""
@@ -710,14 +712,12 @@ class Controller:
         with self._lock:
             self._put_egpu(created)
         egpu = ElasticGPU.model_validate(created)
-        # One Event for the provisioning (on the claim, where the user looks), none for the
-        # ElasticGPU's first phase: Events cost the API server as much as the bind's own writes.
+        # One Event for the whole provisioning (the claim's Bound, where the user looks), none for
+        # the ElasticGPU's first phase: Events cost the API server as much as the bind's writes.
         egpu = self._set_egpu_status(egpu, placement, "Bound", binder.REASON_BOUND,
                                      f"provisioned for claim {claim.metadata.namespace}/{claim.metadata.name}",
                                      event=False)
-        self.events.record(self._claim_body(claim), type_=NORMAL, reason="Provisioned",
-                           message=f"provisioned ElasticGPU {key}: {placement.describe()}")
-        self._bind_claim(claim, egpu)
+        self._bind_claim(claim, egpu, provisioned=True)
 
     def _reserve_for_claim(self, claim: ElasticGPUClaim, key: str, decision: binder.Provision) -> Placement | None:
         """Step 1: plan and commit the reservation; None when the claim must wait (status written)."""
