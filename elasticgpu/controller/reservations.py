@@ -149,18 +149,7 @@ class Ledger:
             node = model.spec.node_name
             if node not in self.inventory:
                 self.inventory.add_node(NodeRecord(name=node, labels=self._node_labels.get(node, {})))
-            self.inventory.add_card(
-                CardRecord(
-                    uuid=model.spec.uuid,
-                    node=node,
-                    index=model.spec.index,
-                    model=model.spec.model,
-                    memory_mib=model.spec.memory,
-                    numa=model.spec.numa or 0,
-                    links=frozenset(model.spec.links),
-                    health=_health(model),
-                )
-            )
+            self.inventory.add_card(CardRecord.from_gpu(model))
         touched = set(self._keys_on.get(name, set())) | {a.elastic_gpu for a in model.status.allocations}
         self._keys_on[name] = {a.elastic_gpu for a in model.status.allocations}
         self._resync_keys(touched)
