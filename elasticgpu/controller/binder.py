@@ -178,6 +178,10 @@ class Picture:
     card_memory: Callable[[str], int | None]
     by_claim_uid: Mapping[str, str]
     """ElasticGPU name by the uid in its claimRef."""
+    unclaimed_available: Mapping[str, ElasticGPU] | None = None
+    """The Available ElasticGPUs with no claimRef: the only candidates of a static bind. None:
+    scan `elastic_gpus` (every decision does its own filtering either way; the index only
+    keeps an unnamed claim's decision from costing a pass over every bound ElasticGPU)."""
 
     def default_class(self) -> ElasticGPUClass | None:
         """The class annotated default; the newest one when several are (as kube-apiserver does)."""
@@ -418,7 +422,8 @@ def _decide_unnamed(claim: ElasticGPUClaim, picture: Picture) -> ClaimDecision:
 def _best_static(claim: ElasticGPUClaim, request: GpuRequest, class_name: str | None, picture: Picture) -> str | None:
     """The smallest Available, unbound ElasticGPU of the claim's class that matches and fits."""
     best: tuple[tuple[int, int, int, str], str] | None = None
-    for name, egpu in picture.elastic_gpus.items():
+    candidates = picture.elastic_gpus if picture.unclaimed_available is None else picture.unclaimed_available
+    for name, egpu in candidates.items():
         if egpu.status.phase != "Available" or egpu.metadata.deletion_timestamp:
             continue
         if egpu.spec.claim_ref is not None and egpu.spec.claim_ref.name:

@@ -1,25 +1,30 @@
 """The only module of the controller that talks to the Kubernetes API.
 
-It speaks plain JSON dicts (the wire form of `elasticgpu.api` models) over the kubernetes
-client's configured HTTP pool, which keeps the client's kubeconfig, TLS and token handling but
-skips its generated per-call validation and model deserialisation (most of the cost of a
-call). Every failure becomes an exception of `elasticgpu.controller.errors`: 404 -> NotFound,
+It speaks plain JSON dicts (the wire form of `elasticgpu.api` models). Requests go over
+`transport.Transport` (per-thread keep-alive connections set up from the kubernetes client's
+`Configuration`: kubeconfig, TLS, token); watches, and every call where the configuration asks
+for an HTTP proxy, go through the client's urllib3 pool. JSON is read and written with orjson:
+parsing watch events and answers is the controller's most frequent work.
+Every failure becomes an exception of `elasticgpu.controller.errors`: 404 -> NotFound,
 409 -> Conflict / AlreadyExists, 400/422 -> Rejected, anything else -> ApiUnavailable.
 """
 
 from __future__ import annotations
 
-import json
+import http.client
 import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
+from urllib.parse import urlencode
 
+import orjson
 import urllib3
 from kubernetes import client, config
 
 from elasticgpu.api import names
 from elasticgpu.controller import errors
 from elasticgpu.controller.settings import ApiSettings
+from elasticgpu.controller.transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +65,8 @@ class KubeApi:
     def __init__(self, api_client: client.ApiClient, *, settings: ApiSettings | None = None) -> None:
         self._api = api_client
         self.settings = settings or ApiSettings()
+        configuration = api_client.configuration
+        self._transport = None if configuration.proxy else Transport(configuration)
 
     @classmethod
     def from_kubeconfig(
@@ -79,6 +86,8 @@ class KubeApi:
 
     def close(self) -> None:
         """Release the HTTP connections."""
+        if self._transport is not None:
+            self._transport.close()
         self._api.close()
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -93,6 +102,33 @@ class KubeApi:
         content_type: str = _JSON,
         timeout_s: float | None = None,
     ) -> Body:
+        if self._transport is None:
+            status, data = self._call_via_client(method, path, body=body, query=query, content_type=content_type,
+                                                 timeout_s=timeout_s)
+        else:
+            target = f"{path}?{urlencode(query)}" if query else path
+            try:
+                status, data = self._transport.request(
+                    method, target, body=None if body is None else orjson.dumps(body), content_type=content_type,
+                    timeout_s=timeout_s or self.settings.request_timeout_s)
+            except (OSError, http.client.HTTPException) as err:
+                raise errors.ApiUnavailable(f"{method} {path}: {err!r}; is the API server up?", status=0) from err
+        if 200 <= status < 300:
+            return orjson.loads(data) if data else {}
+        self._raise(status, method, path, data)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _call_via_client(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object,
+        query: Mapping[str, str] | None,
+        content_type: str,
+        timeout_s: float | None,
+    ) -> tuple[int, bytes]:
+        """The same request through the kubernetes client's urllib3 pool (which knows proxies)."""
         query_params = list((query or {}).items())
         headers = {"Accept": _JSON}
         if body is not None:
@@ -118,17 +154,15 @@ class KubeApi:
             raise errors.ApiUnavailable(f"{method} {path}: {err.reason}; is the API server up?", status=0) from err
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise errors.ApiUnavailable(f"{method} {path}: {err}; is the API server up?", status=0) from err
-        status = int(response.status)
-        if 200 <= status < 300:
-            return json.loads(data) if data else {}
-        self._raise(status, method, path, data)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return int(response.status), data
 
     @staticmethod
     def _raise(status: int, method: str, path: str, data: bytes | None) -> None:
         try:
-            payload = json.loads(data or b"{}")
-        except ValueError:
+            payload = orjson.loads(data or b"{}")
+        except orjson.JSONDecodeError:
+            payload = None
+        if not isinstance(payload, dict):
             payload = {"message": (data or b"").decode(errors="replace")}
         message = str(payload.get("message") or f"HTTP {status}")
         reason = str(payload.get("reason") or "")
@@ -331,7 +365,7 @@ class KubeApi:
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
                     if line.strip():
-                        yield json.loads(line)
+                        yield orjson.loads(line)
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise errors.ApiUnavailable(f"watch {path}: {err}") from err
         finally:

@@ -96,11 +96,13 @@ class WorkQueue:
 
 
 def _newer(new: Body, old: Body | None) -> bool:
+    """False when `new` is known to be the same version as `old` or older. The answer of our own
+    write and the watch event of it carry the same resourceVersion: the second is not parsed again."""
     if old is None:
         return True
     a = str(new.get("metadata", {}).get("resourceVersion", ""))
     b = str(old.get("metadata", {}).get("resourceVersion", ""))
-    return not (a.isdigit() and b.isdigit() and int(a) < int(b))
+    return not (a.isdigit() and b.isdigit() and int(a) <= int(b))
 
 
 def _condition(type_: str, reason: str, message: str, previous: list[Condition]) -> dict[str, Any]:
@@ -137,6 +139,8 @@ class Controller:
         self._egpus: dict[str, ElasticGPU] = {}
         self._egpu_bodies: dict[str, Body] = {}
         self._by_claim_uid: dict[str, str] = {}
+        self._unclaimed_available: dict[str, ElasticGPU] = {}
+        """Available ElasticGPUs without a claimRef (static bind candidates), kept by `_put_egpu`."""
         self._claims_naming: dict[str, set[ClaimKey]] = {}
         """Claims by the ElasticGPU their spec names; and ElasticGPUs by the GPUs their spec names:
         watch events of one object must not cost a scan of all of them."""
@@ -169,6 +173,7 @@ class Controller:
             self._egpus.clear()
             self._egpu_bodies.clear()
             self._by_claim_uid.clear()
+            self._unclaimed_available.clear()
             self._egpus_on.clear()
             for body in egpus:
                 self._put_egpu(body)
@@ -268,12 +273,17 @@ class Controller:
         self._egpus[name] = model
         self._index_uid(name, old, model)
         self._index_cards(name, old, model)
+        if model.status.phase == "Available" and (model.spec.claim_ref is None or not model.spec.claim_ref.name):
+            self._unclaimed_available[name] = model
+        else:
+            self._unclaimed_available.pop(name, None)
         if model.status.phase == "Available" and (old is None or old.status.phase != "Available"):
             self._queue_pending_claims()
 
     def _drop_egpu(self, name: str) -> None:
         old = self._egpus.pop(name, None)
         self._egpu_bodies.pop(name, None)
+        self._unclaimed_available.pop(name, None)
         self._index_uid(name, old, None)
         self._index_cards(name, old, None)
 
@@ -500,6 +510,7 @@ class Controller:
             classes=self._classes,
             card_memory=self._card_memory,
             by_claim_uid=self._by_claim_uid,
+            unclaimed_available=self._unclaimed_available,
         )
 
     def _card_memory(self, gpu_name: str) -> int | None:

@@ -71,6 +71,9 @@ class Ledger:
         self._uuid_to_name: dict[str, str] = {}
         self._node_labels: dict[str, dict[str, str]] = {}
         self._keys_on: dict[str, set[str]] = {}
+        """Reservation keys by GPU name, and (below) GPU names by key: both kept in step, so that
+        a watch event of one GPU costs O(its allocations), not a scan of every GPU."""
+        self._holders: dict[str, set[str]] = {}
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -150,15 +153,31 @@ class Ledger:
             if node not in self.inventory:
                 self.inventory.add_node(NodeRecord(name=node, labels=self._node_labels.get(node, {})))
             self.inventory.add_card(CardRecord.from_gpu(model))
-        touched = set(self._keys_on.get(name, set())) | {a.elastic_gpu for a in model.status.allocations}
-        self._keys_on[name] = {a.elastic_gpu for a in model.status.allocations}
-        self._resync_keys(touched)
+        before = self._keys_on.get(name, set())
+        after = {a.elastic_gpu for a in model.status.allocations}
+        self._set_keys_on(name, before, after)
+        self._resync_keys(before | after)
+
+    def _set_keys_on(self, gpu_name: str, before: set[str], after: set[str]) -> None:
+        for key in before - after:
+            holders = self._holders.get(key)
+            if holders is not None:
+                holders.discard(gpu_name)
+                if not holders:
+                    del self._holders[key]
+        for key in after - before:
+            self._holders.setdefault(key, set()).add(gpu_name)
+        if after:
+            self._keys_on[gpu_name] = after
+        else:
+            self._keys_on.pop(gpu_name, None)
 
     def forget_gpu(self, name: str) -> None:
         """Drop a GPU object (deleted, or about to be re-added with a new spec)."""
         model = self._models.pop(name, None)
         self._gpus.pop(name, None)
-        keys = self._keys_on.pop(name, set())
+        keys = set(self._keys_on.get(name, set()))
+        self._set_keys_on(name, keys, set())
         if model is None:
             return
         self.inventory.remove_card(model.spec.uuid)
@@ -201,7 +220,7 @@ class Ledger:
                 logger.debug("reservation not mirrored yet", extra={"key": key, "error": str(err)})
 
     def _gpus_holding(self, key: str) -> list[str]:
-        return sorted(name for name, keys in self._keys_on.items() if key in keys)
+        return sorted(self._holders.get(key, ()))
 
     def gpus_holding(self, key: str) -> list[str]:
         """Names of the GPU objects with an allocation for `key`."""
