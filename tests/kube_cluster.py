@@ -41,6 +41,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "testserver" / "build.sh"
 KUBECONFIG_ENV = "ELASTICGPU_TEST_KUBECONFIG"
 START_TIMEOUT_S = 90.0
+SERVER_GOGC = "400"
+"""Go's GC target for the test API server (Go's default is 100; `GOGC` in the environment wins).
+The fixture shares two cores with the code under test; a CPU profile under a burst of binds
+(`bench/README.md`) showed a third of its CPU in garbage collection. 400 trades a few hundred
+MiB of heap for that CPU, as one would give a real control plane more memory."""
 TMP_PREFIX = "elasticgpu-kube-"
 
 
@@ -491,6 +496,7 @@ def running_cluster() -> Iterator[TestCluster]:
                 ],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, preexec_fn=_die_with_parent,
+                env={**os.environ, "GOGC": os.environ.get("GOGC", SERVER_GOGC)},
             )  # fmt: skip
         cluster = TestCluster(
             kubeconfig=tmp / "kubeconfig",

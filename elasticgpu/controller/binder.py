@@ -17,7 +17,8 @@ Binding always writes in this order, and every write is idempotent:
                  none of that card's claims, which are re-planned. A static ElasticGPU was
                  reserved while Available (no claim); binding it rewrites its allocations with
                  the claim's claimRef (uid included).
-    2. egpu      dynamic: create `egpu-<claim-uid>` with claimRef (pre-bound), then status Bound;
+    2. egpu      dynamic: create `egpu-<claim-uid>` with claimRef (pre-bound); its status Bound
+                 is written after step 3 (the claim is what the user waits for);
                  static: set claimRef (with the ElasticGPU's resourceVersion), then status Bound.
     3. claim     set spec.elasticGPUName and the protection finalizer, then status Bound with
                  capacity, nodeName, gpus and the Bound condition; one Event.
@@ -36,6 +37,9 @@ written by a background thread (dropped, never blocking, when the server lags).
   its claimRef (`prebound`) and completes the bind.
 - after 2, before 3: ElasticGPU Bound to the claim, claim unbound: `CompleteBind`.
 - during 3 (spec written, status not): claim names the ElasticGPU which points back: `CompleteBind`.
+- dynamic, after 3, before the ElasticGPU's status: claim Bound, ElasticGPU with no phase: the
+  claim's sync `CompleteBind`s (marks it Bound); so does the ElasticGPU's own sync (`Reserve`
+  finds the reservation held and writes Bound).
 - a static ElasticGPU whose claimRef was set for a claim that then vanished: its sync confirms
   the claim is gone with a live read and releases it (never on the cache alone: with two
   controllers, one may see the ElasticGPU before the claim).

@@ -595,9 +595,10 @@ class Controller:
                                         f"bound to claim {claim.metadata.namespace}/{claim.metadata.name}")
         self._bind_claim(claim, egpu)
 
-    def _bind_claim(self, claim: ElasticGPUClaim, egpu: ElasticGPU, *, provisioned: bool = False) -> None:
-        """Step 3: the claim names the ElasticGPU, keeps the finalizer, and says Bound (its Event
-        says "provisioned" too when the ElasticGPU was just made for it)."""
+    def _bind_claim(self, claim: ElasticGPUClaim, egpu: ElasticGPU, *, placement: Placement | None = None) -> None:
+        """Step 3: the claim names the ElasticGPU, keeps the finalizer, and says Bound. With
+        `placement` (a dynamic bind, whose ElasticGPU has no status yet) capacity, node and cards
+        come from it and the Event says "provisioned" too."""
         namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
         egpu_name = egpu.metadata.name or ""
         finalizers = list(claim.metadata.finalizers)
@@ -618,19 +619,26 @@ class Controller:
             with self._lock:
                 self._put_claim(answer)
             claim = ElasticGPUClaim.model_validate(answer)
-        message = f"bound to ElasticGPU {egpu_name} on {egpu.status.node_name or egpu.spec.node_name or '?'}" + (
-            f" ({', '.join(egpu.status.gpus)})" if egpu.status.gpus else "")
+        if placement is not None:
+            capacity: dict[str, Any] = capacity_of(placement)
+            node: str | None = placement.node
+            gpus = [share.uuid for share in placement.cards]
+        else:
+            capacity = egpu.status.capacity or dict(egpu.spec.capacity)
+            node = egpu.status.node_name or egpu.spec.node_name
+            gpus = list(egpu.status.gpus)
+        message = f"bound to ElasticGPU {egpu_name} on {node or '?'}" + (f" ({', '.join(gpus)})" if gpus else "")
         status = {
             "phase": "Bound",
-            "capacity": egpu.status.capacity or dict(egpu.spec.capacity),
-            "nodeName": egpu.status.node_name or egpu.spec.node_name,
-            "gpus": list(egpu.status.gpus),
+            "capacity": capacity,
+            "nodeName": node,
+            "gpus": gpus,
             "conditions": [_condition("Bound", binder.REASON_BOUND, message, claim.status.conditions)],
         }
         self._write_claim_status(claim, status)
         self.events.record(self._claim_bodies.get((namespace, name), claim.to_dict()), type_=NORMAL,
                            reason=binder.REASON_BOUND,
-                           message=f"provisioned ElasticGPU {egpu_name} and {message}" if provisioned else message)
+                           message=f"provisioned ElasticGPU {egpu_name} and {message}" if placement else message)
 
     def _bind_existing(self, claim: ElasticGPUClaim, egpu_name: str) -> None:
         """Static bind, step 2: point the ElasticGPU at the claim (with its resourceVersion)."""
@@ -723,12 +731,14 @@ class Controller:
         with self._lock:
             self._put_egpu(created)
         egpu = ElasticGPU.model_validate(created)
+        # The claim first: it is what the user waits for, and the ElasticGPU already points at it
+        # (pre-bound), so a crash before the ElasticGPU's status is repaired by either sync
+        # (`CompleteBind` for the claim, `MarkBound` for the ElasticGPU).
+        self._bind_claim(claim, egpu, placement=placement)
         # One Event for the whole provisioning (the claim's Bound, where the user looks), none for
         # the ElasticGPU's first phase: Events cost the API server as much as the bind's writes.
-        egpu = self._set_egpu_status(egpu, placement, "Bound", binder.REASON_BOUND,
-                                     f"provisioned for claim {claim.metadata.namespace}/{claim.metadata.name}",
-                                     event=False)
-        self._bind_claim(claim, egpu, provisioned=True)
+        self._set_egpu_status(egpu, placement, "Bound", binder.REASON_BOUND,
+                              f"provisioned for claim {claim.metadata.namespace}/{claim.metadata.name}", event=False)
 
     def _reserve_for_claim(self, claim: ElasticGPUClaim, key: str, decision: binder.Provision) -> Placement | None:
         """Step 1: plan and commit the reservation; None when the claim must wait (status written)."""
