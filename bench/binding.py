@@ -167,6 +167,21 @@ def _writes(kube: Any) -> dict[str, float]:
     return counts
 
 
+def _settle(kube: Any, *, quiet_s: float = 1.0, timeout_s: float = 120.0) -> float:
+    """Wait until the API server has taken no write for `quiet_s`; seconds waited."""
+    start = time.monotonic()
+    last = sum(_writes(kube).values())
+    quiet_since = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        time.sleep(0.25)
+        now = sum(_writes(kube).values())
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_s:
+            break
+    return time.monotonic() - start
+
+
 def run_variant(variant: str, args: argparse.Namespace, cluster: Any, kube: Any, core: Any) -> dict[str, Any]:
     from kubernetes import client
 
@@ -215,6 +230,10 @@ def run_variant(variant: str, args: argparse.Namespace, cluster: Any, kube: Any,
         # as far as they were written by that moment.
         result["writes"] = {k: (v - writes_before.get(k, 0.0)) / max(bound, 1) for k, v in writes_after.items()
                             if v - writes_before.get(k, 0.0) > 0}
+
+        # The burst leaves work behind (mostly its Events, written off the hot path): let it
+        # finish, so the fixed-rate phase measures the steady state and not the burst's tail.
+        result["settle_s"] = _settle(kube)
 
         # (b) fixed offered rate
         total = int(args.rate * args.seconds)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 
 import kopf
@@ -85,10 +86,16 @@ def build_registry(controller: Controller, kube: KubeApi, stop: threading.Event)
 
 
 def resync_loop(controller: Controller, stop: threading.Event) -> None:
-    """Resync every `settings.resync.interval_s` until `stop` is set (both watch engines use it)."""
+    """Resync every `settings.resync.interval_s`, relisting every `relist_interval_s`, until
+    `stop` is set (both watch engines use it)."""
     interval = controller.settings.resync.interval_s
+    relist_every = controller.settings.resync.relist_interval_s
+    last_relist = time.monotonic()
     while not stop.wait(interval):
+        relist = time.monotonic() - last_relist >= relist_every
         try:
-            controller.resync()
+            controller.resync(relist=relist)
+            if relist:
+                last_relist = time.monotonic()
         except Exception:  # a failed resync must not end the loop; the next one retries
             logger.exception("resync failed; retrying in %.0fs", interval)

@@ -45,23 +45,54 @@ Key = tuple[str, ...]
 
 
 class WorkQueue:
-    """FIFO of keys without duplicates, with delayed requeues."""
+    """FIFO of keys without duplicates, with delayed requeues and a background lane.
+
+    Keys added with `background=True` (the periodic resync's requeue of every object) are served
+    only when no other key waits: a resync of 50,000 Bound claims must not put a claim created
+    now behind all of them. A background key added again normally moves to the front lane."""
 
     def __init__(self) -> None:
         self._items: deque[Key] = deque()
+        self._background: deque[Key] = deque()
         self._queued: set[Key] = set()
+        self._background_only: set[Key] = set()
         self._delayed: list[tuple[float, Key]] = []
         self._cond = threading.Condition()
 
-    def add(self, key: Key, *, delay_s: float = 0.0) -> None:
-        """Queue `key` now, or after `delay_s` seconds."""
+    def add(self, key: Key, *, delay_s: float = 0.0, background: bool = False) -> None:
+        """Queue `key` now, or after `delay_s` seconds; `background`: behind every other key."""
         with self._cond:
             if delay_s > 0:
                 heapq.heappush(self._delayed, (time.monotonic() + delay_s, key))
-            elif key not in self._queued:
-                self._queued.add(key)
-                self._items.append(key)
+            else:
+                self._push(key, background=background)
             self._cond.notify()
+
+    def _push(self, key: Key, *, background: bool) -> None:
+        if key not in self._queued:
+            self._queued.add(key)
+            if background:
+                self._background_only.add(key)
+                self._background.append(key)
+            else:
+                self._items.append(key)
+        elif not background and key in self._background_only:
+            self._background_only.discard(key)  # its entry in the background lane goes stale
+            self._items.append(key)
+
+    def _pop(self) -> Key | None:
+        while self._items:
+            key = self._items.popleft()
+            if key in self._queued and key not in self._background_only:
+                self._queued.discard(key)
+                return key
+        while self._background:
+            key = self._background.popleft()
+            if key in self._background_only:
+                self._background_only.discard(key)
+                self._queued.discard(key)
+                return key
+        return None
 
     def get(self, timeout_s: float) -> Key | None:
         """The next key, or None after `timeout_s` without one."""
@@ -71,12 +102,9 @@ class WorkQueue:
                 now = time.monotonic()
                 while self._delayed and self._delayed[0][0] <= now:
                     _, key = heapq.heappop(self._delayed)
-                    if key not in self._queued:
-                        self._queued.add(key)
-                        self._items.append(key)
-                if self._items:
-                    key = self._items.popleft()
-                    self._queued.discard(key)
+                    self._push(key, background=False)
+                key = self._pop()
+                if key is not None:
                     return key
                 wait = deadline - now
                 if self._delayed:
@@ -87,12 +115,12 @@ class WorkQueue:
 
     def __len__(self) -> int:
         with self._cond:
-            return len(self._items)
+            return len(self._queued)
 
     def waiting(self) -> int:
         """Keys queued now or for later."""
         with self._cond:
-            return len(self._items) + len(self._delayed)
+            return len(self._queued) + len(self._delayed)
 
 
 def _newer(new: Body, old: Body | None) -> bool:
@@ -103,6 +131,15 @@ def _newer(new: Body, old: Body | None) -> bool:
     a = str(new.get("metadata", {}).get("resourceVersion", ""))
     b = str(old.get("metadata", {}).get("resourceVersion", ""))
     return not (a.isdigit() and b.isdigit() and int(a) <= int(b))
+
+
+def _changed_after(body: Body | None, list_version: str) -> bool:
+    """True when `body` (from the picture) is newer than a list taken at `list_version`: it was
+    created or changed after the list's snapshot, so its absence from the list proves nothing."""
+    if body is None:
+        return False
+    mine = str(body.get("metadata", {}).get("resourceVersion", ""))
+    return mine.isdigit() and list_version.isdigit() and int(mine) > int(list_version)
 
 
 def _condition(type_: str, reason: str, message: str, previous: list[Condition]) -> dict[str, Any]:
@@ -153,34 +190,41 @@ class Controller:
 
     # -- observing -----------------------------------------------------------------------------
 
-    def rebuild(self) -> None:
-        """List everything and rebuild the picture, before anything is bound (on start and on
-        every resync); then queue every claim and ElasticGPU."""
+    def rebuild(self, *, background: bool = False) -> None:
+        """List everything and merge it into the picture (on start, before anything is bound,
+        and on every relist); then queue every claim and ElasticGPU (`background`: behind
+        the keys that events queued).
+
+        A listed object replaces the picture's only when it is newer, and an object missing from
+        the list is dropped only when the picture's copy is older than the list: watch events
+        and write answers that arrived while the list was read are never rolled back (a stale
+        picture would turn the next writes into 409s)."""
         nodes = self._try(self.kube.list_nodes) or []
-        gpus = self.kube.list_gpus()
-        egpus = self.kube.list_elastic_gpus()
+        gpus, gpus_version = self.kube.list_collection(self.kube.collection_path("gpu"))
+        egpus, egpus_version = self.kube.list_collection(self.kube.collection_path("egpu"))
         classes = self.kube.list_classes()
-        claims = self.kube.list_claims(self.namespace)
+        claims, claims_version = self.kube.list_collection(self.kube.collection_path("claim", self.namespace))
         pods = self._try(lambda: self.kube.list_pods(self.namespace)) or []
         with self._lock:
             for node in nodes:
                 self.ledger.observe_node(node["metadata"]["name"], node["metadata"].get("labels") or {})
-            seen = {g["metadata"]["name"] for g in gpus}
-            for gone in set(self.ledger.gpu_names()) - seen:
-                self.ledger.forget_gpu(gone)
+            listed = {g["metadata"]["name"] for g in gpus}
+            for gone in set(self.ledger.gpu_names()) - listed:
+                if not _changed_after(self.ledger.gpu_body(gone), gpus_version):
+                    self.ledger.forget_gpu(gone)
             for body in gpus:
                 self.ledger.observe_gpu(body)
-            self._egpus.clear()
-            self._egpu_bodies.clear()
-            self._by_claim_uid.clear()
-            self._unclaimed_available.clear()
-            self._egpus_on.clear()
+            listed = {e["metadata"]["name"] for e in egpus}
+            for gone in set(self._egpus) - listed:
+                if not _changed_after(self._egpu_bodies.get(gone), egpus_version):
+                    self._drop_egpu(gone)
             for body in egpus:
                 self._put_egpu(body)
             self._classes = {c["metadata"]["name"]: ElasticGPUClass.model_validate(c) for c in classes}
-            self._claims.clear()
-            self._claim_bodies.clear()
-            self._claims_naming.clear()
+            listed_claims = {(c["metadata"].get("namespace", ""), c["metadata"]["name"]) for c in claims}
+            for gone_key in set(self._claims) - listed_claims:
+                if not _changed_after(self._claim_bodies.get(gone_key), claims_version):
+                    self._drop_claim(gone_key)
             for body in claims:
                 self._put_claim(body)
             self._pod_claims.clear()
@@ -190,8 +234,17 @@ class Controller:
             keys: list[Key] = [("egpu", n) for n in self._egpus]
             keys += [("claim", ns, n) for ns, n in self._claims]
         for key in keys:
-            self.queue.add(key)
+            self.queue.add(key, background=background)
         self.ready.set()
+
+    def requeue_all(self) -> None:
+        """Queue every claim and ElasticGPU of the picture behind the keys events queued (the
+        periodic resync between relists)."""
+        with self._lock:
+            keys: list[Key] = [("egpu", n) for n in self._egpus]
+            keys += [("claim", ns, n) for ns, n in self._claims]
+        for key in keys:
+            self.queue.add(key, background=True)
 
     def _try(self, call: Any) -> Any:
         try:
@@ -209,10 +262,7 @@ class Controller:
             if kind == "claim":
                 key = (meta.get("namespace", ""), name)
                 if deleted:
-                    old_claim = self._claims.pop(key, None)
-                    self._claim_bodies.pop(key, None)
-                    if old_claim is not None and old_claim.spec.elastic_gpu_name:
-                        self._claims_naming.get(old_claim.spec.elastic_gpu_name, set()).discard(key)
+                    self._drop_claim(key)
                     egpu = self._egpu_for_claim_uid(meta.get("uid", ""))
                     if egpu:
                         self.queue.add(("egpu", egpu))
@@ -262,6 +312,12 @@ class Controller:
                 self._claims_naming.get(before, set()).discard(key)
             if model.spec.elastic_gpu_name:
                 self._claims_naming.setdefault(model.spec.elastic_gpu_name, set()).add(key)
+
+    def _drop_claim(self, key: ClaimKey) -> None:
+        old_claim = self._claims.pop(key, None)
+        self._claim_bodies.pop(key, None)
+        if old_claim is not None and old_claim.spec.elastic_gpu_name:
+            self._claims_naming.get(old_claim.spec.elastic_gpu_name, set()).discard(key)
 
     def _put_egpu(self, body: Body) -> None:
         name = body["metadata"]["name"]
@@ -1058,9 +1114,15 @@ class Controller:
 
     # -- resync --------------------------------------------------------------------------------
 
-    def resync(self) -> None:
-        """Re-list everything, free orphan reservations past the grace period, requeue all."""
-        self.rebuild()
+    def resync(self, *, relist: bool = True) -> None:
+        """Free orphan reservations past the grace period and requeue every object behind the
+        keys events queued; `relist`: merge fresh lists into the picture first (what repairs a
+        deletion no watch delivered). The orphans found in the picture are confirmed by a live
+        read before anything is freed."""
+        if relist:
+            self.rebuild(background=True)
+        else:
+            self.requeue_all()
         with self._lock:
             orphans = resync.find_orphans(self.ledger, elastic_gpus=set(self._egpus), now=datetime.now(UTC),
                                           grace_s=self.settings.resync.orphan_grace_s)

@@ -65,7 +65,13 @@ class ResyncSettings:
     """The periodic, level-based repair."""
 
     interval_s: float = 30.0
-    """Seconds between full resyncs: re-list everything, free orphan reservations, mark Lost."""
+    """Seconds between resyncs: every object is synced again from the picture (behind the keys
+    events queued), orphan reservations are freed, claims whose ElasticGPU vanished become Lost."""
+    relist_interval_s: float = 300.0
+    """Seconds between relists: the resync first merges fresh lists of every kind into the
+    picture. Watches keep the picture current; a relist repairs what no watch delivered (a
+    deletion while a watch was down). Rarer than the resync: listing 50,000 claims costs the
+    API server and the controller far more than requeueing them."""
     orphan_grace_s: float = 60.0
     """Seconds a reservation may exist on a GPU without its ElasticGPU before it is freed. It
     covers the gap between the commit point and the ElasticGPU's creation (and a crash there)."""
@@ -82,12 +88,14 @@ class ControllerSettings:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ControllerSettings:
-        """Settings with `ELASTICGPU_RESYNC_INTERVAL_S`, `ELASTICGPU_ORPHAN_GRACE_S`,
-        `ELASTICGPU_BINDING_WORKERS` and `ELASTICGPU_WATCH` read from the environment where set."""
+        """Settings with `ELASTICGPU_RESYNC_INTERVAL_S`, `ELASTICGPU_RELIST_INTERVAL_S`,
+        `ELASTICGPU_ORPHAN_GRACE_S`, `ELASTICGPU_BINDING_WORKERS` and `ELASTICGPU_WATCH` read from
+        the environment where set."""
         env = os.environ if environ is None else environ
         resync = ResyncSettings(
             interval_s=float(env.get("ELASTICGPU_RESYNC_INTERVAL_S", ResyncSettings.interval_s)),
             orphan_grace_s=float(env.get("ELASTICGPU_ORPHAN_GRACE_S", ResyncSettings.orphan_grace_s)),
+            relist_interval_s=float(env.get("ELASTICGPU_RELIST_INTERVAL_S", ResyncSettings.relist_interval_s)),
         )
         binding = BindingSettings(workers=int(env.get("ELASTICGPU_BINDING_WORKERS", BindingSettings.workers)))
         watch = WatchSettings(engine=env.get("ELASTICGPU_WATCH", WatchSettings.engine))

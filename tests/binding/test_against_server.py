@@ -276,3 +276,33 @@ def test_selector_binds_to_a_labelled_admin_elastic_gpu(cluster: Cluster, kube: 
     claim = cluster.get_claim("sel")
     assert claim["status"]["phase"] == "Bound"
     assert claim["spec"]["elasticGPUName"] == name
+
+
+def test_relist_never_rolls_the_picture_back(cluster: Cluster, kube: KubeApi) -> None:
+    """A list read while watch events and write answers arrive must not replace newer copies
+    with older ones, nor drop an object created after the list's snapshot; an object the list
+    proves deleted is dropped."""
+    _gpus, class_name = _setup(cluster)
+    created = cluster.claim(o.claim("kept", cores=30, memory="10Gi", class_name=class_name))
+    gone = cluster.claim(o.claim("gone", cores=30, memory="10Gi", class_name=class_name))
+    controller = new_controller(kube, cluster.namespace)
+    controller.rebuild()
+    version = int(created["metadata"]["resourceVersion"])
+
+    # As if a watch had delivered a change the next list does not hold yet (a newer version)...
+    newer = {**created, "metadata": {**created["metadata"], "resourceVersion": str(version + 10_000),
+                                     "labels": {"seen": "by-watch"}}}
+    controller.observe("claim", "MODIFIED", newer)
+    # ...and a claim created after the list's snapshot.
+    young = o.claim("young", cores=30, memory="10Gi", class_name=class_name)
+    young["metadata"].update(namespace=cluster.namespace, resourceVersion=str(version + 10_000))
+    controller.observe("claim", "ADDED", young)
+    # "gone" is deleted on the server (finalizer-free: nothing bound it).
+    kube.delete_claim(cluster.namespace, "gone")
+
+    controller.rebuild()
+
+    kept = controller.claim(cluster.namespace, "kept")
+    assert kept is not None and kept.metadata.labels == {"seen": "by-watch"}
+    assert controller.claim(cluster.namespace, "young") is not None
+    assert controller.claim(cluster.namespace, gone["metadata"]["name"]) is None

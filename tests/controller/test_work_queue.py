@@ -1,0 +1,52 @@
+"""The controller's work queue: no duplicates, FIFO, and the background lane of the resync
+served only when nothing else waits (checked against a two-list model with hypothesis)."""
+
+from __future__ import annotations
+
+import time
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from elasticgpu.controller.reconciling import WorkQueue
+
+KEYS = st.sampled_from([("claim", "ns", f"c{i}") for i in range(6)] + [("egpu", f"e{i}") for i in range(3)])
+OPERATIONS = st.lists(
+    st.one_of(st.tuples(st.just("add"), KEYS, st.booleans()), st.tuples(st.just("get"), st.none(), st.none())),
+    max_size=80,
+)
+
+
+@given(OPERATIONS)
+def test_queue_behaves_like_two_fifo_lanes(operations: list[tuple[str, object, object]]) -> None:
+    queue = WorkQueue()
+    front: list[object] = []
+    back: list[object] = []
+    for op, key, background in operations:
+        if op == "add":
+            queue.add(key, background=bool(background))  # type: ignore[arg-type]
+            if key not in front and key not in back:
+                (back if background else front).append(key)
+            elif not background and key in back:
+                back.remove(key)
+                front.append(key)
+        else:
+            expected = front.pop(0) if front else (back.pop(0) if back else None)
+            assert queue.get(timeout_s=0.0) == expected
+        assert len(queue) == len(front) + len(back)
+    drained = []
+    while (key := queue.get(timeout_s=0.0)) is not None:
+        drained.append(key)
+    assert drained == front + back
+
+
+def test_delayed_key_comes_back_in_the_front_lane() -> None:
+    queue = WorkQueue()
+    queue.add(("claim", "ns", "late"), delay_s=0.01)
+    queue.add(("claim", "ns", "resync"), background=True)
+    assert queue.get(timeout_s=1.0) == ("claim", "ns", "resync")  # due later: the background key goes first
+    queue.add(("claim", "ns", "resync-2"), background=True)
+    time.sleep(0.02)
+    assert queue.get(timeout_s=1.0) == ("claim", "ns", "late")  # due now: ahead of the background lane
+    assert queue.get(timeout_s=0.0) == ("claim", "ns", "resync-2")
+    assert queue.waiting() == 0
