@@ -133,6 +133,12 @@ def _newer(new: Body, old: Body | None) -> bool:
     return not (a.isdigit() and b.isdigit() and int(a) <= int(b))
 
 
+def _same_version(new: Body, old: Body | None) -> bool:
+    """True when both carry the same resourceVersion."""
+    version = new.get("metadata", {}).get("resourceVersion")
+    return old is not None and bool(version) and version == old.get("metadata", {}).get("resourceVersion")
+
+
 def _changed_after(body: Body | None, list_version: str) -> bool:
     """True when `body` (from the picture) is newer than a list taken at `list_version`: it was
     created or changed after the list's snapshot, so its absence from the list proves nothing."""
@@ -298,10 +304,13 @@ class Controller:
                 self.ledger.observe_node(name, meta.get("labels") or {})
                 self._capacity_freed()
 
-    def _put_claim(self, body: Body) -> None:
+    def _put_claim(self, body: Body) -> ElasticGPUClaim:
+        """Take in a claim (newer than the picture's, else ignored); its model either way."""
         key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
         if not _newer(body, self._claim_bodies.get(key)):
-            return
+            if _same_version(body, self._claim_bodies.get(key)):
+                return self._claims[key]
+            return ElasticGPUClaim.model_validate(body)
         self._claim_bodies[key] = body
         old = self._claims.get(key)
         model = ElasticGPUClaim.model_validate(body)
@@ -312,6 +321,7 @@ class Controller:
                 self._claims_naming.get(before, set()).discard(key)
             if model.spec.elastic_gpu_name:
                 self._claims_naming.setdefault(model.spec.elastic_gpu_name, set()).add(key)
+        return model
 
     def _drop_claim(self, key: ClaimKey) -> None:
         old_claim = self._claims.pop(key, None)
@@ -319,10 +329,13 @@ class Controller:
         if old_claim is not None and old_claim.spec.elastic_gpu_name:
             self._claims_naming.get(old_claim.spec.elastic_gpu_name, set()).discard(key)
 
-    def _put_egpu(self, body: Body) -> None:
+    def _put_egpu(self, body: Body) -> ElasticGPU:
+        """Take in an ElasticGPU (newer than the picture's, else ignored); its model either way."""
         name = body["metadata"]["name"]
         if not _newer(body, self._egpu_bodies.get(name)):
-            return
+            if _same_version(body, self._egpu_bodies.get(name)):
+                return self._egpus[name]
+            return ElasticGPU.model_validate(body)
         old = self._egpus.get(name)
         self._egpu_bodies[name] = body
         model = ElasticGPU.model_validate(body)
@@ -335,6 +348,7 @@ class Controller:
             self._unclaimed_available.pop(name, None)
         if model.status.phase == "Available" and (old is None or old.status.phase != "Available"):
             self._queue_pending_claims()
+        return model
 
     def _drop_egpu(self, name: str) -> None:
         old = self._egpus.pop(name, None)
@@ -673,8 +687,7 @@ class Controller:
                 self._refresh_claim(namespace, name)
                 raise
             with self._lock:
-                self._put_claim(answer)
-            claim = ElasticGPUClaim.model_validate(answer)
+                claim = self._put_claim(answer)
         if placement is not None:
             capacity: dict[str, Any] = capacity_of(placement)
             node: str | None = placement.node
@@ -713,8 +726,8 @@ class Controller:
             self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""))
             return
         with self._lock:
-            self._put_egpu(answer)
-        egpu = self._set_egpu_phase(ElasticGPU.model_validate(answer), "Bound", binder.REASON_BOUND,
+            patched = self._put_egpu(answer)
+        egpu = self._set_egpu_phase(patched, "Bound", binder.REASON_BOUND,
                                     f"bound to claim {claim.metadata.namespace}/{claim.metadata.name}")
         self._stamp_claim_ref(egpu)
         self._bind_claim(claim, egpu)
@@ -785,8 +798,7 @@ class Controller:
             self._complete_bind(claim, key)
             return
         with self._lock:
-            self._put_egpu(created)
-        egpu = ElasticGPU.model_validate(created)
+            egpu = self._put_egpu(created)
         # The claim first: it is what the user waits for, and the ElasticGPU already points at it
         # (pre-bound), so a crash before the ElasticGPU's status is repaired by either sync
         # (`CompleteBind` for the claim, `MarkBound` for the ElasticGPU).
@@ -932,11 +944,11 @@ class Controller:
         name = egpu.metadata.name or ""
         answer = self.kube.patch_elastic_gpu_status(name, {"status": status})
         with self._lock:
-            self._put_egpu(answer)
+            written = self._put_egpu(answer)
         if event and egpu.status.phase != phase:
             kind = WARNING if phase == "Failed" else NORMAL
             self.events.record(answer, type_=kind, reason=reason, message=message)
-        return ElasticGPU.model_validate(answer)
+        return written
 
     def _set_egpu_phase(self, egpu: ElasticGPU, phase: str, reason: str, message: str) -> ElasticGPU:
         placement = self.ledger.held(egpu.metadata.name or "")
@@ -1026,8 +1038,7 @@ class Controller:
                                   "resourceVersion": egpu.metadata.resource_version}}
             answer = self.kube.patch_elastic_gpu(name, patch)
             with self._lock:
-                self._put_egpu(answer)
-            egpu = ElasticGPU.model_validate(answer)
+                egpu = self._put_egpu(answer)
         if self.ledger.held(name) != placement:
             try:
                 self._commit(name, placement, egpu.spec.claim_ref)

@@ -11,6 +11,7 @@ resourceVersion (the commit point) and feeds the server's answer back with `obse
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,8 +37,16 @@ Body = dict[str, Any]
 
 
 def now_rfc3339() -> str:
-    """The current time as the API server writes it."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The current time as the API server writes it (whole seconds)."""
+    second = int(time.time())
+    cached_second, stamp = _last_stamp[0]
+    if cached_second != second:  # formatting is costly enough to show in a burst: once a second
+        stamp = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        _last_stamp[0] = (second, stamp)  # one tuple: threads never see a half-updated pair
+    return stamp
+
+
+_last_stamp: list[tuple[int, str]] = [(0, "")]
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -74,6 +83,8 @@ class Ledger:
         """Reservation keys by GPU name, and (below) GPU names by key: both kept in step, so that
         a watch event of one GPU costs O(its allocations), not a scan of every GPU."""
         self._holders: dict[str, set[str]] = {}
+        self._allocations: dict[str, dict[str, GPUAllocation]] = {}
+        """Each GPU's allocations by ElasticGPU name (a lookup per key, not a scan per key)."""
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -103,10 +114,7 @@ class Ledger:
 
     def allocation(self, gpu_name: str, key: str) -> GPUAllocation | None:
         """The allocation of `key` on one GPU, or None."""
-        model = self._models.get(gpu_name)
-        if model is None:
-            return None
-        return next((a for a in model.status.allocations if a.elastic_gpu == key), None)
+        return self._allocations.get(gpu_name, {}).get(key)
 
     def place(self, request: PlacementRequest, *, policy: str) -> Placement | Unplaceable:
         """Where the request would go now under `policy` (changes nothing)."""
@@ -147,6 +155,7 @@ class Ledger:
             previous = None
         self._gpus[name] = body
         self._models[name] = model
+        self._allocations[name] = {a.elastic_gpu: a for a in model.status.allocations}
         self._uuid_to_name[model.spec.uuid] = name
         if previous is None:
             node = model.spec.node_name
@@ -176,6 +185,7 @@ class Ledger:
         """Drop a GPU object (deleted, or about to be re-added with a new spec)."""
         model = self._models.pop(name, None)
         self._gpus.pop(name, None)
+        self._allocations.pop(name, None)
         keys = set(self._keys_on.get(name, set()))
         self._set_keys_on(name, keys, set())
         if model is None:
