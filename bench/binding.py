@@ -6,13 +6,19 @@ per variant (each in its own namespace, on its own GPUs):
 
   (a) burst: N claims created by 16 threads as fast as the server takes them; claims/s bound =
       N / (last Bound seen by a watch - first create);
-  (b) fixed rate: claims offered at R/s for S seconds; created->Bound latency per claim, from
-      the return of its create call to the moment the watch sees phase Bound (p50/p99);
+  (b) fixed rates: claims offered at R/s for S seconds, per rate of --rates, each phase after
+      the API server took no write for a second (the previous phase's tail, mostly Events);
+      created->Bound latency per claim, from the return of its create call to the moment the
+      watch sees phase Bound (p50/p99/max);
+  CPU per bound claim in the burst of the controller, the server (apiserver + etcd) and this
+  process (creates, watch), API writes per claim (the server's /metrics), and the ceiling they
+  imply where all three share the machine's CPUs;
   (c) controller RSS with 10,000 GPUs and 50,000 Bound claims (and their ElasticGPUs): measured
       in a fresh process by loading the objects into the controller's picture directly
       (`Controller.observe`), not through the server (creating 110,000 objects takes too long here).
 
-    python bench/binding.py                         # both variants, 500 GPUs, burst 1000, 100/s x 20 s
+    python bench/binding.py                         # 3 variants, 500 GPUs, burst 1000, 100/s x 20 s, RSS
+    python bench/binding.py --variants after --rates 25,50,75,100 --no-rss      # latency against load
     python bench/binding.py --variants after --burst 300 --seconds 5 --no-rss   # quick look
 """
 
@@ -167,6 +173,38 @@ def _writes(kube: Any) -> dict[str, float]:
     return counts
 
 
+def _offer_at(kube: Any, watch: BoundWatch, namespace: str, class_name: str, *, rate: float,
+              seconds: float) -> dict[str, Any]:
+    """Create claims at `rate`/s for `seconds`; created->Bound latency percentiles."""
+    total = int(rate * seconds)
+    offered = [f"rate{rate:g}-{i}" for i in range(total)]
+    returned: dict[str, float] = {}
+    begin = time.monotonic() + 0.2
+
+    def offer(index: int) -> None:
+        delay = begin + index / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        kube.create_claim(_claim(offered[index], namespace, class_name))
+        returned[offered[index]] = time.monotonic()
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(offer, range(total)))
+    watch.wait(offered, 60)
+    latencies = sorted((watch.bound[n] - returned[n]) * 1000 for n in offered if n in watch.bound)
+    if os.environ.get("BENCH_DEBUG"):
+        slow = sorted(((watch.bound[n] - returned[n]) * 1000, returned[n] - begin) for n in offered if n in watch.bound)
+        print("slowest (ms, at s):", [(round(a), round(b, 2)) for a, b in slow[-12:]], file=sys.stderr)
+    return {
+        "rate": rate,
+        "offered_per_s": total / (max(returned.values()) - begin),
+        "latency_p50_ms": statistics.median(latencies) if latencies else float("nan"),
+        "latency_p99_ms": latencies[int(0.99 * (len(latencies) - 1))] if latencies else float("nan"),
+        "latency_max_ms": latencies[-1] if latencies else float("nan"),
+        "unbound": total - len(latencies),
+    }
+
+
 def _settle(kube: Any, *, quiet_s: float = 1.0, timeout_s: float = 120.0) -> float:
     """Wait until the API server has taken no write for `quiet_s`; seconds waited."""
     start = time.monotonic()
@@ -231,31 +269,14 @@ def run_variant(variant: str, args: argparse.Namespace, cluster: Any, kube: Any,
         result["writes"] = {k: (v - writes_before.get(k, 0.0)) / max(bound, 1) for k, v in writes_after.items()
                             if v - writes_before.get(k, 0.0) > 0}
 
-        # The burst leaves work behind (mostly its Events, written off the hot path): let it
-        # finish, so the fixed-rate phase measures the steady state and not the burst's tail.
-        result["settle_s"] = _settle(kube)
-
-        # (b) fixed offered rate
-        total = int(args.rate * args.seconds)
-        offered = [f"rate-{i}" for i in range(total)]
-        returned: dict[str, float] = {}
-        begin = time.monotonic() + 0.2
-
-        def offer(index: int) -> None:
-            delay = begin + index / args.rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            kube.create_claim(_claim(offered[index], namespace, class_name))
-            returned[offered[index]] = time.monotonic()
-
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(offer, range(total)))
-        watch.wait(offered, 60)
-        latencies = sorted((watch.bound[n] - returned[n]) * 1000 for n in offered if n in watch.bound)
-        result["offered_per_s"] = total / (max(returned.values()) - begin)
-        result["latency_p50_ms"] = statistics.median(latencies) if latencies else float("nan")
-        result["latency_p99_ms"] = latencies[int(0.99 * (len(latencies) - 1))] if latencies else float("nan")
-        result["unbound"] = total - len(latencies)
+        # (b) fixed offered rates, lowest first; before each, the work the previous phase left
+        # behind (mostly its Events, written off the hot path) is let finish, so that each phase
+        # measures its own steady state and not the tail of the one before.
+        result["rates"] = []
+        for rate in args.rates:
+            settle_s = _settle(kube)
+            phase = _offer_at(kube, watch, namespace, class_name, rate=rate, seconds=args.seconds)
+            result["rates"].append({**phase, "settle_s": settle_s})
         result["controller_rss_mib"] = _rss_mib(proc.pid)
     finally:
         proc.kill()
@@ -312,7 +333,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", type=int, default=500)
     parser.add_argument("--burst", type=int, default=1000)
-    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--rates", type=lambda v: [float(x) for x in v.split(",")], default=[100.0],
+                        help="offered claims/s of the fixed-rate phases, comma-separated (default 100)")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--variants", default="before,kopf-workers,after")
     parser.add_argument("--no-rss", action="store_true")
@@ -343,21 +365,35 @@ def main() -> None:
         kube = KubeApi.from_kubeconfig(str(cluster.kubeconfig))
         core = client.CoreV1Api(api)
         for variant in args.variants.split(","):
-            print(f"{variant}: {args.gpus} GPUs, burst {args.burst}, {args.rate:g}/s x {args.seconds:g} s ...",
+            print(f"{variant}: {args.gpus} GPUs, burst {args.burst},"
+                  f" {'/'.join(f'{r:g}' for r in args.rates)}/s x {args.seconds:g} s ...",
                   flush=True)
             results.append(run_variant(variant, args, cluster, kube, core))
         kube.close()
         api.close()
     print(f"\nbinding end to end, local test server, {args.gpus} simulated GPUs, {os.cpu_count()} CPUs")
-    print("| variant | creates/s | burst bound/s | CPU ms/claim: controller, server, bench | offered/s | p50 ms |"
-          " p99 ms | unbound | controller RSS MiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| variant | creates/s | burst bound/s | CPU ms/claim: controller, server, bench | controller RSS MiB |")
+    print("|---|---|---|---|---|")
     for r in results:
         print(f"| {r['variant']} | {r['create_per_s']:.0f} | {r['burst_per_s']:.0f}"
               f"{'' if r['burst_complete'] else ' (incomplete)'}"
               f" | {r['controller_cpu_ms']:.1f}, {r['server_cpu_ms']:.1f}, {r['bench_cpu_ms']:.1f}"
-              f" | {r['offered_per_s']:.0f} | {r['latency_p50_ms']:.0f}"
-              f" | {r['latency_p99_ms']:.0f} | {r['unbound']} | {r['controller_rss_mib']:.0f} |")
+              f" | {r['controller_rss_mib']:.0f} |")
+    print("\ncreated -> Bound at fixed offered rates (each phase after the previous one settled)")
+    print("| variant | offered/s | p50 ms | p99 ms | max ms | unbound after 60 s | settle s before |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        for phase in r["rates"]:
+            print(f"| {r['variant']} | {phase['offered_per_s']:.0f} | {phase['latency_p50_ms']:.0f}"
+                  f" | {phase['latency_p99_ms']:.0f} | {phase['latency_max_ms']:.0f} | {phase['unbound']}"
+                  f" | {phase['settle_s']:.1f} |")
+    cores = os.cpu_count() or 1
+    print(f"\nceiling on this machine ({cores} CPUs shared by all three): {cores} x 1000 ms / the CPU ms per claim")
+    for r in results:
+        per_claim = r["controller_cpu_ms"] + r["server_cpu_ms"] + r["bench_cpu_ms"]
+        writes = sum(r["writes"].values())
+        print(f"  {r['variant']}: {cores * 1000 / per_claim:.0f} claims/s; the server alone"
+              f" {r['server_cpu_ms'] / max(writes, 1e-9):.2f} ms CPU per write x {writes:.2f} writes per claim")
     print("\nAPI writes per bound claim in the burst (server = apiserver + etcd; bench = the claim creates"
           " and the Bound watch):")
     for r in results:

@@ -83,7 +83,7 @@ def _run_with_client_watches(controller: Controller, kube: KubeApi, *, namespace
     import signal
 
     from elasticgpu.controller import errors, watching
-    from elasticgpu.controller.operator import resync_loop
+    from elasticgpu.controller.operator import collect_and_freeze, resync_loop, take_over_full_collections
 
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -99,6 +99,8 @@ def _run_with_client_watches(controller: Controller, kube: KubeApi, *, namespace
             backoff = min(backoff * 2, 30.0)
     if stop.is_set():
         return
+    take_over_full_collections()
+    collect_and_freeze()
     watching.start_watches(controller, kube, stop, timeout_s=controller.settings.watch.timeout_s,
                            namespace=namespace)
     threading.Thread(target=controller.run_worker, args=(stop,), name="binder", daemon=True).start()

@@ -80,22 +80,23 @@ class WorkQueue:
             self._background_only.discard(key)  # its entry in the background lane goes stale
             self._items.append(key)
 
-    def _pop(self) -> Key | None:
+    def _pop(self, *, background: bool = True) -> tuple[Key, bool] | None:
+        """The next key and whether it came from the background lane (searched only when
+        `background`); None when none waits."""
         while self._items:
             key = self._items.popleft()
             if key in self._queued and key not in self._background_only:
                 self._queued.discard(key)
-                return key
-        while self._background:
+                return key, False
+        while background and self._background:
             key = self._background.popleft()
             if key in self._background_only:
                 self._background_only.discard(key)
                 self._queued.discard(key)
-                return key
+                return key, True
         return None
 
-    def get(self, timeout_s: float) -> Key | None:
-        """The next key, or None after `timeout_s` without one."""
+    def _next(self, timeout_s: float) -> tuple[Key, bool] | None:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
@@ -103,15 +104,38 @@ class WorkQueue:
                 while self._delayed and self._delayed[0][0] <= now:
                     _, key = heapq.heappop(self._delayed)
                     self._push(key, background=False)
-                key = self._pop()
-                if key is not None:
-                    return key
+                entry = self._pop()
+                if entry is not None:
+                    return entry
                 wait = deadline - now
                 if self._delayed:
                     wait = min(wait, self._delayed[0][0] - now)
                 if wait <= 0:
                     return None
                 self._cond.wait(wait)
+
+    def get(self, timeout_s: float) -> Key | None:
+        """The next key, or None after `timeout_s` without one."""
+        entry = self._next(timeout_s)
+        return entry[0] if entry is not None else None
+
+    def take(self, *, limit: int, background_limit: int, timeout_s: float) -> list[Key]:
+        """The next key and whatever else waits now, for one batch: up to `limit` keys of the
+        front lane; a batch that starts in the background lane takes at most `background_limit`
+        keys (front keys that arrive meanwhile join it first), so that a key queued while the
+        resync's keys are worked off waits for a short batch only. Empty after `timeout_s`."""
+        entry = self._next(timeout_s)
+        if entry is None:
+            return []
+        first, background = entry
+        keys = [first]
+        with self._cond:
+            while len(keys) < (background_limit if background else limit):
+                more = self._pop(background=background)
+                if more is None:
+                    break
+                keys.append(more[0])
+        return keys
 
     def __len__(self) -> int:
         with self._cond:
@@ -437,18 +461,17 @@ class Controller:
     def run_worker(self, stop: threading.Event) -> None:
         """Process the queue until `stop` is set."""
         while not stop.is_set():
-            key = self.queue.get(timeout_s=0.2)
-            if key is not None:
-                self.sync_many(self._take_more(key))
+            keys = self._take_batch(timeout_s=0.2)
+            if keys:
+                self.sync_many(keys)
 
-    def _take_more(self, first: Key) -> list[Key]:
-        """`first` and whatever else is queued now, up to the batch size."""
-        keys = [first]
+    def _take_batch(self, *, timeout_s: float) -> list[Key]:
+        """The next key and, with workers, whatever else is queued now, up to the batch size."""
         if self._pool is None:
-            return keys
-        while len(keys) < self.settings.binding.batch_size and (key := self.queue.get(timeout_s=0.0)) is not None:
-            keys.append(key)
-        return keys
+            return self.queue.take(limit=1, background_limit=1, timeout_s=timeout_s)
+        binding = self.settings.binding
+        return self.queue.take(limit=binding.batch_size, background_limit=binding.background_batch_size,
+                               timeout_s=timeout_s)
 
     def sync_many(self, keys: list[Key]) -> None:
         """Sync several keys. With workers, the claims that provision a slice of one card are
@@ -535,15 +558,14 @@ class Controller:
         """Process queued keys until none is left (delayed ones included once due); returns how many."""
         done = 0
         while done < max_items:
-            key = self.queue.get(timeout_s=0.0)
-            if key is None:
+            keys = self._take_batch(timeout_s=0.0)
+            if not keys:
                 with self._lock:
                     busy = bool(self._in_flight)
                 if not busy and self.events.idle():
                     return done
                 time.sleep(0.005)  # a worker is finishing a bind (each of its calls has a timeout)
                 continue
-            keys = self._take_more(key)
             self.sync_many(keys)
             done += len(keys)
         return done

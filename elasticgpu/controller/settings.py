@@ -47,6 +47,10 @@ class BindingSettings:
     flight to keep it busy (`bench/binding.py` on the test server: 53 claims/s with 4, 82 with 32)."""
     batch_size: int = 256
     """Most claims decided in one pass of the binder before their API writes are flushed."""
+    background_batch_size: int = 16
+    """Most keys of the resync's background lane synced in one pass: a claim created while a
+    resync of every object is worked off waits for at most this many syncs (each well under
+    a millisecond when nothing changed) before it is decided."""
 
 
 @dataclass(frozen=True, kw_only=True)

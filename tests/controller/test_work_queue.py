@@ -50,3 +50,18 @@ def test_delayed_key_comes_back_in_the_front_lane() -> None:
     assert queue.get(timeout_s=1.0) == ("claim", "ns", "late")  # due now: ahead of the background lane
     assert queue.get(timeout_s=0.0) == ("claim", "ns", "resync-2")
     assert queue.waiting() == 0
+
+
+def test_a_batch_that_starts_in_the_background_lane_stays_short() -> None:
+    queue = WorkQueue()
+    for index in range(40):
+        queue.add(("claim", "ns", f"resync-{index}"), background=True)
+    first = queue.take(limit=256, background_limit=16, timeout_s=0.0)
+    assert first == [("claim", "ns", f"resync-{index}") for index in range(16)]
+
+    queue.add(("claim", "ns", "new"))
+    batch = queue.take(limit=256, background_limit=16, timeout_s=0.0)
+    # A front key goes first and takes only front keys: the new claim does not wait for 24 resyncs.
+    assert batch == [("claim", "ns", "new")]
+    rest = queue.take(limit=256, background_limit=16, timeout_s=0.0)
+    assert len(rest) == 16 and queue.waiting() == 8
