@@ -88,7 +88,8 @@ class BoundWatch:
                 if not resource_version:
                     page = self.kube._call("GET", path, query={"limit": "1"})
                     resource_version = page["metadata"]["resourceVersion"]
-                for event in self.kube.watch(path, resource_version=resource_version, timeout_s=60):
+                # Long: a reopened watch delays every Bound it would have seen in the meantime.
+                for event in self.kube.watch(path, resource_version=resource_version, timeout_s=900):
                     obj = event.get("object") or {}
                     resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
                     if event.get("type") == "ERROR":
@@ -101,9 +102,9 @@ class BoundWatch:
                             self._cond.notify_all()
                     if self._stop.is_set():
                         return
-            except Exception as err:  # the watch is re-opened; the bench must not die of one drop
+            except Exception as err:  # the watch is re-opened at once; the bench must not die of one drop
                 print(f"  (watch re-opened: {err})", file=sys.stderr)
-                time.sleep(0.2)
+                time.sleep(0.01)
 
     def wait(self, wanted: list[str], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
