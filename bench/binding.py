@@ -20,6 +20,7 @@ per variant (each in its own namespace, on its own GPUs):
     python bench/binding.py                         # 3 variants, 500 GPUs, burst 1000, 100/s x 20 s, RSS
     python bench/binding.py --variants after --rates 25,50,75,100 --no-rss      # latency against load
     python bench/binding.py --variants after --burst 300 --seconds 5 --no-rss   # quick look
+    git worktree add /tmp/base REV && python bench/binding.py --baseline /tmp/base --variants after
 """
 
 from __future__ import annotations
@@ -180,6 +181,7 @@ def _offer_at(kube: Any, watch: BoundWatch, namespace: str, class_name: str, *, 
     total = int(rate * seconds)
     offered = [f"rate{rate:g}-{i}" for i in range(total)]
     returned: dict[str, float] = {}
+    writes_before = _writes(kube)
     begin = time.monotonic() + 0.2
 
     def offer(index: int) -> None:
@@ -193,6 +195,10 @@ def _offer_at(kube: Any, watch: BoundWatch, namespace: str, class_name: str, *, 
         list(pool.map(offer, range(total)))
     watch.wait(offered, 60)
     latencies = sorted((watch.bound[n] - returned[n]) * 1000 for n in offered if n in watch.bound)
+    _settle(kube)  # the phase's own Events and ElasticGPU statuses count towards it
+    writes = _writes(kube)
+    writes_per_claim = {k: (v - writes_before.get(k, 0.0)) / max(total, 1) for k, v in writes.items()
+                        if v - writes_before.get(k, 0.0) > 0}
     if os.environ.get("BENCH_DEBUG"):
         slow = sorted(((watch.bound[n] - returned[n]) * 1000, returned[n] - begin) for n in offered if n in watch.bound)
         print("slowest (ms, at s):", [(round(a), round(b, 2)) for a, b in slow[-12:]], file=sys.stderr)
@@ -203,6 +209,7 @@ def _offer_at(kube: Any, watch: BoundWatch, namespace: str, class_name: str, *, 
         "latency_p99_ms": latencies[int(0.99 * (len(latencies) - 1))] if latencies else float("nan"),
         "latency_max_ms": latencies[-1] if latencies else float("nan"),
         "unbound": total - len(latencies),
+        "writes": writes_per_claim,
     }
 
 
@@ -236,10 +243,11 @@ def run_variant(variant: str, args: argparse.Namespace, cluster: Any, kube: Any,
     watch = BoundWatch(kube, namespace)
     watch.start()
     log = open(REPO / "bench" / "out" / f"binding-controller-{variant}.log", "wb")  # noqa: SIM115
-    env = {**os.environ, "PYTHONPATH": str(REPO), **VARIANTS[variant]}
+    tree = REPO if variant != "baseline" else Path(args.baseline).resolve()
+    env = {**os.environ, "PYTHONPATH": str(tree), **VARIANTS.get(variant, {})}
     proc = subprocess.Popen([sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(cluster.kubeconfig),
                              "--namespace", namespace, "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT,
-                            cwd=REPO, env=env)
+                            cwd=tree, env=env)
     result: dict[str, Any] = {"variant": variant}
     try:
         kube.create_claim(_claim("warmup", namespace, class_name))
@@ -338,6 +346,9 @@ def main() -> None:
                         help="offered claims/s of the fixed-rate phases, comma-separated (default 100)")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--variants", default="before,kopf-workers,after")
+    parser.add_argument("--baseline", metavar="TREE",
+                        help="a checkout of another commit (git worktree add TREE REV): adds the variant"
+                             " 'baseline', that commit's controller with its own defaults, measured in the same run")
     parser.add_argument("--no-rss", action="store_true")
     parser.add_argument("--rss-gpus", type=int, default=10_000)
     parser.add_argument("--rss-claims", type=int, default=50_000)
@@ -355,6 +366,8 @@ def main() -> None:
     from tests.kube_cluster import running_cluster, server_side_apply, wait_established
 
     results = []
+    if args.baseline and "baseline" not in args.variants.split(","):
+        args.variants = "baseline," + args.variants
     with running_cluster() as cluster:
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         crds = crd_documents()
@@ -381,13 +394,14 @@ def main() -> None:
               f" | {r['controller_cpu_ms']:.1f}, {r['server_cpu_ms']:.1f}, {r['bench_cpu_ms']:.1f}"
               f" | {r['controller_rss_mib']:.0f} |")
     print("\ncreated -> Bound at fixed offered rates (each phase after the previous one settled)")
-    print("| variant | offered/s | p50 ms | p99 ms | max ms | unbound after 60 s | settle s before |")
+    print("| variant | offered/s | p50 ms | p99 ms | max ms | unbound after 60 s | API writes per claim (GPU) |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
         for phase in r["rates"]:
+            gpu_writes = phase["writes"].get("PUT gpus/status", 0.0)
             print(f"| {r['variant']} | {phase['offered_per_s']:.0f} | {phase['latency_p50_ms']:.0f}"
                   f" | {phase['latency_p99_ms']:.0f} | {phase['latency_max_ms']:.0f} | {phase['unbound']}"
-                  f" | {phase['settle_s']:.1f} |")
+                  f" | {sum(phase['writes'].values()):.2f} ({gpu_writes:.2f}) |")
     cores = os.cpu_count() or 1
     print(f"\nceiling on this machine ({cores} CPUs shared by all three): {cores} x 1000 ms / the CPU ms per claim")
     for r in results:
