@@ -64,7 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_arguments(plan_parser)
     plan_parser.set_defaults(handler=plan.run)
 
-    controller = commands.add_parser("controller", help="run the controller that binds claims (blocking)")
+    from elasticgpu.controller.settings import ControllerSettings
+
+    controller = commands.add_parser("controller", help="run the controller that binds claims (blocking)",
+                                     epilog=ControllerSettings.environment_help())
     controller.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG, ~/.kube/config)")
     controller.add_argument("--context", help="kubeconfig context")
     controller.add_argument("--namespace", help="watch claims of this namespace only (default: all)")

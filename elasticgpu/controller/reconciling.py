@@ -7,8 +7,10 @@ Every write's answer goes back into the picture at once, so the next decision se
 
 Decisions and reservations run on one thread (`run_worker`, in batches: `sync_many`), so the
 picture never races itself; the writes after the commit point run on a worker pool, and the
-keys they touch wait until they are done (`_in_flight`). Two controller processes are kept
-apart by the server (resourceVersion preconditions, uid-derived names).
+keys they touch wait until they are done (`_in_flight`). The periodic resync requeues every
+object on the queue's background lane, which is served only when no event-queued key waits,
+in short batches. Two controller processes are kept apart by the server (resourceVersion
+preconditions, uid-derived names).
 Every failure path leaves the objects as they were after the last successful write: nothing
 half-written is assumed, and the key is requeued so the next sync retries from what it finds.
 """

@@ -90,6 +90,18 @@ class ControllerSettings:
     resync: ResyncSettings = field(default_factory=ResyncSettings)
     watch: WatchSettings = field(default_factory=WatchSettings)
 
+    @staticmethod
+    def environment_help() -> str:
+        """The environment variables `from_env` reads, with their defaults (for `--help`)."""
+        return (
+            "settings from the environment (default): "
+            f"ELASTICGPU_BINDING_WORKERS ({BindingSettings.workers}), "
+            f"ELASTICGPU_RESYNC_INTERVAL_S ({ResyncSettings.interval_s:g}), "
+            f"ELASTICGPU_RELIST_INTERVAL_S ({ResyncSettings.relist_interval_s:g}), "
+            f"ELASTICGPU_ORPHAN_GRACE_S ({ResyncSettings.orphan_grace_s:g}), "
+            f"ELASTICGPU_WATCH ({WatchSettings.engine}; or kopf)"
+        )
+
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ControllerSettings:
         """Settings with `ELASTICGPU_RESYNC_INTERVAL_S`, `ELASTICGPU_RELIST_INTERVAL_S`,

@@ -20,6 +20,9 @@ import threading
 from typing import Any
 from urllib.parse import urlsplit
 
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ssl.SSLEOFError)
+"""What reading an answer raises when the server had closed the connection before it."""
+
 
 class Transport:
     """Requests to one API server over per-thread keep-alive HTTPS (or HTTP) connections."""
@@ -91,18 +94,23 @@ class Transport:
             headers["Content-Type"] = content_type
         for attempt in (0, 1):
             conn = self._connection()
-            reused = conn.sock is not None
+            retry = attempt == 0 and conn.sock is not None  # a reused connection may have gone stale
             try:
                 conn.timeout = timeout_s
                 if conn.sock is not None:
                     conn.sock.settimeout(timeout_s)
                 conn.request(method, self._prefix + path, body=body, headers=headers)
+            except (OSError, http.client.HTTPException):
+                self._drop()
+                if retry:
+                    continue
+                raise
+            try:
                 response = conn.getresponse()
                 data = response.read()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
-                    http.client.CannotSendRequest, http.client.ResponseNotReady):
-                self._drop()
-                if attempt == 0 and reused:
+            except _STALE:
+                self._drop()  # closed before any answer: the server dropped an idle connection
+                if retry:
                     continue
                 raise
             except (OSError, http.client.HTTPException):
