@@ -55,9 +55,12 @@ class WorkQueue:
 
     def __init__(self) -> None:
         self._items: deque[Key] = deque()
-        self._background: deque[Key] = deque()
+        self._background: deque[tuple[Key, int]] = deque()
         self._queued: set[Key] = set()
-        self._background_only: set[Key] = set()
+        self._background_only: dict[Key, int] = {}
+        """Keys waiting in the background lane only, with the number of their entry there: an
+        entry left behind by a key moved to the front lane must not stand in for a later one."""
+        self._entries = 0
         self._delayed: list[tuple[float, Key]] = []
         self._cond = threading.Condition()
 
@@ -74,12 +77,13 @@ class WorkQueue:
         if key not in self._queued:
             self._queued.add(key)
             if background:
-                self._background_only.add(key)
-                self._background.append(key)
+                self._entries += 1
+                self._background_only[key] = self._entries
+                self._background.append((key, self._entries))
             else:
                 self._items.append(key)
         elif not background and key in self._background_only:
-            self._background_only.discard(key)  # its entry in the background lane goes stale
+            del self._background_only[key]  # its entry in the background lane goes stale
             self._items.append(key)
 
     def _pop(self, *, background: bool = True) -> tuple[Key, bool] | None:
@@ -91,9 +95,9 @@ class WorkQueue:
                 self._queued.discard(key)
                 return key, False
         while background and self._background:
-            key = self._background.popleft()
-            if key in self._background_only:
-                self._background_only.discard(key)
+            key, entry = self._background.popleft()
+            if self._background_only.get(key) == entry:
+                del self._background_only[key]
                 self._queued.discard(key)
                 return key, True
         return None
