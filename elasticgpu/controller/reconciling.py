@@ -169,6 +169,12 @@ def _same_version(new: Body, old: Body | None) -> bool:
     return old is not None and bool(version) and version == old.get("metadata", {}).get("resourceVersion")
 
 
+def _version(body: Body | None) -> int | None:
+    """The resourceVersion as a number, or None (absent, or a server that writes no integers)."""
+    value = str(((body or {}).get("metadata") or {}).get("resourceVersion", ""))
+    return int(value) if value.isdigit() else None
+
+
 def _changed_after(body: Body | None, list_version: str) -> bool:
     """True when `body` (from the picture) is newer than a list taken at `list_version`: it was
     created or changed after the list's snapshot, so its absence from the list proves nothing."""
@@ -213,6 +219,10 @@ class Controller:
         self._egpu_bodies: dict[str, Body] = {}
         self._by_claim_uid: dict[str, str] = {}
         self._unclaimed_available: dict[str, ElasticGPU] = {}
+        self._tombstones: dict[Key, int] = {}
+        """resourceVersion of each deletion a watch delivered, by ("claim", ns, name) or
+        ("egpu", name): a list read before the deletion, or a write answer that arrives after
+        it, must not bring the object back. Dropped once a list is newer than the deletion."""
         """Available ElasticGPUs without a claimRef (static bind candidates), kept by `_put_egpu`."""
         self._claims_naming: dict[str, set[ClaimKey]] = {}
         """Claims by the ElasticGPU their spec names; and ElasticGPUs by the GPUs their spec names:
@@ -250,12 +260,14 @@ class Controller:
                     self.ledger.forget_gpu(gone)
             for body in gpus:
                 self.ledger.observe_gpu(body)
+            self.ledger.prune_tombstones(gpus_version)
             listed = {e["metadata"]["name"] for e in egpus}
             for gone in set(self._egpus) - listed:
                 if not _changed_after(self._egpu_bodies.get(gone), egpus_version):
                     self._drop_egpu(gone)
             for body in egpus:
                 self._put_egpu(body)
+            self._prune_tombstones("egpu", egpus_version)
             self._classes = {c["metadata"]["name"]: ElasticGPUClass.model_validate(c) for c in classes}
             listed_claims = {(c["metadata"].get("namespace", ""), c["metadata"]["name"]) for c in claims}
             for gone_key in set(self._claims) - listed_claims:
@@ -263,6 +275,7 @@ class Controller:
                     self._drop_claim(gone_key)
             for body in claims:
                 self._put_claim(body)
+            self._prune_tombstones("claim", claims_version)
             self._pod_claims.clear()
             self._claims_of_pod.clear()
             for pod in pods:
@@ -298,6 +311,7 @@ class Controller:
             if kind == "claim":
                 key = (meta.get("namespace", ""), name)
                 if deleted:
+                    self._bury(("claim", *key), body)
                     self._drop_claim(key)
                     egpu = self._egpu_for_claim_uid(meta.get("uid", ""))
                     if egpu:
@@ -307,6 +321,7 @@ class Controller:
                 self.queue.add(("claim", *key))
             elif kind == "egpu":
                 if deleted:
+                    self._bury(("egpu", name), body)
                     self._drop_egpu(name)
                 else:
                     self._put_egpu(body)
@@ -315,7 +330,7 @@ class Controller:
             elif kind == "gpu":
                 before = self._free_of(name)
                 if deleted:
-                    self.ledger.forget_gpu(name)
+                    self.ledger.delete_gpu(body)
                 else:
                     self.ledger.observe_gpu(body)
                 for egpu_name in self._egpus_on_gpu(name):
@@ -337,6 +352,8 @@ class Controller:
     def _put_claim(self, body: Body) -> ElasticGPUClaim:
         """Take in a claim (newer than the picture's, else ignored); its model either way."""
         key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
+        if self._buried(("claim", *key), body):
+            return ElasticGPUClaim.model_validate(body)
         if not _newer(body, self._claim_bodies.get(key)):
             if _same_version(body, self._claim_bodies.get(key)):
                 return self._claims[key]
@@ -353,6 +370,24 @@ class Controller:
                 self._claims_naming.setdefault(model.spec.elastic_gpu_name, set()).add(key)
         return model
 
+    def _bury(self, key: Key, body: Body) -> None:
+        version = _version(body)
+        if version is not None:
+            self._tombstones[key] = max(version, self._tombstones.get(key, 0))
+
+    def _buried(self, key: Key, body: Body) -> bool:
+        """True when `body` is a version from before the deletion a watch delivered."""
+        deleted_at = self._tombstones.get(key)
+        version = _version(body)
+        return deleted_at is not None and version is not None and version <= deleted_at
+
+    def _prune_tombstones(self, kind: str, list_version: str) -> None:
+        if not list_version.isdigit():
+            return
+        newer = int(list_version)
+        for key in [k for k, v in self._tombstones.items() if k[0] == kind and v <= newer]:
+            del self._tombstones[key]
+
     def _drop_claim(self, key: ClaimKey) -> None:
         old_claim = self._claims.pop(key, None)
         self._claim_bodies.pop(key, None)
@@ -362,6 +397,8 @@ class Controller:
     def _put_egpu(self, body: Body) -> ElasticGPU:
         """Take in an ElasticGPU (newer than the picture's, else ignored); its model either way."""
         name = body["metadata"]["name"]
+        if self._buried(("egpu", name), body):
+            return ElasticGPU.model_validate(body)
         if not _newer(body, self._egpu_bodies.get(name)):
             if _same_version(body, self._egpu_bodies.get(name)):
                 return self._egpus[name]

@@ -84,6 +84,9 @@ class Ledger:
         a watch event of one GPU costs O(its allocations), not a scan of every GPU."""
         self._holders: dict[str, set[str]] = {}
         self._allocations: dict[str, dict[str, GPUAllocation]] = {}
+        self._tombstones: dict[str, int] = {}
+        """resourceVersion of each GPU deletion seen: an older copy (a list read before it, a
+        write answer after it) must not bring the card back. Pruned by `prune_tombstones`."""
         """Each GPU's allocations by ElasticGPU name (a lookup per key, not a scan per key)."""
 
     # -- reading -------------------------------------------------------------------------------
@@ -148,6 +151,10 @@ class Ledger:
         old = self._gpus.get(name)
         if old is not None and _older(body, old):
             return
+        deleted_at = self._tombstones.get(name)
+        version = str(body["metadata"].get("resourceVersion", ""))
+        if deleted_at is not None and version.isdigit() and int(version) <= deleted_at:
+            return  # a copy from before its deletion
         model = GPU.model_validate(body)
         previous = self._models.get(name)
         if previous is not None and (previous.spec != model.spec or _health(previous) != _health(model)):
@@ -180,6 +187,21 @@ class Ledger:
             self._keys_on[gpu_name] = after
         else:
             self._keys_on.pop(gpu_name, None)
+
+    def delete_gpu(self, body: Body) -> None:
+        """A GPU object was deleted (a watch's DELETED event, whose body has the deletion's
+        resourceVersion): forget it, and refuse older copies of it from now on."""
+        name = body["metadata"]["name"]
+        version = str(body["metadata"].get("resourceVersion", ""))
+        if version.isdigit():
+            self._tombstones[name] = max(int(version), self._tombstones.get(name, 0))
+        self.forget_gpu(name)
+
+    def prune_tombstones(self, list_version: str) -> None:
+        """Drop what a list taken at `list_version` (newer than the deletions) makes needless."""
+        if list_version.isdigit():
+            newer = int(list_version)
+            self._tombstones = {n: v for n, v in self._tombstones.items() if v > newer}
 
     def forget_gpu(self, name: str) -> None:
         """Drop a GPU object (deleted, or about to be re-added with a new spec)."""

@@ -306,3 +306,29 @@ def test_relist_never_rolls_the_picture_back(cluster: Cluster, kube: KubeApi) ->
     assert kept is not None and kept.metadata.labels == {"seen": "by-watch"}
     assert controller.claim(cluster.namespace, "young") is not None
     assert controller.claim(cluster.namespace, gone["metadata"]["name"]) is None
+
+
+def test_a_deletion_the_watch_delivered_is_not_undone_by_an_older_copy(cluster: Cluster, kube: KubeApi) -> None:
+    """The informer race: a list read before a deletion (or a write answer that arrives after
+    it) still holds the object; merging it must not bring the object back."""
+    gpus, class_name = _setup(cluster)
+    zombie = cluster.claim(o.claim("zombie", cores=30, memory="10Gi", class_name=class_name))
+    controller = new_controller(kube, cluster.namespace)
+    controller.rebuild()
+    assert controller.claim(cluster.namespace, "zombie") is not None
+    gpu = kube.get_gpu(gpus[0])
+    later = str(int(zombie["metadata"]["resourceVersion"]) + 10_000)
+
+    # Deletions delivered by a watch, at a resourceVersion the next list has not reached yet.
+    controller.observe("claim", "DELETED", {**zombie, "metadata": {**zombie["metadata"], "resourceVersion": later}})
+    controller.observe("gpu", "DELETED", {**gpu, "metadata": {**gpu["metadata"], "resourceVersion": later}})
+    controller.rebuild()  # the server still holds both: the list is "older" than the deletions
+    assert controller.claim(cluster.namespace, "zombie") is None
+    assert controller.ledger.gpu(gpus[0]) is None
+    controller.observe("claim", "MODIFIED", zombie)  # e.g. a write answer that arrives late
+    assert controller.claim(cluster.namespace, "zombie") is None
+
+    # A claim of that name created after the deletion is a new object: it is taken in.
+    reborn = {**zombie, "metadata": {**zombie["metadata"], "resourceVersion": str(int(later) + 1)}}
+    controller.observe("claim", "ADDED", reborn)
+    assert controller.claim(cluster.namespace, "zombie") is not None
