@@ -7,9 +7,12 @@ cause detection, per-object worker tasks) cost about 70% of the controller's CPU
 of binds (py-spy, `bench/binding.py`), more than the API server spent on the binds themselves.
 Here an event costs one JSON parse and one `observe`.
 
-A watch that ends (server timeout) is reopened from the last resourceVersion; one that expired
-(410 Gone, or any error) lists again. Deletions missed while not watching are repaired by the
-periodic resync, which rebuilds the picture from lists.
+A watch that ends (server timeout) or breaks (a dropped connection, a restarting server) is
+reopened from the last resourceVersion it delivered, as client-go's reflector does: nothing
+is missed and nothing is listed again. Only an expired resourceVersion (410 Gone, as an answer
+or as an ERROR event), `RELIST_AFTER_FAILURES` failures in a row, or an object that cannot be
+taken in start over with a list: a list queues every object again, which a watch that breaks
+now and then must not cost.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from elasticgpu.controller.reconciling import Controller
 logger = logging.getLogger(__name__)
 
 KINDS = ("claim", "egpu", "gpu", "class", "pod")
+RELIST_AFTER_FAILURES = 3
+"""Failed attempts in a row to reopen a watch from its resourceVersion before listing again."""
 
 
 def watch_kind(controller: Controller, kube: KubeApi, kind: str, stop: threading.Event, *,
@@ -32,6 +37,7 @@ def watch_kind(controller: Controller, kube: KubeApi, kind: str, stop: threading
     path = kube.collection_path(kind, namespace)
     resource_version = ""
     backoff = 0.5
+    failures = 0
     while not stop.is_set():
         try:
             if not resource_version:
@@ -48,12 +54,16 @@ def watch_kind(controller: Controller, kube: KubeApi, kind: str, stop: threading
                     resource_version = ""
                     break
                 resource_version = str((body.get("metadata") or {}).get("resourceVersion") or resource_version)
+                failures = 0  # the watch works: a break after this is a fresh one
                 if kind_of_event != "BOOKMARK":
                     controller.observe(kind, kind_of_event, body)
-            backoff = 0.5
+            backoff, failures = 0.5, 0
         except errors.ApiError as err:
-            logger.warning("watch of %s failed, retrying in %.1fs: %s", kind, backoff, err)
-            resource_version = ""
+            failures += 1
+            if err.status == 410 or failures >= RELIST_AFTER_FAILURES:
+                resource_version = ""
+            logger.warning("watch of %s failed, retrying in %.1fs from %s: %s", kind, backoff,
+                           f"resourceVersion {resource_version}" if resource_version else "a new list", err)
             stop.wait(backoff)
             backoff = min(backoff * 2, 30.0)
         except Exception:  # a bad object must not end the watch; the resync repairs what it missed
