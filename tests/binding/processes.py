@@ -33,10 +33,11 @@ class ControllerProcesses:
     env: dict[str, str] = field(default_factory=dict)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def start(self) -> subprocess.Popen[bytes]:
-        """One more controller process, logging into `log_dir/controller-<n>.log`."""
+    def start(self, *, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """One more controller process, logging into `log_dir/controller-<n>.log`; `env` adds to
+        the environment of this one (e.g. `ELASTICGPU_WATCH=kopf`)."""
         log = self.log_dir / f"controller-{len(self.procs)}.log"
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.env}
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.env, **(env or {})}
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(self.kubeconfig),
