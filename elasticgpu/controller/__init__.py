@@ -1,9 +1,11 @@
 """The elasticgpu controller: binds ElasticGPUClaims to ElasticGPUs, provisions them, releases them.
 
 Modules: `binder` (pure decisions: the state machine), `release` and `resync` (pure decisions of
-release and repair), `reservations` (the capacity picture and GPU status bodies), `provisioner`
-(the ElasticGPU made for a claim), `reconciling` (picture, queue, executor), `kube` (the only
-module that talks to the API server), `operator` (kopf wiring), `events`, `settings`, `errors`.
+release and repair), `reservations` (the capacity picture and GPU status bodies), `versions`
+(resourceVersion order, deletion tombstones), `provisioner` (the ElasticGPU made for a claim),
+`reconciling` (picture, queue, executor), `kube` (the only module that talks to the API server),
+`transport` (its HTTP connections), `operator` (kopf wiring and garbage-collector settings),
+`watching` (the default watches), `events`, `settings`, `errors`.
 """
 
 from __future__ import annotations

@@ -104,8 +104,8 @@ def collect_and_freeze() -> None:
     """A young collection, then `gc.freeze`: what is alive now is never walked again. (A full
     collection here cost 200 ms after a burst of 1,500 claims: the stall the resync must not
     be.) The price: a reference cycle that outlives two young collections is never reclaimed.
-    The picture holds none (plain dicts and pydantic models, replaced by new versions); the
-    controller's RSS over the benchmark is the check (`bench/README.md`)."""
+    The picture holds none (plain dicts and pydantic models, replaced by new versions);
+    `tests/controller/test_garbage.py` fails if binding starts to leave cycles behind."""
     gc.collect(1)
     gc.freeze()
 

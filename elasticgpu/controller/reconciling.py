@@ -31,7 +31,7 @@ from typing import Any
 
 from elasticgpu.allocator import Placement, PlacementRequest, Unplaceable
 from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names
-from elasticgpu.controller import binder, errors, release, resync
+from elasticgpu.controller import binder, errors, release, resync, versions
 from elasticgpu.controller.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.kube import KubeApi
 from elasticgpu.controller.provisioner import build_elastic_gpu, capacity_of, claim_ref_of
@@ -153,37 +153,6 @@ class WorkQueue:
             return len(self._queued) + len(self._delayed)
 
 
-def _newer(new: Body, old: Body | None) -> bool:
-    """False when `new` is known to be the same version as `old` or older. The answer of our own
-    write and the watch event of it carry the same resourceVersion: the second is not parsed again."""
-    if old is None:
-        return True
-    a = str(new.get("metadata", {}).get("resourceVersion", ""))
-    b = str(old.get("metadata", {}).get("resourceVersion", ""))
-    return not (a.isdigit() and b.isdigit() and int(a) <= int(b))
-
-
-def _same_version(new: Body, old: Body | None) -> bool:
-    """True when both carry the same resourceVersion."""
-    version = new.get("metadata", {}).get("resourceVersion")
-    return old is not None and bool(version) and version == old.get("metadata", {}).get("resourceVersion")
-
-
-def _version(body: Body | None) -> int | None:
-    """The resourceVersion as a number, or None (absent, or a server that writes no integers)."""
-    value = str(((body or {}).get("metadata") or {}).get("resourceVersion", ""))
-    return int(value) if value.isdigit() else None
-
-
-def _changed_after(body: Body | None, list_version: str) -> bool:
-    """True when `body` (from the picture) is newer than a list taken at `list_version`: it was
-    created or changed after the list's snapshot, so its absence from the list proves nothing."""
-    if body is None:
-        return False
-    mine = str(body.get("metadata", {}).get("resourceVersion", ""))
-    return mine.isdigit() and list_version.isdigit() and int(mine) > int(list_version)
-
-
 def _condition(type_: str, reason: str, message: str, previous: list[Condition]) -> dict[str, Any]:
     """One condition; keeps the old transition time when the type and reason did not change."""
     old = next((c for c in previous if c.type == type_), None)
@@ -219,11 +188,9 @@ class Controller:
         self._egpu_bodies: dict[str, Body] = {}
         self._by_claim_uid: dict[str, str] = {}
         self._unclaimed_available: dict[str, ElasticGPU] = {}
-        self._tombstones: dict[Key, int] = {}
-        """resourceVersion of each deletion a watch delivered, by ("claim", ns, name) or
-        ("egpu", name): a list read before the deletion, or a write answer that arrives after
-        it, must not bring the object back. Dropped once a list is newer than the deletion."""
         """Available ElasticGPUs without a claimRef (static bind candidates), kept by `_put_egpu`."""
+        self._deleted_claims: versions.Tombstones[ClaimKey] = versions.Tombstones()
+        self._deleted_egpus: versions.Tombstones[str] = versions.Tombstones()
         self._claims_naming: dict[str, set[ClaimKey]] = {}
         """Claims by the ElasticGPU their spec names; and ElasticGPUs by the GPUs their spec names:
         watch events of one object must not cost a scan of all of them."""
@@ -256,44 +223,44 @@ class Controller:
                 self.ledger.observe_node(node["metadata"]["name"], node["metadata"].get("labels") or {})
             listed = {g["metadata"]["name"] for g in gpus}
             for gone in set(self.ledger.gpu_names()) - listed:
-                if not _changed_after(self.ledger.gpu_body(gone), gpus_version):
+                if not versions.changed_after(self.ledger.gpu_body(gone), gpus_version):
                     self.ledger.forget_gpu(gone)
             for body in gpus:
                 self.ledger.observe_gpu(body)
             self.ledger.prune_tombstones(gpus_version)
             listed = {e["metadata"]["name"] for e in egpus}
             for gone in set(self._egpus) - listed:
-                if not _changed_after(self._egpu_bodies.get(gone), egpus_version):
+                if not versions.changed_after(self._egpu_bodies.get(gone), egpus_version):
                     self._drop_egpu(gone)
             for body in egpus:
                 self._put_egpu(body)
-            self._prune_tombstones("egpu", egpus_version)
+            self._deleted_egpus.prune(egpus_version)
             self._classes = {c["metadata"]["name"]: ElasticGPUClass.model_validate(c) for c in classes}
             listed_claims = {(c["metadata"].get("namespace", ""), c["metadata"]["name"]) for c in claims}
             for gone_key in set(self._claims) - listed_claims:
-                if not _changed_after(self._claim_bodies.get(gone_key), claims_version):
+                if not versions.changed_after(self._claim_bodies.get(gone_key), claims_version):
                     self._drop_claim(gone_key)
             for body in claims:
                 self._put_claim(body)
-            self._prune_tombstones("claim", claims_version)
+            self._deleted_claims.prune(claims_version)
             self._pod_claims.clear()
             self._claims_of_pod.clear()
             for pod in pods:
                 self._put_pod(pod)
-            keys: list[Key] = [("egpu", n) for n in self._egpus]
-            keys += [("claim", ns, n) for ns, n in self._claims]
-        for key in keys:
-            self.queue.add(key, background=background)
+        self._queue_all(background=background)
         self.ready.set()
 
     def requeue_all(self) -> None:
         """Queue every claim and ElasticGPU of the picture behind the keys events queued (the
         periodic resync between relists)."""
+        self._queue_all(background=True)
+
+    def _queue_all(self, *, background: bool) -> None:
         with self._lock:
             keys: list[Key] = [("egpu", n) for n in self._egpus]
             keys += [("claim", ns, n) for ns, n in self._claims]
         for key in keys:
-            self.queue.add(key, background=True)
+            self.queue.add(key, background=background)
 
     def _try(self, call: Any) -> Any:
         try:
@@ -311,7 +278,7 @@ class Controller:
             if kind == "claim":
                 key = (meta.get("namespace", ""), name)
                 if deleted:
-                    self._bury(("claim", *key), body)
+                    self._deleted_claims.bury(key, body)
                     self._drop_claim(key)
                     egpu = self._egpu_for_claim_uid(meta.get("uid", ""))
                     if egpu:
@@ -321,7 +288,7 @@ class Controller:
                 self.queue.add(("claim", *key))
             elif kind == "egpu":
                 if deleted:
-                    self._bury(("egpu", name), body)
+                    self._deleted_egpus.bury(name, body)
                     self._drop_egpu(name)
                 else:
                     self._put_egpu(body)
@@ -352,10 +319,10 @@ class Controller:
     def _put_claim(self, body: Body) -> ElasticGPUClaim:
         """Take in a claim (newer than the picture's, else ignored); its model either way."""
         key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
-        if self._buried(("claim", *key), body):
+        if self._deleted_claims.holds(key, body):
             return ElasticGPUClaim.model_validate(body)
-        if not _newer(body, self._claim_bodies.get(key)):
-            if _same_version(body, self._claim_bodies.get(key)):
+        if not versions.is_newer(body, self._claim_bodies.get(key)):
+            if versions.same_version(body, self._claim_bodies.get(key)):
                 return self._claims[key]
             return ElasticGPUClaim.model_validate(body)
         self._claim_bodies[key] = body
@@ -370,24 +337,6 @@ class Controller:
                 self._claims_naming.setdefault(model.spec.elastic_gpu_name, set()).add(key)
         return model
 
-    def _bury(self, key: Key, body: Body) -> None:
-        version = _version(body)
-        if version is not None:
-            self._tombstones[key] = max(version, self._tombstones.get(key, 0))
-
-    def _buried(self, key: Key, body: Body) -> bool:
-        """True when `body` is a version from before the deletion a watch delivered."""
-        deleted_at = self._tombstones.get(key)
-        version = _version(body)
-        return deleted_at is not None and version is not None and version <= deleted_at
-
-    def _prune_tombstones(self, kind: str, list_version: str) -> None:
-        if not list_version.isdigit():
-            return
-        newer = int(list_version)
-        for key in [k for k, v in self._tombstones.items() if k[0] == kind and v <= newer]:
-            del self._tombstones[key]
-
     def _drop_claim(self, key: ClaimKey) -> None:
         old_claim = self._claims.pop(key, None)
         self._claim_bodies.pop(key, None)
@@ -397,10 +346,10 @@ class Controller:
     def _put_egpu(self, body: Body) -> ElasticGPU:
         """Take in an ElasticGPU (newer than the picture's, else ignored); its model either way."""
         name = body["metadata"]["name"]
-        if self._buried(("egpu", name), body):
+        if self._deleted_egpus.holds(name, body):
             return ElasticGPU.model_validate(body)
-        if not _newer(body, self._egpu_bodies.get(name)):
-            if _same_version(body, self._egpu_bodies.get(name)):
+        if not versions.is_newer(body, self._egpu_bodies.get(name)):
+            if versions.same_version(body, self._egpu_bodies.get(name)):
                 return self._egpus[name]
             return ElasticGPU.model_validate(body)
         old = self._egpus.get(name)

@@ -30,6 +30,7 @@ from elasticgpu.allocator import (
     Unplaceable,
 )
 from elasticgpu.api import GPU, GPUAllocation, ObjectReference, format_memory, names
+from elasticgpu.controller import versions
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +85,9 @@ class Ledger:
         a watch event of one GPU costs O(its allocations), not a scan of every GPU."""
         self._holders: dict[str, set[str]] = {}
         self._allocations: dict[str, dict[str, GPUAllocation]] = {}
-        self._tombstones: dict[str, int] = {}
-        """resourceVersion of each GPU deletion seen: an older copy (a list read before it, a
-        write answer after it) must not bring the card back. Pruned by `prune_tombstones`."""
         """Each GPU's allocations by ElasticGPU name (a lookup per key, not a scan per key)."""
+        self._deleted: versions.Tombstones[str] = versions.Tombstones()
+        """GPU deletions seen: an older copy (a list read before, a write answer after) is refused."""
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -149,11 +149,9 @@ class Ledger:
         """Take in a GPU object as the server holds it (from a list, watch event or write)."""
         name = body["metadata"]["name"]
         old = self._gpus.get(name)
-        if old is not None and _older(body, old):
+        if old is not None and versions.is_older(body, old):
             return
-        deleted_at = self._tombstones.get(name)
-        version = str(body["metadata"].get("resourceVersion", ""))
-        if deleted_at is not None and version.isdigit() and int(version) <= deleted_at:
+        if self._deleted.holds(name, body):
             return  # a copy from before its deletion
         model = GPU.model_validate(body)
         previous = self._models.get(name)
@@ -192,16 +190,12 @@ class Ledger:
         """A GPU object was deleted (a watch's DELETED event, whose body has the deletion's
         resourceVersion): forget it, and refuse older copies of it from now on."""
         name = body["metadata"]["name"]
-        version = str(body["metadata"].get("resourceVersion", ""))
-        if version.isdigit():
-            self._tombstones[name] = max(int(version), self._tombstones.get(name, 0))
+        self._deleted.bury(name, body)
         self.forget_gpu(name)
 
     def prune_tombstones(self, list_version: str) -> None:
-        """Drop what a list taken at `list_version` (newer than the deletions) makes needless."""
-        if list_version.isdigit():
-            newer = int(list_version)
-            self._tombstones = {n: v for n, v in self._tombstones.items() if v > newer}
+        """Forget the deletions a list taken at `list_version` has seen."""
+        self._deleted.prune(list_version)
 
     def forget_gpu(self, name: str) -> None:
         """Drop a GPU object (deleted, or about to be re-added with a new spec)."""
@@ -325,11 +319,3 @@ def _allocations(body: Body) -> list[Body]:
 
 def _health(model: GPU) -> Health:
     return Health.UNHEALTHY if model.status.health == "Unhealthy" else Health.HEALTHY
-
-
-def _older(new: Body, old: Body) -> bool:
-    """True when `new` is known to be older than `old`. resourceVersions are opaque, but every
-    server we know writes integers; anything else is taken as newer."""
-    a = str(new.get("metadata", {}).get("resourceVersion", ""))
-    b = str(old.get("metadata", {}).get("resourceVersion", ""))
-    return a.isdigit() and b.isdigit() and int(a) < int(b)
