@@ -1,0 +1,1 @@
+"""The CRI-facing hook: a proxy between kubelet and the container runtime that injects claimed GPUs."""
