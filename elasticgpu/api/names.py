@@ -44,6 +44,8 @@ LABEL_NODE: Final = "elasticgpu.io/node"
 LABEL_CLAIM_NAMESPACE: Final = "elasticgpu.io/claim-namespace"
 LABEL_CLAIM_NAME: Final = "elasticgpu.io/claim-name"
 LABEL_CLASS: Final = "elasticgpu.io/class"
+# On pods that use claims (set by the admission webhook): the controller watches only these pods.
+LABEL_USES_CLAIMS: Final = "elasticgpu.io/uses-claims"
 
 # Finalizers and the pod scheduling gate.
 FINALIZER_CLAIM_PROTECTION: Final = "elasticgpu.io/claim-protection"
