@@ -5,6 +5,7 @@
     │   ├── InvalidQuantity         a quantity string cannot be read (`10 Gb`, `-1`)
     │   ├── InvalidRequest          a claim's resources make no valid request
     │   └── InvalidClassParameters  an ElasticGPUClass has unknown or malformed parameters
+    ├── InvalidPodClaims            a pod's claim annotations are wrong (holds every InvalidSpec found)
     └── NotFound                    a referenced object does not exist
 
 Every message names the object (where known), the field, the rule, and how to fix it, because
@@ -41,6 +42,16 @@ class InvalidRequest(InvalidSpec):
 
 class InvalidClassParameters(InvalidSpec):
     """An ElasticGPUClass's `parameters` are unknown or malformed."""
+
+
+class InvalidPodClaims(ElasticGPUError):
+    """A pod's claim annotations break rules; `problems` holds one `InvalidSpec` per broken rule,
+    so the user sees every problem of the pod at once instead of one per attempt."""
+
+    def __init__(self, problems: list[InvalidSpec], *, pod: str = "") -> None:
+        self.problems = tuple(problems)
+        where = f"pod {pod}: " if pod else ""
+        super().__init__(where + "; ".join(str(problem) for problem in self.problems))
 
 
 class NotFound(ElasticGPUError):
