@@ -1,0 +1,38 @@
+"""The interface every discovery backend implements (NVML, simulated).
+
+The agent's loops call these methods from one thread each (inventory, usage, health); a backend
+must tolerate calls from different threads but never two of the same method at once.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from elasticgpu.agent.discovery import models
+
+
+class DiscoveryBackend(Protocol):
+    """Where the agent learns about the node's cards, their processes and their errors."""
+
+    name: str
+    """`nvml` or `simulated`, for logs and metrics."""
+
+    def snapshot(self) -> models.Snapshot:
+        """The cards present now, and the driver's versions. A card that stopped answering is left out."""
+        ...
+
+    def process_usage(self) -> list[models.ProcessUsage]:
+        """Memory and SM use of every process on every card, now."""
+        ...
+
+    def wait_xid_events(self, timeout_s: float) -> list[models.XidEvent]:
+        """XID events since the last call, waiting at most `timeout_s` seconds for the first."""
+        ...
+
+    def control_device_paths(self) -> list[str]:
+        """Device nodes every GPU container needs besides its cards (`/dev/nvidiactl`, `/dev/nvidia-uvm`, ...)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds (NVML handle, event set)."""
+        ...

@@ -1,0 +1,337 @@
+"""The simulated backend: cards described in YAML, for clusters and tests without GPUs.
+
+The file::
+
+    driver: {version: "550.54.15", cuda: "12.4"}
+    cards:
+      - model: NVIDIA A100-SXM4-80GB
+        memory: 80Gi            # MiB as a number, or a quantity
+        numa: 0
+        links: [1]              # other cards of this node, by index or uuid
+        count: 2                # optional: this many identical cards (links then name indices)
+        # uuid: GPU-...         # optional; default derived from node name and index (stable, unique per node)
+        # minor: 0              # optional; default: the index
+        # mig: false
+    timeline:                   # optional; `at` is seconds after the backend started
+      - {at: 5, process: {card: 0, pid: 4242, memory: 2Gi, sm: 30}}
+      - {at: 9, xid: {card: 0, code: 79, message: fell off the bus}}
+      - {at: 20, process: {card: 0, pid: 4242, gone: true}}
+      - {at: 30, vanish: {card: 1}}
+      - {at: 60, appear: {card: 1}}
+
+While the agent runs, a test (or a person) injects the same entries, without `at`, by dropping
+one JSON or YAML file per entry into the inject directory (`inject()` below does it atomically:
+write a hidden temporary file, then rename). The backend takes them in name order on its next
+call and deletes them, so an injected entry acts once, exactly like a timeline entry that is due.
+
+Stand-in device nodes: for each card the backend makes `<device_dir>/nvidia<minor>` (and the
+control devices `nvidiactl`, `nvidia-uvm`), character devices with /dev/null's numbers, so a CDI
+spec that names them is valid for a real container runtime and a container that opens them
+opens /dev/null. Without the right to mknod (not root) they are symlinks to /dev/null.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import threading
+import time
+import uuid as uuidlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from elasticgpu.agent import errors
+from elasticgpu.agent.discovery import models
+from elasticgpu.api import quantities
+from elasticgpu.api.errors import InvalidQuantity
+
+logger = logging.getLogger(__name__)
+
+_UUID_NAMESPACE = uuidlib.UUID("6f1d6c1e-3b7a-4c55-9a43-2f7f0f1f7e21")  # fixed: simulated uuids stay stable
+_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm")
+_POLL_S = 0.05  # how often wait_xid_events looks at the clock and the inject directory
+
+
+def simulated_uuid(node_name: str, index: int) -> str:
+    """The default uuid of simulated card `index` of `node_name`: stable across restarts, unique per node."""
+    return "GPU-" + str(uuidlib.uuid5(_UUID_NAMESPACE, f"{node_name}/{index}"))
+
+
+@dataclass
+class _CardState:
+    card: models.Card
+    present: bool = True
+
+
+def _fail(source: str, where: str, problem: str) -> errors.SimulationInvalid:
+    return errors.SimulationInvalid(f"{source}: {where}: {problem}")
+
+
+def _int(value: object, *, source: str, where: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _fail(source, where, f"must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def make_stand_in_device(path: Path) -> None:
+    """A character device at `path` with /dev/null's major/minor (a symlink to /dev/null without CAP_MKNOD)."""
+    if path.exists() or path.is_symlink():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    null = os.stat("/dev/null").st_rdev
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, null)
+    except PermissionError:
+        os.symlink("/dev/null", path)
+
+
+def inject(inject_dir: str | Path, entry: dict[str, Any]) -> Path:
+    """Drop one timeline entry (without `at`) for a running simulated backend to act on; returns its file.
+
+    Atomic: written under a hidden name and renamed, so the backend never reads half a file.
+    Names sort by time of injection, so entries act in the order they were injected.
+    """
+    directory = Path(inject_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"{time.time_ns():020d}-{os.getpid()}-{threading.get_ident()}.json"
+    temporary = directory / f".{name}.tmp"
+    temporary.write_text(json.dumps(entry))
+    final = directory / name
+    os.rename(temporary, final)
+    return final
+
+
+class SimulatedBackend:
+    """Cards, processes and XID events from a YAML description and injected entries."""
+
+    name = "simulated"
+
+    def __init__(
+        self,
+        description: dict[str, Any],
+        *,
+        node_name: str,
+        device_dir: str | Path,
+        inject_dir: str | Path | None = None,
+        source: str = "simulation",
+        clock: Any = time.monotonic,
+    ) -> None:
+        self._source = source
+        self._node = node_name
+        self._device_dir = Path(device_dir)
+        self._inject_dir = Path(inject_dir) if inject_dir is not None else None
+        self._clock = clock
+        self._started = clock()
+        self._lock = threading.Lock()
+        self._driver, cards = self._parse_description(description)
+        self._cards: dict[int, _CardState] = {card.index: _CardState(card) for card in cards}
+        self._timeline = self._parse_timeline(description.get("timeline") or [])
+        self._processes: dict[tuple[str, int], models.ProcessUsage] = {}
+        self._xids: list[models.XidEvent] = []
+        for card in cards:
+            make_stand_in_device(Path(card.device_path))
+        for control in _CONTROL_DEVICES:
+            make_stand_in_device(self._device_dir / control)
+
+    @classmethod
+    def from_file(
+        cls, path: str | Path, *, node_name: str, device_dir: str | Path, inject_dir: str | Path | None = None
+    ) -> SimulatedBackend:
+        """Read the YAML description at `path`; raises `SimulationInvalid` naming the file and field."""
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise errors.SimulationInvalid(
+                f"simulation file {path}: cannot be read ({e.strerror}); give an existing YAML file with --simulation"
+            ) from None
+        try:
+            description = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise errors.SimulationInvalid(f"simulation file {path}: not valid YAML: {e}") from None
+        if not isinstance(description, dict):
+            raise errors.SimulationInvalid(f"simulation file {path}: must be a mapping with a `cards` list")
+        return cls(description, node_name=node_name, device_dir=device_dir, inject_dir=inject_dir, source=str(path))
+
+    # Parsing -------------------------------------------------------------------------------------------
+
+    def _parse_description(self, description: dict[str, Any]) -> tuple[models.DriverInfo, list[models.Card]]:
+        source = self._source
+        driver_raw = description.get("driver") or {}
+        if not isinstance(driver_raw, dict):
+            raise _fail(source, "driver", "must be a mapping with `version` and `cuda`")
+        driver = models.DriverInfo(
+            driver_version=str(driver_raw.get("version", "simulated")), cuda_version=str(driver_raw.get("cuda", ""))
+        )
+        entries = description.get("cards")
+        if not isinstance(entries, list) or not entries:
+            raise _fail(source, "cards", "must be a non-empty list of cards (model, memory, numa, links)")
+        raw_cards: list[tuple[dict[str, Any], str]] = []
+        for position, entry in enumerate(entries):
+            where = f"cards[{position}]"
+            if not isinstance(entry, dict):
+                raise _fail(source, where, "must be a mapping with at least `memory`")
+            count = _int(entry.get("count", 1), source=source, where=f"{where}.count", minimum=1)
+            raw_cards.extend((entry, where) for _ in range(count))
+        cards: list[models.Card] = []
+        for index, (entry, where) in enumerate(raw_cards):
+            if "memory" not in entry:
+                raise _fail(source, f"{where}.memory", "is required (MiB, or a quantity such as 80Gi)")
+            try:
+                memory = quantities.parse_memory_mib(entry["memory"], field=f"{where}.memory")
+            except InvalidQuantity as e:
+                raise _fail(source, f"{where}.memory", str(e)) from None
+            if memory < 1:
+                raise _fail(source, f"{where}.memory", "must be at least 1 MiB")
+            minor = _int(entry.get("minor", index), source=source, where=f"{where}.minor")
+            numa = entry.get("numa")
+            if entry.get("uuid") and entry.get("count", 1) != 1:
+                raise _fail(source, f"{where}.uuid", "cannot be given with count > 1 (each card needs its own uuid)")
+            cards.append(
+                models.Card(
+                    index=index,
+                    uuid=str(entry.get("uuid") or simulated_uuid(self._node, index)),
+                    model=str(entry.get("model", "Simulated GPU")),
+                    memory_mib=memory,
+                    minor=minor,
+                    device_path=str(self._device_dir / f"nvidia{minor}"),
+                    numa=None if numa is None else _int(numa, source=source, where=f"{where}.numa"),
+                    pci_bus_id=str(entry.get("pciBusId", "")),
+                    mig_enabled=bool(entry.get("mig", False)),
+                )
+            )
+        # Links name other cards by index or uuid; resolve them now that every uuid is known.
+        by_index = {card.index: card.uuid for card in cards}
+        known = set(by_index.values())
+        resolved: list[models.Card] = []
+        for card, (entry, where) in zip(cards, raw_cards, strict=True):
+            peers: set[str] = set()
+            for link in entry.get("links") or []:
+                peer = by_index.get(link) if isinstance(link, int) else (link if link in known else None)
+                if peer is None:
+                    raise _fail(source, f"{where}.links", f"{link!r} names no card of this file (use an index or uuid)")
+                if peer != card.uuid:
+                    peers.add(peer)
+            resolved.append(replace(card, links=tuple(sorted(peers))))
+        if len({card.minor for card in resolved}) != len(resolved):
+            raise _fail(source, "cards[].minor", "two cards have the same minor number; give each its own")
+        return driver, resolved
+
+    def _parse_timeline(self, timeline: Any) -> list[tuple[float, dict[str, Any]]]:
+        if not isinstance(timeline, list):
+            raise _fail(self._source, "timeline", "must be a list of entries with `at` (seconds)")
+        parsed: list[tuple[float, dict[str, Any]]] = []
+        for position, entry in enumerate(timeline):
+            where = f"timeline[{position}]"
+            if not isinstance(entry, dict) or not isinstance(entry.get("at"), int | float):
+                raise _fail(self._source, f"{where}.at", "each entry needs `at`, seconds after start")
+            body = {k: v for k, v in entry.items() if k != "at"}
+            self._check_entry(body, where)
+            parsed.append((float(entry["at"]), body))
+        parsed.sort(key=lambda item: item[0])
+        return parsed
+
+    def _check_entry(self, entry: dict[str, Any], where: str) -> None:
+        kinds = [k for k in ("process", "xid", "vanish", "appear") if k in entry]
+        if len(kinds) != 1 or not isinstance(entry[kinds[0]], dict):
+            raise _fail(self._source, where, "needs exactly one of process, xid, vanish, appear (a mapping)")
+        self._card_of(entry[kinds[0]], f"{where}.{kinds[0]}.card")
+
+    def _card_of(self, body: dict[str, Any], where: str) -> models.Card:
+        ref = body.get("card")
+        for state in self._cards.values():
+            if ref in (state.card.index, state.card.uuid):
+                return state.card
+        raise _fail(self._source, where, f"{ref!r} names no card (use its index or uuid)")
+
+    # Acting on entries -----------------------------------------------------------------------------------
+
+    def _apply(self, entry: dict[str, Any], where: str) -> None:
+        self._check_entry(entry, where)
+        if "process" in entry:
+            body = entry["process"]
+            card = self._card_of(body, where)
+            pid = _int(body.get("pid"), source=self._source, where=f"{where}.process.pid", minimum=1)
+            if body.get("gone"):
+                self._processes.pop((card.uuid, pid), None)
+                return
+            try:
+                memory = quantities.parse_memory_mib(body.get("memory", 0), field=f"{where}.process.memory")
+            except InvalidQuantity as e:
+                raise _fail(self._source, f"{where}.process.memory", str(e)) from None
+            sm = body.get("sm")
+            self._processes[(card.uuid, pid)] = models.ProcessUsage(
+                gpu_uuid=card.uuid, pid=pid, memory_mib=memory,
+                sm_percent=None if sm is None else _int(sm, source=self._source, where=f"{where}.process.sm"),
+            )
+        elif "xid" in entry:
+            body = entry["xid"]
+            card = self._card_of(body, where)
+            code = _int(body.get("code"), source=self._source, where=f"{where}.xid.code", minimum=1)
+            note = str(body.get("message", ""))
+            self._xids.append(models.XidEvent(gpu_uuid=card.uuid, xid=code, timestamp=time.time(), message=note))
+        else:
+            present = "appear" in entry
+            card = self._card_of(entry["appear" if present else "vanish"], where)
+            self._cards[card.index].present = present
+
+    def _advance(self) -> None:
+        """Act on every timeline entry that is due and every injected file, in order. Caller holds the lock."""
+        elapsed = self._clock() - self._started
+        while self._timeline and self._timeline[0][0] <= elapsed:
+            at, entry = self._timeline.pop(0)
+            self._apply(entry, f"{self._source}: timeline entry at {at:g}s")
+        if self._inject_dir is None or not self._inject_dir.is_dir():
+            return
+        for path in sorted(self._inject_dir.iterdir()):
+            if path.name.startswith(".") or path.suffix not in (".json", ".yaml", ".yml"):
+                continue
+            try:
+                entry = yaml.safe_load(path.read_text())  # JSON is YAML
+                if not isinstance(entry, dict):
+                    raise _fail(str(path), "entry", "must be one mapping (process, xid, vanish or appear)")
+                self._apply(entry, str(path))
+            except (errors.SimulationInvalid, yaml.YAMLError) as e:
+                # A bad injected entry is the injector's mistake: say so and go on, never stop the agent.
+                logger.error("ignored injected entry %s: %s", path, e)
+            finally:
+                path.unlink(missing_ok=True)
+
+    # The backend interface ---------------------------------------------------------------------------------
+
+    def snapshot(self) -> models.Snapshot:
+        """The cards present now (a vanished card is left out until it appears again)."""
+        with self._lock:
+            self._advance()
+            cards = tuple(state.card for state in sorted(self._cards.values(), key=lambda s: s.card.index)
+                          if state.present)
+        return models.Snapshot(cards=cards, driver=self._driver)
+
+    def process_usage(self) -> list[models.ProcessUsage]:
+        """The scripted and injected processes of the present cards."""
+        with self._lock:
+            self._advance()
+            present = {state.card.uuid for state in self._cards.values() if state.present}
+            return [usage for (gpu, _), usage in sorted(self._processes.items()) if gpu in present]
+
+    def wait_xid_events(self, timeout_s: float) -> list[models.XidEvent]:
+        """Due and injected XID events, polling every 50 ms for at most `timeout_s` seconds."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                self._advance()
+                events, self._xids = self._xids, []
+            if events or time.monotonic() >= deadline:
+                return events
+            time.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))
+
+    def control_device_paths(self) -> list[str]:
+        """Stand-ins of the driver's control devices."""
+        return [str(self._device_dir / name) for name in _CONTROL_DEVICES]
+
+    def close(self) -> None:
+        """Nothing to release; the stand-in devices stay for the CDI spec that may still name them."""

@@ -1,0 +1,45 @@
+"""The agent's own exceptions; third-party errors (NVML, SQLAlchemy, Alembic) become these at the edge.
+
+::
+
+    AgentError                      anything the agent reports to its operator and stops on
+    ├── DiscoveryError              the cards could not be discovered
+    │   ├── NvmlUnavailable         NVML (libnvidia-ml.so.1) cannot be loaded or initialised
+    │   └── SimulationInvalid       the simulated backend's YAML file is wrong (names file, field, fix)
+    └── LedgerError                 the ledger database cannot be used
+        ├── LedgerNewerThanCode     the database was migrated by a newer agent
+        └── LedgerStateError        a ledger call does not fit the row's state (a caller's bug)
+
+Every message names the object, the field and the fix, because the operator reads it in a
+DaemonSet's log, far from the code.
+"""
+
+from __future__ import annotations
+
+
+class AgentError(Exception):
+    """Base of every error the agent reports instead of a stack trace."""
+
+
+class DiscoveryError(AgentError):
+    """The node's cards could not be discovered."""
+
+
+class NvmlUnavailable(DiscoveryError):
+    """NVML cannot be loaded or initialised on this node."""
+
+
+class SimulationInvalid(DiscoveryError):
+    """The simulated backend's description (YAML file or injected event) is invalid."""
+
+
+class LedgerError(AgentError):
+    """The ledger database cannot be opened, migrated or written."""
+
+
+class LedgerNewerThanCode(LedgerError):
+    """The ledger database is at a revision this agent does not know: a newer agent migrated it."""
+
+
+class LedgerStateError(LedgerError):
+    """A ledger call that does not fit the state of the row it names."""
