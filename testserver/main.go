@@ -512,6 +512,25 @@ func validatePodUpdate(obj, old runtime.Object) field.ErrorList {
 	if oldPod.Spec.NodeName == "" {
 		mutated.NodeName = pod.Spec.NodeName
 	}
+	// Like kube-apiserver (KEP-3838): while the old pod is gated, nodeSelector and node affinity
+	// may change. kube-apiserver allows only additions; tests/pods/conftest.py installs
+	// ValidatingAdmissionPolicies that enforce exactly that, so this stays a plain copy here.
+	if len(oldPod.Spec.SchedulingGates) > 0 {
+		mutated.NodeSelector = pod.Spec.NodeSelector
+		var nodeAffinity *corev1.NodeAffinity
+		if pod.Spec.Affinity != nil {
+			nodeAffinity = pod.Spec.Affinity.NodeAffinity
+		}
+		if mutated.Affinity == nil && nodeAffinity != nil {
+			mutated.Affinity = &corev1.Affinity{}
+		}
+		if mutated.Affinity != nil {
+			mutated.Affinity.NodeAffinity = nodeAffinity
+			if *mutated.Affinity == (corev1.Affinity{}) && pod.Spec.Affinity == nil {
+				mutated.Affinity = nil
+			}
+		}
+	}
 	if !equality.Semantic.DeepEqual(*mutated, pod.Spec) {
 		return field.ErrorList{field.Forbidden(field.NewPath("spec"), "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)")}
 	}
