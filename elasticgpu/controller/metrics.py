@@ -1,0 +1,91 @@
+"""The controller's Prometheus metrics (prometheus-client), served on `/metrics` by `health.py`.
+
+One `ControllerMetrics` per process holds every metric in its own `CollectorRegistry` (not the
+library's global one), so that two controllers in one test process do not collide and a test
+reads exactly the figures of the controller it started. The controller's modules receive the
+object and call its methods; nothing else here knows about the controller.
+
+    elasticgpu_claims_bound_total{mode}            claims bound (mode: dynamic | static)
+    elasticgpu_elasticgpus_provisioned_total       ElasticGPUs created for a claim
+    elasticgpu_elasticgpus_released_total          ElasticGPUs released after their claim went
+    elasticgpu_conflicts_total{resource}           409s on writes (expected with two controllers)
+    elasticgpu_api_errors_total{code,verb}         failed API calls; code "none" = no answer
+    elasticgpu_work_queue_depth                    keys waiting in the work queue (read at scrape)
+    elasticgpu_sync_duration_seconds{kind,outcome} one sync of one key
+    elasticgpu_leader                              1 while this process holds the Lease
+    process_*                                      CPU, RSS, open files of this process
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+
+__all__ = ["SYNC_BUCKETS", "ControllerMetrics"]
+
+SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Seconds. A sync that decides from the picture takes well under a millisecond; one that writes
+waits on the API server (a few ms to 10 s, the request timeout): the buckets cover both."""
+
+
+class ControllerMetrics:
+    """Every metric of one controller, registered in `registry` (a fresh one by default)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, process: bool = True) -> None:
+        """`process`: also export CPU and memory of this process (`process_*`, Linux only)."""
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        if process:
+            ProcessCollector(registry=self.registry)
+        self.binds = Counter("elasticgpu_claims_bound", "Claims bound to an ElasticGPU.", ["mode"],
+                             registry=self.registry)
+        self.provisions = Counter("elasticgpu_elasticgpus_provisioned", "ElasticGPUs created for a claim.",
+                                  registry=self.registry)
+        self.releases = Counter("elasticgpu_elasticgpus_released",
+                                "ElasticGPUs released after their claim was deleted.", registry=self.registry)
+        self.conflicts = Counter("elasticgpu_conflicts",
+                                 "Writes refused with 409 Conflict (a stale resourceVersion or a name taken).",
+                                 ["resource"], registry=self.registry)
+        self.api_errors = Counter("elasticgpu_api_errors",
+                                  'Failed API calls by HTTP status ("none": no answer, the connection failed).',
+                                  ["code", "verb"], registry=self.registry)
+        self.queue_depth = Gauge("elasticgpu_work_queue_depth", "Keys waiting in the work queue.",
+                                 registry=self.registry)
+        self.sync_seconds = Histogram("elasticgpu_sync_duration_seconds", "Seconds one sync of one key took.",
+                                      ["kind", "outcome"], buckets=SYNC_BUCKETS, registry=self.registry)
+        self.leader = Gauge("elasticgpu_leader", "1 while this process holds the leader Lease, else 0.",
+                            registry=self.registry)
+
+    def bound(self, *, mode: str) -> None:
+        """One claim bound; `mode` "dynamic" (provisioned for it) or "static" (an existing one)."""
+        self.binds.labels(mode=mode).inc()
+
+    def provisioned(self) -> None:
+        """One ElasticGPU created for a claim."""
+        self.provisions.inc()
+
+    def released(self) -> None:
+        """One ElasticGPU released (its claim is gone)."""
+        self.releases.inc()
+
+    def conflict(self, *, resource: str) -> None:
+        """One 409 on a write to `resource` (plural, e.g. "gpus")."""
+        self.conflicts.labels(resource=resource).inc()
+
+    def api_error(self, *, code: int | None, verb: str) -> None:
+        """One failed API call: `code` the HTTP status, None when no answer came; `verb` as in
+        RBAC (get, list, watch, create, update, patch, delete)."""
+        self.api_errors.labels(code="none" if code is None else str(code), verb=verb).inc()
+
+    def observe_sync(self, *, kind: str, seconds: float, outcome: str = "ok") -> None:
+        """One sync of a key of `kind` ("claim", "elasticgpu", ...) that took `seconds`;
+        `outcome` "ok", "requeued" or "error"."""
+        self.sync_seconds.labels(kind=kind, outcome=outcome).observe(seconds)
+
+    def watch_queue(self, depth: Callable[[], float]) -> None:
+        """Read the queue depth from `depth()` at each scrape (no bookkeeping on the hot path)."""
+        self.queue_depth.set_function(depth)
+
+    def leading(self, is_leader: bool) -> None:
+        """Record whether this process holds the leader Lease."""
+        self.leader.set(1 if is_leader else 0)
