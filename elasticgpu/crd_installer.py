@@ -16,7 +16,10 @@ FIELD_MANAGER = "elasticgpu-crds"
 
 def apply_crds(*, kubeconfig: str | None = None, context: str | None = None, timeout_s: float = 60.0) -> Iterator[str]:
     """Apply every CRD and wait for it to be Established; yields one line per CRD."""
-    api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
+    # The kubernetes client ships no type hints; its ApiClient is typed where we use it.
+    api_client: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=kubeconfig, context=context
+    )
     extensions = client.ApiextensionsV1Api(api_client)
     for info in KINDS:
         body = yaml.safe_load(crd.crd_yaml(info))
@@ -30,7 +33,7 @@ def apply_crds(*, kubeconfig: str | None = None, context: str | None = None, tim
         deadline = time.monotonic() + timeout_s
         while True:
             current = extensions.read_custom_resource_definition(info.crd_name)
-            conditions = {c.type: c.status for c in (current.status.conditions or [])}
+            conditions = {c.type: c.status for c in ((current.status and current.status.conditions) or [])}
             if conditions.get("Established") == "True":
                 break
             if time.monotonic() > deadline:

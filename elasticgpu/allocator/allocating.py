@@ -211,7 +211,7 @@ class Allocator:
                 taken = table.taken
                 new = ids[missing]
                 for sig_id in set(new.tolist()):
-                    score, token = resolve(prepared[sig_id], sigs[sig_id])  # type: ignore[arg-type]
+                    score, token = resolve(prepared[sig_id], sigs[sig_id])
                     values[sig_id] = score
                     taken[sig_id] = token
                 scores[missing] = values[new]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -14,7 +14,8 @@ from elasticgpu.api.schema import KubeModel, ResourceValue, crd_field, rule
 ClaimPhase = Literal["Pending", "Bound", "Lost"]
 
 
-def _resource_map(field: str, description: str) -> object:
+def _resource_map(field: str, description: str) -> Any:
+    # Any, as pydantic's own `Field` returns: the value stands in for the field's default.
     return Field(
         default_factory=dict,
         max_length=3,
@@ -59,21 +60,21 @@ class ElasticGPUClaimSpec(KubeModel):
 
     resources: ResourceRequirements = Field(description="Resources requested from one card, or whole cards.")
     elastic_gpu_name: str | None = Field(
-        None,
+        default=None,
         alias="elasticGPUName",
         description="ElasticGPU to bind to (static binding); filled in by the controller on bind. Set once.",
     )
     elastic_gpu_class_name: str | None = Field(
-        None,
+        default=None,
         alias="elasticGPUClassName",
         description="Class to bind or provision with; empty means the default class.",
     )
     egpu_class_name: str | None = Field(
-        None,
+        default=None,
         alias="egpuClassName",
         description="Upstream elastic-gpu spelling of elasticGPUClassName; accepted for compatibility.",
     )
-    selector: LabelSelector | None = Field(None, description="Bind only to ElasticGPUs with these labels.")
+    selector: LabelSelector | None = Field(default=None, description="Bind only to ElasticGPUs with these labels.")
 
     @property
     def class_name(self) -> str | None:
@@ -88,22 +89,22 @@ class ElasticGPUClaimSpec(KubeModel):
 class ClaimUsage(KubeModel):
     """What the claim's containers really use, reported by the agent."""
 
-    memory_used: int = Field(0, ge=0, description="MiB of GPU memory in use.")
-    cores_used: int = Field(0, ge=0, description="Percent of SM time in use.")
-    update_time: str | None = Field(None, description="When the agent measured it (RFC 3339).")
+    memory_used: int = Field(default=0, ge=0, description="MiB of GPU memory in use.")
+    cores_used: int = Field(default=0, ge=0, description="Percent of SM time in use.")
+    update_time: str | None = Field(default=None, description="When the agent measured it (RFC 3339).")
 
 
 class ElasticGPUClaimStatus(KubeModel):
     """Where the claim is in its life."""
 
-    phase: ClaimPhase | None = Field(None, description="Pending, Bound or Lost.")
+    phase: ClaimPhase | None = Field(default=None, description="Pending, Bound or Lost.")
     capacity: dict[str, ResourceValue] = Field(
         default_factory=dict, description="What the bound ElasticGPU gives (cores integer, memory quantity)."
     )
-    node_name: str | None = Field(None, description="Node of the bound card(s).")
+    node_name: str | None = Field(default=None, description="Node of the bound card(s).")
     gpus: list[str] = Field(default_factory=list, description="Uuids of the bound card(s).")
     conditions: list[Condition] = Field(default_factory=list, description="Bound, or Pending with the reason.")
-    usage: ClaimUsage | None = Field(None, description="Measured usage of the claim.")
+    usage: ClaimUsage | None = Field(default=None, description="Measured usage of the claim.")
 
 
 class ElasticGPUClaim(KubeModel):
@@ -111,8 +112,8 @@ class ElasticGPUClaim(KubeModel):
 
     crd_rules: ClassVar[list[dict[str, str]]] = []
 
-    api_version: str = Field(names.API_VERSION, description="elasticgpu.io/v1alpha1")
-    kind: str = Field(names.KIND_CLAIM, description="ElasticGPUClaim")
+    api_version: str = Field(default=names.API_VERSION, description="elasticgpu.io/v1alpha1")
+    kind: str = Field(default=names.KIND_CLAIM, description="ElasticGPUClaim")
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: ElasticGPUClaimSpec
     status: ElasticGPUClaimStatus = Field(default_factory=ElasticGPUClaimStatus)

@@ -108,9 +108,9 @@ def schema_for_model(model: type[BaseModel], *, top_level: bool = False) -> dict
         if top_level and key in ("apiVersion", "kind"):
             properties[key] = {"type": "string", "description": info.description or key}
             continue
-        schema = schema_for(info.annotation)
-        _apply_field_info(schema, info)
-        properties[key] = schema
+        prop = schema_for(info.annotation)
+        _apply_field_info(prop, info)
+        properties[key] = prop
         if info.is_required():
             required.append(key)
     schema: dict[str, Any] = {"type": "object", "properties": properties}

@@ -56,18 +56,22 @@ class ElasticGPUSpec(KubeModel):
             }
         ),
     )
-    physical_gpu: PhysicalGPUSource | None = Field(None, alias="physicalGPU", description="Whole cards.")
-    gpu_share: GPUShareSource | None = Field(None, alias="gpuShare", description="A slice of one card.")
+    physical_gpu: PhysicalGPUSource | None = Field(default=None, alias="physicalGPU", description="Whole cards.")
+    gpu_share: GPUShareSource | None = Field(default=None, alias="gpuShare", description="A slice of one card.")
     claim_ref: ObjectReference | None = Field(
-        None, description="The claim bound to this ElasticGPU (set on bind, or by an admin to pre-bind)."
+        default=None, description="The claim bound to this ElasticGPU (set on bind, or by an admin to pre-bind)."
     )
-    node_affinity: GPUNodeAffinity | None = Field(None, description="Nodes the ElasticGPU can be used from.")
-    node_name: str | None = Field(None, description="Node of the card(s); filled in by the controller if empty.")
+    node_affinity: GPUNodeAffinity | None = Field(default=None, description="Nodes the ElasticGPU can be used from.")
+    node_name: str | None = Field(
+        default=None, description="Node of the card(s); filled in by the controller if empty."
+    )
     elastic_gpu_class_name: str | None = Field(
-        None, alias="elasticGPUClassName", description="Class of this ElasticGPU; only claims of that class bind to it."
+        default=None,
+        alias="elasticGPUClassName",
+        description="Class of this ElasticGPU; only claims of that class bind to it.",
     )
     reclaim_policy: ReclaimPolicy | None = Field(
-        None,
+        default=None,
         alias="reclaimPolicy",
         description="What happens when the claim is deleted: Delete frees the capacity, Retain keeps it for an admin."
         " Default: the class's policy for provisioned ones, Retain for ones an admin created.",
@@ -77,13 +81,13 @@ class ElasticGPUSpec(KubeModel):
 class ElasticGPUStatus(KubeModel):
     """Where the ElasticGPU is in its life."""
 
-    phase: ElasticGPUPhase | None = Field(None, description="Pending, Available, Bound, Released or Failed.")
-    reason: str | None = Field(None, description="One CamelCase word for the phase, e.g. DoesNotFit.")
-    message: str | None = Field(None, description="Why it is in this phase, for people.")
+    phase: ElasticGPUPhase | None = Field(default=None, description="Pending, Available, Bound, Released or Failed.")
+    reason: str | None = Field(default=None, description="One CamelCase word for the phase, e.g. DoesNotFit.")
+    message: str | None = Field(default=None, description="Why it is in this phase, for people.")
     capacity: dict[str, ResourceValue] = Field(
         default_factory=dict, description="Capacity as the controller normalised it (cores integer, memory quantity)."
     )
-    node_name: str | None = Field(None, description="Node of the card(s).")
+    node_name: str | None = Field(default=None, description="Node of the card(s).")
     gpus: list[str] = Field(default_factory=list, description="Uuids of the card(s).")
     conditions: list[Condition] = Field(default_factory=list, description="Conditions of the ElasticGPU.")
 
@@ -93,8 +97,8 @@ class ElasticGPU(KubeModel):
 
     crd_rules: ClassVar[list[dict[str, str]]] = []
 
-    api_version: str = Field(names.API_VERSION, description="elasticgpu.io/v1alpha1")
-    kind: str = Field(names.KIND_ELASTIC_GPU, description="ElasticGPU")
+    api_version: str = Field(default=names.API_VERSION, description="elasticgpu.io/v1alpha1")
+    kind: str = Field(default=names.KIND_ELASTIC_GPU, description="ElasticGPU")
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: ElasticGPUSpec
     status: ElasticGPUStatus = Field(default_factory=ElasticGPUStatus)

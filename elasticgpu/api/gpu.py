@@ -19,31 +19,33 @@ class GPUSpec(KubeModel):
 
     index: int = Field(ge=0, description="Index of the card on its node (NVML index).")
     uuid: str = Field(min_length=1, description="Card uuid, e.g. GPU-8f6b...; the object is named by it, lowercased.")
-    model: str = Field("", description="Product name, e.g. NVIDIA A100-SXM4-80GB.")
+    model: str = Field(default="", description="Product name, e.g. NVIDIA A100-SXM4-80GB.")
     memory: int = Field(ge=1, description="Total memory of the card in MiB.")
     node_name: str = Field(min_length=1, description="Node that holds the card.")
-    numa: int | None = Field(None, ge=0, description="NUMA node of the card; absent when unknown.")
+    numa: int | None = Field(default=None, ge=0, description="NUMA node of the card; absent when unknown.")
     links: list[str] = Field(default_factory=list, description="Uuids of the cards linked to this one by NVLink.")
-    mig: bool = Field(False, description="True when MIG mode is enabled on the card.")
+    mig: bool = Field(default=False, description="True when MIG mode is enabled on the card.")
 
 
 class GPUAllocation(KubeModel):
     """One reservation on the card. Writing it (with a resourceVersion precondition) is the commit point."""
 
     elastic_gpu: str = Field(alias="elasticGPU", min_length=1, description="ElasticGPU that holds the reservation.")
-    claim_ref: ObjectReference | None = Field(None, description="Claim the reservation was made for.")
-    cores: int = Field(0, ge=0, le=names.CORES_PER_CARD, description="Percent of the card's compute reserved.")
-    memory: int = Field(0, ge=0, description="MiB of the card's memory reserved.")
-    exclusive: bool = Field(False, description="True when the whole card is reserved; nobody else may share it.")
-    reserved_at: str | None = Field(None, description="When the reservation was written (RFC 3339).")
+    claim_ref: ObjectReference | None = Field(default=None, description="Claim the reservation was made for.")
+    cores: int = Field(default=0, ge=0, le=names.CORES_PER_CARD, description="Percent of the card's compute reserved.")
+    memory: int = Field(default=0, ge=0, description="MiB of the card's memory reserved.")
+    exclusive: bool = Field(
+        default=False, description="True when the whole card is reserved; nobody else may share it."
+    )
+    reserved_at: str | None = Field(default=None, description="When the reservation was written (RFC 3339).")
 
 
 class GPUUsage(KubeModel):
     """What the card's processes really use, reported by the agent."""
 
-    memory_used: int = Field(0, ge=0, description="MiB of memory in use.")
-    cores_used: int = Field(0, ge=0, description="Percent of SM time in use.")
-    update_time: str | None = Field(None, description="When the agent measured it (RFC 3339).")
+    memory_used: int = Field(default=0, ge=0, description="MiB of memory in use.")
+    cores_used: int = Field(default=0, ge=0, description="Percent of SM time in use.")
+    update_time: str | None = Field(default=None, description="When the agent measured it (RFC 3339).")
 
 
 class GPUStatus(KubeModel):
@@ -77,10 +79,10 @@ class GPUStatus(KubeModel):
         ),
     )
     health: Literal["Healthy", "Unhealthy", "Unknown"] | None = Field(
-        None, description="Healthy, Unhealthy (XID errors) or Unknown (agent silent)."
+        default=None, description="Healthy, Unhealthy (XID errors) or Unknown (agent silent)."
     )
     conditions: list[Condition] = Field(default_factory=list, description="Conditions of the card.")
-    usage: GPUUsage | None = Field(None, description="Measured usage of the card.")
+    usage: GPUUsage | None = Field(default=None, description="Measured usage of the card.")
 
 
 class GPU(KubeModel):
@@ -100,8 +102,8 @@ class GPU(KubeModel):
         ),
     ]
 
-    api_version: str = Field(names.API_VERSION, description="elasticgpu.io/v1alpha1")
-    kind: str = Field(names.KIND_GPU, description="GPU")
+    api_version: str = Field(default=names.API_VERSION, description="elasticgpu.io/v1alpha1")
+    kind: str = Field(default=names.KIND_GPU, description="GPU")
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: GPUSpec
     status: GPUStatus = Field(default_factory=GPUStatus)

@@ -89,8 +89,8 @@ class ElasticGPUClass(KubeModel):
         cel.same_if_both("bindingMode", "egpuBindingMode", ""),
     ]
 
-    api_version: str = Field(names.API_VERSION, description="elasticgpu.io/v1alpha1")
-    kind: str = Field(names.KIND_CLASS, description="ElasticGPUClass")
+    api_version: str = Field(default=names.API_VERSION, description="elasticgpu.io/v1alpha1")
+    kind: str = Field(default=names.KIND_CLASS, description="ElasticGPUClass")
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     provisioner: str = Field(
         min_length=1,
@@ -131,13 +131,14 @@ class ElasticGPUClass(KubeModel):
         ),
     )
     reclaim_policy: Literal["Delete", "Retain"] | None = Field(
-        None, description="Reclaim policy of provisioned ElasticGPUs: Delete (default) or Retain."
+        default=None, description="Reclaim policy of provisioned ElasticGPUs: Delete (default) or Retain."
     )
     binding_mode: BindingMode | None = Field(
-        None, description="Immediate (default) binds at once; WaitForFirstConsumer waits for a pod and its node."
+        default=None,
+        description="Immediate (default) binds at once; WaitForFirstConsumer waits for a pod and its node.",
     )
     egpu_binding_mode: BindingMode | None = Field(
-        None, alias="egpuBindingMode", description="Upstream elastic-gpu spelling of bindingMode; accepted."
+        default=None, alias="egpuBindingMode", description="Upstream elastic-gpu spelling of bindingMode; accepted."
     )
     status: ElasticGPUClassStatus = Field(default_factory=ElasticGPUClassStatus)
 

@@ -29,12 +29,12 @@ class ObjectMeta(KubeModel):
 class ObjectReference(KubeModel):
     """A reference to another object, as in core/v1 ObjectReference."""
 
-    api_version: str | None = Field(None, description="API version of the referent.")
-    kind: str | None = Field(None, description="Kind of the referent.")
-    namespace: str | None = Field(None, description="Namespace of the referent.")
-    name: str | None = Field(None, description="Name of the referent.")
-    uid: str | None = Field(None, description="UID of the referent; tells a recreated claim from the old one.")
-    resource_version: str | None = Field(None, description="Resource version of the referent when referenced.")
+    api_version: str | None = Field(default=None, description="API version of the referent.")
+    kind: str | None = Field(default=None, description="Kind of the referent.")
+    namespace: str | None = Field(default=None, description="Namespace of the referent.")
+    name: str | None = Field(default=None, description="Name of the referent.")
+    uid: str | None = Field(default=None, description="UID of the referent; tells a recreated claim from the old one.")
+    resource_version: str | None = Field(default=None, description="Resource version of the referent when referenced.")
 
 
 class Condition(KubeModel):
@@ -42,10 +42,10 @@ class Condition(KubeModel):
 
     type: str = Field(description="Type of the condition, e.g. Bound or Pending.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field("", description="One CamelCase word a program can match, e.g. NoCapacity.")
-    message: str = Field("", description="What happened and what to do, for people.")
-    last_transition_time: str | None = Field(None, description="When status last changed (RFC 3339).")
-    observed_generation: int | None = Field(None, description="metadata.generation this condition was set for.")
+    reason: str = Field(default="", description="One CamelCase word a program can match, e.g. NoCapacity.")
+    message: str = Field(default="", description="What happened and what to do, for people.")
+    last_transition_time: str | None = Field(default=None, description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(default=None, description="metadata.generation this condition was set for.")
 
 
 class LabelSelectorRequirement(KubeModel):
@@ -95,4 +95,4 @@ class NodeSelector(KubeModel):
 class GPUNodeAffinity(KubeModel):
     """Which nodes can reach an ElasticGPU, as in a PersistentVolume's nodeAffinity."""
 
-    required: NodeSelector | None = Field(None, description="Nodes the ElasticGPU can be used from.")
+    required: NodeSelector | None = Field(default=None, description="Nodes the ElasticGPU can be used from.")

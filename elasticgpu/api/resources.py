@@ -30,10 +30,12 @@ class GpuRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    cards: int = Field(0, ge=0, description="Whole cards on one node; 0 for a share of one card.")
-    cores: int = Field(0, ge=0, description="Percent of one card's compute for a share; 100*cards for whole cards.")
+    cards: int = Field(default=0, ge=0, description="Whole cards on one node; 0 for a share of one card.")
+    cores: int = Field(
+        default=0, ge=0, description="Percent of one card's compute for a share; 100*cards for whole cards."
+    )
     memory_mib: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="Share: MiB on the card (None: in proportion to cores). Whole cards: least MiB per card.",
     )
