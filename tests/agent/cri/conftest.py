@@ -1,0 +1,42 @@
+"""Fixtures of the CRI tests: a real containerd (tests/containerd_runtime.py) shared by the session.
+
+The runtime is started once per session (about 0.3 s) and every pod a test made is removed
+after the test, so tests see an empty runtime. If the runtime cannot run here (never built
+because Debian's mirror was unreachable, or not root), the tests that need it skip with the
+reason; once it is built, a failure to start it fails them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.containerd_runtime import RuntimeUnavailable, TestRuntime, remove_all_pods, running_containerd
+
+UNAVAILABLE_ENV = "ELASTICGPU_TESTRUNTIME_UNAVAILABLE"
+"""Set by scripts/test.sh to the reason when testruntime/build.sh failed: skip without retrying."""
+
+
+@pytest.fixture(scope="session")
+def containerd_session() -> Iterator[TestRuntime]:
+    """A private containerd for the whole session (skips with the reason if it cannot run here)."""
+    if reason := os.environ.get(UNAVAILABLE_ENV):
+        pytest.skip(f"no test container runtime: {reason}")
+    with contextlib.ExitStack() as stack:
+        try:
+            runtime = stack.enter_context(running_containerd())
+        except RuntimeUnavailable as e:
+            pytest.skip(f"no test container runtime: {e}")
+        yield runtime
+
+
+@pytest.fixture
+def containerd(containerd_session: TestRuntime) -> Iterator[TestRuntime]:
+    """The session's containerd, emptied of pods and CDI specs after the test."""
+    yield containerd_session
+    remove_all_pods(containerd_session)
+    for spec in containerd_session.cdi_dir.iterdir():
+        spec.unlink()

@@ -1,0 +1,360 @@
+"""A real containerd (with runc and CDI) for the CRI tests, started and stopped by the tests.
+
+``running_containerd()`` starts the containerd built by ``testruntime/build.sh`` with its own
+root, state, socket, CDI directory and config under a fresh temporary directory, imports the
+locally built busybox image (also the sandbox image), and yields a ``TestRuntime``. On exit it
+stops and removes every pod through CRI, stops containerd, kills shims left behind, unmounts
+whatever is still mounted under the directory and removes it.
+
+Nothing is ever pulled: every registry (the default fallback included) points at a closed
+loopback port through ``hosts.toml`` files under the CRI plugin's ``config_path``.
+
+If the runtime was never built (no network when ``scripts/test.sh`` ran, not root, ...) the
+fixture skips with the reason; once it is built, a start failure is a test failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = REPO_ROOT / "testruntime" / "build.sh"
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+TMP_PREFIX = "egrt-"  # short: a unix socket path must stay under 108 bytes
+
+
+class RuntimeUnavailable(RuntimeError):
+    """The test runtime cannot run here (not built, not root); the tests using it skip."""
+
+
+@dataclass
+class TestRuntime:
+    """How to reach the running containerd."""
+
+    __test__ = False  # not a pytest test class
+
+    socket: Path  # containerd's CRI socket (absolute)
+    directory: Path  # the temporary directory holding everything of this containerd
+    cdi_dir: Path  # the CDI spec directory containerd reads on every CreateContainer
+    image: str  # the imported busybox image, also the sandbox image
+    log: Path
+    ctr: Path
+
+    @property
+    def endpoint(self) -> str:
+        """gRPC target of the socket."""
+        return f"unix://{self.socket}"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ELASTICGPU_CACHE", str(Path.home() / ".cache" / "elasticgpu"))) / "testruntime"
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep and not line.startswith("#"):
+                values[key.strip()] = value.strip()
+    return values
+
+
+def find_build(build_if_missing: bool = True) -> dict[str, str]:
+    """build.sh's current.env (root, image archive, image name); runs build.sh once if missing."""
+
+    def complete(values: dict[str, str]) -> bool:
+        root = values.get("ELASTICGPU_TESTRUNTIME_ROOT", "")
+        image = values.get("ELASTICGPU_TESTRUNTIME_IMAGE", "")
+        return bool(root) and os.access(f"{root}/usr/bin/containerd", os.X_OK) and os.path.isfile(image)
+
+    values = _read_env_file(cache_dir() / "current.env")
+    if not complete(values) and build_if_missing:
+        print(f"containerd_runtime: no cached test runtime; running {BUILD_SCRIPT}", file=sys.stderr)
+        done = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if done.returncode != 0:
+            raise RuntimeUnavailable(f"testruntime/build.sh failed: {done.stderr.decode(errors='replace')[-500:]}")
+        values = _read_env_file(cache_dir() / "current.env")
+    if not complete(values):
+        raise RuntimeUnavailable(f"test runtime not built; run `bash {BUILD_SCRIPT}`")
+    return values
+
+
+def _config(directory: Path, root: Path, image: str) -> str:
+    """containerd 1.7 config (version 2): own paths, CRI with CDI, runc from the unpacked root."""
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{directory}/root"
+state = "{directory}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{directory}/containerd.sock"
+
+[ttrpc]
+  address = "{directory}/containerd.sock.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{directory}/opt"
+
+[{cri}]
+  sandbox_image = "{image}"
+  enable_cdi = true
+  cdi_spec_dirs = ["{directory}/cdi"]
+  # This machine refuses to lower a process's oom_score_adj below its parent's: without this
+  # containerd fails every sandbox with "write /proc/self/oom_score_adj: permission denied".
+  restrict_oom_score_adj = true
+  stats_collect_period = 3600
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        BinaryName = "{root}/usr/sbin/runc"
+        SystemdCgroup = false
+  [{cri}.cni]
+    bin_dir = "{directory}/cni/bin"
+    conf_dir = "{directory}/cni/conf"
+  [{cri}.registry]
+    # hosts.toml files here send every registry to a closed port (see _block_registries).
+    config_path = "{directory}/certs.d"
+"""
+
+
+def _block_registries(certs_d: Path) -> None:
+    """Point every registry at a closed loopback port, so a pull fails at once and never leaves.
+
+    `_default` covers any host without its own folder; docker.io gets its own too, since the
+    older `registry.mirrors` setting and the default endpoint would still reach the real one.
+    """
+    closed = "http://127.0.0.1:9"  # discard port, nothing listens
+    for host in ("_default", "docker.io", "registry.k8s.io", "elasticgpu.local"):
+        folder = certs_d / host
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "hosts.toml").write_text(
+            f'server = "{closed}"\n\n[host."{closed}"]\n  capabilities = ["pull", "resolve"]\n'
+        )
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _wait_version(socket_path: Path, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait until containerd's CRI answers Version (the CRI plugin starts after the socket)."""
+    from elasticgpu.agent.cri import api
+
+    deadline = time.monotonic() + START_TIMEOUT_S
+    last = ""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"containerd exited with {proc.returncode}:\n{_tail(log)}")
+        if socket_path.exists():
+            with grpc.insecure_channel(f"unix://{socket_path}") as channel:
+                try:
+                    api.services.RuntimeServiceStub(channel).Version(api.pb.VersionRequest(), timeout=2)
+                    return
+                except grpc.RpcError as e:
+                    last = str(e.details() if hasattr(e, "details") else e)
+        time.sleep(0.1)
+    raise RuntimeError(f"containerd's CRI did not answer within {START_TIMEOUT_S:.0f}s ({last}):\n{_tail(log)}")
+
+
+def _shim_pids(state: Path) -> list[int]:
+    pids = []
+    for pid_file in state.glob("io.containerd.runtime.v2.task/*/*/shim.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            pids.append(int(pid_file.read_text().strip()))
+    return pids
+
+
+def remove_all_pods(runtime: TestRuntime) -> None:
+    """Stop and remove every pod sandbox (and so its containers) through CRI."""
+    from elasticgpu.agent.cri import api
+
+    with grpc.insecure_channel(runtime.endpoint) as channel:
+        stub = api.services.RuntimeServiceStub(channel)
+        for container in stub.ListContainers(api.pb.ListContainersRequest(), timeout=10).containers:
+            with contextlib.suppress(grpc.RpcError):
+                stub.RemoveContainer(api.pb.RemoveContainerRequest(container_id=container.id), timeout=10)
+        for sandbox in stub.ListPodSandbox(api.pb.ListPodSandboxRequest(), timeout=10).items:
+            with contextlib.suppress(grpc.RpcError):
+                stub.StopPodSandbox(api.pb.StopPodSandboxRequest(pod_sandbox_id=sandbox.id), timeout=10)
+                stub.RemovePodSandbox(api.pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id), timeout=10)
+
+
+def _unmount_below(directory: Path) -> None:
+    """Lazily unmount whatever is still mounted under directory, deepest first."""
+    prefix = str(directory) + "/"
+    with open("/proc/self/mounts") as mounts:
+        points = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, stderr=subprocess.DEVNULL)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=STOP_TIMEOUT_S)
+
+
+def _check_can_run() -> None:
+    if os.geteuid() != 0:
+        raise RuntimeUnavailable("containerd needs root (namespaces, mounts, cgroups); run the tests as root")
+    if shutil.which("umount") is None:
+        raise RuntimeUnavailable("umount not found")
+
+
+@contextlib.contextmanager
+def running_containerd() -> Iterator[TestRuntime]:
+    """Start a private containerd, import the busybox image, yield it; clean everything on exit."""
+    _check_can_run()
+    build = find_build()
+    root = Path(build["ELASTICGPU_TESTRUNTIME_ROOT"])
+    image = build["ELASTICGPU_TESTRUNTIME_IMAGE_NAME"]
+    directory = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir="/tmp"))
+    config = directory / "config.toml"
+    log = directory / "containerd.log"
+    (directory / "cdi").mkdir()
+    _block_registries(directory / "certs.d")
+    config.write_text(_config(directory, root, image))
+    env = {
+        **os.environ,
+        # containerd starts containerd-shim-runc-v2 from PATH; the shim starts runc by BinaryName.
+        "PATH": f"{root}/usr/bin:{root}/usr/sbin:{os.environ.get('PATH', '/usr/bin:/bin')}",
+    }
+    runtime = TestRuntime(
+        socket=directory / "containerd.sock",
+        directory=directory,
+        cdi_dir=directory / "cdi",
+        image=image,
+        log=log,
+        ctr=root / "usr" / "bin" / "ctr",
+    )
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with log.open("wb") as log_file:
+            proc = subprocess.Popen(
+                [str(root / "usr/bin/containerd"), "--config", str(config), "--log-level", "warn"],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        _wait_version(runtime.socket, proc, log)
+        imported = subprocess.run(
+            [
+                str(runtime.ctr),
+                "-a",
+                str(runtime.socket),
+                "-n",
+                "k8s.io",
+                "images",
+                "import",
+                build["ELASTICGPU_TESTRUNTIME_IMAGE"],
+            ],
+            capture_output=True,
+            env=env,
+            timeout=60,
+        )
+        if imported.returncode != 0:
+            raise RuntimeError(f"ctr images import failed: {imported.stderr.decode(errors='replace')}")
+        yield runtime
+    finally:
+        shims: list[int] = []
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(Exception):
+                remove_all_pods(runtime)
+            shims = _shim_pids(directory / "state")
+            _stop(proc)
+        for pid in shims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _unmount_below(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def sandbox_config(
+    *,
+    name: str,
+    namespace: str,
+    uid: str,
+    annotations: dict[str, str] | None = None,
+    attempt: int = 0,
+) -> Any:
+    """A PodSandboxConfig as kubelet writes it: host network, no hostname, the pod's labels."""
+    from elasticgpu.agent.cri import api
+
+    pb = api.pb
+    return pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name=name, namespace=namespace, uid=uid, attempt=attempt),
+        labels={
+            "io.kubernetes.pod.name": name,
+            "io.kubernetes.pod.namespace": namespace,
+            "io.kubernetes.pod.uid": uid,
+        },
+        annotations=dict(annotations or {}),
+        linux=pb.LinuxPodSandboxConfig(
+            security_context=pb.LinuxSandboxSecurityContext(
+                namespace_options=pb.NamespaceOption(network=pb.NODE),
+            ),
+        ),
+    )
+
+
+def container_config(
+    *,
+    name: str,
+    image: str,
+    sandbox: Any,
+    command: list[str] | None = None,
+    envs: dict[str, str] | None = None,
+    cdi_devices: list[str] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> Any:
+    """A ContainerConfig as kubelet writes it (labels naming pod and container)."""
+    from elasticgpu.agent.cri import api
+
+    pb = api.pb
+    labels = {
+        "io.kubernetes.container.name": name,
+        "io.kubernetes.pod.name": sandbox.metadata.name,
+        "io.kubernetes.pod.namespace": sandbox.metadata.namespace,
+        "io.kubernetes.pod.uid": sandbox.metadata.uid,
+    }
+    return pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name=name),
+        image=pb.ImageSpec(image=image),
+        command=command or ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"],
+        envs=[pb.KeyValue(key=k, value=v.encode()) for k, v in (envs or {}).items()],
+        labels=labels,
+        annotations=dict(annotations or {}),
+        CDI_devices=[pb.CDIDevice(name=n) for n in (cdi_devices or [])],
+    )
