@@ -332,7 +332,7 @@ def rss_child(gpus: int, claims: int) -> None:
     loaded = time.monotonic() - start
     rss = _rss_mib(os.getpid())
     sync_start = time.monotonic()
-    for key in list(controller._claims)[:1000]:
+    for key in controller.picture.claim_keys()[:1000]:
         controller.sync_claim(*key)  # InSync: decides, writes nothing
     sync_us = (time.monotonic() - sync_start) / 1000 * 1e6
     print(f"{base:.1f} {rss:.1f} {loaded:.1f} {sync_us:.1f}")

@@ -502,15 +502,24 @@ class Keep:
 ElasticGPUDecision = Reserve | Fail | MarkBound | ReleaseIfClaimGone | Reclaim | Keep
 
 
+def cards_of(egpu: ElasticGPU) -> list[str]:
+    """The GPU object names an ElasticGPU's spec names, in its order: `physicalGPU.gpuNames`
+    (whole cards) or `gpuShare.gpuName` (a slice; the CRD allows exactly one of the two);
+    empty when it names none."""
+    if egpu.spec.physical_gpu is not None:
+        return list(egpu.spec.physical_gpu.gpu_names)
+    if egpu.spec.gpu_share is not None:
+        return [egpu.spec.gpu_share.gpu_name]
+    return []
+
+
 def placement_of(egpu: ElasticGPU, gpus: Callable[[str], GPU | None]) -> Placement | Fail:
     """The placement an ElasticGPU's spec describes, or why it cannot have one."""
     name = egpu.metadata.name
-    if egpu.spec.physical_gpu is not None:
-        gpu_names = list(egpu.spec.physical_gpu.gpu_names)
-    elif egpu.spec.gpu_share is not None:
-        gpu_names = [egpu.spec.gpu_share.gpu_name]
-    else:  # the CRD's rule forbids this; kept for objects from an older schema
+    if egpu.spec.physical_gpu is None and egpu.spec.gpu_share is None:
+        # the CRD's rule forbids this; kept for objects from an older schema
         return Fail(REASON_INVALID_SPEC, f"ElasticGPU {name}: spec needs spec.physicalGPU or spec.gpuShare")
+    gpu_names = cards_of(egpu)
     models: list[GPU] = []
     for gpu_name in gpu_names:
         model = gpus(gpu_name)

@@ -84,6 +84,11 @@ class KubeApi:
         configuration.connection_pool_maxsize = 32
         return cls(client.ApiClient(configuration), settings=settings)
 
+    @property
+    def configuration(self) -> client.Configuration:
+        """The kubernetes client's configuration (server, TLS, token): kopf logs in with it."""
+        return self._api.configuration
+
     def close(self) -> None:
         """Release the HTTP connections."""
         if self._transport is not None:
@@ -211,10 +216,6 @@ class KubeApi:
         return {"fieldManager": self.settings.field_manager}
 
     # -- GPUs ----------------------------------------------------------------------------------
-
-    def list_gpus(self) -> list[Body]:
-        """Every GPU object."""
-        return self._list(self._cluster(names.PLURAL_GPU))[0]
 
     def get_gpu(self, name: str) -> Body:
         """One GPU object; raises NotFound."""

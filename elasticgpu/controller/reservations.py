@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,16 +59,6 @@ def parse_time(value: str | None) -> datetime | None:
         return None
 
 
-@dataclass(frozen=True, kw_only=True)
-class Reservation:
-    """One ElasticGPU's capacity, as it should stand in the GPUs' allocations."""
-
-    key: str
-    """The ElasticGPU's name, the key of `status.allocations`."""
-    placement: Placement
-    claim_ref: ObjectReference | None = None
-
-
 class Ledger:
     """GPUs by object name and the allocator's inventory kept in step with their allocations."""
 
@@ -110,10 +99,6 @@ class Ledger:
     def held(self, key: str) -> Placement | None:
         """What the GPUs hold for ElasticGPU `key`, or None."""
         return self.inventory.reservations.get(key)
-
-    def keys(self) -> list[str]:
-        """Every ElasticGPU name that holds a reservation."""
-        return list(self.inventory.reservations)
 
     def allocation(self, gpu_name: str, key: str) -> GPUAllocation | None:
         """The allocation of `key` on one GPU, or None."""

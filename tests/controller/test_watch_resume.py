@@ -17,7 +17,6 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from elasticgpu.controller import watching
 from elasticgpu.controller.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller
@@ -109,8 +108,8 @@ def test_a_broken_watch_resumes_without_listing_again(cluster: Cluster, kube: Ku
     api.list_collection = counted  # type: ignore[method-assign]
     controller = new_controller(api, cluster.namespace)
     stop = threading.Event()
-    thread = threading.Thread(target=watching.watch_kind, args=(controller, api, "claim", stop),
-                              kwargs={"namespace": cluster.namespace, "timeout_s": 300}, daemon=True)
+    thread = threading.Thread(target=controller.informer.watch_kind, args=("claim", stop),
+                              kwargs={"timeout_s": 300}, daemon=True)
     thread.start()
     try:
         cluster.claim(o.claim("before", cores=10, memory="1Gi"))

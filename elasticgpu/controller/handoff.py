@@ -1,0 +1,87 @@
+"""The hand-off: the steps of a bind after its commit point, run on a pool of threads.
+
+After the commit point the rest of a bind is idempotent writes to objects of that claim only
+(create the ElasticGPU, bind the claim): a pool thread does them while the worker decides the
+next claims. Until it is done, the claim's and the ElasticGPU's keys are "in flight": their
+syncs are deferred (they would only repeat its writes) and run once it is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from elasticgpu.controller import errors
+from elasticgpu.controller.settings import BindingSettings
+from elasticgpu.controller.workqueue import Key, WorkQueue
+
+logger = logging.getLogger(__name__)
+
+
+class HandOff:
+    """A pool of `settings.workers` threads (none: `enabled` is False and binds run inline)."""
+
+    def __init__(self, *, queue: WorkQueue, settings: BindingSettings) -> None:
+        self._queue = queue
+        self._settings = settings
+        self._pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="bind") if settings.workers > 0 else None
+        self._lock = threading.Lock()
+        self._in_flight: set[Key] = set()
+        """Keys whose steps after the commit point run on a pool thread."""
+        self._dirty: set[Key] = set()
+        """Keys in flight whose sync was asked for meanwhile: queued again when done."""
+
+    @property
+    def enabled(self) -> bool:
+        """True when binds are handed to the pool (False: everything runs on the worker)."""
+        return self._pool is not None
+
+    def defer(self, key: Key) -> bool:
+        """True (and the key remembered for later) when `key` is in flight: its sync must wait."""
+        with self._lock:
+            if key in self._in_flight:
+                self._dirty.add(key)
+                return True
+            return False
+
+    def in_flight(self, key: Key) -> bool:
+        """True while `key` is in flight."""
+        with self._lock:
+            return key in self._in_flight
+
+    def busy(self) -> bool:
+        """True while any bind runs on the pool."""
+        with self._lock:
+            return bool(self._in_flight)
+
+    def submit(self, keys: tuple[Key, ...], work: Callable[[], None]) -> None:
+        """Run `work` on the pool with `keys` in flight; a failure requeues `keys[0]`."""
+        assert self._pool is not None
+        with self._lock:
+            self._in_flight.update(keys)
+        self._pool.submit(self._run, keys, work)
+
+    def _run(self, keys: tuple[Key, ...], work: Callable[[], None]) -> None:
+        try:
+            work()
+        except errors.ControllerError as err:
+            logger.warning("bind of %s failed, retrying: %s", "/".join(keys[0]), err)
+            self._queue.add(keys[0], delay_s=self._settings.requeue_delay_s * (0.5 + random.random()))
+        except Exception:  # a bug must not kill the worker; the claim's next sync retries
+            logger.exception("bind of %s failed", "/".join(keys[0]))
+            self._queue.add(keys[0], delay_s=self._settings.requeue_delay_s)
+        finally:
+            with self._lock:
+                self._in_flight.difference_update(keys)
+                again = [k for k in keys if k in self._dirty]
+                self._dirty.difference_update(again)
+            for key in again:
+                self._queue.add(key)
+
+    def close(self) -> None:
+        """Wait for the binds in flight (bounded by their calls' timeouts)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)

@@ -1,0 +1,350 @@
+"""The controller's picture of the cluster: what the watches, lists and write answers delivered,
+with the indexes that keep one event from costing a scan of every object.
+
+`Picture` holds claims, ElasticGPUs, classes, the pods that use claims, and GPUs (in the
+`Ledger`). It does no I/O and never touches the work queue: every method that takes something
+in returns the keys whose sync may now decide differently, and the caller queues them. A copy
+older than the picture's is ignored (resourceVersion order), and so is a copy from before a
+deletion a watch delivered (tombstones), so the picture never rolls back.
+
+The lock (`Picture.lock`, re-entrant) guards every map; each method takes it, and a caller
+that decides from several reads holds it around them, so a decision sees one state.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names
+from elasticgpu.controller import binder, release, versions
+from elasticgpu.controller.reservations import Ledger
+from elasticgpu.controller.workqueue import Key
+
+Body = dict[str, Any]
+ClaimKey = tuple[str, str]
+PodKey = tuple[str, str]
+Keys = list[Key]
+
+
+class Picture:
+    """Objects by key, their indexes, and the GPU ledger; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.ledger = Ledger()
+        self._claims: dict[ClaimKey, ElasticGPUClaim] = {}
+        self._claim_bodies: dict[ClaimKey, Body] = {}
+        self._egpus: dict[str, ElasticGPU] = {}
+        self._egpu_bodies: dict[str, Body] = {}
+        self._by_claim_uid: dict[str, str] = {}
+        """ElasticGPU name by the uid in its claimRef, kept in step by `put_egpu` / `drop_egpu`."""
+        self._unclaimed_available: dict[str, ElasticGPU] = {}
+        """Available ElasticGPUs without a claimRef (static bind candidates), kept by `put_egpu`."""
+        self._deleted_claims: versions.Tombstones[ClaimKey] = versions.Tombstones()
+        self._deleted_egpus: versions.Tombstones[str] = versions.Tombstones()
+        self._claims_naming: dict[str, set[ClaimKey]] = {}
+        """Claims by the ElasticGPU their spec names; and ElasticGPUs by the GPUs their spec names:
+        watch events of one object must not cost a scan of all of them."""
+        self._egpus_on: dict[str, set[str]] = {}
+        self._classes: dict[str, ElasticGPUClass] = {}
+        self._pod_claims: dict[ClaimKey, set[str]] = {}
+        """Names of the running pods that use each claim, and (below) the claims of each pod."""
+        self._claims_of_pod: dict[PodKey, set[str]] = {}
+
+    # -- taking in -------------------------------------------------------------------------------
+
+    def observe(self, kind: str, event_type: str | None, body: Body) -> Keys:
+        """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node); the keys to queue."""
+        deleted = event_type == "DELETED"
+        meta = body.get("metadata") or {}
+        name = meta.get("name", "")
+        keys: Keys = []
+        with self.lock:
+            if kind == "claim":
+                key = (meta.get("namespace", ""), name)
+                if deleted:
+                    self._deleted_claims.bury(key, body)
+                    self.drop_claim(key)
+                    egpu = self._egpu_for_claim_uid(meta.get("uid", ""))
+                    if egpu:
+                        keys.append(("egpu", egpu))
+                    return keys
+                self.put_claim(body)
+                keys.append(("claim", *key))
+            elif kind == "egpu":
+                if deleted:
+                    self._deleted_egpus.bury(name, body)
+                    self.drop_egpu(name)
+                else:
+                    keys += self.put_egpu(body)[1]
+                    keys.append(("egpu", name))
+                keys += self._claims_of_egpu(name, body)
+            elif kind == "gpu":
+                before = self._free_of(name)
+                if deleted:
+                    self.ledger.delete_gpu(body)
+                else:
+                    self.ledger.observe_gpu(body)
+                keys += [("egpu", egpu_name) for egpu_name in self._egpus_on_gpu(name)]
+                if deleted or self._free_of(name) > before:
+                    keys += self.pending_claim_keys()
+            elif kind == "class":
+                if deleted:
+                    self._classes.pop(name, None)
+                else:
+                    self._classes[name] = ElasticGPUClass.model_validate(body)
+                keys += self.pending_claim_keys()
+            elif kind == "pod":
+                keys += self.put_pod(body, deleted=deleted)
+            elif kind == "node":
+                self.ledger.observe_node(name, meta.get("labels") or {})
+                keys += self.pending_claim_keys()
+        return keys
+
+    def put_claim(self, body: Body) -> ElasticGPUClaim:
+        """Take in a claim (newer than the picture's, else ignored); its model either way."""
+        key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
+        with self.lock:
+            if self._deleted_claims.holds(key, body):
+                return ElasticGPUClaim.model_validate(body)
+            if not versions.is_newer(body, self._claim_bodies.get(key)):
+                if versions.same_version(body, self._claim_bodies.get(key)):
+                    return self._claims[key]
+                return ElasticGPUClaim.model_validate(body)
+            self._claim_bodies[key] = body
+            old = self._claims.get(key)
+            model = ElasticGPUClaim.model_validate(body)
+            self._claims[key] = model
+            before = old.spec.elastic_gpu_name if old is not None else None
+            if before != model.spec.elastic_gpu_name:
+                if before:
+                    self._claims_naming.get(before, set()).discard(key)
+                if model.spec.elastic_gpu_name:
+                    self._claims_naming.setdefault(model.spec.elastic_gpu_name, set()).add(key)
+            return model
+
+    def drop_claim(self, key: ClaimKey) -> None:
+        """Forget a claim."""
+        with self.lock:
+            old_claim = self._claims.pop(key, None)
+            self._claim_bodies.pop(key, None)
+            if old_claim is not None and old_claim.spec.elastic_gpu_name:
+                self._claims_naming.get(old_claim.spec.elastic_gpu_name, set()).discard(key)
+
+    def put_egpu(self, body: Body) -> tuple[ElasticGPU, Keys]:
+        """Take in an ElasticGPU (newer than the picture's, else ignored): its model either way,
+        and the keys to queue (the claims waiting for capacity when it became Available)."""
+        name = body["metadata"]["name"]
+        with self.lock:
+            if self._deleted_egpus.holds(name, body):
+                return ElasticGPU.model_validate(body), []
+            if not versions.is_newer(body, self._egpu_bodies.get(name)):
+                if versions.same_version(body, self._egpu_bodies.get(name)):
+                    return self._egpus[name], []
+                return ElasticGPU.model_validate(body), []
+            old = self._egpus.get(name)
+            self._egpu_bodies[name] = body
+            model = ElasticGPU.model_validate(body)
+            self._egpus[name] = model
+            self._index_uid(name, old, model)
+            self._index_cards(name, old, model)
+            if model.status.phase == "Available" and (model.spec.claim_ref is None or not model.spec.claim_ref.name):
+                self._unclaimed_available[name] = model
+            else:
+                self._unclaimed_available.pop(name, None)
+            if model.status.phase == "Available" and (old is None or old.status.phase != "Available"):
+                return model, self.pending_claim_keys()
+            return model, []
+
+    def drop_egpu(self, name: str) -> None:
+        """Forget an ElasticGPU."""
+        with self.lock:
+            old = self._egpus.pop(name, None)
+            self._egpu_bodies.pop(name, None)
+            self._unclaimed_available.pop(name, None)
+            self._index_uid(name, old, None)
+            self._index_cards(name, old, None)
+
+    def put_pod(self, body: Body, *, deleted: bool = False) -> Keys:
+        """Take in a pod; the claims it stopped using are the keys to queue."""
+        meta = body.get("metadata") or {}
+        pod_key = (meta.get("namespace", ""), meta.get("name", ""))
+        keys: Keys = []
+        with self.lock:
+            before = self._claims_of_pod.pop(pod_key, set())
+            now = set() if deleted or not release.pod_is_running(body) else release.claims_of_pod(body)
+            if now:
+                self._claims_of_pod[pod_key] = now
+            for claim in before | now:
+                users = self._pod_claims.setdefault((pod_key[0], claim), set())
+                if claim in now:
+                    users.add(pod_key[1])
+                else:
+                    users.discard(pod_key[1])
+                if not users:
+                    self._pod_claims.pop((pod_key[0], claim), None)
+                if claim in before - now:
+                    keys.append(("claim", pod_key[0], claim))
+        return keys
+
+    def gpu_written(self, answer: Body, *, freed: bool = False) -> Keys:
+        """Take in the answer of a GPU status write; `freed`: it freed capacity, so the claims
+        waiting for capacity are the keys to queue."""
+        with self.lock:
+            self.ledger.observe_gpu(answer)
+            return self.pending_claim_keys() if freed else []
+
+    def forget_gpu(self, name: str) -> None:
+        """Drop a GPU the server no longer has."""
+        with self.lock:
+            self.ledger.forget_gpu(name)
+
+    def merge_lists(self, *, nodes: Iterable[Body], gpus: list[Body], gpus_version: str, egpus: list[Body],
+                    egpus_version: str, classes: list[Body], claims: list[Body], claims_version: str,
+                    pods: list[Body] | None) -> Keys:
+        """Merge fresh lists of every kind (each with the resourceVersion it was read at).
+
+        A listed object replaces the picture's only when it is newer, and an object missing from
+        the list is dropped only when the picture's copy is older than the list: watch events
+        and write answers that arrived while the list was read are never rolled back (a stale
+        picture would turn the next writes into 409s). Returns the keys to queue besides all."""
+        keys: Keys = []
+        with self.lock:
+            for node in nodes:
+                self.ledger.observe_node(node["metadata"]["name"], node["metadata"].get("labels") or {})
+            listed = {g["metadata"]["name"] for g in gpus}
+            for gone in set(self.ledger.gpu_names()) - listed:
+                if not versions.changed_after(self.ledger.gpu_body(gone), gpus_version):
+                    self.ledger.forget_gpu(gone)
+            for body in gpus:
+                self.ledger.observe_gpu(body)
+            self.ledger.prune_tombstones(gpus_version)
+            listed = {e["metadata"]["name"] for e in egpus}
+            for gone in set(self._egpus) - listed:
+                if not versions.changed_after(self._egpu_bodies.get(gone), egpus_version):
+                    self.drop_egpu(gone)
+            for body in egpus:
+                keys += self.put_egpu(body)[1]
+            self._deleted_egpus.prune(egpus_version)
+            self._classes = {c["metadata"]["name"]: ElasticGPUClass.model_validate(c) for c in classes}
+            listed_claims = {(c["metadata"].get("namespace", ""), c["metadata"]["name"]) for c in claims}
+            for gone_key in set(self._claims) - listed_claims:
+                if not versions.changed_after(self._claim_bodies.get(gone_key), claims_version):
+                    self.drop_claim(gone_key)
+            for body in claims:
+                self.put_claim(body)
+            self._deleted_claims.prune(claims_version)
+            self._pod_claims.clear()
+            self._claims_of_pod.clear()
+            for pod in pods or []:
+                keys += self.put_pod(pod)
+        return keys
+
+    # -- indexes -------------------------------------------------------------------------------
+
+    def _index_cards(self, name: str, old: ElasticGPU | None, new: ElasticGPU | None) -> None:
+        before = set(binder.cards_of(old)) if old is not None else set()
+        after = set(binder.cards_of(new)) if new is not None else set()
+        for gpu_name in before - after:
+            self._egpus_on.get(gpu_name, set()).discard(name)
+        for gpu_name in after - before:
+            self._egpus_on.setdefault(gpu_name, set()).add(name)
+
+    def _index_uid(self, name: str, old: ElasticGPU | None, new: ElasticGPU | None) -> None:
+        old_uid = old.spec.claim_ref.uid if old is not None and old.spec.claim_ref is not None else None
+        new_uid = new.spec.claim_ref.uid if new is not None and new.spec.claim_ref is not None else None
+        if old_uid and old_uid != new_uid and self._by_claim_uid.get(old_uid) == name:
+            del self._by_claim_uid[old_uid]
+        if new_uid:
+            self._by_claim_uid[new_uid] = name
+
+    def _free_of(self, gpu_name: str) -> int:
+        model = self.ledger.gpu(gpu_name)
+        if model is None:
+            return 0
+        return -sum(a.cores + a.memory for a in model.status.allocations)
+
+    def _egpus_on_gpu(self, gpu_name: str) -> list[str]:
+        return sorted(self._egpus_on.get(gpu_name, ()))
+
+    def _egpu_for_claim_uid(self, uid: str) -> str | None:
+        if not uid:
+            return None
+        name = names.elastic_gpu_name_for_claim(uid)
+        if name in self._egpus:
+            return name
+        return self._by_claim_uid.get(uid)
+
+    def _claims_of_egpu(self, name: str, body: Body) -> Keys:
+        keys: Keys = []
+        ref = (body.get("spec") or {}).get("claimRef") or {}
+        if ref.get("name"):
+            keys.append(("claim", ref.get("namespace", ""), ref["name"]))
+        keys += [("claim", ns, claim_name) for ns, claim_name in sorted(self._claims_naming.get(name, ()))]
+        return keys
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def pending_claim_keys(self) -> Keys:
+        """The claims that wait (Pending, or no phase yet): capacity grew, or a class changed."""
+        with self.lock:
+            return [("claim", ns, name) for (ns, name), claim in self._claims.items()
+                    if claim.status.phase in (None, "Pending")]
+
+    def all_keys(self) -> Keys:
+        """Every ElasticGPU and claim (the resync requeues them all)."""
+        with self.lock:
+            keys: Keys = [("egpu", n) for n in self._egpus]
+            keys += [("claim", ns, n) for ns, n in self._claims]
+            return keys
+
+    def claim(self, namespace: str, name: str) -> ElasticGPUClaim | None:
+        """The claim as the picture holds it."""
+        with self.lock:
+            return self._claims.get((namespace, name))
+
+    def claim_body(self, namespace: str, name: str) -> Body | None:
+        """The claim's body (as the server sent it) the picture holds."""
+        with self.lock:
+            return self._claim_bodies.get((namespace, name))
+
+    def claim_keys(self) -> list[ClaimKey]:
+        """(namespace, name) of every claim."""
+        with self.lock:
+            return list(self._claims)
+
+    def egpu(self, name: str) -> ElasticGPU | None:
+        """The ElasticGPU as the picture holds it."""
+        with self.lock:
+            return self._egpus.get(name)
+
+    def egpu_body(self, name: str) -> Body | None:
+        """The ElasticGPU's body the picture holds."""
+        with self.lock:
+            return self._egpu_bodies.get(name)
+
+    def elastic_gpus(self) -> Mapping[str, ElasticGPU]:
+        """Every ElasticGPU by name (the live map: read it under `lock`)."""
+        return self._egpus
+
+    def pods_using(self, namespace: str, claim: str) -> set[str]:
+        """Names of the running pods that use a claim (a copy)."""
+        with self.lock:
+            return set(self._pod_claims.get((namespace, claim), set()))
+
+    def view(self) -> binder.Picture:
+        """The binder's view of the picture. It shares the picture's maps (no copy: decisions run
+        under the lock and change nothing), so a sync costs no O(objects) rebuild."""
+        return binder.Picture(
+            elastic_gpus=self._egpus,
+            classes=self._classes,
+            card_memory=self._card_memory,
+            by_claim_uid=self._by_claim_uid,
+            unclaimed_available=self._unclaimed_available,
+        )
+
+    def _card_memory(self, gpu_name: str) -> int | None:
+        model = self.ledger.gpu(gpu_name)
+        return model.spec.memory if model is not None else None

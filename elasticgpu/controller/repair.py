@@ -1,0 +1,78 @@
+"""Repair: the periodic, level-based resync that fixes what no event will ever fix.
+
+Every `ResyncSettings.interval_s` every claim and ElasticGPU is queued again on the queue's
+background lane (behind the keys events queued); every `relist_interval_s` fresh lists are
+merged into the picture first (what repairs a deletion no watch delivered). Reservations whose
+ElasticGPU does not exist, older than the grace period, are freed after a live read confirms
+the ElasticGPU is gone (`resync.find_orphans` decides which).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from elasticgpu.controller import errors, resync
+from elasticgpu.controller.commit import Commit
+from elasticgpu.controller.informer import Informer
+from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.picture import Picture
+from elasticgpu.controller.settings import ResyncSettings
+from elasticgpu.controller.workqueue import WorkQueue
+
+logger = logging.getLogger(__name__)
+
+
+class Repair:
+    """The resync (see the module docstring)."""
+
+    def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, informer: Informer, commit: Commit,
+                 settings: ResyncSettings) -> None:
+        self.kube = kube
+        self.picture = picture
+        self.queue = queue
+        self.informer = informer
+        self.commit = commit
+        self.settings = settings
+
+    def resync(self, *, relist: bool = True) -> None:
+        """Free orphan reservations past the grace period and requeue every object behind the
+        keys events queued; `relist`: merge fresh lists into the picture first. The orphans
+        found in the picture are confirmed by a live read before anything is freed."""
+        if relist:
+            self.informer.relist(background=True)
+        else:
+            for key in self.picture.all_keys():
+                self.queue.add(key, background=True)
+        with self.picture.lock:
+            orphans = resync.find_orphans(self.picture.ledger, elastic_gpus=set(self.picture.elastic_gpus()),
+                                          now=datetime.now(UTC), grace_s=self.settings.orphan_grace_s)
+        for orphan in orphans:
+            try:
+                self.kube.get_elastic_gpu(orphan.key)
+                continue  # it exists after all (created since the list)
+            except errors.NotFound:
+                pass
+            logger.info("GPU %s: freeing reservation %s: its ElasticGPU does not exist",
+                        ",".join(orphan.gpu_names), orphan.key)
+            for gpu_name in orphan.gpu_names:
+                self.commit.free_on(gpu_name, orphan.key)
+
+    def run(self, stop: threading.Event, *, after: Callable[[], None] = lambda: None) -> None:
+        """Resync every `interval_s`, relisting every `relist_interval_s`, until `stop` is set
+        (both watch engines use it); `after` runs after each resync."""
+        interval = self.settings.interval_s
+        relist_every = self.settings.relist_interval_s
+        last_relist = time.monotonic()
+        while not stop.wait(interval):
+            relist = time.monotonic() - last_relist >= relist_every
+            try:
+                self.resync(relist=relist)
+                if relist:
+                    last_relist = time.monotonic()
+                after()
+            except Exception:  # a failed resync must not end the loop; the next one retries
+                logger.exception("resync failed; retrying in %.0fs", interval)

@@ -1,0 +1,104 @@
+"""Start-up: build the controller, fill its picture, start its threads, run until stopped.
+
+`run_controller` is the process's entry point (`elasticgpu controller`). With the default
+watch engine ("client") it lists every kind, starts one watch thread per kind
+(`Informer.start`), the worker and the resync; with "kopf", kopf's watches feed the picture and
+its startup handler calls `start_threads` (`operator.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+from elasticgpu.controller import errors, garbage
+from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.reconciling import Controller
+from elasticgpu.controller.settings import ControllerSettings
+
+logger = logging.getLogger(__name__)
+
+
+def run_controller(
+    *,
+    kubeconfig: str | None = None,
+    namespace: str | None = None,
+    context: str | None = None,
+    settings: ControllerSettings | None = None,
+    stop: threading.Event | None = None,
+) -> None:
+    """Run the controller until `stop` is set or the process is signalled (blocking).
+
+    `kubeconfig` None means in-cluster config, then $KUBECONFIG / ~/.kube/config. `namespace`
+    restricts the claims (and pods) watched to one namespace; None watches all namespaces.
+    `settings` default to `ControllerSettings.from_env()`; `settings.watch.engine` picks the
+    watches: the controller's own client (default, `informer.py`) or kopf (`operator.py`).
+    """
+    settings = settings or ControllerSettings.from_env()
+    kube = KubeApi.from_kubeconfig(kubeconfig, context=context, settings=settings.api)
+    controller = Controller(kube, settings, namespace=namespace)
+    stop = stop or threading.Event()
+    try:
+        if settings.watch.engine == "client":
+            _run_with_client_watches(controller, stop=stop)
+        else:
+            _run_with_kopf(controller, namespace=namespace, stop=stop)
+    finally:
+        stop.set()
+        controller.close()
+        kube.close()
+
+
+def start_threads(controller: Controller, stop: threading.Event) -> list[threading.Thread]:
+    """After the first list: take over full collections, freeze the picture, and start the
+    worker and the resync (daemon threads that end when `stop` is set)."""
+    garbage.take_over_full_collections()
+    garbage.collect_and_freeze()
+    threads = [
+        threading.Thread(target=controller.run_worker, args=(stop,), name="binder", daemon=True),
+        threading.Thread(target=controller.repair.run, args=(stop,), kwargs={"after": garbage.collect_and_freeze},
+                         name="resync", daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    logger.info("controller ready: %d GPUs, picture rebuilt", len(controller.ledger.gpu_names()))
+    return threads
+
+
+def _run_with_client_watches(controller: Controller, *, stop: threading.Event) -> None:
+    """Rebuild the picture (retrying until the API server answers), then watch, bind and resync
+    until `stop` is set; SIGTERM and SIGINT set it when this is the main thread."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    backoff = 0.5
+    while not stop.is_set():
+        try:
+            controller.rebuild()
+            break
+        except errors.ApiError as err:
+            logger.warning("cannot list the cluster yet, retrying in %.1fs: %s", backoff, err)
+            stop.wait(backoff)
+            backoff = min(backoff * 2, 30.0)
+    if stop.is_set():
+        return
+    controller.informer.start(stop, timeout_s=controller.settings.watch.timeout_s)
+    start_threads(controller, stop)
+    stop.wait()
+
+
+def _run_with_kopf(controller: Controller, *, namespace: str | None, stop: threading.Event) -> None:
+    import kopf
+
+    from elasticgpu.controller.operator import build_registry
+
+    registry = build_registry(controller, stop)
+    logging.getLogger("kopf").setLevel(logging.WARNING)
+    kopf.run(
+        registry=registry,
+        standalone=True,
+        clusterwide=namespace is None,
+        namespaces=[namespace] if namespace else (),
+        stop_flag=stop,
+    )

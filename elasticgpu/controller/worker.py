@@ -1,0 +1,106 @@
+"""The worker loop: take keys off the work queue in batches and sync each one.
+
+Decisions and reservations run on this one thread, so the picture never races itself; the
+writes after a commit point run on the hand-off pool. In a batch, the claims that provision a
+slice of one card are planned together and committed with one GPU write per card.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+
+from elasticgpu.controller import errors
+from elasticgpu.controller.claim_sync import ClaimSync
+from elasticgpu.controller.commit import Commit, Planned
+from elasticgpu.controller.elasticgpu_sync import ElasticGPUSync
+from elasticgpu.controller.events import EventRecorder
+from elasticgpu.controller.handoff import HandOff
+from elasticgpu.controller.settings import BindingSettings
+from elasticgpu.controller.workqueue import Key, WorkQueue
+
+logger = logging.getLogger(__name__)
+
+
+class Worker:
+    """Syncs the keys of the queue (see the module docstring)."""
+
+    def __init__(self, *, queue: WorkQueue, claims: ClaimSync, elastic_gpus: ElasticGPUSync, commit: Commit,
+                 hand_off: HandOff, events: EventRecorder, settings: BindingSettings) -> None:
+        self.queue = queue
+        self.claims = claims
+        self.elastic_gpus = elastic_gpus
+        self.commit = commit
+        self.hand_off = hand_off
+        self.events = events
+        self.settings = settings
+
+    def run(self, stop: threading.Event) -> None:
+        """Process the queue until `stop` is set."""
+        while not stop.is_set():
+            keys = self._take_batch(timeout_s=0.2)
+            if keys:
+                self.sync_many(keys)
+
+    def _take_batch(self, *, timeout_s: float) -> list[Key]:
+        """The next key and, with the pool, whatever else is queued now, up to the batch size."""
+        if not self.hand_off.enabled:
+            return self.queue.take(limit=1, background_limit=1, timeout_s=timeout_s)
+        return self.queue.take(limit=self.settings.batch_size, background_limit=self.settings.background_batch_size,
+                               timeout_s=timeout_s)
+
+    def drain(self, *, max_items: int = 100_000) -> int:
+        """Process queued keys until none is left (delayed ones included once due); returns how many."""
+        done = 0
+        while done < max_items:
+            keys = self._take_batch(timeout_s=0.0)
+            if not keys:
+                if not self.hand_off.busy() and self.events.idle():
+                    return done
+                time.sleep(0.005)  # a pool thread is finishing a bind (each of its calls has a timeout)
+                continue
+            self.sync_many(keys)
+            done += len(keys)
+        return done
+
+    def sync_many(self, keys: list[Key]) -> None:
+        """Sync several keys. With the pool, the claims that provision a slice of one card are
+        planned together and their reservations committed with one GPU status write per card;
+        every other key is an ordinary `sync`, in order."""
+        if not self.hand_off.enabled or len(keys) == 1:
+            for key in keys:
+                self.sync(key)
+            return
+        batch: dict[str, list[Planned]] = {}
+        seen: set[Key] = set()
+        for key in keys:
+            if key in seen:
+                continue
+            seen.add(key)
+            planned = None
+            if key[0] == "claim" and not self.hand_off.in_flight(key):
+                planned = self.commit.plan_slice(key)
+            if planned is None:
+                self.sync(key)
+                continue
+            batch.setdefault(self.commit.card_of(planned), []).append(planned)
+        if batch:
+            for planned in self.commit.commit_batch(batch):
+                self.claims.after_commit(planned.claim, planned.decision, planned.egpu_name, planned.placement)
+
+    def sync(self, key: Key) -> None:
+        """Sync one object; on any API failure requeue it with a delay (nothing half-written is assumed)."""
+        if self.hand_off.defer(key):
+            return  # synced again when its bind is done
+        try:
+            if key[0] == "claim":
+                self.claims.sync(key[1], key[2])
+            elif key[0] == "egpu":
+                self.elastic_gpus.sync(key[1])
+        except errors.ControllerError as err:
+            logger.warning("sync of %s failed, retrying: %s", "/".join(key), err)
+            # Jittered: two controllers that conflicted on the same object must not retry in step.
+            delay = self.settings.requeue_delay_s
+            self.queue.add(key, delay_s=delay * (0.5 + random.random()))
