@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
+from tests.agent.cri.kubelet import Kubelet
 from tests.containerd_runtime import RuntimeUnavailable, TestRuntime, remove_all_pods, running_containerd
 
 UNAVAILABLE_ENV = "ELASTICGPU_TESTRUNTIME_UNAVAILABLE"
@@ -40,3 +44,23 @@ def containerd(containerd_session: TestRuntime) -> Iterator[TestRuntime]:
     remove_all_pods(containerd_session)
     for spec in containerd_session.cdi_dir.iterdir():
         spec.unlink()
+
+
+@pytest.fixture
+def proxy_socket(containerd: TestRuntime) -> Path:
+    """Where a test's CRI proxy listens (inside the runtime's temporary directory)."""
+    return containerd.directory / f"proxy-{uuid.uuid4().hex[:8]}.sock"
+
+
+@pytest.fixture
+def passthrough_proxy(containerd: TestRuntime, proxy_socket: Path) -> Iterator[CriProxy]:
+    """A CRI proxy with hooks that change nothing, in front of the test containerd."""
+    with CriProxy(ProxySettings(listen=proxy_socket, upstream=str(containerd.socket))) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def kubelet(passthrough_proxy: CriProxy, containerd: TestRuntime) -> Iterator[Kubelet]:
+    """A CRI client talking to the pass-through proxy, as kubelet would."""
+    with Kubelet(f"unix://{passthrough_proxy.settings.listen}", containerd.image) as client:
+        yield client

@@ -1,0 +1,82 @@
+"""What the CRI proxy asks of the agent around container calls, and how it is told no.
+
+The proxy (proxy.py) forwards every call untouched except these two points:
+
+    CreateContainer:  prepared = hooks.prepare_create(request)   # may raise Refused
+                      forward prepared.request
+                      ok    -> hooks.created(prepared, container_id)
+                      error -> hooks.create_failed(prepared)
+    RemoveContainer:  forward; ok -> hooks.removed(container_id)
+
+`prepare_create` is where injection happens and the ledger row is written `started` (before the
+runtime is called); `created` completes the row with the container id. A crash between the two
+leaves a `started` row that the agent reconciles with ListContainers at its next start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import grpc
+
+
+class Refused(Exception):
+    """A CreateContainer the agent refuses: the gRPC status kubelet gets, and text for the user.
+
+    kubelet shows `message` as the container's CreateContainerError and retries with backoff,
+    so the message says what to fix (FAILED_PRECONDITION) or that it will pass by itself
+    (UNAVAILABLE: the agent is still starting).
+    """
+
+    def __init__(self, message: str, *, code: grpc.StatusCode = grpc.StatusCode.FAILED_PRECONDITION) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+@dataclass
+class PreparedCreate:
+    """A CreateContainerRequest after the hook: what to forward, and the hook's own note."""
+
+    request: Any  # api.pb.CreateContainerRequest, possibly rewritten
+    token: Any = None  # whatever the hook needs in created/create_failed (e.g. a ledger row id)
+    changed: bool = False  # False: forward the caller's original bytes (nothing to re-encode)
+    details: dict[str, str] = field(default_factory=dict)  # for logs: claim, devices, ...
+
+
+class ContainerHooks(Protocol):
+    """The agent's side of the proxy's two interception points (see the module docstring)."""
+
+    def prepare_create(self, request: Any) -> PreparedCreate:
+        """Decide and record a CreateContainer before it is forwarded; raise Refused to refuse it."""
+        ...
+
+    def created(self, prepared: PreparedCreate, container_id: str) -> None:
+        """The runtime created the container: complete what prepare_create started."""
+        ...
+
+    def create_failed(self, prepared: PreparedCreate) -> None:
+        """The runtime refused or the call failed: undo what prepare_create started."""
+        ...
+
+    def removed(self, container_id: str) -> None:
+        """The runtime removed the container: release what it held."""
+        ...
+
+
+class PassThrough:
+    """Hooks that change nothing: the proxy becomes a plain forwarder."""
+
+    def prepare_create(self, request: Any) -> PreparedCreate:
+        """Forward as is."""
+        return PreparedCreate(request=request)
+
+    def created(self, prepared: PreparedCreate, container_id: str) -> None:
+        """Nothing to complete."""
+
+    def create_failed(self, prepared: PreparedCreate) -> None:
+        """Nothing to undo."""
+
+    def removed(self, container_id: str) -> None:
+        """Nothing to release."""

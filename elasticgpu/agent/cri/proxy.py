@@ -1,0 +1,305 @@
+"""The CRI proxy between kubelet and the container runtime: the agent's only runtime-socket user.
+
+kubelet is pointed at our unix socket (`--container-runtime-endpoint`, mode 0600); every call of
+RuntimeService and ImageService is forwarded to the real runtime's socket (containerd, CRI-O)
+as raw bytes, without decoding, so fields and methods newer than our proto pass untouched:
+
+    known unary method     -> unary raw forward (the fast path: Version, ListContainers, ...)
+    known streaming method -> stream forward (GetContainerEvents, ...)
+    unknown method         -> stream-stream raw forward: a unary call is a stream of one message
+                              each way on the wire, so this carries any cardinality
+    CreateContainer        -> decoded, given to hooks.prepare_create (injection, ledger), forwarded
+    RemoveContainer        -> forwarded, then hooks.removed(container id)
+
+Streaming-URL calls (Exec, Attach, PortForward) are unary: the runtime's answer names its own
+streaming server, which kubelet then reaches directly.
+
+Failures of ours never stop a pod that uses no GPU: only CreateContainer runs our code, and
+the hooks decide (a refusal is the gRPC status the hook chose; an unexpected exception in a
+hook is reported as UNAVAILABLE, which kubelet retries). Errors of the runtime are passed back
+with their code, text and trailing metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from elasticgpu.agent.cri import api, hooks
+
+log = logging.getLogger(__name__)
+
+CREATE_CONTAINER = api.method_path(api.RUNTIME_SERVICE, "CreateContainer")
+REMOVE_CONTAINER = api.method_path(api.RUNTIME_SERVICE, "RemoveContainer")
+# Headers grpc sets itself on every call; forwarding them would duplicate or contradict them.
+_OWN_HEADERS = frozenset({"user-agent", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout", "te", "content-type"})
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""The largest CRI message carried either way. kubelet's own limit is 16 MiB; ListContainers on
+a busy node can pass 4 MiB, grpc's default."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProxySettings:
+    """How the proxy listens and where it forwards."""
+
+    listen: Path
+    """Our socket, kubelet's runtime endpoint (e.g. /var/run/elasticgpu/cri.sock); mode 0600."""
+    upstream: str
+    """The runtime's socket, as a path or `unix://` target (e.g. /run/containerd/containerd.sock)."""
+    workers: int = 32
+    """Threads serving calls. kubelet calls concurrently (PLEG relists, probes, pod workers) and
+    keeps one GetContainerEvents stream open, which holds a thread."""
+    default_timeout_s: float = 240.0
+    """Upstream timeout for a call that carries no deadline (kubelet sets one on every call;
+    this only bounds a client that forgets). 4 min, kubelet's own longest (image pulls aside)."""
+
+
+def _target(upstream: str) -> str:
+    return upstream if "://" in upstream or upstream.startswith("unix:") else f"unix://{upstream}"
+
+
+class _Forwarder(grpc.GenericRpcHandler):
+    """Routes each method to its forwarding handler (built once per method, then cached)."""
+
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        hooks: hooks.ContainerHooks,
+        settings: ProxySettings,
+        unary_methods: frozenset[str],
+        streaming_methods: frozenset[str],
+    ) -> None:
+        self._channel = channel
+        self._hooks = hooks
+        self._settings = settings
+        self._unary = unary_methods
+        self._streaming = streaming_methods
+        self._handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[bytes, bytes] | None:
+        method = handler_call_details.method
+        handler = self._handlers.get(method)
+        if handler is None:
+            handler = self._build(method)
+            self._handlers[method] = handler  # a race builds it twice; both are equal
+        return handler
+
+    def _build(self, method: str) -> grpc.RpcMethodHandler[bytes, bytes]:
+        if method == CREATE_CONTAINER:
+            upstream: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self._channel.unary_unary(method)
+            return grpc.unary_unary_rpc_method_handler(self._create_container(upstream))
+        if method == REMOVE_CONTAINER:
+            return grpc.unary_unary_rpc_method_handler(self._remove_container(self._channel.unary_unary(method)))
+        if method in self._unary:
+            return grpc.unary_unary_rpc_method_handler(self._unary_forward(self._channel.unary_unary(method)))
+        if method in self._streaming:
+            return grpc.unary_stream_rpc_method_handler(self._stream_forward(self._channel.unary_stream(method)))
+        log.info("CRI method %s is not in our proto; forwarding it as raw bytes", method)
+        return grpc.stream_stream_rpc_method_handler(self._raw_forward(self._channel.stream_stream(method)))
+
+    # --- call plumbing ---
+
+    def _call_options(self, context: grpc.ServicerContext) -> dict[str, Any]:
+        remaining = context.time_remaining()
+        timeout = self._settings.default_timeout_s if remaining is None or remaining > 1e8 else max(remaining, 0.001)
+        metadata = tuple(
+            (key, value)
+            for key, value in context.invocation_metadata()
+            if key not in _OWN_HEADERS and not key.startswith(":")
+        )
+        return {"timeout": timeout, "metadata": metadata or None}
+
+    @staticmethod
+    def _pass_error(error: grpc.RpcError, context: grpc.ServicerContext) -> None:
+        """Give the caller the runtime's own status (code, text, trailing metadata)."""
+        call: Any = error  # a grpc.Call as well as an RpcError
+        with contextlib.suppress(Exception):
+            trailing = call.trailing_metadata()
+            if trailing:
+                context.set_trailing_metadata(trailing)
+        context.abort(call.code(), call.details() or "")
+
+    def _unary_forward(
+        self, upstream: grpc.UnaryUnaryMultiCallable[bytes, bytes]
+    ) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
+            try:
+                answer: bytes = upstream(request, **self._call_options(context))
+            except grpc.RpcError as e:
+                self._pass_error(e, context)
+                raise  # not reached: abort raises
+            return answer
+
+        return forward
+
+    def _stream_forward(
+        self, upstream: grpc.UnaryStreamMultiCallable[bytes, bytes]
+    ) -> Callable[[bytes, grpc.ServicerContext], Iterator[bytes]]:
+        def forward(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+            call = upstream(request, **self._call_options(context))
+            # The caller went away: end the upstream stream too, not only ours.
+            context.add_callback(lambda: _cancel(call))
+            try:
+                yield from call
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.CANCELLED or context.is_active():
+                    self._pass_error(e, context)
+
+        return forward
+
+    def _raw_forward(
+        self, upstream: grpc.StreamStreamMultiCallable[bytes, bytes]
+    ) -> Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]:
+        def forward(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+            call = upstream(requests, **self._call_options(context))
+            context.add_callback(lambda: _cancel(call))
+            try:
+                yield from call
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.CANCELLED or context.is_active():
+                    self._pass_error(e, context)
+
+        return forward
+
+    # --- the two calls we look into ---
+
+    def _create_container(
+        self, upstream: grpc.UnaryUnaryMultiCallable[bytes, bytes]
+    ) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        def create(raw: bytes, context: grpc.ServicerContext) -> bytes:
+            request = api.pb.CreateContainerRequest.FromString(raw)
+            try:
+                prepared = self._hooks.prepare_create(request)
+            except hooks.Refused as refusal:
+                log.info("CreateContainer %s refused: %s", _describe(request), refusal.message)
+                context.abort(refusal.code, refusal.message)
+            except Exception:
+                # A bug of ours must not look like the user's fault, and kubelet retries UNAVAILABLE.
+                log.exception("CreateContainer %s: the injection hook failed", _describe(request))
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "elasticgpu agent: internal error while preparing this container; kubelet retries "
+                    "(see the elasticgpu agent's log on this node)",
+                )
+            body = prepared.request.SerializeToString() if prepared.changed else raw
+            try:
+                answer: bytes = upstream(body, **self._call_options(context))
+            except grpc.RpcError as e:
+                self._after(self._hooks.create_failed, prepared)
+                self._pass_error(e, context)
+                raise
+            container_id = api.pb.CreateContainerResponse.FromString(answer).container_id
+            self._after(lambda p: self._hooks.created(p, container_id), prepared)
+            return answer
+
+        return create
+
+    def _remove_container(
+        self, upstream: grpc.UnaryUnaryMultiCallable[bytes, bytes]
+    ) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        forward = self._unary_forward(upstream)
+
+        def remove(raw: bytes, context: grpc.ServicerContext) -> bytes:
+            answer = forward(raw, context)
+            container_id = api.pb.RemoveContainerRequest.FromString(raw).container_id
+            self._after(lambda _: self._hooks.removed(container_id), None)
+            return answer
+
+        return remove
+
+    @staticmethod
+    def _after(step: Callable[[Any], None], prepared: Any) -> None:
+        # The runtime already acted: a failure to record it must not turn its answer into an
+        # error (kubelet would retry a call that succeeded). The agent's reconciliation with
+        # ListContainers repairs what was not recorded.
+        try:
+            step(prepared)
+        except Exception:
+            log.exception("recording the runtime's answer failed; the next reconciliation repairs it")
+
+
+def _cancel(call: grpc.RpcContext) -> None:
+    call.cancel()
+
+
+def _describe(request: Any) -> str:
+    labels = request.config.labels
+    return "{}/{} container {}".format(
+        labels.get("io.kubernetes.pod.namespace", request.sandbox_config.metadata.namespace),
+        labels.get("io.kubernetes.pod.name", request.sandbox_config.metadata.name),
+        request.config.metadata.name,
+    )
+
+
+class CriProxy:
+    """The proxy server. `start()` binds the socket (mode 0600) and serves; `stop()` ends it."""
+
+    def __init__(
+        self,
+        settings: ProxySettings,
+        *,
+        container_hooks: hooks.ContainerHooks | None = None,
+        unary_methods: frozenset[str] | None = None,
+    ) -> None:
+        """`unary_methods` defaults to every unary method of our proto; a smaller set makes the
+        others go the unknown-method path (tests use it to exercise that path on a real call)."""
+        self.settings = settings
+        streaming = api.server_streaming_methods()
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        self._channel = grpc.insecure_channel(_target(settings.upstream), options=options)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.workers), options=options)
+        self._server.add_generic_rpc_handlers(
+            (
+                _Forwarder(
+                    self._channel,
+                    container_hooks or hooks.PassThrough(),
+                    settings,
+                    unary_methods if unary_methods is not None else api.known_methods() - streaming,
+                    streaming,
+                ),
+            )
+        )
+
+    def start(self) -> None:
+        """Bind the socket, readable and writable by its owner only, and start serving."""
+        path = self.settings.listen
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise FileExistsError(f"{path} exists and is not a socket; choose another listen path or remove it")
+            path.unlink()  # a socket left by an earlier run
+        # Bind under umask 0177 so the socket is never, even for an instant, open to others.
+        old = os.umask(0o177)
+        try:
+            self._server.add_insecure_port(f"unix://{path}")
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        self._server.start()
+        log.info("CRI proxy listening on %s, forwarding to %s", path, self.settings.upstream)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop serving (calls in flight get grace_s to finish), close the upstream channel."""
+        self._server.stop(grace_s).wait()
+        self._channel.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.settings.listen.unlink()
+
+    def __enter__(self) -> CriProxy:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
