@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     controller.add_argument("--namespace", help="watch claims of this namespace only (default: all)")
     controller.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     controller.set_defaults(handler=_controller)
+
+    from elasticgpu.agent import commands as agent_commands
+
+    agent = commands.add_parser("agent", help="the node agent: run it, or migrate its ledger (db upgrade|current)")
+    agent_commands.add_arguments(agent)
     return parser
 
 

@@ -143,7 +143,7 @@ def test_missing_nvml_says_what_and_how_to_simulate() -> None:
     with pytest.raises(errors.NvmlUnavailable) as caught:
         discovery.open_backend("nvml", node_name=NODE)
     text = str(caught.value)
-    assert "libnvidia-ml.so.1" in text and "--backend simulated" in text
+    assert "libnvidia-ml.so.1" in text and "elasticgpu agent run --backend simulated" in text
 
 
 def test_nvml_helpers() -> None:
@@ -160,3 +160,19 @@ def test_numa_node_from_sysfs(tmp_path: Path) -> None:
     (device / "numa_node").write_text("-1\n")
     assert nvml.numa_node_of("0000:07:00.0", tmp_path) is None
     assert nvml.numa_node_of("0000:99:00.0", tmp_path) is None
+
+
+def test_agent_without_nvml_exits_with_a_message_not_a_stack_trace(tmp_path: Path) -> None:
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("this machine has an NVIDIA driver")
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "elasticgpu", "agent", "run", "--backend", "nvml", "--node-name", NODE,
+         "--ledger-url", f"sqlite:///{tmp_path / 'ledger.db'}", "--metrics-port", "0"],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "libnvidia-ml.so.1" in result.stderr and "--backend simulated" in result.stderr

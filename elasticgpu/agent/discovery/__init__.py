@@ -41,7 +41,7 @@ def open_backend(
         if simulation_file is None:
             raise errors.SimulationInvalid(
                 "the simulated backend needs a description of its cards: give --simulation FILE"
-                " (a YAML file; see `elasticgpu agent --help`)"
+                " (a YAML file; see `elasticgpu agent run --help`)"
             )
         return SimulatedBackend.from_file(
             simulation_file, node_name=node_name, device_dir=device_dir, inject_dir=inject_dir

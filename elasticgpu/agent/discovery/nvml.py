@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 _SIMULATED_HINT = (
     "To run the agent without NVIDIA GPUs (a test cluster, a laptop), describe cards in a YAML file and run"
-    " `elasticgpu agent --backend simulated --simulation FILE` (see `elasticgpu agent --help`)."
+    " `elasticgpu agent run --backend simulated --simulation FILE` (see `elasticgpu agent run --help`)."
 )
 # Device nodes that every CUDA container needs besides its cards; only those present are returned.
 _CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")

@@ -1,0 +1,65 @@
+"""Tables of the agent's ledger (SQLAlchemy 2 typed ORM): allocations and usage samples.
+
+The schema is changed only by the Alembic revisions in `migrations/versions/`; these models
+describe the newest revision and are what `alembic revision --autogenerate` compares against.
+Only `store.py` uses them: everyone else gets the frozen values `store.Allocation` and
+`store.UsageSample`, never a row bound to a session.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, DateTime, Index, Integer, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# The states of an allocation, in the order a container lives them.
+STARTED = "started"  # recorded before the runtime's CreateContainer is called
+CREATED = "created"  # the runtime answered with a container id
+RELEASED = "released"  # the container was removed; kept for the record until pruned
+STATES = (STARTED, CREATED, RELEASED)
+OPEN_STATES = (STARTED, CREATED)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the ledger's tables."""
+
+
+class AllocationRow(Base):
+    """One injection of cards into one container."""
+
+    __tablename__ = "allocations"
+    __table_args__ = (Index("ix_allocations_state", "state"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    state: Mapped[str] = mapped_column(String(16))
+    container_id: Mapped[str | None] = mapped_column(String(128), unique=True)
+    pod_uid: Mapped[str] = mapped_column(String(64))
+    pod_namespace: Mapped[str] = mapped_column(String(253))
+    pod_name: Mapped[str] = mapped_column(String(253))
+    container_name: Mapped[str] = mapped_column(String(253))
+    claim_namespace: Mapped[str] = mapped_column(String(253))
+    claim_name: Mapped[str] = mapped_column(String(253))
+    elastic_gpu: Mapped[str] = mapped_column(String(253))
+    gpu_uuids: Mapped[list[str]] = mapped_column(JSON)
+    cores: Mapped[int] = mapped_column(Integer)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class UsageSampleRow(Base):
+    """What one process used on one card at one moment, attributed to a container and claim when known."""
+
+    __tablename__ = "usage_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    taken_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(64))
+    pid: Mapped[int] = mapped_column(Integer)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    sm_percent: Mapped[int | None] = mapped_column(Integer)
+    container_id: Mapped[str | None] = mapped_column(String(128))
+    claim_namespace: Mapped[str | None] = mapped_column(String(253))
+    claim_name: Mapped[str | None] = mapped_column(String(253))

@@ -1,0 +1,405 @@
+"""The ledger store: the only module of elasticgpu that talks to the agent's database.
+
+Every injection of cards into a container is written here in two steps, before and after the
+runtime's CreateContainer (the two-phase prepare of NVIDIA's DRA driver, in SQL):
+
+    record_started (row "started", before the runtime is called)
+        -> mark_created (the runtime answered with a container id)   -> mark_released (container removed)
+        -> roll_back (the runtime refused or failed: the row is deleted)
+
+A crash between the steps leaves a "started" row; on restart the agent matches the open rows
+against the runtime's container list (the CRI hook's job). Each call is its own transaction,
+committed before it returns: what a call returned survives a kill -9 of the agent (tested).
+
+`LedgerStore.open` runs the Alembic migrations to the newest revision this code knows and
+refuses, with `LedgerNewerThanCode`, a database that a newer agent migrated further.
+
+SQLite (the default, one file per node) runs in WAL mode with synchronous=FULL: readers never
+block the writer, and a committed transaction survives a crash of the process and of the machine.
+Any other SQLAlchemy URL works too (PostgreSQL for a shared ledger, `sqlite://` in memory for tests).
+
+Where the migration scripts are: the top-level `migrations/` of the repository is the source;
+`elasticgpu/agent/ledger/migrations` is a symbolic link to it, so the scripts are found next to
+this file in a checkout and in an editable install, and setuptools (which follows the link)
+copies them into the wheel as package files at the same place. `ELASTICGPU_LEDGER_MIGRATIONS`
+overrides the location.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
+from sqlalchemy import Engine, create_engine, delete, event, func, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from elasticgpu.agent import errors
+from elasticgpu.agent.ledger import models
+from elasticgpu.agent.settings import DEFAULT_LEDGER_URL
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_URL = DEFAULT_LEDGER_URL
+
+
+def migrations_dir() -> Path:
+    """Folder of the Alembic scripts (env.py, versions/): the override, else the link beside this file."""
+    override = os.environ.get("ELASTICGPU_LEDGER_MIGRATIONS")
+    return Path(override) if override else Path(__file__).resolve().parent / "migrations"
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic configuration for the ledger at `url`, with the scripts of this code."""
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))  # configparser interpolates %
+    return config
+
+
+def head_revision() -> str:
+    """The newest revision this code knows."""
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert head is not None, f"no Alembic revisions under {migrations_dir()}"
+    return head
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    # SQLite keeps no time zone: everything is written in UTC, so naive values read back are UTC.
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Allocation:
+    """One ledger row, as a plain value."""
+
+    id: int
+    state: str
+    container_id: str | None
+    pod_uid: str
+    pod_namespace: str
+    pod_name: str
+    container_name: str
+    claim_namespace: str
+    claim_name: str
+    elastic_gpu: str
+    gpu_uuids: tuple[str, ...]
+    cores: int
+    memory_mib: int
+    started_at: datetime
+    created_at: datetime | None
+    released_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: models.AllocationRow) -> Allocation:
+        """The value of an ORM row."""
+        started = _utc(row.started_at)
+        assert started is not None
+        return cls(
+            id=row.id, state=row.state, container_id=row.container_id, pod_uid=row.pod_uid,
+            pod_namespace=row.pod_namespace, pod_name=row.pod_name, container_name=row.container_name,
+            claim_namespace=row.claim_namespace, claim_name=row.claim_name, elastic_gpu=row.elastic_gpu,
+            gpu_uuids=tuple(row.gpu_uuids), cores=row.cores, memory_mib=row.memory_mib, started_at=started,
+            created_at=_utc(row.created_at), released_at=_utc(row.released_at),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class UsageSample:
+    """What one process used on one card at one moment, attributed when the container is known."""
+
+    taken_at: datetime
+    gpu_uuid: str
+    pid: int
+    memory_mib: int
+    sm_percent: int | None = None
+    container_id: str | None = None
+    claim_namespace: str | None = None
+    claim_name: str | None = None
+
+
+def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL: the CRI hook's writes never wait for a reader (metrics, usage). FULL: a commit is on disk
+    # when it returns, so a crash of the machine, not only of the process, loses nothing committed.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA busy_timeout=5000")  # a second process (db upgrade) waits instead of failing
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url`; for an SQLite file, its folder is created and WAL mode set on every connection."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url)
+    if parsed.get_backend_name() == "sqlite":
+        event.listen(engine, "connect", _set_sqlite_pragmas)
+    return engine
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at; None for an empty database."""
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def upgrade(engine: Engine, url: str) -> tuple[str | None, str]:
+    """Migrate to the newest revision this code knows; returns (before, after).
+
+    Raises `LedgerNewerThanCode` when the database is at a revision this code does not know.
+    """
+    config = alembic_config(url)
+    scripts = ScriptDirectory.from_config(config)
+    before = current_revision(engine)
+    if before is not None:
+        try:
+            known = scripts.get_revision(before)
+        except CommandError:
+            known = None
+        if known is None:
+            raise errors.LedgerNewerThanCode(
+                f"ledger database {make_url(url).render_as_string(hide_password=True)} is at revision {before!r},"
+                f" which this agent does not know (its newest is {scripts.get_current_head()!r}): a newer agent"
+                " migrated it. Run that newer agent, or downgrade the database with the newer version's"
+                f" `elasticgpu agent db downgrade {scripts.get_current_head()}` before starting this one."
+            )
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")
+    after = current_revision(engine)
+    assert after is not None
+    return before, after
+
+
+def downgrade(engine: Engine, url: str, revision: str) -> tuple[str | None, str | None]:
+    """Migrate down to `revision` (`-1`: one step, `base`: empty); returns (before, after)."""
+    config = alembic_config(url)
+    before = current_revision(engine)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+    return before, current_revision(engine)
+
+
+def history() -> list[tuple[str, str | None, str]]:
+    """Every revision this code knows, newest first: (revision, the one it revises, its first doc line)."""
+    scripts = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    result = []
+    for script in scripts.walk_revisions():
+        down = script.down_revision
+        result.append((script.revision, down if isinstance(down, str) or down is None else ",".join(down),
+                       (script.doc or "").strip().splitlines()[0] if script.doc else ""))
+    return result
+
+
+class LedgerStore:
+    """The agent's ledger. Thread-safe: each call opens its own session and commits before it returns."""
+
+    def __init__(self, engine: Engine, *, url: str) -> None:
+        self._engine = engine
+        self._url = url
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._write_lock = threading.Lock()  # SQLite has one writer; queue ours here instead of on busy_timeout
+        self.writes = 0
+        """Transactions committed since the store was opened (for the metrics)."""
+
+    @classmethod
+    def open(cls, url: str = DEFAULT_URL) -> LedgerStore:
+        """Open the ledger at `url`, migrating it to the newest revision; refuses a database newer than the code."""
+        engine = make_engine(url)
+        try:
+            before, after = upgrade(engine, url)
+        except errors.LedgerError:
+            engine.dispose()
+            raise
+        except (SQLAlchemyError, CommandError, OSError) as e:
+            engine.dispose()
+            raise errors.LedgerError(
+                f"ledger database {make_url(url).render_as_string(hide_password=True)} cannot be opened or migrated:"
+                f" {e}. Check --ledger-url (ELASTICGPU_AGENT_LEDGER_URL), the file's folder and its permissions."
+            ) from None
+        if before != after:
+            logger.info("ledger %s migrated from %s to %s", url, before or "empty", after)
+        return cls(engine, url=url)
+
+    def close(self) -> None:
+        """Close every connection."""
+        self._engine.dispose()
+
+    @property
+    def url(self) -> str:
+        """The database URL (password hidden)."""
+        return make_url(self._url).render_as_string(hide_password=True)
+
+    @contextmanager
+    def _writing(self) -> Iterator[Session]:
+        with self._write_lock, self._sessions.begin() as session:
+            yield session
+        self.writes += 1
+
+    # Allocations ---------------------------------------------------------------------------------
+
+    def record_started(
+        self,
+        *,
+        pod_uid: str,
+        pod_namespace: str,
+        pod_name: str,
+        container_name: str,
+        claim_namespace: str,
+        claim_name: str,
+        elastic_gpu: str,
+        gpu_uuids: list[str],
+        cores: int,
+        memory_mib: int,
+    ) -> int:
+        """Record an injection about to be made (state "started"); returns the row id for the next steps."""
+        row = models.AllocationRow(
+            state=models.STARTED, container_id=None, pod_uid=pod_uid, pod_namespace=pod_namespace,
+            pod_name=pod_name, container_name=container_name, claim_namespace=claim_namespace,
+            claim_name=claim_name, elastic_gpu=elastic_gpu, gpu_uuids=list(gpu_uuids), cores=cores,
+            memory_mib=memory_mib, started_at=_now(),
+        )
+        with self._writing() as session:
+            session.add(row)
+            session.flush()
+            row_id = row.id
+        return row_id
+
+    def mark_created(self, row_id: int, container_id: str) -> None:
+        """The runtime created the container: the row becomes "created" with its id. Idempotent for the same id."""
+        with self._writing() as session:
+            row = session.get(models.AllocationRow, row_id)
+            if row is None:
+                raise errors.LedgerStateError(f"ledger row {row_id} does not exist: record_started first")
+            if row.state == models.CREATED and row.container_id == container_id:
+                return
+            if row.state != models.STARTED:
+                raise errors.LedgerStateError(
+                    f"ledger row {row_id} is {row.state!r} (container {row.container_id}), not 'started':"
+                    f" it cannot become container {container_id}"
+                )
+            row.state = models.CREATED
+            row.container_id = container_id
+            row.created_at = _now()
+
+    def mark_released(self, container_id: str) -> bool:
+        """The container is gone: its row becomes "released". False when no open row has that id (idempotent)."""
+        with self._writing() as session:
+            row = session.scalars(
+                select(models.AllocationRow).where(
+                    models.AllocationRow.container_id == container_id,
+                    models.AllocationRow.state.in_(models.OPEN_STATES),
+                )
+            ).one_or_none()
+            if row is None:
+                return False
+            row.state = models.RELEASED
+            row.released_at = _now()
+            return True
+
+    def roll_back(self, row_id: int) -> None:
+        """Forget a "started" row whose CreateContainer failed. A missing row is fine (idempotent)."""
+        with self._writing() as session:
+            row = session.get(models.AllocationRow, row_id)
+            if row is None:
+                return
+            if row.state != models.STARTED:
+                raise errors.LedgerStateError(
+                    f"ledger row {row_id} is {row.state!r} (container {row.container_id}): only a 'started' row"
+                    " can be rolled back; release a created container with mark_released"
+                )
+            session.delete(row)
+
+    def open_allocations(self) -> list[Allocation]:
+        """Every "started" and "created" row, oldest first."""
+        with self._sessions() as session:
+            rows = session.scalars(
+                select(models.AllocationRow)
+                .where(models.AllocationRow.state.in_(models.OPEN_STATES))
+                .order_by(models.AllocationRow.id)
+            ).all()
+            return [Allocation.from_row(row) for row in rows]
+
+    def allocation_for_container(self, container_id: str) -> Allocation | None:
+        """The row of a container (open or released), or None."""
+        with self._sessions() as session:
+            row = session.scalars(
+                select(models.AllocationRow).where(models.AllocationRow.container_id == container_id)
+            ).one_or_none()
+            return None if row is None else Allocation.from_row(row)
+
+    def prune_released(self, *, before: datetime) -> int:
+        """Delete released rows released before `before`; returns how many."""
+        with self._writing() as session:
+            result = session.execute(
+                delete(models.AllocationRow).where(
+                    models.AllocationRow.state == models.RELEASED, models.AllocationRow.released_at < before
+                )
+            )
+            return int(getattr(result, "rowcount", 0) or 0)
+
+    # Usage samples ---------------------------------------------------------------------------------
+
+    def record_usage(self, samples: Sequence[UsageSample]) -> None:
+        """Store samples in one transaction."""
+        if not samples:
+            return
+        with self._writing() as session:
+            session.add_all(
+                models.UsageSampleRow(
+                    taken_at=s.taken_at, gpu_uuid=s.gpu_uuid, pid=s.pid, memory_mib=s.memory_mib,
+                    sm_percent=s.sm_percent, container_id=s.container_id, claim_namespace=s.claim_namespace,
+                    claim_name=s.claim_name,
+                )
+                for s in samples
+            )
+
+    def usage_samples(self, *, since: datetime | None = None) -> list[UsageSample]:
+        """Samples taken at or after `since` (all when None), oldest first."""
+        with self._sessions() as session:
+            query = select(models.UsageSampleRow).order_by(models.UsageSampleRow.id)
+            if since is not None:
+                query = query.where(models.UsageSampleRow.taken_at >= since)
+            result = []
+            for row in session.scalars(query):
+                taken = _utc(row.taken_at)
+                assert taken is not None
+                result.append(UsageSample(
+                    taken_at=taken, gpu_uuid=row.gpu_uuid, pid=row.pid, memory_mib=row.memory_mib,
+                    sm_percent=row.sm_percent, container_id=row.container_id,
+                    claim_namespace=row.claim_namespace, claim_name=row.claim_name,
+                ))
+            return result
+
+    def prune_usage(self, *, before: datetime) -> int:
+        """Delete samples taken before `before` (the retention); returns how many."""
+        with self._writing() as session:
+            result = session.execute(delete(models.UsageSampleRow).where(models.UsageSampleRow.taken_at < before))
+            return int(getattr(result, "rowcount", 0) or 0)
+
+    def count_usage_samples(self) -> int:
+        """How many usage samples are kept."""
+        with self._sessions() as session:
+            return int(session.scalar(select(func.count()).select_from(models.UsageSampleRow)) or 0)

@@ -1,0 +1,178 @@
+"""Settings of the agent: one small dataclass per concern, combined in `AgentSettings`.
+
+Every field has a typed default, its unit and why it has that value. Each field is also a flag
+of `elasticgpu agent run` (`--heartbeat-interval-s`) and an environment variable
+(`ELASTICGPU_AGENT_HEARTBEAT_INTERVAL_S`); a flag beats the environment, which beats the default.
+They are built once, by `from_sources`, and passed down; nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_LEDGER_URL = "sqlite:////var/lib/elasticgpu/ledger.db"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscoverySettings:
+    """Where the cards come from."""
+
+    backend: str = "nvml"
+    """`nvml` (the NVIDIA driver) or `simulated` (cards described in a YAML file)."""
+    simulation: str | None = None
+    """YAML file of the simulated backend (cards, links, a timeline of processes and XIDs)."""
+    device_dir: str = "/run/elasticgpu/devices"
+    """Folder of the simulated backend's stand-in device nodes (`nvidia<minor>`), named in the CDI spec."""
+    inject_dir: str | None = None
+    """Folder the simulated backend takes injected entries from (one JSON/YAML file each); None: none."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerSettings:
+    """The ledger database."""
+
+    ledger_url: str = DEFAULT_LEDGER_URL
+    """SQLAlchemy URL; an SQLite file on the node's disk by default (survives agent restarts)."""
+    usage_retention_s: float = 3600.0
+    """Seconds usage samples are kept: enough to look back at an OverLimit, small enough to stay a few MiB."""
+    released_retention_s: float = 7 * 86400.0
+    """Seconds released allocations are kept for the record before they are pruned."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubeSettings:
+    """How the agent talks to the API server."""
+
+    kubeconfig: str | None = None
+    """kubeconfig file; None: in-cluster service account, then $KUBECONFIG or ~/.kube/config."""
+    context: str | None = None
+    """kubeconfig context; None: the current one."""
+    node_name: str = ""
+    """This node's name (the DaemonSet passes spec.nodeName); required. Falls back to $NODE_NAME."""
+    field_manager: str = "elasticgpu-agent"
+    """Field manager of every write, so managedFields show what the agent owns."""
+    request_timeout_s: float = 10.0
+    """Seconds one API call may take before it counts as failed and is retried with backoff."""
+    watch_timeout_s: int = 60
+    """Seconds a watch of the node's GPU objects stays open before it is reopened."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class InventorySettings:
+    """How the node's GPU objects and labels are kept true."""
+
+    heartbeat_interval_s: float = 30.0
+    """Seconds between heartbeats of a GPU object (its `Heartbeat` condition). The controller should treat
+    a heartbeat older than about 4 intervals (120 s) as an agent that is gone. One write per card per interval."""
+    rediscover_interval_s: float = 10.0
+    """Seconds between discoveries of the cards (a vanished or new card is seen within this)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthSettings:
+    """How XID errors change a card's health."""
+
+    recovery_quiet_s: float = 300.0
+    """Seconds without a fatal XID after which an Unhealthy card is Healthy again (NVIDIA's device plugin
+    never recovers a card; a card that stays clean should come back)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class UsageSettings:
+    """How measured usage is sampled and written."""
+
+    sample_interval_s: float = 5.0
+    """Seconds between usage samples (NVML's process list; cheap)."""
+    usage_write_interval_s: float = 30.0
+    """Least seconds between two usage writes of one claim or card in steady state."""
+    usage_change_mib: int = 1024
+    """A change of a claim's or card's memory use by at least this many MiB is written at once."""
+    proc_root: str = "/proc"
+    """Where the host's processes are (the agent's container mounts the host's /proc here)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsSettings:
+    """The Prometheus endpoint."""
+
+    metrics_address: str = "0.0.0.0"
+    """Address the /metrics endpoint listens on."""
+    metrics_port: int = 9410
+    """Port of /metrics (DCGM exporter uses 9400); 0: no endpoint."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentSettings:
+    """Every setting of the agent, one dataclass per concern."""
+
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
+    ledger: LedgerSettings = field(default_factory=LedgerSettings)
+    kube: KubeSettings = field(default_factory=KubeSettings)
+    inventory: InventorySettings = field(default_factory=InventorySettings)
+    health: HealthSettings = field(default_factory=HealthSettings)
+    usage: UsageSettings = field(default_factory=UsageSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
+
+
+_CONCERNS: dict[str, type[Any]] = {
+    f.name: f.default_factory  # type: ignore[misc]
+    for f in dataclasses.fields(AgentSettings)
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _env(name: str) -> str:
+    return "ELASTICGPU_AGENT_" + name.upper()
+
+
+def _convert(value: str, default: Any, name: str) -> Any:
+    try:
+        if isinstance(default, bool):
+            return value.lower() in ("1", "true", "yes")
+        if isinstance(default, int):
+            return int(value)
+        if isinstance(default, float):
+            return float(value)
+    except ValueError:
+        raise ValueError(f"{_env(name)} / {_flag(name)}={value!r}: must be a {type(default).__name__}") from None
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, concerns: tuple[str, ...] | None = None) -> None:
+    """One flag per setting (of the given concerns, default all), each defaulting to "not given"."""
+    for concern, cls in _CONCERNS.items():
+        if concerns is not None and concern not in concerns:
+            continue
+        group = parser.add_argument_group(f"{concern} settings")
+        for f in dataclasses.fields(cls):
+            default = f.default
+            group.add_argument(
+                _flag(f.name), dest=f.name, default=None, metavar=f.name.split("_")[-1].upper(),
+                help=f"env {_env(f.name)}; default {default!r}",
+            )
+
+
+def from_sources(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None) -> AgentSettings:
+    """Settings from flags (when given), else the environment, else the defaults."""
+    env = os.environ if environ is None else environ
+    parts: dict[str, Any] = {}
+    for concern, cls in _CONCERNS.items():
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            given = getattr(args, f.name, None) if args is not None else None
+            raw = given if given is not None else env.get(_env(f.name))
+            if raw is not None:
+                values[f.name] = _convert(str(raw), f.default, f.name)
+        parts[concern] = cls(**values)
+    settings = AgentSettings(**parts)
+    if not settings.kube.node_name and env.get("NODE_NAME"):
+        settings = dataclasses.replace(settings, kube=dataclasses.replace(settings.kube, node_name=env["NODE_NAME"]))
+    return settings
