@@ -1,0 +1,321 @@
+"""What to do with one CreateContainer: pure decisions, no I/O (DESIGN.md, "Node agent").
+
+Input: the container as kubelet asks for it (`ContainerRequest`: the pod from the sandbox's
+`io.kubernetes.pod.*` labels and annotations, the container's env, CDI devices, annotations),
+the agent's view of claims and cards (`AgentView`, filled by the agent from the API server),
+and the pods that hold the claim now (from the ledger). Output: a `ContainerEdit` (the
+container's final env, CDI devices and annotations) or `hooks.Refused`.
+
+    container names no claim (no egpuc.elasticgpu.io/<c>, no elasticgpu.io/request.<c>)
+        -> our CDI devices and claim annotation stripped, NVIDIA_VISIBLE_DEVICES=void
+           (CUDA images set it to `all`; a setting, on by default). The view is not consulted:
+           such a container passes even while the agent is starting.
+    container names a claim
+        view not ready                     -> refused, UNAVAILABLE (kubelet retries)
+        claim missing / not Bound / bound to another node / of another namespace / held by
+        another pod / its cards unknown    -> refused, FAILED_PRECONDITION, saying what to fix
+        otherwise                          -> CDI devices `elasticgpu.io/gpu=<uuid>` (CDI field,
+           and the `cdi.k8s.io/` annotation if asked), NVIDIA_VISIBLE_DEVICES, the MPS and
+           HAMi-core limits for a slice, the claim annotation. Env the spec set under these
+           names is replaced, CDI devices of ours it named are dropped (only the claim's stay).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+import grpc
+
+from elasticgpu.agent.cri import hooks
+from elasticgpu.api import names, pod_claims
+
+CDI_KIND = "elasticgpu.io/gpu"
+"""Our CDI kind: device `elasticgpu.io/gpu=<card uuid>` of the spec cdi.py writes."""
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+CDI_ANNOTATION_KEY = f"{CDI_ANNOTATION_PREFIX}elasticgpu"
+CLAIM_ANNOTATION = "elasticgpu.io/claim"
+"""Set on a container that got a claim: `<namespace>/<name>` (usage accounting reads it back)."""
+
+ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+ENV_MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+ENV_MPS_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+ENV_HAMI_MEMORY_PREFIX = "CUDA_DEVICE_MEMORY_LIMIT"  # _<i>, and the bare name (all devices)
+ENV_HAMI_SM = "CUDA_DEVICE_SM_LIMIT"
+VISIBLE_NONE = "void"  # the NVIDIA container toolkit's value for "no GPU"
+
+LABEL_POD_NAME = "io.kubernetes.pod.name"
+LABEL_POD_NAMESPACE = "io.kubernetes.pod.namespace"
+LABEL_POD_UID = "io.kubernetes.pod.uid"
+LABEL_CONTAINER_NAME = "io.kubernetes.container.name"
+
+
+class CdiForm(Enum):
+    """How the CDI devices are requested from the runtime."""
+
+    FIELD = "field"  # ContainerConfig.CDI_devices: containerd >= 1.7.2, CRI-O >= 1.28
+    ANNOTATION = "annotation"  # cdi.k8s.io/<key>: older runtimes read only this
+    BOTH = "both"
+
+
+@dataclass(frozen=True, kw_only=True)
+class InjectionSettings:
+    """Choices of the injection, per node."""
+
+    cdi_form: CdiForm = CdiForm.FIELD
+    """containerd 1.7 reads both forms and merges them; the field is the CRI's own."""
+    neutralise_unclaimed: bool = True
+    """A container without a claim gets NVIDIA_VISIBLE_DEVICES=void, so a CUDA image's `all`
+    does not hand it every card through the NVIDIA runtime hook. Off only on a node where
+    another device plugin hands out GPUs through that variable."""
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """A pod, as named in messages."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimInfo:
+    """What the agent knows of a claim (from the claim and its ElasticGPU)."""
+
+    namespace: str
+    name: str
+    phase: str  # Pending, Bound, Lost
+    node_name: str | None  # node of the bound card(s)
+    elastic_gpu: str  # name of the ElasticGPU it is bound to ("" while unbound)
+    gpus: tuple[str, ...]  # uuids of the bound card(s), in the order the container sees them
+    cores: int  # percent of each card's compute (100: whole cards)
+    memory_mib: int  # MiB of each card's memory reserved (0: the whole card's)
+
+    @property
+    def whole_cards(self) -> bool:
+        """True when the claim holds entire cards (no limits to set)."""
+        return self.cores >= names.CORES_PER_CARD
+
+
+@dataclass(frozen=True, kw_only=True)
+class CardInfo:
+    """A card of this node, as discovery found it."""
+
+    uuid: str
+    index: int
+    memory_mib: int
+
+
+class AgentView(Protocol):
+    """The agent's picture of its node, filled from the API server (the agent's kube module)."""
+
+    @property
+    def node_name(self) -> str:
+        """This node."""
+        ...
+
+    def not_ready_reason(self) -> str | None:
+        """None once the view is complete (first list of claims and cards done), else why not."""
+        ...
+
+    def claim(self, namespace: str, name: str) -> ClaimInfo | None:
+        """The claim, or None if the API server has none of that name."""
+        ...
+
+    def card(self, uuid: str) -> CardInfo | None:
+        """A card of this node by uuid (any case), or None."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerRequest:
+    """The parts of a CreateContainerRequest the decision reads (plain values, not protobuf)."""
+
+    pod: PodRef
+    pod_annotations: Mapping[str, str]
+    container: str
+    envs: Sequence[tuple[str, str]]
+    cdi_devices: Sequence[str]
+    annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerEdit:
+    """The container's final env, CDI devices and annotations, and the claim it uses (if any)."""
+
+    envs: tuple[tuple[str, str], ...]
+    cdi_devices: tuple[str, ...]
+    annotations: dict[str, str]
+    claim: ClaimInfo | None = None
+    devices: tuple[str, ...] = field(default=())  # our CDI device names given to the container
+
+
+def cdi_device(uuid: str) -> str:
+    """The CDI name of a card: `elasticgpu.io/gpu=<uuid>`."""
+    return f"{CDI_KIND}={uuid}"
+
+
+def is_ours(device: str) -> bool:
+    """True for a CDI device name of our kind."""
+    return device.split("=", 1)[0] == CDI_KIND
+
+
+def _our_env(key: str) -> bool:
+    return key in (ENV_VISIBLE_DEVICES, ENV_MPS_THREADS, ENV_MPS_MEMORY, ENV_HAMI_SM) or key.startswith(
+        ENV_HAMI_MEMORY_PREFIX
+    )
+
+
+def claim_of(request: ContainerRequest) -> tuple[str, str] | None:
+    """(namespace, name) of the claim this container uses, None if it uses none; raises hooks.Refused
+    for an annotation that cannot name a claim of the pod's namespace."""
+    container, pod = request.container, request.pod
+    reference = request.pod_annotations.get(names.claim_annotation(container))
+    inline = names.inline_request_annotation(container) in request.pod_annotations
+    if reference is not None and inline:
+        raise hooks.Refused(
+            f"pod {pod}: container {container!r} has both {names.claim_annotation(container)} and "
+            f"{names.inline_request_annotation(container)}; a container uses one claim: keep one of the two"
+        )
+    if inline:
+        return pod.namespace, pod_claims.inline_claim_name(pod.name, container)
+    if reference is None:
+        return None
+    if "/" in reference:
+        raise hooks.Refused(
+            f"pod {pod}: annotation {names.claim_annotation(container)}={reference!r} names a claim of another "
+            f"namespace; claims are namespaced and a pod uses claims of its own namespace ({pod.namespace}) only: "
+            "create the claim in this namespace and write its bare name"
+        )
+    if not pod_claims.is_dns1123_subdomain(reference):
+        raise hooks.Refused(
+            f"pod {pod}: annotation {names.claim_annotation(container)}={reference!r} is not a claim name "
+            "(a DNS-1123 name: lowercase letters, digits, '-' and '.'); write the name of an ElasticGPUClaim"
+        )
+    return pod.namespace, reference
+
+
+def _without_ours(request: ContainerRequest) -> tuple[list[tuple[str, str]], list[str], dict[str, str]]:
+    """The request's env, CDI devices and annotations with everything we own taken out."""
+    envs = [(k, v) for k, v in request.envs if not _our_env(k)]
+    devices = [d for d in request.cdi_devices if not is_ours(d)]
+    annotations = {}
+    for key, value in request.annotations.items():
+        if key == CLAIM_ANNOTATION:
+            continue  # only we may say which claim a container uses
+        if key.startswith(CDI_ANNOTATION_PREFIX):
+            kept = [d.strip() for d in value.split(",") if d.strip() and not is_ours(d.strip())]
+            if not kept:
+                continue
+            value = ",".join(kept)
+        annotations[key] = value
+    return envs, devices, annotations
+
+
+def decide(
+    request: ContainerRequest,
+    view: AgentView,
+    *,
+    holders: Collection[PodRef] = (),
+    settings: InjectionSettings = InjectionSettings(),
+) -> ContainerEdit:
+    """The edit for this container, or raise Refused (see the module docstring).
+
+    `holders`: pods with a live or starting container on the claim (the ledger's open rows).
+    """
+    key = claim_of(request)
+    envs, devices, annotations = _without_ours(request)
+    if key is None:
+        # OBSERVATION: no claim. Our devices are gone; the NVIDIA hook must not see `all`.
+        if settings.neutralise_unclaimed:
+            envs.append((ENV_VISIBLE_DEVICES, VISIBLE_NONE))
+        else:
+            envs = list(request.envs)
+        return ContainerEdit(envs=tuple(envs), cdi_devices=tuple(devices), annotations=annotations)
+
+    namespace, name = key
+    claim = _checked_claim(request, view, namespace, name, holders)
+    cards = _cards(request, view, claim)
+    ours = tuple(cdi_device(card.uuid) for card in cards)
+    if settings.cdi_form in (CdiForm.FIELD, CdiForm.BOTH):
+        devices.extend(ours)
+    if settings.cdi_form in (CdiForm.ANNOTATION, CdiForm.BOTH):
+        annotations[CDI_ANNOTATION_KEY] = ",".join(ours)
+    annotations[CLAIM_ANNOTATION] = f"{claim.namespace}/{claim.name}"
+    envs.append((ENV_VISIBLE_DEVICES, ",".join(card.uuid for card in cards)))
+    if not claim.whole_cards:
+        # A slice: the same limits for MPS (if the node runs an MPS daemon) and HAMi-core (if
+        # the image preloads it). Device ordinals are the container's: 0..n-1 in our order.
+        envs.append((ENV_MPS_THREADS, str(claim.cores)))
+        envs.append((ENV_HAMI_SM, str(claim.cores)))
+        if claim.memory_mib > 0:
+            envs.append((ENV_MPS_MEMORY, ",".join(f"{i}={claim.memory_mib}M" for i in range(len(cards)))))
+            envs.extend((f"{ENV_HAMI_MEMORY_PREFIX}_{i}", f"{claim.memory_mib}m") for i in range(len(cards)))
+    return ContainerEdit(
+        envs=tuple(envs), cdi_devices=tuple(devices), annotations=annotations, claim=claim, devices=ours
+    )
+
+
+def _checked_claim(
+    request: ContainerRequest, view: AgentView, namespace: str, name: str, holders: Collection[PodRef]
+) -> ClaimInfo:
+    pod, container = request.pod, request.container
+    subject = f"pod {pod}, container {container!r}: ElasticGPUClaim {namespace}/{name}"
+    if (reason := view.not_ready_reason()) is not None:
+        raise hooks.Refused(
+            f"{subject}: the elasticgpu agent on node {view.node_name} is not ready yet ({reason}); "
+            "kubelet retries this container by itself",
+            code=grpc.StatusCode.UNAVAILABLE,
+        )
+    claim = view.claim(namespace, name)
+    if claim is None:
+        raise hooks.Refused(
+            f"{subject} does not exist: create it, or fix the annotation {names.claim_annotation(container)}"
+        )
+    if claim.namespace != pod.namespace:
+        raise hooks.Refused(
+            f"{subject} belongs to namespace {claim.namespace}; a pod uses claims of its own namespace "
+            f"({pod.namespace}) only: create the claim there"
+        )
+    if claim.phase != "Bound":
+        raise hooks.Refused(
+            f"{subject} is {claim.phase or 'Pending'}, not Bound: wait until `kubectl get egpuc -n {namespace} {name}` "
+            "shows Bound (its events say why not); the pod should not have been scheduled yet: is its "
+            "scheduling gate elasticgpu.io/claims removed by hand?"
+        )
+    if claim.node_name != view.node_name:
+        raise hooks.Refused(
+            f"{subject} is bound to a card on node {claim.node_name}, but the pod runs on node {view.node_name}: "
+            f"delete the pod so that it is scheduled to {claim.node_name}, or use another claim"
+        )
+    others = sorted({holder for holder in holders if holder.uid != pod.uid}, key=str)
+    if others:
+        raise hooks.Refused(
+            f"{subject} is in use by pod {others[0]}; a claim serves one pod at a time (like a ReadWriteOnce "
+            "volume): give each pod its own claim (an inline elasticgpu.io/request.<container> annotation does "
+            "that for every replica), or delete the other pod"
+        )
+    if not claim.gpus:
+        raise hooks.Refused(f"{subject} is Bound but names no card; the controller repairs this, kubelet retries")
+    return claim
+
+
+def _cards(request: ContainerRequest, view: AgentView, claim: ClaimInfo) -> list[CardInfo]:
+    cards = []
+    for uuid in claim.gpus:
+        card = view.card(uuid)
+        if card is None:
+            raise hooks.Refused(
+                f"pod {request.pod}, container {request.container!r}: card {uuid} of ElasticGPUClaim "
+                f"{claim.namespace}/{claim.name} is not known to the elasticgpu agent on node {view.node_name} "
+                "(not discovered yet, or removed); kubelet retries",
+                code=grpc.StatusCode.UNAVAILABLE,
+            )
+        cards.append(card)
+    return cards
