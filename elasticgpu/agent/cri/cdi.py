@@ -1,0 +1,120 @@
+"""The CDI spec of this node's cards, written where the runtime reads CDI specs.
+
+One spec file, kind `elasticgpu.io/gpu`, one device per card named by its uuid, whose edit is
+the card's device node (`/dev/nvidia<minor>`), plus spec-wide edits (applied whenever any of
+its devices is injected) with the control nodes (`/dev/nvidiactl`, `/dev/nvidia-uvm`,
+`/dev/nvidia-uvm-tools`). CDI version 0.6.0: containerd 1.7 reads 0.5.0 to 0.8.0, CRI-O too.
+
+A device node has a `path` (inside the container) and a `hostPath` (on the node); the runtime
+stats the host path for type, major and minor and allows that device in the container's device
+cgroup. Real cards: the host path is the same /dev path. The simulated backend points the host
+paths at stand-in character devices it made, so the same path runs without a GPU.
+
+The runtime re-reads the spec directory on every CreateContainer, so the file is replaced
+atomically: written to a hidden temporary name that does not end in .json (the runtime skips
+it), flushed to disk, renamed over the old one. An unchanged spec is not rewritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elasticgpu.agent.cri import injection
+
+CDI_VERSION = "0.6.0"
+SPEC_FILE = "elasticgpu.io-gpu.json"
+CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceNode:
+    """A device node to create in the container: `path` inside, `host_path` on the node."""
+
+    path: str
+    host_path: str | None = None  # None: the same path on the node
+
+    def to_spec(self) -> dict[str, Any]:
+        """The CDI `deviceNodes` entry."""
+        entry: dict[str, Any] = {"path": self.path, "permissions": "rw"}
+        if self.host_path is not None and self.host_path != self.path:
+            entry["hostPath"] = self.host_path
+        return entry
+
+
+@dataclass(frozen=True, kw_only=True)
+class CardDevice:
+    """A card as CDI device: its uuid (the device name) and its device node."""
+
+    uuid: str
+    minor: int
+    host_path: str | None = None  # None: /dev/nvidia<minor> on the node
+
+    def node(self) -> DeviceNode:
+        """The card's device node, /dev/nvidia<minor>."""
+        return DeviceNode(path=f"/dev/nvidia{self.minor}", host_path=self.host_path)
+
+
+def existing_control_nodes(dev: Path = Path("/dev")) -> list[DeviceNode]:
+    """The control nodes present under `dev` (a spec naming a missing node fails every injection)."""
+    return [DeviceNode(path=path) for path in CONTROL_NODES if (dev / Path(path).name).exists()]
+
+
+def build_spec(cards: Sequence[CardDevice], control_nodes: Iterable[DeviceNode]) -> dict[str, Any]:
+    """The CDI spec document for `cards` (sorted by uuid, so equal inputs give equal files)."""
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": injection.CDI_KIND,
+        "devices": [
+            {"name": card.uuid, "containerEdits": {"deviceNodes": [card.node().to_spec()]}}
+            for card in sorted(cards, key=lambda card: card.uuid)
+        ],
+        "containerEdits": {"deviceNodes": [node.to_spec() for node in control_nodes]},
+    }
+
+
+def write_spec(directory: Path, cards: Sequence[CardDevice], control_nodes: Iterable[DeviceNode]) -> bool:
+    """Write the spec into the CDI `directory` atomically; returns False when it was unchanged."""
+    for card in cards:
+        # A CDI device name allows letters, digits, '_', '.', ':' and '-' only.
+        if not card.uuid or any(not (ch.isalnum() or ch in "_.:-") for ch in card.uuid):
+            raise ValueError(f"card uuid {card.uuid!r} cannot be a CDI device name; discovery reported it wrong")
+    text = json.dumps(build_spec(cards, control_nodes), indent=2, sort_keys=True) + "\n"
+    target = directory / SPEC_FILE
+    try:
+        if target.read_text() == text:
+            return False
+    except FileNotFoundError:
+        pass
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=f".{SPEC_FILE}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    # The rename itself must survive a crash of the node too.
+    directory_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(directory_fd)
+    finally:
+        os.close(directory_fd)
+    return True
+
+
+def remove_spec(directory: Path) -> None:
+    """Remove our spec (the agent is being uninstalled); containers already running keep their devices."""
+    with contextlib.suppress(FileNotFoundError):
+        (directory / SPEC_FILE).unlink()
