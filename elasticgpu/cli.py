@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     agent = commands.add_parser("agent", help="the node agent: run it, or migrate its ledger (db upgrade|current)")
     agent_commands.add_arguments(agent)
+
+    from elasticgpu.controller.admission import commands as webhook_commands
+
+    webhook = commands.add_parser("webhook", help="run the pod admission webhook over HTTPS (blocking)")
+    webhook_commands.add_arguments(webhook)
     return parser
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -86,25 +87,30 @@ def pod_update_policies(api_client: client.ApiClient) -> list[str]:
         if doc["kind"] == "ValidatingAdmissionPolicy":
             names.append(doc["metadata"]["name"])
     core = client.CoreV1Api(api_client)
+    probes = {
+        "elasticgpu-test.pod-scheduling-gates": {"spec": {"schedulingGates": [{"name": "a"}, {"name": "b"}]}},
+        "elasticgpu-test.pod-gated-placement": {"spec": {"nodeSelector": {"x": "2"}}},
+        # Raising the deadline: the test server's own validation lets it through.
+        "elasticgpu-test.pod-spec-immutable": {"spec": {"activeDeadlineSeconds": 200}},
+    }
+    attempts = itertools.count()
     with fresh_namespace(api_client, "vap-probe") as namespace:
-        probe = pod_body("probe", schedulingGates=[{"name": "a"}], nodeSelector={"x": "1"}, activeDeadlineSeconds=100)
-        core.create_namespaced_pod(namespace, probe)
-        probes = {
-            "elasticgpu-test.pod-scheduling-gates": {"spec": {"schedulingGates": [{"name": "a"}, {"name": "b"}]}},
-            "elasticgpu-test.pod-gated-placement": {"spec": {"nodeSelector": {"x": "2"}}},
-            # Raising the deadline: the test server's own validation lets it through.
-            "elasticgpu-test.pod-spec-immutable": {"spec": {"activeDeadlineSeconds": 200}},
-        }
         for policy, patch in probes.items():
 
             def refused(policy: str = policy, patch: dict[str, Any] = patch) -> bool:
+                # A fresh probe each time: an update that went through changed the last one.
+                probe = f"probe-{next(attempts)}"
+                body = pod_body(
+                    probe, schedulingGates=[{"name": "a"}], nodeSelector={"x": "1"}, activeDeadlineSeconds=100
+                )
+                core.create_namespaced_pod(namespace, body)
                 try:
-                    core.patch_namespaced_pod("probe", namespace, patch)
+                    core.patch_namespaced_pod(probe, namespace, patch)
                 except ApiException as error:
                     return error.status == 422 and policy in str(error.body)
-                raise AssertionError(f"policy {policy} not in force yet: the probe update went through")
+                return False
 
-            wait_until(refused, f"ValidatingAdmissionPolicy {policy} in force")
+            wait_until(refused, f"ValidatingAdmissionPolicy {policy} in force", interval=0.3)
     return names
 
 

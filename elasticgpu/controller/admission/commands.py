@@ -1,0 +1,72 @@
+"""`elasticgpu webhook`: flags -> `WebhookSettings` -> `run_webhook` (blocking)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from elasticgpu.controller.admission.running import run_webhook
+from elasticgpu.controller.admission.settings import WebhookSettings
+
+# Flags that set a `WebhookSettings` field of the same name (dashes for underscores).
+_FIELDS = (
+    "namespace",
+    "secret_name",
+    "configuration_name",
+    "service_name",
+    "service_port",
+    "url",
+    "listen_host",
+    "port",
+    "validity_s",
+    "renew_before_s",
+    "check_interval_s",
+    "swap_delay_s",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `elasticgpu webhook`; defaults are `WebhookSettings`'s."""
+    d = WebhookSettings()
+    parser.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG, ~/.kube/config)")
+    parser.add_argument("--context", help="kubeconfig context")
+    parser.add_argument("--namespace", help=f"namespace of the Secret and the Service (default {d.namespace})")
+    parser.add_argument("--secret-name", help=f"Secret holding the certificate (default {d.secret_name})")
+    parser.add_argument(
+        "--configuration-name", help=f"MutatingWebhookConfiguration kept current (default {d.configuration_name})"
+    )
+    parser.add_argument("--service-name", help=f"Service the API server calls (default {d.service_name})")
+    parser.add_argument("--service-port", type=int, help=f"port of that Service (default {d.service_port})")
+    parser.add_argument(
+        "--url", help="https URL the API server calls instead of the Service, e.g. https://10.0.0.5:8443"
+    )
+    parser.add_argument("--listen-host", help=f"address to listen on (default {d.listen_host})")
+    parser.add_argument("--port", type=int, help=f"HTTPS port (default {d.port}; 0: any free port)")
+    parser.add_argument("--validity-s", type=float, help=f"certificate lifetime, seconds (default {d.validity_s:.0f})")
+    parser.add_argument(
+        "--renew-before-s", type=float, help=f"renew with this many seconds left (default {d.renew_before_s:.0f})"
+    )
+    parser.add_argument(
+        "--check-interval-s", type=float, help=f"seconds between certificate checks (default {d.check_interval_s:.0f})"
+    )
+    parser.add_argument(
+        "--swap-delay-s", type=float, help=f"seconds from publishing a new CA to serving it (default {d.swap_delay_s})"
+    )
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.set_defaults(handler=run)
+
+
+def settings_from(args: argparse.Namespace) -> WebhookSettings:
+    """`WebhookSettings` with every flag that was given."""
+    given = {name: getattr(args, name) for name in _FIELDS if getattr(args, name, None) is not None}
+    return WebhookSettings(**given)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of `elasticgpu webhook`."""
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
+    run_webhook(settings_from(args), kubeconfig=args.kubeconfig, context=args.context)
+    return 0

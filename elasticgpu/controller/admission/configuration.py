@@ -1,0 +1,105 @@
+"""The MutatingWebhookConfiguration of the pod webhook, as a plain body. Pure: no I/O.
+
+Only pods that carry our annotations reach the webhook: `matchConditions` (CEL, evaluated by
+the API server) test the annotations of the new object and, on UPDATE, of the old one. So a
+pod without them never depends on the webhook being up, while for the pods that do
+`failurePolicy: Fail` makes sure none of them slips through ungated.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from elasticgpu.api import names
+from elasticgpu.controller.admission.settings import WebhookSettings
+
+ADMISSION_REGISTRATION = "admissionregistration.k8s.io/v1"
+
+
+def _has_our_annotations(var: str) -> str:
+    # `has()` first: a pod without annotations has no `metadata.annotations` at all.
+    return (
+        f"{var} != null && has({var}.metadata.annotations) && {var}.metadata.annotations.exists(k,"
+        f" k.startsWith('{names.ANNOTATION_CLAIM_PREFIX}') || k.startsWith('{names.ANNOTATION_INLINE_REQUEST_PREFIX}'))"
+    )
+
+
+MATCH_EXPRESSION = f"({_has_our_annotations('object')}) || ({_has_our_annotations('oldObject')})"
+"""CEL: the pod (or, on UPDATE, its previous version) names a claim or asks for one."""
+
+
+def client_config(settings: WebhookSettings, ca_bundle: bytes) -> dict[str, Any]:
+    """How the API server reaches the webhook: `url`, else the Service."""
+    bundle = base64.b64encode(ca_bundle).decode()
+    if settings.url:
+        return {"url": settings.url.rstrip("/") + settings.path, "caBundle": bundle}
+    service = {
+        "namespace": settings.namespace,
+        "name": settings.service_name,
+        "port": settings.service_port,
+        "path": settings.path,
+    }
+    return {"service": service, "caBundle": bundle}
+
+
+def webhook_configuration(settings: WebhookSettings, ca_bundle: bytes) -> dict[str, Any]:
+    """The whole MutatingWebhookConfiguration, every defaulted field spelled out so that the
+    stored object can be compared with it field by field."""
+    webhook = {
+        "name": settings.webhook_name,
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": client_config(settings, ca_bundle),
+        "rules": [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                # UPDATE too: claim annotations may not change once the pod exists.
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["pods"],
+                "scope": "Namespaced",
+            }
+        ],
+        "matchConditions": [{"name": "uses-elasticgpu-claims", "expression": MATCH_EXPRESSION}],
+        "failurePolicy": "Fail",
+        "matchPolicy": "Equivalent",
+        "sideEffects": "None",
+        "timeoutSeconds": settings.timeout_s,
+        # Another webhook may add containers or annotations after us: look again then.
+        "reinvocationPolicy": "IfNeeded",
+        "namespaceSelector": {},
+        "objectSelector": {},
+    }
+    return {
+        "apiVersion": ADMISSION_REGISTRATION,
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {
+            "name": settings.configuration_name,
+            "labels": {"app.kubernetes.io/name": "elasticgpu", "app.kubernetes.io/component": "webhook"},
+        },
+        "webhooks": [webhook],
+    }
+
+
+def is_current(stored: dict[str, Any] | None, desired: dict[str, Any]) -> bool:
+    """True when `stored` already says everything `desired` says (fields the server added, such
+    as managedFields, do not count)."""
+    if stored is None:
+        return False
+    stored_hooks = stored.get("webhooks") or []
+    desired_hooks = desired["webhooks"]
+    if len(stored_hooks) != len(desired_hooks):
+        return False
+    for have, want in zip(stored_hooks, desired_hooks, strict=True):
+        if any(have.get(key) != value for key, value in want.items()):
+            return False
+    labels = (stored.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(key) == value for key, value in desired["metadata"]["labels"].items())
+
+
+def ca_bundle_of(stored: dict[str, Any] | None, webhook_name: str) -> bytes:
+    """The caBundle of webhook `webhook_name` in a stored configuration (b"" if none)."""
+    for hook in (stored or {}).get("webhooks") or []:
+        if hook.get("name") == webhook_name:
+            return base64.b64decode((hook.get("clientConfig") or {}).get("caBundle") or "")
+    return b""

@@ -1,0 +1,23 @@
+"""The exceptions of the admission webhook.
+
+    WebhookError         base of what the webhook raises on purpose
+    ├── Conflict         a write lost a race (409): re-read and decide again
+    └── ApiUnavailable   the API server did not answer, or refused for another reason
+
+`publishing` translates every failure of the Kubernetes client into one of these, so the rest
+of the package never sees a third-party exception.
+"""
+
+from __future__ import annotations
+
+
+class WebhookError(Exception):
+    """Base of the webhook's own errors."""
+
+
+class Conflict(WebhookError):
+    """The object changed (or appeared) since it was read; the caller re-reads it."""
+
+
+class ApiUnavailable(WebhookError):
+    """The API server could not be reached or answered with an error."""

@@ -1,0 +1,118 @@
+"""Answers to AdmissionReviews of pods. Pure: an AdmissionReview in, an AdmissionReview out.
+
+CREATE of a pod with claim annotations: the annotations are read by `api.pod_claims` (same
+rules as a claim written by hand); if they are valid the pod gets the scheduling gate
+`elasticgpu.io/claims` (the controller lifts it once its claims are bound and it knows the
+node) and the label `elasticgpu.io/uses-claims: "true"` (the controller watches only pods with
+it), as one JSONPatch. Otherwise it is refused with every problem, each naming the annotation
+and the fix.
+
+UPDATE: claim annotations are immutable once the pod exists (like a pod's volumes: the node
+agent reads them at every container start, and the controller placed the pod for them), so a
+change is refused. The label is put back if it was removed. No gate is ever added on UPDATE:
+kube-apiserver allows only removing gates after creation.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticgpu.api import names, pod_claims
+from elasticgpu.api.errors import InvalidPodClaims
+
+ADMISSION_REVIEW = "admission.k8s.io/v1"
+
+
+class MalformedReview(ValueError):
+    """The body is not an AdmissionReview v1 with a request (answered with HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the webhook says about one request."""
+
+    allowed: bool
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    message: str = ""
+
+
+def review(document: Mapping[str, Any]) -> dict[str, Any]:
+    """Answer one AdmissionReview (the parsed JSON body the API server posted)."""
+    request = document.get("request") if isinstance(document, Mapping) else None
+    if document.get("apiVersion") != ADMISSION_REVIEW or not isinstance(request, Mapping) or "uid" not in request:
+        raise MalformedReview(f"expected an {ADMISSION_REVIEW} AdmissionReview with request.uid")
+    verdict = decide(request)
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": verdict.allowed}
+    if not verdict.allowed:
+        # 422 like a field the API server itself refuses; kubectl shows the message after
+        # `admission webhook "pods.elasticgpu.io" denied the request:`.
+        response["status"] = {"code": 422, "reason": "Invalid", "message": verdict.message}
+    elif verdict.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(verdict.patch).encode()).decode()
+    return {"apiVersion": ADMISSION_REVIEW, "kind": "AdmissionReview", "response": response}
+
+
+def decide(request: Mapping[str, Any]) -> Verdict:
+    """The verdict on one admission request for a pod."""
+    pod = request.get("object") or {}
+    if request.get("kind", {}).get("kind") not in (None, "Pod") or not isinstance(pod, Mapping):
+        return Verdict(allowed=True)  # not ours: the configuration's rules send only pods
+    metadata = pod.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    operation = request.get("operation")
+    name = metadata.get("name") or metadata.get("generateName") or request.get("name") or ""
+    if operation == "UPDATE":
+        old_annotations = ((request.get("oldObject") or {}).get("metadata") or {}).get("annotations")
+        old, new = pod_claims.claim_annotations(old_annotations), pod_claims.claim_annotations(annotations)
+        changed = sorted(key for key in set(old) | set(new) if old.get(key) != new.get(key))
+        if changed:
+            return Verdict(
+                allowed=False,
+                message="; ".join(
+                    f"pod {name}: {pod_claims.annotation_field(key)}: cannot change once the pod exists;"
+                    " delete the pod and create it with the annotations it needs"
+                    for key in changed
+                ),
+            )
+    if not pod_claims.has_claim_annotations(annotations):
+        return Verdict(allowed=True)
+    try:
+        pod_claims.read_pod_claims(pod)
+    except InvalidPodClaims as error:
+        return Verdict(allowed=False, message=str(error))
+    patch = _label_patch(metadata)
+    if operation == "CREATE":
+        if (pod.get("spec") or {}).get("nodeName"):
+            return Verdict(
+                allowed=False,
+                message=f"pod {name}: spec.nodeName: a pod that uses claims is placed on the node of its claims;"
+                " remove spec.nodeName (use a nodeSelector or node affinity to restrict the nodes)",
+            )
+        patch += _gate_patch(pod.get("spec") or {})
+    return Verdict(allowed=True, patch=patch)
+
+
+def _label_patch(metadata: Mapping[str, Any]) -> list[dict[str, Any]]:
+    labels = metadata.get("labels")
+    if labels is None:
+        return [{"op": "add", "path": "/metadata/labels", "value": {names.LABEL_USES_CLAIMS: "true"}}]
+    if labels.get(names.LABEL_USES_CLAIMS) == "true":
+        return []
+    # `add` on an existing member replaces it; `/` in the key is `~1` in a JSON pointer.
+    key = names.LABEL_USES_CLAIMS.replace("~", "~0").replace("/", "~1")
+    return [{"op": "add", "path": f"/metadata/labels/{key}", "value": "true"}]
+
+
+def _gate_patch(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    gates = spec.get("schedulingGates")
+    gate = {"name": names.SCHEDULING_GATE}
+    if gates is None:
+        return [{"op": "add", "path": "/spec/schedulingGates", "value": [gate]}]
+    if any(existing.get("name") == names.SCHEDULING_GATE for existing in gates):
+        return []  # reinvoked, or the user wrote it: one gate is enough
+    return [{"op": "add", "path": "/spec/schedulingGates/-", "value": gate}]

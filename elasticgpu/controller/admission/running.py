@@ -1,0 +1,80 @@
+"""The webhook as one component: its HTTPS server and its certificate keeper.
+
+`Webhook` starts and stops both (the controller can run it beside its own work);
+`run_webhook` is the blocking entry point of `elasticgpu webhook`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+from elasticgpu.controller.admission import publishing, reviewing
+from elasticgpu.controller.admission.keeping import CertificateKeeper
+from elasticgpu.controller.admission.publishing import AdmissionApi
+from elasticgpu.controller.admission.serving import HttpsServer
+from elasticgpu.controller.admission.settings import WebhookSettings
+
+logger = logging.getLogger(__name__)
+
+
+class Webhook:
+    """The pod admission webhook: HTTPS server + certificate keeper, started and stopped together."""
+
+    def __init__(self, *, api: AdmissionApi, settings: WebhookSettings) -> None:
+        self._api = api
+        self.settings = settings
+        self.server = HttpsServer(
+            host=settings.listen_host, port=settings.port, path=settings.path, reviewer=reviewing.review
+        )
+        self.keeper = CertificateKeeper(api=api, server=self.server, settings=settings)
+
+    @property
+    def port(self) -> int:
+        """The port the HTTPS server listens on."""
+        return self.server.port
+
+    def start(self) -> None:
+        """Listen at once (connections are closed until a certificate is served) and keep the
+        certificate in the background."""
+        self.server.start()
+        self.keeper.start()
+        logger.info(
+            "webhook listening on %s:%d%s; API server reaches it as %s",
+            self.settings.listen_host,
+            self.port,
+            self.settings.path,
+            self.settings.client_host,
+        )
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """True once a certificate is served and published (False after `timeout_s`)."""
+        return self.keeper.ready.wait(timeout_s)
+
+    def stop(self) -> None:
+        """Stop both; the configuration stays (pods with our annotations are refused meanwhile,
+        failurePolicy Fail, and every other pod is admitted as always)."""
+        self.keeper.stop()
+        self.server.stop()
+
+
+def run_webhook(settings: WebhookSettings, *, kubeconfig: str | None = None, context: str | None = None) -> None:
+    """Run the webhook until SIGTERM or SIGINT."""
+    api = AdmissionApi(publishing.api_client(kubeconfig=kubeconfig, context=context), settings=settings)
+    webhook = Webhook(api=api, settings=settings)
+    stopping = threading.Event()
+
+    def _stop(signum: int, _frame: FrameType | None) -> None:
+        logger.info("signal %d: stopping the webhook", signum)
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    webhook.start()
+    try:
+        stopping.wait()
+    finally:
+        webhook.stop()
+        api.close()

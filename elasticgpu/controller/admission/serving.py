@@ -1,0 +1,166 @@
+"""The webhook's HTTPS server: stdlib `http.server`, one thread per connection, TLS per connection.
+
+The TLS handshake runs in the connection's own thread (never in the accept loop, where one
+slow client would hold up all others), with whatever certificate is current when the
+connection opens: `use()` swaps it for the next connections without a restart. HTTP/1.1
+keep-alive: the API server reuses its connections; an idle one is closed after
+`IDLE_TIMEOUT_S`, longer than the 90 s after which Go's client drops idle connections itself,
+so that the client, not we, closes them (a close racing a new request would fail that pod).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import ssl
+import tempfile
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from elasticgpu.controller.admission import certificates
+
+logger = logging.getLogger(__name__)
+
+IDLE_TIMEOUT_S = 120.0
+MAX_BODY_BYTES = 8 * 1024 * 1024  # an AdmissionReview of a pod with a huge spec is far below this
+HEALTH_PATH = "/healthz"
+
+Reviewer = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, address: tuple[str, int], reviewer: Reviewer, path: str) -> None:
+        super().__init__(address, _Handler)
+        self.reviewer = reviewer
+        self.review_path = path
+        self.context: ssl.SSLContext | None = None
+        self.connections: set[ssl.SSLSocket] = set()
+        self.lock = threading.Lock()
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        context = self.context
+        if context is None:
+            return  # no certificate yet: the connection is closed unanswered, as if we were down
+        request.settimeout(IDLE_TIMEOUT_S)
+        try:
+            tls = context.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as error:
+            # A client that does not trust our CA (yet) ends here: worth a line, not a trace.
+            logger.info("TLS handshake with %s failed: %s", client_address, error)
+            return
+        with self.lock:
+            self.connections.add(tls)
+        try:
+            _Handler(tls, client_address, self)
+        finally:
+            with self.lock:
+                self.connections.discard(tls)
+            tls.close()
+
+    def close_connections(self) -> None:
+        with self.lock:
+            connections = list(self.connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):  # closed by the other side meanwhile
+                connection.shutdown(socket.SHUT_RDWR)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def do_GET(self) -> None:
+        if self.path == HEALTH_PATH:
+            self._answer(200, b"ok", "text/plain")
+        else:
+            self._answer(404, b"not found", "text/plain")
+
+    def do_POST(self) -> None:
+        if self.path.split("?", 1)[0] != self.server.review_path:
+            self._answer(404, b"not found", "text/plain")
+            return
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            length = -1
+        if not 0 < length <= MAX_BODY_BYTES:
+            self._answer(400, b"an AdmissionReview body with Content-Length is required", "text/plain")
+            return
+        try:
+            document = json.loads(self.rfile.read(length))
+            answer = self.server.reviewer(document)
+        except ValueError as error:  # bad JSON, or not an AdmissionReview
+            self._answer(400, str(error).encode(), "text/plain")
+            return
+        except Exception:
+            # A bug of ours: refuse this request (failurePolicy Fail refuses the pod), keep serving.
+            logger.exception("reviewing a request failed")
+            self._answer(500, b"internal error", "text/plain")
+            return
+        self._answer(200, json.dumps(answer).encode(), "application/json")
+
+    def _answer(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("%s " + format, self.client_address[0], *args)
+
+
+def tls_context(material: certificates.Material) -> ssl.SSLContext:
+    """A server context serving `material`'s certificate (TLS 1.2 or newer)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # load_cert_chain reads files only: a private directory, removed at once.
+    with tempfile.TemporaryDirectory(prefix="elasticgpu-webhook-") as directory:
+        cert, key = os.path.join(directory, "tls.crt"), os.path.join(directory, "tls.key")
+        with open(cert, "wb") as handle:
+            handle.write(material.cert)
+        with open(os.open(key, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as handle:
+            handle.write(material.key)
+        context.load_cert_chain(cert, key)
+    return context
+
+
+class HttpsServer:
+    """Serves AdmissionReviews on `path` and `/healthz` over HTTPS."""
+
+    def __init__(self, *, host: str, port: int, path: str, reviewer: Reviewer) -> None:
+        self._server = _Server((host, port), reviewer, path)
+        self._thread: threading.Thread | None = None
+        self.serial: int | None = None
+        """Serial number of the certificate being served (None before the first)."""
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when 0 was asked for)."""
+        return int(self._server.server_address[1])
+
+    def use(self, material: certificates.Material) -> None:
+        """Serve `material`'s certificate on every connection opened from now on."""
+        self._server.context = tls_context(material)
+        self.serial = material.serial()
+
+    def start(self) -> None:
+        """Accept connections in a background thread."""
+        self._thread = threading.Thread(target=self._server.serve_forever, name="webhook-https", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop accepting, close open connections, release the port."""
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(timeout=5)
+        self._server.close_connections()
+        self._server.server_close()

@@ -1,0 +1,72 @@
+"""Settings of the pod admission webhook: where it listens, where it keeps its certificate,
+how the API server reaches it, and when the certificate is renewed.
+
+Built once (from flags by `elasticgpu webhook`, or by the controller) and passed down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+
+@dataclass(frozen=True, kw_only=True)
+class WebhookSettings:
+    """Everything the webhook needs to know; every default suits an in-cluster Deployment."""
+
+    listen_host: str = "0.0.0.0"
+    """Address the HTTPS server binds; `127.0.0.1` when the API server runs on the same host."""
+    port: int = 8443
+    """Port of the HTTPS server (0: any free port, as tests use). Not 443: no root needed."""
+    path: str = "/mutate-pods"
+    """Path the API server posts AdmissionReviews to."""
+    namespace: str = "elasticgpu-system"
+    """Namespace of the Secret holding the certificate (and of the Service, if any)."""
+    secret_name: str = "elasticgpu-webhook-tls"
+    """Secret with the CA and the serving certificate, shared by every replica of the webhook."""
+    configuration_name: str = "elasticgpu-pods"
+    """MutatingWebhookConfiguration the webhook creates and keeps current (caBundle included)."""
+    webhook_name: str = "pods.elasticgpu.io"
+    """Name of the webhook inside that configuration (a qualified name, shown in API errors)."""
+    service_name: str = "elasticgpu-webhook"
+    """Service the API server calls when `url` is empty (`<name>.<namespace>.svc`)."""
+    service_port: int = 443
+    """Port of that Service."""
+    url: str = ""
+    """When set, the API server calls this URL instead of the Service (a webhook outside the
+    cluster, or tests where the API server runs on this host): `https://127.0.0.1:8443`. The
+    path is appended; the host goes into the certificate."""
+    timeout_s: int = 10
+    """`timeoutSeconds` of the webhook: the API server gives up (and, failurePolicy Fail,
+    refuses the pod) after this long. Our answer is computed from the request alone, in
+    microseconds; the bound only matters when the process is stuck."""
+    validity_s: float = 365 * 86400.0
+    """Lifetime of a generated CA and serving certificate (seconds)."""
+    renew_before_s: float = 30 * 86400.0
+    """Renew the certificate when it has less than this left (seconds), long before expiry so
+    that a webhook that was down for days still renews in time."""
+    check_interval_s: float = 60.0
+    """Seconds between checks of the Secret and the configuration: picks up a certificate
+    another replica renewed, repairs a caBundle someone changed, renews when due."""
+    swap_delay_s: float = 2.0
+    """Seconds between publishing a new CA in the caBundle and serving the certificate it
+    signed: the API server reads webhook configurations through an informer, so it needs a
+    moment before it trusts the new CA. The previous CA stays in the bundle until it expires."""
+    request_timeout_s: float = 10.0
+    """Seconds one call to the API server may take."""
+    field_manager: str = "elasticgpu-webhook"
+    """Field manager of the webhook's writes."""
+
+    @property
+    def client_host(self) -> str:
+        """The host name the API server connects to (goes into the certificate's names)."""
+        if self.url:
+            return urlsplit(self.url).hostname or ""
+        return f"{self.service_name}.{self.namespace}.svc"
+
+    def certificate_hosts(self) -> list[str]:
+        """DNS names and IP addresses the serving certificate must carry."""
+        if self.url:
+            return [self.client_host]
+        short = f"{self.service_name}.{self.namespace}"
+        return [f"{short}.svc", f"{short}.svc.cluster.local", short, self.service_name]
