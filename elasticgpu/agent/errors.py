@@ -2,13 +2,17 @@
 
 ::
 
-    AgentError                      anything the agent reports to its operator and stops on
+    AgentError                      anything the agent reports to its operator (at start-up: and stops on)
     ├── DiscoveryError              the cards could not be discovered
     │   ├── NvmlUnavailable         NVML (libnvidia-ml.so.1) cannot be loaded or initialised
     │   └── SimulationInvalid       the simulated backend's YAML file is wrong (names file, field, fix)
-    └── LedgerError                 the ledger database cannot be used
-        ├── LedgerNewerThanCode     the database was migrated by a newer agent
-        └── LedgerStateError        a ledger call does not fit the row's state (a caller's bug)
+    ├── LedgerError                 the ledger database cannot be used
+    │   ├── LedgerNewerThanCode     the database was migrated by a newer agent
+    │   └── LedgerStateError        a ledger call does not fit the row's state (a caller's bug)
+    └── KubeError                   an API call failed (the loops retry it with backoff)
+        ├── KubeNotFound            404: the object does not exist (any more)
+        ├── KubeConflict            409: the resourceVersion precondition failed; re-read and retry
+        └── KubeUnavailable         anything else: connection refused, timeout, 5xx, 403
 
 Every message names the object, the field and the fix, because the operator reads it in a
 DaemonSet's log, far from the code.
@@ -43,3 +47,24 @@ class LedgerNewerThanCode(LedgerError):
 
 class LedgerStateError(LedgerError):
     """A ledger call that does not fit the state of the row it names."""
+
+
+class KubeError(AgentError):
+    """An API call of the agent failed."""
+
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+        """HTTP status of the answer; 0 when there was none (connection refused, timeout)."""
+
+
+class KubeNotFound(KubeError):
+    """The object does not exist."""
+
+
+class KubeConflict(KubeError):
+    """The write's resourceVersion precondition failed: someone else changed the object."""
+
+
+class KubeUnavailable(KubeError):
+    """The API server did not answer, or answered with an error that is not ours to fix here."""

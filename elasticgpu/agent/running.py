@@ -1,4 +1,10 @@
-"""Start-up and shutdown of the agent: open discovery and the ledger, start the loops, stop on a signal."""
+"""Start-up and shutdown of the agent: open discovery, the ledger and the API client, run the loops.
+
+Threads, each a loop that never dies (failures are logged and retried with backoff):
+- inventory (and its watch of this node's GPU objects): GPU objects, heartbeat, Node labels;
+- health: waits for XID events and wakes inventory after a fatal one.
+A signal (SIGTERM from the kubelet, SIGINT) stops them; the agent then closes what it opened.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import logging
 import signal
 import threading
 
-from elasticgpu.agent import discovery
+from elasticgpu.agent import discovery, errors, health, inventory, kube
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.settings import AgentSettings
 
@@ -19,21 +25,52 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
         level=getattr(logging, log_level.upper()),
         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )
-    node = settings.kube.node_name or "local"
+    node = settings.kube.node_name
+    if not node:
+        raise errors.AgentError(
+            "the agent needs its node's name: pass --node-name, or set NODE_NAME (a DaemonSet sets it from"
+            " spec.nodeName through the downward API)"
+        )
     backend = discovery.open_backend(
         settings.discovery.backend, node_name=node, simulation_file=settings.discovery.simulation,
         device_dir=settings.discovery.device_dir, inject_dir=settings.discovery.inject_dir,
     )
     ledger = LedgerStore.open(settings.ledger.ledger_url)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     try:
-        snapshot = backend.snapshot()
-        logger.info("discovered %d card(s) with backend %s: %s", len(snapshot.cards), backend.name,
-                    ", ".join(f"{c.index}:{c.uuid} {c.model} {c.memory_mib}MiB" for c in snapshot.cards))
+        api_client = kube.load_api_client(settings.kube.kubeconfig, settings.kube.context)
+    except Exception as e:  # the kubernetes package's config errors: say what to fix
+        raise errors.AgentError(f"no Kubernetes credentials: {e}; run in a pod with a service account,"
+                                " or pass --kubeconfig") from None
+    agent_kube = kube.AgentKube(api_client, node_name=node, field_manager=settings.kube.field_manager,
+                                timeout_s=settings.kube.request_timeout_s)
+    tracker = health.HealthTracker(recovery_quiet_s=settings.health.recovery_quiet_s)
+    publisher = inventory.Inventory(kube=agent_kube, backend=backend, health=tracker, settings=settings.inventory,
+                                    watch_timeout_s=settings.kube.watch_timeout_s)
+    stop = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        stop.set()
+        publisher.wake.set()  # inventory may be waiting for its next pass
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    threads = [
+        threading.Thread(target=publisher.run, args=(stop,), name="inventory", daemon=True),
+        threading.Thread(target=health.watch_xids, args=(backend, tracker),
+                         kwargs={"stop": stop, "on_fatal": publisher.wake.set}, name="health", daemon=True),
+    ]
+    snapshot = backend.snapshot()
+    logger.info("node %s: %d card(s) from the %s backend: %s", node, len(snapshot.cards), backend.name,
+                ", ".join(f"{c.index}:{c.uuid} {c.model} {c.memory_mib}MiB" for c in snapshot.cards))
+    try:
+        for thread in threads:
+            thread.start()
         stop.wait()
+        logger.info("stopping")
+        for thread in threads:
+            thread.join(timeout=5)
     finally:
+        agent_kube.close()
         ledger.close()
         backend.close()
     return 0

@@ -1,0 +1,380 @@
+"""Inventory: keeps this node's GPU objects and Node labels true to what discovery sees.
+
+For each card the agent owns:
+- the object's labels (`elasticgpu.io/node=<node>`, which its watch selects on) and its spec
+  (index, uuid, model, memory, nodeName, numa, links, mig), by server-side apply, written only
+  when they differ from what the watch last delivered;
+- in status: `capacity`, `health`, `usage` and the conditions `Heartbeat`, `Healthy` and
+  `ApplicationXid` (the controller owns `allocations`, `allocatable` and its own conditions; the
+  agent keeps those as they are). One status write per card per heartbeat interval in steady
+  state; a change of health, capacity or a large change of usage is written at once.
+
+Conditions the controller reads:
+- `Heartbeat` (True, reason `AgentHeartbeat`): its `lastTransitionTime` is the time of the last
+  heartbeat, renewed every `heartbeat_interval_s` while the agent sees the card (as a Lease's
+  renewTime). A GPU whose heartbeat is older than a grace period has lost its agent; a GPU
+  without this condition was written by hand or another tool and is taken as it is.
+- `Healthy`: True (`NoFatalXid`, `Recovered`) or False (`Xid<code>`, `Vanished`), mirrored by
+  `status.health` (Healthy / Unhealthy).
+
+A card that discovery no longer reports is marked Unhealthy with reason `Vanished`; its object is
+never deleted (reservations may point at it, and a card that comes back is Healthy again).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from elasticgpu.agent import errors
+from elasticgpu.agent.discovery import Card, DiscoveryBackend, Snapshot
+from elasticgpu.agent.health import CardHealth, HealthTracker
+from elasticgpu.agent.kube import AgentKube
+from elasticgpu.agent.settings import InventorySettings
+from elasticgpu.api import names
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT = "Heartbeat"
+HEALTHY = "Healthy"
+APPLICATION_XID = "ApplicationXid"
+AGENT_CONDITIONS = (HEARTBEAT, HEALTHY, APPLICATION_XID)
+VANISHED = "Vanished"
+
+LABEL_PRESENT = "nvidia.com/gpu.present"
+LABEL_COUNT = "nvidia.com/gpu.count"
+LABEL_PRODUCT = "nvidia.com/gpu.product"
+LABEL_MEMORY = "nvidia.com/gpu.memory"
+NODE_LABELS = (LABEL_PRESENT, LABEL_COUNT, LABEL_PRODUCT, LABEL_MEMORY)
+
+
+def rfc3339(seconds: float) -> str:
+    """Seconds since the epoch as RFC 3339 in UTC, whole seconds (what metav1.Time keeps)."""
+    return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(text: str | None) -> float | None:
+    """RFC 3339 text as seconds since the epoch; None when absent or unreadable."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def label_value(text: str) -> str:
+    """`text` as a valid label value, GPU Feature Discovery style (`NVIDIA A100-SXM4-80GB` -> `NVIDIA-A100-...`)."""
+    value = re.sub(r"[^A-Za-z0-9._-]+", "-", text.strip())[:63]
+    return value.strip("-._") or "unknown"
+
+
+def node_labels(cards: tuple[Card, ...]) -> dict[str, str | None]:
+    """GFD-style node labels for the cards (None: remove the label; a node without cards carries none)."""
+    if not cards:
+        return dict.fromkeys(NODE_LABELS)
+    first = min(cards, key=lambda card: card.index)
+    return {
+        LABEL_PRESENT: "true",
+        LABEL_COUNT: str(len(cards)),
+        LABEL_PRODUCT: label_value(first.model),
+        LABEL_MEMORY: str(first.memory_mib),
+    }
+
+
+def gpu_spec(card: Card, node_name: str) -> dict[str, Any]:
+    """The GPU object's spec for a card (camelCase, as the CRD spells it)."""
+    spec: dict[str, Any] = {
+        "index": card.index, "uuid": card.uuid, "model": card.model, "memory": card.memory_mib,
+        "nodeName": node_name, "links": list(card.links), "mig": card.mig_enabled,
+    }
+    if card.numa is not None:
+        spec["numa"] = card.numa
+    return spec
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    """What a card's processes use, as the usage loop last measured it."""
+
+    memory_mib: int
+    sm_percent: int
+    measured_at: float
+
+
+def _condition(type_: str, status: str, reason: str, message: str, previous: dict[str, Any] | None,
+               now: float) -> dict[str, Any]:
+    # lastTransitionTime moves only when the status changes (metav1.Condition's rule)...
+    unchanged = previous is not None and previous.get("status") == status
+    when = previous.get("lastTransitionTime") if unchanged and previous else None
+    return {"type": type_, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": when or rfc3339(now)}
+
+
+def desired_status(
+    obj: dict[str, Any],
+    *,
+    card: Card | None,
+    health: CardHealth,
+    usage: GpuUsage | None,
+    node_name: str,
+    now: float,
+) -> dict[str, Any]:
+    """The status fields the agent owns, for a card that is present (`card`) or vanished (None).
+
+    The Heartbeat condition carries `now`; the caller decides whether it is time to write it.
+    """
+    status = obj.get("status") or {}
+    previous = {c.get("type"): c for c in status.get("conditions") or []}
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") not in AGENT_CONDITIONS]
+    result: dict[str, Any] = {}
+    if card is None:
+        vanished = _condition(HEALTHY, "False", VANISHED, "", previous.get(HEALTHY), now)
+        if previous.get(HEALTHY, {}).get("reason") != VANISHED:
+            vanished["lastTransitionTime"] = rfc3339(now)
+        vanished["message"] = (
+            f"the driver of node {node_name} no longer reports this card (since {vanished['lastTransitionTime']});"
+            " no new reservations; the object is kept while reservations may point at it"
+        )
+        conditions.append(vanished)
+        if HEARTBEAT in previous:
+            conditions.append(previous[HEARTBEAT])  # no heartbeat for a card we do not see: it ages
+        result["health"] = "Unhealthy"
+    else:
+        beat = {"type": HEARTBEAT, "status": "True", "reason": "AgentHeartbeat",
+                "message": f"the agent of node {node_name} sees this card", "lastTransitionTime": rfc3339(now)}
+        conditions.append(beat)
+        conditions.append(_condition(HEALTHY, "True" if health.healthy else "False", health.reason, health.message,
+                                     previous.get(HEALTHY), now))
+        result["health"] = "Healthy" if health.healthy else "Unhealthy"
+        result["capacity"] = {names.RESOURCE_CORE: names.CORES_PER_CARD, names.RESOURCE_MEMORY: card.memory_mib}
+        if usage is not None:
+            result["usage"] = {"memoryUsed": usage.memory_mib, "coresUsed": usage.sm_percent,
+                               "updateTime": rfc3339(usage.measured_at)}
+    if health.last_application is not None:
+        event = health.last_application
+        seen = rfc3339(event.timestamp)
+        conditions.append({
+            "type": APPLICATION_XID, "status": "True", "reason": f"Xid{event.xid}", "lastTransitionTime": seen,
+            "message": f"application XID {event.xid} at {seen}: an application's error, recorded, not fatal for"
+            " the card",
+        })
+    result["conditions"] = sorted(conditions, key=lambda c: str(c.get("type")))
+    return result
+
+
+def _comparable(status: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The status as compared for "did anything change": only `keys`, without the heartbeat's time."""
+    result = {key: status.get(key) for key in keys if key != "conditions"}
+    if "conditions" in keys:
+        conditions = [
+            {k: v for k, v in c.items() if not (c.get("type") == HEARTBEAT and k == "lastTransitionTime")}
+            for c in status.get("conditions") or []
+        ]
+        result["conditions"] = sorted(conditions, key=lambda c: str(c.get("type")))
+    return result
+
+
+def heartbeat_age(obj: dict[str, Any], now: float) -> float | None:
+    """Seconds since the object's last heartbeat; None when it has none."""
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == HEARTBEAT:
+            beat = parse_rfc3339(condition.get("lastTransitionTime"))
+            return None if beat is None else now - beat
+    return None
+
+
+def _rv(obj: dict[str, Any]) -> int:
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion", "0"))
+    except ValueError:
+        return 0
+
+
+class Inventory:
+    """The loop that keeps the node's GPU objects and labels true. `run` blocks until `stop` is set."""
+
+    def __init__(
+        self,
+        *,
+        kube: AgentKube,
+        backend: DiscoveryBackend,
+        health: HealthTracker,
+        settings: InventorySettings,
+        watch_timeout_s: int = 60,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._kube = kube
+        self._backend = backend
+        self._health = health
+        self._settings = settings
+        self._watch_timeout_s = watch_timeout_s
+        self._clock = clock
+        self._node = kube.node_name
+        self._lock = threading.Lock()
+        self._objects: dict[str, dict[str, Any]] = {}  # this node's GPU objects, by name (watch + write answers)
+        self._synced = threading.Event()  # the first list arrived
+        self._usage: dict[str, GpuUsage] = {}
+        self._urgent: set[str] = set()  # cards whose usage changed enough to be written at once
+        self._labels_written: dict[str, str | None] | None = None
+        self.wake = threading.Event()
+        """Set to write at once (a fatal XID, a large change of usage) instead of at the next interval."""
+        self.snapshot = Snapshot()
+        """The cards of the last discovery."""
+        self.status_writes = 0
+        """GPU status writes made (for the benchmark and metrics)."""
+
+    # What other loops tell inventory -------------------------------------------------------------
+
+    def set_gpu_usage(self, uuid: str, usage: GpuUsage, *, urgent: bool) -> None:
+        """The usage loop's newest measurement of a card; `urgent` writes it at once."""
+        with self._lock:
+            self._usage[uuid] = usage
+            if urgent:
+                self._urgent.add(uuid)
+        if urgent:
+            self.wake.set()
+
+    def objects(self) -> dict[str, dict[str, Any]]:
+        """This node's GPU objects as last seen (a copy of the mapping, the objects shared)."""
+        with self._lock:
+            return dict(self._objects)
+
+    # The watch -------------------------------------------------------------------------------------
+
+    def _remember(self, obj: dict[str, Any]) -> None:
+        name = obj.get("metadata", {}).get("name")
+        if not name:
+            return
+        with self._lock:
+            known = self._objects.get(name)
+            if known is None or _rv(obj) >= _rv(known):
+                self._objects[name] = obj
+
+    def watch(self, stop: threading.Event) -> None:
+        """List, then watch this node's GPU objects (label selector) until `stop`; relist on 410. Never dies."""
+        resource_version = ""
+        failures = 0
+        while not stop.is_set():
+            try:
+                if not resource_version:
+                    items, resource_version = self._kube.list_gpus()
+                    with self._lock:
+                        self._objects = {o["metadata"]["name"]: o for o in items}
+                    self._synced.set()
+                for event in self._kube.watch_gpus(resource_version, timeout_s=self._watch_timeout_s):
+                    if stop.is_set():
+                        return
+                    new_rv = event.object.get("metadata", {}).get("resourceVersion")
+                    if new_rv:
+                        resource_version = str(new_rv)
+                    if event.type == "DELETED":
+                        with self._lock:
+                            self._objects.pop(event.object.get("metadata", {}).get("name", ""), None)
+                        self.wake.set()  # someone deleted a card of ours: publish it again
+                    elif event.type in ("ADDED", "MODIFIED"):
+                        self._remember(event.object)
+                failures = 0
+            except errors.KubeConflict:
+                resource_version = ""  # 410 Gone: our version is too old; list again
+            except Exception as e:
+                failures += 1
+                logger.warning("watch of node %s's GPU objects failed (%s); retrying", self._node, e)
+                stop.wait(min(30.0, 0.2 * 2**failures))
+
+    # Reconciling -----------------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Reconcile now, then every `rediscover_interval_s` or when woken, until `stop`. Never dies."""
+        watcher = threading.Thread(target=self.watch, args=(stop,), name="inventory-watch", daemon=True)
+        watcher.start()
+        self._synced.wait(timeout=self._settings.rediscover_interval_s)
+        failures = 0
+        while not stop.is_set():
+            self.wake.clear()
+            try:
+                self.reconcile()
+                failures = 0
+                delay = self._settings.rediscover_interval_s
+            except Exception as e:
+                failures += 1
+                logger.warning("inventory of node %s failed (%s); retrying", self._node, e,
+                               exc_info=not isinstance(e, errors.KubeError))
+                delay = min(self._settings.rediscover_interval_s, 0.5 * 2**failures)
+            if self.wake.wait(delay):
+                stop.wait(0.05)  # let a burst of wake-ups (several XIDs) collapse into one pass
+        watcher.join(timeout=1)
+
+    def reconcile(self) -> None:
+        """One pass: discover, publish specs, write due statuses, label the node."""
+        snapshot = self._backend.snapshot()
+        self.snapshot = snapshot
+        now = self._clock()
+        present = {names.gpu_object_name(card.uuid): card for card in snapshot.cards}
+        labels = {names.LABEL_NODE: self._node}
+        for name, card in present.items():
+            obj = self.objects().get(name)
+            spec = gpu_spec(card, self._node)
+            if obj is None or obj.get("spec") != spec or (obj.get("metadata", {}).get("labels") or {}).get(
+                names.LABEL_NODE
+            ) != self._node:
+                obj = self._kube.apply_gpu(name, labels=labels, spec=spec)
+                self._remember(obj)
+                logger.info("published card %s (%s) as GPU %s", card.index, card.model, name)
+            self._write_status(name, card, now)
+        for name, obj in self.objects().items():
+            if name not in present and (obj.get("spec") or {}).get("nodeName") == self._node:
+                self._write_status(name, None, now)
+        desired_labels = node_labels(snapshot.cards)
+        if desired_labels != self._labels_written:
+            self._kube.patch_node_labels(desired_labels)
+            self._labels_written = desired_labels
+
+    def _write_status(self, name: str, card: Card | None, now: float) -> None:
+        uuid = card.uuid if card is not None else str((self.objects().get(name, {}).get("spec") or {}).get("uuid", ""))
+        for attempt in range(5):
+            obj = self.objects().get(name)
+            if obj is None:
+                return
+            with self._lock:
+                usage = self._usage.get(uuid) if card is not None else None
+                usage_due = uuid in self._urgent
+            desired = desired_status(obj, card=card, health=self._health.health(uuid), usage=usage,
+                                     node_name=self._node, now=now)
+            current = obj.get("status") or {}
+            keys = tuple(key for key in desired if key != "usage")
+            changed = _comparable(desired, keys) != _comparable(current, keys)
+            age = heartbeat_age(obj, now)
+            beat_due = card is not None and (age is None or age >= self._settings.heartbeat_interval_s)
+            if not (changed or beat_due or usage_due):
+                return
+            try:
+                answer = self._kube.patch_gpu_status(
+                    name, resource_version=str(obj["metadata"]["resourceVersion"]), status=desired
+                )
+            except errors.KubeConflict:
+                # Someone (the controller reserving) wrote the card since we saw it: read it and recompute.
+                try:
+                    self._remember(self._kube.read_gpu(name))
+                except errors.KubeNotFound:
+                    with self._lock:
+                        self._objects.pop(name, None)
+                    return
+                time.sleep(0.01 * (attempt + 1))
+                continue
+            except errors.KubeNotFound:
+                with self._lock:
+                    self._objects.pop(name, None)
+                return
+            self.status_writes += 1
+            with self._lock:
+                self._urgent.discard(uuid)
+            self._remember(answer)
+            return
+        logger.info("GPU %s: status still conflicting after 5 tries; next pass retries", name)

@@ -1,0 +1,253 @@
+"""The agent's only user of the Kubernetes API: its own node's GPU objects, its Node, claims, Events.
+
+Scale rule: 10,000 agents must not each list the cluster. Every list and watch here carries the
+label selector `elasticgpu.io/node=<this node>` (GPU objects) or the field selector
+`metadata.name=<this node>` (the Node); claims are only read and written by name, for the
+containers this node runs.
+
+Writes:
+- GPU spec and labels: server-side apply (field manager `elasticgpu-agent`, forced): the agent owns
+  them entirely and an apply that changes nothing is a no-op on the server.
+- GPU and claim status: JSON merge patch with `metadata.resourceVersion` as precondition. The
+  status' `conditions` is an atomic list shared with the controller; a read-modify-write with a
+  precondition is the only way to replace our conditions without erasing the controller's.
+  A 409 raises `KubeConflict`: the caller re-reads and recomputes.
+- Node labels: merge patch (never creates a Node, unlike an apply).
+
+The kubernetes package gives configuration and credentials; requests go through its urllib3 pool
+with our own timeouts, JSON in and out, and failures become `errors.KubeError` here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from elasticgpu.agent import errors
+from elasticgpu.api import names
+
+logger = logging.getLogger(__name__)
+
+GPUS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL_GPU}"
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One event of a watch: ADDED, MODIFIED, DELETED, BOOKMARK or ERROR, with its object."""
+
+    type: str
+    object: dict[str, Any]
+
+
+def load_api_client(kubeconfig: str | None, context: str | None) -> Any:
+    """A kubernetes.client.ApiClient: the kubeconfig when given, else in-cluster, else $KUBECONFIG / ~/.kube/config."""
+    from kubernetes import client, config
+
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
+    try:
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        return client.ApiClient(configuration)
+    except config.ConfigException:
+        return config.new_client_from_config(context=context)  # type: ignore[no-untyped-call]
+
+
+class AgentKube:
+    """API calls of one node's agent. Thread-safe (urllib3's pool is)."""
+
+    def __init__(self, api_client: Any, *, node_name: str, field_manager: str, timeout_s: float = 10.0) -> None:
+        self._api = api_client
+        self.node_name = node_name
+        self._field_manager = field_manager
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self.writes: dict[str, int] = {}
+        """Writes per kind of write (`gpu_apply`, `gpu_status`, `claim_status`, `node_labels`, `event`), for metrics."""
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self._api.close()
+
+    # Plumbing ---------------------------------------------------------------------------------
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        configuration = self._api.configuration
+        headers = {"Accept": "application/json", **dict(self._api.default_headers)}
+        if getattr(configuration, "refresh_api_key_hook", None) is not None:
+            configuration.refresh_api_key_hook(configuration)
+        auth = configuration.get_api_key_with_prefix("authorization")
+        if auth:
+            headers["Authorization"] = auth
+        if content_type:
+            headers["Content-Type"] = content_type
+        return headers
+
+    def _url(self, path: str, query: dict[str, str] | None) -> str:
+        url = self._api.configuration.host.rstrip("/") + path
+        return str(url) + ("?" + urllib.parse.urlencode(query) if query else "")
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        content_type: str | None = None,
+        what: str,
+        write: str | None = None,
+    ) -> dict[str, Any]:
+        import urllib3
+
+        data = None if body is None else json.dumps(body).encode()
+        try:
+            response = self._api.rest_client.pool_manager.request(
+                method, self._url(path, query), body=data,
+                headers=self._headers(content_type or ("application/json" if data else None)),
+                timeout=urllib3.Timeout(total=self._timeout_s), retries=False, preload_content=True,
+            )
+        except urllib3.exceptions.HTTPError as e:
+            raise errors.KubeUnavailable(f"{what}: the API server did not answer ({e})") from None
+        if write is not None and response.status < 500:
+            with self._lock:
+                self.writes[write] = self.writes.get(write, 0) + 1
+        if response.status < 300:
+            return dict(json.loads(response.data)) if response.data else {}
+        try:
+            message = json.loads(response.data).get("message", "")
+        except ValueError:
+            message = response.data[:300].decode(errors="replace")
+        text = f"{what}: HTTP {response.status}: {message}"
+        if response.status == 404:
+            raise errors.KubeNotFound(text, status=404)
+        if response.status == 409:
+            raise errors.KubeConflict(text, status=409)
+        raise errors.KubeUnavailable(text, status=response.status)
+
+    # GPU objects of this node ---------------------------------------------------------------------
+
+    def node_selector(self) -> str:
+        """The label selector of this node's GPU objects."""
+        return f"{names.LABEL_NODE}={self.node_name}"
+
+    def list_gpus(self) -> tuple[list[dict[str, Any]], str]:
+        """This node's GPU objects and the list's resourceVersion."""
+        answer = self._request("GET", GPUS_PATH, query={"labelSelector": self.node_selector()},
+                               what=f"list GPUs of node {self.node_name}")
+        return list(answer.get("items") or []), str(answer.get("metadata", {}).get("resourceVersion", ""))
+
+    def watch_gpus(self, resource_version: str, *, timeout_s: int) -> Iterator[WatchEvent]:
+        """Events of this node's GPU objects after `resource_version`, until the server ends the watch."""
+        import urllib3
+
+        query = {
+            "labelSelector": self.node_selector(), "watch": "true", "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_s),
+        }
+        try:
+            response = self._api.rest_client.pool_manager.request(
+                "GET", self._url(GPUS_PATH, query), headers=self._headers(None),
+                timeout=urllib3.Timeout(connect=self._timeout_s, read=timeout_s + self._timeout_s),
+                retries=False, preload_content=False,
+            )
+        except urllib3.exceptions.HTTPError as e:
+            raise errors.KubeUnavailable(f"watch GPUs of node {self.node_name}: no answer ({e})") from None
+        try:
+            if response.status == 410:
+                raise errors.KubeConflict(f"watch GPUs of node {self.node_name}: 410 Gone", status=410)
+            if response.status >= 300:
+                raise errors.KubeUnavailable(
+                    f"watch GPUs of node {self.node_name}: HTTP {response.status}", status=response.status
+                )
+            buffer = b""
+            for chunk in response.stream(65536, decode_content=True):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        event = json.loads(line)
+                        if event.get("type") == "ERROR" and event.get("object", {}).get("code") == 410:
+                            raise errors.KubeConflict(f"watch GPUs of node {self.node_name}: 410 Gone", status=410)
+                        yield WatchEvent(str(event.get("type")), dict(event.get("object") or {}))
+        except (urllib3.exceptions.HTTPError, ValueError) as e:
+            raise errors.KubeUnavailable(f"watch GPUs of node {self.node_name}: broken ({e})") from None
+        finally:
+            response.release_conn()
+
+    def read_gpu(self, name: str) -> dict[str, Any]:
+        """One GPU object; raises `KubeNotFound`."""
+        return self._request("GET", f"{GPUS_PATH}/{name}", what=f"read GPU {name}")
+
+    def apply_gpu(self, name: str, *, labels: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply of the GPU's labels and spec (creates the object when absent)."""
+        body = {
+            "apiVersion": names.API_VERSION, "kind": names.KIND_GPU,
+            "metadata": {"name": name, "labels": labels}, "spec": spec,
+        }
+        return self._request(
+            "PATCH", f"{GPUS_PATH}/{name}", body=body, content_type="application/apply-patch+yaml",
+            query={"fieldManager": self._field_manager, "force": "true"}, what=f"apply GPU {name}", write="gpu_apply",
+        )
+
+    def patch_gpu_status(self, name: str, *, resource_version: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch fields of the GPU's status, only if the object is still at `resource_version`."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        return self._request(
+            "PATCH", f"{GPUS_PATH}/{name}/status", body=body, content_type="application/merge-patch+json",
+            query={"fieldManager": self._field_manager}, what=f"write status of GPU {name}", write="gpu_status",
+        )
+
+    # Claims (read and written by name only) --------------------------------------------------------------
+
+    def _claim_path(self, namespace: str, name: str) -> str:
+        return f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{namespace}/{names.PLURAL_CLAIM}/{name}"
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """One claim; raises `KubeNotFound`."""
+        return self._request("GET", self._claim_path(namespace, name), what=f"read claim {namespace}/{name}")
+
+    def patch_claim_status(
+        self, namespace: str, name: str, *, resource_version: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch fields of a claim's status, only if the claim is still at `resource_version`."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        return self._request(
+            "PATCH", self._claim_path(namespace, name) + "/status", body=body,
+            content_type="application/merge-patch+json", query={"fieldManager": self._field_manager},
+            what=f"write status of claim {namespace}/{name}", write="claim_status",
+        )
+
+    def create_event(
+        self, *, namespace: str, involved: dict[str, Any], type_: str, reason: str, message: str, now: str
+    ) -> None:
+        """A core/v1 Event about `involved` (apiVersion, kind, name, namespace, uid)."""
+        name = f"{involved.get('name', 'object')}.{abs(hash((reason, now, message))) % 10**12:012d}"
+        body = {
+            "apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": namespace},
+            "involvedObject": involved, "type": type_, "reason": reason, "message": message,
+            "source": {"component": self._field_manager, "host": self.node_name},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "reportingComponent": self._field_manager, "reportingInstance": self.node_name,
+        }
+        self._request("POST", f"/api/v1/namespaces/{namespace}/events", body=body,
+                      what=f"create Event {reason} about {involved.get('kind')} {involved.get('name')}", write="event")
+
+    # The Node ---------------------------------------------------------------------------------------------
+
+    def read_node(self) -> dict[str, Any]:
+        """This node's Node object; raises `KubeNotFound`."""
+        return self._request("GET", f"/api/v1/nodes/{self.node_name}", what=f"read Node {self.node_name}")
+
+    def patch_node_labels(self, labels: dict[str, str | None]) -> None:
+        """Set (or, with None, remove) labels of this node's Node."""
+        self._request(
+            "PATCH", f"/api/v1/nodes/{self.node_name}", body={"metadata": {"labels": labels}},
+            content_type="application/merge-patch+json", query={"fieldManager": self._field_manager},
+            what=f"label Node {self.node_name}", write="node_labels",
+        )

@@ -1,0 +1,146 @@
+"""The agent end to end against the API server: GPU objects, node labels, heartbeat, XIDs, vanished cards."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+
+from elasticgpu.agent.discovery import simulated
+from elasticgpu.api import GPU, names
+from tests.agent.conftest import RunningAgent, wait_for
+from tests.kube_cluster import kube_request
+
+DESCRIPTION = {
+    "driver": {"version": "550.54.15", "cuda": "12.4"},
+    "cards": [{"model": "NVIDIA A100-SXM4-80GB", "memory": "80Gi", "numa": 0, "links": [1], "count": 2}],
+}
+GPUS = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL_GPU}"
+
+
+def node_gpus(api: client.ApiClient, node: str) -> dict[str, dict[str, Any]]:
+    answer = kube_request(api, "GET", GPUS, query=[("labelSelector", f"{names.LABEL_NODE}={node}")])
+    assert answer.status == 200, answer.body
+    return {item["metadata"]["name"]: item for item in answer.json()["items"]}
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), None)
+
+
+def test_gpu_objects_labels_health_and_recovery(
+    api_client: client.ApiClient, node_name: str, start_agent: Callable[..., RunningAgent]
+) -> None:
+    agent = start_agent(node_name, DESCRIPTION, "--recovery-quiet-s", "4")
+    uuids = [simulated.simulated_uuid(node_name, i) for i in range(2)]
+    gpu_names = [names.gpu_object_name(u) for u in uuids]
+
+    def published() -> dict[str, dict[str, Any]] | None:
+        assert agent.process.poll() is None, agent.log()
+        gpus = node_gpus(api_client, node_name)
+        ready = set(gpus) == set(gpu_names) and all(condition(g, "Heartbeat") for g in gpus.values())
+        return gpus if ready else None
+
+    gpus = wait_for("both GPU objects with a heartbeat", published)
+    first = GPU.model_validate(gpus[gpu_names[0]])  # valid for our own models too
+    assert (first.spec.uuid, first.spec.index, first.spec.memory, first.spec.numa) == (uuids[0], 0, 81920, 0)
+    assert first.spec.node_name == node_name and first.spec.links == [uuids[1]]
+    assert first.status.health == "Healthy"
+    assert first.status.capacity == {names.RESOURCE_CORE: 100, names.RESOURCE_MEMORY: 81920}
+    managers = {m["manager"] for m in gpus[gpu_names[0]]["metadata"]["managedFields"]}
+    assert managers == {"elasticgpu-agent"}
+
+    labels = wait_for("node labels", lambda: (client.CoreV1Api(api_client).read_node(node_name).metadata.labels
+                                              or {}).get("nvidia.com/gpu.count") and
+                      client.CoreV1Api(api_client).read_node(node_name).metadata.labels)
+    assert labels["nvidia.com/gpu.present"] == "true" and labels["nvidia.com/gpu.count"] == "2"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB" and labels["nvidia.com/gpu.memory"] == "81920"
+
+    # The controller's part of the status (a reservation, its own condition) is kept by the agent's writes.
+    obj = node_gpus(api_client, node_name)[gpu_names[0]]
+    obj["status"]["allocations"] = [{"elasticGPU": "egpu-test", "cores": 30, "memory": 1024}]
+    obj["status"]["conditions"].append({"type": "Schedulable", "status": "True", "reason": "Controller",
+                                        "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"})
+    answer = kube_request(api_client, "PUT", f"{GPUS}/{gpu_names[0]}/status", body=obj)
+    assert answer.status == 200, answer.body
+
+    # The heartbeat moves on (interval 2 s), and the controller's fields stay.
+    beat = condition(obj, "Heartbeat")
+    assert beat is not None
+
+    def beat_moved() -> bool:
+        now = node_gpus(api_client, node_name)[gpu_names[0]]
+        moved = condition(now, "Heartbeat")
+        return moved is not None and moved["lastTransitionTime"] > beat["lastTransitionTime"]
+
+    wait_for("a newer heartbeat", beat_moved, timeout=10)
+    kept = node_gpus(api_client, node_name)[gpu_names[0]]
+    assert kept["status"]["allocations"][0]["elasticGPU"] == "egpu-test"
+    assert condition(kept, "Schedulable") is not None
+
+    # A fatal XID makes the card Unhealthy at once; after the quiet period (4 s) it recovers.
+    simulated.inject(agent.inject_dir, {"xid": {"card": 0, "code": 79, "message": "fell off the bus"}})
+    sick = wait_for("Unhealthy after XID 79", lambda: (g := node_gpus(api_client, node_name)[gpu_names[0]])
+                    ["status"].get("health") == "Unhealthy" and g, timeout=10)
+    healthy = condition(sick, "Healthy")
+    assert healthy is not None and healthy["status"] == "False" and healthy["reason"] == "Xid79"
+    assert "fell off the bus" in healthy["message"]
+    assert node_gpus(api_client, node_name)[gpu_names[1]]["status"]["health"] == "Healthy"
+    recovered = wait_for("recovery after the quiet period",
+                         lambda: (g := node_gpus(api_client, node_name)[gpu_names[0]])["status"].get("health")
+                         == "Healthy" and g, timeout=15)
+    assert condition(recovered, "Healthy")["reason"] == "Recovered"  # type: ignore[index]
+
+    # An application XID is recorded, not fatal.
+    simulated.inject(agent.inject_dir, {"xid": {"card": 1, "code": 13}})
+    noted = wait_for("ApplicationXid condition",
+                     lambda: condition(node_gpus(api_client, node_name)[gpu_names[1]], "ApplicationXid"), timeout=10)
+    assert noted["reason"] == "Xid13"
+    assert node_gpus(api_client, node_name)[gpu_names[1]]["status"]["health"] == "Healthy"
+
+    # A vanished card is Unhealthy with reason Vanished, never deleted; it comes back Healthy.
+    simulated.inject(agent.inject_dir, {"vanish": {"card": 0}})
+    gone = wait_for("Vanished", lambda: (c := condition(node_gpus(api_client, node_name)[gpu_names[0]], "Healthy"))
+                    and c["reason"] == "Vanished" and c, timeout=10)
+    assert gone["status"] == "False"
+    assert set(node_gpus(api_client, node_name)) == set(gpu_names)
+    wait_for("node label count 1", lambda: client.CoreV1Api(api_client).read_node(node_name).metadata.labels
+             .get("nvidia.com/gpu.count") == "1", timeout=10)
+    simulated.inject(agent.inject_dir, {"appear": {"card": 0}})
+    wait_for("back Healthy", lambda: node_gpus(api_client, node_name)[gpu_names[0]]["status"].get("health")
+             == "Healthy", timeout=10)
+
+    # A GPU object deleted by someone is published again.
+    assert kube_request(api_client, "DELETE", f"{GPUS}/{gpu_names[1]}").status == 200
+    wait_for("republished", lambda: gpu_names[1] in node_gpus(api_client, node_name), timeout=10)
+
+    agent.process.send_signal(signal.SIGTERM)
+    assert agent.process.wait(timeout=15) == 0, agent.log()
+    assert "Traceback" not in agent.log()
+
+
+def test_steady_state_writes_only_the_heartbeat(
+    api_client: client.ApiClient, node_name: str, start_agent: Callable[..., RunningAgent]
+) -> None:
+    agent = start_agent(node_name, DESCRIPTION)
+    wait_for("GPU objects", lambda: len(gpus := node_gpus(api_client, node_name)) == 2 and all(
+        condition(g, "Heartbeat") for g in gpus.values()))
+    listed = kube_request(api_client, "GET", GPUS, query=[("labelSelector", f"{names.LABEL_NODE}={node_name}")])
+    version = listed.json()["metadata"]["resourceVersion"]
+    # Watch for 6 s: with passes every 0.3 s and a heartbeat every 2 s, each card is written 2-4 times, no more.
+    events = client.CustomObjectsApi(api_client).list_cluster_custom_object(
+        names.GROUP, names.VERSION, names.PLURAL_GPU, label_selector=f"{names.LABEL_NODE}={node_name}",
+        watch=True, resource_version=version, timeout_seconds=6, _preload_content=False,
+    )
+    modified: dict[str, int] = {}
+    for line in events.stream(decode_content=True):
+        for text in line.decode().splitlines():
+            if text.strip():
+                event = json.loads(text)
+                name = event["object"]["metadata"]["name"]
+                modified[name] = modified.get(name, 0) + (event["type"] == "MODIFIED")
+    assert len(modified) == 2 and all(2 <= n <= 4 for n in modified.values()), modified
+    assert agent.process.poll() is None
