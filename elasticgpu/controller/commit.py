@@ -195,20 +195,20 @@ class Commit:
         assert self._pool is not None
         ledger = self.picture.ledger
 
-        def put(gpu_name: str) -> tuple[str, Body | errors.ControllerError]:
+        def put(gpu_name: str) -> tuple[str, Body | Exception]:
             with self.picture.lock:
                 allocations = [allocation_for(p.egpu_name, p.placement.cards[0], claim_ref_of(p.claim))
                                for p in batch[gpu_name]]
                 body = ledger.with_allocations(gpu_name, allocations)
             try:
                 return gpu_name, self.kube.replace_gpu_status(body)
-            except errors.ControllerError as err:
+            except Exception as err:  # NotFound, a bug: nothing committed, the claims re-plan below
                 return gpu_name, err
 
         committed: list[Planned] = []
         for gpu_name, answer in self._pool.map(put, list(batch)):
             planned = batch[gpu_name]
-            if isinstance(answer, errors.ControllerError):
+            if isinstance(answer, Exception):
                 logger.debug("batched reservation on %s not committed, re-planning: %s", gpu_name, answer)
                 with self.picture.lock:
                     for entry in planned:

@@ -32,11 +32,18 @@ class EventRecorder:
             self._thread = threading.Thread(target=self._write_loop, name="events", daemon=True)
             self._thread.start()
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The background writer (for the liveness check), or None when Events are written inline."""
+        return self._thread
+
     def _write_loop(self) -> None:
         assert self._queue is not None
         while (item := self._queue.get()) is not None:
             try:
                 self._kube.create_event(*item)
+            except Exception:  # the writer must outlive any one Event; an Event is a courtesy
+                logger.exception("event in %s not written", item[0])
             finally:
                 self._queue.task_done()
 

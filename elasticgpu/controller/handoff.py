@@ -8,25 +8,21 @@ syncs are deferred (they would only repeat its writes) and run once it is done.
 
 from __future__ import annotations
 
-import logging
-import random
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from elasticgpu.controller import errors
+from elasticgpu.controller.failures import Failures
 from elasticgpu.controller.settings import BindingSettings
 from elasticgpu.controller.workqueue import Key, WorkQueue
-
-logger = logging.getLogger(__name__)
 
 
 class HandOff:
     """A pool of `settings.workers` threads (none: `enabled` is False and binds run inline)."""
 
-    def __init__(self, *, queue: WorkQueue, settings: BindingSettings) -> None:
+    def __init__(self, *, queue: WorkQueue, failures: Failures, settings: BindingSettings) -> None:
         self._queue = queue
-        self._settings = settings
+        self._failures = failures
         self._pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="bind") if settings.workers > 0 else None
         self._lock = threading.Lock()
         self._in_flight: set[Key] = set()
@@ -58,7 +54,7 @@ class HandOff:
             return bool(self._in_flight)
 
     def submit(self, keys: tuple[Key, ...], work: Callable[[], None]) -> None:
-        """Run `work` on the pool with `keys` in flight; a failure requeues `keys[0]`."""
+        """Run `work` on the pool with `keys` in flight; a failure retries `keys[0]` (`Failures`)."""
         assert self._pool is not None
         with self._lock:
             self._in_flight.update(keys)
@@ -67,12 +63,10 @@ class HandOff:
     def _run(self, keys: tuple[Key, ...], work: Callable[[], None]) -> None:
         try:
             work()
-        except errors.ControllerError as err:
-            logger.warning("bind of %s failed, retrying: %s", "/".join(keys[0]), err)
-            self._queue.add(keys[0], delay_s=self._settings.requeue_delay_s * (0.5 + random.random()))
-        except Exception:  # a bug must not kill the worker; the claim's next sync retries
-            logger.exception("bind of %s failed", "/".join(keys[0]))
-            self._queue.add(keys[0], delay_s=self._settings.requeue_delay_s)
+        except Exception as err:  # a pool thread never dies of a bind: the claim's next sync retries
+            self._failures.failed(keys[0], err)
+        else:
+            self._failures.succeeded(keys[0])
         finally:
             with self._lock:
                 self._in_flight.difference_update(keys)

@@ -24,6 +24,7 @@ from typing import Any
 
 from elasticgpu.controller import errors
 from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.liveness import Liveness
 from elasticgpu.controller.picture import Body, Picture
 from elasticgpu.controller.workqueue import WorkQueue
 
@@ -37,8 +38,11 @@ RELIST_AFTER_FAILURES = 3
 class Informer:
     """Feeds `picture` from lists and watches of `kube`; queues what each change wakes."""
 
-    def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, namespace: str | None) -> None:
-        """`namespace` limits claims and pods to one namespace (None: all)."""
+    def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, namespace: str | None,
+                 liveness: Liveness | None = None) -> None:
+        """`namespace` limits claims and pods to one namespace (None: all); each watch loop
+        steps `liveness` (as `watch-<kind>`)."""
+        self.liveness = liveness or Liveness()
         self.kube = kube
         self.picture = picture
         self.queue = queue
@@ -78,10 +82,12 @@ class Informer:
         """List and watch one kind until `stop` is set (blocking; run it on its own thread)."""
         kube = self.kube
         path = kube.collection_path(kind, self.namespace)
+        loop = f"watch-{kind}"
         resource_version = ""
         backoff = 0.5
         failures = 0
         while not stop.is_set():
+            self.liveness.step(loop)
             try:
                 if not resource_version:
                     items, resource_version = kube.list_collection(path)
@@ -90,6 +96,7 @@ class Informer:
                 for event in kube.watch(path, resource_version=resource_version, timeout_s=timeout_s):
                     if stop.is_set():
                         return
+                    self.liveness.step(loop)
                     kind_of_event = event.get("type")
                     body = event.get("object") or {}
                     if kind_of_event == "ERROR":  # 410 Gone (expired) or another failure: list again
@@ -119,6 +126,7 @@ class Informer:
         """One daemon thread per watched kind."""
         threads = []
         for kind in KINDS:
+            self.liveness.expect(f"watch-{kind}")
             thread = threading.Thread(target=self.watch_kind, args=(kind, stop), kwargs={"timeout_s": timeout_s},
                                       name=f"watch-{kind}", daemon=True)
             thread.start()

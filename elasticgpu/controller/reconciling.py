@@ -27,9 +27,11 @@ from elasticgpu.controller.claim_sync import ClaimSync
 from elasticgpu.controller.commit import Commit
 from elasticgpu.controller.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.events import EventRecorder
+from elasticgpu.controller.failures import Failures
 from elasticgpu.controller.handoff import HandOff
 from elasticgpu.controller.informer import Informer
 from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.liveness import Liveness
 from elasticgpu.controller.picture import Body, Picture
 from elasticgpu.controller.repair import Repair
 from elasticgpu.controller.reservations import Ledger
@@ -48,12 +50,15 @@ class Controller:
         self.settings = settings or ControllerSettings()
         self.namespace = namespace
         self.picture = Picture()
-        self.queue = WorkQueue()
+        self.queue = WorkQueue(self.settings.retry)
+        self.failures = Failures(self.queue)
+        self.liveness = Liveness(stuck_after_s=self.settings.watch.stuck_after_s)
+        """`alive()` / `reason()`: the check a `/healthz` endpoint runs (threads, loops)."""
         binding = self.settings.binding
         # With workers, Events leave the hot path too (a background writer); workers=0 keeps
         # every write inline on the worker thread (the simplest behaviour, and the benchmark's "before").
         self.events = EventRecorder(kube, background=binding.workers > 0)
-        self.hand_off = HandOff(queue=self.queue, settings=binding)
+        self.hand_off = HandOff(queue=self.queue, failures=self.failures, settings=binding)
         # The batch's GPU writes get their own threads: they must not wait behind finishing binds.
         self._commit_pool = (ThreadPoolExecutor(binding.workers, thread_name_prefix="commit")
                              if binding.workers > 0 else None)
@@ -65,8 +70,12 @@ class Controller:
                                 commit=self.commit, elastic_gpus=self.elastic_gpus, hand_off=self.hand_off,
                                 settings=self.settings)
         self.worker = Worker(queue=self.queue, claims=self.claims, elastic_gpus=self.elastic_gpus,
-                             commit=self.commit, hand_off=self.hand_off, events=self.events, settings=binding)
-        self.informer = Informer(kube=kube, picture=self.picture, queue=self.queue, namespace=namespace)
+                             commit=self.commit, hand_off=self.hand_off, events=self.events, failures=self.failures,
+                             liveness=self.liveness, settings=binding)
+        self.informer = Informer(kube=kube, picture=self.picture, queue=self.queue, namespace=namespace,
+                                 liveness=self.liveness)
+        if self.events.thread is not None:
+            self.liveness.track(self.events.thread)
         self.repair = Repair(kube=kube, picture=self.picture, queue=self.queue, informer=self.informer,
                              commit=self.commit, settings=self.settings.resync)
 

@@ -33,8 +33,8 @@ class BindingSettings:
     """How often one claim is re-planned after a resourceVersion conflict on a GPU before the
     sync gives up and requeues it. Conflicts are normal with two controllers on one card."""
     requeue_delay_s: float = 0.5
-    """Seconds before a claim whose sync failed (API unavailable, too many conflicts) is retried;
-    jittered by 0.5x..1.5x so that two controllers that conflicted do not retry in step."""
+    """Seconds before a GPU whose allocations could not be stamped with the claim (a conflict)
+    is looked at again. (A failed sync is retried with `RetrySettings`' backoff instead.)"""
     conflict_backoff_s: float = 0.005
     """Seconds of the first jittered pause before re-planning after a conflict on a GPU (doubling
     per attempt, at most 16x). Short: the conflicting card was re-read already; the pause only
@@ -54,6 +54,28 @@ class BindingSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RetrySettings:
+    """How a key whose sync failed is retried: per-key exponential backoff, and a global token
+    bucket over all retries, as client-go's default controller rate limiter does."""
+
+    base_delay_s: float = 0.005
+    """Seconds before the first retry of a key; doubled for each failure in a row (client-go's
+    5 ms). Most failures are races (a 409, an object being deleted) that the next try settles."""
+    max_delay_s: float = 60.0
+    """Most seconds between two retries of one key (client-go: 1,000 s). A minute keeps a
+    persistent error (a 403 from missing RBAC, a 422 the CRD refuses) at one try a minute,
+    while a claim that was stuck behind an outage is retried within a minute of its end."""
+    jitter: float = 0.5
+    """Each delay is scaled by a random factor in 1 +- `jitter`: two controllers that
+    conflicted on one object must not retry in step."""
+    rate_per_s: float = 50.0
+    """Retries per second over all keys once the burst is spent (client-go: 10): a failure
+    that hits every object at once (the API server gone) cannot turn into a retry storm."""
+    burst: int = 500
+    """Retries that may go at once before `rate_per_s` applies (client-go: 100)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class WatchSettings:
     """How the controller learns of changes."""
 
@@ -62,6 +84,11 @@ class WatchSettings:
     event; "kopf": kopf's watches and lifecycle (`operator.py`), about 3x the CPU per event."""
     timeout_s: int = 60
     """Seconds a watch request stays open before the server ends it and it is reopened."""
+    stuck_after_s: float = 180.0
+    """Seconds without a step of a watch loop or of the worker loop after which the liveness
+    check fails. A watch steps at least every `timeout_s` (plus its read timeout) even when
+    nothing changes, and the worker every fraction of a second; an API server that is down is
+    not "stuck" (every failed attempt is a step)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +115,7 @@ class ControllerSettings:
     api: ApiSettings = field(default_factory=ApiSettings)
     binding: BindingSettings = field(default_factory=BindingSettings)
     resync: ResyncSettings = field(default_factory=ResyncSettings)
+    retry: RetrySettings = field(default_factory=RetrySettings)
     watch: WatchSettings = field(default_factory=WatchSettings)
 
     @staticmethod

@@ -62,6 +62,7 @@ def start_threads(controller: Controller, stop: threading.Event) -> list[threadi
     ]
     for thread in threads:
         thread.start()
+        controller.liveness.track(thread)
     logger.info("controller ready: %d GPUs, picture rebuilt", len(controller.ledger.gpu_names()))
     return threads
 
@@ -83,7 +84,8 @@ def _run_with_client_watches(controller: Controller, *, stop: threading.Event) -
             backoff = min(backoff * 2, 30.0)
     if stop.is_set():
         return
-    controller.informer.start(stop, timeout_s=controller.settings.watch.timeout_s)
+    for thread in controller.informer.start(stop, timeout_s=controller.settings.watch.timeout_s):
+        controller.liveness.track(thread)
     start_threads(controller, stop)
     stop.wait()
 

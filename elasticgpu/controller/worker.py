@@ -3,33 +3,43 @@
 Decisions and reservations run on this one thread, so the picture never races itself; the
 writes after a commit point run on the hand-off pool. In a batch, the claims that provision a
 slice of one card are planned together and committed with one GPU write per card.
+
+The loop never dies and never spins: every exception of a sync goes to `Failures` (logged once,
+retried with backoff), a success resets the key's backoff, and each pass is a step of the
+`binder` loop for the liveness check.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 
-from elasticgpu.controller import errors
 from elasticgpu.controller.claim_sync import ClaimSync
 from elasticgpu.controller.commit import Commit, Planned
 from elasticgpu.controller.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.events import EventRecorder
+from elasticgpu.controller.failures import Failures
 from elasticgpu.controller.handoff import HandOff
+from elasticgpu.controller.liveness import Liveness
 from elasticgpu.controller.settings import BindingSettings
 from elasticgpu.controller.workqueue import Key, WorkQueue
 
 logger = logging.getLogger(__name__)
+
+LOOP = "binder"
+"""The worker loop's name for the liveness check (and its thread's name)."""
 
 
 class Worker:
     """Syncs the keys of the queue (see the module docstring)."""
 
     def __init__(self, *, queue: WorkQueue, claims: ClaimSync, elastic_gpus: ElasticGPUSync, commit: Commit,
-                 hand_off: HandOff, events: EventRecorder, settings: BindingSettings) -> None:
+                 hand_off: HandOff, events: EventRecorder, failures: Failures, liveness: Liveness,
+                 settings: BindingSettings) -> None:
         self.queue = queue
+        self.failures = failures
+        self.liveness = liveness
         self.claims = claims
         self.elastic_gpus = elastic_gpus
         self.commit = commit
@@ -39,10 +49,17 @@ class Worker:
 
     def run(self, stop: threading.Event) -> None:
         """Process the queue until `stop` is set."""
+        self.liveness.expect(LOOP)
         while not stop.is_set():
+            self.liveness.step(LOOP)
             keys = self._take_batch(timeout_s=0.2)
-            if keys:
+            if not keys:
+                continue
+            try:
                 self.sync_many(keys)
+            except Exception as err:  # a bug outside one key's sync: retry the batch, keep the loop
+                for key in keys:
+                    self.failures.failed(key, err)
 
     def _take_batch(self, *, timeout_s: float) -> list[Key]:
         """The next key and, with the pool, whatever else is queued now, up to the batch size."""
@@ -81,17 +98,26 @@ class Worker:
             seen.add(key)
             planned = None
             if key[0] == "claim" and not self.hand_off.in_flight(key):
-                planned = self.commit.plan_slice(key)
+                try:
+                    planned = self.commit.plan_slice(key)
+                except Exception as err:  # nothing was reserved: the key retries on its own
+                    self.failures.failed(key, err)
+                    continue
             if planned is None:
                 self.sync(key)
                 continue
             batch.setdefault(self.commit.card_of(planned), []).append(planned)
         if batch:
             for planned in self.commit.commit_batch(batch):
-                self.claims.after_commit(planned.claim, planned.decision, planned.egpu_name, planned.placement)
+                claim_key = ("claim", planned.claim.metadata.namespace or "", planned.claim.metadata.name or "")
+                try:
+                    self.claims.after_commit(planned.claim, planned.decision, planned.egpu_name, planned.placement)
+                except Exception as err:  # committed: the claim's next sync finds its reservation held
+                    self.failures.failed(claim_key, err)
 
     def sync(self, key: Key) -> None:
-        """Sync one object; on any API failure requeue it with a delay (nothing half-written is assumed)."""
+        """Sync one object. Any failure retries it with backoff (`Failures`; nothing half-written
+        is assumed: the next sync decides from what it finds); a success resets its backoff."""
         if self.hand_off.defer(key):
             return  # synced again when its bind is done
         try:
@@ -99,8 +125,7 @@ class Worker:
                 self.claims.sync(key[1], key[2])
             elif key[0] == "egpu":
                 self.elastic_gpus.sync(key[1])
-        except errors.ControllerError as err:
-            logger.warning("sync of %s failed, retrying: %s", "/".join(key), err)
-            # Jittered: two controllers that conflicted on the same object must not retry in step.
-            delay = self.settings.requeue_delay_s
-            self.queue.add(key, delay_s=delay * (0.5 + random.random()))
+        except Exception as err:
+            self.failures.failed(key, err)
+        else:
+            self.failures.succeeded(key)

@@ -2,18 +2,46 @@
 
 Keys are FIFO and never queued twice; a key can come back after a delay; the periodic
 resync's keys wait in a background lane that is served only when no other key waits.
+
+A key whose sync failed comes back through `add_after_failure`, as with client-go's default
+controller rate limiter: after the larger of its own exponential backoff (`base_delay_s`
+doubling per failure in a row, at most `max_delay_s`, reset by `forget` after a success) and
+the wait for a token of a bucket shared by every retry (`rate_per_s`, `burst`).
 """
 
 from __future__ import annotations
 
 import heapq
+import random
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable
 
+from elasticgpu.controller.settings import RetrySettings
+
 Key = tuple[str, ...]
 """("claim", namespace, name) or ("egpu", name)."""
+
+
+class TokenBucket:
+    """`rate_per_s` tokens a second, at most `burst` saved up; a taker that finds none waits for
+    the next (the debt is kept: takers queue up behind each other, as golang's rate.Limiter)."""
+
+    def __init__(self, *, rate_per_s: float, burst: int) -> None:
+        self._rate = rate_per_s
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._at = time.monotonic()
+
+    def take(self) -> float:
+        """Take one token; the seconds to wait before using it (0 when one was there). Not
+        thread-safe: the queue calls it under its lock."""
+        now = time.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        self._tokens -= 1.0
+        return 0.0 if self._tokens >= 0 or self._rate <= 0 else -self._tokens / self._rate
 
 
 class WorkQueue:
@@ -23,7 +51,11 @@ class WorkQueue:
     only when no other key waits: a resync of 50,000 Bound claims must not put a claim created
     now behind all of them. A background key added again normally moves to the front lane."""
 
-    def __init__(self) -> None:
+    def __init__(self, retry: RetrySettings | None = None) -> None:
+        self._retry = retry or RetrySettings()
+        self._failures: dict[Key, int] = {}
+        """Failures in a row of each key that failed and has not synced since."""
+        self._bucket = TokenBucket(rate_per_s=self._retry.rate_per_s, burst=self._retry.burst)
         self._items: deque[Key] = deque()
         self._background: deque[tuple[Key, int]] = deque()
         self._queued: set[Key] = set()
@@ -42,6 +74,36 @@ class WorkQueue:
             else:
                 self._push(key, background=background)
             self._cond.notify()
+
+    def backoff_s(self, failures: int) -> float:
+        """The per-key delay after `failures` failures in a row (without jitter)."""
+        retry = self._retry
+        return min(retry.base_delay_s * 2 ** min(failures - 1, 64), retry.max_delay_s) if failures > 0 else 0.0
+
+    def add_after_failure(self, key: Key) -> float:
+        """Queue `key` again after its sync failed: after its backoff (jittered) or the retry
+        bucket's wait, whichever is longer. Returns the delay in seconds."""
+        with self._cond:
+            failures = self._failures.get(key, 0) + 1
+            self._failures[key] = failures
+            delay = self.backoff_s(failures)
+            jitter = self._retry.jitter
+            if jitter > 0:
+                delay *= random.uniform(1 - jitter, 1 + jitter)
+            delay = max(delay, self._bucket.take())
+        self.add(key, delay_s=delay)
+        return delay
+
+    def forget(self, key: Key) -> None:
+        """`key` synced: its next failure starts the backoff again from the base delay."""
+        if key in self._failures:  # a dict read: most syncs succeed and need not take the lock
+            with self._cond:
+                self._failures.pop(key, None)
+
+    def failures(self, key: Key) -> int:
+        """Failures in a row of `key` since it last synced."""
+        with self._cond:
+            return self._failures.get(key, 0)
 
     def _push(self, key: Key, *, background: bool) -> None:
         if key not in self._queued:
