@@ -152,3 +152,16 @@ def test_an_edited_ca_bundle_is_put_back(
     wait_until(lambda: webhook.ca_bundle() == good, "the caBundle to be repaired", timeout=20)
     pod = client.CoreV1Api(api_client).create_namespaced_pod(namespace, pod_body("p", annotations=CLAIMED))
     assert pod.spec.scheduling_gates
+
+
+def test_two_replicas_starting_together_share_one_certificate(
+    webhook_factory: Factory, api_client: client.ApiClient, namespace: str
+) -> None:
+    # No Secret yet: both generate one, one create wins (409 for the other), the loser adopts it.
+    replicas = [webhook_factory(namespace, wait=False) for _ in range(2)]
+    for replica in replicas:
+        wait_until(replica.is_ready, f"replica on port {replica.port} to serve", timeout=60)
+    stored = replicas[0].secret()
+    for replica in replicas:
+        assert replica.ca_bundle() == stored["ca.crt"]
+        assert _served_serial(replica) == _serial(stored["tls.crt"])

@@ -43,7 +43,7 @@ class Verdict:
 def review(document: Mapping[str, Any]) -> dict[str, Any]:
     """Answer one AdmissionReview (the parsed JSON body the API server posted)."""
     request = document.get("request") if isinstance(document, Mapping) else None
-    if document.get("apiVersion") != ADMISSION_REVIEW or not isinstance(request, Mapping) or "uid" not in request:
+    if not isinstance(request, Mapping) or document.get("apiVersion") != ADMISSION_REVIEW or "uid" not in request:
         raise MalformedReview(f"expected an {ADMISSION_REVIEW} AdmissionReview with request.uid")
     verdict = decide(request)
     response: dict[str, Any] = {"uid": request["uid"], "allowed": verdict.allowed}
