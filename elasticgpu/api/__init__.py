@@ -41,6 +41,7 @@ from elasticgpu.api.meta import (
     ObjectMeta,
     ObjectReference,
 )
+from elasticgpu.api.printing import allocatable_summary, claim_key, gpu_capacity, gpu_list
 from elasticgpu.api.quantities import format_memory, parse_count, parse_memory_mib
 from elasticgpu.api.resources import GpuRequest, parse_claim_resources, parse_resource_map
 
@@ -80,7 +81,11 @@ __all__ = [
     "ObjectReference",
     "PhysicalGPUSource",
     "ResourceRequirements",
+    "allocatable_summary",
+    "claim_key",
     "format_memory",
+    "gpu_capacity",
+    "gpu_list",
     "names",
     "parse_claim_resources",
     "parse_class_parameters",

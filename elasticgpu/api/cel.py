@@ -17,6 +17,20 @@ _KNOWN = ", ".join(f"'{name}'" for name in names.KNOWN_RESOURCES)
 _MEMORY_TEXT = r"^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
 
 
+# CEL keywords; Kubernetes escapes properties of these names as `__name__` (e.g. `namespace`).
+_RESERVED = frozenset(
+    {
+        "true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function", "if",
+        "import", "let", "loop", "package", "namespace", "return", "var", "void", "while",
+    }
+)  # fmt: skip
+
+
+def identifier(field: str) -> str:
+    """The CEL spelling of a property name (`namespace` -> `__namespace__`)."""
+    return f"__{field}__" if field in _RESERVED else field
+
+
 def _as_text(key: str) -> str:
     # Map values are int-or-string: compare them as text so one rule covers both.
     return f"string(self['{key}'])"
@@ -57,13 +71,12 @@ def resource_map_rules(field: str) -> list[dict[str, str]]:
     ]
 
 
+NON_EMPTY_MAP = f"must request at least one of {', '.join(names.KNOWN_RESOURCES)}"
+
+
 def non_empty_map(field: str) -> dict[str, str]:
     """A resource map must ask for something."""
-    return rule(
-        "size(self) > 0",
-        f"{field}: must request at least one of {', '.join(names.KNOWN_RESOURCES)}",
-        reason="FieldValueRequired",
-    )
+    return rule("size(self) > 0", f"{field}: {NON_EMPTY_MAP}", reason="FieldValueRequired")
 
 
 def set_once(field: str, path: str) -> dict[str, str]:
@@ -84,10 +97,46 @@ def immutable(field: str, path: str, fix: str) -> dict[str, str]:
     )
 
 
+SAME_IF_BOTH = "must be equal when both are set (two spellings of one field)"
+
+
 def same_if_both(first: str, second: str, path: str) -> dict[str, str]:
     """Two spellings of one field (ours and upstream elastic-gpu's) must agree when both are set."""
     return rule(
         f"!has(self.{first}) || !has(self.{second}) || self.{first} == self.{second}",
-        f"{path}{first} and {path}{second} are two spellings of one field and must be equal when both are set",
+        f"{path}{first} and {path}{second}: {SAME_IF_BOTH}",
         reason="FieldValueInvalid",
     )
+
+
+# A memory value as a quantity CEL can compare: a bare number is MiB (as `parse_memory_mib`
+# reads it), so it gets the suffix; anything else is a Kubernetes quantity already.
+_BARE_NUMBER = "^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)$"
+
+
+def _memory_quantity(value: str) -> str:
+    return f"({value}.matches('{_BARE_NUMBER}') ? {value} + 'Mi' : {value})"
+
+
+def limits_not_below_requests(path: str) -> list[dict[str, str]]:
+    """Rules on a ResourceRequirements object at `path`: limits of cores and memory are not below
+    the requests. Values the resource map rules refuse anyway are left to those rules."""
+    both = "has(self.requests) && has(self.limits) && '{key}' in self.requests && '{key}' in self.limits"
+    request_core = f"string(self.requests['{_CORE}'])"
+    limit_core = f"string(self.limits['{_CORE}'])"
+    request_memory = _memory_quantity(f"string(self.requests['{_MEMORY}'])")
+    limit_memory = _memory_quantity(f"string(self.limits['{_MEMORY}'])")
+    return [
+        rule(
+            f"!({both.format(key=_CORE)}) || !{request_core}.matches('^[0-9]+$')"
+            f" || !{limit_core}.matches('^[0-9]+$') || int({limit_core}) >= int({request_core})",
+            f"{path}.limits[{_CORE}]: must not be below the request ({path}.requests[{_CORE}])",
+            reason="FieldValueInvalid",
+        ),
+        rule(
+            f"!({both.format(key=_MEMORY)}) || !isQuantity({request_memory}) || !isQuantity({limit_memory})"
+            f" || quantity({limit_memory}).compareTo(quantity({request_memory})) >= 0",
+            f"{path}.limits[{_MEMORY}]: must not be below the request ({path}.requests[{_MEMORY}])",
+            reason="FieldValueInvalid",
+        ),
+    ]

@@ -6,12 +6,16 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from elasticgpu.api import cel, names
+from elasticgpu.api import cel, names, validation
+from elasticgpu.api.errors import InvalidSpec
 from elasticgpu.api.meta import Condition, LabelSelector, ObjectMeta
 from elasticgpu.api.resources import GpuRequest, parse_claim_resources
 from elasticgpu.api.schema import KubeModel, ResourceValue, crd_field, rule
 
 ClaimPhase = Literal["Pending", "Bound", "Lost"]
+ELASTIC_GPU_NAME = validation.NameRule("spec.elasticGPUName")
+CLASS_NAME = validation.NameRule("spec.elasticGPUClassName")
+EGPU_CLASS_NAME = validation.NameRule("spec.egpuClassName")
 
 
 def _resource_map(field: str, description: str) -> Any:
@@ -33,6 +37,7 @@ class ResourceRequirements(KubeModel):
             "spec.resources: must request at least one of " + ", ".join(names.KNOWN_RESOURCES),
             reason="FieldValueRequired",
         ),
+        *cel.limits_not_below_requests("spec.resources"),
     ]
 
     requests: dict[str, ResourceValue] = _resource_map(
@@ -63,16 +68,20 @@ class ElasticGPUClaimSpec(KubeModel):
         default=None,
         alias="elasticGPUName",
         description="ElasticGPU to bind to (static binding); filled in by the controller on bind. Set once.",
+        json_schema_extra=ELASTIC_GPU_NAME.crd(),
     )
     elastic_gpu_class_name: str | None = Field(
         default=None,
         alias="elasticGPUClassName",
-        description="Class to bind or provision with; empty means the default class.",
+        description="Class to bind or provision with; absent means the default class, which the controller"
+        " then writes here on bind. Set once.",
+        json_schema_extra=CLASS_NAME.crd(),
     )
     egpu_class_name: str | None = Field(
         default=None,
         alias="egpuClassName",
         description="Upstream elastic-gpu spelling of elasticGPUClassName; accepted for compatibility.",
+        json_schema_extra=EGPU_CLASS_NAME.crd(),
     )
     selector: LabelSelector | None = Field(default=None, description="Bind only to ElasticGPUs with these labels.")
 
@@ -84,6 +93,18 @@ class ElasticGPUClaimSpec(KubeModel):
     def gpu_request(self) -> tuple[GpuRequest, GpuRequest]:
         """(request, limit) normalised; raises `InvalidRequest` naming the field."""
         return parse_claim_resources(self.resources.requests, self.resources.limits)
+
+    def check(self) -> None:
+        """Refuse what the CRD refuses (the schema's types aside, which pydantic checks on load).
+        Raises `InvalidSpec` naming the field and the rule."""
+        ELASTIC_GPU_NAME.check(self.elastic_gpu_name)
+        CLASS_NAME.check(self.elastic_gpu_class_name)
+        EGPU_CLASS_NAME.check(self.egpu_class_name)
+        if self.elastic_gpu_class_name and self.egpu_class_name and self.elastic_gpu_class_name != self.egpu_class_name:
+            raise InvalidSpec(field="spec.elasticGPUClassName and spec.egpuClassName", rule=cel.SAME_IF_BOTH)
+        if self.selector is not None:
+            self.selector.check(field="spec.selector")
+        self.gpu_request()
 
 
 class ClaimUsage(KubeModel):
@@ -117,3 +138,7 @@ class ElasticGPUClaim(KubeModel):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: ElasticGPUClaimSpec
     status: ElasticGPUClaimStatus = Field(default_factory=ElasticGPUClaimStatus)
+
+    def check(self) -> None:
+        """Refuse what the CRD refuses; raises `InvalidSpec` naming the field and the rule."""
+        self.spec.check()

@@ -19,7 +19,7 @@ from pydantic.fields import FieldInfo
 
 from elasticgpu.api import names
 from elasticgpu.api.kinds import KINDS, KindInfo, PrinterColumn
-from elasticgpu.api.schema import CRD_EXTRA
+from elasticgpu.api.schema import CRD_EXTRA, SCHEMA_DEFAULT
 
 _SCALARS: dict[type, str] = {str: "string", int: "integer", bool: "boolean", float: "number"}
 
@@ -64,6 +64,8 @@ def _apply_field_info(schema: dict[str, Any], info: FieldInfo) -> None:
         crd_extra = dict(extra[CRD_EXTRA])  # type: ignore[arg-type]
         if crd_extra.get("x-kubernetes-int-or-string"):
             schema.pop("type", None)
+        if crd_extra.pop(SCHEMA_DEFAULT, False):
+            schema["default"] = info.get_default(call_default_factory=True)
         schema.update(crd_extra)
 
 

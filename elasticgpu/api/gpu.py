@@ -7,11 +7,13 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from elasticgpu.api import names
+from elasticgpu.api.errors import InvalidSpec
 from elasticgpu.api.meta import Condition, ObjectMeta, ObjectReference
 from elasticgpu.api.schema import KubeModel, ResourceValue, crd_field, rule
 
 # Bounds the CEL cost of the sums over allocations; far above what 100 cores can hold.
 MAX_ALLOCATIONS = 256
+NAMED_BY_UUID = "must be spec.uuid in lower case (GPU objects are named by their card's uuid)"
 
 
 class GPUSpec(KubeModel):
@@ -55,6 +57,11 @@ class GPUStatus(KubeModel):
     allocatable: dict[str, ResourceValue] = Field(
         default_factory=dict, description="Resources left after the reservations."
     )
+    allocatable_summary: str | None = Field(
+        default=None,
+        description="status.allocatable as one text for kubectl get: free cores and free memory, e.g. 70%/40Gi;"
+        " written with status.allocatable.",
+    )
     allocations: list[GPUAllocation] = Field(
         default_factory=list,
         max_length=MAX_ALLOCATIONS,
@@ -91,7 +98,7 @@ class GPU(KubeModel):
     crd_rules: ClassVar[list[dict[str, str]]] = [
         rule(
             "self.metadata.name == self.spec.uuid.lowerAscii()",
-            "metadata.name must be spec.uuid in lower case (GPU objects are named by their card's uuid)",
+            f"metadata.name: {NAMED_BY_UUID}",
             reason="FieldValueInvalid",
         ),
         rule(
@@ -107,3 +114,9 @@ class GPU(KubeModel):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: GPUSpec
     status: GPUStatus = Field(default_factory=GPUStatus)
+
+    def check(self) -> None:
+        """Refuse what the CRD refuses on create (the schema's types aside, which pydantic checks
+        on load). Raises `InvalidSpec` naming the field."""
+        if self.metadata.name != names.gpu_object_name(self.spec.uuid):
+            raise InvalidSpec(field="metadata.name", rule=NAMED_BY_UUID, value=self.metadata.name)

@@ -7,17 +7,26 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from elasticgpu.api import cel, names
-from elasticgpu.api.errors import InvalidClassParameters
+from elasticgpu.api import cel, names, validation
+from elasticgpu.api.errors import InvalidClassParameters, InvalidSpec
 from elasticgpu.api.meta import Condition, ObjectMeta
-from elasticgpu.api.schema import KubeModel, crd_field, rule
+from elasticgpu.api.schema import SCHEMA_DEFAULT, KubeModel, crd_field, rule
 
 BindingMode = Literal["Immediate", "WaitForFirstConsumer"]
+ReclaimPolicy = Literal["Delete", "Retain"]
 Policy = Literal["binpack", "spread", "fragmentation"]
 Sharing = Literal["exclusive", "timeslice", "mps"]
 POLICIES: tuple[Policy, ...] = ("binpack", "spread", "fragmentation")
 SHARINGS: tuple[Sharing, ...] = ("exclusive", "timeslice", "mps")
 PARAMETER_KEYS = ("policy", "gpuModel", "nodeSelector", "sharing")
+PROVISIONER = validation.NameRule("provisioner", validation.QUALIFIED_NAME_RULE, qualified=True)
+# bindingMode has a schema default, so the server fills it in before the rules run: a class that
+# says only egpuBindingMode: WaitForFirstConsumer reaches them as Immediate + WaitForFirstConsumer
+# and no rule can tell that from a real disagreement. The message says what to write instead.
+BINDING_MODES_AGREE = (
+    "must equal egpuBindingMode when both are set (two spellings of one field); bindingMode defaults to"
+    " Immediate, so write bindingMode, not egpuBindingMode, for WaitForFirstConsumer"
+)
 
 
 def _in_list(values: tuple[str, ...]) -> str:
@@ -86,7 +95,11 @@ class ElasticGPUClass(KubeModel):
             reason="FieldValueForbidden",
         ),
         cel.immutable("parameters", "", "create a new class instead"),
-        cel.same_if_both("bindingMode", "egpuBindingMode", ""),
+        rule(
+            "!has(self.egpuBindingMode) || self.bindingMode == self.egpuBindingMode",
+            f"bindingMode: {BINDING_MODES_AGREE}",
+            reason="FieldValueInvalid",
+        ),
     ]
 
     api_version: str = Field(default=names.API_VERSION, description="elasticgpu.io/v1alpha1")
@@ -94,6 +107,7 @@ class ElasticGPUClass(KubeModel):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     provisioner: str = Field(
         min_length=1,
+        json_schema_extra=PROVISIONER.crd(),
         description="Who provisions claims of this class: elasticgpu.io/gpushare (slices of a card),"
         " elasticgpu.io/physical (whole cards), or another name (then elasticgpu leaves the claims alone).",
     )
@@ -130,12 +144,15 @@ class ElasticGPUClass(KubeModel):
             }
         ),
     )
-    reclaim_policy: Literal["Delete", "Retain"] | None = Field(
-        default=None, description="Reclaim policy of provisioned ElasticGPUs: Delete (default) or Retain."
+    reclaim_policy: ReclaimPolicy = Field(
+        default="Delete",
+        description="Reclaim policy of provisioned ElasticGPUs: Delete (default) or Retain.",
+        json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True}),
     )
-    binding_mode: BindingMode | None = Field(
-        default=None,
+    binding_mode: BindingMode = Field(
+        default="Immediate",
         description="Immediate (default) binds at once; WaitForFirstConsumer waits for a pod and its node.",
+        json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True}),
     )
     egpu_binding_mode: BindingMode | None = Field(
         default=None, alias="egpuBindingMode", description="Upstream elastic-gpu spelling of bindingMode; accepted."
@@ -144,13 +161,25 @@ class ElasticGPUClass(KubeModel):
 
     @property
     def effective_binding_mode(self) -> BindingMode:
-        """The binding mode, whichever spelling the class used (Immediate when none)."""
-        return self.binding_mode or self.egpu_binding_mode or "Immediate"
+        """The binding mode (egpuBindingMode, where set, must agree with it: see `check`)."""
+        return self.binding_mode
 
     @property
-    def effective_reclaim_policy(self) -> Literal["Delete", "Retain"]:
+    def effective_reclaim_policy(self) -> ReclaimPolicy:
         """Reclaim policy of ElasticGPUs provisioned for this class."""
-        return self.reclaim_policy or "Delete"
+        return self.reclaim_policy
+
+    def check(self) -> None:
+        """Refuse what the CRD refuses (the schema's types aside, which pydantic checks on load).
+        Raises `InvalidSpec` naming the class, the field and the rule."""
+        where = f"ElasticGPUClass {self.metadata.name}: " if self.metadata.name else ""
+        try:
+            PROVISIONER.check(self.provisioner)
+            if self.egpu_binding_mode is not None and self.egpu_binding_mode != self.binding_mode:
+                raise InvalidSpec(field="bindingMode", rule=BINDING_MODES_AGREE, value=self.binding_mode)
+        except InvalidSpec as err:
+            raise InvalidSpec(field=where + err.field, rule=err.rule, value=err.value, fix=err.fix) from None
+        self.parsed_parameters()
 
     @property
     def is_default(self) -> bool:

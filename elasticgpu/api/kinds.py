@@ -70,6 +70,7 @@ CLAIM = KindInfo(
         _core(".status.capacity"),
         _memory(".status.capacity"),
         PrinterColumn("Node", "string", ".status.nodeName", "Node of the bound card(s)."),
+        # The controller writes the class it used (the default one included) here on bind.
         PrinterColumn("Class", "string", ".spec.elasticGPUClassName", "Class of the claim."),
         _age(),
         PrinterColumn("Reason", "string", ".status.conditions[0].reason", "Why it is in this phase.", priority=1),
@@ -85,11 +86,11 @@ ELASTIC_GPU = KindInfo(
     model=ElasticGPU,
     columns=(
         PrinterColumn("Node", "string", ".status.nodeName", "Node of the card(s)."),
-        PrinterColumn("GPUs", "string", ".status.gpus", "Uuids of the card(s)."),
+        PrinterColumn("GPUs", "string", ".status.gpuList", "Uuids of the card(s)."),
         _core(".status.capacity"),
         _memory(".status.capacity"),
         PrinterColumn("Status", "string", ".status.phase", "Pending, Available, Bound, Released or Failed."),
-        PrinterColumn("Claim", "string", ".spec.claimRef.name", "Name of the bound claim."),
+        PrinterColumn("Claim", "string", ".status.claim", "The claim of spec.claimRef, as namespace/name."),
         PrinterColumn("Class", "string", ".spec.elasticGPUClassName", "Class of the ElasticGPU."),
         _age(),
         PrinterColumn("Reason", "string", ".status.reason", "Why it is in this phase.", priority=1),
@@ -121,7 +122,10 @@ GPU_KIND = KindInfo(
     columns=(
         PrinterColumn("Node", "string", ".spec.nodeName", "Node that holds the card."),
         PrinterColumn("Model", "string", ".spec.model", "Product name."),
-        PrinterColumn("Memory", "integer", ".spec.memory", "Total memory in MiB."),
+        PrinterColumn("Memory", "string", f".status.capacity.{_MEMORY_KEY}", "Total memory of the card."),
+        PrinterColumn(
+            "Allocatable", "string", ".status.allocatableSummary", "Free cores (percent) and memory, e.g. 70%/40Gi."
+        ),
         PrinterColumn("Health", "string", ".status.health", "Healthy, Unhealthy or Unknown."),
         _age(),
     ),

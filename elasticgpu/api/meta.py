@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from elasticgpu.api.schema import KubeModel
+from elasticgpu.api import validation
+from elasticgpu.api.schema import KubeModel, crd_field
 
 
 class ObjectMeta(KubeModel):
@@ -29,12 +30,30 @@ class ObjectMeta(KubeModel):
 class ObjectReference(KubeModel):
     """A reference to another object, as in core/v1 ObjectReference."""
 
-    api_version: str | None = Field(default=None, description="API version of the referent.")
-    kind: str | None = Field(default=None, description="Kind of the referent.")
-    namespace: str | None = Field(default=None, description="Namespace of the referent.")
-    name: str | None = Field(default=None, description="Name of the referent.")
-    uid: str | None = Field(default=None, description="UID of the referent; tells a recreated claim from the old one.")
-    resource_version: str | None = Field(default=None, description="Resource version of the referent when referenced.")
+    # The length bounds (Kubernetes' own limits, loose for uid and resourceVersion) bound the CEL
+    # cost of the rule that keeps an ElasticGPU's claimRef once set.
+    api_version: str | None = Field(
+        default=None, description="API version of the referent.", json_schema_extra=crd_field(maxLength=317)
+    )
+    kind: str | None = Field(
+        default=None, description="Kind of the referent.", json_schema_extra=crd_field(maxLength=63)
+    )
+    namespace: str | None = Field(
+        default=None, description="Namespace of the referent.", json_schema_extra=crd_field(maxLength=63)
+    )
+    name: str | None = Field(
+        default=None, description="Name of the referent.", json_schema_extra=crd_field(maxLength=253)
+    )
+    uid: str | None = Field(
+        default=None,
+        description="UID of the referent; tells a recreated claim from the old one.",
+        json_schema_extra=crd_field(maxLength=128),
+    )
+    resource_version: str | None = Field(
+        default=None,
+        description="Resource version of the referent when referenced.",
+        json_schema_extra=crd_field(maxLength=128),
+    )
 
 
 class Condition(KubeModel):
@@ -51,9 +70,15 @@ class Condition(KubeModel):
 class LabelSelectorRequirement(KubeModel):
     """One expression of a label selector."""
 
+    crd_rules: ClassVar[list[dict[str, str]]] = validation.selector_value_rules(numeric=False)
+
     key: str = Field(description="Label key.")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(description="In, NotIn, Exists or DoesNotExist.")
     values: list[str] = Field(default_factory=list, description="Values for In and NotIn; empty otherwise.")
+
+    def check(self, *, field: str) -> None:
+        """Raise `InvalidSpec` when the values do not suit the operator; `field` is this expression's path."""
+        validation.check_selector_values(self.operator, self.values, field=field)
 
 
 class LabelSelector(KubeModel):
@@ -64,15 +89,26 @@ class LabelSelector(KubeModel):
         default_factory=list, description="Expressions that must all hold."
     )
 
+    def check(self, *, field: str) -> None:
+        """Raise `InvalidSpec` for the first malformed expression; `field` is the selector's path."""
+        for index, expression in enumerate(self.match_expressions):
+            expression.check(field=f"{field}.matchExpressions[{index}]")
+
 
 class NodeSelectorRequirement(KubeModel):
     """One expression over node labels or fields."""
+
+    crd_rules: ClassVar[list[dict[str, str]]] = validation.selector_value_rules(numeric=True)
 
     key: str = Field(description="Label key (or field name in matchFields).")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"] = Field(
         description="In, NotIn, Exists, DoesNotExist, Gt or Lt."
     )
     values: list[str] = Field(default_factory=list, description="Values for the operator.")
+
+    def check(self, *, field: str) -> None:
+        """Raise `InvalidSpec` when the values do not suit the operator; `field` is this expression's path."""
+        validation.check_selector_values(self.operator, self.values, field=field)
 
 
 class NodeSelectorTerm(KubeModel):
@@ -90,6 +126,13 @@ class NodeSelector(KubeModel):
     """Nodes matching any of the terms, as in core/v1 NodeSelector."""
 
     node_selector_terms: list[NodeSelectorTerm] = Field(description="Terms ORed together.")
+
+    def check(self, *, field: str) -> None:
+        """Raise `InvalidSpec` for the first malformed requirement; `field` is the selector's path."""
+        for t_index, term in enumerate(self.node_selector_terms):
+            for key, requirements in (("matchExpressions", term.match_expressions), ("matchFields", term.match_fields)):
+                for index, requirement in enumerate(requirements):
+                    requirement.check(field=f"{field}.nodeSelectorTerms[{t_index}].{key}[{index}]")
 
 
 class GPUNodeAffinity(KubeModel):

@@ -14,6 +14,9 @@ from pydantic.alias_generators import to_camel
 
 # Extra schema keys a field or model may carry; `crd.py` copies them into the CRD.
 CRD_EXTRA = "crd"
+# A `crd_field` key (not copied) asking for the field's Python default as the schema's `default`,
+# so the API server fills it in and `kubectl get` never shows the column blank.
+SCHEMA_DEFAULT = "elasticgpuSchemaDefault"
 
 
 class KubeModel(BaseModel):
@@ -58,12 +61,15 @@ def crd_field(**extra: Any) -> dict[str, Any]:
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
+QUANTITY_MAX_LENGTH = 64
 ResourceValue = Annotated[
     int | str,
     Field(
         json_schema_extra=crd_field(
             **{"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]},
             pattern=QUANTITY_PATTERN,
+            # Bounds the CEL cost of the rules that read these values as text.
+            maxLength=QUANTITY_MAX_LENGTH,
         )
     ),
 ]

@@ -72,7 +72,7 @@ def test_crd_and_model_agree_field_by_field(info: KindInfo) -> None:
         (BY_KIND["ElasticGPUClaim"], "egpuc", ["Status", "EGPU", "Core", "Memory", "Node", "Class", "Age"]),
         (BY_KIND["ElasticGPU"], "egpu", ["Node", "GPUs", "Core", "Memory", "Status", "Claim", "Class", "Age"]),
         (BY_KIND["ElasticGPUClass"], "egpuclass", ["Provisioner", "BindingMode", "Reclaim", "Age"]),
-        (BY_KIND["GPU"], "pgpu", ["Node", "Model", "Memory", "Health", "Age"]),
+        (BY_KIND["GPU"], "pgpu", ["Node", "Model", "Memory", "Allocatable", "Health", "Age"]),
     ],
     ids=lambda value: getattr(value, "kind", None) or str(value)[:8],
 )
@@ -107,8 +107,35 @@ def test_upstream_spellings_are_accepted() -> None:
         {"spec": {"egpuClassName": "old", "resources": {"requests": {api.names.RESOURCE_CORE: 10}}}}
     )
     assert claim.spec.class_name == "old"
-    klass = api.ElasticGPUClass.model_validate({"provisioner": "p", "egpuBindingMode": "WaitForFirstConsumer"})
-    assert klass.effective_binding_mode == "WaitForFirstConsumer"
+    klass = api.ElasticGPUClass.model_validate({"provisioner": "example.com/p", "egpuBindingMode": "Immediate"})
+    klass.check()
+    assert klass.effective_binding_mode == "Immediate"
+    wait = "WaitForFirstConsumer"
+    both = {"provisioner": "example.com/p", "bindingMode": wait, "egpuBindingMode": wait}
+    assert api.ElasticGPUClass.model_validate(both).effective_binding_mode == "WaitForFirstConsumer"
+
+
+def test_upstream_binding_mode_alone_cannot_ask_for_wait_for_first_consumer() -> None:
+    # bindingMode has a schema default (Immediate), so the server sees both spellings and
+    # refuses the disagreement (tests/invalid/58); the model, with the same default, agrees.
+    upstream = {"provisioner": "example.com/p", "egpuBindingMode": "WaitForFirstConsumer"}
+    klass = api.ElasticGPUClass.model_validate(upstream)
+    with pytest.raises(api.InvalidSpec, match="bindingMode: must equal egpuBindingMode"):
+        klass.check()
+
+
+@pytest.mark.parametrize(("field", "default"), [("bindingMode", "Immediate"), ("reclaimPolicy", "Delete")])
+def test_class_columns_have_schema_defaults(field: str, default: str) -> None:
+    schema = crd.crd_for(BY_KIND["ElasticGPUClass"])["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert schema["properties"][field]["default"] == default
+    klass = api.ElasticGPUClass.model_validate({"provisioner": "example.com/p"})
+    assert klass.model_dump(by_alias=True)[field] == default
+
+
+def test_examples_pass_the_python_checks() -> None:
+    for path in EXAMPLES:
+        manifest = yaml.safe_load(path.read_text())
+        BY_KIND[manifest["kind"]].model.model_validate(manifest).check()  # type: ignore[attr-defined]
 
 
 def test_public_surface_is_sorted_and_complete() -> None:

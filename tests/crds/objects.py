@@ -46,6 +46,14 @@ class Objects:
             return self.api.replace_namespaced_custom_object(name=name, body=manifest, **args)
         return self.api.replace_cluster_custom_object(name=name, body=manifest, **args)
 
+    def patch(self, manifest: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of the object (the way the controller writes specs)."""
+        info, args = self._args(manifest)
+        name = manifest["metadata"]["name"]
+        if info.namespaced:
+            return self.api.patch_namespaced_custom_object(name=name, body=body, **args)
+        return self.api.patch_cluster_custom_object(name=name, body=body, **args)
+
     def patch_status(self, manifest: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         info, args = self._args(manifest)
         name = manifest["metadata"]["name"]

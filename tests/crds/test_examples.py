@@ -11,7 +11,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from elasticgpu.api import names
+from elasticgpu.api import ObjectReference, allocatable_summary, claim_key, gpu_capacity, gpu_list, names
 from tests.crds.objects import BY_KIND, Objects
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
@@ -68,10 +68,20 @@ def _row(table: dict[str, Any], name: str) -> dict[str, Any]:
     raise AssertionError(f"{name} not in table {table['rows']}")
 
 
+def _example(stem: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((EXAMPLES[0].parent / f"{stem}.yaml").read_text())
+    return loaded
+
+
 def test_claim_columns(api_client: client.ApiClient, objects: Objects, namespace: str) -> None:
-    manifest = yaml.safe_load(Path(EXAMPLES[0].parent / "claim-slice.yaml").read_text())
-    manifest["spec"]["elasticGPUClassName"] = "gpushare"
+    manifest = _example("claim-slice")
     objects.create(manifest)
+    # What the controller writes on bind: the ElasticGPU's name and the class it used (the
+    # default one: the claim named none), in one patch; then the status.
+    stored = objects.get(manifest)
+    bind = {"metadata": {"resourceVersion": stored["metadata"]["resourceVersion"]},
+            "spec": {"elasticGPUName": "egpu-1234", "elasticGPUClassName": "gpushare"}}
+    objects.patch(manifest, bind)
     objects.patch_status(
         manifest,
         {
@@ -85,8 +95,9 @@ def test_claim_columns(api_client: client.ApiClient, objects: Objects, namespace
     table = _table(api_client, f"/apis/{names.API_VERSION}/namespaces/{namespace}/{plural}")
     cells = _row(table, "notebook")
     assert list(cells) == ["Name", "Status", "EGPU", "Core", "Memory", "Node", "Class", "Age", "Reason"]
-    assert (cells["Status"], cells["Core"], cells["Memory"], cells["Node"], cells["Class"]) == (
+    assert (cells["Status"], cells["EGPU"], cells["Core"], cells["Memory"], cells["Node"], cells["Class"]) == (
         "Bound",
+        "egpu-1234",
         30,
         "10Gi",
         "gpu-node-1",
@@ -95,48 +106,97 @@ def test_claim_columns(api_client: client.ApiClient, objects: Objects, namespace
 
 
 def test_elastic_gpu_columns(api_client: client.ApiClient, objects: Objects) -> None:
-    manifest = yaml.safe_load(Path(EXAMPLES[0].parent / "elasticgpu-static.yaml").read_text())
+    manifest = _example("elasticgpu-static")
     objects.delete(manifest)
     try:
         objects.create(manifest)
+        ref = ObjectReference(namespace="team-a", name="inference", uid="u-1")
+        stored = objects.get(manifest)
+        objects.patch(manifest, {"metadata": {"resourceVersion": stored["metadata"]["resourceVersion"]},
+                                 "spec": {"claimRef": ref.to_dict()}})
+        gpus = ["GPU-a", "GPU-b"]
         objects.patch_status(
             manifest,
             {
-                "phase": "Available",
+                "phase": "Bound",
                 "capacity": {names.RESOURCE_CORE: 25, names.RESOURCE_MEMORY: "20Gi"},
                 "nodeName": "gpu-node-1",
-                "gpus": ["GPU-a", "GPU-b"],
+                "gpus": gpus,
+                "gpuList": gpu_list(gpus),
+                "claim": claim_key(ref),
             },
         )
         table = _table(api_client, f"/apis/{names.API_VERSION}/{names.PLURAL_ELASTIC_GPU}")
         cells = _row(table, "static-a100-slice")
         assert list(cells) == ["Name", "Node", "GPUs", "Core", "Memory", "Status", "Claim", "Class", "Age", "Reason"]
-        assert (cells["Node"], cells["GPUs"], cells["Core"], cells["Memory"], cells["Status"]) == (
-            "gpu-node-1",
-            '["GPU-a","GPU-b"]',
-            25,
-            "20Gi",
-            "Available",
+        shown = {key: cells[key] for key in ("Node", "GPUs", "Core", "Memory", "Status", "Claim")}
+        assert shown == {
+            "Node": "gpu-node-1",
+            "GPUs": "GPU-a,GPU-b",
+            "Core": 25,
+            "Memory": "20Gi",
+            "Status": "Bound",
+            "Claim": "team-a/inference",
+        }
+    finally:
+        objects.delete(manifest)
+
+
+def test_gpu_columns(api_client: client.ApiClient, objects: Objects) -> None:
+    manifest = _example("gpu")
+    objects.delete(manifest)
+    try:
+        objects.create(manifest)
+        # What the agent writes on publishing the card, and the controller with each reservation.
+        memory = manifest["spec"]["memory"]
+        objects.patch_status(
+            manifest,
+            {
+                "capacity": gpu_capacity(memory),
+                "allocatable": {names.RESOURCE_CORE: 70, names.RESOURCE_MEMORY: "40Gi"},
+                "allocatableSummary": allocatable_summary(70, memory - 40 * 1024),
+                "health": "Healthy",
+            },
         )
+        cells = _row(_table(api_client, f"/apis/{names.API_VERSION}/{names.PLURAL_GPU}"), manifest["metadata"]["name"])
+        assert list(cells) == ["Name", "Node", "Model", "Memory", "Allocatable", "Health", "Age"]
+        assert {key: cells[key] for key in ("Node", "Model", "Memory", "Allocatable", "Health")} == {
+            "Node": "gpu-node-1",
+            "Model": "NVIDIA A100-SXM4-80GB",
+            "Memory": "80Gi",
+            "Allocatable": "70%/40Gi",
+            "Health": "Healthy",
+        }
     finally:
         objects.delete(manifest)
 
 
 @pytest.mark.parametrize(
-    ("example", "plural", "expected"),
+    ("fields", "expected"),
     [
-        ("class-physical", names.PLURAL_CLASS, {"Provisioner": "elasticgpu.io/physical", "Reclaim": "Delete"}),
-        ("gpu", names.PLURAL_GPU, {"Node": "gpu-node-1", "Model": "NVIDIA A100-SXM4-80GB", "Memory": 81920}),
+        ({}, {"BindingMode": "Immediate", "Reclaim": "Delete"}),
+        ({"egpuBindingMode": "Immediate"}, {"BindingMode": "Immediate", "Reclaim": "Delete"}),
+        ({"bindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Retain"},
+         {"BindingMode": "WaitForFirstConsumer", "Reclaim": "Retain"}),
     ],
+    ids=["nothing-set", "upstream-spelling", "both-set"],
 )
-def test_cluster_kind_columns(
-    api_client: client.ApiClient, objects: Objects, example: str, plural: str, expected: dict[str, Any]
+def test_class_columns_are_never_blank(
+    api_client: client.ApiClient, objects: Objects, fields: dict[str, str], expected: dict[str, str]
 ) -> None:
-    manifest = yaml.safe_load(Path(EXAMPLES[0].parent / f"{example}.yaml").read_text())
+    manifest = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND_CLASS,
+        "metadata": {"name": "columns-class"},
+        "provisioner": names.PROVISIONER_GPUSHARE,
+        **fields,
+    }
     objects.delete(manifest)
     try:
         objects.create(manifest)
-        cells = _row(_table(api_client, f"/apis/{names.API_VERSION}/{plural}"), manifest["metadata"]["name"])
+        cells = _row(_table(api_client, f"/apis/{names.API_VERSION}/{names.PLURAL_CLASS}"), "columns-class")
+        assert list(cells) == ["Name", "Provisioner", "BindingMode", "Reclaim", "Age"]
         assert {key: cells[key] for key in expected} == expected
+        assert cells["Provisioner"] == names.PROVISIONER_GPUSHARE
     finally:
         objects.delete(manifest)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
+from elasticgpu.api import ObjectReference, allocatable_summary, claim_key, gpu_capacity, gpu_list
 from tests.crds.objects import Objects
 from tests.kube_cluster import TestCluster
 
@@ -59,3 +63,50 @@ def test_apply_of_a_bad_claim_names_the_field_and_the_rule(kubectl) -> None:  # 
     assert refused.returncode != 0
     assert "spec.resources.requests[elasticgpu.io/gpu-core]: must be 1..100" in refused.stderr
     assert kubectl("get", "egpuc", "greedy").returncode != 0
+
+
+def _rows(listed: subprocess.CompletedProcess[str]) -> list[dict[str, str]]:
+    """kubectl's table as dicts: each column starts where its header starts (cells may be blank)."""
+    assert listed.returncode == 0, listed.stderr
+    header, *lines = listed.stdout.splitlines()
+    starts = [match.start() for match in re.finditer(r"\S+", header)]
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
+    return [{header[a:b].strip(): line[a:b].strip() for a, b in bounds} for line in lines]
+
+
+def test_get_pgpu_shows_memory_and_allocatable_in_gi(kubectl) -> None:  # type: ignore[no-untyped-def]
+    path = ROOT / "examples" / "gpu.yaml"
+    name = yaml.safe_load(path.read_text())["metadata"]["name"]
+    kubectl("delete", "-f", str(path), "--ignore-not-found")
+    try:
+        assert kubectl("apply", "-f", str(path)).returncode == 0
+        status = {"capacity": gpu_capacity(81920), "allocatableSummary": allocatable_summary(70, 40960)}
+        body = json.dumps({"status": status})
+        patched = kubectl("patch", "pgpu", name, "--subresource=status", "--type=merge", "-p", body)
+        assert patched.returncode == 0, patched.stderr
+        (row,) = _rows(kubectl("get", "pgpu", name))
+        assert {key: row[key] for key in ("NAME", "NODE", "MEMORY", "ALLOCATABLE")} == {
+            "NAME": name,
+            "NODE": "gpu-node-1",
+            "MEMORY": "80Gi",
+            "ALLOCATABLE": "70%/40Gi",
+        }
+    finally:
+        kubectl("delete", "-f", str(path), "--ignore-not-found")
+
+
+def test_get_egpu_shows_gpus_and_claim_as_text(kubectl) -> None:  # type: ignore[no-untyped-def]
+    path = ROOT / "examples" / "elasticgpu-static.yaml"
+    kubectl("delete", "-f", str(path), "--ignore-not-found")
+    try:
+        assert kubectl("apply", "-f", str(path)).returncode == 0
+        ref = ObjectReference(namespace="team-a", name="inference")
+        gpus = ["GPU-8f6b2c1e", "GPU-1c2d3e4f"]
+        status = {"phase": "Bound", "gpus": gpus, "gpuList": gpu_list(gpus), "claim": claim_key(ref)}
+        body = json.dumps({"status": status})
+        patched = kubectl("patch", "egpu", "static-a100-slice", "--subresource=status", "--type=merge", "-p", body)
+        assert patched.returncode == 0, patched.stderr
+        (row,) = _rows(kubectl("get", "egpu", "static-a100-slice"))
+        assert (row["GPUS"], row["CLAIM"], row["STATUS"]) == ("GPU-8f6b2c1e,GPU-1c2d3e4f", "team-a/inference", "Bound")
+    finally:
+        kubectl("delete", "-f", str(path), "--ignore-not-found")
