@@ -10,11 +10,18 @@ The proxy (proxy.py) forwards every call untouched except these two points:
 
 `prepare_create` is where injection happens and the ledger row is written `started` (before the
 runtime is called); `created` completes the row with the container id. A crash between the two
-leaves a `started` row that the agent reconciles with ListContainers at its next start.
+leaves a `started` row that the agent reconciles with ListContainers at its next start:
+
+    proxy start:        hooks.attach_runtime(list_containers)   # the hooks may list containers
+                        hooks.reconcile(containers, starting=True), retried with backoff until it
+                        succeeds (claims are refused as retryable until then; the rest passes)
+    RemovePodSandbox:   forward; ok -> hooks.reconcile(containers, starting=False) (the sandbox
+                        took its containers with it without a RemoveContainer each)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -64,6 +71,15 @@ class ContainerHooks(Protocol):
         """The runtime removed the container: release what it held."""
         ...
 
+    def attach_runtime(self, list_containers: Callable[[], Sequence[Any]]) -> None:
+        """Receive the proxy's way to list the runtime's containers (api.pb.Container each)."""
+        ...
+
+    def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
+        """Match what the hooks recorded against the runtime's containers. `starting`: no
+        CreateContainer is in flight, so half-done records can be completed or undone too."""
+        ...
+
 
 class PassThrough:
     """Hooks that change nothing: the proxy becomes a plain forwarder."""
@@ -80,3 +96,9 @@ class PassThrough:
 
     def removed(self, container_id: str) -> None:
         """Nothing to release."""
+
+    def attach_runtime(self, list_containers: Callable[[], Sequence[Any]]) -> None:
+        """Nothing to list."""
+
+    def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
+        """Nothing to match."""

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 CREATE_CONTAINER = api.method_path(api.RUNTIME_SERVICE, "CreateContainer")
 REMOVE_CONTAINER = api.method_path(api.RUNTIME_SERVICE, "RemoveContainer")
+REMOVE_POD_SANDBOX = api.method_path(api.RUNTIME_SERVICE, "RemovePodSandbox")
+LIST_CONTAINERS = api.method_path(api.RUNTIME_SERVICE, "ListContainers")
 # Headers grpc sets itself on every call; forwarding them would duplicate or contradict them.
 _OWN_HEADERS = frozenset({"user-agent", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout", "te", "content-type"})
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -61,6 +64,10 @@ class ProxySettings:
     default_timeout_s: float = 240.0
     """Upstream timeout for a call that carries no deadline (kubelet sets one on every call;
     this only bounds a client that forgets). 4 min, kubelet's own longest (image pulls aside)."""
+    list_timeout_s: float = 10.0
+    """Timeout of our own ListContainers calls (reconciliation)."""
+    reconcile_backoff_s: tuple[float, float] = (0.2, 10.0)
+    """First and longest wait between attempts of the start-up reconciliation (doubling)."""
 
 
 def _target(upstream: str) -> str:
@@ -84,6 +91,7 @@ class _Forwarder(grpc.GenericRpcHandler):
         self._unary = unary_methods
         self._streaming = streaming_methods
         self._handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {}
+        self._list: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(LIST_CONTAINERS)
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[bytes, bytes] | None:
         method = handler_call_details.method
@@ -99,6 +107,8 @@ class _Forwarder(grpc.GenericRpcHandler):
             return grpc.unary_unary_rpc_method_handler(self._create_container(upstream))
         if method == REMOVE_CONTAINER:
             return grpc.unary_unary_rpc_method_handler(self._remove_container(self._channel.unary_unary(method)))
+        if method == REMOVE_POD_SANDBOX:
+            return grpc.unary_unary_rpc_method_handler(self._remove_pod_sandbox(self._channel.unary_unary(method)))
         if method in self._unary:
             return grpc.unary_unary_rpc_method_handler(self._unary_forward(self._channel.unary_unary(method)))
         if method in self._streaming:
@@ -216,6 +226,23 @@ class _Forwarder(grpc.GenericRpcHandler):
 
         return remove
 
+    def _remove_pod_sandbox(
+        self, upstream: grpc.UnaryUnaryMultiCallable[bytes, bytes]
+    ) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        forward = self._unary_forward(upstream)
+
+        def remove(raw: bytes, context: grpc.ServicerContext) -> bytes:
+            answer = forward(raw, context)
+            self._after(lambda _: self._hooks.reconcile(self.list_containers(), starting=False), None)
+            return answer
+
+        return remove
+
+    def list_containers(self) -> list[Any]:
+        """The runtime's containers (api.pb.Container), for the hooks' reconciliation."""
+        answer = self._list(api.pb.ListContainersRequest().SerializeToString(), timeout=self._settings.list_timeout_s)
+        return list(api.pb.ListContainersResponse.FromString(answer).containers)
+
     @staticmethod
     def _after(step: Callable[[Any], None], prepared: Any) -> None:
         # The runtime already acted: a failure to record it must not turn its answer into an
@@ -260,17 +287,19 @@ class CriProxy:
         ]
         self._channel = grpc.insecure_channel(_target(settings.upstream), options=options)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.workers), options=options)
-        self._server.add_generic_rpc_handlers(
-            (
-                _Forwarder(
-                    self._channel,
-                    container_hooks or hooks.PassThrough(),
-                    settings,
-                    unary_methods if unary_methods is not None else api.known_methods() - streaming,
-                    streaming,
-                ),
-            )
+        self._hooks = container_hooks or hooks.PassThrough()
+        self._forwarder = _Forwarder(
+            self._channel,
+            self._hooks,
+            settings,
+            unary_methods if unary_methods is not None else api.known_methods() - streaming,
+            streaming,
         )
+        self._server.add_generic_rpc_handlers((self._forwarder,))
+        self._stopping = threading.Event()
+        self._reconciler: threading.Thread | None = None
+        self.reconciled = threading.Event()
+        """Set once the start-up reconciliation succeeded."""
 
     def start(self) -> None:
         """Bind the socket, readable and writable by its owner only, and start serving."""
@@ -287,12 +316,41 @@ class CriProxy:
         finally:
             os.umask(old)
         os.chmod(path, 0o600)
+        self._hooks.attach_runtime(self._forwarder.list_containers)
         self._server.start()
         log.info("CRI proxy listening on %s, forwarding to %s", path, self.settings.upstream)
+        self._reconciler = threading.Thread(target=self._reconcile_at_start, name="cri-reconcile", daemon=True)
+        self._reconciler.start()
+
+    def _reconcile_at_start(self) -> None:
+        """Reconcile the hooks with the runtime once, retrying with backoff until it works.
+
+        Serving starts at once (kubelet needs the socket for every pod); the hooks refuse
+        claims as retryable until they are reconciled, so no new half-done record is made
+        while old ones are being settled."""
+        delay, longest = self.settings.reconcile_backoff_s
+        while not self._stopping.is_set():
+            try:
+                self._hooks.reconcile(self._forwarder.list_containers(), starting=True)
+            except Exception as e:
+                log.warning(
+                    "reconciling with the runtime at %s failed (%s); retrying in %.1fs",
+                    self.settings.upstream,
+                    e,
+                    delay,
+                )
+                self._stopping.wait(delay)
+                delay = min(delay * 2, longest)
+                continue
+            self.reconciled.set()
+            return
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop serving (calls in flight get grace_s to finish), close the upstream channel."""
+        self._stopping.set()
         self._server.stop(grace_s).wait()
+        if self._reconciler is not None:
+            self._reconciler.join(grace_s)
         self._channel.close()
         with contextlib.suppress(FileNotFoundError):
             self.settings.listen.unlink()

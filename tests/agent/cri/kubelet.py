@@ -30,6 +30,7 @@ class Kubelet:
         self.channel = grpc.insecure_channel(endpoint)
         self.runtime = api.services.RuntimeServiceStub(self.channel)
         self.images = api.services.ImageServiceStub(self.channel)
+        self.pb = pb
         self.image = image
 
     def close(self) -> None:

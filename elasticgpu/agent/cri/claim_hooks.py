@@ -1,0 +1,227 @@
+"""The proxy's hooks for claims: injection decisions, recorded in the ledger in two phases.
+
+    prepare_create   claim of the container (injection.claim_of)
+                     none  -> injection.decide (strip ours, NVIDIA_VISIBLE_DEVICES=void); no ledger
+                     claim -> not reconciled yet: refused, retryable
+                              under one lock: holders from the ledger (checked against the
+                              runtime when another pod holds it), injection.decide, then
+                              ledger.record_started  -> the row is `started` BEFORE the runtime call
+    created          ledger.mark_created(row, container id)
+    create_failed    ledger.roll_back(row)
+    removed          ledger.mark_released(container id)
+    reconcile        every `created` row whose container is gone -> released;
+                     at start, also every `started` row (a crash between the ledger write and
+                     the runtime's answer): the runtime has the container (same pod uid,
+                     container name and claim annotation, not in another row) -> created with
+                     its id, else rolled back. Nothing lost, nothing stale.
+
+The lock makes "nobody else holds the claim" and "now we hold it" one step, so two pods racing
+for one claim cannot both pass. A ledger that cannot be written refuses the claim as retryable:
+a device is never given without its record.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+from elasticgpu.agent.cri import api, hooks, injection
+from elasticgpu.agent.ledger import store
+
+log = logging.getLogger(__name__)
+
+
+def container_request(request: Any) -> injection.ContainerRequest:
+    """The plain view of a CreateContainerRequest that injection.decide reads.
+
+    The pod comes from kubelet's `io.kubernetes.pod.*` labels of the sandbox (the sandbox
+    metadata as fallback), its annotations from the sandbox's annotations."""
+    sandbox, config = request.sandbox_config, request.config
+    labels = sandbox.labels
+    pod = injection.PodRef(
+        labels.get(injection.LABEL_POD_NAMESPACE) or sandbox.metadata.namespace,
+        labels.get(injection.LABEL_POD_NAME) or sandbox.metadata.name,
+        labels.get(injection.LABEL_POD_UID) or sandbox.metadata.uid,
+    )
+    return injection.ContainerRequest(
+        pod=pod,
+        pod_annotations=dict(sandbox.annotations),
+        container=config.metadata.name or config.labels.get(injection.LABEL_CONTAINER_NAME, ""),
+        # Values are bytes in CRI; surrogateescape round-trips any byte string unchanged.
+        envs=[(kv.key, kv.value.decode("utf-8", "surrogateescape")) for kv in config.envs],
+        cdi_devices=[device.name for device in config.CDI_devices],
+        annotations=dict(config.annotations),
+    )
+
+
+def apply(edit: injection.ContainerEdit, request: Any) -> bool:
+    """Write the edit into the request's ContainerConfig; False when nothing changed."""
+    config = request.config
+    before = container_request(request)
+    if (
+        tuple(before.envs) == edit.envs
+        and tuple(before.cdi_devices) == edit.cdi_devices
+        and dict(before.annotations) == edit.annotations
+    ):
+        return False
+    del config.envs[:]
+    config.envs.extend(api.pb.KeyValue(key=k, value=v.encode("utf-8", "surrogateescape")) for k, v in edit.envs)
+    del config.CDI_devices[:]
+    config.CDI_devices.extend(api.pb.CDIDevice(name=name) for name in edit.cdi_devices)
+    config.annotations.clear()
+    config.annotations.update(edit.annotations)
+    return True
+
+
+class ClaimHooks:
+    """hooks.ContainerHooks for claims (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        view: injection.AgentView,
+        ledger: store.LedgerStore,
+        settings: injection.InjectionSettings | None = None,
+    ) -> None:
+        self._view = view
+        self._ledger = ledger
+        self._settings = settings or injection.InjectionSettings()
+        self._claim_lock = threading.Lock()
+        self._list_containers: Callable[[], Sequence[Any]] | None = None
+        self.reconciled = threading.Event()
+        """Set after the start-up reconciliation; claims are refused (retryable) before."""
+
+    # --- hooks.ContainerHooks ---
+
+    def attach_runtime(self, list_containers: Callable[[], Sequence[Any]]) -> None:
+        """Keep the proxy's ListContainers for checking the holders of a claim."""
+        self._list_containers = list_containers
+
+    def prepare_create(self, request: Any) -> hooks.PreparedCreate:
+        """Decide; for a claim, record `started` before the runtime is called."""
+        plain = container_request(request)
+        key = injection.claim_of(plain)
+        if key is None:
+            edit = injection.decide(plain, self._view, settings=self._settings)
+            return hooks.PreparedCreate(request=request, changed=apply(edit, request))
+        if not self.reconciled.is_set():
+            raise hooks.Refused(
+                f"pod {plain.pod}, container {plain.container!r}: the elasticgpu agent on node "
+                f"{self._view.node_name} is still matching its ledger with the runtime after a start; "
+                "kubelet retries this container by itself",
+                code=grpc.StatusCode.UNAVAILABLE,
+            )
+        with self._claim_lock:
+            edit = injection.decide(plain, self._view, holders=self._holders(key), settings=self._settings)
+            claim = edit.claim
+            assert claim is not None  # decide gives a claim container its claim or refuses
+            try:
+                row_id = self._ledger.record_started(
+                    pod_uid=plain.pod.uid,
+                    pod_namespace=plain.pod.namespace,
+                    pod_name=plain.pod.name,
+                    container_name=plain.container,
+                    claim_namespace=claim.namespace,
+                    claim_name=claim.name,
+                    elastic_gpu=claim.elastic_gpu,
+                    gpu_uuids=list(claim.gpus),
+                    cores=claim.cores,
+                    memory_mib=claim.memory_mib,
+                )
+            except Exception as e:
+                log.exception("ledger write for %s/%s failed", plain.pod, plain.container)
+                raise hooks.Refused(
+                    f"pod {plain.pod}, container {plain.container!r}: the elasticgpu agent cannot write its "
+                    f"ledger ({type(e).__name__}); no GPU is given without a record, kubelet retries",
+                    code=grpc.StatusCode.UNAVAILABLE,
+                ) from e
+        apply(edit, request)
+        return hooks.PreparedCreate(
+            request=request,
+            token=row_id,
+            changed=True,
+            details={"claim": f"{claim.namespace}/{claim.name}", "devices": ",".join(edit.devices)},
+        )
+
+    def created(self, prepared: hooks.PreparedCreate, container_id: str) -> None:
+        """Complete the row: `created` with the container id."""
+        if prepared.token is not None:
+            self._ledger.mark_created(prepared.token, container_id)
+
+    def create_failed(self, prepared: hooks.PreparedCreate) -> None:
+        """The runtime made no container: forget the `started` row."""
+        if prepared.token is not None:
+            self._ledger.roll_back(prepared.token)
+
+    def removed(self, container_id: str) -> None:
+        """Release the container's row (a container without one is fine)."""
+        self._ledger.mark_released(container_id)
+
+    def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
+        """Settle the ledger against the runtime's containers (see the module docstring)."""
+        by_id = {container.id: container for container in containers}
+        with self._claim_lock:
+            rows = self._ledger.open_allocations()
+            taken = {row.container_id for row in rows if row.container_id}
+            for row in rows:
+                if row.state == "created":
+                    if row.container_id not in by_id:
+                        # OBSERVATION: the container is gone (its sandbox removed, or removed while we were down).
+                        log.info("ledger row %s: container %s is gone; released", row.id, row.container_id)
+                        self._ledger.mark_released(str(row.container_id))
+                elif starting:
+                    match = self._container_of(row, containers, taken)
+                    if match is None:
+                        # OBSERVATION: crashed after the ledger write, before the runtime created anything.
+                        log.info("ledger row %s (%s/%s %s): no container; rolled back",
+                                 row.id, row.pod_namespace, row.pod_name, row.container_name)  # fmt: skip
+                        self._ledger.roll_back(row.id)
+                    else:
+                        # OBSERVATION: crashed after the runtime created it, before we recorded its id.
+                        log.info("ledger row %s: completed with container %s", row.id, match.id)
+                        self._ledger.mark_created(row.id, match.id)
+                        taken.add(match.id)
+        if starting:
+            self.reconciled.set()
+
+    # --- helpers ---
+
+    @staticmethod
+    def _container_of(row: store.Allocation, containers: Sequence[Any], taken: set[str]) -> Any:
+        claim = f"{row.claim_namespace}/{row.claim_name}"
+        candidates = [
+            c
+            for c in containers
+            if c.id not in taken
+            and c.labels.get(injection.LABEL_POD_UID) == row.pod_uid
+            and c.metadata.name == row.container_name
+            and c.annotations.get(injection.CLAIM_ANNOTATION) == claim
+        ]
+        return max(candidates, key=lambda c: c.created_at, default=None)
+
+    def _holders(self, key: tuple[str, str]) -> list[injection.PodRef]:
+        """Pods holding the claim: open rows, less containers that exited or are gone."""
+        rows = [row for row in self._ledger.open_allocations() if (row.claim_namespace, row.claim_name) == key]
+        if not rows:
+            return []
+        states: dict[str, int] | None = None
+        if self._list_containers is not None and any(row.container_id for row in rows):
+            try:
+                states = {c.id: c.state for c in self._list_containers()}
+            except Exception:  # the runtime did not answer: count every row (refusing is safe)
+                log.warning("could not list containers to check the holders of claim %s/%s", *key)
+        holders = []
+        for row in rows:
+            if states is not None and row.container_id is not None:
+                state = states.get(row.container_id)
+                if state is None:
+                    self._ledger.mark_released(row.container_id)  # gone: its sandbox took it
+                    continue
+                if state == api.pb.CONTAINER_EXITED:
+                    continue  # stopped: it holds no card (kubelet removes it later)
+            holders.append(injection.PodRef(row.pod_namespace, row.pod_name, row.pod_uid))
+        return holders
