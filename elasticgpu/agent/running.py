@@ -2,7 +2,8 @@
 
 Threads, each a loop that never dies (failures are logged and retried with backoff):
 - inventory (and its watch of this node's GPU objects): GPU objects, heartbeat, Node labels;
-- health: waits for XID events and wakes inventory after a fatal one.
+- health: waits for XID events and wakes inventory after a fatal one;
+- usage: samples per-process usage, attributes it to claims, writes claim status (rate-limited).
 A signal (SIGTERM from the kubelet, SIGINT) stops them; the agent then closes what it opened.
 """
 
@@ -12,7 +13,7 @@ import logging
 import signal
 import threading
 
-from elasticgpu.agent import discovery, errors, health, inventory, kube
+from elasticgpu.agent import discovery, errors, health, inventory, kube, usage
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.settings import AgentSettings
 
@@ -46,6 +47,8 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     tracker = health.HealthTracker(recovery_quiet_s=settings.health.recovery_quiet_s)
     publisher = inventory.Inventory(kube=agent_kube, backend=backend, health=tracker, settings=settings.inventory,
                                     watch_timeout_s=settings.kube.watch_timeout_s)
+    sampler = usage.UsageLoop(backend=backend, ledger=ledger, kube=agent_kube, inventory=publisher,
+                              settings=settings.usage, ledger_settings=settings.ledger)
     stop = threading.Event()
 
     def on_signal(*_: object) -> None:
@@ -58,6 +61,7 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
         threading.Thread(target=publisher.run, args=(stop,), name="inventory", daemon=True),
         threading.Thread(target=health.watch_xids, args=(backend, tracker),
                          kwargs={"stop": stop, "on_fatal": publisher.wake.set}, name="health", daemon=True),
+        threading.Thread(target=sampler.run, args=(stop,), name="usage", daemon=True),
     ]
     snapshot = backend.snapshot()
     logger.info("node %s: %d card(s) from the %s backend: %s", node, len(snapshot.cards), backend.name,
