@@ -162,18 +162,22 @@ def test_claim_annotations_cannot_change_later(
 def test_the_configuration_sends_only_pods_with_claims(webhook: WebhookProcess) -> None:
     stored = webhook.configuration()
     assert stored is not None
-    (hook,) = stored["webhooks"]
-    assert hook["failurePolicy"] == "Fail"
-    assert hook["sideEffects"] == "None"
-    assert hook["matchConditions"] == [{"name": "uses-elasticgpu-claims", "expression": configuration.MATCH_EXPRESSION}]
-    assert hook["clientConfig"]["url"] == f"https://127.0.0.1:{webhook.port}/mutate-pods"
-    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == webhook.secret()["ca.crt"]
-    assert hook["rules"] == [
-        {
-            "apiGroups": [""],
-            "apiVersions": ["v1"],
-            "operations": ["CREATE", "UPDATE"],
-            "resources": ["pods"],
-            "scope": "Namespaced",
-        }
-    ]
+    create, update = stored["webhooks"]
+    assert (create["name"], create["failurePolicy"]) == ("pods.elasticgpu.io", "Fail")
+    assert (update["name"], update["failurePolicy"]) == ("pod-updates.elasticgpu.io", "Ignore")
+    for hook, operation in ((create, "CREATE"), (update, "UPDATE")):
+        assert hook["sideEffects"] == "None"
+        assert hook["matchConditions"] == [
+            {"name": "uses-elasticgpu-claims", "expression": configuration.MATCH_EXPRESSION}
+        ]
+        assert hook["clientConfig"]["url"] == f"https://127.0.0.1:{webhook.port}/mutate-pods"
+        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == webhook.secret()["ca.crt"]
+        assert hook["rules"] == [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "operations": [operation],
+                "resources": ["pods"],
+                "scope": "Namespaced",
+            }
+        ]

@@ -43,8 +43,13 @@ def test_pods_without_claims_are_admitted_while_the_webhook_is_down(
     webhook.stop()
     assert webhook.configuration() is not None  # still registered: the API server keeps calling for claims
 
-    plain = core.create_namespaced_pod(namespace, pod_body("plain", annotations={"example.com/note": "x"}))
-    assert plain.metadata.name == "plain" and not plain.spec.scheduling_gates
+    for name, notes in (("bare", None), ("plain", {"example.com/note": "x"})):
+        pod = core.create_namespaced_pod(namespace, pod_body(name, annotations=notes))
+        assert pod.metadata.name == name and not pod.spec.scheduling_gates
+    # Updates of pods that use claims do not wait for us (the UPDATE webhook fails open): the
+    # controller can still lift the gate.
+    lifted = core.patch_namespaced_pod("before", namespace, [{"op": "remove", "path": "/spec/schedulingGates"}])
+    assert not lifted.spec.scheduling_gates
     # A pod that uses claims must never run ungated: failurePolicy Fail refuses it.
     with pytest.raises(ApiException) as caught:
         core.create_namespaced_pod(namespace, pod_body("claimed", annotations=CLAIMED))

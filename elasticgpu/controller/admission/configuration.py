@@ -43,25 +43,22 @@ def client_config(settings: WebhookSettings, ca_bundle: bytes) -> dict[str, Any]
     return {"service": service, "caBundle": bundle}
 
 
-def webhook_configuration(settings: WebhookSettings, ca_bundle: bytes) -> dict[str, Any]:
-    """The whole MutatingWebhookConfiguration, every defaulted field spelled out so that the
-    stored object can be compared with it field by field."""
-    webhook = {
-        "name": settings.webhook_name,
+def _webhook(settings: WebhookSettings, ca_bundle: bytes, *, name: str, operation: str, failure: str) -> dict[str, Any]:
+    return {
+        "name": name,
         "admissionReviewVersions": ["v1"],
         "clientConfig": client_config(settings, ca_bundle),
         "rules": [
             {
                 "apiGroups": [""],
                 "apiVersions": ["v1"],
-                # UPDATE too: claim annotations may not change once the pod exists.
-                "operations": ["CREATE", "UPDATE"],
+                "operations": [operation],
                 "resources": ["pods"],
                 "scope": "Namespaced",
             }
         ],
         "matchConditions": [{"name": "uses-elasticgpu-claims", "expression": MATCH_EXPRESSION}],
-        "failurePolicy": "Fail",
+        "failurePolicy": failure,
         "matchPolicy": "Equivalent",
         "sideEffects": "None",
         "timeoutSeconds": settings.timeout_s,
@@ -70,6 +67,22 @@ def webhook_configuration(settings: WebhookSettings, ca_bundle: bytes) -> dict[s
         "namespaceSelector": {},
         "objectSelector": {},
     }
+
+
+def webhook_configuration(settings: WebhookSettings, ca_bundle: bytes) -> dict[str, Any]:
+    """The whole MutatingWebhookConfiguration, every defaulted field spelled out so that the
+    stored object can be compared with it field by field.
+
+    Two webhooks, one service. CREATE fails closed (`Fail`): a pod that uses claims must never
+    start ungated. UPDATE fails open (`Ignore`): it only guards the claim annotations against
+    change and puts the label back, while with `Fail` every update of such a pod would wait for
+    us: the controller's own gate lift, a Job controller removing its finalizer, the garbage
+    collector. While the webhook is down, such a change of annotations slips through.
+    """
+    webhooks = [
+        _webhook(settings, ca_bundle, name=settings.webhook_name, operation="CREATE", failure="Fail"),
+        _webhook(settings, ca_bundle, name=settings.update_webhook_name, operation="UPDATE", failure="Ignore"),
+    ]
     return {
         "apiVersion": ADMISSION_REGISTRATION,
         "kind": "MutatingWebhookConfiguration",
@@ -77,7 +90,7 @@ def webhook_configuration(settings: WebhookSettings, ca_bundle: bytes) -> dict[s
             "name": settings.configuration_name,
             "labels": {"app.kubernetes.io/name": "elasticgpu", "app.kubernetes.io/component": "webhook"},
         },
-        "webhooks": [webhook],
+        "webhooks": webhooks,
     }
 
 

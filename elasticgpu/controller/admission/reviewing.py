@@ -10,7 +10,8 @@ and the fix.
 UPDATE: claim annotations are immutable once the pod exists (like a pod's volumes: the node
 agent reads them at every container start, and the controller placed the pod for them), so a
 change is refused. The label is put back if it was removed. No gate is ever added on UPDATE:
-kube-apiserver allows only removing gates after creation.
+kube-apiserver allows only removing gates after creation. (The UPDATE webhook fails open, see
+`configuration`: these guards hold while the webhook is up.)
 """
 
 from __future__ import annotations
