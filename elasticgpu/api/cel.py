@@ -13,8 +13,9 @@ _CORE = names.RESOURCE_CORE
 _MEMORY = names.RESOURCE_MEMORY
 _NVIDIA = names.RESOURCE_NVIDIA_GPU
 _KNOWN = ", ".join(f"'{name}'" for name in names.KNOWN_RESOURCES)
-# A quantity that `parse_memory_mib` accepts (no milli, no exponent) with a non-zero digit.
-_MEMORY_TEXT = r"^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+# A quantity that `parse_memory_mib` accepts (no milli, no exponent) with a non-zero digit: a
+# bare number is whole MiB (`10`, `10.0`), a fraction needs a suffix (`1.5Gi`).
+_MEMORY_TEXT = r"^[+]?([0-9]+([.]0*)?|([0-9]+([.][0-9]*)?|[.][0-9]+)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P))$"
 
 
 # CEL keywords; Kubernetes escapes properties of these names as `__name__` (e.g. `namespace`).
