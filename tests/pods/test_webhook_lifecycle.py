@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -18,9 +20,17 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from elasticgpu.api import names
-from elasticgpu.controller.admission import certificates
-from tests.kube_cluster import kube_request
-from tests.pods.conftest import ADMISSION, WebhookProcess, pod_body, wait_until
+from elasticgpu.controller.admission import Webhook, WebhookSettings, certificates, publishing
+from elasticgpu.controller.admission.publishing import AdmissionApi
+from tests.kube_cluster import TestCluster, kube_request
+from tests.pods.conftest import (
+    ADMISSION,
+    WebhookProcess,
+    free_port,
+    pod_body,
+    remove_configuration,
+    wait_until,
+)
 
 CLAIMED = {f"{names.ANNOTATION_CLAIM_PREFIX}main": "c"}
 Factory = Callable[..., WebhookProcess]
@@ -170,3 +180,35 @@ def test_two_replicas_starting_together_share_one_certificate(
     for replica in replicas:
         assert replica.ca_bundle() == stored["ca.crt"]
         assert _served_serial(replica) == _serial(stored["tls.crt"])
+
+
+def test_the_webhook_runs_as_a_component_inside_another_process(
+    kube_cluster: TestCluster, api_client: client.ApiClient, namespace: str, pod_update_policies: list[str]
+) -> None:
+    """How the controller embeds it: `Webhook(...).start()` / `.stop()` in its own process."""
+    if kube_cluster.external:
+        pytest.skip("the API server must reach a webhook on 127.0.0.1: local test server only")
+    port = free_port()
+    settings = WebhookSettings(
+        listen_host="127.0.0.1",
+        port=port,
+        url=f"https://127.0.0.1:{port}",
+        namespace=namespace,
+        configuration_name=f"elasticgpu-pods-{namespace}",
+    )
+    api = AdmissionApi(publishing.api_client(kubeconfig=str(kube_cluster.kubeconfig)), settings=settings)
+    webhook = Webhook(api=api, settings=settings)
+    threads_before = threading.active_count()
+    webhook.start()
+    try:
+        assert webhook.wait_ready(30), "no certificate served within 30 s"
+        core = client.CoreV1Api(api_client)
+        assert core.create_namespaced_pod(namespace, pod_body("p", annotations=CLAIMED)).spec.scheduling_gates
+    finally:
+        webhook.stop()
+        remove_configuration(api_client, settings.configuration_name)
+        api.close()
+    # Stopped for good: the port is free again and no thread of it is left (keep-alive included).
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))
+    wait_until(lambda: threading.active_count() <= threads_before, "the webhook's threads to end", timeout=10)
