@@ -3,7 +3,8 @@
 Threads, each a loop that never dies (failures are logged and retried with backoff):
 - inventory (and its watch of this node's GPU objects): GPU objects, heartbeat, Node labels;
 - health: waits for XID events and wakes inventory after a fatal one;
-- usage: samples per-process usage, attributes it to claims, writes claim status (rate-limited).
+- usage: samples per-process usage, attributes it to claims, writes claim status (rate-limited);
+- metrics: the /metrics endpoint (prometheus-client's HTTP server), read at scrape time.
 A signal (SIGTERM from the kubelet, SIGINT) stops them; the agent then closes what it opened.
 """
 
@@ -12,12 +13,24 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from typing import Any
 
-from elasticgpu.agent import discovery, errors, health, inventory, kube, usage
+from elasticgpu.agent import discovery, errors, health, inventory, kube, metrics, usage
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.settings import AgentSettings
 
 logger = logging.getLogger(__name__)
+
+
+def _serve_metrics(settings: AgentSettings, sources: metrics.Sources) -> Any:
+    address, port = settings.metrics.metrics_address, settings.metrics.metrics_port
+    try:
+        return metrics.serve(sources, address=address, port=port)
+    except OSError as e:
+        raise errors.AgentError(
+            f"the metrics endpoint cannot listen on {address}:{port} ({e.strerror}); choose another --metrics-port,"
+            " or 0 for none"
+        ) from None
 
 
 def main(settings: AgentSettings, *, log_level: str = "info") -> int:
@@ -66,7 +79,11 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     snapshot = backend.snapshot()
     logger.info("node %s: %d card(s) from the %s backend: %s", node, len(snapshot.cards), backend.name,
                 ", ".join(f"{c.index}:{c.uuid} {c.model} {c.memory_mib}MiB" for c in snapshot.cards))
+    server = None
     try:
+        if settings.metrics.metrics_port:
+            server = _serve_metrics(settings, metrics.Sources(
+                inventory=publisher, usage=sampler, health=tracker, ledger=ledger, kube=agent_kube))
         for thread in threads:
             thread.start()
         stop.wait()
@@ -74,6 +91,8 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
         for thread in threads:
             thread.join(timeout=5)
     finally:
+        if server is not None:
+            server.shutdown()
         agent_kube.close()
         ledger.close()
         backend.close()

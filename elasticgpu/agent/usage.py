@@ -105,6 +105,7 @@ class ClaimUsage:
     namespace: str
     name: str
     reserved_mib: int
+    reserved_cores: int = 0
     memory_mib: int = 0
     sm_percent: int = 0
     gpus: set[str] = field(default_factory=set)
@@ -133,6 +134,7 @@ def attribute(
         key = (allocation.claim_namespace, allocation.claim_name)
         entry = claims.setdefault(key, ClaimUsage(key[0], key[1], allocation.memory_mib))
         entry.reserved_mib = max(entry.reserved_mib, allocation.memory_mib)
+        entry.reserved_cores = max(entry.reserved_cores, allocation.cores)
     rows: list[tuple[ProcessUsage, Allocation | None, str | None]] = []
     for process in processes:
         container = container_of(process.pid)

@@ -17,7 +17,7 @@ from elasticgpu.agent import usage
 from elasticgpu.agent.discovery import simulated
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.api import names
-from tests.agent.conftest import RunningAgent, wait_for
+from tests.agent.conftest import RunningAgent, free_port, scrape, wait_for
 from tests.kube_cluster import kube_request
 
 CID = "0123456789abcdef" * 4
@@ -154,8 +154,9 @@ def test_real_processes_in_real_cgroups_reach_the_claims(
     make_claim(api_client, namespace, "claim-a", "1Gi")
     make_claim(api_client, namespace, "claim-b", "2Gi")
     description = {"cards": [{"model": "NVIDIA A100-SXM4-80GB", "memory": "80Gi", "count": 2}]}
+    port = free_port()
     agent = start_agent(node_name, description, "--sample-interval-s", "0.3", "--usage-write-interval-s", "2",
-                        "--usage-change-mib", "256")
+                        "--usage-change-mib", "256", "--metrics-port", str(port), "--metrics-address", "127.0.0.1")
     card0, card1 = (simulated.simulated_uuid(node_name, i) for i in range(2))
     # What the CRI hook records when it creates the containers.
     ledger = LedgerStore.open(agent.ledger_url)
@@ -190,6 +191,17 @@ def test_real_processes_in_real_cgroups_reach_the_claims(
     wait_for("card 0 usage", lambda: (kube_request(api_client, "GET", f"{gpus}/{names.gpu_object_name(card0)}")
                                       .json().get("status", {}).get("usage") or {}).get("memoryUsed") == 612,
              timeout=20)
+
+    # The claims' metrics, in bytes and cards.
+    metrics = scrape(port)
+    b_labels = (("claim", "claim-b"), ("namespace", namespace))
+    assert metrics[("elasticgpu_agent_claim_memory_used_bytes", b_labels)] == 3072 * 1024 * 1024
+    assert metrics[("elasticgpu_agent_claim_memory_limit_bytes", b_labels)] == 2048 * 1024 * 1024
+    assert metrics[("elasticgpu_agent_claim_sm_utilization_ratio", b_labels)] == 0.7
+    assert metrics[("elasticgpu_agent_claim_cores_limit_ratio", b_labels)] == 0.3
+    assert metrics[("elasticgpu_agent_claim_over_limit", b_labels)] == 1.0
+    assert metrics[("elasticgpu_agent_api_writes_total", (("write", "claim_status"),))] >= 2
+    assert metrics[("elasticgpu_agent_api_writes_total", (("write", "event"),))] == 1
 
     # Steady usage: no more claim writes (values unchanged), whatever the passes.
     version = read_claim(api_client, namespace, "claim-a")["metadata"]["resourceVersion"]

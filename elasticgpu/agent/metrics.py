@@ -1,0 +1,135 @@
+"""The agent's Prometheus endpoint: read at scrape time from what the loops already hold.
+
+Nothing is updated per sample: a scrape walks inventory's cards and GPU objects, the usage loop's
+last pass, the XID counts and the write counters, so metrics cost nothing between scrapes.
+Base units (bytes, ratios 0..1), names in README.md ("Agent metrics").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from elasticgpu.agent.health import HealthTracker
+from elasticgpu.agent.inventory import Inventory
+from elasticgpu.agent.kube import AgentKube
+from elasticgpu.agent.ledger.store import LedgerStore
+from elasticgpu.agent.usage import UsageLoop
+from elasticgpu.api import names
+
+logger = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+PREFIX = "elasticgpu_agent_"
+
+
+@dataclass
+class Sources:
+    """What the collector reads."""
+
+    inventory: Inventory
+    usage: UsageLoop
+    health: HealthTracker
+    ledger: LedgerStore
+    kube: AgentKube
+
+
+def _allocated(obj: dict[str, Any]) -> tuple[int, int]:
+    cores = memory = 0
+    for allocation in (obj.get("status") or {}).get("allocations") or []:
+        cores += int(allocation.get("cores") or 0)
+        memory += int(allocation.get("memory") or 0)
+    return cores, memory
+
+
+class AgentCollector(Collector):
+    """Builds every metric family at scrape time."""
+
+    def __init__(self, sources: Sources) -> None:
+        self._s = sources
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """The metric families, with the values of now."""
+        s = self._s
+        card_labels = ["gpu", "index", "model"]
+        total = GaugeMetricFamily(PREFIX + "gpu_memory_total_bytes", "Memory of the card.", labels=card_labels)
+        used = GaugeMetricFamily(PREFIX + "gpu_memory_used_bytes", "Memory in use by the card's processes.",
+                                 labels=["gpu"])
+        utilisation = GaugeMetricFamily(PREFIX + "gpu_utilization_ratio",
+                                        "Share of the card's SM time its processes used (0..1).", labels=["gpu"])
+        cores = GaugeMetricFamily(PREFIX + "gpu_allocated_cores_ratio",
+                                  "Share of the card's compute reserved by claims (0..1).", labels=["gpu"])
+        memory = GaugeMetricFamily(PREFIX + "gpu_allocated_memory_bytes", "Memory of the card reserved by claims.",
+                                   labels=["gpu"])
+        healthy = GaugeMetricFamily(PREFIX + "gpu_healthy",
+                                    "1 when the card is healthy (no recent fatal XID, present), else 0.",
+                                    labels=["gpu"])
+        present = {card.uuid: card for card in s.inventory.snapshot.cards}
+        objects = {str((o.get("spec") or {}).get("uuid", "")): o for o in s.inventory.objects().values()}
+        for uuid in sorted(set(present) | set(objects)):
+            card = present.get(uuid)
+            if card is not None:
+                total.add_metric([uuid, str(card.index), card.model], card.memory_mib * MIB)
+                healthy.add_metric([uuid], 1.0 if s.health.health(uuid).healthy else 0.0)
+            else:
+                healthy.add_metric([uuid], 0.0)  # vanished
+            measured = s.usage.gpus.get(uuid)
+            if measured is not None:
+                used.add_metric([uuid], measured.memory_mib * MIB)
+                utilisation.add_metric([uuid], measured.sm_percent / 100)
+            if uuid in objects:
+                reserved_cores, reserved_memory = _allocated(objects[uuid])
+                cores.add_metric([uuid], reserved_cores / names.CORES_PER_CARD)
+                memory.add_metric([uuid], reserved_memory * MIB)
+        yield from (total, used, utilisation, cores, memory, healthy)
+
+        xids = CounterMetricFamily(PREFIX + "gpu_xid_errors", "XID errors seen since the agent started.",
+                                   labels=["gpu", "xid"])
+        for (uuid, xid), count in sorted(s.health.counts().items()):
+            xids.add_metric([uuid, str(xid)], count)
+        yield xids
+
+        claim_labels = ["namespace", "claim"]
+        claim_used = GaugeMetricFamily(PREFIX + "claim_memory_used_bytes", "GPU memory the claim's processes use.",
+                                       labels=claim_labels)
+        claim_limit = GaugeMetricFamily(PREFIX + "claim_memory_limit_bytes", "GPU memory the claim reserved.",
+                                        labels=claim_labels)
+        claim_sm = GaugeMetricFamily(PREFIX + "claim_sm_utilization_ratio",
+                                     "SM time the claim's processes used, in cards (1 = one whole card).",
+                                     labels=claim_labels)
+        claim_cores = GaugeMetricFamily(PREFIX + "claim_cores_limit_ratio",
+                                        "Compute the claim reserved, in cards (0.3 = 30% of one card).",
+                                        labels=claim_labels)
+        claim_over = GaugeMetricFamily(PREFIX + "claim_over_limit",
+                                       "1 while the claim uses more memory than it reserved.", labels=claim_labels)
+        for (namespace, name), claim in sorted(s.usage.claims.items()):
+            claim_used.add_metric([namespace, name], claim.memory_mib * MIB)
+            claim_limit.add_metric([namespace, name], claim.reserved_mib * MIB)
+            claim_sm.add_metric([namespace, name], claim.sm_percent / 100)
+            claim_cores.add_metric([namespace, name], claim.reserved_cores / names.CORES_PER_CARD)
+            claim_over.add_metric([namespace, name], 1.0 if claim.over_limit else 0.0)
+        yield from (claim_used, claim_limit, claim_sm, claim_cores, claim_over)
+
+        ledger = CounterMetricFamily(PREFIX + "ledger_writes", "Transactions committed to the ledger.")
+        ledger.add_metric([], s.ledger.writes)
+        yield ledger
+        api = CounterMetricFamily(PREFIX + "api_writes", "Writes to the Kubernetes API, by kind of write.",
+                                  labels=["write"])
+        for kind, count in sorted(s.kube.writes.items()):
+            api.add_metric([kind], count)
+        yield api
+
+
+def serve(sources: Sources, *, address: str, port: int) -> Any:
+    """Start the /metrics endpoint on a daemon thread; returns the server (its `server_port` is the bound port)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(sources))
+    server, _thread = start_http_server(port, addr=address, registry=registry)
+    logger.info("metrics on http://%s:%d/metrics", address, server.server_port)
+    return server
