@@ -66,12 +66,15 @@ def test_python_refuses_the_same_objects(path: Path) -> None:
     required fields, bounds) or `check()` (the rules), naming the same field. Rules on updates
     (set once, immutable) are the server's alone: nothing in Python writes an old and a new object."""
     expect, (manifest,) = _load(path)
+    field = expect.split(":")[0]
     model = BY_KIND[manifest["kind"]].model
     try:
         loaded = model.model_validate(manifest)
-    except pydantic.ValidationError:
+    except pydantic.ValidationError as err:
+        # pydantic spells list indexes as path items: spec.selector.matchExpressions.0.operator
+        where = {".".join(str(part) for part in error["loc"]) for error in err.errors()}
+        assert re.sub(r"\[(\d+)\]", r".\1", field) in where, f"expected the field {field!r} in {err}"
         return
     with pytest.raises(InvalidSpec) as caught:
         loaded.check()  # type: ignore[attr-defined]
-    field = expect.split(":")[0]
     assert field in str(caught.value), f"expected the field {field!r} in {caught.value}"
