@@ -6,9 +6,9 @@
                               under one lock: holders from the ledger (checked against the
                               runtime when another pod holds it), injection.decide, then
                               ledger.record_started  -> the row is `started` BEFORE the runtime call
-    created          ledger.mark_created(row, container id)
+    created          ledger.mark_created(row, container id)    } after the runtime answered, off the
+    removed          ledger.mark_released(container id)        } call's path, in order (see below)
     create_failed    ledger.roll_back(row)
-    removed          ledger.mark_released(container id)
     reconcile        every `created` row whose container is gone -> released;
                      at start, also every `started` row (a crash between the ledger write and
                      the runtime's answer): the runtime has the container (same pod uid,
@@ -18,6 +18,13 @@
 The lock makes "nobody else holds the claim" and "now we hold it" one step, so two pods racing
 for one claim cannot both pass. A ledger that cannot be written refuses the claim as retryable:
 a device is never given without its record.
+
+Only `started` must be durable before the runtime is called. `created` and `released` are
+written by one background thread, in the order the runtime answered, so kubelet does not wait
+for their disk flushes (a SQLite commit with synchronous=FULL waits for the journal, and so
+for containerd's own writes: 2-4 ms each here). Losing them in a crash loses nothing: the
+start-up reconciliation completes `started` rows and releases rows of gone containers. A
+pending `created` leaves the row `started`, which counts as a holder, as it should.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from concurrent import futures
 from typing import Any
 
 import grpc
@@ -92,6 +100,8 @@ class ClaimHooks:
         self._settings = settings or injection.InjectionSettings()
         self._claim_lock = threading.Lock()
         self._list_containers: Callable[[], Sequence[Any]] | None = None
+        # One thread: the writes after the runtime's answer keep their order (created before released).
+        self._after = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-after")
         self.reconciled = threading.Event()
         """Set after the start-up reconciliation; claims are refused (retryable) before."""
 
@@ -148,9 +158,9 @@ class ClaimHooks:
         )
 
     def created(self, prepared: hooks.PreparedCreate, container_id: str) -> None:
-        """Complete the row: `created` with the container id."""
+        """Complete the row, `created` with the container id (queued, see the module docstring)."""
         if prepared.token is not None:
-            self._ledger.mark_created(prepared.token, container_id)
+            self._after.submit(self._write, self._ledger.mark_created, prepared.token, container_id)
 
     def create_failed(self, prepared: hooks.PreparedCreate) -> None:
         """The runtime made no container: forget the `started` row."""
@@ -158,12 +168,28 @@ class ClaimHooks:
             self._ledger.roll_back(prepared.token)
 
     def removed(self, container_id: str) -> None:
-        """Release the container's row (a container without one is fine)."""
-        self._ledger.mark_released(container_id)
+        """Release the container's row, queued after its `created` (a container without one is fine)."""
+        self._after.submit(self._write, self._ledger.mark_released, container_id)
+
+    def flush(self) -> None:
+        """Wait until every queued ledger write is done."""
+        self._after.submit(lambda: None).result()
+
+    def close(self) -> None:
+        """Finish the queued writes and stop their thread (the agent is stopping)."""
+        self._after.shutdown(wait=True)
+
+    @staticmethod
+    def _write(step: Callable[..., object], *args: object) -> None:
+        try:
+            step(*args)
+        except Exception:
+            log.exception("ledger write %s%s failed; the next reconciliation repairs it", step.__name__, args)
 
     def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
         """Settle the ledger against the runtime's containers (see the module docstring)."""
         by_id = {container.id: container for container in containers}
+        self.flush()  # the queued created/released rows first, or they would look half-done
         with self._claim_lock:
             rows = self._ledger.open_allocations()
             taken = {row.container_id for row in rows if row.container_id}

@@ -50,6 +50,7 @@ def main(argv: list[str]) -> None:
         proxy.reconciled.wait(30)
         print("reconciled", flush=True)
         stop.wait()
+    agent_hooks.close()
     ledger.close()
 
 

@@ -30,9 +30,11 @@ class GpuNode:
     ledger_url: str
     kubelet: Kubelet
     proxy: CriProxy
+    hooks: claim_hooks.ClaimHooks
 
     def rows(self) -> list[tuple[str, str | None, str, str]]:
-        """Open ledger rows: (state, container id, pod name, claim name)."""
+        """Open ledger rows: (state, container id, pod name, claim name), once queued writes are done."""
+        self.hooks.flush()
         return [(a.state, a.container_id, a.pod_name, a.claim_name) for a in self.ledger.open_allocations()]
 
 
@@ -46,7 +48,8 @@ def gpu_node(containerd: TestRuntime, proxy_socket: Path, tmp_path: Path) -> Ite
     settings = ProxySettings(listen=proxy_socket, upstream=str(containerd.socket))
     with CriProxy(settings, container_hooks=hooks) as proxy, Kubelet(f"unix://{proxy_socket}", containerd.image) as k:
         assert proxy.reconciled.wait(10)
-        yield GpuNode(view=view, ledger=ledger, ledger_url=url, kubelet=k, proxy=proxy)
+        yield GpuNode(view=view, ledger=ledger, ledger_url=url, kubelet=k, proxy=proxy, hooks=hooks)
+    hooks.close()
     ledger.close()
 
 
@@ -78,7 +81,8 @@ def test_slice_claim(gpu_node: GpuNode) -> None:
     assert gpu_node.rows() == [("created", container_id, "trainer", "slice")]
     k.remove_container(container_id)
     assert gpu_node.rows() == []
-    assert gpu_node.ledger.allocation_for_container(container_id).state == "released"
+    released = gpu_node.ledger.allocation_for_container(container_id)
+    assert released is not None and released.state == "released"
 
 
 def test_whole_card_claim(gpu_node: GpuNode) -> None:
@@ -201,6 +205,20 @@ def start_agent(containerd: TestRuntime, listen: Path, ledger_url: str, view: Vi
     return proc
 
 
+def eventually_rows(ledger: store.LedgerStore, expected: list[tuple[str, str]], timeout: float = 10.0) -> bool:
+    """True once the open rows are `expected` ((state, container id) each); the agent writes
+    `created` and `released` rows just after answering, so the test polls, with a deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = [(a.state, str(a.container_id)) for a in ledger.open_allocations()]
+        if rows == expected:
+            return True
+        if time.monotonic() > deadline:
+            print(f"ledger rows {rows}, expected {expected}")
+            return False
+        time.sleep(0.05)
+
+
 def stop_agent(proc: subprocess.Popen[str]) -> None:
     proc.terminate()
     proc.wait(15)
@@ -236,10 +254,10 @@ def test_kill_9_between_ledger_and_runtime_is_reconciled(
                     # The runtime made it: the row is completed with that container's id.
                     assert len(runtime_ids) == 1 and rows == [("created", next(iter(runtime_ids)))]
                     k.remove_container(next(iter(runtime_ids)))
-                    assert ledger.open_allocations() == []
+                    assert eventually_rows(ledger, [])
                 # kubelet's retry gets the claim: nothing stale holds it.
                 container_id = k.create_container(pod, "main")
-                assert [(a.state, a.container_id) for a in ledger.open_allocations()] == [("created", container_id)]
+                assert eventually_rows(ledger, [("created", container_id)])
         finally:
             stop_agent(agent)
     finally:
@@ -264,10 +282,7 @@ def test_container_removed_while_agent_down_is_released(
     try:
         assert [a.container_id for a in ledger.open_allocations()] == [container_id]
         agent = start_agent(containerd, proxy_socket, url, view, tmp_path)
-        deadline = time.monotonic() + 10
-        while ledger.open_allocations() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert ledger.open_allocations() == []
+        assert eventually_rows(ledger, [])
         stop_agent(agent)
     finally:
         ledger.close()
