@@ -1,0 +1,287 @@
+"""Leader election on a coordination.k8s.io/v1 Lease (`controller/leader.py`), against the test
+API server: acquire, renew and release with resourceVersion preconditions; a lost race is a
+409, not two leaders; a leader that cannot renew gives up; and with two real processes, a
+standby leads within 15 s of `kill -9` of the leader, and at once after a clean stop."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from elasticgpu.controller import errors
+from elasticgpu.controller.leader import KubernetesLeases, LeaderElector, LeaderSettings
+from tests.kube_cluster import REPO_ROOT, _die_with_parent
+
+FAST = LeaderSettings(namespace="unset", lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.25)
+"""Short periods for the in-process tests; the process test runs with the defaults."""
+
+
+def settings(namespace: str, **changes: Any) -> LeaderSettings:
+    values = {"lease_duration_s": FAST.lease_duration_s, "renew_deadline_s": FAST.renew_deadline_s,
+              "retry_period_s": FAST.retry_period_s, **changes}
+    return LeaderSettings(namespace=namespace, name="elasticgpu-test", **values)
+
+
+def lease_spec(leases: KubernetesLeases, namespace: str, name: str = "elasticgpu-test") -> dict[str, Any]:
+    lease = leases.get(namespace, name)
+    assert lease is not None
+    return dict(lease["spec"])
+
+
+def wait_for(predicate: Any, *, timeout_s: float, what: str) -> float:
+    """Poll every 50 ms; returns the seconds it took; fails naming `what` after `timeout_s`."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout_s, f"timed out after {timeout_s:.0f}s waiting for {what}"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def leases(api_client: client.ApiClient) -> KubernetesLeases:
+    return KubernetesLeases(api_client)
+
+
+def test_settings_refuse_a_deadline_that_could_overlap_a_takeover() -> None:
+    with pytest.raises(ValueError, match=r"lease_duration_s \(15\) must exceed renew_deadline_s \(14\)"):
+        LeaderSettings(renew_deadline_s=14.0)
+    with pytest.raises(ValueError, match=r"renew_deadline_s \(1\) must exceed retry_period_s \(2\)"):
+        LeaderSettings(lease_duration_s=5, renew_deadline_s=1.0)
+    defaults = LeaderSettings()
+    assert (defaults.lease_duration_s, defaults.renew_deadline_s, defaults.retry_period_s) == (15, 10, 2)
+
+
+def test_acquire_renew_and_a_standby_waits(leases: KubernetesLeases, namespace: str) -> None:
+    leader = LeaderElector(leases, settings(namespace), identity="a")
+    standby = LeaderElector(leases, settings(namespace), identity="b")
+    assert leader.try_acquire_or_renew()
+    first = lease_spec(leases, namespace)
+    assert (first["holderIdentity"], first["leaseDurationSeconds"], first["leaseTransitions"]) == ("a", 3, 0)
+    assert not standby.try_acquire_or_renew()
+    time.sleep(0.05)
+    assert leader.try_acquire_or_renew()
+    renewed = lease_spec(leases, namespace)
+    assert renewed["acquireTime"] == first["acquireTime"] and renewed["renewTime"] > first["renewTime"]
+    assert not standby.try_acquire_or_renew() and not standby.leading
+
+
+def test_a_standby_takes_an_expired_lease(leases: KubernetesLeases, namespace: str) -> None:
+    leader = LeaderElector(leases, settings(namespace), identity="a")
+    standby = LeaderElector(leases, settings(namespace), identity="b")
+    assert leader.try_acquire_or_renew()
+    took = wait_for(lambda: standby.try_acquire_or_renew(), timeout_s=6, what="b takes the expired lease")
+    assert 2.5 <= took <= 3.5, took  # the lease lasts 3 s after a's only renewal
+    spec = lease_spec(leases, namespace)
+    assert (spec["holderIdentity"], spec["leaseTransitions"]) == ("b", 1)
+    assert not leader.try_acquire_or_renew()  # a sees b's fresh renewal
+
+
+class StaleReads:
+    """A LeaseClient whose reads return one old snapshot: two candidates that read the same
+    version of the Lease and then both write."""
+
+    def __init__(self, real: KubernetesLeases, snapshot: dict[str, Any]) -> None:
+        self.real, self.snapshot = real, snapshot
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.snapshot
+
+    def create(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.real.create(namespace, body)
+
+    def replace(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.real.replace(namespace, name, body)
+
+
+def test_two_candidates_on_one_version_one_wins(leases: KubernetesLeases, namespace: str) -> None:
+    first = LeaderElector(leases, settings(namespace), identity="first")
+    assert first.acquire(threading.Event())
+    first.release()  # holder "" now: free for anyone
+    snapshot = leases.get(namespace, "elasticgpu-test")
+    assert snapshot is not None and snapshot["spec"]["holderIdentity"] == ""
+    a = LeaderElector(StaleReads(leases, snapshot), settings(namespace), identity="a")
+    b = LeaderElector(StaleReads(leases, snapshot), settings(namespace), identity="b")
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()  # the server answered 409: b's resourceVersion is old
+    assert lease_spec(leases, namespace)["holderIdentity"] == "a"
+
+
+class Switchable:
+    """A LeaseClient that can be cut off from the server (every call: ApiUnavailable)."""
+
+    def __init__(self, real: KubernetesLeases) -> None:
+        self.real, self.down = real, False
+
+    def _check(self) -> None:
+        if self.down:
+            raise errors.ApiUnavailable("connection refused (test)")
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._check()
+        return self.real.get(namespace, name)
+
+    def create(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._check()
+        return self.real.create(namespace, body)
+
+    def replace(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._check()
+        return self.real.replace(namespace, name, body)
+
+
+def test_a_leader_that_cannot_renew_gives_up_before_anyone_may_take_over(leases: KubernetesLeases,
+                                                                        namespace: str) -> None:
+    link = Switchable(leases)
+    changes: list[bool] = []
+    leader = LeaderElector(link, settings(namespace), identity="a", on_change=changes.append)
+    stop, lost = threading.Event(), threading.Event()
+    assert leader.acquire(stop) and changes == [True]
+    renewer = leader.keep(stop, on_lost=lost.set)
+    time.sleep(1.0)
+    assert leader.leading and not lost.is_set() and leader.healthy() == (True, "")
+    link.down = True
+    cut = time.monotonic()
+    took = wait_for(lost.is_set, timeout_s=5, what="the leader to give up")
+    # It stopped leading after renew_deadline_s (2 s) without a renewal, before the lease
+    # (3 s after its last renewal) let anyone else take over.
+    assert 1.5 <= took <= 2.9, took
+    assert not leader.leading and changes == [True, False]
+    renewer.join(timeout=2)
+    assert not renewer.is_alive()
+    standby = LeaderElector(leases, settings(namespace), identity="b")
+    wait_for(standby.try_acquire_or_renew, timeout_s=5, what="b takes over")
+    assert time.monotonic() - cut >= 2.0
+
+
+def test_a_lease_taken_by_someone_else_is_lost_at_the_next_renewal(leases: KubernetesLeases, namespace: str) -> None:
+    leader = LeaderElector(leases, settings(namespace), identity="a")
+    stop, lost = threading.Event(), threading.Event()
+    assert leader.acquire(stop)
+    leader.keep(stop, on_lost=lost.set)
+    lease = leases.get(namespace, "elasticgpu-test")
+    assert lease is not None
+    lease["spec"]["holderIdentity"] = "intruder"  # as if a's renewals had not reached the server
+    leases.replace(namespace, "elasticgpu-test", lease)
+    wait_for(lost.is_set, timeout_s=2, what="the leader to see it lost the lease")
+    assert not leader.leading
+    stop.set()
+    assert lease_spec(leases, namespace)["holderIdentity"] == "intruder"  # a's release does not touch it
+
+
+def test_a_stuck_leader_fails_its_health_check(leases: KubernetesLeases, namespace: str) -> None:
+    leader = LeaderElector(leases, settings(namespace), identity="a")
+    assert leader.acquire(threading.Event())  # acquired, but nobody renews
+    assert leader.healthy() == (True, "")
+    time.sleep(3.2)
+    ok, reason = leader.healthy()
+    assert not ok and f"Lease {namespace}/elasticgpu-test held by a not renewed for 3s" in reason
+
+
+# -- two processes ------------------------------------------------------------------------------
+
+CANDIDATE = """
+import logging, signal, sys, threading
+from kubernetes import config
+from elasticgpu.controller.leader import KubernetesLeases, LeaderElector, LeaderSettings
+kubeconfig, namespace, identity = sys.argv[1:4]
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+elector = LeaderElector(KubernetesLeases(config.new_client_from_config(config_file=kubeconfig)),
+                        LeaderSettings(namespace=namespace, name="controller"), identity=identity)
+stop, lost = threading.Event(), threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+if elector.acquire(stop):
+    print("LEADING", flush=True)
+    renewer = elector.keep(stop, on_lost=lost.set)
+    while not (stop.is_set() or lost.is_set()):
+        stop.wait(0.1)
+    renewer.join(timeout=10)
+    print("LOST" if lost.is_set() else "RELEASED", flush=True)
+"""
+
+
+class Candidates:
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path) -> None:
+        self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, identity: str) -> subprocess.Popen[bytes]:
+        with (self.log_dir / f"{identity}.log").open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", CANDIDATE, str(self.kubeconfig), self.namespace, identity],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        self.procs[identity] = proc
+        return proc
+
+    def log(self, identity: str) -> str:
+        return (self.log_dir / f"{identity}.log").read_text(errors="replace")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {identity}\n{self.log(identity)}" for identity in self.procs)
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+
+
+@pytest.fixture
+def candidates(kube_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Candidates]:
+    running = Candidates(Path(kube_cluster.kubeconfig), namespace, tmp_path)
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def test_standby_process_leads_within_15s_of_kill_9(candidates: Candidates, leases: KubernetesLeases,
+                                                    namespace: str) -> None:
+    def holder() -> str:
+        lease = leases.get(namespace, "controller")
+        return ((lease or {}).get("spec") or {}).get("holderIdentity") or ""
+
+    first = candidates.start("first")
+    wait_for(lambda: "LEADING" in candidates.log("first"), timeout_s=30, what="first to lead\n" + candidates.logs())
+    assert holder() == "first"
+    candidates.start("second")
+    wait_for(lambda: "standing by" in candidates.log("second"), timeout_s=30,
+             what="second to stand by\n" + candidates.logs())
+    renewed = lease_spec(leases, namespace, "controller")["renewTime"]
+    time.sleep(4.5)  # two renewals: the leader keeps the lease, the standby keeps waiting
+    assert lease_spec(leases, namespace, "controller")["renewTime"] > renewed
+    assert holder() == "first" and "LEADING" not in candidates.log("second")
+
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(timeout=10)
+    took = wait_for(lambda: holder() == "second", timeout_s=20, what="second to take over\n" + candidates.logs())
+    print(f"standby took over {took:.1f}s after kill -9 of the leader")
+    assert took <= 15.0, f"the standby took {took:.1f}s\n" + candidates.logs()
+    wait_for(lambda: "LEADING" in candidates.log("second"), timeout_s=2, what="second to say so")
+    assert lease_spec(leases, namespace, "controller")["leaseTransitions"] == 1
+
+    # A clean stop releases the Lease: the next standby leads at its next attempt, not 15 s later.
+    candidates.start("third")
+    wait_for(lambda: "standing by" in candidates.log("third"), timeout_s=30,
+             what="third to stand by\n" + candidates.logs())
+    candidates.procs["second"].send_signal(signal.SIGTERM)
+    stopped = time.monotonic()
+    wait_for(lambda: "RELEASED" in candidates.log("second"), timeout_s=10, what="second to release\n"
+             + candidates.logs())
+    wait_for(lambda: holder() == "third", timeout_s=10, what="third to take over\n" + candidates.logs())
+    assert time.monotonic() - stopped <= 2 * LeaderSettings().retry_period_s * 1.2 + 1.0, candidates.logs()
