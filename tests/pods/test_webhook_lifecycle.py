@@ -159,12 +159,15 @@ def test_an_edited_ca_bundle_is_put_back(
 ) -> None:
     webhook = webhook_factory(namespace, extra_args=("--check-interval-s", "1"))
     good = webhook.ca_bundle()
+    time.sleep(2.5)  # passes that find everything in order write nothing
+    assert webhook.log.read_text().count("MutatingWebhookConfiguration") == 1
     stored = webhook.configuration()
     assert stored is not None
     stored["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode(b"not a CA").decode()
     path = f"{ADMISSION}/mutatingwebhookconfigurations/{webhook.configuration_name}"
     assert kube_request(api_client, "PUT", path, body=stored).status == 200
     wait_until(lambda: webhook.ca_bundle() == good, "the caBundle to be repaired", timeout=20)
+    assert webhook.log.read_text().count("MutatingWebhookConfiguration") == 2
     pod = client.CoreV1Api(api_client).create_namespaced_pod(namespace, pod_body("p", annotations=CLAIMED))
     assert pod.spec.scheduling_gates
 
