@@ -1,0 +1,5 @@
+"""The fault tests reuse the binding tests' fixtures (KubeApi, per-test objects)."""
+
+from tests.binding.conftest import cluster, kube
+
+__all__ = ["cluster", "kube"]
