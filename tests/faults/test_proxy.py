@@ -235,7 +235,7 @@ def test_a_watch_is_cut_or_goes_silent(proxied: Proxied, namespace: str, fault: 
     assert names and names == [f"c{i}" for i in range(len(names))], names  # relayed in order until the cut
     assert len(names) <= 7, names  # ... and nothing after it (objects kept coming every 0.25 s)
     if fault == "drop-after":
-        assert 1.4 <= after_s < 3.0
+        assert 1.4 <= after_s < 4.0
     else:
         assert 2.5 <= after_s < 6.0  # the cut, then the client's read timeout after the last event
     assert proxy.count(fault, "watch") == 1
