@@ -1,1 +1,50 @@
-"""The CRI-facing hook: a proxy between kubelet and the container runtime that injects claimed GPUs."""
+"""The CRI-facing hook: a proxy between kubelet and the container runtime that injects claimed GPUs.
+
+    proxy.py        CriProxy: the grpc server kubelet talks to; the only runtime-socket user
+    hooks.py        what the proxy asks of the agent around CreateContainer/RemoveContainer
+    claim_hooks.py  ClaimHooks: injection decisions recorded in the ledger in two phases
+    injection.py    the pure decision for one container (AgentView: the agent's picture)
+    cdi.py          the CDI spec of the node's cards, written atomically
+    api.py          the CRI v1 messages and stubs, compiled from the vendored api.proto
+
+The agent wires them: `cdi.write_spec(...)`, then
+`CriProxy(ProxySettings(listen=..., upstream=...), container_hooks=ClaimHooks(view=..., ledger=...))`.
+"""
+
+from elasticgpu.agent.cri.cdi import CardDevice, DeviceNode, write_spec
+from elasticgpu.agent.cri.claim_hooks import ClaimHooks
+from elasticgpu.agent.cri.hooks import ContainerHooks, PassThrough, PreparedCreate, Refused
+from elasticgpu.agent.cri.injection import (
+    AgentView,
+    CardInfo,
+    CdiForm,
+    ClaimInfo,
+    ContainerEdit,
+    ContainerRequest,
+    InjectionSettings,
+    PodRef,
+    decide,
+)
+from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
+
+__all__ = [
+    "AgentView",
+    "CardDevice",
+    "CardInfo",
+    "CdiForm",
+    "ClaimHooks",
+    "ClaimInfo",
+    "ContainerEdit",
+    "ContainerHooks",
+    "ContainerRequest",
+    "CriProxy",
+    "DeviceNode",
+    "InjectionSettings",
+    "PassThrough",
+    "PodRef",
+    "PreparedCreate",
+    "ProxySettings",
+    "Refused",
+    "decide",
+    "write_spec",
+]
