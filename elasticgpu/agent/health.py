@@ -67,6 +67,17 @@ class HealthTracker:
                                 event.message)
         return fatal
 
+    def restore(self, uuid: str, *, xid: int, timestamp: float) -> None:
+        """Take a fatal XID from before a restart (read back from the GPU object), unless a newer one is known.
+
+        Without it, a restarted agent would call a card Healthy that is still in its quiet period.
+        """
+        with self._lock:
+            known = self._last_fatal.get(uuid)
+            if known is None or known.timestamp < timestamp:
+                self._last_fatal[uuid] = XidEvent(gpu_uuid=uuid, xid=xid, timestamp=timestamp,
+                                                  message="seen before the agent restarted")
+
     def health(self, uuid: str) -> CardHealth:
         """The card's health now."""
         with self._lock:

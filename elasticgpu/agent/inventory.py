@@ -223,6 +223,7 @@ class Inventory:
         self._usage: dict[str, GpuUsage] = {}
         self._urgent: set[str] = set()  # cards whose usage changed enough to be written at once
         self._labels_written: dict[str, str | None] | None = None
+        self._restored: set[str] = set()  # cards whose health was read back from their object after a start
         self.wake = threading.Event()
         """Set to write at once (a fatal XID, a large change of usage) instead of at the next interval."""
         self.snapshot = Snapshot()
@@ -327,6 +328,8 @@ class Inventory:
                 obj = self._kube.apply_gpu(name, labels=labels, spec=spec)
                 self._remember(obj)
                 logger.info("published card %s (%s) as GPU %s", card.index, card.model, name)
+            if card.uuid not in self._restored:
+                self._restore_health(card.uuid, obj)
             self._write_status(name, card, now)
         for name, obj in self.objects().items():
             if name not in present and (obj.get("spec") or {}).get("nodeName") == self._node:
@@ -335,6 +338,20 @@ class Inventory:
         if desired_labels != self._labels_written:
             self._kube.patch_node_labels(desired_labels)
             self._labels_written = desired_labels
+
+    def _restore_health(self, uuid: str, obj: dict[str, Any]) -> None:
+        """After a start: a card the previous agent marked Unhealthy for an XID stays so for the rest of its quiet
+        period (read from the `Healthy` condition), instead of being called Healthy by a tracker that forgot."""
+        self._restored.add(uuid)
+        for condition in (obj.get("status") or {}).get("conditions") or []:
+            reason = str(condition.get("reason", ""))
+            if condition.get("type") == HEALTHY and condition.get("status") == "False" and reason[3:].isdigit() \
+                    and reason.startswith("Xid"):
+                since = parse_rfc3339(condition.get("lastTransitionTime"))
+                if since is not None:
+                    self._health.restore(uuid, xid=int(reason[3:]), timestamp=since)
+                    logger.info("card %s: Unhealthy since %s (%s) before this start; kept until it is quiet",
+                                uuid, condition.get("lastTransitionTime"), reason)
 
     def _write_status(self, name: str, card: Card | None, now: float) -> None:
         uuid = card.uuid if card is not None else str((self.objects().get(name, {}).get("spec") or {}).get("uuid", ""))

@@ -24,6 +24,7 @@ import json
 import logging
 import threading
 import urllib.parse
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -227,7 +228,7 @@ class AgentKube:
         self, *, namespace: str, involved: dict[str, Any], type_: str, reason: str, message: str, now: str
     ) -> None:
         """A core/v1 Event about `involved` (apiVersion, kind, name, namespace, uid)."""
-        name = f"{involved.get('name', 'object')}.{abs(hash((reason, now, message))) % 10**12:012d}"
+        name = f"{involved.get('name', 'object')}.{uuid.uuid4().hex[:16]}"  # unique, as client-go's recorder
         body = {
             "apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": namespace},
             "involvedObject": involved, "type": type_, "reason": reason, "message": message,

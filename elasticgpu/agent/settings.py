@@ -142,7 +142,8 @@ def _convert(value: str, default: Any, name: str) -> Any:
         if isinstance(default, float):
             return float(value)
     except ValueError:
-        raise ValueError(f"{_env(name)} / {_flag(name)}={value!r}: must be a {type(default).__name__}") from None
+        kind = "an integer" if isinstance(default, int) else "a number"
+        raise ValueError(f"{_env(name)} / {_flag(name)}={value!r}: must be {kind}") from None
     return value
 
 

@@ -144,3 +144,29 @@ def test_steady_state_writes_only_the_heartbeat(
                 modified[name] = modified.get(name, 0) + (event["type"] == "MODIFIED")
     assert len(modified) == 2 and all(2 <= n <= 4 for n in modified.values()), modified
     assert agent.process.poll() is None
+
+
+def test_a_restarted_agent_keeps_an_unhealthy_card_unhealthy(
+    api_client: client.ApiClient, node_name: str, start_agent: Callable[..., RunningAgent]
+) -> None:
+    first = start_agent(node_name, DESCRIPTION, "--recovery-quiet-s", "120")
+    name = names.gpu_object_name(simulated.simulated_uuid(node_name, 0))
+    wait_for("GPU object", lambda: name in node_gpus(api_client, node_name))
+    simulated.inject(first.inject_dir, {"xid": {"card": 0, "code": 48}})
+    wait_for("Unhealthy", lambda: node_gpus(api_client, node_name)[name]["status"].get("health") == "Unhealthy")
+    first.process.send_signal(signal.SIGTERM)
+    assert first.process.wait(timeout=15) == 0
+    beat = condition(node_gpus(api_client, node_name)[name], "Heartbeat")
+    assert beat is not None
+
+    second = start_agent(node_name, DESCRIPTION, "--recovery-quiet-s", "120")
+
+    def new_heartbeat() -> dict[str, Any] | None:
+        assert second.process.poll() is None, second.log()
+        obj = node_gpus(api_client, node_name)[name]
+        now = condition(obj, "Heartbeat")
+        return obj if now and now["lastTransitionTime"] > beat["lastTransitionTime"] else None
+
+    obj = wait_for("the second agent's heartbeat", new_heartbeat, timeout=15)
+    healthy = condition(obj, "Healthy")
+    assert obj["status"]["health"] == "Unhealthy" and healthy is not None and healthy["reason"] == "Xid48"

@@ -1,0 +1,36 @@
+"""Agent settings: flag beats environment beats default; a bad value names the setting."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from elasticgpu.agent import settings
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    settings.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_defaults() -> None:
+    built = settings.from_sources(parse(), environ={})
+    assert built == settings.AgentSettings()
+    assert built.inventory.heartbeat_interval_s == 30.0 and built.ledger.ledger_url.startswith("sqlite:////")
+
+
+def test_flag_beats_environment_beats_default() -> None:
+    environ = {"ELASTICGPU_AGENT_HEARTBEAT_INTERVAL_S": "12", "ELASTICGPU_AGENT_METRICS_PORT": "9999",
+               "NODE_NAME": "from-downward-api"}
+    built = settings.from_sources(parse("--metrics-port", "0", "--backend", "simulated"), environ=environ)
+    assert built.inventory.heartbeat_interval_s == 12.0
+    assert built.metrics.metrics_port == 0 and built.discovery.backend == "simulated"
+    assert built.kube.node_name == "from-downward-api"
+    assert settings.from_sources(parse("--node-name", "flag"), environ=environ).kube.node_name == "flag"
+
+
+def test_a_bad_value_names_the_setting() -> None:
+    with pytest.raises(ValueError, match=r"ELASTICGPU_AGENT_METRICS_PORT / --metrics-port='x': must be an integer"):
+        settings.from_sources(parse(), environ={"ELASTICGPU_AGENT_METRICS_PORT": "x"})
