@@ -7,6 +7,7 @@ API objects to and from these models at their edges.
 from elasticgpu.api import names
 from elasticgpu.api.claim import (
     ClaimUsage,
+    ClaimUser,
     ElasticGPUClaim,
     ElasticGPUClaimSpec,
     ElasticGPUClaimStatus,
@@ -49,6 +50,7 @@ __all__ = [
     "GPU",
     "KINDS",
     "ClaimUsage",
+    "ClaimUser",
     "ClassParameters",
     "Condition",
     "ElasticGPU",

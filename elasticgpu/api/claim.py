@@ -115,6 +115,13 @@ class ClaimUsage(KubeModel):
     update_time: str | None = Field(default=None, description="When the agent measured it (RFC 3339).")
 
 
+class ClaimUser(KubeModel):
+    """A pod the claim serves (a claim serves one pod at a time, as a ReadWriteOnce volume)."""
+
+    name: str = Field(description="Name of the pod (in the claim's namespace).")
+    uid: str = Field(default="", description="Uid of the pod: a recreated pod of the same name is another user.")
+
+
 class ElasticGPUClaimStatus(KubeModel):
     """Where the claim is in its life."""
 
@@ -126,6 +133,10 @@ class ElasticGPUClaimStatus(KubeModel):
     gpus: list[str] = Field(default_factory=list, description="Uuids of the bound card(s).")
     conditions: list[Condition] = Field(default_factory=list, description="Bound, or Pending with the reason.")
     usage: ClaimUsage | None = Field(default=None, description="Measured usage of the claim.")
+    users: list[ClaimUser] = Field(
+        default_factory=list, max_length=1,
+        description="The pod the claim serves, written by the controller before it lets the pod start.",
+    )
 
 
 class ElasticGPUClaim(KubeModel):
