@@ -285,7 +285,14 @@ class CriProxy:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ]
-        self._channel = grpc.insecure_channel(_target(settings.upstream), options=options)
+        # A restarted runtime is reached again within a second (grpc's default reconnect
+        # backoff grows to 2 minutes, during which every kubelet call would fail).
+        upstream_options = [
+            *options,
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ]
+        self._channel = grpc.insecure_channel(_target(settings.upstream), options=upstream_options)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.workers), options=options)
         self._hooks = container_hooks or hooks.PassThrough()
         self._forwarder = _Forwarder(

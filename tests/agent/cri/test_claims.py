@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from elasticgpu.agent import errors
 from elasticgpu.agent.cri import claim_hooks
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.ledger import store
@@ -286,3 +287,32 @@ def test_container_removed_while_agent_down_is_released(
         stop_agent(agent)
     finally:
         ledger.close()
+
+
+class BrokenLedger(store.LedgerStore):
+    """A real ledger whose disk fails on the next record_started (as a full disk would)."""
+
+    def record_started(self, **kwargs: object) -> int:  # type: ignore[override]
+        raise errors.LedgerError("disk I/O error")
+
+
+def test_unwritable_ledger_refuses_claims_as_retryable(
+    containerd: TestRuntime, proxy_socket: Path, tmp_path: Path
+) -> None:
+    publish_cards(containerd.cdi_dir, containerd.directory / "dev")
+    view = View()
+    view.add(slice_claim(NS, "slice"))
+    ledger = BrokenLedger.open(f"sqlite:///{tmp_path / 'ledger.db'}")
+    hooks = claim_hooks.ClaimHooks(view=view, ledger=ledger)
+    settings = ProxySettings(listen=proxy_socket, upstream=str(containerd.socket))
+    with CriProxy(settings, container_hooks=hooks) as proxy, Kubelet(f"unix://{proxy_socket}", containerd.image) as k:
+        assert proxy.reconciled.wait(10)
+        pod = k.run_pod("unlucky", NS, annotations=uses("slice"))
+        with pytest.raises(grpc.RpcError) as refused:
+            k.create_container(pod, "main")
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "cannot write its ledger" in (refused.value.details() or "")
+        assert k.container_ids() == set()  # no GPU without its record
+        k.start(k.create_container(pod, "sidecar"))  # no claim: not the ledger's business
+    hooks.close()
+    ledger.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +199,37 @@ def test_refusal_stops_only_that_container(
         other = kubelet.create_container(pod, "sidecar")
         kubelet.start(other)
         assert kubelet.container_ids() == {other}
+
+
+def test_runtime_down_then_up(containerd_session: TestRuntime, tmp_path: Path) -> None:
+    """The proxy starts before the runtime: calls fail UNAVAILABLE (kubelet retries), the start-up
+    reconciliation retries with backoff, and both succeed once the runtime is there.
+    (`containerd_session` only makes the test skip where no runtime can run.)"""
+    from tests.containerd_runtime import running_containerd
+
+    upstream = tmp_path / "runtime.sock"  # nothing there yet
+    recorder = _RecordingHooks()
+    reconciled: list[bool] = []
+    recorder.reconcile = lambda containers, *, starting: reconciled.append(starting)  # type: ignore[method-assign]
+    settings = ProxySettings(listen=tmp_path / "proxy.sock", upstream=str(upstream), reconcile_backoff_s=(0.05, 0.2))
+    with (
+        CriProxy(settings, container_hooks=recorder) as proxy,
+        grpc.insecure_channel(f"unix://{settings.listen}") as channel,
+    ):
+        stub = api.services.RuntimeServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.Version(pb.VersionRequest(), timeout=5)
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert not proxy.reconciled.is_set()
+        with running_containerd() as runtime:
+            upstream.symlink_to(runtime.socket)
+            assert proxy.reconciled.wait(15), "the start-up reconciliation did not retry"
+            assert reconciled == [True]
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    assert stub.Version(pb.VersionRequest(), timeout=5).runtime_name == "containerd"
+                    break
+                except grpc.RpcError:
+                    assert time.monotonic() < deadline, "the proxy did not reconnect to the runtime"
+                    time.sleep(0.05)
