@@ -87,7 +87,7 @@ def main() -> None:
     with running_containerd() as runtime, tempfile.TemporaryDirectory(prefix="egbench-", dir="/tmp") as tmp:
         publish_cards(runtime.cdi_dir, runtime.directory / "dev")
         view = View()
-        view.add(slice_claim("bench", "slice"))
+        view.add(slice_claim("bench", "slice", user="gpu"))
         (Path(tmp) / "view.json").write_text(view.to_json())
         listen = Path(tmp) / "proxy.sock"
         agent = subprocess.Popen(

@@ -12,8 +12,10 @@ container's final env, CDI devices and annotations) or `hooks.Refused`.
            such a container passes even while the agent is starting.
     container names a claim
         view not ready                     -> refused, UNAVAILABLE (kubelet retries)
-        claim missing / not Bound / bound to another node / of another namespace / held by
-        another pod / its cards unknown    -> refused, FAILED_PRECONDITION, saying what to fix
+        claim missing / not Bound / bound to another node / of another namespace / serving
+        another pod (status.users) / still held by another pod's container on this node (the
+        ledger)                            -> refused, FAILED_PRECONDITION, saying what to fix
+        its cards unknown to the agent     -> refused, UNAVAILABLE (kubelet retries)
         otherwise                          -> CDI devices `elasticgpu.io/gpu=<uuid>` (CDI field,
            and the `cdi.k8s.io/` annotation if asked), NVIDIA_VISIBLE_DEVICES, the MPS and
            HAMi-core limits for a slice, the claim annotation. Env the spec set under these
@@ -84,6 +86,18 @@ class PodRef:
         return f"{self.namespace}/{self.name}"
 
 
+@dataclass(frozen=True)
+class ClaimUser:
+    """The pod a claim serves, from the claim's `status.users` (written by the controller)."""
+
+    name: str
+    uid: str = ""  # empty: any pod of that name (as the controller's own check reads it)
+
+    def is_pod(self, pod: PodRef) -> bool:
+        """True when this entry names `pod` (of the claim's namespace)."""
+        return self.name == pod.name and (not self.uid or self.uid == pod.uid)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClaimInfo:
     """What the agent knows of a claim (from the claim and its ElasticGPU)."""
@@ -96,6 +110,7 @@ class ClaimInfo:
     gpus: tuple[str, ...]  # uuids of the bound card(s), in the order the container sees them
     cores: int  # percent of each card's compute (100: whole cards)
     memory_mib: int  # MiB of each card's memory reserved (0: the whole card's)
+    users: tuple[ClaimUser, ...] = ()  # status.users: the pod the claim serves (at most one)
 
     @property
     def whole_cards(self) -> bool:
@@ -294,12 +309,24 @@ def _checked_claim(
             f"{subject} is bound to a card on node {claim.node_name}, but the pod runs on node {view.node_name}: "
             f"delete the pod so that it is scheduled to {claim.node_name}, or use another claim"
         )
+    if not claim.users:
+        raise hooks.Refused(
+            f"{subject} names no pod in status.users: the controller records the pod a claim serves before "
+            "it lifts the pod's scheduling gate elasticgpu.io/claims; a pod created while the elasticgpu "
+            "admission webhook was not running was never gated: delete it so that its controller recreates it"
+        )
+    if not any(user.is_pod(pod) for user in claim.users):
+        served = ", ".join(f"{claim.namespace}/{user.name}" for user in claim.users)
+        raise hooks.Refused(
+            f"{subject} serves pod {served} (status.users); a claim serves one pod at a time (like a "
+            "ReadWriteOnce volume): give each pod its own claim (an inline elasticgpu.io/request.<container> "
+            "annotation does that for every replica), or delete the other pod"
+        )
     others = sorted({holder for holder in holders if holder.uid != pod.uid}, key=str)
     if others:
         raise hooks.Refused(
-            f"{subject} is in use by pod {others[0]}; a claim serves one pod at a time (like a ReadWriteOnce "
-            "volume): give each pod its own claim (an inline elasticgpu.io/request.<container> annotation does "
-            "that for every replica), or delete the other pod"
+            f"{subject} is still in use by pod {others[0]}, whose container on this node has not stopped; "
+            "kubelet retries once it has (a claim serves one pod at a time)"
         )
     if not claim.gpus:
         raise hooks.Refused(f"{subject} is Bound but names no card; the controller repairs this, kubelet retries")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticgpu.agent.cri import cdi
-from elasticgpu.agent.cri.injection import CardInfo, ClaimInfo
+from elasticgpu.agent.cri.injection import CardInfo, ClaimInfo, ClaimUser
 
 NODE = "node-a"
 NVIDIA_MAJOR = 195
@@ -47,7 +47,9 @@ class View:
             {
                 "node_name": self.node_name,
                 "reason": self.reason,
-                "claims": [vars(c) | {"gpus": list(c.gpus)} for c in self.claims.values()],
+                "claims": [
+                    vars(c) | {"gpus": list(c.gpus), "users": [vars(u) for u in c.users]} for c in self.claims.values()
+                ],
                 "cards": [vars(c) for c in self.cards.values()],
             }
         )
@@ -58,12 +60,12 @@ class View:
         view = cls(node_name=data["node_name"], reason=data["reason"])
         view.cards = {c["uuid"].lower(): CardInfo(**c) for c in data["cards"]}
         for c in data["claims"]:
-            view.add(ClaimInfo(**(c | {"gpus": tuple(c["gpus"])})))
+            view.add(ClaimInfo(**(c | {"gpus": tuple(c["gpus"]), "users": tuple(ClaimUser(**u) for u in c["users"])})))
         return view
 
 
-def slice_claim(namespace: str, name: str, **changes: Any) -> ClaimInfo:
-    """A Bound claim of 30% and 10 GiB of the first card on this node."""
+def slice_claim(namespace: str, name: str, *, user: str = "", **changes: Any) -> ClaimInfo:
+    """A Bound claim of 30% and 10 GiB of the first card on this node, serving pod `user`."""
     claim = ClaimInfo(
         namespace=namespace,
         name=name,
@@ -73,13 +75,19 @@ def slice_claim(namespace: str, name: str, **changes: Any) -> ClaimInfo:
         gpus=(CARDS[0].uuid,),
         cores=30,
         memory_mib=10240,
+        users=(ClaimUser(user),) if user else (),
     )
     return replace(claim, **changes)
 
 
-def whole_claim(namespace: str, name: str) -> ClaimInfo:
-    """A Bound claim of the whole second card."""
-    return slice_claim(namespace, name, gpus=(CARDS[1].uuid,), cores=100, memory_mib=0)
+def whole_claim(namespace: str, name: str, *, user: str = "") -> ClaimInfo:
+    """A Bound claim of the whole second card, serving pod `user`."""
+    return slice_claim(namespace, name, user=user, gpus=(CARDS[1].uuid,), cores=100, memory_mib=0)
+
+
+def serving(claim: ClaimInfo, pod_name: str) -> ClaimInfo:
+    """The claim after the controller moved status.users to another pod."""
+    return replace(claim, users=(ClaimUser(pod_name),))
 
 
 def publish_cards(cdi_dir: Path, dev_dir: Path) -> None:

@@ -18,7 +18,7 @@ from elasticgpu.agent.cri import claim_hooks
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.ledger import store
 from tests.agent.cri.kubelet import Kubelet
-from tests.agent.cri.node import CARDS, View, publish_cards, slice_claim, whole_claim
+from tests.agent.cri.node import CARDS, View, publish_cards, serving, slice_claim, whole_claim
 from tests.containerd_runtime import REPO_ROOT, TestRuntime
 
 NS = "team"
@@ -66,7 +66,7 @@ def devices(kubelet: Kubelet, container_id: str) -> list[str]:
 
 def test_slice_claim(gpu_node: GpuNode) -> None:
     k = gpu_node.kubelet
-    gpu_node.view.add(slice_claim(NS, "slice"))
+    gpu_node.view.add(slice_claim(NS, "slice", user="trainer"))
     pod = k.run_pod("trainer", NS, annotations=uses("slice"))
     container_id = k.create_container(pod, "main", envs={"NVIDIA_VISIBLE_DEVICES": "all"})
     k.start(container_id)
@@ -88,7 +88,7 @@ def test_slice_claim(gpu_node: GpuNode) -> None:
 
 def test_whole_card_claim(gpu_node: GpuNode) -> None:
     k = gpu_node.kubelet
-    gpu_node.view.add(whole_claim(NS, "card"))
+    gpu_node.view.add(whole_claim(NS, "card", user="renderer"))
     pod = k.run_pod("renderer", NS, annotations=uses("card"))
     container_id = k.create_container(pod, "main")
     k.start(container_id)
@@ -100,7 +100,7 @@ def test_whole_card_claim(gpu_node: GpuNode) -> None:
 
 def test_two_containers_share_a_claim_and_other_pods_wait(gpu_node: GpuNode) -> None:
     k = gpu_node.kubelet
-    gpu_node.view.add(slice_claim(NS, "shared"))
+    shared = gpu_node.view.add(slice_claim(NS, "shared", user="pair"))
     pod = k.run_pod("pair", NS, annotations={**uses("shared", "main"), **uses("shared", "helper")})
     first, second = k.create_container(pod, "main"), k.create_container(pod, "helper")
     for container_id in (first, second):
@@ -110,8 +110,14 @@ def test_two_containers_share_a_claim_and_other_pods_wait(gpu_node: GpuNode) -> 
     with pytest.raises(grpc.RpcError) as refused:
         k.create_container(intruder, "main")
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert f"is in use by pod {NS}/pair" in (refused.value.details() or "")
-    # The pair is deleted; kubelet removes the sandbox, which takes its containers along.
+    assert f"serves pod {NS}/pair (status.users)" in (refused.value.details() or "")
+    # The pair is deleted and the controller hands the claim to the intruder, but the pair's
+    # containers still run here: the ledger keeps the intruder out until they are gone.
+    gpu_node.view.add(serving(shared, "intruder"))
+    with pytest.raises(grpc.RpcError) as refused:
+        k.create_container(intruder, "main")
+    assert f"still in use by pod {NS}/pair" in (refused.value.details() or "")
+    # kubelet removes the sandbox, which takes its containers along (no RemoveContainer each).
     k.runtime.StopPodSandbox(k.pb.StopPodSandboxRequest(pod_sandbox_id=pod.id), timeout=30)
     k.runtime.RemovePodSandbox(k.pb.RemovePodSandboxRequest(pod_sandbox_id=pod.id), timeout=30)
     assert gpu_node.rows() == []
@@ -121,18 +127,19 @@ def test_two_containers_share_a_claim_and_other_pods_wait(gpu_node: GpuNode) -> 
 
 def test_a_stopped_holder_does_not_block(gpu_node: GpuNode) -> None:
     k = gpu_node.kubelet
-    gpu_node.view.add(slice_claim(NS, "handover"))
+    handover = gpu_node.view.add(slice_claim(NS, "handover", user="old"))
     old = k.run_pod("old", NS, annotations=uses("handover"))
     old_id = k.create_container(old, "main")
     k.start(old_id)
     k.runtime.StopContainer(k.pb.StopContainerRequest(container_id=old_id, timeout=5), timeout=30)
+    gpu_node.view.add(serving(handover, "new"))  # the controller saw the old pod end
     new = k.run_pod("new", NS, annotations=uses("handover"))
     k.start(k.create_container(new, "main"))
 
 
 def test_container_without_claim_gets_no_gpu(gpu_node: GpuNode) -> None:
     k = gpu_node.kubelet
-    gpu_node.view.add(slice_claim(NS, "slice"))
+    gpu_node.view.add(slice_claim(NS, "slice", user="mixed"))
     pod = k.run_pod("mixed", NS, annotations=uses("slice", "main"))
     sidecar = k.create_container(
         pod,
@@ -156,9 +163,10 @@ def test_container_without_claim_gets_no_gpu(gpu_node: GpuNode) -> None:
             slice_claim(NS, "later", phase="Pending", node_name=None, gpus=()),
             "not Bound",
         ),
-        ("other node", uses("far"), slice_claim(NS, "far", node_name="node-b"), "on node node-b"),
+        ("other node", uses("far"), slice_claim(NS, "far", user="refused", node_name="node-b"), "on node node-b"),
         ("other namespace", uses("elsewhere/theirs"), slice_claim("elsewhere", "theirs"), "another namespace"),
         ("missing", uses("nothing"), None, "does not exist"),
+        ("serves another pod", uses("taken"), slice_claim(NS, "taken", user="owner"), "serves pod team/owner"),
     ],
 )
 def test_refused_claims(gpu_node: GpuNode, case: str, annotations: dict[str, str], claim, words: str) -> None:
@@ -176,7 +184,7 @@ def test_refused_claims(gpu_node: GpuNode, case: str, annotations: dict[str, str
 
 def test_agent_not_ready_refuses_claims_only(gpu_node: GpuNode) -> None:
     k = gpu_node.kubelet
-    gpu_node.view.add(slice_claim(NS, "slice"))
+    gpu_node.view.add(slice_claim(NS, "slice", user="early"))
     gpu_node.view.reason = "claims not listed yet"
     pod = k.run_pod("early", NS, annotations=uses("slice"))
     with pytest.raises(grpc.RpcError) as refused:
@@ -231,7 +239,7 @@ def test_kill_9_between_ledger_and_runtime_is_reconciled(
 ) -> None:
     publish_cards(containerd.cdi_dir, containerd.directory / "dev")
     view = View()
-    view.add(slice_claim(NS, "slice"))
+    view.add(slice_claim(NS, "slice", user="victim"))
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     agent = start_agent(containerd, proxy_socket, url, view, tmp_path, crash_at)
     with Kubelet(f"unix://{proxy_socket}", containerd.image) as k:
@@ -270,7 +278,7 @@ def test_container_removed_while_agent_down_is_released(
 ) -> None:
     publish_cards(containerd.cdi_dir, containerd.directory / "dev")
     view = View()
-    view.add(slice_claim(NS, "slice"))
+    view.add(slice_claim(NS, "slice", user="orphan"))
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     agent = start_agent(containerd, proxy_socket, url, view, tmp_path)
     with Kubelet(f"unix://{proxy_socket}", containerd.image) as k:
@@ -301,7 +309,7 @@ def test_unwritable_ledger_refuses_claims_as_retryable(
 ) -> None:
     publish_cards(containerd.cdi_dir, containerd.directory / "dev")
     view = View()
-    view.add(slice_claim(NS, "slice"))
+    view.add(slice_claim(NS, "slice", user="unlucky"))
     ledger = BrokenLedger.open(f"sqlite:///{tmp_path / 'ledger.db'}")
     hooks = claim_hooks.ClaimHooks(view=view, ledger=ledger)
     settings = ProxySettings(listen=proxy_socket, upstream=str(containerd.socket))

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from elasticgpu.agent.cri import hooks, injection
-from elasticgpu.agent.cri.injection import CardInfo, ClaimInfo, ContainerRequest, PodRef
+from elasticgpu.agent.cri.injection import CardInfo, ClaimInfo, ClaimUser, ContainerRequest, PodRef
 
 NODE = "node-a"
 CARD_A = "GPU-0a1b2c3d-0000-0000-0000-00000000000a"
@@ -48,6 +48,7 @@ def claim(name: str = "slice", **changes: object) -> ClaimInfo:
         gpus=(CARD_A,),
         cores=30,
         memory_mib=10240,
+        users=(ClaimUser("trainer"),),
     )
     return replace(base, **changes)  # type: ignore[arg-type]
 
@@ -207,12 +208,36 @@ REFUSALS = [
         ["belongs to namespace other-team"],
     ),
     (
-        "claim used by another pod",
+        "claim serves another pod",
+        USES_SLICE,
+        view(claim(users=(ClaimUser("other"),))),
+        [],
+        "FAILED_PRECONDITION",
+        ["serves pod team/other (status.users)", "one pod at a time", "own claim"],
+    ),
+    (
+        "claim serves a former pod of the same name",
+        USES_SLICE,
+        view(claim(users=(ClaimUser("trainer", "uid-of-a-deleted-trainer"),))),
+        [],
+        "FAILED_PRECONDITION",
+        ["serves pod team/trainer"],
+    ),
+    (
+        "claim serves no pod yet",
+        USES_SLICE,
+        view(claim(users=())),
+        [],
+        "FAILED_PRECONDITION",
+        ["names no pod in status.users", "scheduling gate"],
+    ),
+    (
+        "another pod's container still holds it on this node",
         USES_SLICE,
         view(claim()),
         [OTHER_POD],
         "FAILED_PRECONDITION",
-        ["in use by pod team/other", "one pod at a time"],
+        ["still in use by pod team/other", "retries"],
     ),
     (
         "agent not ready",
@@ -293,6 +318,7 @@ CLAIMS = st.builds(
     gpus=st.lists(st.sampled_from([CARD_A, CARD_B, "GPU-unknown"]), max_size=2, unique=True).map(tuple),
     cores=st.sampled_from([10, 30, 100]),
     memory_mib=st.sampled_from([0, 1024]),
+    users=st.sampled_from([(), (ClaimUser("trainer"),), (ClaimUser("trainer", "uid-trainer"),), (ClaimUser("other"),)]),
 )
 REQUESTS = st.builds(
     request,
@@ -332,6 +358,7 @@ def test_a_claim_gives_exactly_its_cards_or_is_refused(
         ready
         and bound.phase == "Bound"
         and bound.node_name == NODE
+        and any(user.is_pod(POD) for user in bound.users)
         and OTHER_POD not in holders
         and bool(bound.gpus)
         and "GPU-unknown" not in bound.gpus
