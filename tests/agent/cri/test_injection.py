@@ -373,3 +373,30 @@ def test_a_claim_gives_exactly_its_cards_or_is_refused(
     assert env(edit)["NVIDIA_VISIBLE_DEVICES"] == ",".join(bound.gpus)
     assert ("CUDA_DEVICE_SM_LIMIT" in env(edit)) == (bound.cores < 100)
     assert edit.annotations["elasticgpu.io/claim"] == "team/slice"
+
+
+def test_rewritten_request_keeps_fields_newer_than_our_proto(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A newer kubelet's fields we do not know survive the rewrite (protobuf keeps unknown fields)."""
+    from elasticgpu.agent.cri import api, claim_hooks
+    from elasticgpu.agent.ledger import store
+    from tests.containerd_runtime import container_config, sandbox_config
+
+    pb = api.pb
+    sandbox = sandbox_config(name="trainer", namespace="team", uid="uid-trainer")
+    config = container_config(name="main", image="busybox", sandbox=sandbox, envs={"NVIDIA_VISIBLE_DEVICES": "all"})
+    unknown_config_field = b"\xba\x3e\x05hello"  # field 999 of ContainerConfig, length-delimited "hello"
+    config = pb.ContainerConfig.FromString(config.SerializeToString() + unknown_config_field)
+    unknown_request_field = b"\xc0\x3e\x07"  # field 1000 of CreateContainerRequest, varint 7
+    raw = pb.CreateContainerRequest(pod_sandbox_id="s", config=config, sandbox_config=sandbox).SerializeToString()
+    request = pb.CreateContainerRequest.FromString(raw + unknown_request_field)
+    ledger = store.LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        hooks = claim_hooks.ClaimHooks(view=view(), ledger=ledger)
+        prepared = hooks.prepare_create(request)
+        hooks.close()
+    finally:
+        ledger.close()
+    assert prepared.changed
+    out = prepared.request.SerializeToString()
+    assert unknown_request_field in out and unknown_config_field in out
+    assert dict((kv.key, kv.value) for kv in prepared.request.config.envs)["NVIDIA_VISIBLE_DEVICES"] == b"void"
