@@ -8,10 +8,13 @@
                               ledger.record_started  -> the row is `started` BEFORE the runtime call
     created          ledger.mark_created(row, container id)    } after the runtime answered, off the
     removed          ledger.mark_released(container id)        } call's path, in order (see below)
-    create_failed    ledger.roll_back(row)
+    create_failed    ledger.roll_back(row); but when the call ended without the runtime's
+                     answer (DEADLINE_EXCEEDED, CANCELLED, UNAVAILABLE) the container may exist:
+                     the row stays `started` (it holds the claim) and a later reconcile settles it
     reconcile        every `created` row whose container is gone -> released;
                      at start, also every `started` row (a crash between the ledger write and
-                     the runtime's answer): the runtime has the container (same pod uid,
+                     the runtime's answer), later only the rows left open by an unanswered call
+                     (once `settle_after_s` old): the runtime has the container (same pod uid,
                      container name and claim annotation, not in another row) -> created with
                      its id, else rolled back. Nothing lost, nothing stale.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any
@@ -41,6 +45,9 @@ from elasticgpu.agent.cri import api, hooks, injection
 from elasticgpu.agent.ledger import store
 
 log = logging.getLogger(__name__)
+
+# Codes with which a call can end before the runtime's answer: the container may exist.
+_UNANSWERED = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE})
 
 
 def container_request(request: Any) -> injection.ContainerRequest:
@@ -94,7 +101,10 @@ class ClaimHooks:
         view: injection.AgentView,
         ledger: store.LedgerStore,
         settings: injection.InjectionSettings | None = None,
+        settle_after_s: float = 30.0,
     ) -> None:
+        """`settle_after_s`: how long a row left open by an unanswered CreateContainer waits
+        before a reconcile decides it (the runtime may still be creating the container)."""
         self._view = view
         self._ledger = ledger
         self._settings = settings or injection.InjectionSettings()
@@ -102,6 +112,8 @@ class ClaimHooks:
         self._list_containers: Callable[[], Sequence[Any]] | None = None
         # One thread: the writes after the runtime's answer keep their order (created before released).
         self._after = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-after")
+        self._settle_after_s = settle_after_s
+        self._unsettled: dict[int, float] = {}  # row id -> monotonic time the call ended unanswered
         self.reconciled = threading.Event()
         """Set after the start-up reconciliation; claims are refused (retryable) before."""
 
@@ -162,10 +174,16 @@ class ClaimHooks:
         if prepared.token is not None:
             self._after.submit(self._write, self._ledger.mark_created, prepared.token, container_id)
 
-    def create_failed(self, prepared: hooks.PreparedCreate) -> None:
-        """The runtime made no container: forget the `started` row."""
-        if prepared.token is not None:
-            self._ledger.roll_back(prepared.token)
+    def create_failed(self, prepared: hooks.PreparedCreate, code: grpc.StatusCode) -> None:
+        """The runtime made no container: forget the `started` row (unless that is unknown)."""
+        if prepared.token is None:
+            return
+        if code in _UNANSWERED:
+            log.warning("CreateContainer for ledger row %s ended with %s: settled later", prepared.token, code.name)
+            with self._claim_lock:
+                self._unsettled[prepared.token] = time.monotonic()
+            return
+        self._ledger.roll_back(prepared.token)
 
     def removed(self, container_id: str) -> None:
         """Release the container's row, queued after its `created` (a container without one is fine)."""
@@ -199,7 +217,8 @@ class ClaimHooks:
                         # OBSERVATION: the container is gone (its sandbox removed, or removed while we were down).
                         log.info("ledger row %s: container %s is gone; released", row.id, row.container_id)
                         self._ledger.mark_released(str(row.container_id))
-                elif starting:
+                elif starting or self._ripe(row.id):
+                    self._unsettled.pop(row.id, None)
                     match = self._container_of(row, containers, taken)
                     if match is None:
                         # OBSERVATION: crashed after the ledger write, before the runtime created anything.
@@ -215,6 +234,11 @@ class ClaimHooks:
             self.reconciled.set()
 
     # --- helpers ---
+
+    def _ripe(self, row_id: int) -> bool:
+        """True for a row left open by an unanswered call long enough ago to be decided."""
+        since = self._unsettled.get(row_id)
+        return since is not None and time.monotonic() - since >= self._settle_after_s
 
     @staticmethod
     def _container_of(row: store.Allocation, containers: Sequence[Any], taken: set[str]) -> Any:

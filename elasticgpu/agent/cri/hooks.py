@@ -5,7 +5,7 @@ The proxy (proxy.py) forwards every call untouched except these two points:
     CreateContainer:  prepared = hooks.prepare_create(request)   # may raise Refused
                       forward prepared.request
                       ok    -> hooks.created(prepared, container_id)
-                      error -> hooks.create_failed(prepared)
+                      error -> hooks.create_failed(prepared, code)
     RemoveContainer:  forward; ok -> hooks.removed(container_id)
 
 `prepare_create` is where injection happens and the ledger row is written `started` (before the
@@ -17,6 +17,8 @@ leaves a `started` row that the agent reconciles with ListContainers at its next
                         succeeds (claims are refused as retryable until then; the rest passes)
     RemovePodSandbox:   forward; ok -> hooks.reconcile(containers, starting=False) (the sandbox
                         took its containers with it without a RemoveContainer each)
+    every minute:       hooks.reconcile(containers, starting=False) (what a lost write or an
+                        unanswered CreateContainer left open is settled)
 """
 
 from __future__ import annotations
@@ -63,8 +65,10 @@ class ContainerHooks(Protocol):
         """The runtime created the container: complete what prepare_create started."""
         ...
 
-    def create_failed(self, prepared: PreparedCreate) -> None:
-        """The runtime refused or the call failed: undo what prepare_create started."""
+    def create_failed(self, prepared: PreparedCreate, code: grpc.StatusCode) -> None:
+        """The runtime refused or the call failed with `code`: undo what prepare_create started.
+        DEADLINE_EXCEEDED, CANCELLED and UNAVAILABLE leave it open whether the runtime made the
+        container; the hooks settle that against ListContainers later."""
         ...
 
     def removed(self, container_id: str) -> None:
@@ -91,7 +95,7 @@ class PassThrough:
     def created(self, prepared: PreparedCreate, container_id: str) -> None:
         """Nothing to complete."""
 
-    def create_failed(self, prepared: PreparedCreate) -> None:
+    def create_failed(self, prepared: PreparedCreate, code: grpc.StatusCode) -> None:
         """Nothing to undo."""
 
     def removed(self, container_id: str) -> None:

@@ -68,6 +68,9 @@ class ProxySettings:
     """Timeout of our own ListContainers calls (reconciliation)."""
     reconcile_backoff_s: tuple[float, float] = (0.2, 10.0)
     """First and longest wait between attempts of the start-up reconciliation (doubling)."""
+    reconcile_period_s: float = 60.0
+    """Seconds between reconciliations after the first: they settle what a lost ledger write
+    or a CreateContainer whose answer never came left open. One ListContainers each."""
 
 
 def _target(upstream: str) -> str:
@@ -204,7 +207,8 @@ class _Forwarder(grpc.GenericRpcHandler):
             try:
                 answer: bytes = upstream(body, **self._call_options(context))
             except grpc.RpcError as e:
-                self._after(self._hooks.create_failed, prepared)
+                code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
+                self._after(lambda p: self._hooks.create_failed(p, code), prepared)
                 self._pass_error(e, context)
                 raise
             container_id = api.pb.CreateContainerResponse.FromString(answer).container_id
@@ -326,11 +330,12 @@ class CriProxy:
         self._hooks.attach_runtime(self._forwarder.list_containers)
         self._server.start()
         log.info("CRI proxy listening on %s, forwarding to %s", path, self.settings.upstream)
-        self._reconciler = threading.Thread(target=self._reconcile_at_start, name="cri-reconcile", daemon=True)
+        self._reconciler = threading.Thread(target=self._reconcile, name="cri-reconcile", daemon=True)
         self._reconciler.start()
 
-    def _reconcile_at_start(self) -> None:
-        """Reconcile the hooks with the runtime once, retrying with backoff until it works.
+    def _reconcile(self) -> None:
+        """Reconcile the hooks with the runtime once, retrying with backoff until it works, then
+        every `reconcile_period_s`.
 
         Serving starts at once (kubelet needs the socket for every pod); the hooks refuse
         claims as retryable until they are reconciled, so no new half-done record is made
@@ -350,7 +355,13 @@ class CriProxy:
                 delay = min(delay * 2, longest)
                 continue
             self.reconciled.set()
-            return
+            break
+        while not self._stopping.wait(self.settings.reconcile_period_s):
+            try:
+                self._hooks.reconcile(self._forwarder.list_containers(), starting=False)
+            except Exception as e:
+                log.warning("periodic reconciliation with the runtime failed (%s); next in %.0fs",
+                            e, self.settings.reconcile_period_s)  # fmt: skip
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop serving (calls in flight get grace_s to finish), close the upstream channel."""

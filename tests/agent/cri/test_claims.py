@@ -324,3 +324,39 @@ def test_unwritable_ledger_refuses_claims_as_retryable(
         k.start(k.create_container(pod, "sidecar"))  # no claim: not the ledger's business
     hooks.close()
     ledger.close()
+
+
+@pytest.mark.parametrize("runtime_made_it", [True, False])
+def test_unanswered_create_is_settled_later(containerd: TestRuntime, tmp_path: Path, runtime_made_it: bool) -> None:
+    """CreateContainer ended without the runtime's answer (kubelet's deadline): the row stays
+    `started` and holds the claim, then a reconcile completes it or rolls it back."""
+    from tests.containerd_runtime import container_config, sandbox_config
+
+    publish_cards(containerd.cdi_dir, containerd.directory / "dev")
+    view = View()
+    view.add(slice_claim(NS, "slice", user="slow"))
+    ledger = store.LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
+    hooks = claim_hooks.ClaimHooks(view=view, ledger=ledger, settle_after_s=0.0)
+    with Kubelet(containerd.endpoint, containerd.image) as direct:  # the runtime, without proxy
+        hooks.attach_runtime(lambda: direct.runtime.ListContainers(direct.pb.ListContainersRequest()).containers)
+        hooks.reconcile([], starting=True)
+        sandbox = sandbox_config(name="slow", namespace=NS, uid="uid-slow", annotations=uses("slice"))
+        sandbox_id = direct.runtime.RunPodSandbox(direct.pb.RunPodSandboxRequest(config=sandbox)).pod_sandbox_id
+        request = direct.pb.CreateContainerRequest(
+            pod_sandbox_id=sandbox_id,
+            config=container_config(name="main", image=containerd.image, sandbox=sandbox),
+            sandbox_config=sandbox,
+        )
+        prepared = hooks.prepare_create(request)
+        made = direct.runtime.CreateContainer(prepared.request).container_id if runtime_made_it else None
+        hooks.create_failed(prepared, grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert [a.state for a in ledger.open_allocations()] == ["started"]  # still holds the claim
+        hooks.reconcile(direct.runtime.ListContainers(direct.pb.ListContainersRequest()).containers, starting=False)
+        rows = [(a.state, a.container_id) for a in ledger.open_allocations()]
+        assert rows == ([("created", made)] if runtime_made_it else [])
+        # A refusal by the runtime itself (an answer) rolls back at once.
+        prepared = hooks.prepare_create(request)
+        hooks.create_failed(prepared, grpc.StatusCode.UNKNOWN)
+        assert [(a.state, a.container_id) for a in ledger.open_allocations()] == rows
+    hooks.close()
+    ledger.close()

@@ -146,7 +146,7 @@ class _RecordingHooks(hooks.PassThrough):
     def created(self, prepared: hooks.PreparedCreate, container_id: str) -> None:
         self.created_ids.append(container_id)
 
-    def create_failed(self, prepared: hooks.PreparedCreate) -> None:
+    def create_failed(self, prepared: hooks.PreparedCreate, code: grpc.StatusCode) -> None:
         self.failed += 1
 
     def removed(self, container_id: str) -> None:
