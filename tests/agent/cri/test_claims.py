@@ -15,6 +15,7 @@ import pytest
 
 from elasticgpu.agent import errors
 from elasticgpu.agent.cri import claim_hooks
+from elasticgpu.agent.cri.injection import CardInfo
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.ledger import store
 from tests.agent.cri.kubelet import Kubelet
@@ -360,3 +361,32 @@ def test_unanswered_create_is_settled_later(containerd: TestRuntime, tmp_path: P
         assert [(a.state, a.container_id) for a in ledger.open_allocations()] == rows
     hooks.close()
     ledger.close()
+
+
+def test_concurrent_pods_each_get_their_own_claim(gpu_node: GpuNode) -> None:
+    """kubelet starts pods in parallel: every claim container gets its claim, the ledger holds
+    exactly one row per claim container, sidecars get nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    k = gpu_node.kubelet
+    pods = [f"worker-{i}" for i in range(8)]
+
+    def card_of(name: str) -> CardInfo:
+        return CARDS[int(name.rsplit("-", 1)[1]) % 2]
+
+    for name in pods:
+        gpu_node.view.add(slice_claim(NS, f"{name}-main", user=name, gpus=(card_of(name).uuid,)))
+
+    def start(name: str) -> tuple[str, str, str]:
+        pod = k.run_pod(name, NS, annotations={"elasticgpu.io/request.main": "gpu-core=30,gpu-memory=10Gi"})
+        main, sidecar = k.create_container(pod, "main"), k.create_container(pod, "sidecar")
+        for container_id in (main, sidecar):
+            k.start(container_id)
+        return name, main, sidecar
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        started = list(pool.map(start, pods))
+    for name, main, sidecar in started:
+        assert k.env(main)["NVIDIA_VISIBLE_DEVICES"] == card_of(name).uuid
+        assert k.env(sidecar)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert sorted(gpu_node.rows()) == sorted(("created", main, name, f"{name}-main") for name, main, _ in started)
