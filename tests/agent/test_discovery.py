@@ -176,3 +176,13 @@ def test_agent_without_nvml_exits_with_a_message_not_a_stack_trace(tmp_path: Pat
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "libnvidia-ml.so.1" in result.stderr and "--backend simulated" in result.stderr
+
+
+def test_one_injected_file_may_carry_several_entries(tmp_path: Path) -> None:
+    backend = open_sim(tmp_path, TWO_CARDS)
+    simulated.inject(tmp_path / "inject", [
+        {"process": {"card": 0, "pid": 10, "memory": 100}},
+        {"process": {"card": 1, "pid": 11, "memory": 200}},
+        {"process": {"card": 0, "pid": 10, "memory": 150}},  # later entries win, in order
+    ])
+    assert sorted((u.pid, u.memory_mib) for u in backend.process_usage()) == [(10, 150), (11, 200)]
