@@ -225,6 +225,14 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=STOP_TIMEOUT_S)
 
 
+def _die_with_parent() -> None:
+    """preexec_fn: SIGTERM containerd if the test process dies without cleaning up (Linux only)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
 def _check_can_run() -> None:
     if os.geteuid() != 0:
         raise RuntimeUnavailable("containerd needs root (namespaces, mounts, cgroups); run the tests as root")
@@ -267,6 +275,7 @@ def running_containerd() -> Iterator[TestRuntime]:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         _wait_version(runtime.socket, proc, log)
         imported = subprocess.run(
