@@ -223,6 +223,7 @@ class Inventory:
         self._usage: dict[str, GpuUsage] = {}
         self._urgent: set[str] = set()  # cards whose usage changed enough to be written at once
         self._labels_written: dict[str, str | None] | None = None
+        self._labels_checked = 0.0  # when the Node's labels were last read back
         self._restored: set[str] = set()  # cards whose health was read back from their object after a start
         self.wake = threading.Event()
         """Set to write at once (a fatal XID, a large change of usage) instead of at the next interval."""
@@ -335,9 +336,16 @@ class Inventory:
             if name not in present and (obj.get("spec") or {}).get("nodeName") == self._node:
                 self._write_status(name, None, now)
         desired_labels = node_labels(snapshot.cards)
+        if self._labels_written is not None and now - self._labels_checked >= self._settings.node_labels_check_s:
+            # Someone (an admin, another labeller) may have changed them: compare with the Node itself.
+            self._labels_checked = now
+            actual = (self._kube.read_node().get("metadata") or {}).get("labels") or {}
+            if any(actual.get(key) != value for key, value in desired_labels.items()):
+                self._labels_written = None
         if desired_labels != self._labels_written:
             self._kube.patch_node_labels(desired_labels)
             self._labels_written = desired_labels
+            self._labels_checked = now
 
     def _restore_health(self, uuid: str, obj: dict[str, Any]) -> None:
         """After a start: a card the previous agent marked Unhealthy for an XID stays so for the rest of its quiet

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -170,3 +171,55 @@ def test_a_restarted_agent_keeps_an_unhealthy_card_unhealthy(
     obj = wait_for("the second agent's heartbeat", new_heartbeat, timeout=15)
     healthy = condition(obj, "Healthy")
     assert obj["status"]["health"] == "Unhealthy" and healthy is not None and healthy["reason"] == "Xid48"
+
+
+def test_sees_only_its_own_node_and_puts_back_removed_labels(
+    api_client: client.ApiClient, kube_cluster: Any, crds_installed: list[str], node_name: str, tmp_path: Any
+) -> None:
+    import threading
+
+    from elasticgpu.agent import health, inventory, kube
+    from elasticgpu.agent.settings import InventorySettings
+    from tests.kube_cluster import server_side_apply
+
+    # Another node's card, written by someone else.
+    other_uuid = f"GPU-{uuid_hex()}"
+    other = {"apiVersion": names.API_VERSION, "kind": names.KIND_GPU,
+             "metadata": {"name": other_uuid.lower(), "labels": {names.LABEL_NODE: "some-other-node"}},
+             "spec": {"index": 0, "uuid": other_uuid, "memory": 1024, "nodeName": "some-other-node"}}
+    before = server_side_apply(api_client, f"{GPUS}/{other_uuid.lower()}", other)["metadata"]["resourceVersion"]
+
+    backend = simulated.SimulatedBackend(DESCRIPTION, node_name=node_name, device_dir=tmp_path / "dev")
+    agent_kube = kube.AgentKube(kube.load_api_client(str(kube_cluster.kubeconfig), None), node_name=node_name,
+                                field_manager="elasticgpu-agent")
+    publisher = inventory.Inventory(kube=agent_kube, backend=backend,
+                                    health=health.HealthTracker(recovery_quiet_s=60),
+                                    settings=InventorySettings(node_labels_check_s=0), watch_timeout_s=5)
+    stop = threading.Event()
+    watcher = threading.Thread(target=publisher.watch, args=(stop,), daemon=True)
+    watcher.start()
+    try:
+        publisher.reconcile()
+        own = {names.gpu_object_name(simulated.simulated_uuid(node_name, i)) for i in range(2)}
+        wait_for("the watch to deliver our two cards", lambda: set(publisher.objects()) == own, timeout=10)
+        time.sleep(0.5)
+        assert set(publisher.objects()) == own  # the other node's card never reached this agent
+        after = kube_request(api_client, "GET", f"{GPUS}/{other_uuid.lower()}").json()
+        assert after["metadata"]["resourceVersion"] == before
+
+        core = client.CoreV1Api(api_client)
+        core.patch_node(node_name, {"metadata": {"labels": {"nvidia.com/gpu.count": None}}})
+        assert "nvidia.com/gpu.count" not in (core.read_node(node_name).metadata.labels or {})
+        publisher.reconcile()
+        assert core.read_node(node_name).metadata.labels["nvidia.com/gpu.count"] == "2"
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+        agent_kube.close()
+        kube_request(api_client, "DELETE", f"{GPUS}/{other_uuid.lower()}")
+
+
+def uuid_hex() -> str:
+    import uuid
+
+    return str(uuid.uuid4())
