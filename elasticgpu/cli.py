@@ -32,15 +32,19 @@ def _crds(args: argparse.Namespace) -> int:
 
 
 def _controller(args: argparse.Namespace) -> int:
-    import logging
+    import os
 
-    from elasticgpu.controller import run_controller
+    from elasticgpu.controller import startup
+    from elasticgpu.controller.leader import LeaderSettings
+    from elasticgpu.controller.logs import configure_logging
 
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
-    run_controller(kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace)
+    configure_logging(level=args.log_level, log_format=args.log_format)
+    # The Lease lives where the controller runs (the Downward API's POD_NAMESPACE), else in the
+    # one namespace it watches, else in kube-system.
+    lease_namespace = args.leader_elect_namespace or os.environ.get("POD_NAMESPACE") or args.namespace or "kube-system"
+    leader = LeaderSettings(enabled=args.leader_elect, namespace=lease_namespace, name=args.leader_elect_name)
+    startup.run_controller(kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace,
+                           leader=leader, health_port=None if args.health_port < 0 else args.health_port)
     return 0
 
 
@@ -72,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
     controller.add_argument("--context", help="kubeconfig context")
     controller.add_argument("--namespace", help="watch claims of this namespace only (default: all)")
     controller.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    controller.add_argument("--log-format", default="plain", choices=("plain", "json"),
+                            help="plain text, or one JSON object per line (default: plain)")
+    controller.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
+                            help="bind only while holding the leader Lease (default: on; off only for one replica)")
+    controller.add_argument("--leader-elect-namespace",
+                            help="namespace of the Lease (default: $POD_NAMESPACE, else --namespace, else kube-system)")
+    controller.add_argument("--leader-elect-name", default="elasticgpu-controller", help="name of the Lease")
+    controller.add_argument("--health-port", type=int, default=8080,
+                            help="port of /healthz, /readyz and /metrics (default: 8080; 0: any free port; -1: off)")
     controller.set_defaults(handler=_controller)
 
     from elasticgpu.agent import commands as agent_commands

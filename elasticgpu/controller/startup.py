@@ -14,6 +14,8 @@ import threading
 
 from elasticgpu.controller import errors, garbage
 from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.leader import LeaderSettings
+from elasticgpu.controller.operability import Operability
 from elasticgpu.controller.reconciling import Controller
 from elasticgpu.controller.settings import ControllerSettings
 
@@ -27,8 +29,14 @@ def run_controller(
     context: str | None = None,
     settings: ControllerSettings | None = None,
     stop: threading.Event | None = None,
+    leader: LeaderSettings | None = None,
+    health_port: int | None = None,
 ) -> None:
     """Run the controller until `stop` is set or the process is signalled (blocking).
+
+    `leader`: elect a leader on a Lease first and bind only while leading (None: bind at once);
+    `health_port`: serve /healthz, /readyz and /metrics there (0: a free port; None: none).
+    A leader that loses its Lease exits with status 1 (`operability.py`).
 
     `kubeconfig` None means in-cluster config, then $KUBECONFIG / ~/.kube/config. `namespace`
     restricts the claims (and pods) watched to one namespace; None watches all namespaces.
@@ -39,15 +47,21 @@ def run_controller(
     kube = KubeApi.from_kubeconfig(kubeconfig, context=context, settings=settings.api)
     controller = Controller(kube, settings, namespace=namespace)
     stop = stop or threading.Event()
+    operability = Operability(controller, kube, leader=leader, health_port=health_port)
     try:
+        operability.start()
+        if not operability.lead(stop):
+            return
         if settings.watch.engine == "client":
             _run_with_client_watches(controller, stop=stop)
         else:
             _run_with_kopf(controller, namespace=namespace, stop=stop)
     finally:
         stop.set()
+        operability.close()
         controller.close()
         kube.close()
+    operability.exit_if_lost()
 
 
 def start_threads(controller: Controller, stop: threading.Event) -> list[threading.Thread]:

@@ -32,6 +32,9 @@ class ControllerProcesses:
     log_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    flags: list[str] = field(default_factory=lambda: ["--no-leader-elect", "--health-port", "0"])
+    """More command-line flags. Without leader election by default: these tests race controllers
+    on purpose (the binding protocol, not a Lease, must keep cards from oversubscription)."""
 
     def start(self, *, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """One more controller process, logging into `log_dir/controller-<n>.log`; `env` adds to
@@ -41,7 +44,7 @@ class ControllerProcesses:
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(self.kubeconfig),
-                 "--namespace", self.namespace, "--log-level", "warning"],
+                 "--namespace", self.namespace, "--log-level", "warning", *self.flags],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT, env=env,
                 start_new_session=True, preexec_fn=_die_with_parent,
             )  # fmt: skip
