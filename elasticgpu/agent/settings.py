@@ -93,6 +93,9 @@ class UsageSettings:
     """Seconds between usage samples (NVML's process list; cheap)."""
     usage_write_interval_s: float = 30.0
     """Least seconds between two usage writes of one claim or card in steady state."""
+    usage_verify_s: float = 300.0
+    """Seconds between reads of a claim whose usage did not change, to write it again if another writer
+    replaced the claim's status meanwhile (one GET per claim per interval; cheaper than a write)."""
     usage_change_mib: int = 1024
     """A change of a claim's or card's memory use by at least this many MiB is written at once."""
     proc_root: str = "/proc"

@@ -8,6 +8,8 @@ container of each pid from `/proc/<pid>/cgroup`, and the claim of each container
 - writes each claim's `status.usage`, at most once per `usage_write_interval_s` in steady state,
   at once on a change of `usage_change_mib` or more or when OverLimit flips, and never more than
   `max_writes_per_pass` claims per pass (the rest wait for the next: no write storm);
+- reads a claim back every `usage_verify_s` while its usage is unchanged, and writes it again when
+  another writer replaced the status (the agent does not watch claims: that would be every claim);
 - sets the claim's condition `OverLimit` (True while its measured memory exceeds the memory it
   reserved) and writes a Warning Event when it becomes True.
 
@@ -122,6 +124,7 @@ class _Written:
     sm_percent: int
     over_limit: bool
     at: float
+    verified: float = 0.0  # when the claim was last read back to see that our status is still there
 
 
 def attribute(
@@ -250,10 +253,31 @@ class UsageLoop:
         same = (last.memory_mib, last.sm_percent) == (usage.memory_mib, usage.sm_percent)
         return (not same and now - last.at >= self._settings.usage_write_interval_s), False
 
+    def _erased(self, key: tuple[str, str], last: _Written) -> bool:
+        """Read the claim back: True when what we wrote is no longer there (another writer replaced the status)."""
+        claim = self._kube.read_claim(*key)
+        self._claims_seen[key] = claim
+        status = claim.get("status") or {}
+        shown = status.get("usage") or {}
+        over = next((c for c in status.get("conditions") or [] if c.get("type") == OVER_LIMIT), None)
+        return (shown.get("memoryUsed"), shown.get("coresUsed")) != (last.memory_mib, last.sm_percent) or (
+            last.over_limit and (over is None or over.get("status") != "True"))
+
     def _write_claims(self, claims: dict[tuple[str, str], ClaimUsage], now: float) -> None:
         due = []
+        verifications = 0
         for key, usage in claims.items():
             is_due, urgent = self._due(key, usage, now)
+            last = self._written.get(key)
+            if not is_due and last is not None and now - last.verified >= self._settings.usage_verify_s \
+                    and verifications < self._max_writes:
+                # Unchanged usage is not written again; once in a while check that it is still there.
+                verifications += 1
+                last.verified = now
+                try:
+                    is_due = urgent = self._erased(key, last)
+                except errors.KubeError as e:
+                    logger.debug("claim %s/%s not read back: %s", key[0], key[1], e)
             if is_due:
                 due.append((not urgent, self._written.get(key, _Written(0, 0, False, 0)).at, key, usage))
         due.sort(key=lambda item: (item[0], item[1]))  # urgent first, then the longest unwritten
@@ -306,7 +330,7 @@ class UsageLoop:
                 continue
             self.claim_writes += 1
             self._claims_seen[key] = answer
-            self._written[key] = _Written(usage.memory_mib, usage.sm_percent, usage.over_limit, now)
+            self._written[key] = _Written(usage.memory_mib, usage.sm_percent, usage.over_limit, now, verified=now)
             if became_over:
                 self._warn(answer, usage, now)
             return

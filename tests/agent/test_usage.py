@@ -176,7 +176,8 @@ def test_real_processes_in_real_cgroups_reach_the_claims(
     description = {"cards": [{"model": "NVIDIA A100-SXM4-80GB", "memory": "80Gi", "count": 2}]}
     port = free_port()
     agent = start_agent(node_name, description, "--sample-interval-s", "0.3", "--usage-write-interval-s", "2",
-                        "--usage-change-mib", "256", "--metrics-port", str(port), "--metrics-address", "127.0.0.1")
+                        "--usage-change-mib", "256", "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
+                        "--usage-verify-s", "2")
     card0, card1 = (simulated.simulated_uuid(node_name, i) for i in range(2))
     # What the CRI hook records when it creates the containers.
     ledger = LedgerStore.open(agent.ledger_url)
@@ -227,6 +228,14 @@ def test_real_processes_in_real_cgroups_reach_the_claims(
     version = read_claim(api_client, namespace, "claim-a")["metadata"]["resourceVersion"]
     time.sleep(3)
     assert read_claim(api_client, namespace, "claim-a")["metadata"]["resourceVersion"] == version
+
+    # Another writer replaces A's status without the usage: the agent reads it back and writes it again.
+    claim_a = read_claim(api_client, namespace, "claim-a")
+    del claim_a["status"]["usage"]
+    path = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{namespace}/{names.PLURAL_CLAIM}/claim-a/status"
+    assert kube_request(api_client, "PUT", path, body=claim_a).status == 200
+    wait_for("claim-a usage written again", lambda: (read_claim(api_client, namespace, "claim-a").get("status", {})
+                                                     .get("usage") or {}).get("memoryUsed") == 512, timeout=20)
 
     # B drops below its reservation: OverLimit turns False at once (a flip is urgent).
     simulated.inject(agent.inject_dir, {"process": {"card": 1, "pid": pid_b, "memory": 1024, "sm": 10}})
