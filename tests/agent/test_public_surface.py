@@ -1,0 +1,20 @@
+"""The agent's packages export exactly their public names (what the CRI hook and the loops build on)."""
+
+from __future__ import annotations
+
+from elasticgpu.agent import discovery, ledger
+
+
+def test_discovery_exports() -> None:
+    assert sorted(discovery.__all__) == [
+        "APPLICATION_XIDS", "BACKENDS", "Card", "DiscoveryBackend", "DriverInfo", "ProcessUsage", "Snapshot",
+        "XidEvent", "open_backend",
+    ]
+    assert all(hasattr(discovery, name) for name in discovery.__all__)
+
+
+def test_ledger_exports_the_interface_the_cri_hook_calls() -> None:
+    assert sorted(ledger.__all__) == ["Allocation", "LedgerStore", "UsageSample"]
+    for method in ("open", "record_started", "mark_created", "mark_released", "roll_back", "open_allocations",
+                   "allocation_for_container"):
+        assert callable(getattr(ledger.LedgerStore, method)), method
