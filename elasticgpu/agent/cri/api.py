@@ -14,6 +14,7 @@ and every RPC kubelet 1.36 calls). It costs about 50 ms, once per process.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +46,24 @@ def method_path(service: str, method: str) -> str:
 
 
 def server_streaming_methods() -> frozenset[str]:
-    """Paths of the CRI methods whose answer is a stream (GetContainerEvents today)."""
-    paths = set()
-    for service in pb.DESCRIPTOR.services_by_name.values():
-        for method in service.methods:
-            if method.server_streaming or method.client_streaming:
-                paths.add(method_path(service.full_name, method.name))
-    return frozenset(paths)
+    """Paths of the CRI methods that answer with a stream to one request (GetContainerEvents, ...)."""
+    return _methods(lambda m: m.server_streaming and not m.client_streaming)
+
+
+def unary_methods() -> frozenset[str]:
+    """Paths of the CRI methods with one request and one answer (all but the streams)."""
+    return _methods(lambda m: not m.server_streaming and not m.client_streaming)
 
 
 def known_methods() -> frozenset[str]:
     """Paths of every method of RuntimeService and ImageService in the vendored proto."""
+    return _methods(lambda m: True)
+
+
+def _methods(keep: Callable[[Any], bool]) -> frozenset[str]:
     return frozenset(
         method_path(service.full_name, method.name)
         for service in pb.DESCRIPTOR.services_by_name.values()
         for method in service.methods
+        if keep(method)
     )

@@ -5,9 +5,10 @@ RuntimeService and ImageService is forwarded to the real runtime's socket (conta
 as raw bytes, without decoding, so fields and methods newer than our proto pass untouched:
 
     known unary method     -> unary raw forward (the fast path: Version, ListContainers, ...)
-    known streaming method -> stream forward (GetContainerEvents, ...)
-    unknown method         -> stream-stream raw forward: a unary call is a stream of one message
-                              each way on the wire, so this carries any cardinality
+    known server stream    -> stream forward (GetContainerEvents, ...)
+    anything else          -> stream-stream raw forward: a unary call is a stream of one message
+                              each way on the wire, so this carries a method of any cardinality
+                              that is newer than our proto
     CreateContainer        -> decoded, given to hooks.prepare_create (injection, ledger), forwarded
     RemoveContainer        -> forwarded, then hooks.removed(container id)
 
@@ -45,6 +46,7 @@ REMOVE_POD_SANDBOX = api.method_path(api.RUNTIME_SERVICE, "RemovePodSandbox")
 LIST_CONTAINERS = api.method_path(api.RUNTIME_SERVICE, "ListContainers")
 # Headers grpc sets itself on every call; forwarding them would duplicate or contradict them.
 _OWN_HEADERS = frozenset({"user-agent", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout", "te", "content-type"})
+_MAX_CACHED_METHODS = 512
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """The largest CRI message carried either way. kubelet's own limit is 16 MiB; ListContainers on
 a busy node can pass 4 MiB, grpc's default."""
@@ -101,7 +103,8 @@ class _Forwarder(grpc.GenericRpcHandler):
         handler = self._handlers.get(method)
         if handler is None:
             handler = self._build(method)
-            self._handlers[method] = handler  # a race builds it twice; both are equal
+            if len(self._handlers) < _MAX_CACHED_METHODS:  # a client naming endless methods grows nothing
+                self._handlers[method] = handler  # a race builds it twice; both are equal
         return handler
 
     def _build(self, method: str) -> grpc.RpcMethodHandler[bytes, bytes]:
@@ -284,7 +287,6 @@ class CriProxy:
         """`unary_methods` defaults to every unary method of our proto; a smaller set makes the
         others go the unknown-method path (tests use it to exercise that path on a real call)."""
         self.settings = settings
-        streaming = api.server_streaming_methods()
         options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -303,8 +305,8 @@ class CriProxy:
             self._channel,
             self._hooks,
             settings,
-            unary_methods if unary_methods is not None else api.known_methods() - streaming,
-            streaming,
+            unary_methods if unary_methods is not None else api.unary_methods(),
+            api.server_streaming_methods(),
         )
         self._server.add_generic_rpc_handlers((self._forwarder,))
         self._stopping = threading.Event()
