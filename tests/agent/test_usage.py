@@ -88,8 +88,9 @@ class Cgroups:
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def make(self, path: Path) -> Path:
+        missing = [p for p in (path, *path.parents) if not p.exists()]
         path.mkdir(parents=True)
-        self.made.append(path)
+        self.made.extend(missing)  # every folder made, so that all of them are removed
         return path
 
     def start_in(self, cgroup: Path | None) -> int:
