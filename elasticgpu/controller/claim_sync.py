@@ -14,7 +14,7 @@ from typing import Any
 
 from elasticgpu.allocator import Placement, PlacementRequest, Unplaceable
 from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, names
-from elasticgpu.controller import binder, errors, release
+from elasticgpu.controller import binder, errors, pod_index, release
 from elasticgpu.controller.commit import Commit
 from elasticgpu.controller.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.events import NORMAL, WARNING, EventRecorder
@@ -167,6 +167,10 @@ class ClaimSync:
             "gpus": gpus,
             "conditions": [condition("Bound", binder.REASON_BOUND, message, claim.status.conditions)],
         }
+        owner = pod_index.owner_pod(self._body(claim))
+        if owner is not None and not claim.status.users:
+            # An inline claim serves the pod that owns it: said with the bind, not in a write of its own.
+            status["users"] = [{"name": owner[0], "uid": owner[1]}]
         self._write_status(claim, status)
         self.events.record(self._body(claim), type_=NORMAL, reason=binder.REASON_BOUND,
                            message=f"provisioned ElasticGPU {egpu_name} and {message}" if placement else message)

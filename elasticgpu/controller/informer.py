@@ -30,7 +30,7 @@ from elasticgpu.controller.workqueue import WorkQueue
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("claim", "egpu", "gpu", "class", "pod")
+KINDS = ("claim", "egpu", "gpu", "class", "pod", "node")
 RELIST_AFTER_FAILURES = 3
 """Failed attempts in a row to reopen a watch from its resourceVersion before listing again."""
 

@@ -32,7 +32,18 @@ Body = dict[str, Any]
 
 _MERGE = "application/merge-patch+json"
 _JSON = "application/json"
+_STRATEGIC = "application/strategic-merge-patch+json"
 _BASE = f"/apis/{names.GROUP}/{names.VERSION}"
+
+
+POD_SELECTOR = f"{names.LABEL_USES_CLAIMS}=true"
+"""The pods the controller lists and watches: those the admission webhook labelled as using
+claims, never every pod of the cluster."""
+
+
+def _selector_of(collection: str) -> str | None:
+    """The label selector of a watched collection: pods are watched through `POD_SELECTOR`."""
+    return POD_SELECTOR if collection.endswith("/pods") else None
 
 
 def _kind_of(path: str) -> tuple[str, str]:
@@ -182,11 +193,14 @@ class KubeApi:
             raise errors.Rejected(f"{kind} {name}: the API server refused {method}: {message}", status=status)
         raise errors.ApiUnavailable(f"{method} {path}: HTTP {status}: {message}", status=status)
 
-    def _list(self, path: str, *, label_selector: str | None = None) -> tuple[list[Body], str]:
+    def _list(self, path: str, *, label_selector: str | None = None,
+              field_selector: str | None = None) -> tuple[list[Body], str]:
         items: list[Body] = []
         query: dict[str, str] = {"limit": "500"}
         if label_selector:
             query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
         resource_version = ""
         while True:
             page = self._call("GET", path, query=query, timeout_s=60.0)
@@ -316,12 +330,15 @@ class KubeApi:
             return self._claims(namespace)
         if kind == "pod":
             return f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        if kind == "node":
+            return "/api/v1/nodes"
         plural = {"egpu": names.PLURAL_ELASTIC_GPU, "gpu": names.PLURAL_GPU, "class": names.PLURAL_CLASS}[kind]
         return self._cluster(plural)
 
     def list_collection(self, path: str) -> tuple[list[Body], str]:
-        """Every object of a collection and the resourceVersion to watch it from."""
-        return self._list(path)
+        """Every object of a collection and the resourceVersion to watch it from (pods: only
+        those that use claims, `POD_SELECTOR`)."""
+        return self._list(path, label_selector=_selector_of(path))
 
     # -- core kinds ----------------------------------------------------------------------------
 
@@ -333,6 +350,36 @@ class KubeApi:
     def list_nodes(self) -> list[Body]:
         """Every Node; an empty list where the caller may not read them."""
         return self._list("/api/v1/nodes")[0]
+
+    # -- pods that use claims (pod_sync) -------------------------------------------------------
+
+    def get_pod(self, namespace: str, name: str) -> Body:
+        """One pod; raises NotFound."""
+        return self._call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+    def patch_pod(self, namespace: str, name: str, patch: Body) -> Body:
+        """Merge-patch a pod (metadata, spec); a resourceVersion in the patch is a precondition
+        (the gate lift is one such update: node affinity added and the gate removed together)."""
+        return self._call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body=patch, content_type=_MERGE,
+                          query=self._write_query())
+
+    def patch_pod_status(self, namespace: str, name: str, patch: Body) -> Body:
+        """Strategic-merge-patch a pod's status: `status.conditions` merge by type, so the
+        conditions of kubelet and the scheduler are kept without a resourceVersion."""
+        return self._call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", body=patch,
+                          content_type=_STRATEGIC, query=self._write_query())
+
+    def list_pods_on_node(self, node: str) -> list[Body]:
+        """The pods bound to `node` (every pod, not only ours: their CPU and memory requests
+        count against the node when a pod's WaitForFirstConsumer claims choose one)."""
+        return self._list("/api/v1/pods", field_selector=f"spec.nodeName={node}")[0]
+
+    def delete_claim_of(self, namespace: str, name: str, *, uid: str) -> None:
+        """Delete that incarnation (`uid`) of a claim; NotFound when gone, Conflict when the name
+        now belongs to another claim (a recreated pod's inline claim must survive)."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid},
+                "propagationPolicy": "Background"}
+        self._call("DELETE", self._claims(namespace, name), body=body)
 
     def create_event(self, namespace: str, body: Body) -> None:
         """Create a core/v1 Event. Failures are logged, never raised: an Event is a courtesy."""
@@ -349,6 +396,9 @@ class KubeApi:
         """Watch events (`{"type", "object"}`) of a collection from `resource_version`."""
         query = {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": str(timeout_s),
                  "allowWatchBookmarks": "true"}
+        selector = _selector_of(path)
+        if selector:
+            query["labelSelector"] = selector
         _method, url, headers, _body, _post = self._api.param_serialize(
             method="GET", resource_path=path, query_params=list(query.items()), header_params={"Accept": _JSON},
             auth_settings=["BearerToken"])

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names
-from elasticgpu.controller import binder, release, versions
+from elasticgpu.controller import binder, pod_index, release, versions
 from elasticgpu.controller.reservations import Ledger
 from elasticgpu.controller.workqueue import Key
 
@@ -49,6 +49,8 @@ class Picture:
         watch events of one object must not cost a scan of all of them."""
         self._egpus_on: dict[str, set[str]] = {}
         self._classes: dict[str, ElasticGPUClass] = {}
+        self.pods = pod_index.PodIndex()
+        """Bodies of the pods that use claims and of the nodes, and the claims pods own (pod sync)."""
         self._pod_claims: dict[ClaimKey, set[str]] = {}
         """Names of the running pods that use each claim, and (below) the claims of each pod."""
         self._claims_of_pod: dict[PodKey, set[str]] = {}
@@ -70,9 +72,10 @@ class Picture:
                     egpu = self._egpu_for_claim_uid(meta.get("uid", ""))
                     if egpu:
                         keys.append(("egpu", egpu))
-                    return keys
+                    return keys + self._pods_of_claim(key, body)
                 self.put_claim(body)
                 keys.append(("claim", *key))
+                keys += self._pods_of_claim(key, body)
             elif kind == "egpu":
                 if deleted:
                     self._deleted_egpus.bury(name, body)
@@ -98,9 +101,12 @@ class Picture:
                 keys += self.pending_claim_keys()
             elif kind == "pod":
                 keys += self.put_pod(body, deleted=deleted)
-            elif kind == "node":
+            elif kind == "node" and self.pods.put_node(body, deleted=deleted):
+                # A node's status changes often (conditions, images): only a change that can
+                # alter a placement wakes the waiting claims and the gated pods.
                 self.ledger.observe_node(name, meta.get("labels") or {})
                 keys += self.pending_claim_keys()
+                keys += self.pods.gated_keys()
         return keys
 
     def put_claim(self, body: Body) -> ElasticGPUClaim:
@@ -113,10 +119,12 @@ class Picture:
                 if versions.same_version(body, self._claim_bodies.get(key)):
                     return self._claims[key]
                 return ElasticGPUClaim.model_validate(body)
+            old_body = self._claim_bodies.get(key)
             self._claim_bodies[key] = body
             old = self._claims.get(key)
             model = ElasticGPUClaim.model_validate(body)
             self._claims[key] = model
+            self.pods.claim_changed(key, body, old_body)
             before = old.spec.elastic_gpu_name if old is not None else None
             if before != model.spec.elastic_gpu_name:
                 if before:
@@ -129,7 +137,7 @@ class Picture:
         """Forget a claim."""
         with self.lock:
             old_claim = self._claims.pop(key, None)
-            self._claim_bodies.pop(key, None)
+            self.pods.claim_changed(key, None, self._claim_bodies.pop(key, None))
             if old_claim is not None and old_claim.spec.elastic_gpu_name:
                 self._claims_naming.get(old_claim.spec.elastic_gpu_name, set()).discard(key)
 
@@ -168,6 +176,12 @@ class Picture:
             self._index_cards(name, old, None)
 
     def put_pod(self, body: Body, *, deleted: bool = False) -> Keys:
+        """Take in a pod that uses claims: its body for the pod sync (`pods`), then the claims it
+        uses; the keys to queue."""
+        with self.lock:
+            return self._put_pod_claims(body, deleted=deleted) + self.pods.put(body, deleted=deleted)
+
+    def _put_pod_claims(self, body: Body, *, deleted: bool = False) -> Keys:
         """Take in a pod; the claims it stopped using are the keys to queue."""
         meta = body.get("metadata") or {}
         pod_key = (meta.get("namespace", ""), meta.get("name", ""))
@@ -187,6 +201,8 @@ class Picture:
                     self._pod_claims.pop((pod_key[0], claim), None)
                 if claim in before - now:
                     keys.append(("claim", pod_key[0], claim))
+                    # the pods waiting for it (ClaimInUse) may take it now
+                    keys += [("pod", pod_key[0], waiting) for waiting in sorted(users)]
         return keys
 
     def gpu_written(self, answer: Body, *, freed: bool = False) -> Keys:
@@ -236,6 +252,12 @@ class Picture:
             for body in claims:
                 self.put_claim(body)
             self._deleted_claims.prune(claims_version)
+            if nodes is not None:
+                self.pods.merge_nodes(nodes)
+            if pods is not None:
+                # The pod list is read after the claim list: a pod missing from it whose copy is
+                # older than the claim list is gone.
+                keys += self.pods.merge(pods, claims_version)
             self._pod_claims.clear()
             self._claims_of_pod.clear()
             for pod in pods or []:
@@ -285,6 +307,14 @@ class Picture:
         keys += [("claim", ns, claim_name) for ns, claim_name in sorted(self._claims_naming.get(name, ()))]
         return keys
 
+    def _pods_of_claim(self, key: ClaimKey, body: Body) -> Keys:
+        """The pods a claim's change may unblock: those that use it, and the pod that owns it."""
+        keys: Keys = [("pod", key[0], pod) for pod in sorted(self._pod_claims.get(key, ()))]
+        owner = pod_index.owner_pod(body)
+        if owner is not None and owner[0] not in self._pod_claims.get(key, ()):
+            keys.append(("pod", key[0], owner[0]))
+        return keys
+
     # -- reading -------------------------------------------------------------------------------
 
     def pending_claim_keys(self) -> Keys:
@@ -298,6 +328,7 @@ class Picture:
         with self.lock:
             keys: Keys = [("egpu", n) for n in self._egpus]
             keys += [("claim", ns, n) for ns, n in self._claims]
+            keys += self.pods.resync_keys()
             return keys
 
     def claim(self, namespace: str, name: str) -> ElasticGPUClaim | None:

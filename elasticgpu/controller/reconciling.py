@@ -33,6 +33,7 @@ from elasticgpu.controller.informer import Informer
 from elasticgpu.controller.kube import KubeApi
 from elasticgpu.controller.liveness import Liveness
 from elasticgpu.controller.picture import Body, Picture
+from elasticgpu.controller.pod_sync import PodSync
 from elasticgpu.controller.repair import Repair
 from elasticgpu.controller.reservations import Ledger
 from elasticgpu.controller.settings import ControllerSettings
@@ -69,9 +70,11 @@ class Controller:
         self.claims = ClaimSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
                                 commit=self.commit, elastic_gpus=self.elastic_gpus, hand_off=self.hand_off,
                                 settings=self.settings)
+        self.pods = PodSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
+                            commit=self.commit, claims=self.claims)
         self.worker = Worker(queue=self.queue, claims=self.claims, elastic_gpus=self.elastic_gpus,
                              commit=self.commit, hand_off=self.hand_off, events=self.events, failures=self.failures,
-                             liveness=self.liveness, settings=binding)
+                             liveness=self.liveness, settings=binding, pods=self.pods)
         self.informer = Informer(kube=kube, picture=self.picture, queue=self.queue, namespace=namespace,
                                  liveness=self.liveness)
         if self.events.thread is not None:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elasticgpu.api import ElasticGPU, ElasticGPUClaim, names
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, names, pod_claims
 from elasticgpu.controller.binder import points_to
 
 REASON_CLAIM_IN_USE = "ClaimInUse"
@@ -47,9 +47,16 @@ ReleaseDecision = KeepFinalizer | ReleaseClaim | NothingToRelease
 
 
 def claims_of_pod(pod: Mapping[str, Any]) -> set[str]:
-    """Names of the claims a pod uses (its `egpuc.elasticgpu.io/<container>` annotations)."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return {v for k, v in annotations.items() if k.startswith(names.ANNOTATION_CLAIM_PREFIX) and v}
+    """Names of the claims a pod uses: those its `egpuc.elasticgpu.io/<container>` annotations
+    name, and the inline claims its `elasticgpu.io/request.<container>` annotations make (read
+    leniently: protection must not depend on the annotations being valid)."""
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    used = {v for k, v in annotations.items() if k.startswith(names.ANNOTATION_CLAIM_PREFIX) and v}
+    pod_name = meta.get("name") or ""
+    used |= {pod_claims.inline_claim_name(pod_name, k.removeprefix(names.ANNOTATION_INLINE_REQUEST_PREFIX))
+             for k in annotations if k.startswith(names.ANNOTATION_INLINE_REQUEST_PREFIX) and pod_name}
+    return used
 
 
 def pod_is_running(pod: Mapping[str, Any]) -> bool:

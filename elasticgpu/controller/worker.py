@@ -22,6 +22,7 @@ from elasticgpu.controller.events import EventRecorder
 from elasticgpu.controller.failures import Failures
 from elasticgpu.controller.handoff import HandOff
 from elasticgpu.controller.liveness import Liveness
+from elasticgpu.controller.pod_sync import PodSync
 from elasticgpu.controller.settings import BindingSettings
 from elasticgpu.controller.workqueue import Key, WorkQueue
 
@@ -36,8 +37,9 @@ class Worker:
 
     def __init__(self, *, queue: WorkQueue, claims: ClaimSync, elastic_gpus: ElasticGPUSync, commit: Commit,
                  hand_off: HandOff, events: EventRecorder, failures: Failures, liveness: Liveness,
-                 settings: BindingSettings) -> None:
+                 settings: BindingSettings, pods: PodSync | None = None) -> None:
         self.queue = queue
+        self.pods = pods
         self.failures = failures
         self.liveness = liveness
         self.claims = claims
@@ -125,6 +127,8 @@ class Worker:
                 self.claims.sync(key[1], key[2])
             elif key[0] == "egpu":
                 self.elastic_gpus.sync(key[1])
+            elif key[0] == "pod" and self.pods is not None:
+                self.pods.sync(key[1], key[2])
         except Exception as err:
             self.failures.failed(key, err)
         else:

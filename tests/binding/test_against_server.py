@@ -241,7 +241,9 @@ def test_claim_used_by_a_pod_keeps_its_finalizer(cluster: Cluster, kube: KubeApi
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "p", "annotations": {names.claim_annotation("main"): "used"}},
+        # labelled as the admission webhook labels it: the controller watches only such pods
+        "metadata": {"name": "p", "annotations": {names.claim_annotation("main"): "used"},
+                     "labels": {names.LABEL_USES_CLAIMS: "true"}},
         "spec": {"containers": [{"name": "main", "image": "busybox"}]},
     }
     core.create_namespaced_pod(cluster.namespace, pod)
