@@ -35,7 +35,7 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
 def test_gpu_objects_labels_health_and_recovery(
     api_client: client.ApiClient, node_name: str, start_agent: Callable[..., RunningAgent]
 ) -> None:
-    agent = start_agent(node_name, DESCRIPTION, "--recovery-quiet-s", "4")
+    agent = start_agent(node_name, DESCRIPTION, "--recovery-quiet-s", "8")
     uuids = [simulated.simulated_uuid(node_name, i) for i in range(2)]
     gpu_names = [names.gpu_object_name(u) for u in uuids]
 
@@ -77,46 +77,46 @@ def test_gpu_objects_labels_health_and_recovery(
         moved = condition(now, "Heartbeat")
         return moved is not None and moved["lastTransitionTime"] > beat["lastTransitionTime"]
 
-    wait_for("a newer heartbeat", beat_moved, timeout=10)
+    wait_for("a newer heartbeat", beat_moved, timeout=20)
     kept = node_gpus(api_client, node_name)[gpu_names[0]]
     assert kept["status"]["allocations"][0]["elasticGPU"] == "egpu-test"
     assert condition(kept, "Schedulable") is not None
 
-    # A fatal XID makes the card Unhealthy at once; after the quiet period (4 s) it recovers.
+    # A fatal XID makes the card Unhealthy at once; after the quiet period (8 s) it recovers.
     simulated.inject(agent.inject_dir, {"xid": {"card": 0, "code": 79, "message": "fell off the bus"}})
     sick = wait_for("Unhealthy after XID 79", lambda: (g := node_gpus(api_client, node_name)[gpu_names[0]])
-                    ["status"].get("health") == "Unhealthy" and g, timeout=10)
+                    ["status"].get("health") == "Unhealthy" and g, timeout=20)
     healthy = condition(sick, "Healthy")
     assert healthy is not None and healthy["status"] == "False" and healthy["reason"] == "Xid79"
     assert "fell off the bus" in healthy["message"]
     assert node_gpus(api_client, node_name)[gpu_names[1]]["status"]["health"] == "Healthy"
     recovered = wait_for("recovery after the quiet period",
                          lambda: (g := node_gpus(api_client, node_name)[gpu_names[0]])["status"].get("health")
-                         == "Healthy" and g, timeout=15)
+                         == "Healthy" and g, timeout=30)
     assert condition(recovered, "Healthy")["reason"] == "Recovered"  # type: ignore[index]
 
     # An application XID is recorded, not fatal.
     simulated.inject(agent.inject_dir, {"xid": {"card": 1, "code": 13}})
     noted = wait_for("ApplicationXid condition",
-                     lambda: condition(node_gpus(api_client, node_name)[gpu_names[1]], "ApplicationXid"), timeout=10)
+                     lambda: condition(node_gpus(api_client, node_name)[gpu_names[1]], "ApplicationXid"), timeout=20)
     assert noted["reason"] == "Xid13"
     assert node_gpus(api_client, node_name)[gpu_names[1]]["status"]["health"] == "Healthy"
 
     # A vanished card is Unhealthy with reason Vanished, never deleted; it comes back Healthy.
     simulated.inject(agent.inject_dir, {"vanish": {"card": 0}})
     gone = wait_for("Vanished", lambda: (c := condition(node_gpus(api_client, node_name)[gpu_names[0]], "Healthy"))
-                    and c["reason"] == "Vanished" and c, timeout=10)
+                    and c["reason"] == "Vanished" and c, timeout=20)
     assert gone["status"] == "False"
     assert set(node_gpus(api_client, node_name)) == set(gpu_names)
     wait_for("node label count 1", lambda: client.CoreV1Api(api_client).read_node(node_name).metadata.labels
-             .get("nvidia.com/gpu.count") == "1", timeout=10)
+             .get("nvidia.com/gpu.count") == "1", timeout=20)
     simulated.inject(agent.inject_dir, {"appear": {"card": 0}})
     wait_for("back Healthy", lambda: node_gpus(api_client, node_name)[gpu_names[0]]["status"].get("health")
-             == "Healthy", timeout=10)
+             == "Healthy", timeout=20)
 
     # A GPU object deleted by someone is published again.
     assert kube_request(api_client, "DELETE", f"{GPUS}/{gpu_names[1]}").status == 200
-    wait_for("republished", lambda: gpu_names[1] in node_gpus(api_client, node_name), timeout=10)
+    wait_for("republished", lambda: gpu_names[1] in node_gpus(api_client, node_name), timeout=20)
 
     agent.process.send_signal(signal.SIGTERM)
     assert agent.process.wait(timeout=15) == 0, agent.log()
@@ -131,7 +131,8 @@ def test_steady_state_writes_only_the_heartbeat(
         condition(g, "Heartbeat") for g in gpus.values()))
     listed = kube_request(api_client, "GET", GPUS, query=[("labelSelector", f"{names.LABEL_NODE}={node_name}")])
     version = listed.json()["metadata"]["resourceVersion"]
-    # Watch for 6 s: with passes every 0.3 s and a heartbeat every 2 s, each card is written 2-4 times, no more.
+    # Watch for 6 s: 20 passes (every 0.3 s), a heartbeat due every 2 s (its time kept in whole seconds, so
+    # a due heartbeat may come after 1-2 s): each card is written 1-6 times, never once per pass.
     events = client.CustomObjectsApi(api_client).list_cluster_custom_object(
         names.GROUP, names.VERSION, names.PLURAL_GPU, label_selector=f"{names.LABEL_NODE}={node_name}",
         watch=True, resource_version=version, timeout_seconds=6, _preload_content=False,
@@ -143,7 +144,7 @@ def test_steady_state_writes_only_the_heartbeat(
                 event = json.loads(text)
                 name = event["object"]["metadata"]["name"]
                 modified[name] = modified.get(name, 0) + (event["type"] == "MODIFIED")
-    assert len(modified) == 2 and all(2 <= n <= 4 for n in modified.values()), modified
+    assert len(modified) == 2 and all(1 <= n <= 6 for n in modified.values()), modified
     assert agent.process.poll() is None
 
 
@@ -168,7 +169,7 @@ def test_a_restarted_agent_keeps_an_unhealthy_card_unhealthy(
         now = condition(obj, "Heartbeat")
         return obj if now and now["lastTransitionTime"] > beat["lastTransitionTime"] else None
 
-    obj = wait_for("the second agent's heartbeat", new_heartbeat, timeout=15)
+    obj = wait_for("the second agent's heartbeat", new_heartbeat, timeout=30)
     healthy = condition(obj, "Healthy")
     assert obj["status"]["health"] == "Unhealthy" and healthy is not None and healthy["reason"] == "Xid48"
 
@@ -201,7 +202,7 @@ def test_sees_only_its_own_node_and_puts_back_removed_labels(
     try:
         publisher.reconcile()
         own = {names.gpu_object_name(simulated.simulated_uuid(node_name, i)) for i in range(2)}
-        wait_for("the watch to deliver our two cards", lambda: set(publisher.objects()) == own, timeout=10)
+        wait_for("the watch to deliver our two cards", lambda: set(publisher.objects()) == own, timeout=20)
         time.sleep(0.5)
         assert set(publisher.objects()) == own  # the other node's card never reached this agent
         after = kube_request(api_client, "GET", f"{GPUS}/{other_uuid.lower()}").json()

@@ -46,7 +46,7 @@ def test_card_metrics_in_base_units(
     simulated.inject(agent.inject_dir, {"xid": {"card": 1, "code": 79}})
     metrics = wait_for("XID and usage metrics", lambda: (m := scrape(port)).get(
         ("elasticgpu_agent_gpu_xid_errors_total", (("gpu", card1), ("xid", "79")))) == 2 and m.get(
-        ("elasticgpu_agent_gpu_memory_used_bytes", (("gpu", card0),))) == 1024 * MIB and m, timeout=20)
+        ("elasticgpu_agent_gpu_memory_used_bytes", (("gpu", card0),))) == 1024 * MIB and m, timeout=30)
     assert metrics[("elasticgpu_agent_gpu_healthy", (("gpu", card1),))] == 0.0
     assert metrics[("elasticgpu_agent_gpu_utilization_ratio", (("gpu", card0),))] == 0.45
     assert metrics[("elasticgpu_agent_ledger_writes_total", ())] > 0  # usage samples

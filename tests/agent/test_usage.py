@@ -195,7 +195,7 @@ def test_real_processes_in_real_cgroups_reach_the_claims(
     simulated.inject(agent.inject_dir, {"process": {"card": 0, "pid": pid_host, "memory": 100}})
 
     claim_a = wait_for("claim-a usage", lambda: (c := read_claim(api_client, namespace, "claim-a"))
-                       .get("status", {}).get("usage") and c, timeout=20)
+                       .get("status", {}).get("usage") and c, timeout=30)
     assert claim_a["status"]["usage"]["memoryUsed"] == 512 and claim_a["status"]["usage"]["coresUsed"] == 20
     assert over_limit(claim_a) is None
     claim_b = wait_for("claim-b OverLimit", lambda: over_limit(read_claim(api_client, namespace, "claim-b")),
@@ -205,7 +205,7 @@ def test_real_processes_in_real_cgroups_reach_the_claims(
     assert read_claim(api_client, namespace, "claim-b")["status"]["usage"]["memoryUsed"] == 3072
     events = wait_for("the OverLimit Warning Event", lambda: [
         e for e in client.CoreV1Api(api_client).list_namespaced_event(namespace).items
-        if e.reason == "OverLimit" and e.involved_object.name == "claim-b"], timeout=10)
+        if e.reason == "OverLimit" and e.involved_object.name == "claim-b"], timeout=30)
     assert events[0].type == "Warning" and "3072 MiB" in events[0].message
 
     # The cards' usage counts every process on them, the host's too.
@@ -236,12 +236,12 @@ def test_real_processes_in_real_cgroups_reach_the_claims(
     path = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{namespace}/{names.PLURAL_CLAIM}/claim-a/status"
     assert kube_request(api_client, "PUT", path, body=claim_a).status == 200
     wait_for("claim-a usage written again", lambda: (read_claim(api_client, namespace, "claim-a").get("status", {})
-                                                     .get("usage") or {}).get("memoryUsed") == 512, timeout=20)
+                                                     .get("usage") or {}).get("memoryUsed") == 512, timeout=30)
 
     # B drops below its reservation: OverLimit turns False at once (a flip is urgent).
     simulated.inject(agent.inject_dir, {"process": {"card": 1, "pid": pid_b, "memory": 1024, "sm": 10}})
     within = wait_for("claim-b back within its limit", lambda: (c := over_limit(
-        read_claim(api_client, namespace, "claim-b"))) and c["status"] == "False" and c, timeout=20)
+        read_claim(api_client, namespace, "claim-b"))) and c["status"] == "False" and c, timeout=30)
     assert within["reason"] == "WithinLimit"
 
     # The samples are in the ledger, attributed.
