@@ -390,3 +390,27 @@ def test_concurrent_pods_each_get_their_own_claim(gpu_node: GpuNode) -> None:
         assert k.env(main)["NVIDIA_VISIBLE_DEVICES"] == card_of(name).uuid
         assert k.env(sidecar)["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert sorted(gpu_node.rows()) == sorted(("created", main, name, f"{name}-main") for name, main, _ in started)
+
+
+def test_a_restarted_agent_still_knows_who_holds_a_claim(
+    containerd: TestRuntime, proxy_socket: Path, tmp_path: Path
+) -> None:
+    publish_cards(containerd.cdi_dir, containerd.directory / "dev")
+    view = View()
+    claim = view.add(slice_claim(NS, "slice", user="first"))
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    agent = start_agent(containerd, proxy_socket, url, view, tmp_path)
+    with Kubelet(f"unix://{proxy_socket}", containerd.image) as k:
+        first = k.run_pod("first", NS, annotations=uses("slice"))
+        k.start(k.create_container(first, "main"))
+    stop_agent(agent)
+    view.add(serving(claim, "second"))  # the controller moved on; the first pod's container still runs
+    agent = start_agent(containerd, proxy_socket, url, view, tmp_path)
+    try:
+        with Kubelet(f"unix://{proxy_socket}", containerd.image) as k:
+            second = k.run_pod("second", NS, annotations=uses("slice"))
+            with pytest.raises(grpc.RpcError) as refused:
+                k.create_container(second, "main")
+            assert f"still in use by pod {NS}/first" in (refused.value.details() or "")
+    finally:
+        stop_agent(agent)
