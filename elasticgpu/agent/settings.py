@@ -9,8 +9,12 @@ They are built once, by `from_sources`, and passed down; nothing else reads the 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import inspect
+import itertools
 import os
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +33,7 @@ class DiscoverySettings:
     device_dir: str = "/run/elasticgpu/devices"
     """Folder of the simulated backend's stand-in device nodes (`nvidia<minor>`), named in the CDI spec."""
     inject_dir: str | None = None
-    """Folder the simulated backend takes injected entries from (one JSON/YAML file each); None: none."""
+    """Folder the simulated backend takes injected entries from (JSON/YAML files); None: none."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,17 +157,35 @@ def _convert(value: str, default: Any, name: str) -> Any:
     return value
 
 
+def field_docs(cls: type[Any]) -> dict[str, str]:
+    """The docstring under each field of a settings dataclass (read from its source), for --help."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for statement, following in itertools.pairwise(body):
+        if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)):
+            docs[statement.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
 def add_arguments(parser: argparse.ArgumentParser, *, concerns: tuple[str, ...] | None = None) -> None:
     """One flag per setting (of the given concerns, default all), each defaulting to "not given"."""
     for concern, cls in _CONCERNS.items():
         if concerns is not None and concern not in concerns:
             continue
         group = parser.add_argument_group(f"{concern} settings")
+        docs = field_docs(cls)
         for f in dataclasses.fields(cls):
             default = f.default
+            text = docs.get(f.name, "").replace("%", "%%")  # argparse formats help with %
             group.add_argument(
                 _flag(f.name), dest=f.name, default=None, metavar=f.name.split("_")[-1].upper(),
-                help=f"env {_env(f.name)}; default {default!r}",
+                help=f"{text} [env {_env(f.name)}; default {default!r}]",
             )
 
 

@@ -34,3 +34,13 @@ def test_flag_beats_environment_beats_default() -> None:
 def test_a_bad_value_names_the_setting() -> None:
     with pytest.raises(ValueError, match=r"ELASTICGPU_AGENT_METRICS_PORT / --metrics-port='x': must be an integer"):
         settings.from_sources(parse(), environ={"ELASTICGPU_AGENT_METRICS_PORT": "x"})
+
+
+def test_help_says_what_each_setting_does() -> None:
+    parser = argparse.ArgumentParser()
+    settings.add_arguments(parser)
+    text = parser.format_help()
+    assert "Seconds between heartbeats of a GPU object" in text and "ELASTICGPU_AGENT_HEARTBEAT_INTERVAL_S" in text
+    documented = {name for cls in (settings.InventorySettings, settings.UsageSettings, settings.LedgerSettings)
+                  for name in settings.field_docs(cls)}
+    assert {"heartbeat_interval_s", "usage_write_interval_s", "ledger_url"} <= documented
