@@ -298,6 +298,12 @@ class ClaimSync:
         namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
         with self.picture.lock:
             users = self.picture.pods_using(namespace, name)
+            owner = pod_index.owner_pod(self._body(claim))
+            if owner is not None:
+                # An inline claim serves only the pod that owns it: a pod recreated under the
+                # same name names it too, and waits for it to go (then gets a claim of its own).
+                users = {u for u in users if (p := self.picture.pods.pod(namespace, u)) is None
+                         or (p.get("metadata") or {}).get("uid") == owner[1]}
             decision = release.decide_release(claim, pods_using=users,
                                               elastic_gpus=dict(self.picture.elastic_gpus()))
         if isinstance(decision, release.NothingToRelease):

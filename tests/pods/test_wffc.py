@@ -1,0 +1,152 @@
+"""WaitForFirstConsumer against the API server: a pod's claims wait until the pod comes, then one
+node is chosen that fits all of them and the pod's CPU and memory (allocatable minus the pods on
+it, and the pods already pinned there), respecting taints; all claims bind there or none; when
+nothing fits the pod stays gated with a Warning Event FailedClaimPlacement and ClaimsReady=False
+naming each node and why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elasticgpu.api import names
+from tests.binding import objects as o
+from tests.pods.claim_world import World, controller_for, kube, settle, world
+
+__all__ = ["kube", "world"]  # fixtures
+
+
+def _wffc_class(world: World, policy: str = "binpack") -> str:
+    name = f"{world.prefix}-wffc"
+    world.klass(o.klass(name, mode="WaitForFirstConsumer",
+                        parameters={"gpuModel": f"T{world.prefix}", "policy": policy}))
+    return name
+
+
+def _gpu(world: World, node: str, index: int = 0) -> str:
+    name = f"gpu-{node}-{index}"
+    world.gpu(o.gpu(name, node=node, index=index, model=f"T{world.prefix}"))
+    return name
+
+
+def _allocations(world: World, gpu: str) -> list[dict[str, Any]]:
+    return list((world.kube.get_gpu(gpu).get("status") or {}).get("allocations") or [])
+
+
+def _pinned(world: World, pod: str) -> str | None:
+    body = world.get_pod(pod)
+    if any(g["name"] == names.SCHEDULING_GATE for g in body["spec"].get("schedulingGates") or []):
+        return None
+    terms = body["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return str(terms["nodeSelectorTerms"][0]["matchFields"][-1]["values"][0])
+
+
+def test_claim_waits_for_its_pod_and_binds_where_the_pod_fits(world: World) -> None:
+    a, b = world.node(f"{world.prefix}-a", cpu="1"), world.node(f"{world.prefix}-b", cpu="8")
+    _gpu(world, a)
+    _gpu(world, b)
+    wffc = _wffc_class(world)
+    # A filler on a's card: binpack prefers the fuller card, so a is the allocator's first choice.
+    fill = f"{world.prefix}-fill"
+    world.klass(o.klass(fill, parameters={"gpuModel": f"T{world.prefix}",
+                                          "nodeSelector": f"kubernetes.io/hostname={a}"}))
+    world.claim(o.claim("filler", cores=30, memory="1Gi", class_name=fill))
+    world.claim(o.claim("early", cores=20, memory="1Gi", class_name=wffc))
+    controller = controller_for(world)
+    settle(controller)
+    assert world.get_claim("filler")["status"]["nodeName"] == a
+    early = world.get_claim("early")["status"]
+    assert early["phase"] == "Pending"  # no pod uses it yet
+    assert early["conditions"][0]["reason"] in ("WaitForFirstConsumer", "WaitingForFirstConsumer")
+
+    world.pod("small", claims={"main": "early"}, cpu="500m")
+    settle(controller)
+    assert world.get_claim("early")["status"]["nodeName"] == a  # the allocator's choice, and it fits
+    assert _pinned(world, "small") == a
+
+    # 2 CPUs: a has 0.5 left (the pod pinned there counts before the scheduler binds it)
+    world.pod("big", inline={"main": f"gpu-core=20,gpu-memory=1Gi,class={wffc}"}, cpu="2")
+    settle(controller)
+    assert world.get_claim("big-main")["status"]["nodeName"] == b
+    assert _pinned(world, "big") == b
+
+
+def test_nothing_fits_keeps_the_pod_gated_and_says_why(world: World) -> None:
+    a = world.node(f"{world.prefix}-a", cpu="2")
+    b = world.node(f"{world.prefix}-b", cpu="8", taints=[{"key": "gpu", "value": "reserved", "effect": "NoSchedule"}])
+    gpus = [_gpu(world, a), _gpu(world, b)]
+    wffc = _wffc_class(world)
+    world.pod("busy", cpu="1500m", node_name=a, containers=("main",))  # not ours: found by its nodeName
+    controller = controller_for(world)
+    world.pod("p", inline={"main": f"gpu-core=20,gpu-memory=1Gi,class={wffc}"}, cpu="1")
+    settle(controller)
+    condition = world.claims_ready("p")
+    assert condition is not None and condition["status"] == "False"
+    assert condition["reason"] == "FailedClaimPlacement"
+    assert f"{a} has too little room for the pod: 0.5 CPU free, the pod requests 1" in condition["message"]
+    assert f"{b} has the taint gpu=reserved:NoSchedule" in condition["message"]
+    events = world.events("FailedClaimPlacement", name="p")
+    assert [e["type"] for e in events] == ["Warning"] and events[0]["message"] == condition["message"]
+    assert world.get_claim("p-main")["status"]["phase"] == "Pending"
+    assert all(_allocations(world, g) == [] for g in gpus)  # nothing reserved
+
+    # Tolerations may be added to a pod (kube-apiserver allows it): now b fits.
+    world.core.patch_namespaced_pod("p", world.namespace, {"spec": {"tolerations": [
+        {"key": "gpu", "operator": "Equal", "value": "reserved", "effect": "NoSchedule"}]}})
+    settle(controller)
+    assert _pinned(world, "p") == b
+    assert world.get_claim("p-main")["status"]["phase"] == "Bound"
+
+
+def test_all_claims_of_a_pod_go_to_one_node(world: World) -> None:
+    a, b = world.node(f"{world.prefix}-a"), world.node(f"{world.prefix}-b")
+    _gpu(world, a, 0)
+    _gpu(world, a, 1)
+    _gpu(world, b, 0)
+    wffc = _wffc_class(world, policy="spread")
+    world.claim(o.claim("x", cores=60, memory="1Gi", class_name=wffc))
+    world.claim(o.claim("y", cores=60, memory="1Gi", class_name=wffc))
+    controller = controller_for(world)
+    world.pod("p", claims={"main": "x", "side": "y"})
+    settle(controller)
+    x, y = (world.get_claim(n)["status"] for n in ("x", "y"))
+    assert x["phase"] == y["phase"] == "Bound"
+    assert x["nodeName"] == y["nodeName"] == a  # b has one card: it cannot take both
+    assert x["gpus"] != y["gpus"]
+    pod = world.get_pod("p")
+    assert pod["metadata"]["annotations"][names.ANNOTATION_SELECTED_NODE] == a
+    assert _pinned(world, "p") == a
+
+
+def test_all_or_nothing_when_no_node_takes_every_claim(world: World) -> None:
+    a, b = world.node(f"{world.prefix}-a"), world.node(f"{world.prefix}-b")
+    gpus = [_gpu(world, a), _gpu(world, b)]
+    wffc = _wffc_class(world)
+    world.claim(o.claim("x", cores=80, memory="1Gi", class_name=wffc))
+    world.claim(o.claim("y", cores=80, memory="1Gi", class_name=wffc))
+    controller = controller_for(world)
+    world.pod("p", claims={"main": "x", "side": "y"})
+    settle(controller)
+    assert _pinned(world, "p") is None
+    condition = world.claims_ready("p")
+    assert condition is not None and condition["reason"] == "FailedClaimPlacement"
+    assert "cannot take claim" in condition["message"]
+    assert all(_allocations(world, g) == [] for g in gpus)
+    assert {world.get_claim(n)["status"]["phase"] for n in ("x", "y")} == {"Pending"}
+
+
+def test_a_bound_claim_fixes_the_node_of_the_others(world: World) -> None:
+    a, b = world.node(f"{world.prefix}-a"), world.node(f"{world.prefix}-b")
+    _gpu(world, a)
+    _gpu(world, b)
+    now = f"{world.prefix}-now"
+    world.klass(o.klass(now, parameters={"gpuModel": f"T{world.prefix}",
+                                         "nodeSelector": f"kubernetes.io/hostname={b}"}))
+    wffc = _wffc_class(world)
+    world.claim(o.claim("fixed", cores=30, memory="1Gi", class_name=now))
+    world.claim(o.claim("later", cores=30, memory="1Gi", class_name=wffc))
+    controller = controller_for(world)
+    world.pod("p", claims={"main": "fixed", "side": "later"})
+    settle(controller)
+    assert world.get_claim("fixed")["status"]["nodeName"] == b
+    assert world.get_claim("later")["status"]["nodeName"] == b
+    assert _pinned(world, "p") == b
