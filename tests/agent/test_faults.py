@@ -16,7 +16,7 @@ from kubernetes import client
 from elasticgpu.agent.discovery import simulated
 from elasticgpu.api import names
 from tests.agent.conftest import RunningAgent, wait_for
-from tests.agent.test_inventory import DESCRIPTION, condition, node_gpus
+from tests.agent.objects import DESCRIPTION, condition, node_gpus
 from tests.controller.relay import Relay
 from tests.kube_cluster import TestCluster
 
