@@ -90,8 +90,9 @@ def serving(claim: ClaimInfo, pod_name: str) -> ClaimInfo:
     return replace(claim, users=(ClaimUser(pod_name),))
 
 
-def publish_cards(cdi_dir: Path, dev_dir: Path) -> None:
-    """Make stand-in character devices for the cards and control nodes, and write the CDI spec."""
+def stand_ins(dev_dir: Path) -> tuple[list[cdi.CardDevice], list[cdi.DeviceNode]]:
+    """Character devices standing in for the cards (/dev/nvidia<index>) and the control nodes,
+    made with mknod under `dev_dir` as the simulated backend makes them; as CDI inputs."""
     dev_dir.mkdir(parents=True, exist_ok=True)
 
     def node(name: str, minor: int) -> str:
@@ -106,4 +107,10 @@ def publish_cards(cdi_dir: Path, dev_dir: Path) -> None:
         cdi.DeviceNode(path="/dev/nvidia-uvm", host_path=node("nvidia-uvm", 250)),
         cdi.DeviceNode(path="/dev/nvidia-uvm-tools", host_path=node("nvidia-uvm-tools", 251)),
     ]
+    return cards, control
+
+
+def publish_cards(cdi_dir: Path, dev_dir: Path) -> None:
+    """Make the stand-in devices and write the CDI spec of both cards."""
+    cards, control = stand_ins(dev_dir)
     cdi.write_spec(cdi_dir, cards, control)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 
 import grpc
@@ -12,31 +10,11 @@ import pytest
 
 from elasticgpu.agent.cri import cdi
 from tests.agent.cri.kubelet import Kubelet
+from tests.agent.cri.node import CARDS as NODE_CARDS
+from tests.agent.cri.node import stand_ins
 from tests.containerd_runtime import TestRuntime
 
-NVIDIA_MAJOR = 195  # the real driver's major; the stand-ins only need to be character devices
-CARDS = {"GPU-11111111-2222-3333-4444-555555555500": 0, "GPU-11111111-2222-3333-4444-555555555501": 1}
-
-
-def stand_ins(directory: Path) -> tuple[list[cdi.CardDevice], list[cdi.DeviceNode]]:
-    """Character devices standing in for two cards and the control nodes (as the simulated backend makes)."""
-    directory.mkdir(parents=True, exist_ok=True)
-
-    def node(name: str, minor: int) -> str:
-        path = directory / name
-        if not path.exists():
-            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, minor))
-        return str(path)
-
-    cards = [
-        cdi.CardDevice(uuid=uuid, minor=minor, host_path=node(f"nvidia{minor}", minor)) for uuid, minor in CARDS.items()
-    ]
-    control = [
-        cdi.DeviceNode(path="/dev/nvidiactl", host_path=node("nvidiactl", 255)),
-        cdi.DeviceNode(path="/dev/nvidia-uvm", host_path=node("nvidia-uvm", 250)),
-        cdi.DeviceNode(path="/dev/nvidia-uvm-tools", host_path=node("nvidia-uvm-tools", 251)),
-    ]
-    return cards, control
+CARDS = {card.uuid: card.index for card in NODE_CARDS}
 
 
 def device_nodes(kubelet: Kubelet, container_id: str) -> dict[str, str]:
