@@ -63,9 +63,9 @@ class ProxySettings:
     workers: int = 32
     """Threads serving calls. kubelet calls concurrently (PLEG relists, probes, pod workers) and
     keeps one GetContainerEvents stream open, which holds a thread."""
-    default_timeout_s: float = 240.0
-    """Upstream timeout for a call that carries no deadline (kubelet sets one on every call;
-    this only bounds a client that forgets). 4 min, kubelet's own longest (image pulls aside)."""
+    default_timeout_s: float | None = None
+    """Upstream timeout for a call that carries no deadline; None: none either. kubelet sets a
+    deadline on every call except PullImage, whose large images may take many minutes."""
     list_timeout_s: float = 10.0
     """Timeout of our own ListContainers calls (reconciliation)."""
     reconcile_backoff_s: tuple[float, float] = (0.2, 10.0)
@@ -126,6 +126,7 @@ class _Forwarder(grpc.GenericRpcHandler):
 
     def _call_options(self, context: grpc.ServicerContext) -> dict[str, Any]:
         remaining = context.time_remaining()
+        # grpc reports "no deadline" as None or as a huge number, depending on the version.
         timeout = self._settings.default_timeout_s if remaining is None or remaining > 1e8 else max(remaining, 0.001)
         metadata = tuple(
             (key, value)

@@ -233,3 +233,42 @@ def test_runtime_down_then_up(containerd_session: TestRuntime, tmp_path: Path) -
                 except grpc.RpcError:
                     assert time.monotonic() < deadline, "the proxy did not reconnect to the runtime"
                     time.sleep(0.05)
+
+
+def test_deadline_and_metadata_reach_the_runtime(tmp_path: Path) -> None:
+    """kubelet's deadline and metadata are forwarded; a call without deadline (PullImage) gets none
+    upstream. The runtime here is a gRPC server on a unix socket that answers with what it saw."""
+    import json
+    from concurrent import futures
+
+    seen: list[dict[str, object]] = []
+
+    def answer(request: bytes, context: grpc.ServicerContext) -> bytes:
+        remaining = context.time_remaining()
+        seen.append({"remaining": remaining, "metadata": dict(context.invocation_metadata()), "body": request})
+        return json.dumps({"remaining": remaining}).encode()
+
+    runtime_socket = tmp_path / "runtime.sock"
+    runtime = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    runtime.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                api.IMAGE_SERVICE, {"PullImage": grpc.unary_unary_rpc_method_handler(answer)}
+            ),
+        )
+    )
+    runtime.add_insecure_port(f"unix://{runtime_socket}")
+    runtime.start()
+    settings = ProxySettings(listen=tmp_path / "proxy.sock", upstream=str(runtime_socket))
+    try:
+        with CriProxy(settings), grpc.insecure_channel(f"unix://{settings.listen}") as channel:
+            pull = channel.unary_unary(api.method_path(api.IMAGE_SERVICE, "PullImage"))
+            assert pull(b"\x0a\x02hi", timeout=7, metadata=(("traceparent", "00-abc-def-01"),))
+            pull(b"")
+    finally:
+        runtime.stop(0)
+    with_deadline, without = seen
+    assert 5 < float(with_deadline["remaining"]) <= 7  # type: ignore[arg-type]
+    assert with_deadline["metadata"]["traceparent"] == "00-abc-def-01"  # type: ignore[index]
+    assert with_deadline["body"] == b"\x0a\x02hi"  # the bytes, untouched
+    assert float(without["remaining"]) > 1e8  # type: ignore[arg-type]  # no deadline upstream either
