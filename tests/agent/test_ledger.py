@@ -244,3 +244,15 @@ def test_kill_9_during_writes_loses_nothing_committed(tmp_path: Path) -> None:
     # Only the one allocation in flight at the kill may be more: started (or created but not yet printed).
     assert len(reopened.open_allocations()) - len(reported) <= 1
     reopened.close()
+
+
+def test_database_errors_become_ledger_errors(store: LedgerStore, tmp_path: Path) -> None:
+    first, second = started(store, 1), started(store, 2)
+    store.mark_created(first, "same-id")
+    with pytest.raises(errors.LedgerStateError, match="a container id is recorded once"):
+        store.mark_created(second, "same-id")
+    (tmp_path / "read-only").mkdir()
+    (tmp_path / "read-only" / "file").write_text("")
+    with pytest.raises(errors.LedgerError, match="cannot be opened or migrated") as caught:
+        LedgerStore.open(url_of(tmp_path / "read-only" / "file" / "ledger.db"))  # a file where a folder must be
+    assert "--ledger-url" in str(caught.value)

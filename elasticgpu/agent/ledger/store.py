@@ -44,7 +44,7 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import Engine, create_engine, delete, event, func, select
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from elasticgpu.agent import errors
@@ -227,14 +227,17 @@ class LedgerStore:
     @classmethod
     def open(cls, url: str = DEFAULT_URL) -> LedgerStore:
         """Open the ledger at `url`, migrating it to the newest revision; refuses a database newer than the code."""
-        engine = make_engine(url)
+        engine: Engine | None = None
         try:
+            engine = make_engine(url)
             before, after = upgrade(engine, url)
         except errors.LedgerError:
-            engine.dispose()
+            if engine is not None:
+                engine.dispose()
             raise
         except (SQLAlchemyError, CommandError, OSError) as e:
-            engine.dispose()
+            if engine is not None:
+                engine.dispose()
             raise errors.LedgerError(
                 f"ledger database {make_url(url).render_as_string(hide_password=True)} cannot be opened or migrated:"
                 f" {e}. Check --ledger-url (ELASTICGPU_AGENT_LEDGER_URL), the file's folder and its permissions."
@@ -254,8 +257,20 @@ class LedgerStore:
 
     @contextmanager
     def _writing(self) -> Iterator[Session]:
-        with self._write_lock, self._sessions.begin() as session:
-            yield session
+        """One transaction, committed on exit; SQLAlchemy's errors become the ledger's here, at the edge."""
+        try:
+            with self._write_lock, self._sessions.begin() as session:
+                yield session
+        except IntegrityError as e:
+            raise errors.LedgerStateError(
+                f"ledger {self.url}: the write breaks a rule of the schema ({e.orig}); a container id is recorded"
+                " once (mark_created of a second row with the same id is a caller's bug)"
+            ) from None
+        except OperationalError as e:
+            raise errors.LedgerError(
+                f"ledger {self.url}: the write failed ({e.orig}); check the disk (full? read-only?) and that no"
+                " other process holds the database locked"
+            ) from None
         self.writes += 1
 
     # Allocations ---------------------------------------------------------------------------------
