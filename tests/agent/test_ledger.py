@@ -256,3 +256,27 @@ def test_database_errors_become_ledger_errors(store: LedgerStore, tmp_path: Path
     with pytest.raises(errors.LedgerError, match="cannot be opened or migrated") as caught:
         LedgerStore.open(url_of(tmp_path / "read-only" / "file" / "ledger.db"))  # a file where a folder must be
     assert "--ledger-url" in str(caught.value)
+
+
+def test_many_threads_write_at_once(store: LedgerStore) -> None:
+    import threading
+
+    failures: list[BaseException] = []
+
+    def work(worker: int) -> None:
+        try:
+            for n in range(25):
+                row = started(store, worker * 100 + n)
+                store.mark_created(row, f"c-{worker}-{n}")
+                if n % 5 == 0:
+                    assert store.mark_released(f"c-{worker}-{n}")
+        except BaseException as e:  # reported below, in the test's thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert failures == []
+    assert len(store.open_allocations()) == 8 * 20
