@@ -217,6 +217,8 @@ class _Forwarder(grpc.GenericRpcHandler):
                 raise
             container_id = api.pb.CreateContainerResponse.FromString(answer).container_id
             self._after(lambda p: self._hooks.created(p, container_id), prepared)
+            if prepared.details:
+                log.info("CreateContainer %s -> %s: %s", _describe(request), container_id, prepared.details)
             return answer
 
         return create
