@@ -280,3 +280,38 @@ def test_many_threads_write_at_once(store: LedgerStore) -> None:
         thread.join(timeout=60)
     assert failures == []
     assert len(store.open_allocations()) == 8 * 20
+
+
+def test_a_wheel_carries_the_migrations(tmp_path: Path) -> None:
+    """The scripts live in the top-level migrations/ and reach the package through a link: a built wheel must
+    hold them, and the ledger must migrate from that installation (not from this checkout)."""
+    import shutil
+
+    source = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name in ("elasticgpu", "migrations"):
+        shutil.copytree(REPO / name, source / name, symlinks=True, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path / "wheel")], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(tmp_path / "site"), str(wheel)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert installed.returncode == 0, installed.stderr
+    probe = (
+        "import sys; from elasticgpu.agent.ledger import store;"
+        f" assert store.__file__.startswith({str(tmp_path / 'site')!r}), store.__file__;"
+        f" s = store.LedgerStore.open({url_of(tmp_path / 'l.db')!r});"
+        " print(store.current_revision(s._engine))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env=env)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == HEAD
