@@ -140,7 +140,8 @@ class AgentView(Protocol):
         ...
 
     def claim(self, namespace: str, name: str) -> ClaimInfo | None:
-        """The claim, or None if the API server has none of that name."""
+        """The claim, or None if the API server has none of that name. May raise when the API
+        server cannot be asked: the container is then refused as retryable."""
         ...
 
     def card(self, uuid: str) -> CardInfo | None:
@@ -288,7 +289,14 @@ def _checked_claim(
             "kubelet retries this container by itself",
             code=grpc.StatusCode.UNAVAILABLE,
         )
-    claim = view.claim(namespace, name)
+    try:
+        claim = view.claim(namespace, name)
+    except Exception as e:  # the view may read the API server on demand; it may fail
+        raise hooks.Refused(
+            f"{subject}: the elasticgpu agent on node {view.node_name} could not read it "
+            f"({type(e).__name__}: {e}); kubelet retries this container by itself",
+            code=grpc.StatusCode.UNAVAILABLE,
+        ) from e
     if claim is None:
         raise hooks.Refused(
             f"{subject} does not exist: create it, or fix the annotation {names.claim_annotation(container)}"

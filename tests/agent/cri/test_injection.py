@@ -400,3 +400,19 @@ def test_rewritten_request_keeps_fields_newer_than_our_proto(tmp_path) -> None: 
     out = prepared.request.SerializeToString()
     assert unknown_request_field in out and unknown_config_field in out
     assert dict((kv.key, kv.value) for kv in prepared.request.config.envs)["NVIDIA_VISIBLE_DEVICES"] == b"void"
+
+
+def test_a_view_that_cannot_read_the_claim_refuses_as_retryable() -> None:
+    class Unreachable(View):
+        def claim(self, namespace: str, name: str) -> ClaimInfo | None:
+            raise ConnectionError("API server unreachable")
+
+    with pytest.raises(hooks.Refused) as refused:
+        injection.decide(request(USES_SLICE), Unreachable())
+    assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "could not read it (ConnectionError: API server unreachable)" in refused.value.message
+    # A container without a claim does not ask the view at all.
+    assert (
+        env(injection.decide(request(USES_SLICE, container="sidecar"), Unreachable()))["NVIDIA_VISIBLE_DEVICES"]
+        == "void"
+    )
