@@ -361,6 +361,29 @@ class Inventory:
                     logger.info("card %s: Unhealthy since %s (%s) before this start; kept until it is quiet",
                                 uuid, condition.get("lastTransitionTime"), reason)
 
+    def _announce(self, obj: dict[str, Any], *, before: dict[str, Any], after: dict[str, Any]) -> None:
+        """An Event when the card's health changed (`kubectl describe pgpu` shows why), never one per write."""
+        old = next((c for c in before.get("conditions") or [] if c.get("type") == HEALTHY), None)
+        new = next((c for c in after.get("conditions") or [] if c.get("type") == HEALTHY), None)
+        same = old is not None and new is not None and (old.get("status"), old.get("reason")) == (
+            new["status"], new["reason"])
+        if new is None or same:
+            return
+        if old is None and new["status"] == "True":
+            return  # a new card, healthy: nothing to tell
+        metadata = obj.get("metadata") or {}
+        try:
+            self._kube.create_event(
+                namespace=self._settings.events_namespace,
+                involved={"apiVersion": names.API_VERSION, "kind": names.KIND_GPU, "name": metadata.get("name"),
+                          "uid": metadata.get("uid")},
+                type_="Normal" if new["status"] == "True" else "Warning",
+                reason="CardHealthy" if new["status"] == "True" else f"Card{new['reason']}",
+                message=str(new.get("message", "")), now=rfc3339(self._clock()),
+            )
+        except errors.KubeError as e:
+            logger.warning("Event about GPU %s not written: %s", metadata.get("name"), e)
+
     def _write_status(self, name: str, card: Card | None, now: float) -> None:
         uuid = card.uuid if card is not None else str((self.objects().get(name, {}).get("spec") or {}).get("uuid", ""))
         for attempt in range(5):
@@ -401,5 +424,6 @@ class Inventory:
             with self._lock:
                 self._urgent.discard(uuid)
             self._remember(answer)
+            self._announce(answer, before=current, after=desired)
             return
         logger.info("GPU %s: status still conflicting after 5 tries; next pass retries", name)

@@ -75,6 +75,8 @@ class InventorySettings:
     a heartbeat older than about 4 intervals (120 s) as an agent that is gone. One write per card per interval."""
     rediscover_interval_s: float = 10.0
     """Seconds between discoveries of the cards (a vanished or new card is seen within this)."""
+    events_namespace: str = "default"
+    """Namespace of the Events about GPU objects (cluster scoped; as the controller does for them)."""
     node_labels_check_s: float = 300.0
     """Seconds between reads of the Node to put back labels someone else removed (one GET; the labels are
     otherwise written only when the cards change)."""

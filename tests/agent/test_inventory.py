@@ -80,6 +80,14 @@ def test_gpu_objects_labels_health_and_recovery(
                          == "Healthy" and g, timeout=30)
     assert condition(recovered, "Healthy")["reason"] == "Recovered"  # type: ignore[index]
 
+    # Each change of health was told by one Event about the GPU (`kubectl describe pgpu`).
+    def gpu_events() -> list[tuple[str, str]]:
+        found = client.CoreV1Api(api_client).list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={gpu_names[0]}").items
+        return sorted((e.type, e.reason) for e in found)
+
+    wait_for("Events", lambda: gpu_events() == [("Normal", "CardHealthy"), ("Warning", "CardXid79")], timeout=20)
+
     # An application XID is recorded, not fatal.
     simulated.inject(agent.inject_dir, {"xid": {"card": 1, "code": 13}})
     noted = wait_for("ApplicationXid condition",
