@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,12 @@ import grpc  # noqa: E402
 
 from elasticgpu.agent.cri import api, claim_hooks, injection  # noqa: E402
 from tests.agent.cri.node import View, publish_cards, slice_claim  # noqa: E402
-from tests.containerd_runtime import container_config, running_containerd, sandbox_config  # noqa: E402
+from tests.containerd_runtime import (  # noqa: E402
+    container_config,
+    die_with_parent,
+    running_containerd,
+    sandbox_config,
+)
 
 pb = api.pb
 
@@ -94,9 +100,11 @@ def main() -> None:
             [sys.executable, "-m", "tests.agent.cri.agent_process", str(listen), str(runtime.socket),
              os.environ.get("BENCH_LEDGER", f"sqlite:///{tmp}/ledger.db"), f"{tmp}/view.json"],
             cwd=REPO, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+            preexec_fn=die_with_parent,
         )  # fmt: skip
         try:
-            assert agent.stdout is not None and agent.stdout.readline().strip() == "reconciled"
+            assert agent.stdout is not None and select.select([agent.stdout], [], [], 30)[0], "proxy did not start"
+            assert agent.stdout.readline().strip() == "reconciled"
             direct_channel = grpc.insecure_channel(runtime.endpoint)
             proxy_channel = grpc.insecure_channel(f"unix://{listen}")
             direct = api.services.RuntimeServiceStub(direct_channel)

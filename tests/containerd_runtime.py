@@ -225,7 +225,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=STOP_TIMEOUT_S)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """preexec_fn: SIGTERM containerd if the test process dies without cleaning up (Linux only)."""
     with contextlib.suppress(Exception):
         import ctypes
@@ -275,7 +275,7 @@ def running_containerd() -> Iterator[TestRuntime]:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         _wait_version(runtime.socket, proc, log)
         imported = subprocess.run(

@@ -3,6 +3,7 @@ containerd with CDI; the ledger is a real SQLite file; a kill -9 of the agent is
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.ledger import store
 from tests.agent.cri.kubelet import Kubelet
 from tests.agent.cri.node import CARDS, View, publish_cards, serving, slice_claim, whole_claim
-from tests.containerd_runtime import REPO_ROOT, TestRuntime
+from tests.containerd_runtime import REPO_ROOT, TestRuntime, die_with_parent
 
 NS = "team"
 
@@ -199,7 +200,26 @@ def test_agent_not_ready_refuses_claims_only(gpu_node: GpuNode) -> None:
 # --- kill -9 of the agent -------------------------------------------------------------------
 
 
-def start_agent(containerd: TestRuntime, listen: Path, ledger_url: str, view: View, tmp: Path, crash_at: str = ""):
+_AGENTS: list[subprocess.Popen[str]] = []
+AGENT_START_TIMEOUT_S = 30.0
+
+
+@pytest.fixture(autouse=True)
+def _no_agent_left() -> Iterator[None]:
+    """Agent processes a test started are gone after it, whatever happened in it."""
+    yield
+    while _AGENTS:
+        proc = _AGENTS.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def start_agent(
+    containerd: TestRuntime, listen: Path, ledger_url: str, view: View, tmp: Path, crash_at: str = ""
+) -> subprocess.Popen[str]:
+    """The proxy with claim hooks as its own process (tests/agent/cri/agent_process.py), once
+    it has reconciled; it dies with the test process."""
     view_file = tmp / "view.json"
     view_file.write_text(view.to_json())
     proc = subprocess.Popen(
@@ -208,8 +228,12 @@ def start_agent(containerd: TestRuntime, listen: Path, ledger_url: str, view: Vi
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=die_with_parent,
     )  # fmt: skip
+    _AGENTS.append(proc)
     assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], AGENT_START_TIMEOUT_S)
+    assert ready, f"agent process did not reconcile within {AGENT_START_TIMEOUT_S:.0f}s"
     line = proc.stdout.readline()
     assert line.strip() == "reconciled", f"agent did not start: {line!r}"
     return proc
