@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime
 import http.client
 import http.server
 import json
@@ -43,7 +44,7 @@ import ssl
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,8 @@ class FaultProxy:
         """Requests seen, by verb."""
         self.injected: Counter[tuple[str, str]] = Counter()
         """Faults injected, by (verb, fault)."""
+        self.journal: deque[tuple[float, str, str, str]] = deque(maxlen=100_000)
+        """Each fault injected: (wall time, verb, fault, path), for a failing test's diagnosis."""
         self.stopping = threading.Event()
         self._handlers: set[_Handler] = set()
         self._server: _Server | None = None
@@ -163,8 +166,8 @@ class FaultProxy:
         with self._lock:
             self._plan, self._rng = plan, random.Random(plan.seed)
 
-    def decide(self, verb: str) -> Decision:
-        """Draw the fate of one request of `verb` (and count it)."""
+    def decide(self, verb: str, path: str = "") -> Decision:
+        """Draw the fate of one request of `verb` to `path` (and count it)."""
         with self._lock:
             plan, rng = self._plan, self._rng
             self.requests[verb] += 1
@@ -181,6 +184,7 @@ class FaultProxy:
                 pause = rng.uniform(*plan.cut_after_s)
             if fault is not None:
                 self.injected[(verb, fault)] += 1
+                self.journal.append((time.time(), verb, fault, path.split("?")[0]))
             return Decision(verb, fault, pause)
 
     def count(self, fault: str | None = None, verb: str | None = None) -> int:
@@ -188,6 +192,15 @@ class FaultProxy:
         with self._lock:
             return sum(n for (v, f), n in self.injected.items()
                        if (fault is None or f == fault) and (verb is None or v == verb))
+
+    def write_journal(self, path: Path) -> Path:
+        """Write the journal of injected faults to `path`, one per line (UTC time, verb, fault, path)."""
+        with self._lock:
+            entries = list(self.journal)
+        path.write_text("".join(
+            f"{datetime.datetime.fromtimestamp(at, datetime.UTC).strftime('%H:%M:%S.%f')[:-3]} {verb} {fault} {p}\n"
+            for at, verb, fault, p in entries))
+        return path
 
     def summary(self) -> str:
         """Requests and injected faults by verb, one line (for logs and failure messages)."""
@@ -298,7 +311,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
         verb = classify(self.command, self.path)
-        decision = self.proxy.decide(verb)
+        decision = self.proxy.decide(verb, self.path)
         fault = decision.fault
         if fault is not None and fault[:1].isdigit() and fault != "500-after":
             self._status(int(fault), verb)
