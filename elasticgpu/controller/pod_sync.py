@@ -257,6 +257,8 @@ class PodSync:
         meta = pod["metadata"]
         namespace = meta.get("namespace", "")
         claims = {v.name: v.claim for v in views if v.name in decision.claims and v.claim is not None}
+        if any(self.claims.hand_off.in_flight(("claim", namespace, claim_name)) for claim_name in claims):
+            return  # placed already: their binds are finishing, and their watch events wake the pod
         wanted: list[pod_placement.Wanted] = []
         provisions: dict[str, tuple[ElasticGPUClaim, binder.Provision]] = {}
         with self.picture.lock:
