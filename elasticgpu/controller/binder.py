@@ -101,7 +101,7 @@ REASON_EGPU_BOUND_ELSEWHERE = "ElasticGPUBoundElsewhere"
 REASON_EGPU_FAILED = "ElasticGPUFailed"
 REASON_CLASS_MISMATCH = "ClassMismatch"
 REASON_NO_MATCH = "NoMatchingElasticGPU"
-REASON_WAIT_FOR_CONSUMER = "WaitForFirstConsumer"
+REASON_WAIT_FOR_CONSUMER = "WaitingForFirstConsumer"
 
 
 # -- decisions --------------------------------------------------------------------------------
@@ -389,6 +389,12 @@ def _decide_unnamed(claim: ElasticGPUClaim, picture: Picture) -> ClaimDecision:
         klass = picture.default_class()
     if klass is not None and klass.provisioner not in names.OWN_PROVISIONERS:
         return Ignore(f"class {klass.metadata.name} belongs to provisioner {klass.provisioner}")
+    if klass is not None and klass.effective_binding_mode == "WaitForFirstConsumer":
+        # OBSERVATION: the class delays binding (static and dynamic, as for a PVC) until a pod
+        # uses the claim, so the pod's node can be chosen first.
+        return Wait(REASON_WAIT_FOR_CONSUMER, f"waiting for a pod that uses this claim: class {klass.metadata.name}"
+                    " has bindingMode WaitForFirstConsumer, so the claim binds once a pod names it in an"
+                    f" {names.ANNOTATION_CLAIM_PREFIX}<container> annotation")
     effective = klass.metadata.name if klass is not None else None
     match = _best_static(claim, request, effective, picture)
     if match is not None:
@@ -404,8 +410,6 @@ def _decide_unnamed(claim: ElasticGPUClaim, picture: Picture) -> ClaimDecision:
         parameters = klass.parsed_parameters()
     except InvalidClassParameters as err:
         return Wait(REASON_INVALID_CLASS, f"{err}; fix the class (an admin's job) or use another")
-    if klass.effective_binding_mode == "WaitForFirstConsumer":
-        return Wait(REASON_WAIT_FOR_CONSUMER, f"class {klass.metadata.name} binds when a pod uses the claim")
     if klass.provisioner == names.PROVISIONER_PHYSICAL and not request.is_whole:
         return Wait(REASON_INVALID_REQUEST, f"spec.resources: class {klass.metadata.name} provisions whole cards"
                     f" ({names.PROVISIONER_PHYSICAL}); ask for {names.RESOURCE_NVIDIA_GPU} or a multiple of 100"

@@ -40,14 +40,24 @@ class ElasticGPUSync:
     def set_status(self, egpu: ElasticGPU, placement: Placement | None, phase: str, reason: str,
                    message: str, *, event: bool = True) -> ElasticGPU:
         """Write the ElasticGPU's status (phase, reason, message; capacity, node and cards from
-        `placement`); an Event when the phase changes and `event`."""
+        `placement`); an Event when the phase changes and `event`.
+
+        The write carries the resourceVersion `egpu` was read at: a controller with a stale
+        picture must never turn a Released or Failed ElasticGPU back into Bound. A 409 re-reads
+        it into the picture and raises Conflict (the next sync decides from what it finds)."""
         status: Body = {"phase": phase, "reason": reason, "message": message}
         if placement is not None:
             status["capacity"] = capacity_of(placement)
             status["nodeName"] = placement.node
             status["gpus"] = [share.uuid for share in placement.cards]
         name = egpu.metadata.name or ""
-        answer = self.kube.patch_elastic_gpu_status(name, {"status": status})
+        patch = {"metadata": {"resourceVersion": egpu.metadata.resource_version}, "status": status}
+        try:
+            answer = self.kube.patch_elastic_gpu_status(name, patch)
+        except errors.Conflict:
+            with contextlib.suppress(errors.NotFound):
+                self.put(self.kube.get_elastic_gpu(name))
+            raise
         written = self.put(answer)
         if event and egpu.status.phase != phase:
             kind = WARNING if phase == "Failed" else NORMAL

@@ -7,6 +7,8 @@ for an HTTP proxy, go through the client's urllib3 pool. JSON is read and writte
 parsing watch events and answers is the controller's most frequent work.
 Every failure becomes an exception of `elasticgpu.controller.errors`: 404 -> NotFound,
 409 -> Conflict / AlreadyExists, 400/422 -> Rejected, anything else -> ApiUnavailable.
+Whether the server answers at all is tracked in `reachability` (one WARNING when it stops, one
+INFO when it is back).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from kubernetes import client, config
 
 from elasticgpu.api import names
 from elasticgpu.controller import errors
+from elasticgpu.controller.reachability import Reachability
 from elasticgpu.controller.settings import ApiSettings
 from elasticgpu.controller.transport import Transport
 
@@ -33,7 +36,12 @@ Body = dict[str, Any]
 _MERGE = "application/merge-patch+json"
 _JSON = "application/json"
 _STRATEGIC = "application/strategic-merge-patch+json"
+
 _BASE = f"/apis/{names.GROUP}/{names.VERSION}"
+WATCH_READ_MARGIN_S = 15.0
+"""Seconds a watch may stay silent beyond its server-side timeout before the client gives up
+on it: a half-open connection (a node or load balancer that vanished) ends within that, instead
+of stalling its kind until the next relist."""
 
 
 POD_SELECTOR = f"{names.LABEL_USES_CLAIMS}=true"
@@ -47,6 +55,7 @@ def _selector_of(collection: str) -> str | None:
 
 
 def _kind_of(path: str) -> tuple[str, str]:
+
     """(kind, name) of a REST path, for error messages."""
     parts = [p for p in path.split("?")[0].split("/") if p]
     kinds = {
@@ -78,6 +87,7 @@ class KubeApi:
         self.settings = settings or ApiSettings()
         configuration = api_client.configuration
         self._transport = None if configuration.proxy else Transport(configuration)
+        self.reachability = Reachability(str(configuration.host))
 
     @classmethod
     def from_kubeconfig(
@@ -118,21 +128,39 @@ class KubeApi:
         content_type: str = _JSON,
         timeout_s: float | None = None,
     ) -> Body:
-        if self._transport is None:
-            status, data = self._call_via_client(method, path, body=body, query=query, content_type=content_type,
-                                                 timeout_s=timeout_s)
-        else:
-            target = f"{path}?{urlencode(query)}" if query else path
-            try:
-                status, data = self._transport.request(
-                    method, target, body=None if body is None else orjson.dumps(body), content_type=content_type,
-                    timeout_s=timeout_s or self.settings.request_timeout_s)
-            except (OSError, http.client.HTTPException) as err:
-                raise errors.ApiUnavailable(f"{method} {path}: {err!r}; is the API server up?", status=0) from err
+        try:
+            status, data = self._send(method, path, body=body, query=query, content_type=content_type,
+                                      timeout_s=timeout_s)
+        except errors.ApiUnavailable as err:
+            self.reachability.failed(err)
+            raise
+        self.reachability.answered()
         if 200 <= status < 300:
             return orjson.loads(data) if data else {}
         self._raise(status, method, path, data)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object,
+        query: Mapping[str, str] | None,
+        content_type: str,
+        timeout_s: float | None,
+    ) -> tuple[int, bytes]:
+        """The HTTP status and body of one request; ApiUnavailable when no answer came back."""
+        if self._transport is None:
+            return self._call_via_client(method, path, body=body, query=query, content_type=content_type,
+                                         timeout_s=timeout_s)
+        target = f"{path}?{urlencode(query)}" if query else path
+        try:
+            return self._transport.request(
+                method, target, body=None if body is None else orjson.dumps(body), content_type=content_type,
+                timeout_s=timeout_s or self.settings.request_timeout_s)
+        except (OSError, http.client.HTTPException) as err:
+            raise errors.ApiUnavailable(f"{method} {path}: {err!r}; is the API server up?", status=0) from err
 
     def _call_via_client(
         self,
@@ -201,6 +229,7 @@ class KubeApi:
             query["labelSelector"] = label_selector
         if field_selector:
             query["fieldSelector"] = field_selector
+
         resource_version = ""
         while True:
             page = self._call("GET", path, query=query, timeout_s=60.0)
@@ -340,6 +369,7 @@ class KubeApi:
         those that use claims, `POD_SELECTOR`)."""
         return self._list(path, label_selector=_selector_of(path))
 
+
     # -- core kinds ----------------------------------------------------------------------------
 
     def list_pods(self, namespace: str | None = None) -> list[Body]:
@@ -381,6 +411,7 @@ class KubeApi:
                 "propagationPolicy": "Background"}
         self._call("DELETE", self._claims(namespace, name), body=body)
 
+
     def create_event(self, namespace: str, body: Body) -> None:
         """Create a core/v1 Event. Failures are logged, never raised: an Event is a courtesy."""
         try:
@@ -392,21 +423,30 @@ class KubeApi:
         """Events of a namespace (tests)."""
         return self._list(f"/api/v1/namespaces/{namespace}/events")[0]
 
-    def watch(self, path: str, *, resource_version: str, timeout_s: int = 300) -> Iterator[Body]:
-        """Watch events (`{"type", "object"}`) of a collection from `resource_version`."""
+    def watch(self, path: str, *, resource_version: str, timeout_s: int = 300,
+              read_timeout_s: float | None = None) -> Iterator[Body]:
+        """Watch events (`{"type", "object"}`) of a collection from `resource_version`. The server
+        ends the watch after `timeout_s`; the client gives up on a connection silent for
+        `read_timeout_s` (default `timeout_s + WATCH_READ_MARGIN_S`) with ApiUnavailable."""
+        read_timeout = read_timeout_s if read_timeout_s is not None else timeout_s + WATCH_READ_MARGIN_S
         query = {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": str(timeout_s),
                  "allowWatchBookmarks": "true"}
         selector = _selector_of(path)
         if selector:
             query["labelSelector"] = selector
+
         _method, url, headers, _body, _post = self._api.param_serialize(
             method="GET", resource_path=path, query_params=list(query.items()), header_params={"Accept": _JSON},
             auth_settings=["BearerToken"])
         try:
             response = self._api.rest_client.pool_manager.request(
-                "GET", url, headers=headers, preload_content=False, timeout=urllib3.Timeout(connect=10, read=None))
+                "GET", url, headers=headers, preload_content=False, retries=False,  # the informer retries
+                timeout=urllib3.Timeout(connect=10, read=read_timeout))
         except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise errors.ApiUnavailable(f"watch {path}: {err}") from err
+            unavailable = errors.ApiUnavailable(f"watch {path}: {err}")
+            self.reachability.failed(unavailable)
+            raise unavailable from err
+        self.reachability.answered()
         try:
             if response.status != 200:
                 self._raise(response.status, "WATCH", path, response.read())

@@ -20,6 +20,7 @@ from typing import Any
 import kopf
 
 from elasticgpu.api import names
+from elasticgpu.controller.kube import WATCH_READ_MARGIN_S
 from elasticgpu.controller.reconciling import Controller
 
 WATCHED = (
@@ -64,14 +65,17 @@ def build_registry(controller: Controller, stop: threading.Event) -> kopf.Operat
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        from elasticgpu.controller.startup import start_threads
+        from elasticgpu.controller.startup import first_list, start_threads
 
         settings.posting.enabled = False  # our Events are written by EventRecorder
         settings.watching.server_timeout = 300
+        # a half-open connection must not stall a kind until the next relist
+        settings.watching.client_timeout = 300 + WATCH_READ_MARGIN_S
+        settings.watching.connect_timeout = 10
         settings.persistence.finalizer = "elasticgpu.io/kopf"  # never added: no on.delete handlers
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, controller.rebuild)
-        start_threads(controller, stop)
+        if await loop.run_in_executor(None, first_list, controller, stop) is not None:
+            start_threads(controller, stop)
 
     @kopf.on.cleanup(registry=registry)
     def cleanup(**_: Any) -> None:

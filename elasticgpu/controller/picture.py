@@ -14,7 +14,7 @@ that decides from several reads holds it around them, so a decision sees one sta
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names
@@ -52,8 +52,13 @@ class Picture:
         self.pods = pod_index.PodIndex()
         """Bodies of the pods that use claims and of the nodes, and the claims pods own (pod sync)."""
         self._pod_claims: dict[ClaimKey, set[str]] = {}
-        """Names of the running pods that use each claim, and (below) the claims of each pod."""
+        """Names of the running pods that use each claim, and (below) the claims of each such pod
+        and the resourceVersion it was seen at (pods that use no claim are not kept)."""
         self._claims_of_pod: dict[PodKey, set[str]] = {}
+        self._pod_versions: dict[PodKey, int] = {}
+        self._gone_pods: versions.Tombstones[PodKey] = versions.Tombstones()
+        """Pods deleted or terminated (a terminated pod never runs again): an older copy of one,
+        from a list read before, must not make its claims in use again."""
 
     # -- taking in -------------------------------------------------------------------------------
 
@@ -128,7 +133,7 @@ class Picture:
             before = old.spec.elastic_gpu_name if old is not None else None
             if before != model.spec.elastic_gpu_name:
                 if before:
-                    self._claims_naming.get(before, set()).discard(key)
+                    _discard(self._claims_naming, before, key)
                 if model.spec.elastic_gpu_name:
                     self._claims_naming.setdefault(model.spec.elastic_gpu_name, set()).add(key)
             return model
@@ -139,7 +144,7 @@ class Picture:
             old_claim = self._claims.pop(key, None)
             self.pods.claim_changed(key, None, self._claim_bodies.pop(key, None))
             if old_claim is not None and old_claim.spec.elastic_gpu_name:
-                self._claims_naming.get(old_claim.spec.elastic_gpu_name, set()).discard(key)
+                _discard(self._claims_naming, old_claim.spec.elastic_gpu_name, key)
 
     def put_egpu(self, body: Body) -> tuple[ElasticGPU, Keys]:
         """Take in an ElasticGPU (newer than the picture's, else ignored): its model either way,
@@ -182,15 +187,31 @@ class Picture:
             return self._put_pod_claims(body, deleted=deleted) + self.pods.put(body, deleted=deleted)
 
     def _put_pod_claims(self, body: Body, *, deleted: bool = False) -> Keys:
-        """Take in a pod; the claims it stopped using are the keys to queue."""
+        """Take in a pod (newer than the picture's, and not from before its deletion or
+        termination, else ignored); the claims it stopped using are the keys to queue."""
         meta = body.get("metadata") or {}
         pod_key = (meta.get("namespace", ""), meta.get("name", ""))
+        version = versions.version_of(body)
+        with self.lock:
+            if self._gone_pods.holds(pod_key, body):
+                return []
+            seen = self._pod_versions.get(pod_key)
+            if seen is not None and version is not None and version <= seen:
+                return []
+            gone = deleted or not release.pod_is_running(body)
+            if gone:
+                self._gone_pods.bury(pod_key, body)
+            return self._set_pod_claims(pod_key, set() if gone else release.claims_of_pod(body), version)
+
+    def _set_pod_claims(self, pod_key: PodKey, now: set[str], version: int | None) -> Keys:
         keys: Keys = []
         with self.lock:
             before = self._claims_of_pod.pop(pod_key, set())
-            now = set() if deleted or not release.pod_is_running(body) else release.claims_of_pod(body)
+            self._pod_versions.pop(pod_key, None)
             if now:
                 self._claims_of_pod[pod_key] = now
+                if version is not None:
+                    self._pod_versions[pod_key] = version
             for claim in before | now:
                 users = self._pod_claims.setdefault((pod_key[0], claim), set())
                 if claim in now:
@@ -217,19 +238,23 @@ class Picture:
         with self.lock:
             self.ledger.forget_gpu(name)
 
-    def merge_lists(self, *, nodes: Iterable[Body], gpus: list[Body], gpus_version: str, egpus: list[Body],
+    def merge_lists(self, *, nodes: list[Body] | None, gpus: list[Body], gpus_version: str, egpus: list[Body],
                     egpus_version: str, classes: list[Body], claims: list[Body], claims_version: str,
-                    pods: list[Body] | None) -> Keys:
+                    pods: list[Body] | None, pods_version: str = "") -> Keys:
         """Merge fresh lists of every kind (each with the resourceVersion it was read at).
 
         A listed object replaces the picture's only when it is newer, and an object missing from
         the list is dropped only when the picture's copy is older than the list: watch events
         and write answers that arrived while the list was read are never rolled back (a stale
-        picture would turn the next writes into 409s). Returns the keys to queue besides all."""
+        picture would turn the next writes into 409s). `nodes` or `pods` None: that list
+        failed, and the picture keeps what it had (a claim whose pod still runs must stay
+        protected). Returns the keys to queue besides all."""
         keys: Keys = []
         with self.lock:
-            for node in nodes:
+            for node in nodes or []:
                 self.ledger.observe_node(node["metadata"]["name"], node["metadata"].get("labels") or {})
+            if nodes is not None:
+                self.ledger.forget_nodes_except({n["metadata"]["name"] for n in nodes})
             listed = {g["metadata"]["name"] for g in gpus}
             for gone in set(self.ledger.gpu_names()) - listed:
                 if not versions.changed_after(self.ledger.gpu_body(gone), gpus_version):
@@ -258,10 +283,20 @@ class Picture:
                 # The pod list is read after the claim list: a pod missing from it whose copy is
                 # older than the claim list is gone.
                 keys += self.pods.merge(pods, claims_version)
-            self._pod_claims.clear()
-            self._claims_of_pod.clear()
-            for pod in pods or []:
-                keys += self.put_pod(pod)
+            if pods is not None:
+                keys += self._merge_pods(pods, pods_version)
+        return keys
+
+    def _merge_pods(self, pods: list[Body], list_version: str) -> Keys:
+        keys: Keys = []
+        listed = {((p.get("metadata") or {}).get("namespace", ""), (p.get("metadata") or {}).get("name", ""))
+                  for p in pods}
+        for gone in set(self._claims_of_pod) - listed:
+            if not versions.version_after(self._pod_versions.get(gone), list_version):
+                keys += self._set_pod_claims(gone, set(), None)
+        for pod in pods:
+            keys += self.put_pod(pod)
+        self._gone_pods.prune(list_version)
         return keys
 
     # -- indexes -------------------------------------------------------------------------------
@@ -270,7 +305,7 @@ class Picture:
         before = set(binder.cards_of(old)) if old is not None else set()
         after = set(binder.cards_of(new)) if new is not None else set()
         for gpu_name in before - after:
-            self._egpus_on.get(gpu_name, set()).discard(name)
+            _discard(self._egpus_on, gpu_name, name)
         for gpu_name in after - before:
             self._egpus_on.setdefault(gpu_name, set()).add(name)
 
@@ -379,3 +414,12 @@ class Picture:
     def _card_memory(self, gpu_name: str) -> int | None:
         model = self.ledger.gpu(gpu_name)
         return model.spec.memory if model is not None else None
+
+
+def _discard(index: dict[str, set[Any]], key: str, member: Any) -> None:
+    """Remove `member` from `index[key]`, and the entry once empty (no empty set per object ever seen)."""
+    members = index.get(key)
+    if members is not None:
+        members.discard(member)
+        if not members:
+            del index[key]

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from elasticgpu.allocator import Placement
 from elasticgpu.api import ElasticGPUClaim, ObjectReference, format_memory, names
 from elasticgpu.controller.binder import Provision
 from elasticgpu.controller.reservations import Ledger
+
+LABEL_VALUE_MAX = 63
+"""Label values stop at 63 characters (names of claims, classes and nodes may have 253)."""
+
+
+def label_value(value: str) -> str:
+    """`value` as a label value: itself when it fits in 63 characters; else its first 52
+    characters (trailing `-` `.` `_` dropped: a value must end alphanumeric), `-` and 10 hex
+    digits of its SHA-256, so distinct long names stay distinct. Select by the same function:
+    `-l elasticgpu.io/claim-name=<label_value(name)>`; the full names are in `spec.claimRef`,
+    `spec.nodeName` and `spec.elasticGPUClassName`."""
+    if len(value) <= LABEL_VALUE_MAX:
+        return value
+    digest = hashlib.sha256(value.encode()).hexdigest()[:10]
+    return f"{value[:LABEL_VALUE_MAX - 11].rstrip('-._')}-{digest}"
 
 
 def claim_ref_of(claim: ElasticGPUClaim) -> ObjectReference:
@@ -53,7 +69,8 @@ def build_elastic_gpu(
     claim: ElasticGPUClaim, decision: Provision, placement: Placement, ledger: Ledger
 ) -> dict[str, Any]:
     """The ElasticGPU to create for `claim`: pre-bound (claimRef with uid), protected by the
-    finalizer, labelled with its node, claim and class."""
+    finalizer, labelled with its node, claim and class (`label_value`: valid even for names
+    longer than a label value may be)."""
     gpu_names = [ledger.name_of_uuid(share.uuid) for share in placement.cards]
     spec: dict[str, Any] = {
         "capacity": spec_capacity_of(placement),
@@ -79,10 +96,10 @@ def build_elastic_gpu(
         "metadata": {
             "name": names.elastic_gpu_name_for_claim(claim.metadata.uid or ""),
             "labels": {
-                names.LABEL_NODE: placement.node,
+                names.LABEL_NODE: label_value(placement.node),
                 names.LABEL_CLAIM_NAMESPACE: claim.metadata.namespace or "",
-                names.LABEL_CLAIM_NAME: claim.metadata.name or "",
-                names.LABEL_CLASS: decision.class_name,
+                names.LABEL_CLAIM_NAME: label_value(claim.metadata.name or ""),
+                names.LABEL_CLASS: label_value(decision.class_name),
             },
             "finalizers": [names.FINALIZER_EGPU_PROTECTION],
         },

@@ -91,9 +91,10 @@ class Controller:
         """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node)."""
         self.informer.observe(kind, event_type, body)
 
-    def rebuild(self, *, background: bool = False) -> None:
-        """List everything, merge it into the picture, queue every object (`Informer.relist`)."""
-        self.informer.relist(background=background)
+    def rebuild(self, *, background: bool = False) -> dict[str, str]:
+        """List everything, merge it into the picture, queue every object (`Informer.relist`);
+        the resourceVersion each kind was listed at."""
+        return self.informer.relist(background=background)
 
     def resync(self, *, relist: bool = True) -> None:
         """One periodic repair (`Repair.resync`)."""

@@ -130,6 +130,12 @@ class Ledger:
             for body in bodies:
                 self.observe_gpu(body)
 
+    def forget_nodes_except(self, listed: set[str]) -> None:
+        """Forget the labels of nodes not in `listed` (a complete node list) that hold no GPU."""
+        with_gpus = {m.spec.node_name for m in self._models.values()}
+        for gone in set(self._node_labels) - listed - with_gpus:
+            del self._node_labels[gone]
+
     def observe_gpu(self, body: Body) -> None:
         """Take in a GPU object as the server holds it (from a list, watch event or write)."""
         name = body["metadata"]["name"]
@@ -192,6 +198,8 @@ class Ledger:
         if model is None:
             return
         self.inventory.remove_card(model.spec.uuid)
+        if self._uuid_to_name.get(model.spec.uuid) == name:
+            del self._uuid_to_name[model.spec.uuid]
         node = model.spec.node_name
         if not any(m.spec.node_name == node for m in self._models.values()) and node in self.inventory:
             self.inventory.remove_node(node)

@@ -81,24 +81,50 @@ def start_threads(controller: Controller, stop: threading.Event) -> list[threadi
     return threads
 
 
+def first_list(controller: Controller, stop: threading.Event) -> dict[str, str] | None:
+    """Fill the picture with one list of each kind, retrying with backoff (up to 30 s) until it
+    works; the resourceVersions listed at (`Informer.relist`), or None when `stop` was set.
+
+    Waiting is said once per reason, never as a crash: CRDs not installed yet (404) wait for
+    `kubectl apply -f crds/`; an unreachable server is said by `KubeApi.reachability`; any
+    other refusal (RBAC, a 5xx) is logged with the server's message."""
+    backoff = 0.5
+    said = ""
+    while not stop.is_set():
+        try:
+            listed = controller.rebuild()
+        except Exception as err:  # never a crash loop: whatever it is, wait and try again
+            reason = f"{type(err).__name__}: {err}"
+            if reason == said or (isinstance(err, errors.ApiUnavailable) and err.status == 0):
+                logger.debug("cannot list the cluster yet, retrying in %.1fs: %s", backoff, err)
+            elif isinstance(err, errors.NotFound):
+                logger.warning("the elasticgpu.io CustomResourceDefinitions are not installed (%s); waiting for"
+                               " them: kubectl apply -f crds/", err)
+            elif isinstance(err, errors.ElasticGPUError):
+                logger.warning("cannot list the cluster yet, retrying with backoff: %s", err)
+            else:
+                logger.error("cannot list the cluster (a bug?), retrying with backoff: %s", reason, exc_info=err)
+            said = reason
+            stop.wait(backoff)
+            backoff = min(backoff * 2, 30.0)
+            continue
+        if said:
+            logger.info("the cluster answered the first list; starting")
+        return listed
+    return None
+
+
 def _run_with_client_watches(controller: Controller, *, stop: threading.Event) -> None:
-    """Rebuild the picture (retrying until the API server answers), then watch, bind and resync
-    until `stop` is set; SIGTERM and SIGINT set it when this is the main thread."""
+    """List every kind once (retrying until the API server answers), then watch from those
+    lists, bind and resync until `stop` is set; SIGTERM and SIGINT set it when this is the main
+    thread."""
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
-    backoff = 0.5
-    while not stop.is_set():
-        try:
-            controller.rebuild()
-            break
-        except errors.ApiError as err:
-            logger.warning("cannot list the cluster yet, retrying in %.1fs: %s", backoff, err)
-            stop.wait(backoff)
-            backoff = min(backoff * 2, 30.0)
-    if stop.is_set():
+    listed = first_list(controller, stop)
+    if listed is None:
         return
-    for thread in controller.informer.start(stop, timeout_s=controller.settings.watch.timeout_s):
+    for thread in controller.informer.start(stop, timeout_s=controller.settings.watch.timeout_s, listed=listed):
         controller.liveness.track(thread)
     start_threads(controller, stop)
     stop.wait()

@@ -7,6 +7,7 @@ not, nothing is assumed: a copy counts as newer and no tombstone is kept. The pi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
 
@@ -48,31 +49,62 @@ def same_version(new: Body, old: Body | None) -> bool:
 def changed_after(body: Body | None, list_version: str) -> bool:
     """True when `body` (from the picture) is newer than a list taken at `list_version`: it was
     created or changed after the list's snapshot, so its absence from the list proves nothing."""
-    mine, listed = version_of(body), _as_number(list_version)
-    return mine is not None and listed is not None and mine > listed
+    return version_after(version_of(body), list_version)
+
+
+def version_after(version: int | None, list_version: str) -> bool:
+    """`changed_after` for a resourceVersion already parsed."""
+    listed = _as_number(list_version)
+    return version is not None and listed is not None and version > listed
+
+
+TOMBSTONE_MAX_AGE_S = 900.0
+"""Seconds a tombstone is kept at most. The copies it guards against are a list read before the
+deletion (a list takes at most its 60 s timeout) and a write answer (10 s); a relist prunes them
+sooner. The age bound keeps the map flat when no relist succeeds for a long time."""
 
 
 class Tombstones(Generic[K]):
     """The resourceVersion of each deletion a watch delivered, by object key: a list read before
-    the deletion, or a write answer that arrives after it, must not bring the object back."""
+    the deletion, or a write answer that arrives after it, must not bring the object back.
+    Forgotten when a newer list has seen the deletion, or after `max_age_s`."""
 
-    def __init__(self) -> None:
-        self._deleted_at: dict[K, int] = {}
+    def __init__(self, *, max_age_s: float = TOMBSTONE_MAX_AGE_S) -> None:
+        self._max_age_s = max_age_s
+        self._deleted_at: dict[K, tuple[int, float]] = {}
+        """Deletion resourceVersion and burial time, oldest burial first (re-burial moves to the end)."""
 
     def bury(self, key: K, body: Body) -> None:
         """Remember the deletion of `key` (`body`: the DELETED event's object)."""
         version = version_of(body)
-        if version is not None:
-            self._deleted_at[key] = max(version, self._deleted_at.get(key, 0))
+        if version is None:
+            return
+        now = time.monotonic()
+        old = self._deleted_at.pop(key, None)
+        self._deleted_at[key] = (max(version, old[0] if old else 0), now)
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        # Oldest first: stop at the first one young enough (amortized O(1) per burial).
+        while self._deleted_at:
+            key, (_version, at) = next(iter(self._deleted_at.items()))
+            if now - at <= self._max_age_s:
+                return
+            del self._deleted_at[key]
 
     def holds(self, key: K, body: Body) -> bool:
         """True when `body` is a version from before the deletion of `key`."""
-        deleted_at = self._deleted_at.get(key)
+        entry = self._deleted_at.get(key)
         version = version_of(body)
-        return deleted_at is not None and version is not None and version <= deleted_at
+        return entry is not None and version is not None and version <= entry[0]
 
     def prune(self, list_version: str) -> None:
-        """Forget the deletions a list taken at `list_version` has seen (it no longer holds them)."""
+        """Forget the deletions a list taken at `list_version` has seen (it no longer holds them),
+        and those older than `max_age_s`."""
         listed = _as_number(list_version)
         if listed is not None:
-            self._deleted_at = {k: v for k, v in self._deleted_at.items() if v > listed}
+            self._deleted_at = {k: v for k, v in self._deleted_at.items() if v[0] > listed}
+        self._expire(time.monotonic())
+
+    def __len__(self) -> int:
+        return len(self._deleted_at)

@@ -106,12 +106,17 @@ def new_controller(kube: KubeApi, namespace: str, *, grace_s: float = 60.0) -> C
     return Controller(kube, settings, namespace=namespace)
 
 
-def settle(controller: Controller, rounds: int = 3) -> None:
-    """Rebuild the picture from the server and work the queue off, a few times (no watches here)."""
+def settle(controller: Controller, rounds: int = 3, *, deadline_s: float = 60.0) -> None:
+    """Rebuild the picture from the server and work the queue off, a few times (no watches here).
+    Fails after `deadline_s` while keys are still queued (a key retried forever is a bug)."""
+    deadline = time.monotonic() + deadline_s
     for _ in range(rounds):
         controller.rebuild()
         controller.drain()
         while controller.queue.waiting():  # retries after a lost race are queued for later
+            if time.monotonic() > deadline:
+                raise AssertionError(f"settle: {controller.queue.waiting()} keys still queued after {deadline_s:g}s;"
+                                     " a sync keeps failing (see the log)")
             time.sleep(0.1)
             controller.drain()
 

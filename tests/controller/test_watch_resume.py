@@ -1,89 +1,29 @@
-"""A watch whose connection breaks resumes from the resourceVersion it had reached: no event is
-lost and nothing is listed again (a list queues every object). The break is real: the
-controller talks to the API server through a TCP relay in this test, which cuts every
-connection at once, as a restarting server or a load balancer's idle timeout does."""
+"""Watches and lists against a server that goes away. A watch whose connection breaks resumes
+from the resourceVersion it had reached: no event is lost and nothing is listed again (a list
+queues every object); a half-open one is given up after its read timeout; start-up lists each
+kind once; an outage is said once when it starts and once when it ends; missing CRDs are waited
+for. The breaks are real: the controller talks to the API server through a TCP relay that cuts,
+silences or refuses connections, as a restarting server or a vanished peer does."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
+import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
-import yaml
 
+from elasticgpu.api import names
+from elasticgpu.controller import errors
 from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.startup import first_list
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller
+from tests.controller.relay import Relay, relayed
 
-
-class Relay:
-    """Forwards TCP connections from a loopback port to `target`; `cut` closes all of them."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self._target = target
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self._target)
-            with self._lock:
-                self._sockets += [client, upstream]
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                sink.sendall(data)
-        with contextlib.suppress(OSError):
-            sink.shutdown(socket.SHUT_WR)
-
-    def cut(self) -> None:
-        with self._lock:
-            sockets, self._sockets = self._sockets, []
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def close(self) -> None:
-        self._listener.close()
-        self.cut()
-
-
-@pytest.fixture
-def relayed(kube_cluster: Any, tmp_path: Path) -> Iterator[tuple[KubeApi, Relay]]:
-    """A KubeApi that reaches the API server through a `Relay`."""
-    config = yaml.safe_load(Path(kube_cluster.kubeconfig).read_text())
-    context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
-    entry = next(c for c in config["clusters"] if c["name"] == context["cluster"])["cluster"]
-    url = urlsplit(entry["server"])
-    relay = Relay((url.hostname or "127.0.0.1", url.port or 443))
-    entry["server"] = f"{url.scheme}://127.0.0.1:{relay.port}{url.path}"
-    entry.setdefault("tls-server-name", url.hostname)  # the server's certificate names the real host
-    path = tmp_path / "relayed-kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    api = KubeApi.from_kubeconfig(str(path))
-    try:
-        yield api, relay
-    finally:
-        relay.close()
-        api.close()
+__all__ = ["relayed"]  # the fixture
 
 
 def _wait(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
@@ -124,4 +64,114 @@ def test_a_broken_watch_resumes_without_listing_again(cluster: Cluster, kube: Ku
     finally:
         stop.set()
         relay.cut()
+        thread.join(timeout=10)
+
+
+def test_a_half_open_watch_is_given_up_and_resumed(cluster: Cluster, relayed: tuple[KubeApi, Relay]) -> None:
+    api, relay = relayed
+    controller = new_controller(api, cluster.namespace)
+    stop = threading.Event()
+    # The server would end this watch after 300 s; the client's read timeout (2 s here, the
+    # server timeout plus a margin by default) gives up on a silent connection long before.
+    thread = threading.Thread(target=controller.informer.watch_kind, args=("claim", stop),
+                              kwargs={"timeout_s": 300, "read_timeout_s": 2.0}, daemon=True)
+    thread.start()
+    try:
+        cluster.claim(o.claim("before", cores=10, memory="1Gi"))
+        assert _wait(lambda: controller.claim(cluster.namespace, "before") is not None)
+        relay.silence()  # the watch's connection goes half-open: no data, no close
+        cluster.claim(o.claim("during", cores=10, memory="1Gi"))
+        assert _wait(lambda: controller.claim(cluster.namespace, "during") is not None, timeout_s=20.0), \
+            "a half-open watch stalled its kind"
+    finally:
+        stop.set()
+        relay.close()
+        thread.join(timeout=10)
+
+
+def test_start_up_lists_each_kind_once(cluster: Cluster, relayed: tuple[KubeApi, Relay]) -> None:
+    api, _relay = relayed
+    lists: list[str] = []
+    list_collection = api.list_collection
+
+    def counted(path: str) -> tuple[list[dict[str, Any]], str]:
+        lists.append(path)
+        return list_collection(path)
+
+    api.list_collection = counted  # type: ignore[method-assign]
+    controller = new_controller(api, cluster.namespace)
+    stop = threading.Event()
+    try:
+        listed = controller.rebuild()
+        threads = controller.informer.start(stop, timeout_s=300, listed=listed)
+        cluster.claim(o.claim("new", cores=10, memory="1Gi"))
+        assert _wait(lambda: controller.claim(cluster.namespace, "new") is not None)
+        assert sorted(lists) == sorted(set(lists)), f"listed more than once: {sorted(lists)}"
+        assert len(lists) == 6  # claims, ElasticGPUs, GPUs, classes, pods, nodes
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+
+
+def test_an_outage_is_said_once_when_it_starts_and_once_when_it_ends(
+        cluster: Cluster, relayed: tuple[KubeApi, Relay], caplog: pytest.LogCaptureFixture) -> None:
+    api, relay = relayed
+    controller = new_controller(api, cluster.namespace)
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.informer.watch_kind, args=("claim", stop),
+                              kwargs={"timeout_s": 300}, daemon=True)
+    thread.start()
+    caplog.set_level(logging.DEBUG, logger="elasticgpu")
+    try:
+        assert _wait(lambda: controller.liveness.last_step("watch-claim") is not None)
+        time.sleep(0.5)  # the watch is open
+        caplog.clear()
+        relay.refuse()  # the server is gone: connections refused
+        for _ in range(3):
+            with pytest.raises(errors.ApiUnavailable):
+                api.list_classes()
+        time.sleep(2.0)  # the watch retries meanwhile
+        relay.accept_again()
+        assert isinstance(api.list_classes(), list)
+        cluster.claim(o.claim("after", cores=10, memory="1Gi"))
+        assert _wait(lambda: controller.claim(cluster.namespace, "after") is not None)
+        loud = [(r.name, r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO]
+        assert [(name, level) for name, level, _ in loud] == [
+            ("elasticgpu.controller.reachability", "WARNING"), ("elasticgpu.controller.reachability", "INFO")], loud
+        assert "unreachable" in loud[0][2] and "answers again" in loud[1][2]
+    finally:
+        stop.set()
+        relay.close()
+        thread.join(timeout=10)
+
+
+def test_missing_crds_are_waited_for_and_said_once(cluster: Cluster, kube: KubeApi,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    collection_path = kube.collection_path
+    installed = threading.Event()
+
+    def path(kind: str, namespace: str | None = None) -> str:
+        real = collection_path(kind, namespace)
+        # the server really answers 404: a plural no CRD defines, until "installed"
+        return real if kind != "gpu" or installed.is_set() else real.replace(names.PLURAL_GPU, "notinstalledgpus")
+
+    kube.collection_path = path  # type: ignore[method-assign]
+    controller = new_controller(kube, cluster.namespace)
+    stop = threading.Event()
+    result: list[dict[str, str] | None] = []
+    caplog.set_level(logging.INFO, logger="elasticgpu")
+    thread = threading.Thread(target=lambda: result.append(first_list(controller, stop)), daemon=True)
+    thread.start()
+    try:
+        time.sleep(3.0)  # several attempts (0.5 s, 1 s, 2 s apart)
+        assert thread.is_alive() and not result
+        installed.set()
+        thread.join(timeout=15)
+        assert result and result[0] is not None and result[0]["gpu"]
+        loud = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(loud) == 1 and "kubectl apply -f crds/" in loud[0][1], loud
+    finally:
+        stop.set()
+        del kube.collection_path
         thread.join(timeout=10)

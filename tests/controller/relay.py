@@ -1,0 +1,115 @@
+"""A TCP relay on loopback between a client and the API server, to break connections for real:
+`cut` closes every connection (a restarting server), `silence` makes the open ones half-open
+(nothing is forwarded any more, nothing is closed: a peer that vanished), `refuse` closes the
+port (the server is gone) and `accept_again` reopens it. Also the `relayed` fixture: a KubeApi
+that reaches the test API server through a relay."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from elasticgpu.controller.kube import KubeApi
+
+
+class Relay:
+    """Forwards TCP connections from a loopback port to `target` (see the module docstring)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._sockets: list[socket.socket] = []
+        self._silenced: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self._target)
+            with self._lock:
+                self._sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if source in self._silenced or sink in self._silenced:
+                    continue  # half-open: read and dropped, never answered, never closed
+                sink.sendall(data)
+        if source in self._silenced or sink in self._silenced:
+            return
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def cut(self) -> None:
+        """Close every open connection."""
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def silence(self) -> None:
+        """Make every open connection half-open; new connections work."""
+        with self._lock:
+            self._silenced.update(self._sockets)
+
+    def refuse(self) -> None:
+        """Close the port and every connection: new connections are refused."""
+        self._close_listener()
+        self.cut()
+
+    def _close_listener(self) -> None:
+        # shutdown first: on Linux a plain close leaves a socket blocked in accept() listening
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+
+    def accept_again(self) -> None:
+        """Listen on the same port again."""
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
+
+    def close(self) -> None:
+        """Stop relaying."""
+        self._close_listener()
+        self.cut()
+        with self._lock:
+            silenced, self._silenced = self._silenced, set()
+        for sock in silenced:
+            sock.close()
+
+
+@pytest.fixture
+def relayed(kube_cluster: Any, tmp_path: Path) -> Iterator[tuple[KubeApi, Relay]]:
+    """A KubeApi that reaches the API server through a `Relay`."""
+    config = yaml.safe_load(Path(kube_cluster.kubeconfig).read_text())
+    context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
+    entry = next(c for c in config["clusters"] if c["name"] == context["cluster"])["cluster"]
+    url = urlsplit(entry["server"])
+    relay = Relay((url.hostname or "127.0.0.1", url.port or 443))
+    entry["server"] = f"{url.scheme}://127.0.0.1:{relay.port}{url.path}"
+    entry.setdefault("tls-server-name", url.hostname)  # the server's certificate names the real host
+    path = tmp_path / "relayed-kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    api = KubeApi.from_kubeconfig(str(path))
+    try:
+        yield api, relay
+    finally:
+        relay.close()
+        api.close()

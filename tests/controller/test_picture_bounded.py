@@ -1,0 +1,61 @@
+"""Nothing in the picture outlives its object: indexes drop empty entries, the GPU ledger forgets
+a card's uuid with the card, tombstones expire by age as well as by a relist. Fed with watch
+events only (no server): the picture does no I/O."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from elasticgpu.api import names
+from elasticgpu.controller import versions
+from elasticgpu.controller.picture import Picture
+from tests.binding import objects as o
+
+
+def _at(body: dict[str, Any], version: int) -> dict[str, Any]:
+    body["metadata"]["resourceVersion"] = str(version)
+    return body
+
+
+def test_create_delete_churn_leaves_no_index_entry_behind() -> None:
+    picture = Picture()
+    version = 1
+    for index in range(200):
+        gpu = _at(o.gpu(f"gpu-churn-{index}", node=f"node-{index}"), version := version + 1)
+        picture.observe("gpu", "ADDED", gpu)
+        egpu = _at(o.share_egpu(f"egpu-churn-{index}", gpu["metadata"]["name"], cores=10, memory="1Gi",
+                                claim_ref={"namespace": "ns", "name": f"c{index}", "uid": f"uid-{index}"}),
+                   version := version + 1)
+        picture.observe("egpu", "ADDED", egpu)
+        claim = _at(o.claim(f"c{index}", egpu=egpu["metadata"]["name"], uid=f"uid-{index}"), version := version + 1)
+        picture.observe("claim", "ADDED", claim)
+        pod = _at({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": f"p{index}", "namespace": "ns", "annotations": {names.claim_annotation("main"): f"c{index}"}},
+            "status": {"phase": "Running"}}, version := version + 1)
+        picture.observe("pod", "ADDED", pod)
+        for kind, body in (("pod", pod), ("claim", claim), ("egpu", egpu), ("gpu", gpu)):
+            picture.observe(kind, "DELETED", _at(dict(body, metadata=dict(body["metadata"])), version := version + 1))
+
+    assert picture.claim_keys() == [] and not picture.elastic_gpus()
+    assert picture._claims_naming == {} and picture._egpus_on == {} and picture._by_claim_uid == {}
+    assert picture._pod_claims == {} and picture._claims_of_pod == {} and picture._pod_versions == {}
+    assert picture.ledger.gpu_names() == [] and picture.ledger._uuid_to_name == {}
+    # tombstones: a relist newer than every deletion forgets them all
+    picture.merge_lists(nodes=[], gpus=[], gpus_version=str(version), egpus=[], egpus_version=str(version),
+                        classes=[], claims=[], claims_version=str(version), pods=[], pods_version=str(version))
+    assert len(picture._deleted_claims) == len(picture._deleted_egpus) == len(picture._gone_pods) == 0
+    assert len(picture.ledger._deleted) == 0
+
+
+def test_tombstones_expire_by_age_without_a_relist() -> None:
+    tombstones: versions.Tombstones[str] = versions.Tombstones(max_age_s=0.05)
+    tombstones.bury("a", {"metadata": {"resourceVersion": "10"}})
+    assert tombstones.holds("a", {"metadata": {"resourceVersion": "9"}})
+    time.sleep(0.1)
+    tombstones.bury("b", {"metadata": {"resourceVersion": "11"}})  # each burial expires the old ones
+    assert not tombstones.holds("a", {"metadata": {"resourceVersion": "9"}})
+    assert len(tombstones) == 1
+    time.sleep(0.1)
+    tombstones.prune("")  # a relist that could not be compared still expires by age
+    assert len(tombstones) == 0
