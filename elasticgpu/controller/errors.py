@@ -19,7 +19,7 @@ from __future__ import annotations
 from elasticgpu.api.errors import ElasticGPUError, NotFound
 
 __all__ = ["AlreadyExists", "ApiError", "ApiUnavailable", "BindingError", "Conflict", "ControllerError",
-           "NotFound", "Rejected"]
+           "ElasticGPUError", "NotFound", "Rejected"]
 
 
 class ControllerError(ElasticGPUError):

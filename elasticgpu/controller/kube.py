@@ -96,25 +96,27 @@ class KubeApi:
         """A client for the cluster of `kubeconfig` (default: in-cluster, then $KUBECONFIG)."""
         if kubeconfig is None:
             try:
-                config.load_incluster_config()
+                config.load_incluster_config()  # type: ignore[no-untyped-call]  # the client is untyped
                 return cls(client.ApiClient(), settings=settings)
             except config.ConfigException:
                 pass
         configuration = client.Configuration()
-        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, context=context, client_configuration=configuration)
         configuration.connection_pool_maxsize = 32
         return cls(client.ApiClient(configuration), settings=settings)
 
     @property
     def configuration(self) -> client.Configuration:
         """The kubernetes client's configuration (server, TLS, token): kopf logs in with it."""
-        return self._api.configuration
+        configuration: client.Configuration = self._api.configuration
+        return configuration
 
     def close(self) -> None:
         """Release the HTTP connections."""
         if self._transport is not None:
             self._transport.close()
-        self._api.close()
+        self._api.close()  # type: ignore[no-untyped-call]
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -193,7 +195,7 @@ class KubeApi:
                 body=serialized,
                 _request_timeout=timeout_s or self.settings.request_timeout_s,
             )
-            data = response.read()
+            data = response.read()  # type: ignore[no-untyped-call]
         except client.ApiException as err:
             raise errors.ApiUnavailable(f"{method} {path}: {err.reason}; is the API server up?", status=0) from err
         except (urllib3.exceptions.HTTPError, OSError) as err:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, cast
 
 import kopf
 
@@ -30,6 +31,18 @@ WATCHED = (
     ("class", names.GROUP, names.VERSION, names.PLURAL_CLASS),
     ("pod", "", "v1", "pods"),
 )
+
+
+def _feeder(controller: Controller, kind: str) -> Callable[..., Coroutine[Any, Any, None]]:
+    """The `on.event` handler that hands each raw object of `kind` to the picture."""
+
+    # async: kopf runs it on its event loop; a sync handler would cost a thread hop per event.
+    async def handler(*, event: kopf.RawEvent, **_: Any) -> None:
+        body = event.get("object")
+        if isinstance(body, dict):  # a RawBody is the plain dict of the wire form
+            controller.observe(kind, event.get("type"), cast(dict[str, Any], body))
+
+    return handler
 
 
 def build_registry(controller: Controller, stop: threading.Event) -> kopf.OperatorRegistry:
@@ -54,14 +67,7 @@ def build_registry(controller: Controller, stop: threading.Event) -> kopf.Operat
         )
 
     for kind, group, version, plural in WATCHED:
-
-        # async: kopf runs it on its event loop; a sync handler would cost a thread hop per event.
-        async def handler(event: dict[str, Any], _kind: str = kind, **_: Any) -> None:
-            body = event.get("object")
-            if isinstance(body, dict):
-                controller.observe(_kind, event.get("type"), body)
-
-        kopf.on.event(group, version, plural, registry=registry, id=f"observe-{kind}")(handler)
+        kopf.on.event(group, version, plural, registry=registry, id=f"observe-{kind}")(_feeder(controller, kind))
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
