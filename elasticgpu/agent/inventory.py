@@ -4,9 +4,10 @@ For each card the agent owns:
 - the object's labels (`elasticgpu.io/node=<node>`, which its watch selects on) and its spec
   (index, uuid, model, memory, nodeName, numa, links, mig), by server-side apply, written only
   when they differ from what the watch last delivered;
-- in status: `capacity`, `health`, `usage` and the conditions `Heartbeat`, `Healthy` and
-  `ApplicationXid` (the controller owns `allocations`, `allocatable` and its own conditions; the
-  agent keeps those as they are). One status write per card per heartbeat interval in steady
+- in status: `capacity` (`{gpu-core: 100, gpu-memory: 80Gi}`, api.printing.gpu_capacity), `health`,
+  `usage` and the conditions `Heartbeat`, `Healthy` and `ApplicationXid` (the controller owns
+  `allocations`, `allocatable`, `allocatableSummary` and its own conditions; the agent keeps
+  those as they are). One status write per card per heartbeat interval in steady
   state; a change of health, capacity or a large change of usage is written at once.
 
 Conditions the controller reads:
@@ -37,7 +38,7 @@ from elasticgpu.agent.discovery import Card, DiscoveryBackend, Snapshot
 from elasticgpu.agent.health import CardHealth, HealthTracker
 from elasticgpu.agent.kube import AgentKube
 from elasticgpu.agent.settings import InventorySettings
-from elasticgpu.api import names
+from elasticgpu.api import names, printing
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +154,8 @@ def desired_status(
         conditions.append(_condition(HEALTHY, "True" if health.healthy else "False", health.reason, health.message,
                                      previous.get(HEALTHY), now))
         result["health"] = "Healthy" if health.healthy else "Unhealthy"
-        result["capacity"] = {names.RESOURCE_CORE: names.CORES_PER_CARD, names.RESOURCE_MEMORY: card.memory_mib}
+        # `80Gi`, not 81920: the MEMORY column of `kubectl get pgpu` prints this value as it is.
+        result["capacity"] = printing.gpu_capacity(card.memory_mib)
         if usage is not None:
             result["usage"] = {"memoryUsed": usage.memory_mib, "coresUsed": usage.sm_percent,
                                "updateTime": rfc3339(usage.measured_at)}

@@ -35,7 +35,14 @@ def test_gpu_objects_labels_health_and_recovery(
     assert (first.spec.uuid, first.spec.index, first.spec.memory, first.spec.numa) == (uuids[0], 0, 81920, 0)
     assert first.spec.node_name == node_name and first.spec.links == [uuids[1]]
     assert first.status.health == "Healthy"
-    assert first.status.capacity == {names.RESOURCE_CORE: 100, names.RESOURCE_MEMORY: 81920}
+    # What `kubectl get pgpu` shows in its MEMORY column: 80Gi, as claims and ElasticGPUs show memory.
+    assert first.status.capacity == {names.RESOURCE_CORE: 100, names.RESOURCE_MEMORY: "80Gi"}
+    table = kube_request(api_client, "GET", f"{GPUS}/{gpu_names[0]}",
+                         headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})  # as kubectl get asks
+    assert table.status == 200, table.body
+    columns = [c["name"] for c in table.json()["columnDefinitions"]]
+    row = dict(zip(columns, table.json()["rows"][0]["cells"], strict=True))
+    assert (row["Memory"], row["Node"], row["Health"]) == ("80Gi", node_name, "Healthy")
     managers = {m["manager"] for m in gpus[gpu_names[0]]["metadata"]["managedFields"]}
     assert managers == {"elasticgpu-agent"}
 
