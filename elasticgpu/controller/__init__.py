@@ -8,6 +8,10 @@ Modules, one role each:
   `claim_sync`, `elasticgpu_sync`, `commit` (the reservation commit), `handoff` (writes after
   the commit point, on a pool), `repair` (the periodic resync), `provisioner` (the ElasticGPU
   made for a claim), `events`;
+- pods that use claims: `pod_sync` (a gated pod, from its annotations to its gate lift),
+  `pod_gate` (pure: the next step, the lift patch), `pod_placement` (pure: the node of a pod's
+  WaitForFirstConsumer claims), `inline_claims` (claims owned by pods), `pod_index` (the pods
+  and nodes of the picture);
 - the process: `reconciling` (the roles wired into one `Controller`), `startup`
   (`run_controller`), `operator` (kopf wiring), `garbage` (garbage-collector tuning);
 - the edge: `kube` (the only module that talks to the API server), `transport` (its HTTP
