@@ -2,8 +2,12 @@
 
 Scale rule: 10,000 agents must not each list the cluster. Every list and watch here carries the
 label selector `elasticgpu.io/node=<this node>` (GPU objects) or the field selector
-`metadata.name=<this node>` (the Node); claims are only read and written by name, for the
-containers this node runs.
+`metadata.name=<this node>` (the Node); claims and ElasticGPUs are only read and written by name,
+for the containers this node runs.
+
+Every request notes whether the API server answered (`answered_at`, `last_failure`): the CRI
+hook's readiness is "the API server answered recently", learnt from the calls the agent makes
+anyway (heartbeats, watches), at no cost.
 
 Writes:
 - GPU spec and labels: server-side apply (field manager `elasticgpu-agent`, forced): the agent owns
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -70,6 +75,11 @@ class AgentKube:
         self._lock = threading.Lock()
         self.writes: dict[str, int] = {}
         """Writes per kind of write (`gpu_apply`, `gpu_status`, `claim_status`, `node_labels`, `event`), for metrics."""
+        self.answered_at: float | None = None
+        """time.monotonic() of the API server's last answer (any HTTP status below 500); None: never yet."""
+        self.last_failure: str | None = None
+        """What the last request that got no usable answer met (no connection, timeout, HTTP 5xx); None after
+        an answer."""
 
     def close(self) -> None:
         """Close the client's connections."""
@@ -88,6 +98,16 @@ class AgentKube:
         if content_type:
             headers["Content-Type"] = content_type
         return headers
+
+    def _answered(self, status: int, what: str) -> None:
+        if status < 500:
+            self.answered_at = time.monotonic()
+            self.last_failure = None
+        else:
+            self.last_failure = f"{what}: HTTP {status}"
+
+    def _unanswered(self, what: str, error: Exception) -> None:
+        self.last_failure = f"{what}: {error}"
 
     def _url(self, path: str, query: dict[str, str] | None) -> str:
         url = self._api.configuration.host.rstrip("/") + path
@@ -114,7 +134,9 @@ class AgentKube:
                 timeout=urllib3.Timeout(total=self._timeout_s), retries=False, preload_content=True,
             )
         except urllib3.exceptions.HTTPError as e:
+            self._unanswered(what, e)
             raise errors.KubeUnavailable(f"{what}: the API server did not answer ({e})") from None
+        self._answered(response.status, what)
         if write is not None and response.status < 500:
             with self._lock:
                 self.writes[write] = self.writes.get(write, 0) + 1
@@ -158,7 +180,9 @@ class AgentKube:
                 retries=False, preload_content=False,
             )
         except urllib3.exceptions.HTTPError as e:
+            self._unanswered(f"watch GPUs of node {self.node_name}", e)
             raise errors.KubeUnavailable(f"watch GPUs of node {self.node_name}: no answer ({e})") from None
+        self._answered(response.status, f"watch GPUs of node {self.node_name}")
         try:
             if response.status == 410:
                 raise errors.KubeConflict(f"watch GPUs of node {self.node_name}: 410 Gone", status=410)
@@ -175,6 +199,7 @@ class AgentKube:
                         event = json.loads(line)
                         if event.get("type") == "ERROR" and event.get("object", {}).get("code") == 410:
                             raise errors.KubeConflict(f"watch GPUs of node {self.node_name}: 410 Gone", status=410)
+                        self.answered_at = time.monotonic()  # a live watch is an answering server
                         yield WatchEvent(str(event.get("type")), dict(event.get("object") or {}))
         except (urllib3.exceptions.HTTPError, ValueError) as e:
             raise errors.KubeUnavailable(f"watch GPUs of node {self.node_name}: broken ({e})") from None
@@ -212,6 +237,11 @@ class AgentKube:
     def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """One claim; raises `KubeNotFound`."""
         return self._request("GET", self._claim_path(namespace, name), what=f"read claim {namespace}/{name}")
+
+    def read_elastic_gpu(self, name: str) -> dict[str, Any]:
+        """One ElasticGPU (cluster scoped); raises `KubeNotFound`."""
+        return self._request("GET", f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL_ELASTIC_GPU}/{name}",
+                             what=f"read ElasticGPU {name}")
 
     def patch_claim_status(
         self, namespace: str, name: str, *, resource_version: str, status: dict[str, Any]

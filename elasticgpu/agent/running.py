@@ -4,8 +4,12 @@ Threads, each a loop that never dies (failures are logged and retried with backo
 - inventory (and its watch of this node's GPU objects): GPU objects, heartbeat, Node labels;
 - health: waits for XID events and wakes inventory after a fatal one;
 - usage: samples per-process usage, attributes it to claims, writes claim status (rate-limited);
-- metrics: the /metrics endpoint (prometheus-client's HTTP server), read at scrape time.
-A signal (SIGTERM from the kubelet, SIGINT) stops them; the agent then closes what it opened.
+- metrics: the /metrics endpoint (prometheus-client's HTTP server), read at scrape time;
+- cri (unless --cri-proxy false): the CDI spec of the cards and the CRI proxy kubelet talks to,
+  supervised (cri/supervising.py), with the claim view read from the API server on demand
+  (cri/claim_view.py).
+A signal (SIGTERM from the kubelet, SIGINT) stops them; the agent then closes what it opened
+(the proxy first: calls in flight finish and their ledger writes land before the ledger closes).
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 from elasticgpu.agent import discovery, errors, health, inventory, kube, metrics, usage
+from elasticgpu.agent.cri import claim_view, injection, supervising
+from elasticgpu.agent.cri.proxy import ProxySettings
 from elasticgpu.agent.ledger.store import LedgerStore
-from elasticgpu.agent.settings import AgentSettings
+from elasticgpu.agent.settings import AgentSettings, CriSettings
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +40,23 @@ def _serve_metrics(settings: AgentSettings, sources: metrics.Sources) -> Any:
         ) from None
 
 
+def hook_settings(cri: CriSettings) -> supervising.HookSettings:
+    """The CRI hook's settings from the agent's; raises `AgentError` for a CDI form that does not exist."""
+    try:
+        form = injection.CdiForm(cri.cdi_form)
+    except ValueError:
+        raise errors.AgentError(
+            f"--cdi-form / ELASTICGPU_AGENT_CDI_FORM={cri.cdi_form!r} is not a CDI request form; use one of "
+            + ", ".join(f.value for f in injection.CdiForm)
+        ) from None
+    return supervising.HookSettings(
+        proxy=ProxySettings(listen=Path(cri.cri_listen), upstream=cri.cri_upstream),
+        injection=injection.InjectionSettings(cdi_form=form, neutralise_unclaimed=cri.neutralise_unclaimed),
+        cdi_dir=Path(cri.cdi_dir),
+        cdi_check_interval_s=cri.cdi_check_interval_s,
+    )
+
+
 def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     """Run the agent until SIGTERM or SIGINT; returns the exit code. Raises `AgentError` for what the operator fixes."""
     logging.basicConfig(
@@ -45,6 +69,7 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
             "the agent needs its node's name: pass --node-name, or set NODE_NAME (a DaemonSet sets it from"
             " spec.nodeName through the downward API)"
         )
+    cri_settings = hook_settings(settings.cri) if settings.cri.cri_proxy else None
     backend = discovery.open_backend(
         settings.discovery.backend, node_name=node, simulation_file=settings.discovery.simulation,
         device_dir=settings.discovery.device_dir, inject_dir=settings.discovery.inject_dir,
@@ -77,6 +102,19 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
         threading.Thread(target=sampler.run, args=(stop,), name="usage", daemon=True),
     ]
     snapshot = backend.snapshot()
+    publisher.snapshot = snapshot  # the CRI hook's first spec and view need the cards before inventory's first pass
+    hook = None
+    if cri_settings is not None:
+        view = claim_view.ClaimView(
+            kube=agent_kube, node_name=node, cards=lambda: publisher.snapshot.cards,
+            ttl_s=settings.cri.claim_cache_ttl_s, ready_window_s=settings.cri.api_ready_window_s,
+        )
+        hook = supervising.CriHook(settings=cri_settings, view=view, ledger=ledger,
+                                   cards=lambda: publisher.snapshot.cards, control_paths=backend.control_device_paths)
+        view.not_ready = hook.spec_problem  # no claim before the CDI spec names its cards
+        threads.append(threading.Thread(target=hook.run, args=(stop,), name="cri", daemon=True))
+    else:
+        logger.info("the CRI proxy is off (--cri-proxy false): inventory only; no claim reaches a container here")
     logger.info("node %s: %d card(s) from the %s backend: %s", node, len(snapshot.cards), backend.name,
                 ", ".join(f"{c.index}:{c.uuid} {c.model} {c.memory_mib}MiB" for c in snapshot.cards))
     server = None
@@ -89,7 +127,8 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
         stop.wait()
         logger.info("stopping")
         for thread in threads:
-            thread.join(timeout=5)
+            # The CRI hook waits for calls in flight and the ledger writes they queued.
+            thread.join(timeout=(cri_settings.grace_s + 10) if thread.name == "cri" and cri_settings else 5)
     finally:
         if server is not None:
             server.shutdown()

@@ -119,6 +119,36 @@ class MetricsSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CriSettings:
+    """The CRI hook: the proxy kubelet uses as its runtime endpoint, and the CDI spec of the cards."""
+
+    cri_proxy: bool = True
+    """Run the CRI proxy (false: inventory only; no claim reaches a container on this node)."""
+    cri_listen: str = "/var/run/elasticgpu/cri.sock"
+    """The proxy's unix socket (mode 0600): kubelet's --container-runtime-endpoint is unix://<this>."""
+    cri_upstream: str = "/run/containerd/containerd.sock"
+    """The runtime's own CRI socket the proxy forwards to (CRI-O: /var/run/crio/crio.sock)."""
+    cdi_dir: str = "/var/run/cdi"
+    """Folder the runtime reads CDI specs from (containerd 1.7 and CRI-O read /etc/cdi and /var/run/cdi;
+    a spec generated at run time belongs in /var/run/cdi)."""
+    cdi_form: str = "field"
+    """How a container asks the runtime for its CDI devices: `field` (CRI's CDIDevices: containerd >= 1.7.2,
+    CRI-O >= 1.28), `annotation` (cdi.k8s.io/..., older runtimes) or `both`."""
+    neutralise_unclaimed: bool = True
+    """A container without a claim gets NVIDIA_VISIBLE_DEVICES=void (a CUDA image's `all` would otherwise hand
+    it every card through the NVIDIA hook). Off only where another device plugin hands out GPUs that way."""
+    claim_cache_ttl_s: float = 5.0
+    """Seconds a claim read from the API server for a CreateContainer is reused (the containers of one pod
+    start together: one GET each for the claim and its ElasticGPU, not one per container)."""
+    api_ready_window_s: float = 60.0
+    """The agent's view of the API server is ready while the API server answered the agent within this many
+    seconds; after a longer outage a claim's container is refused as retryable (others still start)."""
+    cdi_check_interval_s: float = 30.0
+    """Seconds between checks that the CDI spec file is still what the agent wrote (a change of the cards is
+    written within the rediscover interval)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentSettings:
     """Every setting of the agent, one dataclass per concern."""
 
@@ -129,6 +159,7 @@ class AgentSettings:
     health: HealthSettings = field(default_factory=HealthSettings)
     usage: UsageSettings = field(default_factory=UsageSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    cri: CriSettings = field(default_factory=CriSettings)
 
 
 _CONCERNS: dict[str, type[Any]] = {
@@ -148,13 +179,18 @@ def _env(name: str) -> str:
 def _convert(value: str, default: Any, name: str) -> Any:
     try:
         if isinstance(default, bool):
-            return value.lower() in ("1", "true", "yes")
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
         if isinstance(default, int):
             return int(value)
         if isinstance(default, float):
             return float(value)
     except ValueError:
-        kind = "an integer" if isinstance(default, int) else "a number"
+        kind = ("true or false" if isinstance(default, bool) else "an integer" if isinstance(default, int)
+                else "a number")
         raise ValueError(f"{_env(name)} / {_flag(name)}={value!r}: must be {kind}") from None
     return value
 

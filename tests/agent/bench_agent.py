@@ -140,7 +140,8 @@ def main() -> None:
                  "--simulation", str(work / "sim.yaml"), "--device-dir", str(work / "dev"), "--node-name", node,
                  "--inject-dir", str(work / "inject"),
                  "--kubeconfig", str(cluster.kubeconfig), "--ledger-url", ledger_url, "--sample-interval-s", "1",
-                 "--metrics-port", str(port), "--metrics-address", "127.0.0.1"],
+                 "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
+                 "--cri-proxy", "false"],  # inventory, usage and health; the proxy is measured by bench/cri_proxy.py
                 stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                 env=environment)
         try:

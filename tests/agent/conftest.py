@@ -81,7 +81,7 @@ def start_agent(
             "--inject-dir", str(directory / "inject"), "--node-name", node,
             "--kubeconfig", str(kube_cluster.kubeconfig),
             "--ledger-url", ledger_url, "--heartbeat-interval-s", "2", "--rediscover-interval-s", "0.3",
-            "--metrics-port", "0", *extra,
+            "--metrics-port", "0", "--cri-proxy", "false", *extra,  # a later --cri-proxy true wins
         ]
         with log_path.open("w") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=REPO)

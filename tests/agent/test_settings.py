@@ -44,3 +44,15 @@ def test_help_says_what_each_setting_does() -> None:
     documented = {name for cls in (settings.InventorySettings, settings.UsageSettings, settings.LedgerSettings)
                   for name in settings.field_docs(cls)}
     assert {"heartbeat_interval_s", "usage_write_interval_s", "ledger_url"} <= documented
+
+
+def test_cri_settings_and_the_switch_to_run_without_the_proxy() -> None:
+    built = settings.from_sources(parse("--cri-listen", "/run/e/cri.sock", "--cdi-form", "both"),
+                                  environ={"ELASTICGPU_AGENT_CRI_PROXY": "false",
+                                           "ELASTICGPU_AGENT_CRI_UPSTREAM": "/var/run/crio/crio.sock"})
+    assert (built.cri.cri_proxy, built.cri.cri_listen, built.cri.cri_upstream, built.cri.cdi_form) == (
+        False, "/run/e/cri.sock", "/var/run/crio/crio.sock", "both")
+    assert settings.from_sources(parse(), environ={}).cri.cri_proxy is True  # on unless switched off
+    assert settings.from_sources(parse(), environ={}).cri.cdi_dir == "/var/run/cdi"
+    with pytest.raises(ValueError, match=r"--cri-proxy='flase': must be true or false"):
+        settings.from_sources(parse("--cri-proxy", "flase"), environ={})

@@ -6,13 +6,17 @@
     injection.py    the pure decision for one container (AgentView: the agent's picture)
     cdi.py          the CDI spec of the node's cards, written atomically
     api.py          the CRI v1 messages and stubs, compiled from the vendored api.proto
+    claim_view.py   ClaimView: the AgentView read from the API server by name, on demand
+    supervising.py  CriHook: the CDI spec kept true and the proxy kept serving, in the agent
 
-The agent wires them: `cdi.write_spec(...)`, then
-`CriProxy(ProxySettings(listen=..., upstream=...), container_hooks=ClaimHooks(view=..., ledger=...))`.
+The agent (running.py) wires them: `ClaimView(kube=..., cards=...)`, then
+`CriHook(settings=HookSettings(proxy=ProxySettings(listen=..., upstream=...)), view=..., ledger=...)`,
+whose thread writes the CDI spec and runs `CriProxy(..., container_hooks=ClaimHooks(view=..., ledger=...))`.
 """
 
 from elasticgpu.agent.cri.cdi import CardDevice, DeviceNode, write_spec
 from elasticgpu.agent.cri.claim_hooks import ClaimHooks
+from elasticgpu.agent.cri.claim_view import ClaimView
 from elasticgpu.agent.cri.hooks import ContainerHooks, PassThrough, PreparedCreate, Refused
 from elasticgpu.agent.cri.injection import (
     AgentView,
@@ -27,6 +31,7 @@ from elasticgpu.agent.cri.injection import (
     decide,
 )
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
+from elasticgpu.agent.cri.supervising import CriHook, HookSettings
 
 __all__ = [
     "AgentView",
@@ -36,11 +41,14 @@ __all__ = [
     "ClaimHooks",
     "ClaimInfo",
     "ClaimUser",
+    "ClaimView",
     "ContainerEdit",
     "ContainerHooks",
     "ContainerRequest",
+    "CriHook",
     "CriProxy",
     "DeviceNode",
+    "HookSettings",
     "InjectionSettings",
     "PassThrough",
     "PodRef",

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticgpu.agent.cri import injection
+from elasticgpu.agent.discovery import Card
 
 CDI_VERSION = "0.6.0"
 SPEC_FILE = "elasticgpu.io-gpu.json"
@@ -64,6 +65,25 @@ class CardDevice:
 def existing_control_nodes(dev: Path = Path("/dev")) -> list[DeviceNode]:
     """The control nodes present under `dev` (a spec naming a missing node fails every injection)."""
     return [DeviceNode(path=path) for path in CONTROL_NODES if (dev / Path(path).name).exists()]
+
+
+def card_devices(cards: Iterable[Card]) -> list[CardDevice]:
+    """Discovery's cards as CDI devices: `/dev/nvidia<minor>` in the container, the card's
+    `device_path` on the node (the same path for a real card, a stand-in when simulated)."""
+    return [
+        CardDevice(
+            uuid=card.uuid,
+            minor=card.minor,
+            host_path=None if card.device_path == f"/dev/nvidia{card.minor}" else card.device_path,
+        )
+        for card in cards
+    ]
+
+
+def control_nodes(host_paths: Iterable[str]) -> list[DeviceNode]:
+    """The backend's control devices (`backend.control_device_paths()`) as device nodes: each is
+    `/dev/<its name>` in the container (`/dev/nvidiactl`, ...), wherever it is on the node."""
+    return [DeviceNode(path=f"/dev/{Path(path).name}", host_path=path) for path in host_paths]
 
 
 def build_spec(cards: Sequence[CardDevice], control_nodes: Iterable[DeviceNode]) -> dict[str, Any]:

@@ -268,8 +268,10 @@ def decide(
     if not claim.whole_cards:
         # A slice: the same limits for MPS (if the node runs an MPS daemon) and HAMi-core (if
         # the image preloads it). Device ordinals are the container's: 0..n-1 in our order.
-        envs.append((ENV_MPS_THREADS, str(claim.cores)))
-        envs.append((ENV_HAMI_SM, str(claim.cores)))
+        # A slice of memory only (0 cores) reserved no compute: no compute limit (0 would starve it).
+        if claim.cores > 0:
+            envs.append((ENV_MPS_THREADS, str(claim.cores)))
+            envs.append((ENV_HAMI_SM, str(claim.cores)))
         if claim.memory_mib > 0:
             envs.append((ENV_MPS_MEMORY, ",".join(f"{i}={claim.memory_mib}M" for i in range(len(cards)))))
             envs.extend((f"{ENV_HAMI_MEMORY_PREFIX}_{i}", f"{claim.memory_mib}m") for i in range(len(cards)))

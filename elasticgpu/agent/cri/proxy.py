@@ -318,22 +318,36 @@ class CriProxy:
         """Set once the start-up reconciliation succeeded."""
 
     def start(self) -> None:
-        """Bind the socket, readable and writable by its owner only, and start serving."""
+        """Bind the socket, readable and writable by its owner only, and start serving.
+
+        On failure nothing is left behind (no server, no channel, no socket of ours); a path
+        that is not a socket is never removed."""
         path = self.settings.listen
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() or path.is_symlink():
-            if not stat.S_ISSOCK(path.lstat().st_mode):
-                raise FileExistsError(f"{path} exists and is not a socket; choose another listen path or remove it")
-            path.unlink()  # a socket left by an earlier run
-        # Bind under umask 0177 so the socket is never, even for an instant, open to others.
-        old = os.umask(0o177)
+        bound = False
         try:
-            self._server.add_insecure_port(f"unix://{path}")
-        finally:
-            os.umask(old)
-        os.chmod(path, 0o600)
-        self._hooks.attach_runtime(self._forwarder.list_containers)
-        self._server.start()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists() or path.is_symlink():
+                if not stat.S_ISSOCK(path.lstat().st_mode):
+                    raise FileExistsError(f"{path} exists and is not a socket; choose another listen path or remove it")
+                path.unlink()  # a socket left by an earlier run
+            # Bind under umask 0177 so the socket is never, even for an instant, open to others.
+            old = os.umask(0o177)
+            try:
+                if not self._server.add_insecure_port(f"unix://{path}"):
+                    raise OSError(f"cannot listen on {path}")
+                bound = True
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o600)
+            self._hooks.attach_runtime(self._forwarder.list_containers)
+            self._server.start()
+        except BaseException:
+            self._server.stop(None)
+            self._channel.close()
+            if bound:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            raise
         log.info("CRI proxy listening on %s, forwarding to %s", path, self.settings.upstream)
         self._reconciler = threading.Thread(target=self._reconcile, name="cri-reconcile", daemon=True)
         self._reconciler.start()

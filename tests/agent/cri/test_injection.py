@@ -108,6 +108,16 @@ def test_slice_claim_gets_its_card_and_limits() -> None:
     assert edit.claim == claim()
 
 
+def test_a_slice_of_memory_only_gets_no_compute_limit() -> None:
+    memory_only = claim("memory", cores=0, memory_mib=4096)
+    edit = injection.decide(request({"egpuc.elasticgpu.io/main": "memory"}), view(memory_only))
+    assert env(edit) == {
+        "NVIDIA_VISIBLE_DEVICES": CARD_A,
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
+    }
+
+
 def test_whole_cards_get_devices_and_no_limits() -> None:
     whole = claim("pair", gpus=(CARD_A, CARD_B), cores=100, memory_mib=0)
     edit = injection.decide(request({"egpuc.elasticgpu.io/main": "pair"}), view(whole))

@@ -1,0 +1,189 @@
+"""The agent's `injection.AgentView`, read from the API server on demand.
+
+Scale: 10,000 agents must not each list or watch the cluster's claims. A node needs a claim
+only when kubelet creates a container that names it, which is rare (once per container start),
+so the view reads by name when asked, through the agent's kube module, and nothing else:
+
+    claim(ns, name)   GET the claim; if it says Bound, GET its ElasticGPU (spec.elasticGPUName);
+                      both kept `ttl_s` seconds (the containers of one pod start together and
+                      share one read). A claim that does not exist is cached as such too.
+    card(uuid)        the cards discovery reports now (no API call)
+    not_ready_reason  ready while the API server answered the agent within `ready_window_s`
+                      (any call: heartbeats every 30 s, the GPU watch), learnt for free
+
+The ElasticGPU is the source of truth of what a claim holds (cards, node, capacity), as a
+PersistentVolume is for its claim; the claim's status only mirrors it. So the view takes them
+from the ElasticGPU and checks the two-way pointer: an ElasticGPU that is gone or whose
+spec.claimRef names another claim makes the claim `Lost` (what the controller will write),
+and its container is refused.
+
+When the API server cannot be asked, `claim` raises and `not_ready_reason` says why: the
+injection refuses that container as retryable (kubelet retries); containers without a claim
+never consult the view and start as always.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from elasticgpu.agent import errors
+from elasticgpu.agent.cri import injection
+from elasticgpu.agent.discovery import Card
+from elasticgpu.api import names, quantities
+
+
+class ClaimReader(Protocol):
+    """What the view asks of the agent's kube module (`kube.AgentKube`)."""
+
+    answered_at: float | None
+    last_failure: str | None
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """One claim; raises `errors.KubeNotFound`."""
+        ...
+
+    def read_elastic_gpu(self, name: str) -> dict[str, Any]:
+        """One ElasticGPU; raises `errors.KubeNotFound`."""
+        ...
+
+
+def limits(capacity: dict[str, Any], *, cards: int, physical: bool) -> tuple[int, int]:
+    """(cores per card, memory MiB per card) of a bound capacity; (100, 0) for whole cards.
+
+    Whole cards: `nvidia.com/gpu` in the capacity (the controller writes it for them), an
+    ElasticGPU of `spec.physicalGPU`, or 100 cores per card. A slice is one card: its cores
+    (0 when it reserved memory only) and its memory."""
+    cores = quantities.parse_count(capacity.get(names.RESOURCE_CORE, 0), field="capacity")
+    if physical or names.RESOURCE_NVIDIA_GPU in capacity or cores >= names.CORES_PER_CARD * max(cards, 1):
+        return names.CORES_PER_CARD, 0
+    memory = quantities.parse_memory_mib(capacity.get(names.RESOURCE_MEMORY, 0), field="capacity")
+    return cores, memory
+
+
+def claim_info(claim: dict[str, Any], egpu: dict[str, Any] | None) -> injection.ClaimInfo:
+    """The view of a claim and its ElasticGPU (None: not asked, or gone)."""
+    metadata, spec, status = claim.get("metadata") or {}, claim.get("spec") or {}, claim.get("status") or {}
+    namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
+    phase = str(status.get("phase") or "Pending")
+    users = tuple(injection.ClaimUser(str(u.get("name", "")), str(u.get("uid", ""))) for u in status.get("users") or [])
+    source: dict[str, Any] = status
+    physical = False
+    if phase == "Bound":
+        ref = ((egpu or {}).get("spec") or {}).get("claimRef") or {}
+        uid = str(metadata.get("uid", ""))
+        if egpu is None or (ref.get("namespace"), ref.get("name")) != (namespace, name) or (
+            ref.get("uid") and uid and ref.get("uid") != uid
+        ):
+            # OBSERVATION: the claim says Bound, its ElasticGPU is gone or serves another claim.
+            phase = "Lost"
+        else:
+            egpu_status = egpu.get("status") or {}
+            # The ElasticGPU's status is the truth; the claim's mirrors it (older objects: its spec).
+            source = {
+                "nodeName": egpu_status.get("nodeName") or status.get("nodeName"),
+                "gpus": egpu_status.get("gpus") or status.get("gpus"),
+                "capacity": egpu_status.get("capacity") or status.get("capacity") or egpu["spec"].get("capacity"),
+            }
+            physical = egpu["spec"].get("physicalGPU") is not None
+    gpus = tuple(str(g) for g in source.get("gpus") or [])
+    cores, memory = limits(dict(source.get("capacity") or {}), cards=len(gpus), physical=physical)
+    return injection.ClaimInfo(
+        namespace=namespace,
+        name=name,
+        phase=phase,
+        node_name=source.get("nodeName"),
+        elastic_gpu=str(spec.get("elasticGPUName") or ""),
+        gpus=gpus,
+        cores=cores,
+        memory_mib=memory,
+        users=users,
+    )
+
+
+class ClaimView:
+    """injection.AgentView from the API server (see the module docstring). Thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        kube: ClaimReader,
+        node_name: str,
+        cards: Callable[[], Sequence[Card]],
+        ttl_s: float = 5.0,
+        ready_window_s: float = 60.0,
+        not_ready: Callable[[], str | None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`cards`: the cards discovery reports now; `not_ready`: another reason to refuse claims
+        (the CDI spec not written), or None."""
+        self._kube = kube
+        self._node_name = node_name
+        self._cards = cards
+        self._ttl_s = ttl_s
+        self._ready_window_s = ready_window_s
+        self.not_ready = not_ready
+        """Another reason to refuse claims, or None (the agent sets the CRI hook's `spec_problem`)."""
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cache: dict[tuple[str, str], tuple[float, injection.ClaimInfo | None]] = {}
+        self.reads = 0
+        """API reads the view made (claims and ElasticGPUs), for tests and metrics."""
+
+    @property
+    def node_name(self) -> str:
+        """This node."""
+        return self._node_name
+
+    def not_ready_reason(self) -> str | None:
+        """Why claims cannot be injected now, or None (see the module docstring)."""
+        answered = self._kube.answered_at
+        if answered is None:
+            return "it has not reached the API server since it started"
+        silent = self._clock() - answered
+        if silent > self._ready_window_s:
+            failure = self._kube.last_failure
+            return f"the API server has not answered it for {silent:.0f} s" + (f" ({failure})" if failure else "")
+        return self.not_ready()
+
+    def claim(self, namespace: str, name: str) -> injection.ClaimInfo | None:
+        """The claim with what its ElasticGPU holds; None if there is none. Raises `errors.KubeError`
+        when the API server cannot be asked (the container is then refused as retryable)."""
+        key = (namespace, name)
+        now = self._clock()
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None and now - cached[0] < self._ttl_s:
+                return cached[1]
+        info = self._read(namespace, name)
+        with self._lock:
+            if len(self._cache) > 1024:  # claims of containers long started: forget them
+                self._cache = {k: v for k, v in self._cache.items() if now - v[0] < self._ttl_s}
+            self._cache[key] = (now, info)
+        return info
+
+    def _read(self, namespace: str, name: str) -> injection.ClaimInfo | None:
+        self.reads += 1
+        try:
+            claim = self._kube.read_claim(namespace, name)
+        except errors.KubeNotFound:
+            return None
+        egpu = None
+        egpu_name = (claim.get("spec") or {}).get("elasticGPUName")
+        if (claim.get("status") or {}).get("phase") == "Bound" and egpu_name:
+            self.reads += 1
+            try:
+                egpu = self._kube.read_elastic_gpu(str(egpu_name))
+            except errors.KubeNotFound:
+                egpu = None
+        return claim_info(claim, egpu)
+
+    def card(self, uuid: str) -> injection.CardInfo | None:
+        """A card discovery reports now, by uuid (any case)."""
+        wanted = uuid.lower()
+        for card in self._cards():
+            if card.uuid.lower() == wanted:
+                return injection.CardInfo(uuid=card.uuid, index=card.index, memory_mib=card.memory_mib)
+        return None

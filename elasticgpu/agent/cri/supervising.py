@@ -1,0 +1,198 @@
+"""The CRI hook inside the running agent: the CDI spec kept true, the proxy kept serving.
+
+One thread (`CriHook.run`) with two duties, each retried on its own with backoff, so that
+neither stops the other (kubelet needs the socket even when the spec cannot be written):
+
+    CDI spec   written at start from discovery's cards (`Card.minor`, `Card.device_path`) and
+               the backend's control devices; written again when they change (a card appeared,
+               vanished, nvidia-uvm was created), and checked every `cdi_check_interval_s`
+               (someone removed or edited the file). Until it has been written, claims are
+               refused as retryable (`spec_problem`, read by the view).
+    proxy      a `CriProxy` with fresh `ClaimHooks` (a restarted proxy reconciles again before
+               it takes claims); restarted when starting it fails (the listen path is taken,
+               the folder cannot be made) or when its socket vanished or was replaced (a
+               cleaned /var/run): kubelet could no longer reach it.
+
+A failure is logged once, at warning, with what to fix; the same failure again is logged at
+debug, and its end at info. `run` returns when `stop` is set, after stopping the proxy (calls in
+flight get `grace_s`) and finishing the ledger writes its hooks queued.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elasticgpu.agent.cri import cdi, claim_hooks, injection
+from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
+from elasticgpu.agent.discovery import Card
+from elasticgpu.agent.ledger.store import LedgerStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Retry:
+    """Failures of one duty in a row, when to try again, and the failure last logged."""
+
+    what: str
+    first_s: float
+    longest_s: float
+    failures: int = 0
+    next_at: float = 0.0
+    logged: str | None = None
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_at
+
+    def failed(self, error: BaseException, now: float) -> None:
+        self.failures += 1
+        delay = min(self.longest_s, self.first_s * 2 ** (self.failures - 1))
+        self.next_at = now + delay
+        text = f"{type(error).__name__}: {error}"
+        if text != self.logged:
+            log.warning("%s failed (%s); retrying with backoff (next in %.1f s)", self.what, text, delay)
+            self.logged = text
+        else:
+            log.debug("%s failed again (%s); next in %.1f s", self.what, text, delay)
+
+    def succeeded(self) -> None:
+        if self.failures:
+            log.info("%s works again after %d failed attempt(s)", self.what, self.failures)
+        self.failures, self.next_at, self.logged = 0, 0.0, None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HookSettings:
+    """How the agent runs its CRI hook."""
+
+    proxy: ProxySettings
+    injection: injection.InjectionSettings = field(default_factory=injection.InjectionSettings)
+    cdi_dir: Path = Path("/var/run/cdi")
+    cdi_check_interval_s: float = 30.0
+    tick_s: float = 0.5
+    """Seconds between looks at the socket and the cards (a stat and a tuple compare)."""
+    backoff_s: tuple[float, float] = (0.5, 30.0)
+    """First and longest wait after a failure of a duty (doubling)."""
+    grace_s: float = 5.0
+    """Seconds calls in flight get to finish when the agent stops."""
+
+
+class CriHook:
+    """The CDI spec and the supervised proxy (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        settings: HookSettings,
+        view: injection.AgentView,
+        ledger: LedgerStore,
+        cards: Callable[[], Sequence[Card]],
+        control_paths: Callable[[], Sequence[str]],
+    ) -> None:
+        self.settings = settings
+        self._view = view
+        self._ledger = ledger
+        self._cards = cards
+        self._control_paths = control_paths
+        first, longest = settings.backoff_s
+        self._spec_retry = _Retry("writing the CDI spec into " + str(settings.cdi_dir), first, longest)
+        self._proxy_retry = _Retry(f"the CRI proxy on {settings.proxy.listen}", first, longest)
+        self._spec_inputs: tuple[object, ...] | None = None
+        self._spec_checked = 0.0
+        self._spec_problem: str | None = "the CDI spec of this node's cards is not written yet"
+        self._socket: tuple[int, int] | None = None  # (device, inode) of the socket we bound
+        self.proxy: CriProxy | None = None
+        """The proxy serving now (None between a failure and its restart)."""
+        self.hooks: claim_hooks.ClaimHooks | None = None
+        """The claim hooks of the proxy serving now."""
+        self.proxy_starts = 0
+        """Proxies started (1 + restarts), for tests and logs."""
+
+    def spec_problem(self) -> str | None:
+        """Why claims cannot be given now on the spec's side (not written, last write failed), or None."""
+        return self._spec_problem
+
+    # --- the loop ---
+
+    def run(self, stop: threading.Event) -> None:
+        """Keep spec and proxy until `stop`, then stop the proxy. Never raises."""
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                if self._spec_retry.due(now):
+                    try:
+                        self._keep_spec(now)
+                        self._spec_retry.succeeded()
+                    except Exception as e:
+                        self._spec_problem = f"the CDI spec cannot be written into {self.settings.cdi_dir} ({e})"
+                        self._spec_retry.failed(e, now)
+                if self._proxy_retry.due(now):
+                    try:
+                        self._keep_proxy()
+                        self._proxy_retry.succeeded()
+                    except Exception as e:
+                        self._stop_proxy()
+                        self._proxy_retry.failed(e, now)
+                stop.wait(self.settings.tick_s)
+        finally:
+            self._stop_proxy()
+
+    # --- the CDI spec ---
+
+    def _keep_spec(self, now: float) -> None:
+        cards = tuple(self._cards())
+        control = tuple(self._control_paths())
+        inputs = (tuple((c.uuid, c.minor, c.device_path) for c in cards), control)
+        if inputs == self._spec_inputs and now - self._spec_checked < self.settings.cdi_check_interval_s:
+            return
+        written = cdi.write_spec(self.settings.cdi_dir, cdi.card_devices(cards), cdi.control_nodes(control))
+        if written:
+            log.info("CDI spec written into %s: %d card(s) (%s), control devices %s", self.settings.cdi_dir,
+                     len(cards), ", ".join(c.uuid for c in cards) or "none", ", ".join(control) or "none")
+        self._spec_inputs, self._spec_checked, self._spec_problem = inputs, now, None
+
+    # --- the proxy ---
+
+    def _keep_proxy(self) -> None:
+        if self.proxy is not None:
+            if self._socket_intact():
+                return
+            log.warning("the CRI proxy's socket %s vanished or was replaced; kubelet cannot reach it: restarting "
+                        "the proxy", self.settings.proxy.listen)
+            self._stop_proxy()
+        hooks = claim_hooks.ClaimHooks(view=self._view, ledger=self._ledger, settings=self.settings.injection)
+        proxy = CriProxy(self.settings.proxy, container_hooks=hooks)
+        try:
+            proxy.start()  # leaves nothing behind when it fails
+        except BaseException:
+            hooks.close()
+            raise
+        self.proxy, self.hooks = proxy, hooks
+        self.proxy_starts += 1
+        found = os.stat(self.settings.proxy.listen)
+        self._socket = (found.st_dev, found.st_ino)
+
+    def _socket_intact(self) -> bool:
+        try:
+            found = os.lstat(self.settings.proxy.listen)
+        except FileNotFoundError:
+            return False
+        return stat.S_ISSOCK(found.st_mode) and (found.st_dev, found.st_ino) == self._socket
+
+    def _stop_proxy(self) -> None:
+        proxy, hooks = self.proxy, self.hooks
+        self.proxy, self.hooks, self._socket = None, None, None
+        if proxy is not None:
+            try:
+                proxy.stop(self.settings.grace_s)
+            except Exception:
+                log.exception("stopping the CRI proxy on %s failed", self.settings.proxy.listen)
+        if hooks is not None:
+            hooks.close()
