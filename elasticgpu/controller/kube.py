@@ -418,7 +418,7 @@ class KubeApi:
         """Create a core/v1 Event. Failures are logged, never raised: an Event is a courtesy."""
         try:
             self._call("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
-        except errors.ApiError as err:
+        except (errors.ApiError, errors.NotFound) as err:  # NotFound: its namespace is being deleted
             logger.debug("event not written", extra={"namespace": namespace, "error": str(err)})
 
     def list_events(self, namespace: str) -> list[Body]:
