@@ -59,3 +59,55 @@ def test_tombstones_expire_by_age_without_a_relist() -> None:
     time.sleep(0.1)
     tombstones.prune("")  # a relist that could not be compared still expires by age
     assert len(tombstones) == 0
+
+
+def test_the_heap_stays_flat_under_churn() -> None:
+    """Create/delete cycles (a GPU, an ElasticGPU on it, its claim, a pod using the claim), with a
+    relist now and then as the resync makes: the second half of the run must not grow the heap."""
+    import gc
+    import tracemalloc
+
+    picture = Picture()
+    version = [1]
+
+    def at(body: dict[str, Any]) -> dict[str, Any]:
+        version[0] += 1
+        return _at(body, version[0])
+
+    def cycle(index: int) -> None:
+        gpu = at(o.gpu(f"gpu-heap-{index}", node=f"node-{index}"))
+        egpu = at(o.share_egpu(f"egpu-heap-{index}", gpu["metadata"]["name"], cores=10, memory="1Gi",
+                               claim_ref={"namespace": "ns", "name": f"c{index}", "uid": f"uid-{index}"}))
+        claim = at(o.claim(f"c{index}", egpu=egpu["metadata"]["name"], uid=f"uid-{index}"))
+        pod = at({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": f"p{index}", "namespace": "ns", "annotations": {names.claim_annotation("main"): f"c{index}"}},
+            "status": {"phase": "Running"}})
+        for kind, body in (("gpu", gpu), ("egpu", egpu), ("claim", claim), ("pod", pod)):
+            picture.observe(kind, "ADDED", body)
+        for kind, body in (("pod", pod), ("claim", claim), ("egpu", egpu), ("gpu", gpu)):
+            picture.observe(kind, "DELETED", at(dict(body, metadata=dict(body["metadata"]))))
+
+    def relist() -> None:
+        now = str(version[0])
+        picture.merge_lists(nodes=[], gpus=[], gpus_version=now, egpus=[], egpus_version=now, classes=[],
+                            claims=[], claims_version=now, pods=[], pods_version=now)
+
+    def run(first: int, count: int) -> None:
+        for index in range(first, first + count):
+            cycle(index)
+            if index % 500 == 499:
+                relist()
+
+    run(0, 1000)  # warm-up: caches, interned strings, allocator pools
+    gc.collect()
+    tracemalloc.start()
+    try:
+        run(1000, 2000)
+        gc.collect()
+        middle, _ = tracemalloc.get_traced_memory()
+        run(3000, 2000)
+        gc.collect()
+        end, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert end - middle < 64 * 1024, f"the heap grew by {(end - middle) / 1024:.0f} KiB over 2,000 cycles"
