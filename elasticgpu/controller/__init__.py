@@ -7,7 +7,8 @@ Modules, one role each:
 - the flow: `informer` (list and watch; feeds the picture), `workqueue`, `worker` (the loop),
   `claim_sync`, `elasticgpu_sync`, `commit` (the reservation commit), `handoff` (writes after
   the commit point, on a pool), `repair` (the periodic resync), `provisioner` (the ElasticGPU
-  made for a claim), `events`;
+  made for a claim), `events`, `failures` (what a failed sync does: backoff, logged once),
+  `liveness` (threads alive and loops stepping: the /healthz check);
 - pods that use claims: `pod_sync` (a gated pod, from its annotations to its gate lift),
   `pod_gate` (pure: the next step, the lift patch), `pod_placement` (pure: the node of a pod's
   WaitForFirstConsumer claims), `inline_claims` (claims owned by pods), `pod_index` (the pods
@@ -15,7 +16,8 @@ Modules, one role each:
 - the process: `reconciling` (the roles wired into one `Controller`), `startup`
   (`run_controller`), `operator` (kopf wiring), `garbage` (garbage-collector tuning);
 - the edge: `kube` (the only module that talks to the API server), `transport` (its HTTP
-  connections); `settings`, `errors`.
+  connections), `reachability` (one WARNING when the server stops answering, one INFO when it
+  is back); `settings`, `errors`.
 """
 
 from __future__ import annotations
