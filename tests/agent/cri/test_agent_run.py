@@ -1,0 +1,212 @@
+"""`python -m elasticgpu.agent run` as a real process, with its CRI proxy in front of the real containerd and
+its view read from the real API server; the test acts as kubelet (and runs the controller).
+
+The agent publishes its simulated card and writes the CDI spec; the controller binds a pod's inline claim to
+the card and lifts the gate; through the agent's socket the claim's container gets its card (env and device
+node), the sidecar `void`; the ledger records it. kill -9 of the agent: the socket is dead, a container is
+removed meanwhile directly on the runtime; the restarted agent's proxy serves again and its reconciliation
+releases the gone container's row, so the claim is given again to the next container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from elasticgpu.agent.cri import cdi
+from elasticgpu.agent.discovery import simulated
+from elasticgpu.agent.ledger import store
+from elasticgpu.api import errors, names, pod_claims
+from tests.agent.conftest import wait_for
+from tests.agent.cri.kubelet import Kubelet, Pod
+from tests.binding import objects as o
+from tests.containerd_runtime import REPO_ROOT, TestRuntime, die_with_parent, sandbox_config
+from tests.kube_cluster import TestCluster
+from tests.pods.claim_world import World, controller_for, kube, settle, world
+from tests.pods.conftest import pod_update_policies
+
+__all__ = ["kube", "pod_update_policies", "world"]  # fixtures
+
+
+class AgentProcess:
+    """`python -m elasticgpu.agent run` with the simulated backend and the CRI proxy, restartable."""
+
+    def __init__(self, command: list[str], log: Path) -> None:
+        self.command, self.log_path = command, log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("a") as log:
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                            preexec_fn=die_with_parent)  # fmt: skip
+
+    def alive(self) -> bool:
+        assert self.process is not None and self.process.poll() is None, self.log()
+        return True
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(15)
+
+
+@pytest.fixture
+def agent_factory(kube_cluster: TestCluster, containerd: TestRuntime, proxy_socket: Path,
+                  tmp_path: Path) -> Iterator[Callable[[str, str], AgentProcess]]:  # fmt: skip
+    made: list[AgentProcess] = []
+
+    def make(node: str, model: str) -> AgentProcess:
+        description = {"cards": [{"model": model, "memory": "80Gi", "numa": 0}]}
+        (tmp_path / "sim.yaml").write_text(yaml.safe_dump(description))
+        command = [
+            sys.executable, "-m", "elasticgpu.agent", "run", "--log-level", "debug", "--node-name", node,
+            "--backend", "simulated", "--simulation", str(tmp_path / "sim.yaml"),
+            "--device-dir", str(containerd.directory / "simdev"), "--kubeconfig", str(kube_cluster.kubeconfig),
+            "--ledger-url", f"sqlite:///{tmp_path / 'ledger.db'}", "--metrics-port", "0",
+            "--heartbeat-interval-s", "2", "--rediscover-interval-s", "0.5",
+            "--cri-listen", str(proxy_socket), "--cri-upstream", str(containerd.socket),
+            "--cdi-dir", str(containerd.cdi_dir),
+        ]  # fmt: skip
+        agent = AgentProcess(command, tmp_path / "agent.log")
+        made.append(agent)
+        agent.start()
+        return agent
+
+    yield make
+    for agent in made:
+        agent.kill()
+
+
+@pytest.fixture
+def world_gpus(world: World) -> Iterator[list[str]]:
+    """GPU objects the agent publishes (named by uuid, not by the world's prefix): deleted after the test."""
+    published: list[str] = []
+    yield published
+    for name in published:
+        with contextlib.suppress(Exception):
+            world.kube.delete_gpu(name)
+
+
+def serving(socket: Path) -> bool:
+    """True once a CRI call through the proxy's socket is answered (by the runtime behind it)."""
+    with Kubelet(f"unix://{socket}", "") as k:
+        try:
+            k.runtime.Version(k.pb.VersionRequest(), timeout=2)
+        except grpc.RpcError:
+            return False
+    return True
+
+
+def create_as_kubelet(k: Kubelet, pod: Pod, name: str, **kwargs: Any) -> str:
+    """CreateContainer, retried as kubelet retries while the agent says it is not ready yet (UNAVAILABLE)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return k.create_container(pod, name, **kwargs)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def rows(ledger: store.LedgerStore) -> list[tuple[str, str | None, str]]:
+    return [(a.state, a.container_id, a.claim_name) for a in ledger.open_allocations()]
+
+
+def test_agent_run_injects_through_its_proxy_and_reconciles_after_kill_9(
+    world: World, world_gpus: list[str], containerd: TestRuntime, proxy_socket: Path,
+    agent_factory: Callable[[str, str], AgentProcess],
+) -> None:  # fmt: skip
+    node, model = world.node(f"{world.prefix}-a"), f"T{world.prefix}"
+    uuid = simulated.simulated_uuid(node, 0)
+    world_gpus.append(names.gpu_object_name(uuid))
+    agent = agent_factory(node, model)
+
+    # The agent publishes its card, writes the CDI spec and serves the socket (mode 0600).
+    def published() -> dict[str, Any] | None:
+        agent.alive()
+        try:
+            return world.kube.get_gpu(names.gpu_object_name(uuid))
+        except errors.NotFound:
+            return None
+
+    wait_for("the GPU object", published, timeout=60)
+    wait_for("the proxy serving", lambda: agent.alive() and serving(proxy_socket), timeout=30)
+    assert stat.S_IMODE(os.stat(proxy_socket).st_mode) == 0o600
+    spec = wait_for("the CDI spec", lambda: (containerd.cdi_dir / cdi.SPEC_FILE).exists())
+    assert spec and uuid in (containerd.cdi_dir / cdi.SPEC_FILE).read_text()
+
+    # A pod with an inline claim, gated as the webhook leaves it; the controller binds the claim to the card.
+    world.klass(o.klass(f"{world.prefix}-now", parameters={"gpuModel": model}))
+    world.pod("trainer", inline={"main": f"gpu-core=30,gpu-memory=10Gi,class={world.prefix}-now"})
+    controller = controller_for(world)
+    wait_for("the claim bound and the gate lifted", lambda: (settle(controller), names.SCHEDULING_GATE not in [
+        g["name"] for g in world.get_pod("trainer")["spec"].get("schedulingGates") or []])[1])  # fmt: skip
+    pod = world.get_pod("trainer")
+    claim_name = pod_claims.inline_claim_name("trainer", "main")
+    assert world.get_claim(claim_name)["status"]["gpus"] == [uuid]
+
+    ledger = store.LedgerStore.open(agent.command[agent.command.index("--ledger-url") + 1])
+    try:
+        with Kubelet(f"unix://{proxy_socket}", containerd.image) as k:
+            config = sandbox_config(name="trainer", namespace=world.namespace, uid=pod["metadata"]["uid"],
+                                    annotations=pod["metadata"]["annotations"])  # fmt: skip
+            sandbox = k.runtime.RunPodSandbox(k.pb.RunPodSandboxRequest(config=config), timeout=30).pod_sandbox_id
+            running = Pod(id=sandbox, config=config)
+            main = create_as_kubelet(k, running, "main", envs={"NVIDIA_VISIBLE_DEVICES": "all"})
+            side = create_as_kubelet(k, running, "side", envs={"NVIDIA_VISIBLE_DEVICES": "all"})
+            for container_id in (main, side):
+                k.start(container_id)
+            env = k.env(main)
+            assert env["NVIDIA_VISIBLE_DEVICES"] == uuid
+            assert env["CUDA_DEVICE_SM_LIMIT"] == "30" and env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "10240m"
+            assert k.exec(main, "sh", "-c", "test -c /dev/nvidia0 && test -c /dev/nvidiactl")[0] == 0
+            assert k.env(side)["NVIDIA_VISIBLE_DEVICES"] == "void"
+            assert k.exec(side, "sh", "-c", "test -e /dev/nvidia0")[0] != 0
+            wait_for("the ledger row created", lambda: rows(ledger) == [("created", main, claim_name)])
+
+        # kill -9: kubelet's socket answers nothing. Meanwhile the claim's container goes, directly on the
+        # runtime (an operator's crictl rm, or kubelet pointed back at containerd).
+        agent.kill()
+        assert not serving(proxy_socket)
+        with Kubelet(containerd.endpoint, containerd.image) as direct:
+            direct.remove_container(main)
+
+        # Restarted: the proxy serves again, and its start-up reconciliation releases the gone container's row.
+        agent.start()
+        wait_for("the proxy serving again", lambda: agent.alive() and serving(proxy_socket), timeout=30)
+        wait_for("the gone container's row released", lambda: rows(ledger) == [])
+        released = ledger.allocation_for_container(main)
+        assert released is not None and released.state == "released"
+
+        with Kubelet(f"unix://{proxy_socket}", containerd.image) as k:
+            again = create_as_kubelet(k, running, "main")  # kubelet recreates the container: the claim is free
+            k.start(again)
+            assert k.env(again)["NVIDIA_VISIBLE_DEVICES"] == uuid
+            wait_for("the new row created", lambda: rows(ledger) == [("created", again, claim_name)])
+            k.remove_pod(running)
+        wait_for("the ledger released after the pod", lambda: rows(ledger) == [])
+    finally:
+        ledger.close()
+
+    # SIGTERM: the agent stops cleanly and takes its socket with it.
+    assert agent.process is not None
+    agent.process.send_signal(signal.SIGTERM)
+    assert agent.process.wait(30) == 0, agent.log()
+    assert not proxy_socket.exists()
+    assert "Traceback" not in agent.log()
