@@ -153,6 +153,10 @@ class AgentKube:
             raise errors.KubeConflict(text, status=409)
         raise errors.KubeUnavailable(text, status=response.status)
 
+    def probe(self) -> None:
+        """Ask the API server for its version (the cheapest request there is): notes whether it answers."""
+        self._request("GET", "/version", what="probe the API server")
+
     # GPU objects of this node ---------------------------------------------------------------------
 
     def node_selector(self) -> str:

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-import pytest
-import yaml
 from kubernetes import client
 
 from elasticgpu.agent.discovery import simulated
@@ -18,25 +15,6 @@ from elasticgpu.api import names
 from tests.agent.conftest import RunningAgent, wait_for
 from tests.agent.objects import DESCRIPTION, condition, node_gpus
 from tests.controller.relay import Relay
-from tests.kube_cluster import TestCluster
-
-
-@pytest.fixture
-def relayed_kubeconfig(kube_cluster: TestCluster, tmp_path: Path) -> Iterator[tuple[Path, Relay]]:
-    """A kubeconfig that reaches the API server through a TCP relay the test can break."""
-    config = yaml.safe_load(Path(kube_cluster.kubeconfig).read_text())
-    context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
-    entry = next(c for c in config["clusters"] if c["name"] == context["cluster"])["cluster"]
-    url = urlsplit(entry["server"])
-    relay = Relay((url.hostname or "127.0.0.1", url.port or 443))
-    entry["server"] = f"{url.scheme}://127.0.0.1:{relay.port}{url.path}"
-    entry.setdefault("tls-server-name", url.hostname)
-    path = tmp_path / "relayed-kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    try:
-        yield path, relay
-    finally:
-        relay.close()
 
 
 def test_agent_survives_a_refused_server_and_half_open_connections(

@@ -9,7 +9,9 @@ so the view reads by name when asked, through the agent's kube module, and nothi
                       share one read). A claim that does not exist is cached as such too.
     card(uuid)        the cards discovery reports now (no API call)
     not_ready_reason  ready while the API server answered the agent within `ready_window_s`
-                      (any call: heartbeats every 30 s, the GPU watch), learnt for free
+                      (any call: heartbeats every 30 s, the GPU watch), learnt for free; past
+                      that, one GET /version at most every `probe_interval_s` says whether it
+                      is back (the agent's own loops may be in a long backoff)
 
 The ElasticGPU is the source of truth of what a claim holds (cards, node, capacity), as a
 PersistentVolume is for its claim; the claim's status only mirrors it. So the view takes them
@@ -24,6 +26,7 @@ never consult the view and start as always.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +43,10 @@ class ClaimReader(Protocol):
 
     answered_at: float | None
     last_failure: str | None
+
+    def probe(self) -> None:
+        """A cheap request whose answer (or none) updates `answered_at` / `last_failure`."""
+        ...
 
     def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """One claim; raises `errors.KubeNotFound`."""
@@ -114,6 +121,7 @@ class ClaimView:
         cards: Callable[[], Sequence[Card]],
         ttl_s: float = 5.0,
         ready_window_s: float = 60.0,
+        probe_interval_s: float = 2.0,
         not_ready: Callable[[], str | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -124,6 +132,8 @@ class ClaimView:
         self._cards = cards
         self._ttl_s = ttl_s
         self._ready_window_s = ready_window_s
+        self._probe_interval_s = probe_interval_s
+        self._probed_at: float | None = None
         self.not_ready = not_ready
         """Another reason to refuse claims, or None (the agent sets the CRI hook's `spec_problem`)."""
         self._clock = clock
@@ -139,14 +149,27 @@ class ClaimView:
 
     def not_ready_reason(self) -> str | None:
         """Why claims cannot be injected now, or None (see the module docstring)."""
+        if not self._answered_recently():
+            with self._lock:
+                now = self._clock()
+                due = self._probed_at is None or now - self._probed_at >= self._probe_interval_s
+                if due:
+                    self._probed_at = now
+            if due:
+                with contextlib.suppress(errors.KubeError):
+                    self._kube.probe()
         answered = self._kube.answered_at
+        failure = f" ({self._kube.last_failure})" if self._kube.last_failure else ""
         if answered is None:
-            return "it has not reached the API server since it started"
+            return "it has not reached the API server since it started" + failure
         silent = self._clock() - answered
         if silent > self._ready_window_s:
-            failure = self._kube.last_failure
-            return f"the API server has not answered it for {silent:.0f} s" + (f" ({failure})" if failure else "")
+            return f"the API server has not answered it for {silent:.0f} s{failure}"
         return self.not_ready()
+
+    def _answered_recently(self) -> bool:
+        answered = self._kube.answered_at
+        return answered is not None and self._clock() - answered <= self._ready_window_s
 
     def claim(self, namespace: str, name: str) -> injection.ClaimInfo | None:
         """The claim with what its ElasticGPU holds; None if there is none. Raises `errors.KubeError`

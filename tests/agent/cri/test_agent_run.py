@@ -33,6 +33,7 @@ from tests.agent.conftest import wait_for
 from tests.agent.cri.kubelet import Kubelet, Pod
 from tests.binding import objects as o
 from tests.containerd_runtime import REPO_ROOT, TestRuntime, die_with_parent, sandbox_config
+from tests.controller.relay import Relay
 from tests.kube_cluster import TestCluster
 from tests.pods.claim_world import World, controller_for, kube, settle, world
 from tests.pods.conftest import pod_update_policies
@@ -67,10 +68,10 @@ class AgentProcess:
 
 @pytest.fixture
 def agent_factory(kube_cluster: TestCluster, containerd: TestRuntime, proxy_socket: Path,
-                  tmp_path: Path) -> Iterator[Callable[[str, str], AgentProcess]]:  # fmt: skip
+                  tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:  # fmt: skip
     made: list[AgentProcess] = []
 
-    def make(node: str, model: str) -> AgentProcess:
+    def make(node: str, model: str, *extra: str) -> AgentProcess:
         description = {"cards": [{"model": model, "memory": "80Gi", "numa": 0}]}
         (tmp_path / "sim.yaml").write_text(yaml.safe_dump(description))
         command = [
@@ -80,7 +81,7 @@ def agent_factory(kube_cluster: TestCluster, containerd: TestRuntime, proxy_sock
             "--ledger-url", f"sqlite:///{tmp_path / 'ledger.db'}", "--metrics-port", "0",
             "--heartbeat-interval-s", "2", "--rediscover-interval-s", "0.5",
             "--cri-listen", str(proxy_socket), "--cri-upstream", str(containerd.socket),
-            "--cdi-dir", str(containerd.cdi_dir),
+            "--cdi-dir", str(containerd.cdi_dir), *extra,
         ]  # fmt: skip
         agent = AgentProcess(command, tmp_path / "agent.log")
         made.append(agent)
@@ -124,20 +125,9 @@ def create_as_kubelet(k: Kubelet, pod: Pod, name: str, **kwargs: Any) -> str:
             time.sleep(0.2)
 
 
-def rows(ledger: store.LedgerStore) -> list[tuple[str, str | None, str]]:
-    return [(a.state, a.container_id, a.claim_name) for a in ledger.open_allocations()]
+def wait_until_serving(world: World, agent: AgentProcess, uuid: str, socket: Path) -> None:
+    """The agent published its card and its proxy answers."""
 
-
-def test_agent_run_injects_through_its_proxy_and_reconciles_after_kill_9(
-    world: World, world_gpus: list[str], containerd: TestRuntime, proxy_socket: Path,
-    agent_factory: Callable[[str, str], AgentProcess],
-) -> None:  # fmt: skip
-    node, model = world.node(f"{world.prefix}-a"), f"T{world.prefix}"
-    uuid = simulated.simulated_uuid(node, 0)
-    world_gpus.append(names.gpu_object_name(uuid))
-    agent = agent_factory(node, model)
-
-    # The agent publishes its card, writes the CDI spec and serves the socket (mode 0600).
     def published() -> dict[str, Any] | None:
         agent.alive()
         try:
@@ -146,20 +136,42 @@ def test_agent_run_injects_through_its_proxy_and_reconciles_after_kill_9(
             return None
 
     wait_for("the GPU object", published, timeout=60)
-    wait_for("the proxy serving", lambda: agent.alive() and serving(proxy_socket), timeout=30)
-    assert stat.S_IMODE(os.stat(proxy_socket).st_mode) == 0o600
-    spec = wait_for("the CDI spec", lambda: (containerd.cdi_dir / cdi.SPEC_FILE).exists())
-    assert spec and uuid in (containerd.cdi_dir / cdi.SPEC_FILE).read_text()
+    wait_for("the proxy serving", lambda: agent.alive() and serving(socket), timeout=30)
 
-    # A pod with an inline claim, gated as the webhook leaves it; the controller binds the claim to the card.
+
+def bound_pod(world: World, model: str, uuid: str) -> tuple[dict[str, Any], str]:
+    """A pod `trainer` with an inline claim for container `main`, gated as the webhook leaves it; the
+    controller binds the claim to the agent's card and lifts the gate. Returns the pod and the claim's name."""
     world.klass(o.klass(f"{world.prefix}-now", parameters={"gpuModel": model}))
     world.pod("trainer", inline={"main": f"gpu-core=30,gpu-memory=10Gi,class={world.prefix}-now"})
     controller = controller_for(world)
     wait_for("the claim bound and the gate lifted", lambda: (settle(controller), names.SCHEDULING_GATE not in [
         g["name"] for g in world.get_pod("trainer")["spec"].get("schedulingGates") or []])[1])  # fmt: skip
-    pod = world.get_pod("trainer")
     claim_name = pod_claims.inline_claim_name("trainer", "main")
     assert world.get_claim(claim_name)["status"]["gpus"] == [uuid]
+    return world.get_pod("trainer"), claim_name
+
+
+def rows(ledger: store.LedgerStore) -> list[tuple[str, str | None, str]]:
+    return [(a.state, a.container_id, a.claim_name) for a in ledger.open_allocations()]
+
+
+def test_agent_run_injects_through_its_proxy_and_reconciles_after_kill_9(
+    world: World, world_gpus: list[str], containerd: TestRuntime, proxy_socket: Path,
+    agent_factory: Callable[..., AgentProcess],
+) -> None:  # fmt: skip
+    node, model = world.node(f"{world.prefix}-a"), f"T{world.prefix}"
+    uuid = simulated.simulated_uuid(node, 0)
+    world_gpus.append(names.gpu_object_name(uuid))
+    agent = agent_factory(node, model)
+
+    # The agent publishes its card, writes the CDI spec and serves the socket (mode 0600).
+    wait_until_serving(world, agent, uuid, proxy_socket)
+    assert stat.S_IMODE(os.stat(proxy_socket).st_mode) == 0o600
+    spec = wait_for("the CDI spec", lambda: (containerd.cdi_dir / cdi.SPEC_FILE).exists())
+    assert spec and uuid in (containerd.cdi_dir / cdi.SPEC_FILE).read_text()
+
+    pod, claim_name = bound_pod(world, model, uuid)
 
     ledger = store.LedgerStore.open(agent.command[agent.command.index("--ledger-url") + 1])
     try:
@@ -210,3 +222,40 @@ def test_agent_run_injects_through_its_proxy_and_reconciles_after_kill_9(
     assert agent.process.wait(30) == 0, agent.log()
     assert not proxy_socket.exists()
     assert "Traceback" not in agent.log()
+
+
+def test_without_the_api_server_only_claim_containers_wait(
+    world: World, world_gpus: list[str], containerd: TestRuntime, proxy_socket: Path,
+    agent_factory: Callable[..., AgentProcess], relayed_kubeconfig: tuple[Path, Relay],
+) -> None:  # fmt: skip
+    kubeconfig, relay = relayed_kubeconfig
+    node, model = world.node(f"{world.prefix}-a"), f"T{world.prefix}"
+    uuid = simulated.simulated_uuid(node, 0)
+    world_gpus.append(names.gpu_object_name(uuid))
+    agent = agent_factory(node, model, "--kubeconfig", str(kubeconfig), "--api-ready-window-s", "2",
+                          "--request-timeout-s", "2", "--watch-timeout-s", "3")  # fmt: skip
+    wait_until_serving(world, agent, uuid, proxy_socket)
+    pod, _ = bound_pod(world, model, uuid)  # the controller reaches the API server directly
+
+    relay.refuse()  # the agent's API server is gone
+    time.sleep(3)  # longer than --api-ready-window-s
+    with Kubelet(f"unix://{proxy_socket}", containerd.image) as k:
+        config = sandbox_config(name="trainer", namespace=world.namespace, uid=pod["metadata"]["uid"],
+                                annotations=pod["metadata"]["annotations"])  # fmt: skip
+        sandbox = k.runtime.RunPodSandbox(k.pb.RunPodSandboxRequest(config=config), timeout=30).pod_sandbox_id
+        running = Pod(id=sandbox, config=config)
+        with pytest.raises(grpc.RpcError) as refused:
+            k.create_container(running, "main")
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # kubelet retries
+        assert "is not ready yet (the API server has not answered it for" in str(refused.value.details())
+        assert "kubelet retries this container by itself" in str(refused.value.details())
+        side = k.create_container(running, "side", envs={"NVIDIA_VISIBLE_DEVICES": "all"})  # no claim: starts
+        k.start(side)
+        assert k.env(side)["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+        relay.accept_again()  # back: kubelet's next retry gets the card
+        main = create_as_kubelet(k, running, "main")
+        k.start(main)
+        assert k.env(main)["NVIDIA_VISIBLE_DEVICES"] == uuid
+        k.remove_pod(running)
+    assert agent.alive() and "Traceback" not in agent.log()

@@ -3,6 +3,7 @@ ready while the API server answers; an ElasticGPU that does not point back makes
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -133,20 +134,19 @@ def test_limits_per_card(capacity: dict[str, Any], cards: int, physical: bool, e
     assert claim_view.limits(capacity, cards=cards, physical=physical) == expected
 
 
-def test_ready_while_the_api_server_answers(
-    api_client: client.ApiClient, namespace: str, agent_kube: kube.AgentKube
-) -> None:
-    clock = Clock()
+def test_ready_while_the_api_server_answers(agent_kube: kube.AgentKube) -> None:
     spec_problem: list[str | None] = ["the CDI spec of this node's cards is not written yet"]
-    view = view_of(agent_kube, clock, not_ready=lambda: spec_problem[0])
-    assert view.not_ready_reason() == "it has not reached the API server since it started"
-    assert view.claim(namespace, "nobody") is None  # the API server answered (404)
-    clock.now = agent_kube.answered_at or 0.0
+    view = claim_view.ClaimView(kube=agent_kube, node_name=NODE, cards=lambda: [CARD], ready_window_s=60,
+                                probe_interval_s=0, not_ready=lambda: spec_problem[0])
+    assert agent_kube.answered_at is None
+    # Never asked yet: one probe (GET /version), answered; then only the spec is missing.
     assert view.not_ready_reason() == "the CDI spec of this node's cards is not written yet"
+    assert agent_kube.answered_at is not None
     spec_problem[0] = None
     assert view.not_ready_reason() is None
-    clock.now += 61
-    assert view.not_ready_reason() == "the API server has not answered it for 61 s"
+    # Silent for two minutes (the agent's loops in backoff), but the server is back: the probe says so.
+    agent_kube.answered_at = time.monotonic() - 120
+    assert view.not_ready_reason() is None
 
 
 def test_an_unreachable_api_server_raises_and_says_why(agent_kube: kube.AgentKube) -> None:
@@ -156,10 +156,13 @@ def test_an_unreachable_api_server_raises_and_says_why(agent_kube: kube.AgentKub
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     agent_kube._api.configuration.host = f"https://127.0.0.1:{port}"  # nothing listens there
-    clock = Clock()
-    view = view_of(agent_kube, clock)
+    view = claim_view.ClaimView(kube=agent_kube, node_name=NODE, cards=lambda: [CARD], ready_window_s=60,
+                                probe_interval_s=60)
+    reason = view.not_ready_reason()
+    assert reason is not None and reason.startswith(
+        "it has not reached the API server since it started (probe the API server: ")
     with pytest.raises(errors.KubeUnavailable, match="read claim ns/c: the API server did not answer"):
         view.claim("ns", "c")
-    agent_kube.answered_at = clock.now - 120  # it answered two minutes ago, then went away
-    reason = view.not_ready_reason()
+    agent_kube.answered_at = time.monotonic() - 120  # it answered two minutes ago, then went away
+    reason = view.not_ready_reason()  # no probe: the last was less than probe_interval_s ago
     assert reason is not None and reason.startswith("the API server has not answered it for 120 s (read claim ns/c")
