@@ -94,7 +94,9 @@ def test_500_claims_with_churn_under_faults(cluster: Cluster, kube: KubeApi, kub
 
     with fault_proxy(kube_cluster, PLAN, directory=tmp_path) as (proxy, kubeconfig):
         # Resync every 5 s and free orphan reservations after 10 s, so that repairs happen
-        # within the test's deadlines (the defaults are 30 s and 60 s).
+        # within the test's deadlines (the defaults are 30 s and 60 s). The short grace also
+        # widens the window in which a repair may free a reservation whose ElasticGPU is still
+        # being created: the binding must survive that too.
         procs = ControllerProcesses(kubeconfig, cluster.namespace, tmp_path,
                                     env={"ELASTICGPU_RESYNC_INTERVAL_S": "5", "ELASTICGPU_ORPHAN_GRACE_S": "10"},
                                     flags=["--no-leader-elect", "--health-port", "0", "--log-level", "info"])
@@ -104,7 +106,9 @@ def test_500_claims_with_churn_under_faults(cluster: Cluster, kube: KubeApi, kub
             remaining = CLAIMS - DELETED
             room = CARDS * 100 // CORES
             claims = wait_quiescent(
-                kube, cluster.namespace, quiet_s=8.0, deadline_s=300.0, procs=procs,
+                # Quiet for longer than a resync plus the grace: a reservation left by a failed
+                # create is freed by then, so what remains is a leak, not a repair under way.
+                kube, cluster.namespace, quiet_s=16.0, deadline_s=300.0, procs=procs,
                 done=lambda cs: len(cs) == remaining
                 and not any(c["metadata"].get("deletionTimestamp") for c in cs)
                 and all(_phase(c) for c in cs)
