@@ -192,6 +192,7 @@ class CriHook:
         if proxy is not None:
             try:
                 proxy.stop(self.settings.grace_s)
+                log.info("CRI proxy on %s stopped", self.settings.proxy.listen)
             except Exception:
                 log.exception("stopping the CRI proxy on %s failed", self.settings.proxy.listen)
         if hooks is not None:

@@ -7,73 +7,33 @@ containers through the proxy -> the claim's container sees its card and limits, 
 -> pod deleted -> kubelet removes the containers -> ledger released -> controller deletes the
 inline claim -> the card's capacity is free again.
 
-The agent's view is filled from the API server here the way the agent fills it (claims read by
-name, the node's GPU objects), with plain objects.
+The agent's view is the agent's own (cri/claim_view.ClaimView over agent/kube.AgentKube): claims and
+their ElasticGPUs read by name from the API server.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from elasticgpu.agent.cri import cdi, claim_hooks
-from elasticgpu.agent.cri.injection import CardInfo, ClaimInfo, ClaimUser
+from elasticgpu.agent import kube as agent_api
+from elasticgpu.agent.cri import cdi, claim_hooks, claim_view
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
+from elasticgpu.agent.discovery import Card
 from elasticgpu.agent.ledger import store
-from elasticgpu.api import names, pod_claims, quantities
+from elasticgpu.api import names, pod_claims
 from tests.agent.cri.kubelet import Kubelet, Pod
 from tests.agent.cri.node import stand_ins
 from tests.binding import objects as o
 from tests.containerd_runtime import TestRuntime, sandbox_config
+from tests.kube_cluster import TestCluster
 from tests.pods.claim_world import World, controller_for, kube, settle, wait_for, world
 from tests.pods.conftest import WebhookProcess, pod_update_policies, webhook_factory
 
 __all__ = ["kube", "pod_update_policies", "webhook_factory", "world"]  # fixtures
-
-
-@dataclass
-class ApiView:
-    """injection.AgentView read from the API server: claims by name, this node's GPU objects."""
-
-    world: World
-    node_name: str
-    gpus: list[dict[str, Any]]
-
-    def not_ready_reason(self) -> str | None:
-        return None
-
-    def claim(self, namespace: str, name: str) -> ClaimInfo | None:
-        if namespace != self.world.namespace:
-            return None
-        try:
-            body = self.world.get_claim(name)
-        except Exception:
-            return None
-        status = body.get("status") or {}
-        capacity = status.get("capacity") or {}
-        gpus = tuple(status.get("gpus") or [])
-        whole = names.RESOURCE_NVIDIA_GPU in capacity
-        return ClaimInfo(
-            namespace=namespace,
-            name=name,
-            phase=status.get("phase") or "Pending",
-            node_name=status.get("nodeName"),
-            elastic_gpu=body["spec"].get("elasticGPUName") or "",
-            gpus=gpus,
-            cores=100 if whole else quantities.parse_count(capacity.get(names.RESOURCE_CORE, 100), field="capacity"),
-            memory_mib=0 if whole else quantities.parse_memory_mib(capacity.get(names.RESOURCE_MEMORY, 0), field="m"),
-            users=tuple(ClaimUser(u["name"], u.get("uid", "")) for u in status.get("users") or []),
-        )
-
-    def card(self, uuid: str) -> CardInfo | None:
-        for gpu in self.gpus:
-            if gpu["spec"]["uuid"].lower() == uuid.lower():
-                return CardInfo(uuid=gpu["spec"]["uuid"], index=gpu["spec"]["index"], memory_mib=gpu["spec"]["memory"])
-        return None
 
 
 @pytest.fixture
@@ -82,7 +42,8 @@ def webhook(world: World, webhook_factory: Callable[..., WebhookProcess]) -> Web
 
 
 @pytest.fixture
-def node_agent(world: World, containerd: TestRuntime, proxy_socket: Path, tmp_path: Path) -> Iterator[Any]:
+def node_agent(world: World, containerd: TestRuntime, proxy_socket: Path, tmp_path: Path,
+               kube_cluster: TestCluster) -> Iterator[Any]:
     """A node with one card: its GPU object, its CDI spec (stand-in device), the proxy with claim hooks."""
     node = world.node(f"{world.prefix}-a")
     model = f"T{world.prefix}"
@@ -92,13 +53,19 @@ def node_agent(world: World, containerd: TestRuntime, proxy_socket: Path, tmp_pa
     card = cdi.CardDevice(uuid=gpu["spec"]["uuid"], minor=0, host_path=cards[0].host_path)
     cdi.write_spec(containerd.cdi_dir, [card], control)
     ledger = store.LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
-    hooks = claim_hooks.ClaimHooks(view=ApiView(world, node, [gpu]), ledger=ledger)
+    agent_kube = agent_api.AgentKube(agent_api.load_api_client(str(kube_cluster.kubeconfig), None),
+                                     node_name=node, field_manager="test-agent")
+    discovered = Card(index=0, uuid=card.uuid, model=model, memory_mib=gpu["spec"]["memory"], minor=0,
+                      device_path=str(card.host_path))
+    view = claim_view.ClaimView(kube=agent_kube, node_name=node, cards=lambda: [discovered])
+    hooks = claim_hooks.ClaimHooks(view=view, ledger=ledger)
     settings = ProxySettings(listen=proxy_socket, upstream=str(containerd.socket))
     with CriProxy(settings, container_hooks=hooks) as proxy:
         assert proxy.reconciled.wait(10)
         yield node, gpu, ledger, hooks
     hooks.close()
     ledger.close()
+    agent_kube.close()
 
 
 def gates(pod: dict[str, Any]) -> list[str]:
