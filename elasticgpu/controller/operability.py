@@ -5,8 +5,10 @@ this process may bind, and closes it on the way out.
     /healthz   fails when a controller thread died or a loop made no progress (`Liveness`), or
                when this process leads but its renewals of the Lease stopped (`LeaderElector`)
     /readyz    a standby is ready (it serves its purpose: waiting); a leader once its worker runs
-    /metrics   `ControllerMetrics`: queue depth and leadership here; the counters of binds,
-               provisions, releases, conflicts, API errors and sync latency where they happen
+    /metrics   `ControllerMetrics`: queue depth, leadership and process_* are fed here; the
+               counters of binds, provisions, releases, conflicts, API errors and the sync
+               latency histogram are fed by the modules where those happen (`controller.metrics`
+               is not passed to them yet: issue 8 item 6)
 
 A leader that loses its Lease stops its work at once (`stop` is set) and the process exits
 with status 1 (`exit_if_lost`), so that its Pod restarts as a standby, as client-go's
