@@ -103,7 +103,6 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     ]
     snapshot = backend.snapshot()
     publisher.snapshot = snapshot  # the CRI hook's first spec and view need the cards before inventory's first pass
-    hook = None
     if cri_settings is not None:
         view = claim_view.ClaimView(
             kube=agent_kube, node_name=node, cards=lambda: publisher.snapshot.cards,

@@ -56,3 +56,13 @@ def test_cri_settings_and_the_switch_to_run_without_the_proxy() -> None:
     assert settings.from_sources(parse(), environ={}).cri.cdi_dir == "/var/run/cdi"
     with pytest.raises(ValueError, match=r"--cri-proxy='flase': must be true or false"):
         settings.from_sources(parse("--cri-proxy", "flase"), environ={})
+
+
+def test_a_cdi_form_that_does_not_exist_is_refused_with_the_choices() -> None:
+    from elasticgpu.agent import errors, running
+
+    with pytest.raises(errors.AgentError, match=r"--cdi-form / ELASTICGPU_AGENT_CDI_FORM='fields' is not a CDI "
+                       r"request form; use one of field, annotation, both"):
+        running.hook_settings(settings.CriSettings(cdi_form="fields"))
+    hook = running.hook_settings(settings.CriSettings(cdi_form="annotation", cri_listen="/run/e.sock"))
+    assert hook.injection.cdi_form.value == "annotation" and str(hook.proxy.listen) == "/run/e.sock"
