@@ -130,18 +130,25 @@ class ClaimSync:
         self._bind_claim(claim, egpu)
 
     def _bind_claim(self, claim: ElasticGPUClaim, egpu: ElasticGPU, *, placement: Placement | None = None) -> None:
-        """Step 3: the claim names the ElasticGPU, keeps the finalizer, and says Bound. With
-        `placement` (a dynamic bind, whose ElasticGPU has no status yet) capacity, node and cards
-        come from it and the Event says "provisioned" too."""
+        """Step 3: the claim names the ElasticGPU (and the class it was bound under, when it named
+        none: the default class, as a PVC's storageClassName is filled in), keeps the finalizer,
+        and says Bound. With `placement` (a dynamic bind, whose ElasticGPU has no status yet)
+        capacity, node and cards come from it and the Event says "provisioned" too."""
         namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
         egpu_name = egpu.metadata.name or ""
         finalizers = list(claim.metadata.finalizers)
-        if claim.spec.elastic_gpu_name != egpu_name or names.FINALIZER_CLAIM_PROTECTION not in finalizers:
+        # The class actually used, for `kubectl get egpuc` (spec.elasticGPUClassName may be set once).
+        used_class = None if claim.spec.elastic_gpu_class_name else egpu.spec.elastic_gpu_class_name
+        if (claim.spec.elastic_gpu_name != egpu_name or names.FINALIZER_CLAIM_PROTECTION not in finalizers
+                or used_class):
             if names.FINALIZER_CLAIM_PROTECTION not in finalizers:
                 finalizers.append(names.FINALIZER_CLAIM_PROTECTION)
+            spec: Body = {"elasticGPUName": egpu_name}
+            if used_class:
+                spec["elasticGPUClassName"] = used_class
             patch = {
                 "metadata": {"finalizers": finalizers, "resourceVersion": claim.metadata.resource_version},
-                "spec": {"elasticGPUName": egpu_name},
+                "spec": spec,
             }
             try:
                 answer = self.kube.patch_claim(namespace, name, patch)

@@ -50,6 +50,10 @@ class ElasticGPUSync:
             status["capacity"] = capacity_of(placement)
             status["nodeName"] = placement.node
             status["gpus"] = [share.uuid for share in placement.cards]
+            status["gpuList"] = ",".join(status["gpus"])  # the GPUS column of kubectl get egpu
+        ref = egpu.spec.claim_ref
+        if ref is not None and ref.name:
+            status["claim"] = f"{ref.namespace}/{ref.name}"  # the CLAIM column
         name = egpu.metadata.name or ""
         patch = {"metadata": {"resourceVersion": egpu.metadata.resource_version}, "status": status}
         try:

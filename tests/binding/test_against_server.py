@@ -273,6 +273,11 @@ def test_claim_without_class_uses_the_default_class(cluster: Cluster, kube: Kube
     assert claim["status"]["phase"] == "Bound"
     egpu = kube.get_elastic_gpu(claim["spec"]["elasticGPUName"])
     assert egpu["spec"]["elasticGPUClassName"] == default
+    # what kubectl get shows: the class the claim was bound under, the ElasticGPU's cards as
+    # text and its claim as namespace/name
+    assert claim["spec"]["elasticGPUClassName"] == default
+    assert egpu["status"]["gpuList"] == f"gpu-{cluster.prefix}-0".upper()
+    assert egpu["status"]["claim"] == f"{cluster.namespace}/plain"
 
 
 def test_selector_binds_to_a_labelled_admin_elastic_gpu(cluster: Cluster, kube: KubeApi) -> None:
