@@ -44,6 +44,8 @@ class Informer:
         """`namespace` limits claims and pods to one namespace (None: all); each watch loop
         steps `liveness` (as `watch-<kind>`)."""
         self.liveness = liveness or Liveness()
+        self._said: dict[str, str] = {}
+        """The failure last said of each optional list (nodes, pods), until one works again."""
         self.kube = kube
         self.picture = picture
         self.queue = queue
@@ -80,13 +82,21 @@ class Informer:
         return {"gpu": gpus_version, "egpu": egpus_version, "class": classes_version, "claim": claims_version,
                 "pod": pods_version, "node": nodes_version}
 
-    @staticmethod
-    def _try(what: str, call: Callable[[], T]) -> T | None:
+    def _try(self, what: str, call: Callable[[], T]) -> T | None:
+        """`call()`, or None when it fails: said once per reason (an unreachable server at DEBUG:
+        `KubeApi.reachability` says that once)."""
         try:
-            return call()
+            answer = call()
         except errors.ApiError as err:
-            logger.warning("list of %s failed; keeping the last good view of them: %s", what, err)
+            reason = str(err)
+            if self._said.get(what) == reason or (isinstance(err, errors.ApiUnavailable) and err.status == 0):
+                logger.debug("list of %s failed again; keeping the last good view of them: %s", what, err)
+            else:
+                logger.warning("list of %s failed; keeping the last good view of them: %s", what, err)
+            self._said[what] = reason
             return None
+        self._said.pop(what, None)
+        return answer
 
     def watch_kind(self, kind: str, stop: threading.Event, *, timeout_s: int = 60, resource_version: str = "",
                    read_timeout_s: float | None = None) -> None:

@@ -67,6 +67,7 @@ class Repair:
         interval = self.settings.interval_s
         relist_every = self.settings.relist_interval_s
         last_relist = time.monotonic()
+        said = ""
         while not stop.wait(interval):
             relist = time.monotonic() - last_relist >= relist_every
             try:
@@ -74,5 +75,19 @@ class Repair:
                 if relist:
                     last_relist = time.monotonic()
                 after()
-            except Exception:  # a failed resync must not end the loop; the next one retries
-                logger.exception("resync failed; retrying in %.0fs", interval)
+                said = ""
+            except Exception as err:  # a failed resync must not end the loop; the next one retries
+                said = self._say(err, interval, said)
+
+    @staticmethod
+    def _say(err: Exception, interval: float, said: str) -> str:
+        """Log a failed resync once per reason (an unreachable server at DEBUG: `KubeApi`
+        says that once); returns the reason now said."""
+        reason = f"{type(err).__name__}: {err}"
+        if reason == said or (isinstance(err, errors.ApiUnavailable) and err.status == 0):
+            logger.debug("resync failed again; retrying in %.0fs: %s", interval, reason)
+        elif isinstance(err, errors.ElasticGPUError):
+            logger.warning("resync failed; retrying in %.0fs: %s", interval, err)
+        else:
+            logger.error("resync failed (a bug); retrying in %.0fs: %s", interval, reason, exc_info=err)
+        return reason

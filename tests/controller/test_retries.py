@@ -4,15 +4,20 @@ token bucket, logged once per key and reason, and quiet for the races of normal 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from elasticgpu.controller import errors
 from elasticgpu.controller.failures import Failures
+from elasticgpu.controller.kube import KubeApi
 from elasticgpu.controller.liveness import Liveness
-from elasticgpu.controller.settings import RetrySettings
+from elasticgpu.controller.reconciling import Controller
+from elasticgpu.controller.settings import BindingSettings, ControllerSettings, ResyncSettings, RetrySettings
 from elasticgpu.controller.workqueue import WorkQueue
 
 KEY = ("claim", "ns", "c")
@@ -94,3 +99,36 @@ def test_liveness_fails_when_a_thread_dies_or_a_loop_stops_stepping() -> None:
     assert not liveness.alive() and "watch-claim made no progress" in liveness.reason()
     liveness.step("watch-claim")
     assert liveness.alive()
+
+
+def test_a_resync_against_an_unreachable_server_says_so_once(tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there: every connection is refused
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "gone",
+        "clusters": [{"name": "gone", "cluster": {"server": f"https://127.0.0.1:{port}",
+                                                  "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "gone", "context": {"cluster": "gone", "user": "u"}}]}))
+    kube = KubeApi.from_kubeconfig(str(kubeconfig))
+    settings = ControllerSettings(resync=ResyncSettings(interval_s=0.02, relist_interval_s=0.0),
+                                  binding=BindingSettings(workers=0))
+    controller = Controller(kube, settings)
+    stop = threading.Event()
+    caplog.set_level(logging.DEBUG, logger="elasticgpu")
+    thread = threading.Thread(target=controller.repair.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.5)  # many resyncs, each relisting
+        assert thread.is_alive()
+    finally:
+        stop.set()
+        thread.join(5)
+        kube.close()
+    attempts = [r for r in caplog.records if r.name == "elasticgpu.controller.repair"]
+    assert len(attempts) > 3
+    loud = [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(loud) == 1 and loud[0][0] == "elasticgpu.controller.reachability", loud
