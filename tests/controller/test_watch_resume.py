@@ -11,12 +11,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from elasticgpu.api import names
-from elasticgpu.controller import errors
+from elasticgpu.controller import errors, run_controller
 from elasticgpu.controller.kube import KubeApi
 from elasticgpu.controller.startup import first_list
 from tests.binding import objects as o
@@ -175,3 +176,43 @@ def test_missing_crds_are_waited_for_and_said_once(cluster: Cluster, kube: KubeA
         stop.set()
         del kube.collection_path
         thread.join(timeout=10)
+
+
+def test_a_running_controller_says_an_outage_once_and_binds_after_it(
+        cluster: Cluster, kube: KubeApi, relayed: tuple[KubeApi, Relay], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    _api, relay = relayed
+    model = f"T{cluster.prefix}"
+    cluster.gpu(o.gpu(f"gpu-{cluster.prefix}-0", node=f"{cluster.prefix}-node", model=model))
+    class_name = f"{cluster.prefix}-class"
+    cluster.klass(o.klass(class_name, parameters={"gpuModel": model}))
+    stop = threading.Event()
+    caplog.set_level(logging.INFO, logger="elasticgpu")
+    thread = threading.Thread(target=run_controller, daemon=True, kwargs={
+        "kubeconfig": str(tmp_path / "relayed-kubeconfig"), "namespace": cluster.namespace, "stop": stop})
+    thread.start()
+    try:
+        cluster.claim(o.claim("before", cores=10, memory="1Gi", class_name=class_name))
+        assert _wait(lambda: _phase(cluster, "before") == "Bound", timeout_s=30.0)
+        time.sleep(1.0)  # the bind's Events are written
+        caplog.clear()
+        relay.refuse()  # the API server is gone for the controller (not for this test)
+        cluster.claim(o.claim("during", cores=10, memory="1Gi", class_name=class_name))
+        time.sleep(5.0)
+        relay.accept_again()
+        assert _wait(lambda: _phase(cluster, "during") == "Bound", timeout_s=30.0), "no bind after the outage"
+        cluster.claim(o.claim("after", cores=10, memory="1Gi", class_name=class_name))
+        assert _wait(lambda: _phase(cluster, "after") == "Bound", timeout_s=30.0)
+        loud = [(r.name, r.levelname) for r in caplog.records if r.levelno >= logging.WARNING]
+        assert loud == [("elasticgpu.controller.reachability", "WARNING")], caplog.text[-3000:]
+        back = [r for r in caplog.records if r.name == "elasticgpu.controller.reachability" and
+                r.levelno == logging.INFO]
+        assert len(back) == 1 and "answers again" in back[0].getMessage()
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def _phase(cluster: Cluster, name: str) -> str | None:
+    return (cluster.get_claim(name).get("status") or {}).get("phase")
