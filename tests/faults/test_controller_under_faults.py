@@ -39,8 +39,10 @@ SEED = 20261203
 PLAN = FaultPlan(
     seed=SEED,
     verbs={
-        "read": {"404": 0.02, "500": 0.02, "503": 0.02, "429": 0.01, "slow": 0.02, "drop": 0.01,
-                 "half-open": 0.005},
+        # No 404 on reads: a GET answered 404 while the object exists is a lie no API server
+        # tells (reads are quorum reads), and the repair rightly frees the reservation of an
+        # ElasticGPU a live GET says is gone. A 404 on a write is the race of a deletion.
+        "read": {"500": 0.02, "503": 0.02, "429": 0.01, "slow": 0.02, "drop": 0.01, "half-open": 0.005},
         "write": {"404": 0.02, "409": 0.03, "422": 0.01, "500": 0.02, "503": 0.02, "500-after": 0.02,
                   "slow": 0.02, "drop": 0.01, "drop-after": 0.01, "half-open": 0.005},
         # Watches break often: most are cut or silenced within seconds, so each kind is
