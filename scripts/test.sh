@@ -30,6 +30,8 @@ log "ruff"
 .venv/bin/ruff check elasticgpu tests bench
 log "import layering"
 .venv/bin/lint-imports
+log "mypy --strict"
+.venv/bin/mypy --strict elasticgpu
 
 log "pytest"
 exec .venv/bin/python -m pytest "$@"
