@@ -182,6 +182,11 @@ class ClaimSync:
         self.events.record(self._body(claim), type_=NORMAL, reason=binder.REASON_BOUND,
                            message=f"provisioned ElasticGPU {egpu_name} and {message}" if placement else message)
 
+    def bind_existing(self, claim: ElasticGPUClaim, egpu_name: str) -> None:
+        """Bind `claim` to the Available ElasticGPU `egpu_name` now (the pod sync's path for a
+        WaitForFirstConsumer claim that matches an existing ElasticGPU)."""
+        self._bind_existing(claim, egpu_name)
+
     def _bind_existing(self, claim: ElasticGPUClaim, egpu_name: str) -> None:
         """Static bind, step 2: point the ElasticGPU at the claim (with its resourceVersion)."""
         egpu = self.picture.egpu(egpu_name)

@@ -261,10 +261,16 @@ class PodSync:
             return  # placed already: their binds are finishing, and their watch events wake the pod
         wanted: list[pod_placement.Wanted] = []
         provisions: dict[str, tuple[ElasticGPUClaim, binder.Provision]] = {}
+        # Claims that bind to an existing ElasticGPU: (claim, ElasticGPU, its node) by claim name.
+        statics: dict[str, tuple[ElasticGPUClaim, str, str]] = {}
         with self.picture.lock:
             view = _as_first_consumer(self.picture.view(), claims.values())
             for claim_name, claim in sorted(claims.items()):
                 provision = binder.decide_claim(claim, view)
+                if isinstance(provision, binder.BindToExisting):
+                    # OBSERVATION: an Available ElasticGPU matches: its cards fix the node.
+                    statics[claim_name] = (claim, provision.elastic_gpu, self._node_of(provision.elastic_gpu))
+                    continue
                 if not isinstance(provision, binder.Provision):
                     reason = provision.reason if isinstance(provision, binder.Wait) else pod_gate.REASON_CLAIM_PENDING
                     message = provision.message if isinstance(provision, binder.Wait) else str(provision)
@@ -285,8 +291,16 @@ class PodSync:
                 self.commit.free_reservation(key)
             raise errors.BindingError(f"pod {namespace}/{meta.get('name')}: its claims were reserved on"
                                       f" {', '.join(sorted(held_nodes))}; freed, placing again")
+        static_nodes = {node for _claim, _egpu, node in statics.values()}
+        if len(static_nodes | ({decision.node} if decision.node and statics else set())) > 1:
+            where = ", ".join(f"{name} -> ElasticGPU {egpu} on {node}" for name, (_c, egpu, node) in sorted(
+                statics.items()))
+            self._wait(pod, pod_gate.Wait(pod_gate.REASON_FAILED_PLACEMENT, f"the pod's claims match ElasticGPUs on"
+                                          f" different nodes ({where}); a pod runs on one node", warning=True))
+            return
         selected = (meta.get("annotations") or {}).get(names.ANNOTATION_SELECTED_NODE)
-        fixed = decision.node or (next(iter(held_nodes)) if held_nodes else None) or selected
+        fixed = (decision.node or next(iter(static_nodes), None) or (next(iter(held_nodes)) if held_nodes else None)
+                 or selected)
         chosen = self._choose(pod, [w for w in wanted if w.key not in held], fixed)
         if isinstance(chosen, str):
             if selected and not held and not decision.node:
@@ -311,6 +325,15 @@ class PodSync:
         for key, placement in sorted({**held, **placements}.items()):
             claim, provision = provisions[key]
             self.claims.after_commit(claim, provision, key, placement)
+        for claim, egpu, _node in statics.values():
+            self.claims.bind_existing(claim, egpu)
+
+    def _node_of(self, egpu_name: str) -> str:
+        """The node of an ElasticGPU's cards ("" when the picture does not know them)."""
+        egpu = self.picture.egpu(egpu_name)
+        cards = binder.cards_of(egpu) if egpu is not None else []
+        gpu = self.picture.ledger.gpu(cards[0]) if cards else None
+        return gpu.spec.node_name if gpu is not None else ""
 
     def _choose(self, pod: Body, wanted: list[pod_placement.Wanted],
                 fixed: str | None) -> tuple[str, dict[str, Any]] | str:

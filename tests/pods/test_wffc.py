@@ -150,3 +150,21 @@ def test_a_bound_claim_fixes_the_node_of_the_others(world: World) -> None:
     assert world.get_claim("fixed")["status"]["nodeName"] == b
     assert world.get_claim("later")["status"]["nodeName"] == b
     assert _pinned(world, "p") == b
+
+
+def test_an_existing_elastic_gpu_fixes_the_node(world: World) -> None:
+    a, b = world.node(f"{world.prefix}-a"), world.node(f"{world.prefix}-b")
+    _gpu(world, a)
+    on_b = _gpu(world, b)
+    wffc = _wffc_class(world)
+    world.egpu(o.share_egpu(f"{world.prefix}-static", on_b, cores=50, memory="2Gi", class_name=wffc))
+    world.claim(o.claim("mine", cores=40, memory="1Gi", class_name=wffc))
+    world.claim(o.claim("more", cores=20, memory="1Gi", class_name=wffc))
+    controller = controller_for(world)
+    settle(controller)  # "mine" waits for its pod (as a PVC does) where the binder delays static binds too
+    world.pod("p", claims={"main": "mine", "side": "more"})
+    settle(controller)
+    mine, more = world.get_claim("mine"), world.get_claim("more")
+    assert mine["spec"]["elasticGPUName"] == f"{world.prefix}-static"
+    assert mine["status"]["nodeName"] == more["status"]["nodeName"] == b
+    assert _pinned(world, "p") == b
