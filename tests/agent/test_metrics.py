@@ -28,6 +28,7 @@ def test_card_metrics_in_base_units(
         except OSError:
             return None
         wanted = [("elasticgpu_agent_gpu_healthy", (("gpu", card1),)),
+                  ("elasticgpu_agent_gpu_allocated_cores_ratio", (("gpu", card0),)),  # once its object is seen
                   ("elasticgpu_agent_gpu_memory_used_bytes", (("gpu", card0),))]  # after the first usage pass
         return metrics if all(key in metrics for key in wanted) else None
 

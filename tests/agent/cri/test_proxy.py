@@ -268,7 +268,9 @@ def test_deadline_and_metadata_reach_the_runtime(tmp_path: Path) -> None:
     finally:
         runtime.stop(0)
     with_deadline, without = seen
-    assert 5 < float(with_deadline["remaining"]) <= 7  # type: ignore[arg-type]
+    # grpc rounds the timeout it sends upwards (never cuts a call short), so what arrives may pass the
+    # caller's 7 s by a few ms (7.009 s seen once under load).
+    assert 5 < float(with_deadline["remaining"]) <= 7.05  # type: ignore[arg-type]
     assert with_deadline["metadata"]["traceparent"] == "00-abc-def-01"  # type: ignore[index]
     assert with_deadline["body"] == b"\x0a\x02hi"  # the bytes, untouched
     assert float(without["remaining"]) > 1e8  # type: ignore[arg-type]  # no deadline upstream either
