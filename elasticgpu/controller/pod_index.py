@@ -48,6 +48,8 @@ class PodIndex:
         self._nodes: dict[str, Body] = {}
         self._owned: dict[PodKey, set[str]] = {}
         """Claim names by the (namespace, name) of the pod that owns them as controller."""
+        self._departed: dict[PodKey, Body] = {}
+        """The last body of each pod deleted since its sync last ran (which claims to let go of)."""
 
     # -- pods ------------------------------------------------------------------------------------
 
@@ -61,6 +63,7 @@ class PodIndex:
         if deleted:
             self._deleted.bury(key, body)
             self._pods.pop(key, None)
+            self._departed[key] = body
             return [("pod", *key)]
         if not versions.is_newer(body, self._pods.get(key)):
             return []
@@ -75,7 +78,7 @@ class PodIndex:
                   for p in pods}
         for gone in set(self._pods) - listed:
             if not versions.changed_after(self._pods[gone], list_version):
-                del self._pods[gone]
+                self._departed[gone] = self._pods.pop(gone)
                 keys.append(("pod", *gone))
         for body in pods:
             keys += self.put(body)
@@ -85,6 +88,15 @@ class PodIndex:
     def pod(self, namespace: str, name: str) -> Body | None:
         """The pod's body as last seen, or None (deleted, never seen, or not using claims)."""
         return self._pods.get((namespace, name))
+
+    def take_departed(self, namespace: str, name: str) -> Body | None:
+        """The last body of a pod of that name deleted since this was last asked, once."""
+        return self._departed.pop((namespace, name), None)
+
+    def keep_departed(self, body: Body) -> None:
+        """Put back a departed pod whose claims could not all be let go of (retried)."""
+        meta = body.get("metadata") or {}
+        self._departed.setdefault((str(meta.get("namespace", "")), str(meta.get("name", ""))), body)
 
     def gated_keys(self) -> Keys:
         """Keys of every pod still carrying our gate."""

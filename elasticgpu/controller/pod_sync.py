@@ -75,9 +75,12 @@ class PodSync:
     def sync(self, namespace: str, name: str) -> None:
         """Decide and carry out the next steps of one pod."""
         with self.picture.lock:
+            departed = self.picture.pods.take_departed(namespace, name)
             pod = self.picture.pods.pod(namespace, name)
             owned = {claim: body for claim in self.picture.pods.owned_claims(namespace, name)
                      if (body := self.picture.claim_body(namespace, claim)) is not None}
+        if departed is not None:
+            self._let_go(departed)
         for stale in inline_claims.stale_claims(owned, pod):
             self._delete_inline(namespace, stale)
         if pod is None or not pod_gate.is_gated(pod) or pod_gate.is_terminated(pod):
@@ -185,6 +188,30 @@ class PodSync:
         with contextlib.suppress(errors.NotFound, errors.Conflict):
             self.kube.delete_claim_of(namespace, stale.name, uid=stale.uid)
         logger.info("deleted claim %s/%s: the pod that owned it is gone", namespace, stale.name)
+
+    def _let_go(self, departed: Body) -> None:
+        """A pod is gone: the claims it names that still list it as their user list no one (their
+        status tells the truth; the next pod takes them either way). Inline claims are deleted,
+        not written. A failed write puts the pod back, so the retry lets go again."""
+        meta = departed.get("metadata") or {}
+        namespace, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+        annotations = meta.get("annotations") or {}
+        named = sorted({v for k, v in annotations.items() if k.startswith(names.ANNOTATION_CLAIM_PREFIX) and v})
+        for claim_name in named:
+            claim = self.picture.claim(namespace, claim_name)
+            if claim is None or not claim.status.users or claim.status.users[0].name != name \
+                    or (claim.status.users[0].uid and claim.status.users[0].uid != uid):
+                continue
+            patch = {"metadata": {"resourceVersion": claim.metadata.resource_version}, "status": {"users": []}}
+            try:
+                self.picture.put_claim(self.kube.patch_claim_status(namespace, claim_name, patch))
+            except errors.NotFound:
+                continue
+            except errors.Conflict:
+                with self.picture.lock:
+                    self.picture.pods.keep_departed(departed)
+                self.picture.put_claim(self.kube.get_claim(namespace, claim_name))
+                raise
 
     def _reserve_users(self, pod: Body, decision: pod_gate.ReserveUsers) -> None:
         meta = pod["metadata"]

@@ -140,3 +140,16 @@ def test_claim_in_use_by_a_gated_pod_keeps_its_finalizer(world: World) -> None:
         assert "not" in str(err).lower()
     else:
         raise AssertionError("the claim outlived its pod")
+
+
+def test_a_gone_pod_is_no_longer_listed_as_the_claims_user(world: World) -> None:
+    class_name = _gpus(world, (f"{world.prefix}-a",))
+    world.claim(o.claim("c", class_name=class_name))
+    controller = controller_for(world)
+    world.pod("p", claims={"main": "c"})
+    settle(controller)
+    assert [u["name"] for u in world.get_claim("c")["status"]["users"]] == ["p"]
+    world.delete_pod("p")
+    settle(controller)
+    assert not world.get_claim("c")["status"].get("users")
+    assert world.get_claim("c")["status"]["phase"] == "Bound"  # the claim itself stays bound for the next pod
