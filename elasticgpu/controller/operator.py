@@ -30,6 +30,7 @@ WATCHED = (
     ("gpu", names.GROUP, names.VERSION, names.PLURAL_GPU),
     ("class", names.GROUP, names.VERSION, names.PLURAL_CLASS),
     ("pod", "", "v1", "pods"),
+    ("node", "", "v1", "nodes"),  # allocatable, taints, labels: WaitForFirstConsumer placement
 )
 
 
