@@ -245,9 +245,12 @@ def run_variant(variant: str, args: argparse.Namespace, cluster: Any, kube: Any,
     log = open(REPO / "bench" / "out" / f"binding-controller-{variant}.log", "wb")  # noqa: SIM115
     tree = REPO if variant != "baseline" else Path(args.baseline).resolve()
     env = {**os.environ, "PYTHONPATH": str(tree), **VARIANTS.get(variant, {})}
-    proc = subprocess.Popen([sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(cluster.kubeconfig),
-                             "--namespace", namespace, "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT,
-                            cwd=tree, env=env)
+    command = [sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(cluster.kubeconfig),
+               "--namespace", namespace, "--log-level", "warning"]
+    if variant == "null":  # the ceiling: the same writes and watches, no decisions
+        command = [sys.executable, str(REPO / "bench" / "null_controller.py"), "--kubeconfig", str(cluster.kubeconfig),
+                   "--namespace", namespace, "--model", model]
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=tree, env=env)
     result: dict[str, Any] = {"variant": variant}
     try:
         kube.create_claim(_claim("warmup", namespace, class_name))
@@ -282,7 +285,15 @@ def run_variant(variant: str, args: argparse.Namespace, cluster: Any, kube: Any,
         # behind (mostly its Events, written off the hot path) is let finish, so that each phase
         # measures its own steady state and not the tail of the one before.
         result["rates"] = []
-        for rate in args.rates:
+        if variant == "null":
+            args.ceiling = result["burst_per_s"]
+        for token in args.rates:
+            if token == "half":
+                if args.ceiling is None:
+                    raise SystemExit("--rates half needs the variant 'null' first (its burst is the ceiling)")
+                rate = round(args.ceiling / 2, 1)
+            else:
+                rate = float(token)
             settle_s = _settle(kube)
             phase = _offer_at(kube, watch, namespace, class_name, rate=rate, seconds=args.seconds)
             result["rates"].append({**phase, "settle_s": settle_s})
@@ -342,10 +353,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", type=int, default=500)
     parser.add_argument("--burst", type=int, default=1000)
-    parser.add_argument("--rates", type=lambda v: [float(x) for x in v.split(",")], default=[100.0],
-                        help="offered claims/s of the fixed-rate phases, comma-separated (default 100)")
+    parser.add_argument("--rates", type=lambda v: v.split(","), default=["100"],
+                        help="offered claims/s of the fixed-rate phases, comma-separated (default 100); 'half':"
+                             " half the ceiling the variant 'null' measured in its burst of this run")
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--variants", default="before,kopf-workers,after")
+    parser.add_argument("--variants", default="before,kopf-workers,after",
+                        help="comma-separated; 'null' (bench/null_controller.py: the writes and watches of a"
+                             " dynamic bind, no decisions) measures the ceiling, and must come first for --rates half")
     parser.add_argument("--baseline", metavar="TREE",
                         help="a checkout of another commit (git worktree add TREE REV): adds the variant"
                              " 'baseline', that commit's controller with its own defaults, measured in the same run")
@@ -354,6 +368,7 @@ def main() -> None:
     parser.add_argument("--rss-claims", type=int, default=50_000)
     parser.add_argument("--rss-child", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.ceiling = None
     if args.rss_child:
         rss_child(*args.rss_child)
         return
@@ -367,7 +382,9 @@ def main() -> None:
 
     results = []
     if args.baseline and "baseline" not in args.variants.split(","):
-        args.variants = "baseline," + args.variants
+        listed = args.variants.split(",")
+        at = 1 if listed[0] == "null" else 0  # the ceiling first, so that --rates half can use it
+        args.variants = ",".join([*listed[:at], "baseline", *listed[at:]])
     with running_cluster() as cluster:
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         crds = crd_documents()
@@ -379,19 +396,22 @@ def main() -> None:
         kube = KubeApi.from_kubeconfig(str(cluster.kubeconfig))
         core = client.CoreV1Api(api)
         for variant in args.variants.split(","):
-            print(f"{variant}: {args.gpus} GPUs, burst {args.burst},"
-                  f" {'/'.join(f'{r:g}' for r in args.rates)}/s x {args.seconds:g} s ...",
+            print(f"{variant}: {args.gpus} GPUs, burst {args.burst}, load average {os.getloadavg()[0]:.2f},"
+                  f" {'/'.join(args.rates)}/s x {args.seconds:g} s ...",
                   flush=True)
             results.append(run_variant(variant, args, cluster, kube, core))
         kube.close()
         api.close()
-    print(f"\nbinding end to end, local test server, {args.gpus} simulated GPUs, {os.cpu_count()} CPUs")
-    print("| variant | creates/s | burst bound/s | CPU ms/claim: controller, server, bench | controller RSS MiB |")
-    print("|---|---|---|---|---|")
+    print(f"\nbinding end to end, local test server, {args.gpus} simulated GPUs, {os.cpu_count()} CPUs,"
+          f" load average at the end {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print("| variant | creates/s | burst bound/s | of the ceiling | CPU ms/claim: controller, server, bench"
+          " | controller RSS MiB |")
+    print("|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['variant']} | {r['create_per_s']:.0f} | {r['burst_per_s']:.0f}"
-              f"{'' if r['burst_complete'] else ' (incomplete)'}"
-              f" | {r['controller_cpu_ms']:.1f}, {r['server_cpu_ms']:.1f}, {r['bench_cpu_ms']:.1f}"
+        share = f"{r['burst_per_s'] / args.ceiling:.0%}" if args.ceiling else "-"
+        print(f"| {r['variant']} | {r['create_per_s']:.0f} | {r['burst_per_s']:.1f}"
+              f"{'' if r['burst_complete'] else ' (incomplete)'} | {share}"
+              f" | {r['controller_cpu_ms']:.2f}, {r['server_cpu_ms']:.1f}, {r['bench_cpu_ms']:.1f}"
               f" | {r['controller_rss_mib']:.0f} |")
     print("\ncreated -> Bound at fixed offered rates (each phase after the previous one settled)")
     print("| variant | offered/s | p50 ms | p99 ms | max ms | unbound after 60 s | API writes per claim (GPU) |")
