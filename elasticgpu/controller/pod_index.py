@@ -49,7 +49,10 @@ class PodIndex:
         self._owned: dict[PodKey, set[str]] = {}
         """Claim names by the (namespace, name) of the pod that owns them as controller."""
         self._departed: dict[PodKey, Body] = {}
-        """The last body of each pod deleted since its sync last ran (which claims to let go of)."""
+        """The last body of each pod deleted since its sync last ran (which claims to let go of),
+        and (below) those of before the last list: a list forgets the older generation, so the
+        map stays bounded even where no sync runs; every entry's sync was queued twice by then."""
+        self._departed_before: dict[PodKey, Body] = {}
 
     # -- pods ------------------------------------------------------------------------------------
 
@@ -83,6 +86,8 @@ class PodIndex:
         for body in pods:
             keys += self.put(body)
         self._deleted.prune(list_version)
+        keys += [("pod", *key) for key in self._departed]
+        self._departed_before, self._departed = self._departed, {}
         return keys
 
     def pod(self, namespace: str, name: str) -> Body | None:
@@ -91,7 +96,8 @@ class PodIndex:
 
     def take_departed(self, namespace: str, name: str) -> Body | None:
         """The last body of a pod of that name deleted since this was last asked, once."""
-        return self._departed.pop((namespace, name), None)
+        key = (namespace, name)
+        return self._departed.pop(key, None) or self._departed_before.pop(key, None)
 
     def keep_departed(self, body: Body) -> None:
         """Put back a departed pod whose claims could not all be let go of (retried)."""
