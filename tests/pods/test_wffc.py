@@ -168,3 +168,29 @@ def test_an_existing_elastic_gpu_fixes_the_node(world: World) -> None:
     assert mine["spec"]["elasticGPUName"] == f"{world.prefix}-static"
     assert mine["status"]["nodeName"] == more["status"]["nodeName"] == b
     assert _pinned(world, "p") == b
+
+
+def test_crash_after_the_reservation_is_finished_on_its_node(world: World) -> None:
+    """Crash row: the reservation of a pod's WaitForFirstConsumer claim was committed (on b),
+    then the controller died before the ElasticGPU was made. The next controller finds it held
+    and binds there, though its allocator prefers a."""
+    a, b = world.node(f"{world.prefix}-a"), world.node(f"{world.prefix}-b")
+    _gpu(world, a)
+    on_b = _gpu(world, b)
+    wffc = _wffc_class(world)
+    fill = f"{world.prefix}-fill"  # a's card fuller: binpack's first choice
+    world.klass(o.klass(fill, parameters={"gpuModel": f"T{world.prefix}",
+                                          "nodeSelector": f"kubernetes.io/hostname={a}"}))
+    world.claim(o.claim("filler", cores=30, memory="1Gi", class_name=fill))
+    claim = world.claim(o.claim("x", cores=20, memory="1Gi", class_name=wffc))
+    egpu = names.elastic_gpu_name_for_claim(claim["metadata"]["uid"])
+    gpu = world.kube.get_gpu(on_b)
+    gpu["status"] = {"allocations": [{"elasticGPU": egpu, "cores": 20, "memory": 1024, "claimRef": {
+        "namespace": world.namespace, "name": "x", "uid": claim["metadata"]["uid"]}}]}
+    world.kube.replace_gpu_status(gpu)
+    world.pod("p", claims={"main": "x"})
+    settle(controller_for(world))
+    assert world.get_claim("x")["status"]["nodeName"] == b
+    assert world.get_claim("x")["spec"]["elasticGPUName"] == egpu
+    assert [a_["elasticGPU"] for a_ in _allocations(world, on_b)] == [egpu]  # no second reservation
+    assert _pinned(world, "p") == b
