@@ -1,11 +1,13 @@
 """The elasticgpu controller: binds ElasticGPUClaims to ElasticGPUs, provisions them, releases them.
 
 Modules, one role each:
-- pure decisions: `binder` (the state machine), `release` and `resync` (release and repair);
+- pure decisions: `binder` (the state machine), `release` and `resync` (release and repair),
+  `gpu_health` (a GPU ready for new reservations, or failed for good: heartbeat, fatal XID);
 - the picture: `picture` (what the watches delivered, with its indexes), `reservations` (the
   GPU ledger and status bodies), `versions` (resourceVersion order, deletion tombstones);
 - the flow: `informer` (list and watch; feeds the picture), `workqueue`, `worker` (the loop),
-  `claim_sync`, `elasticgpu_sync`, `commit` (the reservation commit), `handoff` (writes after
+  `claim_sync`, `elasticgpu_sync`, `gpu_sync` (a GPU's readiness: its agent's heartbeat, a
+  delayed recheck, the `Ready` condition), `commit` (the reservation commit), `handoff` (writes after
   the commit point, on a pool), `repair` (the periodic resync), `provisioner` (the ElasticGPU
   made for a claim), `events`, `failures` (what a failed sync does: backoff, logged once),
   `liveness` (threads alive and loops stepping: the /healthz check);

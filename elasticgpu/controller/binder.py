@@ -87,6 +87,7 @@ from elasticgpu.api import (
     parse_memory_mib,
 )
 from elasticgpu.api.errors import InvalidSpec
+from elasticgpu.controller import gpu_health
 
 # Reasons of claim conditions and Events (one CamelCase word a program can match).
 REASON_BOUND = "Bound"
@@ -576,6 +577,12 @@ def decide_elastic_gpu(
         if (egpu.spec.reclaim_policy or "Retain") == "Delete":
             return Reclaim(delete=True)
         return Keep("Retain")
+    failure = gpu_health.failed_card(cards_of(egpu), gpus)
+    if failure is not None:
+        # OBSERVATION: a card of this ElasticGPU failed for good (a fatal XID, or it vanished):
+        # the ElasticGPU fails with the card's reason, and its claim becomes Lost with it.
+        return Fail(failure.reason, f"ElasticGPU {egpu.metadata.name}: {failure.message}; its work cannot"
+                    " continue on this card: delete the claim and create a new one")
     placement = placement_of(egpu, gpus)
     if isinstance(placement, Fail):
         return placement

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names
-from elasticgpu.controller import binder, pod_index, release, versions
+from elasticgpu.controller import binder, compact, pod_index, release, versions
 from elasticgpu.controller.reservations import Ledger
 from elasticgpu.controller.workqueue import Key
 
@@ -95,6 +95,7 @@ class Picture:
                     self.ledger.delete_gpu(body)
                 else:
                     self.ledger.observe_gpu(body)
+                    keys.append(("gpu", name))  # its readiness (heartbeat, gpu_sync)
                 keys += [("egpu", egpu_name) for egpu_name in self._egpus_on_gpu(name)]
                 if deleted or self._free_of(name) > before:
                     keys += self.pending_claim_keys()
@@ -125,9 +126,10 @@ class Picture:
                     return self._claims[key]
                 return ElasticGPUClaim.model_validate(body)
             old_body = self._claim_bodies.get(key)
+            body = compact.strip(body)
             self._claim_bodies[key] = body
             old = self._claims.get(key)
-            model = ElasticGPUClaim.model_validate(body)
+            model = compact.share_fields(ElasticGPUClaim.model_validate(body))
             self._claims[key] = model
             self.pods.claim_changed(key, body, old_body)
             before = old.spec.elastic_gpu_name if old is not None else None
@@ -158,8 +160,9 @@ class Picture:
                     return self._egpus[name], []
                 return ElasticGPU.model_validate(body), []
             old = self._egpus.get(name)
+            body = compact.strip(body)
             self._egpu_bodies[name] = body
-            model = ElasticGPU.model_validate(body)
+            model = compact.share_fields(ElasticGPU.model_validate(body))
             self._egpus[name] = model
             self._index_uid(name, old, model)
             self._index_cards(name, old, model)
@@ -318,9 +321,11 @@ class Picture:
             self._by_claim_uid[new_uid] = name
 
     def _free_of(self, gpu_name: str) -> int:
+        """A measure of the card's free room that grows when room appears: a card new to the
+        picture or Healthy again counts as more room than any Unhealthy or absent one."""
         model = self.ledger.gpu(gpu_name)
-        if model is None:
-            return 0
+        if model is None or model.status.health == "Unhealthy":
+            return -(1 << 62)
         return -sum(a.cores + a.memory for a in model.status.allocations)
 
     def _egpus_on_gpu(self, gpu_name: str) -> list[str]:
@@ -359,9 +364,10 @@ class Picture:
                     if claim.status.phase in (None, "Pending")]
 
     def all_keys(self) -> Keys:
-        """Every ElasticGPU and claim (the resync requeues them all)."""
+        """Every GPU, ElasticGPU and claim (the resync requeues them all)."""
         with self.lock:
-            keys: Keys = [("egpu", n) for n in self._egpus]
+            keys: Keys = [("gpu", n) for n in self.ledger.gpu_names()]
+            keys += [("egpu", n) for n in self._egpus]
             keys += [("claim", ns, n) for ns, n in self._claims]
             keys += self.pods.resync_keys()
             return keys

@@ -28,6 +28,7 @@ from elasticgpu.controller.commit import Commit
 from elasticgpu.controller.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.events import EventRecorder
 from elasticgpu.controller.failures import Failures
+from elasticgpu.controller.gpu_sync import GPUSync
 from elasticgpu.controller.handoff import HandOff
 from elasticgpu.controller.informer import Informer
 from elasticgpu.controller.kube import KubeApi
@@ -72,9 +73,11 @@ class Controller:
                                 settings=self.settings)
         self.pods = PodSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
                             commit=self.commit, claims=self.claims)
+        self.gpus = GPUSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
+                            settings=self.settings.gpu_health)
         self.worker = Worker(queue=self.queue, claims=self.claims, elastic_gpus=self.elastic_gpus,
                              commit=self.commit, hand_off=self.hand_off, events=self.events, failures=self.failures,
-                             liveness=self.liveness, settings=binding, pods=self.pods)
+                             liveness=self.liveness, settings=binding, pods=self.pods, gpus=self.gpus)
         self.informer = Informer(kube=kube, picture=self.picture, queue=self.queue, namespace=namespace,
                                  liveness=self.liveness)
         if self.events.thread is not None:

@@ -29,7 +29,7 @@ from elasticgpu.allocator import (
     Unplaceable,
 )
 from elasticgpu.api import GPU, GPUAllocation, ObjectReference, format_memory, names
-from elasticgpu.controller import versions
+from elasticgpu.controller import compact, versions
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,9 @@ class Ledger:
         """Each GPU's allocations by ElasticGPU name (a lookup per key, not a scan per key)."""
         self._deleted: versions.Tombstones[str] = versions.Tombstones()
         """GPU deletions seen: an older copy (a list read before, a write answer after) is refused."""
+        self._not_ready: set[str] = set()
+        """GPUs found not ready (heartbeat expired, `gpu_sync`): their cards take no new
+        reservations (Unhealthy to the allocator), the ones they hold are kept."""
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -144,7 +147,8 @@ class Ledger:
             return
         if self._deleted.holds(name, body):
             return  # a copy from before its deletion
-        model = GPU.model_validate(body)
+        body = compact.strip(body)
+        model = compact.share_fields(GPU.model_validate(body))
         previous = self._models.get(name)
         if previous is not None and (previous.spec != model.spec or _health(previous) != _health(model)):
             self.forget_gpu(name)
@@ -158,6 +162,8 @@ class Ledger:
             if node not in self.inventory:
                 self.inventory.add_node(NodeRecord(name=node, labels=self._node_labels.get(node, {})))
             self.inventory.add_card(CardRecord.from_gpu(model))
+            if name in self._not_ready:
+                self.inventory.set_health(model.spec.uuid, Health.UNHEALTHY)
         before = self._keys_on.get(name, set())
         after = {a.elastic_gpu for a in model.status.allocations}
         self._set_keys_on(name, before, after)
@@ -183,6 +189,21 @@ class Ledger:
         name = body["metadata"]["name"]
         self._deleted.bury(name, body)
         self.forget_gpu(name)
+        self._not_ready.discard(name)
+
+    def set_ready(self, name: str, ready: bool) -> bool:
+        """Mark GPU `name` ready or not for new reservations (its heartbeat); True when that
+        changed. Ready again, the card is as healthy as its object says."""
+        if (name not in self._not_ready) == ready:
+            return False
+        if ready:
+            self._not_ready.discard(name)
+        else:
+            self._not_ready.add(name)
+        model = self._models.get(name)
+        if model is not None:
+            self.inventory.set_health(model.spec.uuid, _health(model) if ready else Health.UNHEALTHY)
+        return True
 
     def prune_tombstones(self, list_version: str) -> None:
         """Forget the deletions a list taken at `list_version` has seen."""

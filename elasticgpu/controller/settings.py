@@ -109,6 +109,16 @@ class ResyncSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GPUHealthSettings:
+    """How the controller reads the agents' heartbeats (`gpu_health`)."""
+
+    heartbeat_grace_s: float = 120.0
+    """Seconds without a heartbeat after which a GPU takes no new reservations (`Ready=False`,
+    `HeartbeatExpired`). The agent beats every 30 s: four beats may be lost (an agent restart,
+    a slow API server) before its cards are set aside."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ControllerSettings:
     """All settings of the controller."""
 
@@ -117,6 +127,7 @@ class ControllerSettings:
     resync: ResyncSettings = field(default_factory=ResyncSettings)
     retry: RetrySettings = field(default_factory=RetrySettings)
     watch: WatchSettings = field(default_factory=WatchSettings)
+    gpu_health: GPUHealthSettings = field(default_factory=GPUHealthSettings)
 
     @staticmethod
     def environment_help() -> str:
@@ -127,14 +138,15 @@ class ControllerSettings:
             f"ELASTICGPU_RESYNC_INTERVAL_S ({ResyncSettings.interval_s:g}), "
             f"ELASTICGPU_RELIST_INTERVAL_S ({ResyncSettings.relist_interval_s:g}), "
             f"ELASTICGPU_ORPHAN_GRACE_S ({ResyncSettings.orphan_grace_s:g}), "
+            f"ELASTICGPU_HEARTBEAT_GRACE_S ({GPUHealthSettings.heartbeat_grace_s:g}), "
             f"ELASTICGPU_WATCH ({WatchSettings.engine}; or kopf)"
         )
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ControllerSettings:
         """Settings with `ELASTICGPU_RESYNC_INTERVAL_S`, `ELASTICGPU_RELIST_INTERVAL_S`,
-        `ELASTICGPU_ORPHAN_GRACE_S`, `ELASTICGPU_BINDING_WORKERS` and `ELASTICGPU_WATCH` read from
-        the environment where set."""
+        `ELASTICGPU_ORPHAN_GRACE_S`, `ELASTICGPU_HEARTBEAT_GRACE_S`, `ELASTICGPU_BINDING_WORKERS`
+        and `ELASTICGPU_WATCH` read from the environment where set."""
         env = os.environ if environ is None else environ
         resync = ResyncSettings(
             interval_s=float(env.get("ELASTICGPU_RESYNC_INTERVAL_S", ResyncSettings.interval_s)),
@@ -145,4 +157,6 @@ class ControllerSettings:
         watch = WatchSettings(engine=env.get("ELASTICGPU_WATCH", WatchSettings.engine))
         if watch.engine not in ("client", "kopf"):
             raise ValueError(f"ELASTICGPU_WATCH={watch.engine!r}: use client or kopf")
-        return cls(binding=binding, resync=resync, watch=watch)
+        gpu_health = GPUHealthSettings(heartbeat_grace_s=float(
+            env.get("ELASTICGPU_HEARTBEAT_GRACE_S", GPUHealthSettings.heartbeat_grace_s)))
+        return cls(binding=binding, resync=resync, watch=watch, gpu_health=gpu_health)

@@ -20,6 +20,7 @@ from elasticgpu.controller.commit import Commit, Planned
 from elasticgpu.controller.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.events import EventRecorder
 from elasticgpu.controller.failures import Failures
+from elasticgpu.controller.gpu_sync import GPUSync
 from elasticgpu.controller.handoff import HandOff
 from elasticgpu.controller.liveness import Liveness
 from elasticgpu.controller.pod_sync import PodSync
@@ -37,9 +38,10 @@ class Worker:
 
     def __init__(self, *, queue: WorkQueue, claims: ClaimSync, elastic_gpus: ElasticGPUSync, commit: Commit,
                  hand_off: HandOff, events: EventRecorder, failures: Failures, liveness: Liveness,
-                 settings: BindingSettings, pods: PodSync | None = None) -> None:
+                 settings: BindingSettings, pods: PodSync | None = None, gpus: GPUSync | None = None) -> None:
         self.queue = queue
         self.pods = pods
+        self.gpus = gpus
         self.failures = failures
         self.liveness = liveness
         self.claims = claims
@@ -129,6 +131,8 @@ class Worker:
                 self.elastic_gpus.sync(key[1])
             elif key[0] == "pod" and self.pods is not None:
                 self.pods.sync(key[1], key[2])
+            elif key[0] == "gpu" and self.gpus is not None:
+                self.gpus.sync(key[1])
         except Exception as err:
             self.failures.failed(key, err)
         else:

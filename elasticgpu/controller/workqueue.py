@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from elasticgpu.controller.settings import RetrySettings
 
 Key = tuple[str, ...]
-"""("claim", namespace, name) or ("egpu", name)."""
+"""("claim", namespace, name), ("egpu", name), ("gpu", name) or ("pod", namespace, name)."""
 
 
 class TokenBucket:
@@ -63,14 +63,20 @@ class WorkQueue:
         """Keys waiting in the background lane only, with the number of their entry there: an
         entry left behind by a key moved to the front lane must not stand in for a later one."""
         self._entries = 0
-        self._delayed: list[tuple[float, Key]] = []
+        self._delayed: list[tuple[float, Key, bool]] = []
+        """(due, key, recheck) by due time; `recheck`: a time-based look (a heartbeat that will
+        expire), not a retry: `waiting` does not count it."""
+        self._rechecks = 0
         self._cond = threading.Condition()
 
-    def add(self, key: Key, *, delay_s: float = 0.0, background: bool = False) -> None:
-        """Queue `key` now, or after `delay_s` seconds; `background`: behind every other key."""
+    def add(self, key: Key, *, delay_s: float = 0.0, background: bool = False, recheck: bool = False) -> None:
+        """Queue `key` now, or after `delay_s` seconds; `background`: behind every other key;
+        `recheck`: a delayed look at an object whose state changes with time alone, which
+        `waiting` does not count (nothing is left to do until it is due)."""
         with self._cond:
             if delay_s > 0:
-                heapq.heappush(self._delayed, (time.monotonic() + delay_s, key))
+                heapq.heappush(self._delayed, (time.monotonic() + delay_s, key, recheck))
+                self._rechecks += recheck
             else:
                 self._push(key, background=background)
             self._cond.notify()
@@ -140,7 +146,8 @@ class WorkQueue:
             while True:
                 now = time.monotonic()
                 while self._delayed and self._delayed[0][0] <= now:
-                    _, key = heapq.heappop(self._delayed)
+                    _, key, recheck = heapq.heappop(self._delayed)
+                    self._rechecks -= recheck
                     self._push(key, background=False)
                 entry = self._pop()
                 if entry is not None:
@@ -185,6 +192,6 @@ class WorkQueue:
             return len(self._queued)
 
     def waiting(self) -> int:
-        """Keys queued now or for later."""
+        """Keys queued now or for later (rechecks not counted)."""
         with self._cond:
-            return len(self._queued) + len(self._delayed)
+            return len(self._queued) + len(self._delayed) - self._rechecks
