@@ -77,7 +77,8 @@ class LeaderSettings:
     """Seconds between a leader's renewals and between a standby's attempts (jittered up to
     +20%, so standbys do not read in step)."""
     request_timeout_s: float = 4.0
-    """Seconds one Lease request may take: a hung request must not outlast renew_deadline_s."""
+    """Seconds one Lease request may take. A leader's renewal is cut shorter still: no request
+    outlasts its renew deadline, so a hung connection cannot keep it leading past it."""
 
     def __post_init__(self) -> None:
         if not self.lease_duration_s > self.renew_deadline_s + self.retry_period_s:
@@ -97,37 +98,38 @@ def default_identity() -> str:
 
 
 class LeaseClient(Protocol):
-    """The three Lease calls the elector needs. Errors: `errors.Conflict` for a 409 (someone
-    else wrote first), `errors.ApiError` for everything else that failed."""
+    """The three Lease calls the elector needs, each given up after `timeout_s` seconds.
+    Errors: `errors.Conflict` for a 409 (someone else wrote first), `errors.ApiError` for
+    everything else that failed (a timeout included)."""
 
-    def get(self, namespace: str, name: str) -> Body | None:
+    def get(self, namespace: str, name: str, *, timeout_s: float) -> Body | None:
         """The Lease as a dict, or None when it does not exist."""
 
-    def create(self, namespace: str, body: Body) -> Body:
+    def create(self, namespace: str, body: Body, *, timeout_s: float) -> Body:
         """Create the Lease; `errors.Conflict` (AlreadyExists) when it exists."""
 
-    def replace(self, namespace: str, name: str, body: Body) -> Body:
+    def replace(self, namespace: str, name: str, body: Body, *, timeout_s: float) -> Body:
         """PUT the Lease with `body["metadata"]["resourceVersion"]` as precondition."""
 
 
 class KubernetesLeases:
     """`LeaseClient` over kubernetes.client's CoordinationV1Api (dicts in, dicts out)."""
 
-    def __init__(self, api_client: Any, *, timeout_s: float = 4.0) -> None:
+    def __init__(self, api_client: Any) -> None:
         """`api_client`: a kubernetes.client.ApiClient (the controller's: same TLS and token)."""
         from kubernetes import client
 
         self._api = client.CoordinationV1Api(api_client)
-        self._timeout_s = timeout_s
 
-    def _call(self, what: str, call: Callable[..., Any], *args: Any, missing_ok: bool = False) -> Body | None:
+    def _call(self, what: str, call: Callable[..., Any], *args: Any, timeout_s: float,
+              missing_ok: bool = False) -> Body | None:
         import json
 
         import urllib3
         from kubernetes import client
 
         try:
-            response = call(*args, _preload_content=False, _request_timeout=self._timeout_s)
+            response = call(*args, _preload_content=False, _request_timeout=timeout_s)
             data: Body = json.loads(response.data)
             return data
         except client.ApiException as err:
@@ -140,22 +142,22 @@ class KubernetesLeases:
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise errors.ApiUnavailable(f"{what}: no answer: {err}") from None
 
-    def get(self, namespace: str, name: str) -> Body | None:
+    def get(self, namespace: str, name: str, *, timeout_s: float = 4.0) -> Body | None:
         """The Lease `namespace/name`, or None."""
         return self._call(f"get Lease {namespace}/{name}", self._api.read_namespaced_lease, name, namespace,
-                          missing_ok=True)
+                          timeout_s=timeout_s, missing_ok=True)
 
-    def create(self, namespace: str, body: Body) -> Body:
+    def create(self, namespace: str, body: Body, *, timeout_s: float = 4.0) -> Body:
         """Create the Lease."""
         created = self._call(f"create Lease {namespace}/{body['metadata']['name']}",
-                             self._api.create_namespaced_lease, namespace, body)
+                             self._api.create_namespaced_lease, namespace, body, timeout_s=timeout_s)
         assert created is not None  # only a read may find nothing
         return created
 
-    def replace(self, namespace: str, name: str, body: Body) -> Body:
+    def replace(self, namespace: str, name: str, body: Body, *, timeout_s: float = 4.0) -> Body:
         """Replace the Lease (resourceVersion precondition in the body)."""
         replaced = self._call(f"update Lease {namespace}/{name}", self._api.replace_namespaced_lease,
-                              name, namespace, body)
+                              name, namespace, body, timeout_s=timeout_s)
         assert replaced is not None
         return replaced
 
@@ -202,8 +204,12 @@ class LeaderElector:
     # -- state -----------------------------------------------------------------------------------
     @property
     def leading(self) -> bool:
-        """Whether this process holds the Lease (as of its last successful renewal)."""
-        return self._leading
+        """Whether this process holds the Lease: it acquired it and renewed it within the renew
+        deadline (false at the deadline even when the renew thread is stuck)."""
+        with self._lock:
+            renewed_at = self._renewed_at
+            return (self._leading and renewed_at is not None
+                    and time.monotonic() - renewed_at < self.settings.renew_deadline_s)
 
     def healthy(self) -> tuple[bool, str]:
         """A /healthz check: fails when this process believes it leads but has not renewed for
@@ -217,11 +223,11 @@ class LeaderElector:
                            f"not renewed for {late:.0f}s (lease duration {self.settings.lease_duration_s:g}s)")
         return True, ""
 
-    def _set_leading(self, leading: bool) -> None:
+    def _set_leading(self, leading: bool, *, renewed_at: float | None = None) -> None:
         with self._lock:
             changed, self._leading = self._leading != leading, leading
             if leading:
-                self._renewed_at = time.monotonic()
+                self._renewed_at = renewed_at if renewed_at is not None else time.monotonic()
         if changed and self._on_change is not None:
             self._on_change(leading)
 
@@ -243,13 +249,24 @@ class LeaderElector:
         self._seen_at = read_started
         self._expires_at = self._changed_at + duration
 
-    def try_acquire_or_renew(self) -> bool:
+    def _timeout(self, deadline: float | None) -> float:
+        """Seconds the next request may take: the request timeout, cut at `deadline`."""
+        if deadline is None:
+            return self.settings.request_timeout_s
+        left = deadline - time.monotonic()
+        if left <= 0.05:
+            raise errors.ApiUnavailable(f"Lease {self.settings.namespace}/{self.settings.name}: renew deadline "
+                                        f"({self.settings.renew_deadline_s:g}s) passed")
+        return min(self.settings.request_timeout_s, left)
+
+    def try_acquire_or_renew(self, *, deadline: float | None = None) -> bool:
         """One attempt: read the Lease and take or renew it if it is ours, free or expired.
         True when this process holds it afterwards. Raises `errors.ApiError` when the server
-        could not be asked or refused for a reason other than a lost race."""
+        could not be asked or refused for a reason other than a lost race. `deadline`
+        (monotonic): no request lasts past it."""
         s = self.settings
         started = time.monotonic()
-        lease = self.leases.get(s.namespace, s.name)
+        lease = self.leases.get(s.namespace, s.name, timeout_s=self._timeout(deadline))
         now = time.monotonic()
         wall = time.time()
         if lease is None:
@@ -257,7 +274,7 @@ class LeaderElector:
                     "metadata": {"name": s.name, "namespace": s.namespace},
                     "spec": self._spec(acquire_time=_micro_time(wall), transitions=0, wall=wall)}
             try:
-                created = self.leases.create(s.namespace, body)
+                created = self.leases.create(s.namespace, body, timeout_s=self._timeout(deadline))
             except errors.Conflict:
                 return False  # another candidate created it first
             self._observe(created, started, time.monotonic())
@@ -275,7 +292,7 @@ class LeaderElector:
             transitions=transitions if ours else transitions + 1, wall=wall)
         body = {**lease, "spec": {**spec, **new_spec}}
         try:
-            replaced = self.leases.replace(s.namespace, s.name, body)
+            replaced = self.leases.replace(s.namespace, s.name, body, timeout_s=self._timeout(deadline))
         except errors.Conflict:
             return False  # someone wrote since our read: read again on the next attempt
         self._observe(replaced, started, time.monotonic())
@@ -305,9 +322,10 @@ class LeaderElector:
         s = self.settings
         announced = False
         while not stop.is_set():
+            attempt = time.monotonic()
             try:
                 if self.try_acquire_or_renew():
-                    self._set_leading(True)
+                    self._set_leading(True, renewed_at=attempt)
                     return True
                 if not announced and self._seen is not None:
                     log.info("standing by: Lease %s/%s is held by %s", s.namespace, s.name, self._seen[1])
@@ -327,23 +345,32 @@ class LeaderElector:
 
     def _renew_loop(self, stop: threading.Event, on_lost: Callable[[], None]) -> None:
         s = self.settings
-        last_ok = time.monotonic()
-        while not stop.wait(self._pause()):
+        # Times are those at which a successful attempt began: the renewTime it wrote is from
+        # then, and a standby counts the lease from that renewTime.
+        last_ok = self._renewed_at if self._renewed_at is not None else time.monotonic()
+        while True:
+            deadline = last_ok + s.renew_deadline_s
+            # Wake at the deadline at the latest: leadership ends there, not a retry period later.
+            if stop.wait(max(0.0, min(self._pause(), deadline - time.monotonic()))):
+                break
+            attempt = time.monotonic()
+            reason = f"not renewed within the renew deadline ({s.renew_deadline_s:g}s)"
             try:
-                if self.try_acquire_or_renew():
-                    last_ok = time.monotonic()
-                    self._set_leading(True)
-                    continue
-                reason = f"held by {self._seen[1] if self._seen else 'someone else'}"
+                if attempt < deadline:
+                    if self.try_acquire_or_renew(deadline=deadline):
+                        last_ok = attempt
+                        self._set_leading(True, renewed_at=attempt)
+                        continue
+                    reason = f"held by {self._seen[1] if self._seen else 'someone else'}"
             except errors.ApiError as err:
                 reason = str(err)
             if self._seen is not None and self._seen[1] not in ("", self.identity):
                 log.error("lost Lease %s/%s: %s", s.namespace, s.name, reason)  # someone else took it
-            elif time.monotonic() - last_ok < s.renew_deadline_s:
+            elif time.monotonic() < deadline:
                 log.warning("could not renew Lease %s/%s (retrying): %s", s.namespace, s.name, reason)
                 continue
             else:
-                log.error("lost Lease %s/%s: not renewed for %.0fs: %s", s.namespace, s.name,
+                log.error("lost Lease %s/%s: not renewed for %.1fs: %s", s.namespace, s.name,
                           time.monotonic() - last_ok, reason)
             self._set_leading(False)
             on_lost()
@@ -358,12 +385,12 @@ class LeaderElector:
             return
         self._set_leading(False)
         try:
-            lease = self.leases.get(s.namespace, s.name)
+            lease = self.leases.get(s.namespace, s.name, timeout_s=s.request_timeout_s)
             if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
                 return
             wall = time.time()
             spec = {**lease["spec"], "holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _micro_time(wall)}
-            self.leases.replace(s.namespace, s.name, {**lease, "spec": spec})
+            self.leases.replace(s.namespace, s.name, {**lease, "spec": spec}, timeout_s=s.request_timeout_s)
             log.info("released Lease %s/%s", s.namespace, s.name)
         except errors.ApiError as err:
             log.warning("could not release Lease %s/%s (it expires in %gs): %s", s.namespace, s.name,

@@ -52,7 +52,7 @@ class Operability:
             from kubernetes import client
 
             # Its own ApiClient on the controller's configuration: same server, TLS and token.
-            leases = KubernetesLeases(client.ApiClient(kube.configuration), timeout_s=leader.request_timeout_s)
+            leases = KubernetesLeases(client.ApiClient(kube.configuration))
             self.elector = LeaderElector(leases, leader, on_change=self.metrics.leading)
         liveness: dict[str, Any] = {"controller": controller.liveness}
         if self.elector is not None:

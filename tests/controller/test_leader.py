@@ -94,14 +94,14 @@ class StaleReads:
     def __init__(self, real: KubernetesLeases, snapshot: dict[str, Any]) -> None:
         self.real, self.snapshot = real, snapshot
 
-    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(self, namespace: str, name: str, *, timeout_s: float) -> dict[str, Any] | None:
         return self.snapshot
 
-    def create(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.real.create(namespace, body)
+    def create(self, namespace: str, body: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+        return self.real.create(namespace, body, timeout_s=timeout_s)
 
-    def replace(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.real.replace(namespace, name, body)
+    def replace(self, namespace: str, name: str, body: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+        return self.real.replace(namespace, name, body, timeout_s=timeout_s)
 
 
 def test_two_candidates_on_one_version_one_wins(leases: KubernetesLeases, namespace: str) -> None:
@@ -127,17 +127,17 @@ class Switchable:
         if self.down:
             raise errors.ApiUnavailable("connection refused (test)")
 
-    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(self, namespace: str, name: str, *, timeout_s: float) -> dict[str, Any] | None:
         self._check()
-        return self.real.get(namespace, name)
+        return self.real.get(namespace, name, timeout_s=timeout_s)
 
-    def create(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    def create(self, namespace: str, body: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
         self._check()
-        return self.real.create(namespace, body)
+        return self.real.create(namespace, body, timeout_s=timeout_s)
 
-    def replace(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    def replace(self, namespace: str, name: str, body: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
         self._check()
-        return self.real.replace(namespace, name, body)
+        return self.real.replace(namespace, name, body, timeout_s=timeout_s)
 
 
 def test_a_leader_that_cannot_renew_gives_up_before_anyone_may_take_over(leases: KubernetesLeases,
@@ -162,6 +162,40 @@ def test_a_leader_that_cannot_renew_gives_up_before_anyone_may_take_over(leases:
     standby = LeaderElector(leases, settings(namespace), identity="b")
     wait_for(standby.try_acquire_or_renew, timeout_s=5, what="b takes over")
     assert time.monotonic() - cut >= 2.0
+
+
+def test_a_leader_whose_renewals_hang_gives_up_at_the_deadline(kube_cluster: Any, leases: KubernetesLeases,
+                                                               namespace: str, tmp_path: Path) -> None:
+    """Renewals that hang (a half-open connection: the fault proxy answers nothing) must not
+    keep a leader leading past renew_deadline_s: otherwise a standby, which takes over
+    lease_duration_s after the last renewal, would lead while the old leader still does."""
+    from kubernetes import config as kube_config
+
+    from tests.faults.proxy import FaultPlan, fault_proxy
+
+    with fault_proxy(kube_cluster, directory=tmp_path) as (proxy, kubeconfig):
+        configuration = client.Configuration()
+        kube_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+        configuration.retries = False
+        through = client.ApiClient(configuration)
+        try:
+            # The default request timeout (4 s) is longer than this renew deadline (2 s).
+            leader = LeaderElector(KubernetesLeases(through), settings(namespace), identity="a")
+            standby = LeaderElector(leases, settings(namespace), identity="b")
+            stop, lost = threading.Event(), threading.Event()
+            assert leader.acquire(stop)
+            leader.keep(stop, on_lost=lost.set)
+            time.sleep(0.6)  # a renewal or two went through
+            proxy.set_plan(FaultPlan(rates={"half-open": 1.0}))
+            hung = time.monotonic()
+            wait_for(standby.try_acquire_or_renew, timeout_s=10, what="b takes over")
+            took_over = time.monotonic() - hung
+            assert lost.is_set() and not leader.leading, \
+                f"b leads {took_over:.1f}s after the renewals hung, and a still believes it leads"
+            stop.set()
+        finally:
+            proxy.stop()  # ends the held connections before the client is closed
+            through.close()
 
 
 def test_a_lease_taken_by_someone_else_is_lost_at_the_next_renewal(leases: KubernetesLeases, namespace: str) -> None:
