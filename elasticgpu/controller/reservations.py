@@ -28,7 +28,7 @@ from elasticgpu.allocator import (
     ReservationConflict,
     Unplaceable,
 )
-from elasticgpu.api import GPU, GPUAllocation, ObjectReference, format_memory, names
+from elasticgpu.api import GPU, GPUAllocation, ObjectReference, allocatable_summary, format_memory, names
 from elasticgpu.controller import compact, versions
 
 logger = logging.getLogger(__name__)
@@ -304,6 +304,7 @@ class Ledger:
             names.RESOURCE_CORE: free_cores,
             names.RESOURCE_MEMORY: format_memory(free_memory) if free_memory else "0",
         }
+        status["allocatableSummary"] = allocatable_summary(free_cores, free_memory)
         return {
             "apiVersion": body.get("apiVersion", names.API_VERSION),
             "kind": body.get("kind", names.KIND_GPU),
