@@ -126,6 +126,11 @@ class ElasticGPUClaimStatus(KubeModel):
     """Where the claim is in its life."""
 
     phase: ClaimPhase | None = Field(default=None, description="Pending, Bound or Lost.")
+    reason: str | None = Field(
+        default=None, description="One CamelCase word for the phase, e.g. WaitingForFirstConsumer, NoCapacity,"
+        " ElasticGPUFailed; the reason of the phase's condition.",
+    )
+    message: str | None = Field(default=None, description="Why it is in this phase and what to do, for people.")
     capacity: dict[str, ResourceValue] = Field(
         default_factory=dict, description="What the bound ElasticGPU gives (cores integer, memory quantity)."
     )

@@ -73,7 +73,7 @@ CLAIM = KindInfo(
         # The controller writes the class it used (the default one included) here on bind.
         PrinterColumn("Class", "string", ".spec.elasticGPUClassName", "Class of the claim."),
         _age(),
-        PrinterColumn("Reason", "string", ".status.conditions[0].reason", "Why it is in this phase.", priority=1),
+        PrinterColumn("Reason", "string", ".status.reason", "Why it is in this phase.", priority=1),
     ),
     crd_file="elasticgpuclaim.yaml",
 )

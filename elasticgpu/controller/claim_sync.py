@@ -101,21 +101,21 @@ class ClaimSync:
 
     def _pending(self, claim: ElasticGPUClaim, reason: str, message: str) -> None:
         current = claim.status.conditions
-        if claim.status.phase == "Pending" and any(
+        if claim.status.phase == "Pending" and claim.status.reason == reason and any(
             c.type == "Pending" and c.reason == reason and c.message == message for c in current
         ):
             return  # said already: no write, no Event
         pending = condition("Pending", reason, message, current)
-        self._write_status(claim, {"phase": "Pending", "conditions": [pending]})
+        self._write_status(claim, {"phase": "Pending", "reason": reason, "message": message, "conditions": [pending]})
         kind = NORMAL if reason == binder.REASON_WAIT_FOR_CONSUMER else WARNING
         self.events.record(self._body(claim), type_=kind, reason=reason, message=message)
 
     def _lost(self, claim: ElasticGPUClaim, reason: str, message: str) -> None:
         said = any(c.type == "Lost" and c.reason == reason for c in claim.status.conditions)
-        if claim.status.phase == "Lost" and said:
+        if claim.status.phase == "Lost" and said and claim.status.reason == reason:
             return
         lost = condition("Lost", reason, message, claim.status.conditions)
-        self._write_status(claim, {"phase": "Lost", "conditions": [lost]})
+        self._write_status(claim, {"phase": "Lost", "reason": reason, "message": message, "conditions": [lost]})
         self.events.record(self._body(claim), type_=WARNING, reason=reason, message=message)
 
     # -- binding -------------------------------------------------------------------------------
@@ -169,6 +169,8 @@ class ClaimSync:
         message = f"bound to ElasticGPU {egpu_name} on {node or '?'}" + (f" ({', '.join(gpus)})" if gpus else "")
         status = {
             "phase": "Bound",
+            "reason": binder.REASON_BOUND,
+            "message": message,
             "capacity": capacity,
             "nodeName": node,
             "gpus": gpus,

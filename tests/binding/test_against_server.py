@@ -50,6 +50,7 @@ def test_dynamic_share_is_reserved_created_and_bound(cluster: Cluster, kube: Kub
     assert claim["status"]["nodeName"] == f"{cluster.prefix}-node"
     assert claim["status"]["gpus"] == [gpus[0].upper()]
     assert _condition(claim)["reason"] == "Bound"
+    assert claim["status"]["reason"] == "Bound" and egpu_name in claim["status"]["message"]
 
     egpu = kube.get_elastic_gpu(egpu_name)
     assert egpu["status"]["phase"] == "Bound"
@@ -79,6 +80,7 @@ def test_no_capacity_is_pending_with_the_allocators_reason(cluster: Cluster, kub
     condition = _condition(pending)
     assert (condition["type"], condition["reason"]) == ("Pending", "NoCapacity")
     assert "80% cores" in condition["message"]
+    assert (pending["status"]["reason"], pending["status"]["message"]) == ("NoCapacity", condition["message"])
     assert sum(a["cores"] for a in _allocations(kube, gpus[0])) == 80
 
 

@@ -146,5 +146,6 @@ def test_wait_for_first_consumer_says_what_the_claim_waits_for(cluster: Cluster,
     [condition] = claim["status"]["conditions"]
     assert (condition["type"], condition["reason"]) == ("Pending", "WaitingForFirstConsumer")
     assert "waiting for a pod that uses this claim" in condition["message"]
+    assert (claim["status"]["reason"], claim["status"]["message"]) == (condition["reason"], condition["message"])
     assert "WaitForFirstConsumer" in condition["message"]
     assert not claim["spec"].get("elasticGPUName")  # nor bound to the static ElasticGPU of the class

@@ -279,3 +279,4 @@ def test_a_fatal_xid_fails_the_elastic_gpu_and_loses_its_claim(
     assert claim["status"]["phase"] == "Lost"
     [lost] = claim["status"]["conditions"]
     assert lost["type"] == "Lost" and "fatal XID 79" in lost["message"]
+    assert (claim["status"]["reason"], claim["status"]["message"]) == ("ElasticGPUFailed", lost["message"])

@@ -44,6 +44,12 @@ def test_get_egpuc_shows_the_columns(kubectl) -> None:  # type: ignore[no-untype
     assert row.split()[0] == "notebook"
     wide = kubectl("get", "egpuc", "-o", "wide")
     assert wide.stdout.splitlines()[0].split()[-1] == "REASON"
+    status = {"status": {"phase": "Pending", "reason": "WaitingForFirstConsumer",
+                         "message": "waiting for a pod that uses this claim"}}
+    patched = kubectl("patch", "egpuc", "notebook", "--subresource=status", "--type=merge", "-p", json.dumps(status))
+    assert patched.returncode == 0, patched.stderr
+    [row] = _rows(kubectl("get", "egpuc", "notebook", "-o", "wide"))
+    assert (row["STATUS"], row["REASON"]) == ("Pending", "WaitingForFirstConsumer")
     by_category = kubectl("get", "elasticgpu")
     assert by_category.returncode == 0 and "notebook" in by_category.stdout
 
