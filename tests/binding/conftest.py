@@ -1,12 +1,20 @@
 """Fixtures of the binding tests against the API server: a KubeApi, a fresh Controller, and
-cluster-scoped objects (GPUs, classes, ElasticGPUs) that are removed after each test."""
+cluster-scoped objects (GPUs, classes, ElasticGPUs) that are removed after each test.
+
+`settle` runs a controller as it runs in production, minus its threads: one list at its start,
+then watches (the informer's own loops) feed it, and the test's thread works the queue off.
+It never relists: a change whose event fails to queue the keys it should wake leaves a claim
+where it was, and the test fails (a relist before each drain requeued everything and hid that).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -48,6 +56,8 @@ class Cluster:
         return self.kube.get_claim(self.namespace, name)
 
     def cleanup(self) -> None:
+        stop_watches()  # no controller of the test reacts to the deletions below
+
         def drop_claim(name: str) -> None:
             try:
                 self.kube.patch_claim(self.namespace, name, {"metadata": {"finalizers": []}})
@@ -100,25 +110,79 @@ def cluster(kube: KubeApi, namespace: str) -> Iterator[Cluster]:
         objects.cleanup()
 
 
-def new_controller(kube: KubeApi, namespace: str, *, grace_s: float = 60.0) -> Controller:
-    """A controller limited to the test's namespace (GPUs and classes are cluster-wide)."""
+def new_controller(kube: KubeApi, namespace: str | None, *, grace_s: float = 60.0) -> Controller:
+    """A controller limited to the test's namespace (GPUs and classes are cluster-wide), or
+    cluster-wide (`namespace` None: the default mode of `elasticgpu controller`)."""
     settings = ControllerSettings(resync=ResyncSettings(orphan_grace_s=grace_s))
     return Controller(kube, settings, namespace=namespace)
 
 
-def settle(controller: Controller, rounds: int = 3, *, deadline_s: float = 60.0) -> None:
-    """Rebuild the picture from the server and work the queue off, a few times (no watches here).
-    Fails after `deadline_s` while keys are still queued (a key retried forever is a bug)."""
+WATCH_TIMEOUT_S = 5
+"""The server ends each of settle's watches after this many seconds: a stopped watch thread
+notices its stop within that time."""
+QUIET_S = 0.5
+"""settle returns after this long with nothing queued, nothing synced and no watch event."""
+
+
+@dataclass
+class _Watching:
+    """The watches settle started for one controller."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    last_event: float = field(default_factory=time.monotonic)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+
+_watching: dict[Controller, _Watching] = {}
+
+
+def _watch(controller: Controller) -> _Watching:
+    """Start the controller: one list (the picture and every key, as at start-up), then its
+    informer's watches from the listed resourceVersions; each event is timed for `settle`."""
+    watching = _watching.get(controller)
+    if watching is not None:
+        return watching
+    watching = _watching[controller] = _Watching()
+    informer = controller.informer
+    observe = informer.observe
+
+    def timed(kind: str, event_type: str | None, body: dict[str, Any]) -> None:
+        observe(kind, event_type, body)
+        watching.last_event = time.monotonic()
+
+    informer.observe = timed  # type: ignore[method-assign]
+    listed = controller.rebuild()
+    watching.threads = informer.start(watching.stop, timeout_s=WATCH_TIMEOUT_S, listed=listed)
+    return watching
+
+
+def stop_watches() -> None:
+    """Stop every watch `settle` started (each thread ends within `WATCH_TIMEOUT_S`)."""
+    for watching in _watching.values():
+        watching.stop.set()
+    _watching.clear()
+
+
+def settle(controller: Controller, rounds: int = 1, *, deadline_s: float = 60.0) -> None:
+    """Work the controller until it is quiet: no key queued (retries included; time-based
+    rechecks are not work), nothing synced and no watch event for `QUIET_S`. The first call
+    lists and starts the watches; later calls only wait for what the watches deliver.
+    Fails after `deadline_s` while it is not quiet (a key retried forever, an event storm).
+    `rounds` is accepted for older callers and means nothing: there is nothing to repeat."""
+    del rounds
+    watching = _watch(controller)
     deadline = time.monotonic() + deadline_s
-    for _ in range(rounds):
-        controller.rebuild()
-        controller.drain()
-        while controller.queue.waiting():  # retries after a lost race are queued for later
-            if time.monotonic() > deadline:
-                raise AssertionError(f"settle: {controller.queue.waiting()} keys still queued after {deadline_s:g}s;"
-                                     " a sync keeps failing (see the log)")
-            time.sleep(0.1)
-            controller.drain()
+    last_work = time.monotonic()
+    while True:
+        if controller.drain():
+            last_work = time.monotonic()
+        now = time.monotonic()
+        if not controller.queue.waiting() and now - max(last_work, watching.last_event) >= QUIET_S:
+            return
+        if now > deadline:
+            raise AssertionError(f"settle: not quiet after {deadline_s:g}s ({controller.queue.waiting()} keys"
+                                 " queued); a sync keeps failing or an event keeps coming (see the log)")
+        time.sleep(0.02)
 
 
-__all__ = ["Cluster", "names", "new_controller", "settle"]
+__all__ = ["Cluster", "names", "new_controller", "settle", "stop_watches"]

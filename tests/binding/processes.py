@@ -28,7 +28,8 @@ class ControllerProcesses:
     """Started controller processes; `close` kills every one still alive."""
 
     kubeconfig: Path
-    namespace: str
+    namespace: str | None
+    """The namespace the controllers are limited to; None: cluster-wide (the default mode)."""
     log_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -44,7 +45,8 @@ class ControllerProcesses:
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(self.kubeconfig),
-                 "--namespace", self.namespace, "--log-level", "warning", *self.flags],
+                 *(["--namespace", self.namespace] if self.namespace else []), "--log-level", "warning",
+                 *self.flags],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT, env=env,
                 start_new_session=True, preexec_fn=_die_with_parent,
             )  # fmt: skip
