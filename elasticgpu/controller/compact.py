@@ -9,10 +9,13 @@ object of a kind:
   about 45% of a claim's model. The sets of one kind are nearly all equal, so `share_fields`
   replaces each by one shared, immutable copy per distinct set;
 - `metadata.managedFields` (server-side apply bookkeeping, often larger than the rest of the
-  object) is never read by the controller: `strip` drops it from a body before it is stored.
+  object) is never read by the controller: `strip` drops it from a body before it is stored;
+- of a claim or an ElasticGPU, the picture keeps the model and only the head of the body
+  (`identity`: apiVersion, kind, metadata): spec and status would be a second copy of the model.
 
-Both are invisible to the readers: a shared set compares, iterates and copies as the original
-(`model_copy` gets a mutable copy of its own), and nothing reads `managedFields`. Assigning a
+All are invisible to the readers: a shared set compares, iterates and copies as the original
+(`model_copy` gets a mutable copy of its own), nothing reads `managedFields`, and the readers
+of a stored claim or ElasticGPU body read its metadata only. Assigning a
 field of a stored model raises TypeError (its set refuses the change): the picture's
 models are read-only by contract (decisions run on them under the lock), and this makes a
 breach of it loud instead of a silent change of a shared object.
@@ -129,4 +132,15 @@ def strip(body: Body) -> Body:
     return {**body, "metadata": meta}
 
 
-__all__ = ["MAX_SHARED_SETS", "SharedFields", "share_fields", "strip"]
+def identity(body: Body) -> Body:
+    """What the picture keeps of a claim's or an ElasticGPU's body besides its model:
+    apiVersion, kind and metadata (without managedFields), the parts its readers use (the
+    resourceVersion order, owner references, the object an Event is about). Spec and status
+    live in the model alone."""
+    meta = body.get("metadata")
+    if isinstance(meta, dict) and "managedFields" in meta:
+        meta = {k: v for k, v in meta.items() if k != "managedFields"}
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "metadata": meta}
+
+
+__all__ = ["MAX_SHARED_SETS", "SharedFields", "identity", "share_fields", "strip"]

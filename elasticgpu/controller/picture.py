@@ -35,6 +35,9 @@ class Picture:
         self.lock = threading.RLock()
         self.ledger = Ledger()
         self._claims: dict[ClaimKey, ElasticGPUClaim] = {}
+        self._waiting: dict[ClaimKey, None] = {}
+        """The claims that wait (Pending or no phase yet), in arrival order: capacity that appears
+        wakes them, and must not cost a scan of every claim (one per GPU event at start-up)."""
         self._claim_bodies: dict[ClaimKey, Body] = {}
         self._egpus: dict[str, ElasticGPU] = {}
         self._egpu_bodies: dict[str, Body] = {}
@@ -126,11 +129,15 @@ class Picture:
                     return self._claims[key]
                 return ElasticGPUClaim.model_validate(body)
             old_body = self._claim_bodies.get(key)
-            body = compact.strip(body)
+            model = compact.share_fields(ElasticGPUClaim.model_validate(body))
+            body = compact.identity(body)
             self._claim_bodies[key] = body
             old = self._claims.get(key)
-            model = compact.share_fields(ElasticGPUClaim.model_validate(body))
             self._claims[key] = model
+            if model.status.phase in (None, "Pending"):
+                self._waiting[key] = None
+            else:
+                self._waiting.pop(key, None)
             self.pods.claim_changed(key, body, old_body)
             before = old.spec.elastic_gpu_name if old is not None else None
             if before != model.spec.elastic_gpu_name:
@@ -144,6 +151,7 @@ class Picture:
         """Forget a claim."""
         with self.lock:
             old_claim = self._claims.pop(key, None)
+            self._waiting.pop(key, None)
             self.pods.claim_changed(key, None, self._claim_bodies.pop(key, None))
             if old_claim is not None and old_claim.spec.elastic_gpu_name:
                 _discard(self._claims_naming, old_claim.spec.elastic_gpu_name, key)
@@ -160,9 +168,8 @@ class Picture:
                     return self._egpus[name], []
                 return ElasticGPU.model_validate(body), []
             old = self._egpus.get(name)
-            body = compact.strip(body)
-            self._egpu_bodies[name] = body
             model = compact.share_fields(ElasticGPU.model_validate(body))
+            self._egpu_bodies[name] = compact.identity(body)
             self._egpus[name] = model
             self._index_uid(name, old, model)
             self._index_cards(name, old, model)
@@ -360,8 +367,7 @@ class Picture:
     def pending_claim_keys(self) -> Keys:
         """The claims that wait (Pending, or no phase yet): capacity grew, or a class changed."""
         with self.lock:
-            return [("claim", ns, name) for (ns, name), claim in self._claims.items()
-                    if claim.status.phase in (None, "Pending")]
+            return [("claim", ns, name) for ns, name in self._waiting]
 
     def all_keys(self) -> Keys:
         """Every GPU, ElasticGPU and claim (the resync requeues them all)."""
@@ -378,7 +384,8 @@ class Picture:
             return self._claims.get((namespace, name))
 
     def claim_body(self, namespace: str, name: str) -> Body | None:
-        """The claim's body (as the server sent it) the picture holds."""
+        """The head of the claim's body the picture holds (apiVersion, kind, metadata as the
+        server sent them, `compact.identity`); spec and status are in its model (`claim`)."""
         with self.lock:
             return self._claim_bodies.get((namespace, name))
 
@@ -393,7 +400,8 @@ class Picture:
             return self._egpus.get(name)
 
     def egpu_body(self, name: str) -> Body | None:
-        """The ElasticGPU's body the picture holds."""
+        """The head of the ElasticGPU's body the picture holds (apiVersion, kind, metadata,
+        `compact.identity`); spec and status are in its model (`egpu`)."""
         with self.lock:
             return self._egpu_bodies.get(name)
 
