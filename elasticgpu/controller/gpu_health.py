@@ -18,6 +18,10 @@ An Unhealthy card (`status.health`) is kept from new reservations by the allocat
 (`CardRecord.from_gpu`). A *fatal* failure, `Healthy=False` with reason `Xid<code>` or
 `Vanished`, also fails the card's ElasticGPUs (`fatal_failure`, read by `binder`).
 
+The heartbeat carries the agent's clock and is compared with the controller's, as a Lease's
+renewTime is: node clocks must agree (NTP) within a small part of the grace; a node whose
+clock runs behind by more than the grace has its cards set aside (and says so in `Ready`).
+
 Nothing here does I/O or reads the clock: `now` is a parameter.
 """
 
