@@ -10,6 +10,7 @@ claims, and carries the step out:
     a claim does not list the pod in status.users      -> ReserveUsers (claim status, with the
                                                           claim's resourceVersion: one pod wins)
     claims Bound on different nodes                    -> Wait FailedClaimPlacement (Warning)
+    an Immediate claim not Bound yet                   -> Wait (its own sync binds it; its node counts)
     claims waiting for their first consumer            -> Place (pod_placement picks one node)
     every claim Bound, all on one node                 -> Lift
 
@@ -154,18 +155,19 @@ def decide_gate(pod: Mapping[str, Any], views: Sequence[ClaimView]) -> GateDecis
         where = ", ".join(f"{name} on {node}" for name, node in sorted(bound.items()))
         return Wait(REASON_FAILED_PLACEMENT, f"the pod's claims are bound to different nodes ({where}); a pod runs"
                     " on one node: use claims of one node, or WaitForFirstConsumer classes", warning=True)
-    waiting = tuple(v.name for v in views if v.waits_for_consumer and v.claim is not None
-                    and v.claim.status.phase != "Bound")
-    if waiting:
-        return Place(waiting, nodes[0] if nodes else None)
     for view in views:
         claim = view.claim
         assert claim is not None
-        if claim.status.phase != "Bound":
+        if claim.status.phase != "Bound" and not view.waits_for_consumer:
             # OBSERVATION: an Immediate claim not bound yet: its own sync binds it (quiet while it has no say).
             said = _claim_message(claim)
             return Wait(REASON_CLAIM_PENDING, f"claim {view.name} is not bound yet: {said}",
                         quiet=claim.status.phase is None or not claim.status.conditions)
+    # Only now: an Immediate claim still binding would fix the node the waiting ones must share.
+    waiting = tuple(v.name for v in views if v.waits_for_consumer and v.claim is not None
+                    and v.claim.status.phase != "Bound")
+    if waiting:
+        return Place(waiting, nodes[0] if nodes else None)
     if not nodes or not nodes[0]:
         return Wait(REASON_CLAIM_PENDING, "the pod's claims are Bound but name no node yet", quiet=True)
     return Lift(nodes[0])

@@ -56,6 +56,10 @@ View = pod_gate.ClaimView
     ([View("a", _claim("a", phase="Bound", node="n1", users=ME)),
       View("b", _claim("b", phase="Bound", node="n2", users=ME))],
      pod_gate.Wait(pod_gate.REASON_FAILED_PLACEMENT, "", warning=True)),
+    # an Immediate claim not bound yet will fix the node: the waiting ones are not placed before it
+    ([View("a", _claim("a", users=ME)),
+      View("b", _claim("b", users=ME), waits_for_consumer=True)],
+     pod_gate.Wait(pod_gate.REASON_CLAIM_PENDING, "", quiet=True)),
     # a Bound claim fixes the node of the ones waiting for their consumer
     ([View("a", _claim("a", phase="Bound", node="n1", users=ME)),
       View("b", _claim("b", users=ME), waits_for_consumer=True)], pod_gate.Place(("b",), "n1")),
