@@ -94,8 +94,10 @@ class Commit:
                 self.refresh_gpu(gpu_name)
                 continue
             except errors.NotFound:
-                self.picture.forget_gpu(gpu_name)
-                return
+                # A write's 404 is not proof (a proxy or a restarting server can answer it):
+                # only a read that also finds nothing makes the card gone.
+                self.refresh_gpu(gpu_name)
+                continue
             self.queue.add_all(self.picture.gpu_written(answer, freed=True))
             return
         raise errors.BindingError(f"GPU {gpu_name}: could not free the reservation of {key}; retrying later")

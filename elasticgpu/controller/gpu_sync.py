@@ -85,8 +85,13 @@ class GPUSync:
         try:
             answer = self.kube.replace_gpu_status(fresh)
         except errors.NotFound:
-            self.picture.forget_gpu(name)
-            return
+            # Gone only if a read agrees (a write's 404 is not proof); else the retry writes again.
+            try:
+                self.picture.gpu_written(self.kube.get_gpu(name))
+            except errors.NotFound:
+                self.picture.forget_gpu(name)
+                return
+            raise
         except errors.Conflict:
             # The agent (a heartbeat) or a reservation wrote the card since: read it again; the
             # retry decides from what it finds (a renewed heartbeat needs no write at all).
