@@ -20,6 +20,7 @@ from elasticgpu.controller.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.handoff import HandOff
 from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture import Body, Picture
 from elasticgpu.controller.provisioner import build_elastic_gpu, capacity_of, claim_ref_of
 from elasticgpu.controller.reservations import now_rfc3339
@@ -46,6 +47,8 @@ class ClaimSync:
         self.picture = picture
         self.queue = queue
         self.events = events
+        self.metrics: ControllerMetrics | None = None
+        """Counts binds and provisions when set (`Operability` sets it)."""
         self.commit = commit
         self.elastic_gpus = elastic_gpus
         self.hand_off = hand_off
@@ -183,6 +186,10 @@ class ClaimSync:
         self._write_status(claim, status)
         self.events.record(self._body(claim), type_=NORMAL, reason=binder.REASON_BOUND,
                            message=f"provisioned ElasticGPU {egpu_name} and {message}" if placement else message)
+        if self.metrics is not None:
+            self.metrics.bound(mode="dynamic" if placement else "static")
+            if placement:
+                self.metrics.provisioned()
 
     def bind_existing(self, claim: ElasticGPUClaim, egpu_name: str) -> None:
         """Bind `claim` to the Available ElasticGPU `egpu_name` now (the pod sync's path for a

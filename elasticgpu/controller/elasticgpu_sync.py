@@ -15,6 +15,7 @@ from elasticgpu.controller import binder, errors
 from elasticgpu.controller.commit import Commit
 from elasticgpu.controller.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture import Body, Picture
 from elasticgpu.controller.provisioner import capacity_of
 from elasticgpu.controller.workqueue import WorkQueue
@@ -29,6 +30,8 @@ class ElasticGPUSync:
         self.picture = picture
         self.queue = queue
         self.events = events
+        self.metrics: ControllerMetrics | None = None
+        """Counts releases when set (`Operability` sets it)."""
         self.commit = commit
 
     def put(self, body: Body) -> ElasticGPU:
@@ -63,6 +66,8 @@ class ElasticGPUSync:
                 self.put(self.kube.get_elastic_gpu(name))
             raise
         written = self.put(answer)
+        if phase == "Released" and egpu.status.phase != phase and self.metrics is not None:
+            self.metrics.released()
         if event and egpu.status.phase != phase:
             kind = WARNING if phase == "Failed" else NORMAL
             self.events.record(answer, type_=kind, reason=reason, message=message)

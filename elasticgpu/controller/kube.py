@@ -16,7 +16,7 @@ from __future__ import annotations
 import http.client
 import logging
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 import orjson
@@ -28,6 +28,9 @@ from elasticgpu.controller import errors
 from elasticgpu.controller.reachability import Reachability
 from elasticgpu.controller.settings import ApiSettings
 from elasticgpu.controller.transport import Transport
+
+if TYPE_CHECKING:
+    from elasticgpu.controller.metrics import ControllerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +55,24 @@ claims, never every pod of the cluster."""
 def _selector_of(collection: str) -> str | None:
     """The label selector of a watched collection: pods are watched through `POD_SELECTOR`."""
     return POD_SELECTOR if collection.endswith("/pods") else None
+
+
+_VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def _verb(method: str) -> str:
+    """The RBAC verb of an HTTP method (the label of the API error counter)."""
+    return _VERBS.get(method.upper(), method.lower())
+
+
+def _resource_of(path: str) -> str:
+    """The plural resource a REST path names ("gpus", "elasticgpuclaims", ...), subresource dropped."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    for index, part in enumerate(parts):
+        if part == "namespaces" and index + 2 < len(parts):
+            return parts[index + 2]
+    plural = parts[3] if parts[:1] == ["apis"] and len(parts) > 3 else parts[2] if len(parts) > 2 else ""
+    return plural
 
 
 def _kind_of(path: str) -> tuple[str, str]:
@@ -88,6 +109,8 @@ class KubeApi:
         configuration = api_client.configuration
         self._transport = None if configuration.proxy else Transport(configuration)
         self.reachability = Reachability(str(configuration.host))
+        self.metrics: ControllerMetrics | None = None
+        """Counts API errors and conflicts when set (`Operability` sets it)."""
 
     @classmethod
     def from_kubeconfig(
@@ -135,10 +158,16 @@ class KubeApi:
                                       timeout_s=timeout_s)
         except errors.ApiUnavailable as err:
             self.reachability.failed(err)
+            if self.metrics is not None:
+                self.metrics.api_error(code=None, verb=_verb(method))
             raise
         self.reachability.answered()
         if 200 <= status < 300:
             return orjson.loads(data) if data else {}
+        if self.metrics is not None:
+            self.metrics.api_error(code=status, verb=_verb(method))
+            if status == 409:
+                self.metrics.conflict(resource=_resource_of(path))
         self._raise(status, method, path, data)
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -45,6 +45,7 @@ class Operability:
         self.controller = controller
         self.metrics = ControllerMetrics()
         self.metrics.watch_queue(lambda: len(controller.queue))
+        controller.attach_metrics(self.metrics)
         self.lost = threading.Event()
         self.elector: LeaderElector | None = None
         self._renewer: threading.Thread | None = None

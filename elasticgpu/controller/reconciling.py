@@ -33,6 +33,7 @@ from elasticgpu.controller.handoff import HandOff
 from elasticgpu.controller.informer import Informer
 from elasticgpu.controller.kube import KubeApi
 from elasticgpu.controller.liveness import Liveness
+from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture import Body, Picture
 from elasticgpu.controller.pod_sync import PodSync
 from elasticgpu.controller.repair import Repair
@@ -84,6 +85,13 @@ class Controller:
             self.liveness.track(self.events.thread)
         self.repair = Repair(kube=kube, picture=self.picture, queue=self.queue, informer=self.informer,
                              commit=self.commit, settings=self.settings.resync)
+
+    def attach_metrics(self, metrics: ControllerMetrics) -> None:
+        """Count binds, provisions, releases, conflicts, API errors and sync latency into `metrics`."""
+        self.kube.metrics = metrics
+        self.claims.metrics = metrics
+        self.elastic_gpus.metrics = metrics
+        self.worker.metrics = metrics
 
     @property
     def ledger(self) -> Ledger:

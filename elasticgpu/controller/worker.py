@@ -23,6 +23,7 @@ from elasticgpu.controller.failures import Failures
 from elasticgpu.controller.gpu_sync import GPUSync
 from elasticgpu.controller.handoff import HandOff
 from elasticgpu.controller.liveness import Liveness
+from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.pod_sync import PodSync
 from elasticgpu.controller.settings import BindingSettings
 from elasticgpu.controller.workqueue import Key, WorkQueue
@@ -43,6 +44,8 @@ class Worker:
         self.pods = pods
         self.gpus = gpus
         self.failures = failures
+        self.metrics: ControllerMetrics | None = None
+        """Times every sync when set (`Operability` sets it)."""
         self.liveness = liveness
         self.claims = claims
         self.elastic_gpus = elastic_gpus
@@ -124,6 +127,8 @@ class Worker:
         is assumed: the next sync decides from what it finds); a success resets its backoff."""
         if self.hand_off.defer(key):
             return  # synced again when its bind is done
+        started = time.monotonic()
+        outcome = "ok"
         try:
             if key[0] == "claim":
                 self.claims.sync(key[1], key[2])
@@ -134,6 +139,10 @@ class Worker:
             elif key[0] == "gpu" and self.gpus is not None:
                 self.gpus.sync(key[1])
         except Exception as err:
+            outcome = "error"
             self.failures.failed(key, err)
         else:
             self.failures.succeeded(key)
+        finally:
+            if self.metrics is not None:
+                self.metrics.observe_sync(kind=key[0], seconds=time.monotonic() - started, outcome=outcome)
