@@ -152,6 +152,9 @@ class FaultProxy:
         """Faults injected, by (verb, fault)."""
         self.journal: deque[tuple[float, str, str, str]] = deque(maxlen=100_000)
         """Each fault injected: (wall time, verb, fault, path), for a failing test's diagnosis."""
+        self.seen: set[tuple[str, str]] = set()
+        """Every distinct (verb, path with query) requested: what a component asked of the API
+        server (tests/deploy checks it against the RBAC rules of the manifests)."""
         self.stopping = threading.Event()
         self._handlers: set[_Handler] = set()
         self._server: _Server | None = None
@@ -171,6 +174,7 @@ class FaultProxy:
         with self._lock:
             plan, rng = self._plan, self._rng
             self.requests[verb] += 1
+            self.seen.add((verb, path))
             draw, fault = rng.random(), None
             for name, rate in sorted(plan.rates_for(verb).items()):
                 if draw < rate:

@@ -1,0 +1,100 @@
+"""deploy/controller.yaml, deploy/agent.yaml and deploy/elasticgpu-agent.service agree with the
+programs they run: arguments the command lines accept, the ports and probe paths the controller
+serves, ServiceAccounts that exist and are bound, a unit file systemd accepts."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from elasticgpu.agent import settings as agent_settings
+from elasticgpu.cli import build_parser
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def _objects(name: str) -> dict[tuple[str, str], dict[str, Any]]:
+    docs = [doc for doc in yaml.safe_load_all((DEPLOY / name).read_text()) if doc]
+    return {(doc["kind"], doc["metadata"]["name"]): doc for doc in docs}
+
+
+def test_the_controller_deployment_runs_what_the_controller_serves() -> None:
+    objects = _objects("controller.yaml")
+    deployment = objects["Deployment", "elasticgpu-controller"]
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "controller" and args.leader_elect, "two replicas need leader election"
+    port = {p["name"]: p["containerPort"] for p in container["ports"]}[container["livenessProbe"]["httpGet"]["port"]]
+    assert port == args.health_port
+    assert (container["livenessProbe"]["httpGet"]["path"], container["readinessProbe"]["httpGet"]["path"]) == (
+        "/healthz",
+        "/readyz",
+    )
+    # The Lease is written where the pod runs (the Role's namespace, the Role's resource name).
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
+    assert env["POD_NAMESPACE"] == "metadata.namespace"
+    role = objects["Role", "elasticgpu-controller-leader"]
+    assert role["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert [args.leader_elect_name] in [r.get("resourceNames") for r in role["rules"]]
+    account = pod["serviceAccountName"]
+    assert ("ServiceAccount", account) in objects
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        subjects = next(doc for (k, _), doc in objects.items() if k == kind)["subjects"]
+        assert {"kind": "ServiceAccount", "name": account, "namespace": deployment["metadata"]["namespace"]} in subjects
+    assert deployment["spec"]["replicas"] >= 2
+
+
+def test_the_agent_token_belongs_to_the_bound_service_account() -> None:
+    objects = _objects("agent.yaml")
+    token = objects["Secret", "elasticgpu-agent-token"]
+    account = token["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    assert ("ServiceAccount", account) in objects
+    subjects = objects["ClusterRoleBinding", "elasticgpu-agent"]["subjects"]
+    assert {"kind": "ServiceAccount", "name": account, "namespace": token["metadata"]["namespace"]} in subjects
+
+
+def _unit() -> dict[str, dict[str, str]]:
+    sections: dict[str, dict[str, str]] = {}
+    current = ""
+    for line in (DEPLOY / "elasticgpu-agent.service").read_text().splitlines():
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+            sections[current] = {}
+        elif "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            sections[current][key] = value
+    return sections
+
+
+def test_the_agent_unit_runs_the_agent_before_kubelet_and_never_gives_up() -> None:
+    unit = _unit()
+    assert "kubelet.service" in unit["Unit"]["Before"].split()
+    assert unit["Unit"]["StartLimitIntervalSec"] == "0" and unit["Service"]["Restart"] == "always"
+    # Wanted, never required, by kubelet: stopping the agent must not stop kubelet.
+    assert "RequiredBy" not in unit["Install"] and "kubelet.service" in unit["Install"]["WantedBy"].split()
+    # The command line is one the agent accepts (systemd's $$ is a literal $ for the shell).
+    script = shlex.split(unit["Service"]["ExecStart"])[-1].replace("$$", "$")
+    words = shlex.split(re.sub(r'"\$\{[^"]*\}"', "node-a", script))
+    assert words[:4] == ["exec", "/opt/elasticgpu/bin/python", "-m", "elasticgpu.agent"]
+    args = build_parser().parse_args(["agent", *words[4:]])
+    settings = agent_settings.from_sources(args, environ={})
+    assert settings.kube.node_name == "node-a" and settings.kube.kubeconfig == "/etc/elasticgpu/kubeconfig"
+    # Its state and socket folders are the agent's defaults.
+    assert settings.ledger.ledger_url == f"sqlite:////var/lib/{unit['Service']['StateDirectory']}/ledger.db"
+    assert settings.cri.cri_listen.startswith(f"/var/run/{unit['Service']['RuntimeDirectory']}/")
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_accepts_the_agent_unit() -> None:
+    result = subprocess.run(["systemd-analyze", "verify", str(DEPLOY / "elasticgpu-agent.service")],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    problems = [line for line in result.stderr.splitlines() if "elasticgpu-agent.service" in line]
+    assert result.returncode == 0 and not problems, result.stderr
