@@ -47,7 +47,7 @@ DEPLOY = REPO / "deploy"
 SYSTEM = "elasticgpu-system"
 
 
-def wait_for(check: Callable[[], Any], what: str, *, timeout_s: float = 60.0, logs: Callable[[], str] = str) -> Any:
+def wait_for(check: Callable[[], Any], what: str, *, timeout_s: float = 120.0, logs: Callable[[], str] = str) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
         result = check()

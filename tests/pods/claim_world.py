@@ -19,7 +19,7 @@ from elasticgpu.api import names
 from elasticgpu.controller import pod_gate
 from elasticgpu.controller.kube import KubeApi
 from elasticgpu.controller.reconciling import Controller
-from tests.binding.conftest import Cluster, new_controller, settle
+from tests.binding.conftest import Cluster, kube, new_controller, settle
 
 __all__ = ["World", "kube", "new_controller", "settle", "wait_for", "world"]
 
@@ -110,15 +110,6 @@ class World(Cluster):
         for name in self._nodes:
             with contextlib.suppress(ApiException):
                 self.core.delete_node(name)
-
-
-@pytest.fixture(scope="session")
-def kube(kube_cluster: Any, crds_installed: list[str]) -> Iterator[KubeApi]:
-    api = KubeApi.from_kubeconfig(str(kube_cluster.kubeconfig))
-    try:
-        yield api
-    finally:
-        api.close()
 
 
 @pytest.fixture
