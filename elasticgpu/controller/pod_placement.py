@@ -5,8 +5,9 @@ A pod whose claims wait for their first consumer needs one node that:
 1. the pod may run on: its `nodeSelector`, its required node affinity (any term, each term all
    of its requirements), no NoSchedule/NoExecute taint it does not tolerate, not cordoned
    (`node_filter`);
-2. has the CPU and memory the pod requests: allocatable minus the requests of the
-   non-terminated pods on it (`fits_resources`; the pod sync lists them for the one node it
+2. has what the pod requests: allocatable minus the requests of the non-terminated pods on it,
+   for CPU, memory and every other resource the node reports, and room for one more pod
+   (`fits_resources`; the pod sync lists them for the one node it
    checks, plus the pods it pinned there itself that the scheduler has not bound yet);
 3. can take all of the pod's claims at once (`propose`): the allocator places the largest claim
    among the candidates (its policy picks the node), then every claim is placed on that node in
@@ -50,16 +51,27 @@ MAX_REASONS = 8
 
 @dataclass(frozen=True)
 class Resources:
-    """CPU (milli-cores) and memory (MiB, rounded up)."""
+    """CPU (milli-cores), memory (MiB, rounded up) and every other resource by its name
+    (ephemeral-storage and hugepages in bytes, extended resources such as `example.com/fpga` in
+    units), as the scheduler's NodeResourcesFit counts them."""
 
     cpu_milli: int = 0
     memory_mib: int = 0
+    others: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def __add__(self, other: Resources) -> Resources:
-        return Resources(self.cpu_milli + other.cpu_milli, self.memory_mib + other.memory_mib)
+        names = self.others.keys() | other.others.keys()
+        return Resources(self.cpu_milli + other.cpu_milli, self.memory_mib + other.memory_mib,
+                         {n: self.others.get(n, 0) + other.others.get(n, 0) for n in names})  # fmt: skip
 
     def __sub__(self, other: Resources) -> Resources:
-        return Resources(self.cpu_milli - other.cpu_milli, self.memory_mib - other.memory_mib)
+        names = self.others.keys() | other.others.keys()
+        return Resources(self.cpu_milli - other.cpu_milli, self.memory_mib - other.memory_mib,
+                         {n: self.others.get(n, 0) - other.others.get(n, 0) for n in names})  # fmt: skip
+
+
+POD_COUNT = "pods"
+"""The allocatable entry that bounds how many pods a node runs (kubelet's maxPods, 110 by default)."""
 
 
 def quantity(value: object) -> Decimal:
@@ -75,14 +87,19 @@ def quantity(value: object) -> Decimal:
 
 def _resources(values: Mapping[str, Any] | None) -> Resources:
     values = values or {}
+    others = {str(name): math.ceil(quantity(amount)) for name, amount in values.items()
+              if name not in ("cpu", "memory", POD_COUNT)}  # fmt: skip
     return Resources(
         cpu_milli=math.ceil(quantity(values.get("cpu", 0)) * 1000),
         memory_mib=math.ceil(quantity(values.get("memory", 0)) / MIB),
+        others={name: amount for name, amount in others.items() if amount},
     )
 
 
 def _max(a: Resources, b: Resources) -> Resources:
-    return Resources(max(a.cpu_milli, b.cpu_milli), max(a.memory_mib, b.memory_mib))
+    names = a.others.keys() | b.others.keys()
+    return Resources(max(a.cpu_milli, b.cpu_milli), max(a.memory_mib, b.memory_mib),
+                     {n: max(a.others.get(n, 0), b.others.get(n, 0)) for n in names})  # fmt: skip
 
 
 def pod_requests(pod: Mapping[str, Any]) -> Resources:
@@ -105,16 +122,19 @@ def pod_requests(pod: Mapping[str, Any]) -> Resources:
 
 
 def allocatable(node: Mapping[str, Any]) -> Resources | None:
-    """The node's allocatable CPU and memory; None when it reports none (nothing to check)."""
+    """The node's allocatable resources; None when it reports none (nothing to check)."""
     values = (node.get("status") or {}).get("allocatable") or {}
-    if "cpu" not in values and "memory" not in values:
+    if not values:
         return None
     return _resources(values)
 
 
 def fits_resources(pod: Mapping[str, Any], node: Mapping[str, Any], others: Iterable[Mapping[str, Any]]) -> str:
-    """Why the pod's CPU or memory requests do not fit on `node` next to `others` (the pods on
-    it; terminated ones and the pod itself are skipped), or "" when they fit."""
+    """Why the pod's requests do not fit on `node` next to `others` (the pods on it; terminated
+    ones and the pod itself are skipped), or "" when they fit. Every resource the node reports
+    is checked (CPU, memory, ephemeral storage, hugepages, extended resources, the pod count);
+    a resource the pod requests that the node does not have at all does not fit either."""
+    reported = (node.get("status") or {}).get("allocatable") or {}
     total = allocatable(node)
     if total is None:
         return ""
@@ -130,10 +150,17 @@ def fits_resources(pod: Mapping[str, Any], node: Mapping[str, Any], others: Iter
     free = total - used
     wanted = pod_requests(pod)
     problems = []
-    if "cpu" in ((node.get("status") or {}).get("allocatable") or {}) and wanted.cpu_milli > free.cpu_milli:
+    if "cpu" in reported and wanted.cpu_milli > free.cpu_milli:
         problems.append(f"{max(free.cpu_milli, 0) / 1000:g} CPU free, the pod requests {wanted.cpu_milli / 1000:g}")
-    if "memory" in ((node.get("status") or {}).get("allocatable") or {}) and wanted.memory_mib > free.memory_mib:
+    if "memory" in reported and wanted.memory_mib > free.memory_mib:
         problems.append(f"{max(free.memory_mib, 0)} MiB memory free, the pod requests {wanted.memory_mib} MiB")
+    for name, amount in sorted(wanted.others.items()):
+        if name not in reported:
+            problems.append(f"no {name} on the node, the pod requests {amount}")
+        elif amount > free.others.get(name, 0):
+            problems.append(f"{max(free.others.get(name, 0), 0)} {name} free, the pod requests {amount}")
+    if POD_COUNT in reported and len(seen) + 1 > math.floor(quantity(reported[POD_COUNT])):
+        problems.append(f"already runs {len(seen)} pods of at most {reported[POD_COUNT]}")
     return "; ".join(problems)
 
 

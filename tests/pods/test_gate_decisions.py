@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from elasticgpu.api import ElasticGPUClaim, names
 from elasticgpu.controller import pod_gate, pod_placement
@@ -181,3 +183,50 @@ def test_fits_resources_skips_terminated_pods_and_itself() -> None:
     assert pod_placement.fits_resources(me, NODE, [me, done]) == ""
     assert pod_placement.fits_resources(me, NODE, [busy, done]) == "1.5 CPU free, the pod requests 2"
     assert pod_placement.fits_resources(me, {"status": {}}, [busy, busy]) == ""  # allocatable unknown: no check
+
+
+def _node(**allocatable: str) -> dict[str, Any]:
+    return {"metadata": {"name": "n"}, "status": {"allocatable": allocatable}}
+
+
+def _requesting(uid: str, **requests: str) -> dict[str, Any]:
+    return {"metadata": {"uid": uid}, "spec": {"containers": [{"resources": {"requests": requests}}]}}
+
+
+def test_fits_resources_checks_every_resource_the_node_reports_and_the_pod_count() -> None:
+    node = _node(cpu="8", memory="8Gi", pods="2", **{"ephemeral-storage": "10Gi", "example.com/fpga": "2"})
+    storage = _requesting("me", **{"ephemeral-storage": "6Gi"})
+    assert pod_placement.fits_resources(storage, node, []) == ""
+    assert pod_placement.fits_resources(storage, node, [_requesting("o", **{"ephemeral-storage": "5Gi"})]) == (
+        f"{5 * 2**30} ephemeral-storage free, the pod requests {6 * 2**30}")
+    fpga = _requesting("me", **{"example.com/fpga": "3"})
+    assert pod_placement.fits_resources(fpga, node, []) == "2 example.com/fpga free, the pod requests 3"
+    asic = _requesting("me", **{"example.com/asic": "1"})
+    assert pod_placement.fits_resources(asic, node, []) == "no example.com/asic on the node, the pod requests 1"
+    full = [_requesting("a", cpu="1"), _requesting("b", cpu="1")]
+    assert pod_placement.fits_resources(_requesting("me", cpu="1"), node, full) == "already runs 2 pods of at most 2"
+    assert pod_placement.fits_resources(_requesting("me", cpu="1"), node, full[:1]) == ""
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    capacity=st.fixed_dictionaries({"cpu": st.integers(0, 16), "example.com/fpga": st.integers(0, 4)}),
+    max_pods=st.integers(0, 6),
+    others=st.lists(st.tuples(st.integers(0, 8), st.integers(0, 3), st.booleans()), max_size=6),
+    wanted=st.tuples(st.integers(0, 8), st.integers(0, 3)),
+)
+def test_a_pod_fits_exactly_when_every_resource_and_the_pod_count_leave_room(
+    capacity: dict[str, int], max_pods: int, others: list[tuple[int, int, bool]], wanted: tuple[int, int]
+) -> None:
+    node = _node(pods=str(max_pods), **{name: str(amount) for name, amount in capacity.items()})
+
+    def pod(uid: str, cpu: int, fpga: int, done: bool = False) -> dict[str, Any]:
+        body = _requesting(uid, cpu=str(cpu), **({"example.com/fpga": str(fpga)} if fpga else {}))
+        return {**body, "status": {"phase": "Succeeded"}} if done else body
+
+    placed = [pod(f"o{i}", cpu, fpga, done) for i, (cpu, fpga, done) in enumerate(others)]
+    running = [(cpu, fpga) for cpu, fpga, done in others if not done]
+    fits = (sum(c for c, _ in running) + wanted[0] <= capacity["cpu"]
+            and sum(f for _, f in running) + wanted[1] <= capacity["example.com/fpga"]
+            and len(running) + 1 <= max_pods)  # fmt: skip
+    assert (pod_placement.fits_resources(pod("me", *wanted), node, placed) == "") == fits
