@@ -6,12 +6,14 @@
 #   containerd 1.7   from trixie   (bookworm's 1.6 has no CDI; Go, needs only libc >= 2.34)
 #   runc             from bookworm (trixie's runc needs a newer glibc than bookworm's)
 #   busybox-static   from bookworm (the image's only file)
+#   nginx 1.22       from bookworm (the CRI front, elasticgpu/agent/cri/front.py: its http_v2 and
+#                    grpc modules are built in; it needs only libc, libcrypt, libpcre2, libssl3, zlib)
 # They are fetched with a *private* apt configuration (own sources list, state and cache
 # directories; the system's apt state is untouched) and unpacked with `dpkg -x`; nothing is
 # installed into the system.
 #
 # Result: ${ELASTICGPU_CACHE:-$HOME/.cache/elasticgpu}/testruntime/<key>/
-#   root/        the unpacked packages (usr/bin/containerd, usr/bin/ctr, usr/sbin/runc, ...)
+#   root/        the unpacked packages (usr/bin/containerd, usr/bin/ctr, usr/sbin/runc, usr/sbin/nginx, ...)
 #   image.tar    an OCI image archive named $IMAGE_NAME (busybox + applet links)
 #   versions.txt the package versions this build used
 # where <key> hashes this script and the exact package versions. The paths are written to
@@ -34,7 +36,7 @@ APTDIR=$CACHE/apt
 MIRROR=${ELASTICGPU_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 IMAGE_NAME=elasticgpu.local/busybox:test
 # package:suite, in the order they are unpacked
-PKGS="containerd:trixie runc:bookworm busybox-static:bookworm"
+PKGS="containerd:trixie runc:bookworm busybox-static:bookworm nginx:bookworm"
 
 log() { echo "testruntime/build.sh: $*" >&2; }
 
@@ -50,6 +52,8 @@ write_env() { # $1 = build dir
     echo "ELASTICGPU_TESTRUNTIME_ROOT=$d/root"
     echo "ELASTICGPU_TESTRUNTIME_IMAGE=$d/image.tar"
     echo "ELASTICGPU_TESTRUNTIME_IMAGE_NAME=$IMAGE_NAME"
+    # A cached build from before the front has no nginx: the front's tests skip with that reason.
+    if [ -x "$d/root/usr/sbin/nginx" ]; then echo "ELASTICGPU_TESTRUNTIME_NGINX=$d/root/usr/sbin/nginx"; fi
   } >"$tmp"
   mv -f "$tmp" "$CACHE/current.env"
   cat "$CACHE/current.env"
@@ -147,6 +151,7 @@ if [ "${1:-}" = "__build" ]; then
   done
   "$out.tmp/root/usr/bin/containerd" --version >/dev/null
   "$out.tmp/root/usr/sbin/runc" --version >/dev/null
+  "$out.tmp/root/usr/sbin/nginx" -V 2>&1 | grep -q -- --with-http_v2_module
   build_image "$out.tmp/root" "$out.tmp/image.tar"
   {
     echo "# elasticgpu test runtime build $key ($(date -u +%Y-%m-%dT%H:%M:%SZ)) mirror=$MIRROR"
@@ -178,7 +183,7 @@ opts="[arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]"
 } >"$APTDIR/etc/sources.list"
 
 # A fresh index costs a few seconds; one younger than a day is good enough for the cache check
-# (the build key changes only when Debian publishes a new version of one of the three packages).
+# (the build key changes only when Debian publishes a new version of one of the packages).
 lists=$(ls -1t "$APTDIR"/state/lists/*_Packages* 2>/dev/null | head -n1 || true)
 if [ -z "$lists" ] || [ -n "$(find "$lists" -mmin +1440)" ]; then
   # shellcheck disable=SC2046
@@ -189,7 +194,7 @@ fi
 
 versions=$(mktemp)
 trap 'rm -f "$versions"' EXIT
-# One apt-cache call for the three packages (each call reads the whole index: ~1.5 s).
+# One apt-cache call for all the packages (each call reads the whole index: ~1.5 s).
 # shellcheck disable=SC2046,SC2086
 madison=$(apt-cache $(apt_opts) madison $(for ps in $PKGS; do echo "${ps%%:*}"; done) 2>/dev/null || true)
 for ps in $PKGS; do

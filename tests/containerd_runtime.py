@@ -53,6 +53,7 @@ class TestRuntime:
     image: str  # the imported busybox image, also the sandbox image
     log: Path
     ctr: Path
+    nginx: Path | None = None  # the CRI front's nginx from the same build (None: a build from before it)
 
     @property
     def endpoint(self) -> str:
@@ -265,6 +266,7 @@ def running_containerd() -> Iterator[TestRuntime]:
         image=image,
         log=log,
         ctr=root / "usr" / "bin" / "ctr",
+        nginx=Path(build["ELASTICGPU_TESTRUNTIME_NGINX"]) if build.get("ELASTICGPU_TESTRUNTIME_NGINX") else None,
     )
     proc: subprocess.Popen[bytes] | None = None
     try:

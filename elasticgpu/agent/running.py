@@ -7,7 +7,8 @@ Threads, each a loop that never dies (failures are logged and retried with backo
 - metrics: the /metrics endpoint (prometheus-client's HTTP server), read at scrape time;
 - cri (unless --cri-proxy false): the CDI spec of the cards and the CRI proxy kubelet talks to,
   supervised (cri/supervising.py), with the claim view read from the API server on demand
-  (cri/claim_view.py).
+  (cri/claim_view.py); with --cri-front nginx (or auto and nginx found) nginx serves kubelet's
+  socket and sends only the proxy's methods through it (cri/front.py).
 A signal (SIGTERM from the kubelet, SIGINT) stops them; the agent then closes what it opened
 (the proxy first: calls in flight finish and their ledger writes land before the ledger closes).
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticgpu.agent import discovery, errors, health, inventory, kube, metrics, usage
-from elasticgpu.agent.cri import claim_view, injection, supervising
+from elasticgpu.agent.cri import claim_view, front, injection, supervising
 from elasticgpu.agent.cri.proxy import ProxySettings
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.settings import AgentSettings, CriSettings
@@ -40,6 +41,28 @@ def _serve_metrics(settings: AgentSettings, sources: metrics.Sources) -> Any:
         ) from None
 
 
+def _front_settings(cri: CriSettings) -> front.FrontSettings | None:
+    """nginx in front of the proxy (--cri-front), or None; raises `AgentError` for nginx that is not there."""
+    if cri.cri_front not in front.MODES:
+        raise errors.AgentError(f"--cri-front / ELASTICGPU_AGENT_CRI_FRONT={cri.cri_front!r} is not a front; use one "
+                                f"of {', '.join(front.MODES)}")  # fmt: skip
+    if cri.cri_front == "none":
+        return None
+    binary = front.find_nginx(cri.cri_nginx)
+    if binary is None:
+        if cri.cri_front == "nginx":
+            raise errors.AgentError(
+                f"--cri-front nginx: no nginx with HTTP/2 and gRPC at --cri-nginx {cri.cri_nginx!r}; install nginx "
+                "(Debian: apt-get install nginx), point --cri-nginx at it, or use --cri-front auto or none"
+            )
+        logger.info("--cri-front auto: no nginx with HTTP/2 and gRPC found (--cri-nginx %r); the agent's proxy "
+                    "serves kubelet itself", cri.cri_nginx)  # fmt: skip
+        return None
+    state = Path(cri.cri_front_dir)
+    return front.FrontSettings(listen=Path(cri.cri_listen), runtime=cri.cri_upstream, hook=state / "hook.sock",
+                               state_dir=state, nginx=binary)  # fmt: skip
+
+
 def hook_settings(cri: CriSettings) -> supervising.HookSettings:
     """The CRI hook's settings from the agent's; raises `AgentError` for a CDI form that does not exist."""
     try:
@@ -49,8 +72,12 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
             f"--cdi-form / ELASTICGPU_AGENT_CDI_FORM={cri.cdi_form!r} is not a CDI request form; use one of "
             + ", ".join(f.value for f in injection.CdiForm)
         ) from None
+    nginx_front = _front_settings(cri)
     return supervising.HookSettings(
-        proxy=ProxySettings(listen=Path(cri.cri_listen), upstream=cri.cri_upstream),
+        # Behind the front the proxy listens on its hook socket; alone, on kubelet's.
+        proxy=ProxySettings(listen=nginx_front.hook if nginx_front else Path(cri.cri_listen),
+                            upstream=cri.cri_upstream),
+        front=nginx_front,
         injection=injection.InjectionSettings(cdi_form=form, neutralise_unclaimed=cri.neutralise_unclaimed),
         cdi_dir=Path(cri.cdi_dir),
         cdi_check_interval_s=cri.cdi_check_interval_s,

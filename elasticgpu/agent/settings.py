@@ -128,6 +128,14 @@ class CriSettings:
     """The proxy's unix socket (mode 0600): kubelet's --container-runtime-endpoint is unix://<this>."""
     cri_upstream: str = "/run/containerd/containerd.sock"
     """The runtime's own CRI socket the proxy forwards to (CRI-O: /var/run/crio/crio.sock)."""
+    cri_front: str = "auto"
+    """`nginx`: nginx serves cri_listen and sends only CreateContainer, RemoveContainer and RemovePodSandbox
+    through the agent's proxy, every other call straight to the runtime (about 0.15 ms added instead of 0.6 ms);
+    `none`: the proxy serves cri_listen itself; `auto`: nginx when cri_nginx is found, else none."""
+    cri_nginx: str = "nginx"
+    """The nginx binary of the front (a path, or a name looked up in PATH); 1.22+ with HTTP/2 and gRPC (Debian's)."""
+    cri_front_dir: str = "/var/run/elasticgpu/front"
+    """Folder of the front's nginx config, pid file and temp folders, and of the proxy's socket behind it."""
     cdi_dir: str = "/var/run/cdi"
     """Folder the runtime reads CDI specs from (containerd 1.7 and CRI-O read /etc/cdi and /var/run/cdi;
     a spec generated at run time belongs in /var/run/cdi)."""

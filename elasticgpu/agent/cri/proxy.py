@@ -44,6 +44,9 @@ CREATE_CONTAINER = api.method_path(api.RUNTIME_SERVICE, "CreateContainer")
 REMOVE_CONTAINER = api.method_path(api.RUNTIME_SERVICE, "RemoveContainer")
 REMOVE_POD_SANDBOX = api.method_path(api.RUNTIME_SERVICE, "RemovePodSandbox")
 LIST_CONTAINERS = api.method_path(api.RUNTIME_SERVICE, "ListContainers")
+INTERCEPTED_METHODS = frozenset({CREATE_CONTAINER, REMOVE_CONTAINER, REMOVE_POD_SANDBOX})
+"""The methods that run the hooks; every other one is forwarded untouched (the CRI front,
+front.py, sends only these to the proxy)."""
 # Headers grpc sets itself on every call; forwarding them would duplicate or contradict them.
 _OWN_HEADERS = frozenset({"user-agent", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout", "te", "content-type"})
 _MAX_CACHED_METHODS = 512

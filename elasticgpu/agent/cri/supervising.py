@@ -12,10 +12,17 @@ neither stops the other (kubelet needs the socket even when the spec cannot be w
                it takes claims); restarted when starting it fails (the listen path is taken,
                the folder cannot be made) or when its socket vanished or was replaced (a
                cleaned /var/run): kubelet could no longer reach it.
+    front      with `settings.front` (--cri-front nginx, or auto with nginx found): nginx on
+               kubelet's socket (front.py), sending the proxy's three methods to the proxy, now
+               on its hook socket, and every other call straight to the runtime. Restarted with
+               backoff when it exits (a kill -9) or its socket vanished or was replaced; its
+               calls to a proxy that is restarting get UNAVAILABLE, which kubelet retries.
+               Without it the proxy listens on kubelet's socket itself (as before the front).
 
 A failure is logged once, at warning, with what to fix; the same failure again is logged at
-debug, and its end at info. `run` returns when `stop` is set, after stopping the proxy (calls in
-flight get `grace_s`) and finishing the ledger writes its hooks queued.
+debug, and its end at info. `run` returns when `stop` is set, after stopping the front (its calls
+in flight are cut: nginx in one process has no graceful stop), then the proxy (calls in flight
+get `grace_s`) and finishing the ledger writes its hooks queued.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elasticgpu.agent.cri import cdi, claim_hooks, injection
+from elasticgpu.agent.cri import cdi, claim_hooks, front, injection
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import Card
 from elasticgpu.agent.ledger.store import LedgerStore
@@ -73,6 +80,9 @@ class HookSettings:
     """How the agent runs its CRI hook."""
 
     proxy: ProxySettings
+    """The Python proxy; it listens on kubelet's socket, or on the hook socket behind the front."""
+    front: front.FrontSettings | None = None
+    """nginx on kubelet's socket (None: the proxy alone serves kubelet)."""
     injection: injection.InjectionSettings = field(default_factory=injection.InjectionSettings)
     cdi_dir: Path = Path("/var/run/cdi")
     cdi_check_interval_s: float = 30.0
@@ -104,6 +114,9 @@ class CriHook:
         first, longest = settings.backoff_s
         self._spec_retry = _Retry("writing the CDI spec into " + str(settings.cdi_dir), first, longest)
         self._proxy_retry = _Retry(f"the CRI proxy on {settings.proxy.listen}", first, longest)
+        self._front_retry = _Retry(
+            f"the CRI front (nginx) on {settings.front.listen}" if settings.front else "", first, longest
+        )
         self._spec_inputs: tuple[object, ...] | None = None
         self._spec_checked = 0.0
         self._spec_problem: str | None = "the CDI spec of this node's cards is not written yet"
@@ -114,15 +127,29 @@ class CriHook:
         """The claim hooks of the proxy serving now."""
         self.proxy_starts = 0
         """Proxies started (1 + restarts), for tests and logs."""
+        self.front: front.NginxFront | None = None
+        """The front serving now (None without one, or between a failure and its restart)."""
+        self.front_starts = 0
+        """Fronts started (1 + restarts), for tests and logs."""
 
     def spec_problem(self) -> str | None:
         """Why claims cannot be given now on the spec's side (not written, last write failed), or None."""
         return self._spec_problem
 
+    def not_serving(self) -> str | None:
+        """Why kubelet's socket is not served now (readiness), or None when it is: the front
+        (with one) and the proxy are up, their sockets in place."""
+        if self.proxy is None:
+            return f"the CRI proxy on {self.settings.proxy.listen} is not running"
+        if self.settings.front is not None and (self.front is None or not self.front.alive()):
+            return f"the CRI front (nginx) on {self.settings.front.listen} is not running"
+        return None
+
     # --- the loop ---
 
     def run(self, stop: threading.Event) -> None:
         """Keep spec and proxy until `stop`, then stop the proxy. Never raises."""
+        self._log_mode()
         try:
             while not stop.is_set():
                 now = time.monotonic()
@@ -140,9 +167,27 @@ class CriHook:
                     except Exception as e:
                         self._stop_proxy()
                         self._proxy_retry.failed(e, now)
+                if self.settings.front is not None and self._front_retry.due(now):
+                    try:
+                        self._keep_front(self.settings.front)
+                        self._front_retry.succeeded()
+                    except Exception as e:
+                        self._stop_front()
+                        self._front_retry.failed(e, now)
                 stop.wait(self.settings.tick_s)
         finally:
+            self._stop_front()  # first: no new call reaches a proxy that is stopping
             self._stop_proxy()
+
+    def _log_mode(self) -> None:
+        f = self.settings.front
+        if f is None:
+            log.info("CRI front: none; the agent's proxy serves kubelet on %s and forwards to %s",
+                     self.settings.proxy.listen, self.settings.proxy.upstream)  # fmt: skip
+        else:
+            log.info("CRI front: nginx (%s) serves kubelet on %s: %s go to the agent's proxy on %s, every other call "
+                     "to the runtime on %s", f.nginx, f.listen, ", ".join(sorted(m.rsplit("/", 1)[-1]
+                     for m in front.HOOKED_METHODS)), f.hook, f.runtime)  # fmt: skip
 
     # --- the CDI spec ---
 
@@ -178,6 +223,33 @@ class CriHook:
         self.proxy_starts += 1
         found = os.stat(self.settings.proxy.listen)
         self._socket = (found.st_dev, found.st_ino)
+
+    # --- the front ---
+
+    def _keep_front(self, settings: front.FrontSettings) -> None:
+        if self.front is not None:
+            if self.front.alive() and self.front.socket_intact():
+                return
+            code = self.front.exit_code()
+            what = (f"exited (status {code})" if code is not None
+                    else "lost its socket (removed or replaced)")  # fmt: skip
+            self._stop_front()
+            # Raised, so the restart waits the backoff: an nginx that dies at once is not
+            # restarted in a tight loop.
+            raise front.FrontError(f"nginx {what}; kubelet cannot reach the runtime until it is restarted")
+        started = front.NginxFront(settings)
+        started.start()  # leaves nothing running when it fails
+        self.front = started
+        self.front_starts += 1
+
+    def _stop_front(self) -> None:
+        stopping, self.front = self.front, None
+        if stopping is not None:
+            try:
+                stopping.stop()
+                log.info("CRI front (nginx) on %s stopped", stopping.settings.listen)
+            except Exception:
+                log.exception("stopping the CRI front (nginx) on %s failed", stopping.settings.listen)
 
     def _socket_intact(self) -> bool:
         try:
