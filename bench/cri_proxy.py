@@ -6,8 +6,15 @@
 Starts the test containerd (testruntime/build.sh, tests/containerd_runtime.py) and the proxy
 with the claim hooks and a SQLite ledger as its own process (tests/agent/cri/agent_process.py,
 as the agent would run it), then times, from one client process, each call once directly on
-containerd's socket and once through the proxy, interleaved (direct, proxy, proxy, direct, ...)
-so that drift of the machine hits both alike:
+containerd's socket and once through each path, interleaved (the order rotates every round) so
+that drift of the machine hits all alike. The paths:
+
+    proxy   the Python proxy alone on kubelet's socket (--cri-front none)
+    front   nginx on kubelet's socket (--cri-front nginx, elasticgpu/agent/cri/front.py): passthrough
+            calls go straight to containerd, CreateContainer through the same Python proxy
+    relay   socat copying bytes (a hop in C that parses nothing): the floor under any extra hop
+
+The calls:
 
     Version          the smallest passthrough call
     ListContainers   a passthrough call with a real answer (--containers containers present)
@@ -16,7 +23,7 @@ so that drift of the machine hits both alike:
                      rewrites it (same CDI devices and env, so containerd's own CDI work is on
                      both sides). Each container is removed (untimed) before the next.
 
-Prints p50/p99 per call and path and the difference (what the proxy adds). Targets (issue 11):
+Prints p50/p99 per call and path and the difference (what the path adds). Targets (issue 11):
 under 1 ms added at p99 for passthrough calls, under 5 ms for CreateContainer with injection.
 """
 
@@ -40,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 import grpc  # noqa: E402
 
-from elasticgpu.agent.cri import api, claim_hooks, injection  # noqa: E402
+from elasticgpu.agent.cri import api, claim_hooks, front, injection  # noqa: E402
 from tests.agent.cri.node import View, publish_cards, slice_claim  # noqa: E402
 from tests.containerd_runtime import (  # noqa: E402
     container_config,
@@ -79,7 +86,7 @@ def report(name: str, direct: list[float], proxied: list[float], target_ms: floa
     p50, p99 = percentile(proxied, 0.5), percentile(proxied, 0.99)
     verdict = f"{'meets' if p99 - d99 < target_ms else 'MISSES'} < {target_ms:g} ms at p99" if target_ms else "floor"
     print(
-        f"{name:<34} {len(direct):>6}  direct p50 {d50:7.3f} p99 {d99:7.3f} | {path} p50 {p50:7.3f} p99 {p99:7.3f}"
+        f"{name:<52} {len(direct):>6}  direct p50 {d50:7.3f} p99 {d99:7.3f} | {path} p50 {p50:7.3f} p99 {p99:7.3f}"
         f" | added p50 {p50 - d50:+7.3f} p99 {p99 - d99:+7.3f} ms  ({verdict})"
     )
     sys.stdout.flush()
@@ -105,11 +112,30 @@ def byte_relay(listen: Path, upstream: Path) -> Iterator[Path | None]:
         relay.wait(10)
 
 
+@contextlib.contextmanager
+def nginx_front(tmp: Path, runtime: Path, hook: Path, nginx: str | None) -> Iterator[Path | None]:
+    """The agent's nginx front (front.py) on its own socket, routing the hooked calls to the proxy's
+    socket, or None when no nginx is at hand."""
+    binary = front.find_nginx(nginx) if nginx else None
+    if binary is None:
+        yield None
+        return
+    settings = front.FrontSettings(listen=tmp / "front.sock", runtime=str(runtime), hook=hook,
+                                   state_dir=tmp / "front", nginx=binary)  # fmt: skip
+    running = front.NginxFront(settings)
+    running.start()
+    try:
+        yield settings.listen
+    finally:
+        running.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=10_000, help="Version and ListContainers calls per path")
     parser.add_argument("--creates", type=int, default=300, help="CreateContainer calls per path")
     parser.add_argument("--containers", type=int, default=10, help="containers present during ListContainers")
+    parser.add_argument("--nginx", default=None, help="nginx of the front path (default: the test runtime's)")
     args = parser.parse_args()
 
     with contextlib.ExitStack() as stack:
@@ -136,19 +162,29 @@ def main() -> None:
             print(f"containerd {direct.Version(pb.VersionRequest()).runtime_version}, proxy process {agent.pid}, "
                   f"{os.cpu_count()} CPUs; times in ms")  # fmt: skip
 
+            nginx = args.nginx or (str(runtime.nginx) if runtime.nginx else None)
+            front_socket = stack.enter_context(nginx_front(Path(tmp), runtime.socket, listen, nginx))
             relay_socket = stack.enter_context(byte_relay(Path(tmp) / "relay.sock", runtime.socket))
-            stubs = [direct, proxy]
+            stubs: list[Any] = [direct, proxy]
+            paths = ["proxy"]
+            if front_socket is not None:
+                front_stub = api.services.RuntimeServiceStub(grpc.insecure_channel(f"unix://{front_socket}"))
+                stubs.append(front_stub)
+                paths.append("front")
+            else:
+                print("no nginx with HTTP/2 and gRPC (bash testruntime/build.sh, or --nginx): no front path")
             if relay_socket is not None:
-                relay_channel = grpc.insecure_channel(f"unix://{relay_socket}")
-                stubs.append(api.services.RuntimeServiceStub(relay_channel))
+                stubs.append(api.services.RuntimeServiceStub(grpc.insecure_channel(f"unix://{relay_socket}")))
+                paths.append("relay")
             else:
                 print("socat not installed: no byte-relay floor (apt-get install socat)")
+            print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
             def measure(name: str, call: Callable[[Any], object]) -> None:
                 times = interleaved(args.calls, *(lambda stub=stub: call(stub) for stub in stubs))
-                report(name, times[0], times[1], 1.0)
-                if len(times) > 2:
-                    report(f"{name}, byte relay (socat)", times[0], times[2], 0.0, path="relay")
+                for path, timed_path in zip(paths, times[1:], strict=True):
+                    label = {"proxy": name, "front": f"{name}, nginx front", "relay": f"{name}, byte relay (socat)"}
+                    report(label[path], times[0], timed_path, 0.0 if path == "relay" else 1.0, path=path)
 
             # Warm every path (connections, handler caches, the proxy's first compile of methods).
             for _ in range(200):
@@ -191,17 +227,21 @@ def main() -> None:
                 return run
 
             created: list[tuple[object, object]] = []
-            d, p = [], []
+            creators = [direct, proxy] + ([front_stub] if front_socket is not None else [])
+            create_times: list[list[float]] = [[] for _ in creators]
             for i in range(args.creates):
-                order = [(direct, d), (proxy, p)] if i % 2 == 0 else [(proxy, p), (direct, d)]
-                for stub, into in order:
-                    into.append(timed(create(stub)))
+                for j in range(len(creators)):
+                    k = (i + j) % len(creators)
+                    create_times[k].append(timed(create(creators[k])))
                     used, answer = created.pop()
                     # Removing through the same path keeps the proxy's ledger in step (untimed).
                     used.RemoveContainer(  # type: ignore[attr-defined]
                         pb.RemoveContainerRequest(container_id=answer.container_id)  # type: ignore[attr-defined]
                     )
-            report("CreateContainer (injection)", d, p, 5.0)
+            report("CreateContainer (injection)", create_times[0], create_times[1], 5.0)
+            if front_socket is not None:
+                report("CreateContainer (injection), nginx front", create_times[0], create_times[2], 5.0, path="front")
+            print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             direct_channel.close()
             proxy_channel.close()
         finally:
