@@ -156,14 +156,22 @@ def rows(ledger: store.LedgerStore) -> list[tuple[str, str | None, str]]:
     return [(a.state, a.container_id, a.claim_name) for a in ledger.open_allocations()]
 
 
+@pytest.mark.parametrize("front", ["none", "nginx"])
 def test_agent_run_injects_through_its_proxy_and_reconciles_after_kill_9(
     world: World, world_gpus: list[str], containerd: TestRuntime, proxy_socket: Path,
-    agent_factory: Callable[..., AgentProcess],
+    agent_factory: Callable[..., AgentProcess], front: str,
 ) -> None:  # fmt: skip
+    """With --cri-front none the proxy serves kubelet's socket; with nginx, nginx does (cri/front.py) and
+    sends only the proxy's methods through it: the same calls, the same results, the same crash repair."""
     node, model = world.node(f"{world.prefix}-a"), f"T{world.prefix}"
     uuid = simulated.simulated_uuid(node, 0)
     world_gpus.append(names.gpu_object_name(uuid))
-    agent = agent_factory(node, model)
+    front_args = ["--cri-front", front]
+    if front == "nginx":
+        if containerd.nginx is None:
+            pytest.skip("the test runtime was built before it had nginx: run `bash testruntime/build.sh`")
+        front_args += ["--cri-nginx", str(containerd.nginx), "--cri-front-dir", f"{proxy_socket}.d"]
+    agent = agent_factory(node, model, *front_args)
 
     # The agent publishes its card, writes the CDI spec and serves the socket (mode 0600).
     wait_until_serving(world, agent, uuid, proxy_socket)
@@ -222,6 +230,7 @@ def test_agent_run_injects_through_its_proxy_and_reconciles_after_kill_9(
     assert agent.process.wait(30) == 0, agent.log()
     assert not proxy_socket.exists()
     assert "Traceback" not in agent.log()
+    assert f"CRI front: {front}" in agent.log()
 
 
 def test_without_the_api_server_only_claim_containers_wait(
