@@ -325,8 +325,9 @@ class ClaimSync:
                 # same name names it too, and waits for it to go (then gets a claim of its own).
                 users = {u for u in users if (p := self.picture.pods.pod(namespace, u)) is None
                          or (p.get("metadata") or {}).get("uid") == owner[1]}
-            decision = release.decide_release(claim, pods_using=users,
-                                              elastic_gpus=dict(self.picture.elastic_gpus()))
+            # The live map, under the lock: a copy would build the model of every Bound
+            # ElasticGPU (`records`) where the decision reads one.
+            decision = release.decide_release(claim, pods_using=users, elastic_gpus=self.picture.elastic_gpus())
         if isinstance(decision, release.NothingToRelease):
             return
         if isinstance(decision, release.KeepFinalizer):

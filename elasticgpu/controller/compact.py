@@ -26,6 +26,7 @@ breach of it loud instead of a silent change of a shared object.
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection, Hashable
 from typing import Any, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel
@@ -131,33 +132,56 @@ def _shared_set(fields: set[str] | frozenset[str]) -> SharedFields | None:
 def share_fields(model: M) -> M:
     """`model` with the field set of it and of every model nested in it (in fields, lists and
     dict values) replaced by a shared one; the same object, returned for convenience."""
+    # Every watch event and every model the picture builds again from JSON passes here: the
+    # loop binds what it calls to locals and reads one plan per class (~6 µs for a claim).
     stack: list[BaseModel] = [model]
+    pop, push, extend = stack.pop, stack.append, stack.extend
+    shared_sets = _shared
     while stack:
-        item = stack.pop()
+        item = pop()
         fields = item.__pydantic_fields_set__
-        if not isinstance(fields, SharedFields):
-            shared = _shared_set(fields)
+        if type(fields) is not SharedFields:
+            shared = shared_sets.get(frozenset(fields)) or _shared_set(fields)
             if shared is not None:
-                object.__setattr__(item, "__pydantic_fields_set__", shared)
+                _set_fields_set(item, shared)
         values = item.__dict__
-        for name in _container_fields(type(item)):
-            value = values.get(name)
-            if not value and value is not None:  # exactly an empty list or map: the shared one
-                if type(value) is list:
-                    values[name] = EMPTY_LIST
-                elif type(value) is dict:
-                    values[name] = EMPTY_MAP
-        for name in _nesting_fields(type(item)):
+        for name, container, nesting in _plan(type(item)):
             value = values.get(name)
             if not value:
+                if container and value is not None:  # exactly an empty list or map: the shared one
+                    kind = type(value)
+                    if kind is list:
+                        values[name] = EMPTY_LIST
+                    elif kind is dict:
+                        values[name] = EMPTY_MAP
                 continue  # None, or an empty list or map: the common case, and nothing to walk
+            if not nesting:
+                continue
             if isinstance(value, BaseModel):
-                stack.append(value)
+                push(value)
             elif isinstance(value, list):
-                stack.extend(v for v in value if isinstance(v, BaseModel))
+                extend(v for v in value if isinstance(v, BaseModel))
             elif isinstance(value, dict):
-                stack.extend(v for v in value.values() if isinstance(v, BaseModel))
+                extend(v for v in value.values() if isinstance(v, BaseModel))
     return model
+
+
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+"""The slot's own setter: what `object.__setattr__` ends in, without the lookup."""
+
+_plans: dict[type[BaseModel], tuple[tuple[str, bool, bool], ...]] = {}
+
+
+def _plan(cls: type[BaseModel]) -> tuple[tuple[str, bool, bool], ...]:
+    """What `share_fields` looks at in a model of `cls`: (field, typed as a list or a map, can
+    hold a model) for every field that is either."""
+    found = _plans.get(cls)
+    if found is None:
+        containers, nesting = _container_fields(cls), _nesting_fields(cls)
+        found = tuple((name, name in containers, name in nesting)
+                      for name in cls.model_fields if name in containers or name in nesting)
+        _plans[cls] = found
+    return found
 
 
 _nesting: dict[type[BaseModel], tuple[str, ...]] = {}
@@ -217,4 +241,51 @@ def identity(body: Body) -> Body:
     return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "metadata": meta}
 
 
-__all__ = ["MAX_SHARED_SETS", "SharedFields", "identity", "share_fields", "strip"]
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V", bound=Hashable)
+
+Index = dict[K, "V | set[V]"]
+"""Members by key, where nearly every key has one member (the claims naming an ElasticGPU, the
+GPUs holding a reservation): a lone member is kept bare, a set only from two on (an empty set
+is 216 bytes; 50,000 one-member sets were ~11 MiB per index). Members are never sets
+themselves. Read and written through `index_add`, `index_discard` and `index_members`."""
+
+
+def index_add(index: Index[K, V], key: K, member: V) -> None:
+    """Add `member` to the members of `key`."""
+    held = index.get(key)
+    if held is None:
+        index[key] = member
+    elif isinstance(held, set):
+        held.add(member)
+    elif held != member:
+        index[key] = {held, member}
+
+
+def index_discard(index: Index[K, V], key: K, member: V) -> None:
+    """Remove `member` from the members of `key`; the entry goes with its last member."""
+    held = index.get(key)
+    if held is None:
+        return
+    if isinstance(held, set):
+        held.discard(member)
+        if len(held) == 1:
+            index[key] = next(iter(held))
+        elif not held:
+            del index[key]
+    elif held == member:
+        del index[key]
+
+
+def index_members(index: Index[K, V], key: K) -> Collection[V]:
+    """The members of `key` (empty when none); a live set when there are several: do not keep it."""
+    held = index.get(key)
+    if held is None:
+        return ()
+    if isinstance(held, set):
+        return held
+    return (held,)
+
+
+__all__ = ["MAX_SHARED_SETS", "Index", "SharedFields", "identity", "index_add", "index_discard", "index_members",
+           "share_fields", "strip"]

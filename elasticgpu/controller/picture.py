@@ -2,10 +2,11 @@
 with the indexes that keep one event from costing a scan of every object.
 
 `Picture` holds claims, ElasticGPUs, classes, the pods that use claims, and GPUs (in the
-`Ledger`). It does no I/O and never touches the work queue: every method that takes something
-in returns the keys whose sync may now decide differently, and the caller queues them. A copy
-older than the picture's is ignored (resourceVersion order), and so is a copy from before a
-deletion a watch delivered (tombstones), so the picture never rolls back.
+`Ledger`); Bound claims and ElasticGPUs as JSON, their models built when read (`records`).
+It does no I/O and never touches the work queue: every method that takes something in returns
+the keys whose sync may now decide differently, and the caller queues them. A copy older
+than the picture's is ignored (resourceVersion order), and so is a copy from before a deletion
+a watch delivered (tombstones), so the picture never rolls back.
 
 The lock (`Picture.lock`, re-entrant) guards every map; each method takes it, and a caller
 that decides from several reads holds it around them, so a decision sees one state.
@@ -18,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names
-from elasticgpu.controller import binder, compact, pod_index, release, versions
+from elasticgpu.controller import binder, compact, pod_index, records, release, versions
 from elasticgpu.controller.reservations import Ledger
 from elasticgpu.controller.workqueue import Key
 
@@ -34,20 +35,21 @@ class Picture:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.ledger = Ledger()
-        self._claims: dict[ClaimKey, ElasticGPUClaim] = {}
+        self._claims: records.Models[ClaimKey, ElasticGPUClaim] = records.Models(
+            ElasticGPUClaim, at_rest=_claim_at_rest, lock=self.lock)
+        """Claims with the head of their bodies: a Bound one as JSON, built on demand (`records`)."""
         self._waiting: dict[ClaimKey, None] = {}
         """The claims that wait (Pending or no phase yet), in arrival order: capacity that appears
         wakes them, and must not cost a scan of every claim (one per GPU event at start-up)."""
-        self._claim_bodies: dict[ClaimKey, Body] = {}
-        self._egpus: dict[str, ElasticGPU] = {}
-        self._egpu_bodies: dict[str, Body] = {}
+        self._egpus: records.Models[str, ElasticGPU] = records.Models(
+            ElasticGPU, at_rest=_egpu_at_rest, lock=self.lock)
         self._by_claim_uid: dict[str, str] = {}
         """ElasticGPU name by the uid in its claimRef, kept in step by `put_egpu` / `drop_egpu`."""
         self._unclaimed_available: dict[str, ElasticGPU] = {}
         """Available ElasticGPUs without a claimRef (static bind candidates), kept by `put_egpu`."""
         self._deleted_claims: versions.Tombstones[ClaimKey] = versions.Tombstones()
         self._deleted_egpus: versions.Tombstones[str] = versions.Tombstones()
-        self._claims_naming: dict[str, set[ClaimKey]] = {}
+        self._claims_naming: compact.Index[str, ClaimKey] = {}
         """Claims by the ElasticGPU their spec names; and ElasticGPUs by the GPUs their spec names:
         watch events of one object must not cost a scan of all of them."""
         self._egpus_on: dict[str, set[str]] = {}
@@ -81,7 +83,7 @@ class Picture:
                     if egpu:
                         keys.append(("egpu", egpu))
                     return keys + self._pods_of_claim(key, body)
-                self.put_claim(body)
+                self._store_claim(key, body)
                 keys.append(("claim", *key))
                 keys += self._pods_of_claim(key, body)
             elif kind == "egpu":
@@ -89,7 +91,7 @@ class Picture:
                     self._deleted_egpus.bury(name, body)
                     self.drop_egpu(name)
                 else:
-                    keys += self.put_egpu(body)[1]
+                    keys += self._egpu_keys(name, body)
                     keys.append(("egpu", name))
                 keys += self._claims_of_egpu(name, body)
             elif kind == "gpu":
@@ -122,70 +124,86 @@ class Picture:
         """Take in a claim (newer than the picture's, else ignored); its model either way."""
         key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
         with self.lock:
-            if self._deleted_claims.holds(key, body):
-                return ElasticGPUClaim.model_validate(body)
-            if not versions.is_newer(body, self._claim_bodies.get(key)):
-                if versions.same_version(body, self._claim_bodies.get(key)):
-                    return self._claims[key]
-                return ElasticGPUClaim.model_validate(body)
-            old_body = self._claim_bodies.get(key)
-            model = compact.share_fields(ElasticGPUClaim.model_validate(body))
-            body = compact.identity(body)
-            self._claim_bodies[key] = body
-            old = self._claims.get(key)
-            self._claims[key] = model
-            if model.status.phase in (None, "Pending"):
-                self._waiting[key] = None
-            else:
-                self._waiting.pop(key, None)
-            self.pods.claim_changed(key, body, old_body)
-            before = old.spec.elastic_gpu_name if old is not None else None
-            if before != model.spec.elastic_gpu_name:
-                if before:
-                    _discard(self._claims_naming, before, key)
-                if model.spec.elastic_gpu_name:
-                    self._claims_naming.setdefault(model.spec.elastic_gpu_name, set()).add(key)
-            return model
+            model = self._store_claim(key, body)
+            if model is not None:
+                return model
+            if versions.same_version(body, self._claims.version_body(key)):
+                return self._claims[key]
+            return ElasticGPUClaim.model_validate(body)
+
+    def _store_claim(self, key: ClaimKey, body: Body) -> ElasticGPUClaim | None:
+        """Keep a claim newer than the picture's (and not from before its deletion): its model,
+        or None when the picture keeps what it had."""
+        if self._deleted_claims.holds(key, body) or not versions.is_newer(body, self._claims.version_body(key)):
+            return None
+        old_head = self._claims.head(key)
+        old = self._claims.get(key)
+        model = compact.share_fields(ElasticGPUClaim.model_validate(body))
+        self._claims.put(key, body, model)
+        if model.status.phase in (None, "Pending"):
+            self._waiting[key] = None
+        else:
+            self._waiting.pop(key, None)
+        self.pods.claim_changed(key, body, old_head)
+        before = old.spec.elastic_gpu_name if old is not None else None
+        if before != model.spec.elastic_gpu_name:
+            if before:
+                compact.index_discard(self._claims_naming, before, key)
+            if model.spec.elastic_gpu_name:
+                compact.index_add(self._claims_naming, model.spec.elastic_gpu_name, key)
+        return model
 
     def drop_claim(self, key: ClaimKey) -> None:
         """Forget a claim."""
         with self.lock:
-            old_claim = self._claims.pop(key, None)
+            old_head = self._claims.head(key)
+            old_claim = self._claims.get(key)
+            self._claims.pop(key)
             self._waiting.pop(key, None)
-            self.pods.claim_changed(key, None, self._claim_bodies.pop(key, None))
+            self.pods.claim_changed(key, None, old_head)
             if old_claim is not None and old_claim.spec.elastic_gpu_name:
-                _discard(self._claims_naming, old_claim.spec.elastic_gpu_name, key)
+                compact.index_discard(self._claims_naming, old_claim.spec.elastic_gpu_name, key)
 
     def put_egpu(self, body: Body) -> tuple[ElasticGPU, Keys]:
         """Take in an ElasticGPU (newer than the picture's, else ignored): its model either way,
         and the keys to queue (the claims waiting for capacity when it became Available)."""
         name = body["metadata"]["name"]
         with self.lock:
-            if self._deleted_egpus.holds(name, body):
-                return ElasticGPU.model_validate(body), []
-            if not versions.is_newer(body, self._egpu_bodies.get(name)):
-                if versions.same_version(body, self._egpu_bodies.get(name)):
-                    return self._egpus[name], []
-                return ElasticGPU.model_validate(body), []
-            old = self._egpus.get(name)
-            model = compact.share_fields(ElasticGPU.model_validate(body))
-            self._egpu_bodies[name] = compact.identity(body)
-            self._egpus[name] = model
-            self._index_uid(name, old, model)
-            self._index_cards(name, old, model)
-            if model.status.phase == "Available" and (model.spec.claim_ref is None or not model.spec.claim_ref.name):
-                self._unclaimed_available[name] = model
-            else:
-                self._unclaimed_available.pop(name, None)
-            if model.status.phase == "Available" and (old is None or old.status.phase != "Available"):
-                return model, self.pending_claim_keys()
-            return model, []
+            stored = self._store_egpu(name, body)
+            if stored is not None:
+                return stored
+            if versions.same_version(body, self._egpus.version_body(name)):
+                return self._egpus[name], []
+            return ElasticGPU.model_validate(body), []
+
+    def _store_egpu(self, name: str, body: Body) -> tuple[ElasticGPU, Keys] | None:
+        """Keep an ElasticGPU newer than the picture's (and not from before its deletion): its
+        model and the keys to queue, or None when the picture keeps what it had."""
+        if self._deleted_egpus.holds(name, body) or not versions.is_newer(body, self._egpus.version_body(name)):
+            return None
+        old = self._egpus.get(name)
+        model = compact.share_fields(ElasticGPU.model_validate(body))
+        self._egpus.put(name, body, model)
+        self._index_uid(name, old, model)
+        self._index_cards(name, old, model)
+        if model.status.phase == "Available" and (model.spec.claim_ref is None or not model.spec.claim_ref.name):
+            self._unclaimed_available[name] = model
+        else:
+            self._unclaimed_available.pop(name, None)
+        if model.status.phase == "Available" and (old is None or old.status.phase != "Available"):
+            return model, self.pending_claim_keys()
+        return model, []
+
+    def _egpu_keys(self, name: str, body: Body) -> Keys:
+        """Keep an ElasticGPU as `_store_egpu` does; only the keys to queue."""
+        stored = self._store_egpu(name, body)
+        return stored[1] if stored is not None else []
 
     def drop_egpu(self, name: str) -> None:
         """Forget an ElasticGPU."""
         with self.lock:
-            old = self._egpus.pop(name, None)
-            self._egpu_bodies.pop(name, None)
+            old = self._egpus.get(name)
+            self._egpus.pop(name)
             self._unclaimed_available.pop(name, None)
             self._index_uid(name, old, None)
             self._index_cards(name, old, None)
@@ -274,18 +292,18 @@ class Picture:
             self.ledger.prune_tombstones(gpus_version)
             listed = {e["metadata"]["name"] for e in egpus}
             for gone in set(self._egpus) - listed:
-                if not versions.changed_after(self._egpu_bodies.get(gone), egpus_version):
+                if not versions.changed_after(self._egpus.version_body(gone), egpus_version):
                     self.drop_egpu(gone)
             for body in egpus:
-                keys += self.put_egpu(body)[1]
+                keys += self._egpu_keys(body["metadata"]["name"], body)
             self._deleted_egpus.prune(egpus_version)
             self._classes = {c["metadata"]["name"]: ElasticGPUClass.model_validate(c) for c in classes}
             listed_claims = {(c["metadata"].get("namespace", ""), c["metadata"]["name"]) for c in claims}
             for gone_key in set(self._claims) - listed_claims:
-                if not versions.changed_after(self._claim_bodies.get(gone_key), claims_version):
+                if not versions.changed_after(self._claims.version_body(gone_key), claims_version):
                     self.drop_claim(gone_key)
             for body in claims:
-                self.put_claim(body)
+                self._store_claim((body["metadata"].get("namespace", ""), body["metadata"]["name"]), body)
             self._deleted_claims.prune(claims_version)
             if nodes is not None:
                 self.pods.merge_nodes(nodes)
@@ -351,7 +369,8 @@ class Picture:
         ref = (body.get("spec") or {}).get("claimRef") or {}
         if ref.get("name"):
             keys.append(("claim", ref.get("namespace", ""), ref["name"]))
-        keys += [("claim", ns, claim_name) for ns, claim_name in sorted(self._claims_naming.get(name, ()))]
+        naming = sorted(compact.index_members(self._claims_naming, name))
+        keys += [("claim", ns, claim_name) for ns, claim_name in naming]
         return keys
 
     def _pods_of_claim(self, key: ClaimKey, body: Body) -> Keys:
@@ -387,7 +406,7 @@ class Picture:
         """The head of the claim's body the picture holds (apiVersion, kind, metadata as the
         server sent them, `compact.identity`); spec and status are in its model (`claim`)."""
         with self.lock:
-            return self._claim_bodies.get((namespace, name))
+            return self._claims.head((namespace, name))
 
     def claim_keys(self) -> list[ClaimKey]:
         """(namespace, name) of every claim."""
@@ -403,10 +422,11 @@ class Picture:
         """The head of the ElasticGPU's body the picture holds (apiVersion, kind, metadata,
         `compact.identity`); spec and status are in its model (`egpu`)."""
         with self.lock:
-            return self._egpu_bodies.get(name)
+            return self._egpus.head(name)
 
     def elastic_gpus(self) -> Mapping[str, ElasticGPU]:
-        """Every ElasticGPU by name (the live map: read it under `lock`)."""
+        """Every ElasticGPU by name (the live map: read it under `lock`; keys and `get` are
+        cheap, iterating the values builds the model of every Bound one, `records`)."""
         return self._egpus
 
     def pods_using(self, namespace: str, claim: str) -> set[str]:
@@ -428,6 +448,16 @@ class Picture:
     def _card_memory(self, gpu_name: str) -> int | None:
         model = self.ledger.gpu(gpu_name)
         return model.spec.memory if model is not None else None
+
+
+def _claim_at_rest(claim: ElasticGPUClaim) -> bool:
+    """A Bound claim not being deleted: kept as JSON (`records`), read by little but a resync."""
+    return claim.status.phase == "Bound" and not claim.metadata.deletion_timestamp
+
+
+def _egpu_at_rest(egpu: ElasticGPU) -> bool:
+    """A Bound ElasticGPU not being deleted: kept as JSON (`records`)."""
+    return egpu.status.phase == "Bound" and not egpu.metadata.deletion_timestamp
 
 
 def _discard(index: dict[str, set[Any]], key: str, member: Any) -> None:

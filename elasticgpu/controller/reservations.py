@@ -72,7 +72,7 @@ class Ledger:
         self._keys_on: dict[str, set[str]] = {}
         """Reservation keys by GPU name, and (below) GPU names by key: both kept in step, so that
         a watch event of one GPU costs O(its allocations), not a scan of every GPU."""
-        self._holders: dict[str, set[str]] = {}
+        self._holders: compact.Index[str, str] = {}
         self._allocations: dict[str, dict[str, GPUAllocation]] = {}
         """Each GPU's allocations by ElasticGPU name (a lookup per key, not a scan per key)."""
         self._deleted: versions.Tombstones[str] = versions.Tombstones()
@@ -171,13 +171,9 @@ class Ledger:
 
     def _set_keys_on(self, gpu_name: str, before: set[str], after: set[str]) -> None:
         for key in before - after:
-            holders = self._holders.get(key)
-            if holders is not None:
-                holders.discard(gpu_name)
-                if not holders:
-                    del self._holders[key]
+            compact.index_discard(self._holders, key, gpu_name)
         for key in after - before:
-            self._holders.setdefault(key, set()).add(gpu_name)
+            compact.index_add(self._holders, key, gpu_name)
         if after:
             self._keys_on[gpu_name] = after
         else:
@@ -260,7 +256,7 @@ class Ledger:
                 logger.debug("reservation not mirrored yet", extra={"key": key, "error": str(err)})
 
     def _gpus_holding(self, key: str) -> list[str]:
-        return sorted(self._holders.get(key, ()))
+        return sorted(compact.index_members(self._holders, key))
 
     def gpus_holding(self, key: str) -> list[str]:
         """Names of the GPU objects with an allocation for `key`."""
