@@ -150,9 +150,11 @@ def fits_resources(pod: Mapping[str, Any], node: Mapping[str, Any], others: Iter
     free = total - used
     wanted = pod_requests(pod)
     problems = []
-    if "cpu" in reported and wanted.cpu_milli > free.cpu_milli:
+    # As the scheduler: a resource the pod does not request is not checked (a node already
+    # over-committed on it still takes the pod).
+    if "cpu" in reported and 0 < wanted.cpu_milli > free.cpu_milli:
         problems.append(f"{max(free.cpu_milli, 0) / 1000:g} CPU free, the pod requests {wanted.cpu_milli / 1000:g}")
-    if "memory" in reported and wanted.memory_mib > free.memory_mib:
+    if "memory" in reported and 0 < wanted.memory_mib > free.memory_mib:
         problems.append(f"{max(free.memory_mib, 0)} MiB memory free, the pod requests {wanted.memory_mib} MiB")
     for name, amount in sorted(wanted.others.items()):
         if name not in reported:
