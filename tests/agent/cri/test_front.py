@@ -8,6 +8,7 @@ nginx is given is checked on its own (pure) and by `nginx -t`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import stat
@@ -18,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -206,6 +208,17 @@ def test_large_request_and_answer(nginx_front: front.NginxFront, containerd: Tes
     default 4 MiB; nginx's default body limit is 1 MiB): both pass as they pass directly."""
     big = "x" * (5 * 1024 * 1024)
     with client(nginx_front.settings.listen, containerd.image) as k, client(containerd.socket) as direct:
+        # containerd queues container events until a stream reads them, and each event of this pod
+        # carries the 5 MiB annotation: read them here, or the next test's stream gets them.
+        events: queue.Queue[object] = queue.Queue()
+        stream = direct.runtime.GetContainerEvents(k.pb.GetEventsRequest())
+        def read() -> None:
+            with contextlib.suppress(grpc.RpcError):  # cancelled at the end
+                for event in stream:
+                    events.put(event)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
         pod = k.run_pod("big", NS)
         container_id = k.create_container(pod, "main", annotations={"example.com/big": big})
         answer = k.runtime.ListContainers(k.pb.ListContainersRequest(), timeout=10)
@@ -213,6 +226,14 @@ def test_large_request_and_answer(nginx_front: front.NginxFront, containerd: Tes
         assert answer == direct.runtime.ListContainers(k.pb.ListContainersRequest(), timeout=10)
         assert answer.containers[0].id == container_id and answer.containers[0].annotations["example.com/big"] == big
         k.remove_pod(pod)
+        deleted = k.pb.ContainerEventType.Value("CONTAINER_DELETED_EVENT")
+        deadline = time.monotonic() + 10
+        while True:
+            event: Any = events.get(timeout=max(0.01, deadline - time.monotonic()))
+            if event.container_id == container_id and event.container_event_type == deleted:
+                break
+        stream.cancel()
+        reader.join(5)
 
 
 def test_an_upstream_that_is_down_answers_unavailable_at_once(containerd: TestRuntime, nginx: str) -> None:
