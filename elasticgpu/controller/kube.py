@@ -2,8 +2,9 @@
 
 It speaks plain JSON dicts (the wire form of `elasticgpu.api` models). Requests go over
 `transport.Transport` (per-thread keep-alive connections set up from the kubernetes client's
-`Configuration`: kubeconfig, TLS, token); watches, and every call where the configuration asks
-for an HTTP proxy, go through the client's urllib3 pool. JSON is read and written with orjson:
+`Configuration`: kubeconfig, TLS, token), and so do watches, each on a connection of its own;
+where the configuration asks for an HTTP proxy, everything goes through the client's urllib3
+pool instead. JSON is read and written with orjson:
 parsing watch events and answers is the controller's most frequent work.
 Every failure becomes an exception of `elasticgpu.controller.errors`: 404 -> NotFound,
 409 -> Conflict / AlreadyExists, 400/422 -> Rejected, anything else -> ApiUnavailable.
@@ -13,6 +14,7 @@ INFO when it is back).
 
 from __future__ import annotations
 
+import functools
 import http.client
 import logging
 from collections.abc import Iterator, Mapping
@@ -55,6 +57,13 @@ claims, never every pod of the cluster."""
 def _selector_of(collection: str) -> str | None:
     """The label selector of a watched collection: pods are watched through `POD_SELECTOR`."""
     return POD_SELECTOR if collection.endswith("/pods") else None
+
+
+@functools.lru_cache(maxsize=256)
+def _query_string(items: tuple[tuple[str, str], ...]) -> str:
+    """`urlencode(items)`, remembered: most calls send one of a few queries (the write query:
+    `fieldManager`), and encoding one cost as much as framing the answer."""
+    return urlencode(items)
 
 
 _VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
@@ -185,7 +194,7 @@ class KubeApi:
         if self._transport is None:
             return self._call_via_client(method, path, body=body, query=query, content_type=content_type,
                                          timeout_s=timeout_s)
-        target = f"{path}?{urlencode(query)}" if query else path
+        target = f"{path}?{_query_string(tuple(query.items()))}" if query else path
         try:
             return self._transport.request(
                 method, target, body=None if body is None else orjson.dumps(body), content_type=content_type,
@@ -470,7 +479,29 @@ class KubeApi:
         selector = _selector_of(path)
         if selector:
             query["labelSelector"] = selector
+        if self._transport is None:
+            yield from self._watch_via_client(path, query, read_timeout)
+            return
+        try:
+            stream = self._transport.stream(f"{path}?{urlencode(query)}", connect_timeout_s=10.0,
+                                            read_timeout_s=read_timeout)
+        except (OSError, http.client.HTTPException) as err:
+            unavailable = errors.ApiUnavailable(f"watch {path}: {err!r}")
+            self.reachability.failed(unavailable)
+            raise unavailable from err
+        self.reachability.answered()
+        try:
+            if stream.status != 200:
+                self._raise(stream.status, "WATCH", path, stream.read())
+            for line in stream.lines():
+                yield orjson.loads(line)
+        except (OSError, http.client.HTTPException) as err:
+            raise errors.ApiUnavailable(f"watch {path}: {err!r}") from err
+        finally:
+            stream.close()
 
+    def _watch_via_client(self, path: str, query: dict[str, str], read_timeout: float) -> Iterator[Body]:
+        """The same watch through the kubernetes client's urllib3 pool (which knows proxies)."""
         _method, url, headers, _body, _post = self._api.param_serialize(
             method="GET", resource_path=path, query_params=list(query.items()), header_params={"Accept": _JSON},
             auth_settings=["BearerToken"])
