@@ -19,6 +19,8 @@ per variant (each in its own namespace, on its own GPUs):
 
 Variant `null` (bench/null_controller.py) does the watches and writes of a dynamic bind with no
 decisions: the ceiling of this machine in the same run; `--rates half` offers half of its burst.
+`null-baseline` is the null controller of the `--baseline` tree, over that tree's `KubeApi`
+(what a change of the wire path did to the floor); it sets no ceiling.
 
     python bench/binding.py                         # 3 variants, 500 GPUs, burst 1000, 100/s x 20 s, RSS
     python bench/binding.py --baseline /tmp/base --variants null,after --burst 1000 --rates half --seconds 20
@@ -255,12 +257,12 @@ def run_variant(variant: str, args: argparse.Namespace, cluster: Any, kube: Any,
     watch.start()
     log = open(REPO / "bench" / "out" / f"binding-controller-{variant}.log", "wb")  # noqa: SIM115
     kind = _kind(variant)
-    tree = REPO if kind != "baseline" else Path(args.baseline).resolve()
+    tree = Path(args.baseline).resolve() if kind in ("baseline", "null-baseline") else REPO
     env = {**os.environ, "PYTHONPATH": str(tree), **VARIANTS.get(kind, {})}
     command = [sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(cluster.kubeconfig),
                "--namespace", namespace, "--log-level", "warning"]
-    if kind == "null":  # the ceiling: the same writes and watches, no decisions
-        command = [sys.executable, str(REPO / "bench" / "null_controller.py"), "--kubeconfig", str(cluster.kubeconfig),
+    if kind in ("null", "null-baseline"):  # the ceiling: the same writes and watches, no decisions
+        command = [sys.executable, str(tree / "bench" / "null_controller.py"), "--kubeconfig", str(cluster.kubeconfig),
                    "--namespace", namespace, "--model", model]
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=tree, env=env)
     result: dict[str, Any] = {"variant": variant}
