@@ -149,7 +149,7 @@ def render_config(settings: FrontSettings, *, bind: Path) -> str:
         "master_process off;  # one process: no user switch, nothing orphaned by a kill -9\n"
         f"pid {state}/nginx.pid;\n"
         "error_log stderr warn;\n"
-        "events {\n  worker_connections 4096;\n}\n"
+        "events {\n  worker_connections 1024;  # kubelet: one connection, plus one upstream per call in flight\n}\n"
         "http {\n"
         "  access_log off;\n"
         "  server_tokens off;\n"
