@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import shutil
 import stat
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -121,6 +123,40 @@ def test_nginx_accepts_the_config(nginx: str, tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=30)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "test is successful" in done.stderr and "warn" not in done.stderr, done.stderr
+
+
+def test_nginx_serves_the_config_as_a_user_that_is_not_root(nginx: str) -> None:
+    """No `user` directive: as root nginx stays root (test above, and the agent's tests); as any
+    other user it runs as that user, with nothing to switch and every path its own."""
+    if shutil.which("setpriv") is None or os.geteuid() != 0:
+        pytest.skip("needs root and setpriv (util-linux) to become another user")
+    with tempfile.TemporaryDirectory(prefix="egfront-", dir="/tmp") as folder:  # pytest's is root's only
+        tmp_path = Path(folder)
+        tmp_path.chmod(0o777)
+        _serve_as_nobody(nginx, tmp_path)
+
+
+def _serve_as_nobody(nginx: str, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o777)
+    state.chmod(0o777)
+    settings = front.FrontSettings(listen=tmp_path / "cri.sock", runtime=str(tmp_path / "rt.sock"),
+                                   hook=tmp_path / "hook.sock", state_dir=state, nginx=nginx)  # fmt: skip
+    (tmp_path / "nginx.conf").write_text(front.render_config(settings, bind=tmp_path / "bind.sock"))
+    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", nginx, "-e", "stderr",
+               "-p", f"{state}/", "-c", str(tmp_path / "nginx.conf")]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for("nginx listening", lambda: (tmp_path / "bind.sock").exists() or process.poll() is not None)
+        assert process.poll() is None, process.communicate()[1]
+        assert os.stat(tmp_path / "bind.sock").st_uid == 65534
+        with client(tmp_path / "bind.sock") as k, pytest.raises(grpc.RpcError) as down:
+            k.runtime.Version(k.pb.VersionRequest(), timeout=5)
+        assert down.value.code() == grpc.StatusCode.UNAVAILABLE and "did not answer" in str(down.value.details())
+    finally:
+        process.terminate()
+        _, errors = process.communicate(timeout=10)
+    assert "[emerg]" not in errors and "[alert]" not in errors and "[warn]" not in errors, errors
 
 
 def test_find_nginx(nginx: str, tmp_path: Path) -> None:
