@@ -389,11 +389,20 @@ class Picture:
             return [("claim", ns, name) for ns, name in self._waiting]
 
     def all_keys(self) -> Keys:
-        """Every GPU, ElasticGPU and claim (the resync requeues them all)."""
+        """Every GPU, ElasticGPU and claim (the resync requeues them all), each ElasticGPU followed
+        by the claims that name it."""
         with self.lock:
             keys: Keys = [("gpu", n) for n in self.ledger.gpu_names()]
-            keys += [("egpu", n) for n in self._egpus]
-            keys += [("claim", ns, n) for ns, n in self._claims]
+            # Each ElasticGPU just before the claims that name it: its sync builds both models
+            # of a Bound pair from JSON (`records`), and theirs find them still cached.
+            paired: set[ClaimKey] = set()
+            for name in self._egpus:
+                keys.append(("egpu", name))
+                for claim_key in sorted(compact.index_members(self._claims_naming, name)):
+                    if claim_key in self._claims:
+                        keys.append(("claim", *claim_key))
+                        paired.add(claim_key)
+            keys += [("claim", ns, n) for ns, n in self._claims if (ns, n) not in paired]
             keys += self.pods.resync_keys()
             return keys
 

@@ -107,6 +107,19 @@ def test_a_claim_moves_between_model_and_json_with_its_phase() -> None:
     assert picture._claims_naming == {}
 
 
+def test_a_resync_syncs_each_elastic_gpu_next_to_the_claims_naming_it() -> None:
+    """Both syncs of a Bound pair read both models: side by side, the second finds them cached."""
+    picture = _small_picture(cache_size=4)
+    for index in range(3):
+        picture.observe("claim", "ADDED", _bound_claim(index))
+    picture.observe("claim", "ADDED", o.claim("lone", uid="uid-lone"))
+    for index in reversed(range(3)):
+        picture.observe("egpu", "ADDED", _bound_egpu(index))
+    assert [k for k in picture.all_keys() if k[0] != "pod"] == [
+        ("egpu", "egpu-2"), ("claim", "ns", "c2"), ("egpu", "egpu-1"), ("claim", "ns", "c1"),
+        ("egpu", "egpu-0"), ("claim", "ns", "c0"), ("claim", "ns", "lone")]
+
+
 def test_an_object_at_rest_takes_a_fraction_of_its_model() -> None:
     """2,000 Bound claims: JSON plus a small cache against the models the picture kept before
     (a claim's model was ~2.4 KB, its JSON here ~0.6 KB)."""
