@@ -54,6 +54,18 @@ HOOKED_METHODS = proxy.INTERCEPTED_METHODS
 MODES = ("auto", "nginx", "none")
 """--cri-front: `nginx`, `none` (the Python proxy on kubelet's socket) or `auto` (nginx when found)."""
 _UNSAFE = re.compile(r"[\s\"'\\;{}$#%]")  # would end or change an nginx config token
+LOG_REPEAT_S = 60.0
+"""Seconds before the same problem in nginx's log is logged again."""
+_LOG_HEAD = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (\[\w+\]) \d+#\d+: (?:\*\d+ )?")
+
+
+def log_problem(line: str) -> str:
+    """What a line of nginx's error log is about, without its time, process, connection and
+    request: `[crit] connect() to unix:/run/x.sock failed (111: Connection refused)`."""
+    head = _LOG_HEAD.match(line)
+    if head is None:
+        return line
+    return f"{head.group(1)} {line[head.end():].split(' while ', 1)[0].split(', client: ', 1)[0]}"
 
 
 class FrontError(RuntimeError):
@@ -297,13 +309,26 @@ class NginxFront:
             time.sleep(0.01)
 
     def _read_log(self, process: subprocess.Popen[bytes]) -> None:
-        """nginx's error log (its stderr) into ours, line by line, until it exits."""
+        """nginx's error log (its stderr) into ours, line by line, until it exits. An upstream
+        that is down makes nginx log every call kubelet makes (several a second): the same
+        problem is logged once per `LOG_REPEAT_S`, with the count of the lines left out."""
         assert process.stderr is not None
+        last: dict[str, tuple[float, int]] = {}  # problem -> (when logged, lines left out since)
         for raw in process.stderr:
             line = raw.decode(errors="replace").rstrip()
-            if line:
-                self._lines.append(line)
-                log.warning("nginx: %s", line)
+            if not line:
+                continue
+            self._lines.append(line)
+            key, now = log_problem(line), time.monotonic()
+            logged, left_out = last.get(key, (-LOG_REPEAT_S, 0))
+            if now - logged < LOG_REPEAT_S:
+                last[key] = (logged, left_out + 1)
+                continue
+            if len(last) > 1000:  # endless distinct problems grow nothing
+                last.clear()
+            last[key] = (now, 0)
+            more = f" ({left_out} more like it in the last {now - logged:.0f} s)" if left_out else ""
+            log.warning("nginx: %s%s", line, more)
 
     def alive(self) -> bool:
         """nginx is running."""

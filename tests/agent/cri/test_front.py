@@ -159,6 +159,35 @@ def _serve_as_nobody(nginx: str, tmp_path: Path) -> None:
     assert "[emerg]" not in errors and "[alert]" not in errors and "[warn]" not in errors, errors
 
 
+def test_a_problem_in_nginx_log_is_named_without_time_connection_or_request() -> None:
+    line = ('2026/12/03 07:58:10 [crit] 7378#7378: *12 connect() to unix:/run/c.sock failed (111: Connection refused)'
+            ' while connecting to upstream, client: unix:, server: , request: "POST /runtime.v1.RuntimeService/Version'
+            ' HTTP/2.0", upstream: "grpc://unix:/run/c.sock:", host: "localhost"')  # fmt: skip
+    assert front.log_problem(line) == "[crit] connect() to unix:/run/c.sock failed (111: Connection refused)"
+    assert front.log_problem(line.replace("*12", "*13").replace("Version", "ListContainers")) == front.log_problem(line)
+    assert front.log_problem("2026/12/03 08:05:54 [emerg] 15#15: bind() failed") == "[emerg] bind() failed"
+    assert front.log_problem("not nginx's format") == "not nginx's format"
+
+
+def test_the_flags_choose_the_front(nginx: str, tmp_path: Path) -> None:
+    from elasticgpu.agent import errors, running
+    from elasticgpu.agent.settings import CriSettings
+
+    base = CriSettings(cri_listen=str(tmp_path / "cri.sock"), cri_front_dir=str(tmp_path / "front"))
+    chosen = running.hook_settings(replace(base, cri_front="nginx", cri_nginx=nginx))
+    assert chosen.front is not None and chosen.front.nginx == nginx and chosen.front.listen == tmp_path / "cri.sock"
+    assert chosen.proxy.listen == chosen.front.hook == tmp_path / "front" / "hook.sock"  # the proxy behind it
+    assert running.hook_settings(replace(base, cri_front="auto", cri_nginx=nginx)).front == chosen.front
+    for alone in (replace(base, cri_front="none", cri_nginx=nginx),
+                  replace(base, cri_front="auto", cri_nginx=str(tmp_path / "no-nginx"))):  # fmt: skip
+        settings = running.hook_settings(alone)
+        assert settings.front is None and settings.proxy.listen == tmp_path / "cri.sock"
+    with pytest.raises(errors.AgentError, match=r"--cri-front nginx: no nginx with HTTP/2 and gRPC at --cri-nginx"):
+        running.hook_settings(replace(base, cri_front="nginx", cri_nginx=str(tmp_path / "no-nginx")))
+    with pytest.raises(errors.AgentError, match=r"--cri-front / ELASTICGPU_AGENT_CRI_FRONT='ngnix' is not a front"):
+        running.hook_settings(replace(base, cri_front="ngnix"))
+
+
 def test_find_nginx(nginx: str, tmp_path: Path) -> None:
     assert front.find_nginx(nginx) == nginx
     assert front.find_nginx(str(tmp_path / "no-nginx")) is None
@@ -272,12 +301,23 @@ def test_large_request_and_answer(nginx_front: front.NginxFront, containerd: Tes
         reader.join(5)
 
 
-def test_an_upstream_that_is_down_answers_unavailable_at_once(containerd: TestRuntime, nginx: str) -> None:
+def test_an_upstream_that_is_down_answers_unavailable_at_once(
+    containerd: TestRuntime, nginx: str, caplog: pytest.LogCaptureFixture
+) -> None:
     settings = replace(settings_for(containerd, nginx), runtime=str(containerd.directory / "no-runtime.sock"))
     running = front.NginxFront(settings)
     running.start()
     try:
         with client(settings.listen, containerd.image) as k:
+            # kubelet calls several times a second: nginx's log line for each is logged once.
+            for _ in range(5):
+                with pytest.raises(grpc.RpcError):
+                    k.runtime.ListContainers(k.pb.ListContainersRequest(), timeout=10)
+            problem = f"connect() to unix:{settings.runtime} failed"
+            wait_for("nginx's log line", lambda: problem in caplog.text)
+            time.sleep(0.2)  # the other four lines, had they been logged
+            assert caplog.text.count(problem) == 1, caplog.text
+
             for call, text in (
                 (lambda: k.runtime.Version(k.pb.VersionRequest(), timeout=10), "the container runtime at"),
                 (lambda: k.runtime.CreateContainer(k.pb.CreateContainerRequest(), timeout=10), "the agent's CRI hook"),
