@@ -459,3 +459,58 @@ def test_the_hook_restarts_a_killed_front_and_stops_it(containerd: TestRuntime, 
     assert last is not None
     with pytest.raises(ProcessLookupError):
         os.kill(last, 0)
+
+
+def test_deadline_metadata_and_status_pass_both_ways(nginx: str, tmp_path: Path) -> None:
+    """Through nginx to a gRPC runtime stand-in that records what it saw and answers with metadata: the
+    caller's deadline and metadata arrive (none stays none: PullImage), the runtime's initial and trailing
+    metadata (binary too) and its error status come back, and a method nobody knows yet is routed too."""
+    import json
+    from concurrent import futures
+
+    seen: list[dict[str, object]] = []
+
+    def answer(request: bytes, context: grpc.ServicerContext) -> bytes:
+        remaining = context.time_remaining()
+        seen.append({"remaining": remaining, "metadata": dict(context.invocation_metadata()), "body": request})
+        context.send_initial_metadata((("x-initial", "first"),))
+        context.set_trailing_metadata((("x-trailing", "last"), ("x-detail-bin", b"\x00\xff")))
+        if request == b"fail":
+            context.abort(grpc.StatusCode.ABORTED, "the runtime says: aborted, try again")
+        return json.dumps({"remaining": remaining}).encode()
+
+    handler = grpc.unary_unary_rpc_method_handler(answer)
+    runtime = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    runtime.add_generic_rpc_handlers((
+        grpc.method_handlers_generic_handler(api.IMAGE_SERVICE, {"PullImage": handler}),
+        grpc.method_handlers_generic_handler(api.RUNTIME_SERVICE, {"SomethingNewer": handler}),
+    ))  # fmt: skip
+    runtime.add_insecure_port(f"unix://{tmp_path / 'rt.sock'}")
+    runtime.start()
+    settings = front.FrontSettings(listen=tmp_path / "cri.sock", runtime=str(tmp_path / "rt.sock"),
+                                   hook=tmp_path / "hook.sock", state_dir=tmp_path / "front", nginx=nginx)  # fmt: skip
+    running = front.NginxFront(settings)
+    running.start()
+    try:
+        with grpc.insecure_channel(f"unix://{settings.listen}") as channel:
+            pull = channel.unary_unary(api.method_path(api.IMAGE_SERVICE, "PullImage"))
+            answer_body, call = pull.with_call(b"\x0a\x02hi", timeout=7, metadata=(("traceparent", "00-abc-def-01"),))
+            assert json.loads(answer_body) and dict(call.initial_metadata())["x-initial"] == "first"
+            assert dict(call.trailing_metadata()) == {"x-trailing": "last", "x-detail-bin": b"\x00\xff"}
+            pull(b"")
+            with pytest.raises(grpc.RpcError) as failed:
+                pull(b"fail", timeout=7)
+            assert failed.value.code() == grpc.StatusCode.ABORTED
+            assert failed.value.details() == "the runtime says: aborted, try again"
+            assert dict(failed.value.trailing_metadata())["x-detail-bin"] == b"\x00\xff"  # type: ignore[attr-defined]
+            newer = channel.unary_unary(api.method_path(api.RUNTIME_SERVICE, "SomethingNewer"))
+            assert json.loads(newer(b"new", timeout=7))
+    finally:
+        running.stop()
+        runtime.stop(0)
+    with_deadline, without, _, newer_call = seen
+    assert 5 < float(with_deadline["remaining"]) <= 7.05  # type: ignore[arg-type]
+    assert with_deadline["metadata"]["traceparent"] == "00-abc-def-01"  # type: ignore[index]
+    assert with_deadline["body"] == b"\x0a\x02hi"  # the bytes, untouched
+    assert float(without["remaining"]) > 1e8  # type: ignore[arg-type]  # no deadline added by nginx
+    assert newer_call["body"] == b"new"
