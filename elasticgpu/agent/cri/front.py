@@ -221,7 +221,8 @@ _PR_SET_PDEATHSIG = 1
 
 def _die_with_agent() -> None:
     # nginx is killed when the agent dies, even by SIGKILL: a restarted agent starts its own, and
-    # two fronts would route to one hook socket.
+    # two fronts would route to one hook socket. (Linux sends it when the *thread* that started
+    # nginx ends: in the agent that is the CRI hook's thread, which lives as long as the agent.)
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
 
