@@ -151,7 +151,12 @@ if [ "${1:-}" = "__build" ]; then
   done
   "$out.tmp/root/usr/bin/containerd" --version >/dev/null
   "$out.tmp/root/usr/sbin/runc" --version >/dev/null
-  "$out.tmp/root/usr/sbin/nginx" -V 2>&1 | grep -q -- --with-http_v2_module
+  # Captured first: `nginx -V | grep -q` could end nginx with SIGPIPE, a failure under pipefail.
+  nginx_built=$("$out.tmp/root/usr/sbin/nginx" -V 2>&1)
+  case "$nginx_built" in
+  *--with-http_v2_module*) ;;
+  *) echo "nginx from Debian has no http_v2 module: $nginx_built" >&2 && exit 1 ;;
+  esac
   build_image "$out.tmp/root" "$out.tmp/image.tar"
   {
     echo "# elasticgpu test runtime build $key ($(date -u +%Y-%m-%dT%H:%M:%SZ)) mirror=$MIRROR"
