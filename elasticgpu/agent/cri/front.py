@@ -31,17 +31,16 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import logging
 import os
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,20 +210,31 @@ def find_nginx(name: str) -> str | None:
     return found
 
 
-_prctl: Callable[..., int] | None
-try:  # resolved before any fork: the child only calls it (nothing to load or lock after fork)
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    _prctl = None
-_PR_SET_PDEATHSIG = 1
+_death_signal: list[str] | None = None  # the command prefix found by _with_agent_death, once
 
 
-def _die_with_agent() -> None:
-    # nginx is killed when the agent dies, even by SIGKILL: a restarted agent starts its own, and
-    # two fronts would route to one hook socket. (Linux sends it when the *thread* that started
-    # nginx ends: in the agent that is the CRI hook's thread, which lives as long as the agent.)
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+def _with_agent_death() -> list[str]:
+    """`setpriv --pdeathsig KILL --` when it works here, else nothing.
+
+    nginx should die with the agent, even by SIGKILL: a restarted agent starts its own, and an old
+    one would keep kubelet's connection. Linux does that for a child that asks (PR_SET_PDEATHSIG,
+    sent when the *thread* that started it ends: the CRI hook's thread, which lives as long as
+    the agent). Asking from Python needs a preexec_fn, so a plain fork in a process full of grpc
+    threads: grpc's fork handlers then run in the child and abort it now and then (seen: nginx
+    exited -6, "epoll_wait error: Bad file descriptor"). util-linux's setpriv asks and execs nginx,
+    and Popen spawns it without Python code in the child. Without setpriv (not in the image) the
+    pid file catches what a killed agent left (`_kill_left_over`)."""
+    global _death_signal
+    if _death_signal is None:
+        found = shutil.which("setpriv")
+        command = [found, "--pdeathsig", "KILL", "--"] if found else []
+        try:  # an old setpriv (before util-linux 2.33) has no --pdeathsig
+            done = subprocess.run([*command, "true"], capture_output=True, timeout=10) if command else None
+            works = done is not None and done.returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            works = False
+        _death_signal = command if works else []
+    return _death_signal
 
 
 class NginxFront:
@@ -254,17 +264,18 @@ class NginxFront:
         for folder in (s.state_dir, self.bind.parent):
             folder.mkdir(parents=True, exist_ok=True)
             os.chmod(folder, 0o700)
+        conf = s.state_dir / "nginx.conf"
+        self._kill_left_over(conf)
         with contextlib.suppress(FileNotFoundError):
             self.bind.unlink()  # left by an nginx that was killed
-        conf = s.state_dir / "nginx.conf"
         tmp = conf.with_suffix(".tmp")
         tmp.write_text(config)
         os.replace(tmp, conf)
         try:
+            # No preexec_fn (see _with_agent_death): Popen spawns without running Python in the child.
             self._process = subprocess.Popen(
-                [s.nginx, "-e", "stderr", "-p", f"{s.state_dir}/", "-c", str(conf)],
+                [*_with_agent_death(), s.nginx, "-e", "stderr", "-p", f"{s.state_dir}/", "-c", str(conf)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                preexec_fn=_die_with_agent,
             )  # fmt: skip
         except OSError as e:
             raise FrontError(f"cannot run nginx {s.nginx!r} ({e}); install nginx or set --cri-nginx") from None
@@ -287,6 +298,28 @@ class NginxFront:
             raise
         log.info("CRI front: nginx (pid %d) listens on %s", self._process.pid, s.listen)
 
+    def _kill_left_over(self, conf: Path) -> None:
+        """SIGKILL an nginx of this front that outlived its agent (its pid file names it, and it
+        runs our config file): it would keep serving kubelet's open connection."""
+        try:
+            pid = int((self.settings.state_dir / "nginx.pid").read_text().strip())
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            return
+        if str(conf).encode() not in command:
+            return  # the pid now belongs to another process
+        log.warning("killing nginx (pid %d) left running by an earlier agent with %s", pid, conf)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + self.settings.stop_timeout_s
+        while time.monotonic() < deadline:
+            try:  # gone, or a zombie (its sockets are closed then)
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+            except (OSError, IndexError):
+                return
+            time.sleep(0.01)
+
     def _wait_listening(self) -> None:
         assert self._process is not None
         deadline = time.monotonic() + self.settings.start_timeout_s
@@ -299,15 +332,24 @@ class NginxFront:
                     f"nginx {self.settings.nginx} exited with code {code} at start: "
                     + (" | ".join(self._lines) or "no output")
                 )
-            with contextlib.suppress(FileNotFoundError):
-                if stat.S_ISSOCK(os.lstat(self.bind).st_mode):
-                    return  # bound and listening: nginx listens right after bind, before its loop
+            if self._listening():
+                return
             if time.monotonic() > deadline:
                 raise FrontError(
                     f"nginx did not listen on {self.bind} within {self.settings.start_timeout_s:g} s: "
                     + (" | ".join(self._lines) or "no output")
                 )
             time.sleep(0.01)
+
+    def _listening(self) -> bool:
+        # nginx binds, then makes the socket 0666, then listens: a connect that succeeds comes after
+        # its chmod, so ours (0600) is not undone. (Seen: the file's mere existence was too early.)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(self.bind))
+            except OSError:
+                return False
+        return True
 
     def _read_log(self, process: subprocess.Popen[bytes]) -> None:
         """nginx's error log (its stderr) into ours, line by line, until it exits. An upstream

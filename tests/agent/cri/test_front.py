@@ -514,3 +514,24 @@ def test_deadline_metadata_and_status_pass_both_ways(nginx: str, tmp_path: Path)
     assert with_deadline["body"] == b"\x0a\x02hi"  # the bytes, untouched
     assert float(without["remaining"]) > 1e8  # type: ignore[arg-type]  # no deadline added by nginx
     assert newer_call["body"] == b"new"
+
+
+def test_an_nginx_left_by_a_killed_agent_is_killed_at_the_next_start(containerd: TestRuntime, nginx: str) -> None:
+    """Where nginx outlived its agent (no setpriv to tie it to the agent), the next start finds it by
+    its pid file and config and kills it: it would keep serving kubelet's open connection."""
+    settings = settings_for(containerd, nginx)
+    left = front.NginxFront(settings)
+    left.start()
+    old = left.pid
+    assert old is not None
+    again = front.NginxFront(settings)  # the restarted agent's, knowing nothing of `left`
+    again.start()
+    try:
+        assert left.exit_code() == -9  # killed (and reaped here: it was this process's child)
+        assert again.alive() and again.pid != old
+        with client(settings.listen) as k, pytest.raises(grpc.RpcError) as answered:
+            k.runtime.CreateContainer(k.pb.CreateContainerRequest(), timeout=5)
+        assert answered.value.code() == grpc.StatusCode.UNAVAILABLE  # from the new nginx: no hook behind it
+    finally:
+        again.stop()
+        left.stop()
