@@ -120,8 +120,8 @@ def nginx_front(tmp: Path, runtime: Path, hook: Path, nginx: str | None) -> Iter
     if binary is None:
         yield None
         return
-    settings = front.FrontSettings(listen=tmp / "front.sock", runtime=str(runtime), hook=hook,
-                                   state_dir=tmp / "front", nginx=binary)  # fmt: skip
+    settings = front.FrontSettings(listen=tmp / "front.sock", runtime=str(runtime), hook=hook, state_dir=tmp / "front",
+                                   nginx=binary, nginx_version=front.nginx_version(binary))  # fmt: skip
     running = front.NginxFront(settings)
     running.start()
     try:

@@ -60,7 +60,7 @@ def _front_settings(cri: CriSettings) -> front.FrontSettings | None:
         return None
     state = Path(cri.cri_front_dir)
     return front.FrontSettings(listen=Path(cri.cri_listen), runtime=cri.cri_upstream, hook=state / "hook.sock",
-                               state_dir=state, nginx=binary)  # fmt: skip
+                               state_dir=state, nginx=binary, nginx_version=front.nginx_version(binary))  # fmt: skip
 
 
 def hook_settings(cri: CriSettings) -> supervising.HookSettings:

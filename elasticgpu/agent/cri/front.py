@@ -85,6 +85,8 @@ class FrontSettings:
     """nginx's config, pid file and temp folders (made at start, mode 0700)."""
     nginx: str = "nginx"
     """The nginx binary (1.22 or newer, with the http_v2 and grpc modules: Debian's `nginx`)."""
+    nginx_version: tuple[int, ...] = (1, 22, 1)
+    """Its version (`nginx_version`): from 1.25.1 HTTP/2 is `http2 on;`, the listen parameter deprecated."""
     stream_timeout_s: int = 7 * 86400
     """Seconds nginx waits for the next bytes of a call either way before it cuts it. A week:
     a GetContainerEvents stream is quiet for as long as no container changes. (nginx's timers
@@ -150,6 +152,10 @@ def render_config(settings: FrontSettings, *, bind: Path) -> str:
             f'      return 200 "";\n    }}\n'
         )
 
+    if settings.nginx_version >= (1, 25, 1):
+        listen_http2 = f"    listen unix:{listen};\n    http2 on;\n"
+    else:  # before 1.25.1 HTTP/2 is a parameter of listen
+        listen_http2 = f"    listen unix:{listen} http2;\n"
     hooked = "".join(
         f"    location = {method} {{\n      grpc_pass grpc://hook;\n      error_page 502 504 = @hook_down;\n    }}\n"
         for method in sorted(HOOKED_METHODS)
@@ -178,7 +184,7 @@ def render_config(settings: FrontSettings, *, bind: Path) -> str:
         + upstream("runtime", runtime)
         + upstream("hook", hook)
         + "  server {\n"
-        f"    listen unix:{listen} http2;\n"
+        + listen_http2
         + hooked
         + "    location / {\n      grpc_pass grpc://runtime;\n      error_page 502 504 = @runtime_down;\n    }\n"
         + unavailable(
@@ -208,6 +214,16 @@ def find_nginx(name: str) -> str | None:
     if done.returncode != 0 or "--with-http_v2_module" not in built or "--without-http_grpc_module" in built:
         return None
     return found
+
+
+def nginx_version(binary: str) -> tuple[int, ...]:
+    """The version of an nginx binary (`nginx -v`), e.g. (1, 22, 1); (0,) if it does not say."""
+    try:
+        done = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return (0,)
+    found = re.search(r"nginx/(\d+(?:\.\d+)*)", done.stderr + done.stdout)
+    return tuple(int(part) for part in found.group(1).split(".")) if found else (0,)
 
 
 _death_signal: list[str] | None = None  # the command prefix found by _with_agent_death, once

@@ -43,11 +43,15 @@ def settings_for(containerd: TestRuntime, nginx: str) -> front.FrontSettings:
     tag = uuid.uuid4().hex[:8]
     state = containerd.directory / f"front-{tag}"
     return front.FrontSettings(listen=containerd.directory / f"cri-{tag}.sock", runtime=str(containerd.socket),
-                               hook=state / "hook.sock", state_dir=state, nginx=nginx)  # fmt: skip
+                               hook=state / "hook.sock", state_dir=state, nginx=nginx,
+                               nginx_version=front.nginx_version(nginx))  # fmt: skip
 
 
 @pytest.fixture
 def nginx(containerd: TestRuntime) -> str:
+    """The test runtime's nginx (bookworm's 1.22), or ELASTICGPU_TEST_NGINX (e.g. trixie's 1.26)."""
+    if other := os.environ.get("ELASTICGPU_TEST_NGINX"):
+        return other
     if containerd.nginx is None:
         pytest.skip("the test runtime was built before it had nginx: run `bash testruntime/build.sh`")
     return str(containerd.nginx)
@@ -104,6 +108,9 @@ def test_the_config_routes_the_hooked_methods_to_the_proxy_and_everything_else_t
                  "client_body_temp_path /run/eg/front/body;"):  # fmt: skip
         assert line in text, line
     assert "\nuser " not in text
+    # nginx 1.25.1 moved HTTP/2 from a listen parameter to its own directive (the old form warns).
+    newer = front.render_config(replace(settings, nginx_version=(1, 25, 1)), bind=Path("/run/b.sock"))
+    assert "    listen unix:/run/b.sock;\n    http2 on;\n" in newer and " http2;" not in newer
     assert text.count("add_header grpc-status 14 always;") == 2
     assert "the container runtime at /run/containerd/containerd.sock did not answer" in text
     assert "the agent's CRI hook at /run/eg/front/hook.sock did not answer" in text
@@ -117,7 +124,8 @@ def test_the_config_routes_the_hooked_methods_to_the_proxy_and_everything_else_t
 
 def test_nginx_accepts_the_config(nginx: str, tmp_path: Path) -> None:
     settings = front.FrontSettings(listen=tmp_path / "cri.sock", runtime=str(tmp_path / "rt.sock"),
-                                   hook=tmp_path / "hook.sock", state_dir=tmp_path, nginx=nginx)  # fmt: skip
+                                   hook=tmp_path / "hook.sock", state_dir=tmp_path, nginx=nginx,
+                                   nginx_version=front.nginx_version(nginx))  # fmt: skip
     (tmp_path / "nginx.conf").write_text(front.render_config(settings, bind=tmp_path / "bind.sock"))
     done = subprocess.run([nginx, "-e", "stderr", "-t", "-p", f"{tmp_path}/", "-c", str(tmp_path / "nginx.conf")],
                           capture_output=True, text=True, timeout=30)  # fmt: skip
@@ -141,7 +149,8 @@ def _serve_as_nobody(nginx: str, tmp_path: Path) -> None:
     state.mkdir(mode=0o777)
     state.chmod(0o777)
     settings = front.FrontSettings(listen=tmp_path / "cri.sock", runtime=str(tmp_path / "rt.sock"),
-                                   hook=tmp_path / "hook.sock", state_dir=state, nginx=nginx)  # fmt: skip
+                                   hook=tmp_path / "hook.sock", state_dir=state, nginx=nginx,
+                                   nginx_version=front.nginx_version(nginx))  # fmt: skip
     (tmp_path / "nginx.conf").write_text(front.render_config(settings, bind=tmp_path / "bind.sock"))
     command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", nginx, "-e", "stderr",
                "-p", f"{state}/", "-c", str(tmp_path / "nginx.conf")]  # fmt: skip
@@ -176,6 +185,7 @@ def test_the_flags_choose_the_front(nginx: str, tmp_path: Path) -> None:
     base = CriSettings(cri_listen=str(tmp_path / "cri.sock"), cri_front_dir=str(tmp_path / "front"))
     chosen = running.hook_settings(replace(base, cri_front="nginx", cri_nginx=nginx))
     assert chosen.front is not None and chosen.front.nginx == nginx and chosen.front.listen == tmp_path / "cri.sock"
+    assert chosen.front.nginx_version == front.nginx_version(nginx) >= (1, 22)
     assert chosen.proxy.listen == chosen.front.hook == tmp_path / "front" / "hook.sock"  # the proxy behind it
     assert running.hook_settings(replace(base, cri_front="auto", cri_nginx=nginx)).front == chosen.front
     for alone in (replace(base, cri_front="none", cri_nginx=nginx),
@@ -488,7 +498,8 @@ def test_deadline_metadata_and_status_pass_both_ways(nginx: str, tmp_path: Path)
     runtime.add_insecure_port(f"unix://{tmp_path / 'rt.sock'}")
     runtime.start()
     settings = front.FrontSettings(listen=tmp_path / "cri.sock", runtime=str(tmp_path / "rt.sock"),
-                                   hook=tmp_path / "hook.sock", state_dir=tmp_path / "front", nginx=nginx)  # fmt: skip
+                                   hook=tmp_path / "hook.sock", state_dir=tmp_path / "front", nginx=nginx,
+                                   nginx_version=front.nginx_version(nginx))  # fmt: skip
     running = front.NginxFront(settings)
     running.start()
     try:
