@@ -12,8 +12,12 @@ object of a kind:
   shared empty one that refuses changes;
 - `metadata.managedFields` (server-side apply bookkeeping, often larger than the rest of the
   object) is never read by the controller: `strip` drops it from a body before it is stored;
-- of a claim or an ElasticGPU, the picture keeps the model and only the head of the body
-  (`identity`: apiVersion, kind, metadata): spec and status would be a second copy of the model.
+- of a claim or an ElasticGPU in motion, the picture keeps the model and only the head of the
+  body (`identity`: apiVersion, kind, metadata): spec and status would be a second copy of the
+  model. One at rest (Bound) is kept as JSON instead, its model built when read (`records`);
+- an index of members by key where nearly every key has one member (the claims naming an
+  ElasticGPU, the GPUs holding a reservation) keeps a lone member bare, not in a one-element
+  set (`Index`, `index_add`, `index_discard`, `index_members`).
 
 All are invisible to the readers: a shared set compares, iterates and copies as the original
 (`model_copy` gets a mutable copy of its own), nothing reads `managedFields`, and the readers
