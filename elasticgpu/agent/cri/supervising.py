@@ -131,6 +131,7 @@ class CriHook:
         """The front serving now (None without one, or between a failure and its restart)."""
         self.front_starts = 0
         """Fronts started (1 + restarts), for tests and logs."""
+        self._front_started = 0.0
 
     def spec_problem(self) -> str | None:
         """Why claims cannot be given now on the spec's side (not written, last write failed), or None."""
@@ -148,7 +149,7 @@ class CriHook:
     # --- the loop ---
 
     def run(self, stop: threading.Event) -> None:
-        """Keep spec and proxy until `stop`, then stop the proxy. Never raises."""
+        """Keep spec, proxy and front until `stop`, then stop the front and the proxy. Never raises."""
         self._log_mode()
         try:
             while not stop.is_set():
@@ -169,8 +170,8 @@ class CriHook:
                         self._proxy_retry.failed(e, now)
                 if self.settings.front is not None and self._front_retry.due(now):
                     try:
-                        self._keep_front(self.settings.front)
-                        self._front_retry.succeeded()
+                        if self._keep_front(self.settings.front, now):
+                            self._front_retry.succeeded()
                     except Exception as e:
                         self._stop_front()
                         self._front_retry.failed(e, now)
@@ -226,21 +227,24 @@ class CriHook:
 
     # --- the front ---
 
-    def _keep_front(self, settings: front.FrontSettings) -> None:
+    def _keep_front(self, settings: front.FrontSettings, now: float) -> bool:
+        """Start nginx, or check the one running; True once it has served a longest backoff."""
         if self.front is not None:
             if self.front.alive() and self.front.socket_intact():
-                return
+                # Failures are forgotten only after a while up: an nginx that dies soon after
+                # each start is restarted at ever longer intervals, not every half second.
+                return now - self._front_started >= self.settings.backoff_s[1]
             code = self.front.exit_code()
             what = (f"exited (status {code})" if code is not None
                     else "lost its socket (removed or replaced)")  # fmt: skip
             self._stop_front()
-            # Raised, so the restart waits the backoff: an nginx that dies at once is not
-            # restarted in a tight loop.
+            # Raised, so the restart waits the backoff.
             raise front.FrontError(f"nginx {what}; kubelet cannot reach the runtime until it is restarted")
         started = front.NginxFront(settings)
         started.start()  # leaves nothing running when it fails
-        self.front = started
+        self.front, self._front_started = started, now
         self.front_starts += 1
+        return False
 
     def _stop_front(self) -> None:
         stopping, self.front = self.front, None

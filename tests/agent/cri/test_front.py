@@ -546,3 +546,34 @@ def test_an_nginx_left_by_a_killed_agent_is_killed_at_the_next_start(containerd:
     finally:
         again.stop()
         left.stop()
+
+
+def test_an_nginx_that_keeps_dying_is_restarted_ever_later(containerd: TestRuntime, nginx: str, tmp_path: Path) -> None:
+    fs = settings_for(containerd, nginx)
+    settings = supervising.HookSettings(
+        proxy=ProxySettings(listen=fs.hook, upstream=str(containerd.socket)),
+        front=fs, cdi_dir=tmp_path / "cdi", tick_s=0.02, backoff_s=(0.3, 5.0), grace_s=1,
+    )  # fmt: skip
+    ledger = store.LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
+    hook = supervising.CriHook(settings=settings, view=View(), ledger=ledger, cards=list, control_paths=list)
+    stop = threading.Event()
+    thread = threading.Thread(target=hook.run, args=(stop,), daemon=True)
+    thread.start()
+    gaps: list[float] = []
+    killed = 0.0
+    try:
+        for starts in (1, 2, 3, 4):
+            wait_for(f"start {starts}", lambda starts=starts: hook.front_starts == starts and hook.front, timeout=15)
+            if starts > 1:
+                gaps.append(time.monotonic() - killed)
+            if starts < 4:
+                pid = hook.front.pid if hook.front else None
+                assert pid is not None
+                os.kill(pid, 9)  # dies at once after each start
+                killed = time.monotonic()
+    finally:
+        stop.set()
+        thread.join(15)
+        ledger.close()
+    # Backoff 0.3, 0.6, 1.2 s: failures are not forgotten by a start, only after a while up.
+    assert gaps[0] < gaps[2] - 0.5, gaps
