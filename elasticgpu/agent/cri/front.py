@@ -1,7 +1,7 @@
 """The CRI front: nginx on kubelet's socket, routing each call by its gRPC method.
 
 A Python gRPC hop costs about 0.6 ms at p50 and 2-3 ms at p99 on a loaded node; nginx parses
-HTTP/2 in C and adds about 0.2 ms at p50, 0.3-0.9 ms at p99 (bench/cri_proxy.py, bench/README.md).
+HTTP/2 in C and adds about 0.2 ms at p50, 0.3-1.2 ms at p99 (bench/cri_proxy.py, bench/README.md).
 Only three methods need the agent, so only they take the Python hop:
 
     kubelet --unix, HTTP/2--> nginx (listen, mode 0600)
