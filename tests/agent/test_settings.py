@@ -64,5 +64,7 @@ def test_a_cdi_form_that_does_not_exist_is_refused_with_the_choices() -> None:
     with pytest.raises(errors.AgentError, match=r"--cdi-form / ELASTICGPU_AGENT_CDI_FORM='fields' is not a CDI "
                        r"request form; use one of field, annotation, both"):
         running.hook_settings(settings.CriSettings(cdi_form="fields"))
-    hook = running.hook_settings(settings.CriSettings(cdi_form="annotation", cri_listen="/run/e.sock"))
+    # Without the nginx front (`auto` would pick it where nginx is on PATH) the proxy is on kubelet's socket.
+    alone = settings.CriSettings(cdi_form="annotation", cri_listen="/run/e.sock", cri_front="none")
+    hook = running.hook_settings(alone)
     assert hook.injection.cdi_form.value == "annotation" and str(hook.proxy.listen) == "/run/e.sock"
