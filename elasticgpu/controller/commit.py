@@ -208,10 +208,7 @@ class Commit:
                 return gpu_name, err
 
         committed: list[Planned] = []
-        # One card (every batch at a steady rate): its write on this thread, which waits for it
-        # anyway; a hand-off to the pool would only add two thread switches.
-        answers = [put(gpu_name) for gpu_name in batch] if len(batch) == 1 else self._pool.map(put, list(batch))
-        for gpu_name, answer in answers:
+        for gpu_name, answer in self._pool.map(put, list(batch)):
             planned = batch[gpu_name]
             if isinstance(answer, Exception):
                 logger.debug("batched reservation on %s not committed, re-planning: %s", gpu_name, answer)

@@ -53,8 +53,6 @@ class ControllerMetrics:
                                  registry=self.registry)
         self.sync_seconds = Histogram("elasticgpu_sync_duration_seconds", "Seconds one sync of one key took.",
                                       ["kind", "outcome"], buckets=SYNC_BUCKETS, registry=self.registry)
-        self._sync_children: dict[tuple[str, str], Histogram] = {}
-        """`sync_seconds` by (kind, outcome), as `labels()` returned it."""
         self.leader = Gauge("elasticgpu_leader", "1 while this process holds the leader Lease, else 0.",
                             registry=self.registry)
 
@@ -82,10 +80,7 @@ class ControllerMetrics:
     def observe_sync(self, *, kind: str, seconds: float, outcome: str = "ok") -> None:
         """One sync of a key of `kind` ("claim", "elasticgpu", ...) that took `seconds`;
         `outcome` "ok", "requeued" or "error"."""
-        child = self._sync_children.get((kind, outcome))
-        if child is None:  # `labels()` takes a lock and builds its key on every call: once per pair
-            child = self._sync_children[(kind, outcome)] = self.sync_seconds.labels(kind=kind, outcome=outcome)
-        child.observe(seconds)
+        self.sync_seconds.labels(kind=kind, outcome=outcome).observe(seconds)
 
     def watch_queue(self, depth: Callable[[], float]) -> None:
         """Read the queue depth from `depth()` at each scrape (no bookkeeping on the hot path)."""

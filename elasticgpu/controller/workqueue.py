@@ -183,15 +183,9 @@ class WorkQueue:
         return keys
 
     def add_all(self, keys: Iterable[Key]) -> None:
-        """Queue each of `keys` now, in order: under one lock and with one wake-up (a watch event
-        queues several keys at once, and each wake-up of the worker is a thread switch)."""
-        keys = list(keys)  # taken before the lock: an iterable that reads the picture takes its lock
-        if not keys:
-            return
-        with self._cond:
-            for key in keys:
-                self._push(key, background=False)
-            self._cond.notify()
+        """Queue each of `keys` now, in order."""
+        for key in keys:
+            self.add(key)
 
     def __len__(self) -> int:
         with self._cond:
