@@ -4,7 +4,8 @@ Every `ResyncSettings.interval_s` every claim and ElasticGPU is queued again on 
 background lane (behind the keys events queued); every `relist_interval_s` fresh lists are
 merged into the picture first (what repairs a deletion no watch delivered). Reservations whose
 ElasticGPU does not exist, older than the grace period, are freed after a live read confirms
-the ElasticGPU is gone (`resync.find_orphans` decides which).
+the ElasticGPU is gone (`resync.find_orphans` decides which), unless their claim is still
+binding (`resync.still_binding`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class Repair:
             orphans = resync.find_orphans(self.picture.ledger, elastic_gpus=set(self.picture.elastic_gpus()),
                                           now=datetime.now(UTC), grace_s=self.settings.orphan_grace_s)
         for orphan in orphans:
+            if resync.still_binding(orphan, self.picture.claim):
+                logger.debug("reservation %s has no ElasticGPU yet; its claim is still binding", orphan.key)
+                continue
             try:
                 self.kube.get_elastic_gpu(orphan.key)
                 continue  # it exists after all (created since the list)

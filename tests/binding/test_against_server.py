@@ -214,6 +214,32 @@ def test_orphan_reservation_is_freed_after_the_grace(cluster: Cluster, kube: Kub
     assert _allocations(kube, gpus[0]) == []
 
 
+def test_a_reservation_whose_claim_is_still_binding_is_not_an_orphan(cluster: Cluster, kube: KubeApi) -> None:
+    # The commit point passed, the ElasticGPU's create failed (API errors, then backoff longer
+    # than the grace): the resync must leave the reservation to the claim's own sync. Freeing it
+    # (as it did) let that sync create the ElasticGPU right after, with no reservation under it.
+    gpus, class_name = _setup(cluster)
+    created = cluster.claim(o.claim("slow", cores=30, memory="10Gi", class_name=class_name))
+    egpu_name = names.elastic_gpu_name_for_claim(created["metadata"]["uid"])
+    claim_ref = {"namespace": cluster.namespace, "name": "slow", "uid": created["metadata"]["uid"]}
+    body = kube.get_gpu(gpus[0])
+    body["status"] = {"allocations": [
+        {"elasticGPU": egpu_name, "claimRef": claim_ref, "cores": 30, "memory": 10240, "exclusive": False,
+         "reservedAt": "2026-01-01T00:00:00Z"},
+        {"elasticGPU": f"egpu-{cluster.prefix}-gone", "cores": 10, "memory": 10, "exclusive": False,
+         "claimRef": {"namespace": cluster.namespace, "name": "gone", "uid": "no-such-uid"},
+         "reservedAt": "2026-01-01T00:00:00Z"},
+    ]}  # fmt: skip
+    kube.replace_gpu_status(body)
+    controller = new_controller(kube, cluster.namespace, grace_s=0.0)
+    controller.rebuild()  # the picture, no sync yet: as when the claim's retry is backed off
+    controller.resync(relist=False)
+    assert [a["elasticGPU"] for a in _allocations(kube, gpus[0])] == [egpu_name]  # the claim's kept
+    settle(controller)
+    assert cluster.get_claim("slow")["status"]["phase"] == "Bound"
+    assert [a["elasticGPU"] for a in _allocations(kube, gpus[0])] == [egpu_name]
+
+
 def test_two_controllers_never_oversubscribe(cluster: Cluster, kube: KubeApi) -> None:
     gpus, class_name = _setup(cluster)
     first = new_controller(kube, cluster.namespace)
