@@ -38,7 +38,7 @@ from elasticgpu.agent.discovery import Card, DiscoveryBackend, Snapshot
 from elasticgpu.agent.health import CardHealth, HealthTracker
 from elasticgpu.agent.kube import AgentKube
 from elasticgpu.agent.settings import InventorySettings
-from elasticgpu.api import names, printing
+from elasticgpu.api import names, printing, timestamps
 
 logger = logging.getLogger(__name__)
 
@@ -60,14 +60,8 @@ def rfc3339(seconds: float) -> str:
     return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def parse_rfc3339(text: str | None) -> float | None:
-    """RFC 3339 text as seconds since the epoch; None when absent or unreadable."""
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+parse_rfc3339 = timestamps.epoch_seconds
+"""RFC 3339 text as seconds since the epoch; None when absent or unreadable."""
 
 
 def label_value(text: str) -> str:

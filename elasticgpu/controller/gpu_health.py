@@ -29,10 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from elasticgpu.api import GPU
+from elasticgpu.api import GPU, timestamps
 
 HEARTBEAT = "Heartbeat"
 HEALTHY = "Healthy"
@@ -71,7 +70,7 @@ def heartbeat_at(gpu: GPU) -> float | None:
     (or an unreadable one: taken as none, so a GPU written by another tool is never refused)."""
     for condition in gpu.status.conditions:
         if condition.type == HEARTBEAT:
-            return _seconds(condition.last_transition_time)
+            return timestamps.epoch_seconds(condition.last_transition_time)
     return None
 
 
@@ -154,10 +153,3 @@ def failed_card(cards: Iterable[str], gpus: Callable[[str], GPU | None]) -> Fail
     return None
 
 
-def _seconds(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None

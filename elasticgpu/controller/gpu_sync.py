@@ -84,16 +84,9 @@ class GPUSync:
         fresh = {**copy.copy(body), "status": status}
         try:
             answer = self.kube.replace_gpu_status(fresh)
-        except errors.NotFound:
-            # Gone only if a read agrees (a write's 404 is not proof); else the retry writes again.
-            try:
-                self.picture.gpu_written(self.kube.get_gpu(name))
-            except errors.NotFound:
-                self.picture.forget_gpu(name)
-                return
-            raise
-        except errors.Conflict:
-            # The agent (a heartbeat) or a reservation wrote the card since: read it again; the
+        except (errors.NotFound, errors.Conflict):
+            # 404: gone only if a read agrees (a write's 404 is not proof); 409: the agent (a
+            # heartbeat) or a reservation wrote the card since. Either way read it again; the
             # retry decides from what it finds (a renewed heartbeat needs no write at all).
             try:
                 self.picture.gpu_written(self.kube.get_gpu(name))

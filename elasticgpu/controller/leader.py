@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from elasticgpu.api import timestamps
 from elasticgpu.controller import errors
 
 __all__ = ["KubernetesLeases", "LeaderElector", "LeaderSettings", "LeaseClient", "default_identity"]
@@ -167,13 +168,6 @@ def _micro_time(at: float) -> str:
     return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 class LeaderElector:
@@ -242,7 +236,7 @@ class LeaderElector:
             # The holder wrote after our previous read of the old record (or, on the first read,
             # at most one lease ago) and before this read answered.
             earliest = self._seen_at if self._seen is not None else now - duration
-            renewed = _parse_time(record[2])
+            renewed = timestamps.epoch_seconds(record[2])
             estimate = now - (time.time() - renewed) if renewed is not None else now
             self._changed_at = min(max(estimate, earliest), now)
             self._seen = record

@@ -28,7 +28,7 @@ from elasticgpu.allocator import (
     ReservationConflict,
     Unplaceable,
 )
-from elasticgpu.api import GPU, GPUAllocation, ObjectReference, allocatable_summary, format_memory, names
+from elasticgpu.api import GPU, GPUAllocation, ObjectReference, allocatable_summary, format_memory, names, timestamps
 from elasticgpu.controller import compact, versions
 
 logger = logging.getLogger(__name__)
@@ -49,14 +49,8 @@ def now_rfc3339() -> str:
 _last_stamp: list[tuple[int, str]] = [(0, "")]
 
 
-def parse_time(value: str | None) -> datetime | None:
-    """An RFC 3339 timestamp, or None when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
+parse_time = timestamps.parse
+"""An RFC 3339 timestamp, or None when absent or unreadable."""
 
 
 class Ledger:
