@@ -30,7 +30,9 @@ def test_card_metrics_in_base_units(
         wanted = [("elasticgpu_agent_gpu_healthy", (("gpu", card1),)),
                   ("elasticgpu_agent_gpu_allocated_cores_ratio", (("gpu", card0),)),  # once its object is seen
                   ("elasticgpu_agent_gpu_memory_used_bytes", (("gpu", card0),))]  # after the first usage pass
-        return metrics if all(key in metrics for key in wanted) else None
+        # Both cards' objects applied (the first scrape may fall between the two applies).
+        applied = metrics.get(("elasticgpu_agent_api_writes_total", (("write", "gpu_apply"),)), 0) >= 2
+        return metrics if applied and all(key in metrics for key in wanted) else None
 
     metrics = wait_for("the metrics endpoint", ready, timeout=30)
     key = ("elasticgpu_agent_gpu_memory_total_bytes", (("gpu", card0), ("index", "0"),
