@@ -175,8 +175,8 @@ class Commit:
             if not isinstance(decision, binder.Provision) or decision.request.cards > 1:
                 return None
             egpu_name = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
-            if picture.ledger.held(egpu_name) is not None:
-                return None
+            if picture.ledger.held(egpu_name) is not None or egpu_name in picture.ledger.inventory.reservations:
+                return None  # held, or its last tentative reservation is still being undone
             request = PlacementRequest(gpu=decision.request, models=decision.parameters.gpu_model,
                                        node_selector=decision.parameters.node_selector)
             result = picture.ledger.place(request, policy=decision.parameters.policy)
@@ -214,7 +214,7 @@ class Commit:
                 logger.debug("batched reservation on %s not committed, re-planning: %s", gpu_name, answer)
                 with self.picture.lock:
                     for entry in planned:
-                        ledger.inventory.release(entry.egpu_name)
+                        ledger.drop_tentative(entry.egpu_name)
                 if isinstance(answer, errors.Conflict | errors.Rejected):
                     self.refresh_gpu(gpu_name)
                 for entry in planned:

@@ -94,8 +94,25 @@ class Ledger:
         return self._uuid_to_name.get(uuid, names.gpu_object_name(uuid))
 
     def held(self, key: str) -> Placement | None:
-        """What the GPUs hold for ElasticGPU `key`, or None."""
-        return self.inventory.reservations.get(key)
+        """What the GPU objects hold for ElasticGPU `key`, or None.
+
+        Read from the objects, not from the inventory: the inventory also carries a batch's
+        tentative reservations and may briefly disagree with the objects; a decision that
+        frees or fails capacity must rest on what the server holds."""
+        return self._placement_in_gpus(key)
+
+    def _placement_in_gpus(self, key: str) -> Placement | None:
+        shares: list[CardShare] = []
+        node = ""
+        for gpu_name in self._gpus_holding(key):
+            allocation = self.allocation(gpu_name, key)
+            if allocation is None:
+                continue
+            model = self._models[gpu_name]
+            node = model.spec.node_name
+            shares.append(CardShare(uuid=model.spec.uuid, cores=allocation.cores, memory_mib=allocation.memory,
+                                    whole=allocation.exclusive))
+        return Placement(node=node, cards=tuple(shares)) if shares else None
 
     def allocation(self, gpu_name: str, key: str) -> GPUAllocation | None:
         """The allocation of `key` on one GPU, or None."""
@@ -219,23 +236,7 @@ class Ledger:
     def _resync_keys(self, keys: Iterable[str]) -> None:
         """Make the inventory's reservation of each key equal what the GPUs hold for it."""
         for key in keys:
-            shares: list[CardShare] = []
-            node = ""
-            for gpu_name in self._gpus_holding(key):
-                model = self._models[gpu_name]
-                allocation = self.allocation(gpu_name, key)
-                if allocation is None:
-                    continue
-                node = model.spec.node_name
-                shares.append(
-                    CardShare(
-                        uuid=model.spec.uuid,
-                        cores=allocation.cores,
-                        memory_mib=allocation.memory,
-                        whole=allocation.exclusive,
-                    )
-                )
-            wanted = Placement(node=node, cards=tuple(shares)) if shares else None
+            wanted = self._placement_in_gpus(key)
             if self.inventory.reservations.get(key) == wanted:
                 continue
             self.inventory.release(key)
@@ -248,6 +249,18 @@ class Ledger:
                 # cards of one key disagree in our picture for a moment (a multi-card write in
                 # flight). The next event of those cards settles it.
                 logger.debug("reservation not mirrored yet", extra={"key": key, "error": str(err)})
+
+    def drop_tentative(self, key: str) -> None:
+        """Undo a tentative reservation (a batch's write of it failed): the inventory goes back
+        to what the GPU objects hold for `key`, which may be that very reservation when the
+        write was applied and only its answer was lost (its watch event arrived first)."""
+        tentative = self.inventory.release(key)
+        keys = {key}
+        for share in tentative.cards if tentative is not None else ():
+            # The tentative share may have kept a reservation the objects hold from being
+            # mirrored on that card (`_resync_keys` refuses what does not fit): mirror it now.
+            keys |= self._keys_on.get(self._uuid_to_name.get(share.uuid, ""), set())
+        self._resync_keys(sorted(keys))
 
     def _gpus_holding(self, key: str) -> list[str]:
         return sorted(compact.index_members(self._holders, key))
