@@ -5,6 +5,8 @@ Threads, each a loop that never dies (failures are logged and retried with backo
 - health: waits for XID events and wakes inventory after a fatal one;
 - usage: samples per-process usage, attributes it to claims, writes claim status (rate-limited);
 - metrics: the /metrics endpoint (prometheus-client's HTTP server), read at scrape time;
+- systemd (under systemd only, service_manager.py): READY=1 once kubelet's socket serves, then
+  WATCHDOG=1 while every other loop is alive;
 - cri (unless --cri-proxy false): the CDI spec of the cards and the CRI proxy kubelet talks to,
   supervised (cri/supervising.py), with the claim view read from the API server on demand
   (cri/claim_view.py); with --cri-front nginx (or auto and nginx found) nginx serves kubelet's
@@ -18,10 +20,11 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from elasticgpu.agent import discovery, errors, health, inventory, kube, metrics, usage
+from elasticgpu.agent import discovery, errors, health, inventory, kube, metrics, service_manager, usage
 from elasticgpu.agent.cri import claim_view, front, injection, supervising
 from elasticgpu.agent.cri.proxy import ProxySettings
 from elasticgpu.agent.ledger.store import LedgerStore
@@ -84,6 +87,18 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
     )
 
 
+STUCK_AFTER_S = 60.0
+"""A CRI hook loop that has not gone round for this long is stuck: the watchdog is no longer pinged."""
+
+
+def _not_alive(threads: list[threading.Thread], hook: supervising.CriHook | None) -> str | None:
+    """What is dead or stuck among the agent's loops (their loops never end before the stop), or None."""
+    dead = [t.name for t in threads if t.name != "systemd" and not t.is_alive()]
+    if dead:
+        return f"the agent's {', '.join(dead)} loop(s) ended"
+    return hook.stuck(time.monotonic(), allowed_s=STUCK_AFTER_S) if hook is not None else None
+
+
 def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     """Run the agent until SIGTERM or SIGINT; returns the exit code. Raises `AgentError` for what the operator fixes."""
     logging.basicConfig(
@@ -130,6 +145,7 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     ]
     snapshot = backend.snapshot()
     publisher.snapshot = snapshot  # the CRI hook's first spec and view need the cards before inventory's first pass
+    hook: supervising.CriHook | None = None
     if cri_settings is not None:
         view = claim_view.ClaimView(
             kube=agent_kube, node_name=node, cards=lambda: publisher.snapshot.cards,
@@ -144,12 +160,20 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     logger.info("node %s: %d card(s) from the %s backend: %s", node, len(snapshot.cards), backend.name,
                 ", ".join(f"{c.index}:{c.uuid} {c.model} {c.memory_mib}MiB" for c in snapshot.cards))
     server = None
+    manager = service_manager.ServiceManager.from_environment()
     try:
         if settings.metrics.metrics_port:
             server = _serve_metrics(settings, metrics.Sources(
                 inventory=publisher, usage=sampler, health=tracker, ledger=ledger, kube=agent_kube))
         for thread in threads:
             thread.start()
+        if manager.enabled:
+            watched = hook
+            supervisor = threading.Thread(target=manager.run, args=(stop,), kwargs={
+                "ready": watched.not_serving if watched is not None else lambda: None,
+                "alive": lambda: _not_alive(threads, watched)}, name="systemd", daemon=True)
+            supervisor.start()
+            threads.append(supervisor)
         stop.wait()
         logger.info("stopping")
         for thread in threads:

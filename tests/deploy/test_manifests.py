@@ -78,6 +78,8 @@ def test_the_agent_unit_runs_the_agent_before_kubelet_and_never_gives_up() -> No
     unit = _unit()
     assert "kubelet.service" in unit["Unit"]["Before"].split()
     assert unit["Unit"]["StartLimitIntervalSec"] == "0" and unit["Service"]["Restart"] == "always"
+    # Ready means kubelet's socket serves (service_manager.py); a hung agent is restarted.
+    assert unit["Service"]["Type"] == "notify" and int(unit["Service"]["WatchdogSec"]) > 0
     # Wanted, never required, by kubelet: stopping the agent must not stop kubelet.
     assert "RequiredBy" not in unit["Install"] and "kubelet.service" in unit["Install"]["WantedBy"].split()
     # The command line is one the agent accepts (systemd's $$ is a literal $ for the shell).

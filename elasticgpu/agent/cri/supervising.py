@@ -132,10 +132,19 @@ class CriHook:
         self.front_starts = 0
         """Fronts started (1 + restarts), for tests and logs."""
         self._front_started = 0.0
+        self.last_tick = time.monotonic()
+        """When the loop last went round (the watchdog's sign that it is not stuck)."""
 
     def spec_problem(self) -> str | None:
         """Why claims cannot be given now on the spec's side (not written, last write failed), or None."""
         return self._spec_problem
+
+    def stuck(self, now: float, *, allowed_s: float) -> str | None:
+        """Why the loop looks stuck (no round for `allowed_s` seconds), or None."""
+        idle = now - self.last_tick
+        if idle > allowed_s:
+            return f"the CRI hook's loop has not gone round for {idle:.0f} s"
+        return None
 
     def not_serving(self) -> str | None:
         """Why kubelet's socket is not served now (readiness), or None when it is: the front
@@ -153,7 +162,7 @@ class CriHook:
         self._log_mode()
         try:
             while not stop.is_set():
-                now = time.monotonic()
+                now = self.last_tick = time.monotonic()
                 if self._spec_retry.due(now):
                     try:
                         self._keep_spec(now)

@@ -31,6 +31,7 @@ from elasticgpu.agent.ledger import store
 from elasticgpu.api import errors, names, pod_claims
 from tests.agent.conftest import wait_for
 from tests.agent.cri.kubelet import Kubelet, Pod
+from tests.agent.notify_listener import Listener, drain
 from tests.binding import objects as o
 from tests.containerd_runtime import REPO_ROOT, TestRuntime, die_with_parent, sandbox_config
 from tests.controller.relay import Relay
@@ -44,14 +45,15 @@ __all__ = ["kube", "pod_update_policies", "world"]  # fixtures
 class AgentProcess:
     """`python -m elasticgpu.agent run` with the simulated backend and the CRI proxy, restartable."""
 
-    def __init__(self, command: list[str], log: Path) -> None:
+    def __init__(self, command: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.command, self.log_path = command, log
+        self.env = {**os.environ, **env} if env else None
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with self.log_path.open("a") as log:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                            preexec_fn=die_with_parent)  # fmt: skip
+                                            env=self.env, preexec_fn=die_with_parent)  # fmt: skip
 
     def alive(self) -> bool:
         assert self.process is not None and self.process.poll() is None, self.log()
@@ -71,7 +73,7 @@ def agent_factory(kube_cluster: TestCluster, containerd: TestRuntime, proxy_sock
                   tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:  # fmt: skip
     made: list[AgentProcess] = []
 
-    def make(node: str, model: str, *extra: str) -> AgentProcess:
+    def make(node: str, model: str, *extra: str, env: dict[str, str] | None = None) -> AgentProcess:
         description = {"cards": [{"model": model, "memory": "80Gi", "numa": 0}]}
         (tmp_path / "sim.yaml").write_text(yaml.safe_dump(description))
         command = [
@@ -83,7 +85,7 @@ def agent_factory(kube_cluster: TestCluster, containerd: TestRuntime, proxy_sock
             "--cri-listen", str(proxy_socket), "--cri-upstream", str(containerd.socket),
             "--cdi-dir", str(containerd.cdi_dir), *extra,
         ]  # fmt: skip
-        agent = AgentProcess(command, tmp_path / "agent.log")
+        agent = AgentProcess(command, tmp_path / "agent.log", env)
         made.append(agent)
         agent.start()
         return agent
@@ -268,3 +270,27 @@ def test_without_the_api_server_only_claim_containers_wait(
         assert k.env(main)["NVIDIA_VISIBLE_DEVICES"] == uuid
         k.remove_pod(running)
     assert agent.alive() and "Traceback" not in agent.log()
+
+
+def test_under_systemd_ready_means_kubelet_s_socket_serves_and_the_watchdog_hears_from_it(
+    world: World, world_gpus: list[str], containerd: TestRuntime, proxy_socket: Path,
+    agent_factory: Callable[..., AgentProcess],
+) -> None:  # fmt: skip
+    """deploy/elasticgpu-agent.service is Type=notify with a watchdog, Before=kubelet: kubelet starts once
+    the agent says READY=1, so READY=1 must mean that kubelet's socket answers."""
+    node, model = world.node(f"{world.prefix}-a"), f"T{world.prefix}"
+    world_gpus.append(names.gpu_object_name(simulated.simulated_uuid(node, 0)))
+    listener = Listener(f"@elasticgpu-agent-test-{os.getpid()}-{time.monotonic_ns()}")  # abstract: no path limit
+    try:
+        agent = agent_factory(node, model, env={"NOTIFY_SOCKET": listener.address, "WATCHDOG_USEC": "1000000"})
+        listener.until("READY", timeout_s=60)
+        assert serving(proxy_socket), agent.log()
+        pings = [f for f in drain(listener, 3.0) if f.get("WATCHDOG") == "1"]
+        assert len(pings) >= 3, pings  # every half second while every loop runs
+        assert agent.process is not None
+        agent.process.send_signal(signal.SIGTERM)
+        assert listener.until("STOPPING", timeout_s=30)[-1]["STOPPING"] == "1"
+        assert agent.process.wait(30) == 0, agent.log()
+    finally:
+        listener.sock.close()
+    assert "Traceback" not in agent.log()
