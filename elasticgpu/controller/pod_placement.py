@@ -8,7 +8,8 @@ A pod whose claims wait for their first consumer needs one node that:
 2. has what the pod requests: allocatable minus the requests of the non-terminated pods on it,
    for CPU, memory and every other resource the node reports, and room for one more pod
    (`fits_resources`; the pod sync lists them for the one node it
-   checks, plus the pods it pinned there itself that the scheduler has not bound yet);
+   checks, plus the pods it pinned there itself that the scheduler has not bound yet), and may
+   join the pods there: host ports, required pod (anti-)affinity (`pod_neighbours`);
 3. can take all of the pod's claims at once (`propose`): the allocator places the largest claim
    among the candidates (its policy picks the node), then every claim is placed on that node in
    turn, each tentatively reserved so the next sees it, all released again before returning.

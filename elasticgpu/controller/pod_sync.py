@@ -43,7 +43,7 @@ from typing import Any
 from elasticgpu.allocator import PlacementRequest
 from elasticgpu.api import ElasticGPUClaim, names, pod_claims
 from elasticgpu.api.errors import InvalidPodClaims
-from elasticgpu.controller import binder, errors, inline_claims, pod_gate, pod_index, pod_placement
+from elasticgpu.controller import binder, errors, inline_claims, pod_gate, pod_index, pod_neighbours, pod_placement
 from elasticgpu.controller.claim_sync import ClaimSync
 from elasticgpu.controller.commit import Commit
 from elasticgpu.controller.events import NORMAL, WARNING, EventRecorder
@@ -390,13 +390,16 @@ class PodSync:
                 return pod_placement.explain(f"no node can take all of the pod's claims: {proposal.reason}"
                                              if candidates else "no node passes the pod's constraints", ruled_out)
             node = nodes.get(proposal.node)
-            if node is not None and pod_placement.allocatable(node) is not None:
+            if node is not None:
                 others = self.kube.list_pods_on_node(proposal.node)
                 with self.picture.lock:
                     others += self.picture.pods.pinned_to(proposal.node)
-                short = pod_placement.fits_resources(pod, node, others)
-                if short:
-                    ruled_out[proposal.node] = f"has too little room for the pod: {short}"
+                short = (pod_placement.fits_resources(pod, node, others)
+                         if pod_placement.allocatable(node) is not None else "")
+                why = f"has too little room for the pod: {short}" if short else pod_neighbours.fits_neighbours(
+                    pod, proposal.node, others)
+                if why:
+                    ruled_out[proposal.node] = why
                     candidates.discard(proposal.node)
                     continue
             return proposal.node, dict(proposal.placements)

@@ -60,9 +60,12 @@ class World(Cluster):
     def pod(self, name: str, *, claims: dict[str, str] | None = None, inline: dict[str, str] | None = None,
             cpu: str | None = None, memory: str | None = None, gated: bool = True, node_name: str | None = None,
             affinity_terms: list[dict[str, Any]] | None = None, tolerations: list[dict[str, Any]] | None = None,
-            containers: tuple[str, ...] = ("main", "side")) -> dict[str, Any]:
+            containers: tuple[str, ...] = ("main", "side"), labels: dict[str, str] | None = None,
+            pod_affinity: dict[str, Any] | None = None, host_port: int | None = None) -> dict[str, Any]:
         """A pod as the admission webhook leaves it: `claims` container -> claim name, `inline`
-        container -> inline request; gate and label set when it uses claims (`gated`)."""
+        container -> inline request; gate and label set when it uses claims (`gated`).
+        `pod_affinity`: the podAffinity / podAntiAffinity part of spec.affinity; `host_port`: one
+        on the first container."""
         annotations = {names.claim_annotation(c): v for c, v in (claims or {}).items()}
         annotations.update({names.inline_request_annotation(c): v for c, v in (inline or {}).items()})
         requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
@@ -71,9 +74,11 @@ class World(Cluster):
                             requests else {}} for i, c in enumerate(containers)],
             "terminationGracePeriodSeconds": 0,
         }
-        metadata: dict[str, Any] = {"name": name, "annotations": annotations}
+        metadata: dict[str, Any] = {"name": name, "annotations": annotations, "labels": dict(labels or {})}
+        if host_port is not None:
+            spec["containers"][0]["ports"] = [{"containerPort": host_port, "hostPort": host_port}]
         if annotations:
-            metadata["labels"] = {names.LABEL_USES_CLAIMS: "true"}
+            metadata["labels"][names.LABEL_USES_CLAIMS] = "true"
             if gated:
                 spec["schedulingGates"] = [{"name": "other.example/gate"}, {"name": names.SCHEDULING_GATE}]
         if node_name:
@@ -81,6 +86,8 @@ class World(Cluster):
         if affinity_terms is not None:
             spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": affinity_terms}}}
+        if pod_affinity:
+            spec.setdefault("affinity", {}).update(pod_affinity)
         if tolerations:
             spec["tolerations"] = tolerations
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

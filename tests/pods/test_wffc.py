@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from elasticgpu.api import names
+from elasticgpu.controller import pod_gate
 from tests.binding import objects as o
 from tests.pods.claim_world import World, controller_for, kube, settle, world
 
@@ -194,3 +195,56 @@ def test_crash_after_the_reservation_is_finished_on_its_node(world: World) -> No
     assert world.get_claim("x")["spec"]["elasticGPUName"] == egpu
     assert [a_["elasticGPU"] for a_ in _allocations(world, on_b)] == [egpu]  # no second reservation
     assert _pinned(world, "p") == b
+
+
+def test_replicas_that_must_not_share_a_node_are_placed_on_different_nodes(world: World) -> None:
+    """Two replicas with a required anti-affinity on kubernetes.io/hostname: binpack alone would
+    pin both to the fuller card's node, where the scheduler refuses the second for good."""
+    a, b = world.node(f"{world.prefix}-a"), world.node(f"{world.prefix}-b")
+    _gpu(world, a)
+    _gpu(world, b)
+    wffc = _wffc_class(world)
+    web = {"app": f"{world.prefix}-web"}
+    apart = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": web}, "topologyKey": "kubernetes.io/hostname"}]}}
+    controller = controller_for(world)
+    request = f"gpu-core=20,gpu-memory=1Gi,class={wffc}"
+    world.pod("web-1", inline={"main": request}, labels=web, pod_affinity=apart)
+    settle(controller)
+    first = _pinned(world, "web-1")
+    world.pod("web-2", inline={"main": request}, labels=web, pod_affinity=apart)
+    settle(controller)
+    second = _pinned(world, "web-2")
+    assert {first, second} == {a, b}
+    assert world.get_claim("web-2-main")["status"]["nodeName"] == second
+
+    # A third has nowhere to go: it stays gated and says which pod is in the way on each node.
+    world.pod("web-3", inline={"main": request}, labels=web, pod_affinity=apart)
+    settle(controller)
+    assert _pinned(world, "web-3") is None
+    conditions = world.get_pod("web-3")["status"]["conditions"]
+    condition = next(c for c in conditions if c["type"] == pod_gate.CONDITION_CLAIMS_READY)
+    assert condition["status"] == "False"
+    assert f"{world.namespace}/web-1" in condition["message"] and f"{world.namespace}/web-2" in condition["message"]
+
+
+def test_a_host_port_taken_on_a_node_rules_it_out(world: World) -> None:
+    a, b = world.node(f"{world.prefix}-a"), world.node(f"{world.prefix}-b")
+    _gpu(world, a)
+    _gpu(world, b)
+    wffc = _wffc_class(world)
+    world.pod("exporter", node_name=a, containers=("main",), host_port=9400)  # not ours: found by its nodeName
+    world.claim(o.claim("filler", cores=30, memory="1Gi", class_name=_fill_class(world, a)))
+    controller = controller_for(world)
+    settle(controller)
+    assert world.get_claim("filler")["status"]["nodeName"] == a  # a is binpack's first choice now
+    world.pod("p", inline={"main": f"gpu-core=20,gpu-memory=1Gi,class={wffc}"}, host_port=9400)
+    settle(controller)
+    assert _pinned(world, "p") == b
+
+
+def _fill_class(world: World, node: str) -> str:
+    name = f"{world.prefix}-fill"
+    world.klass(o.klass(name, parameters={"gpuModel": f"T{world.prefix}",
+                                          "nodeSelector": f"kubernetes.io/hostname={node}"}))
+    return name
