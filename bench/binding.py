@@ -38,7 +38,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,6 +45,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from first_seen import FirstSeen  # noqa: E402
 
 from elasticgpu.api import names  # noqa: E402
 
@@ -75,57 +77,14 @@ def _claim(name: str, namespace: str, class_name: str) -> dict[str, Any]:
                      "resources": {"requests": {names.RESOURCE_CORE: CORES, names.RESOURCE_MEMORY: MEMORY}}}}
 
 
-class BoundWatch:
-    """Watches the claims of a namespace; remembers when each was first seen Bound."""
+def bound_watch(kube: Any, namespace: str) -> FirstSeen:
+    """When each claim of the namespace was first seen Bound."""
+    path = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{namespace}/{names.PLURAL_CLAIM}"
 
-    def __init__(self, kube: Any, namespace: str) -> None:
-        self.kube, self.namespace = kube, namespace
-        self.bound: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    def bound(event: dict[str, Any]) -> bool:
+        return ((event.get("object") or {}).get("status") or {}).get("phase") == "Bound"
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        path = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{self.namespace}/{names.PLURAL_CLAIM}"
-        resource_version = ""
-        while not self._stop.is_set():
-            try:
-                if not resource_version:
-                    page = self.kube._call("GET", path, query={"limit": "1"})
-                    resource_version = page["metadata"]["resourceVersion"]
-                # Long: a reopened watch delays every Bound it would have seen in the meantime.
-                for event in self.kube.watch(path, resource_version=resource_version, timeout_s=900):
-                    obj = event.get("object") or {}
-                    resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
-                    if event.get("type") == "ERROR":
-                        resource_version = ""
-                        break
-                    if (obj.get("status") or {}).get("phase") == "Bound":
-                        now = time.monotonic()
-                        with self._cond:
-                            self.bound.setdefault(obj["metadata"]["name"], now)
-                            self._cond.notify_all()
-                    if self._stop.is_set():
-                        return
-            except Exception as err:  # the watch is re-opened at once; the bench must not die of one drop
-                print(f"  (watch re-opened: {err})", file=sys.stderr)
-                time.sleep(0.01)
-
-    def wait(self, wanted: list[str], timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while not all(n in self.bound for n in wanted):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.5))
-        return True
-
-    def stop(self) -> None:
-        self._stop.set()
+    return FirstSeen(kube, path, bound)
 
 
 def _rss_mib(pid: int) -> float:
@@ -182,7 +141,7 @@ def _writes(kube: Any) -> dict[str, float]:
     return counts
 
 
-def _offer_at(kube: Any, watch: BoundWatch, namespace: str, class_name: str, *, rate: float,
+def _offer_at(kube: Any, watch: FirstSeen, namespace: str, class_name: str, *, rate: float,
               seconds: float) -> dict[str, Any]:
     """Create claims at `rate`/s for `seconds`; created->Bound latency percentiles."""
     total = int(rate * seconds)
@@ -201,13 +160,13 @@ def _offer_at(kube: Any, watch: BoundWatch, namespace: str, class_name: str, *, 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(offer, range(total)))
     watch.wait(offered, 60)
-    latencies = sorted((watch.bound[n] - returned[n]) * 1000 for n in offered if n in watch.bound)
+    latencies = sorted((watch.seen[n] - returned[n]) * 1000 for n in offered if n in watch.seen)
     _settle(kube)  # the phase's own Events and ElasticGPU statuses count towards it
     writes = _writes(kube)
     writes_per_claim = {k: (v - writes_before.get(k, 0.0)) / max(total, 1) for k, v in writes.items()
                         if v - writes_before.get(k, 0.0) > 0}
     if os.environ.get("BENCH_DEBUG"):
-        slow = sorted(((watch.bound[n] - returned[n]) * 1000, returned[n] - begin) for n in offered if n in watch.bound)
+        slow = sorted(((watch.seen[n] - returned[n]) * 1000, returned[n] - begin) for n in offered if n in watch.seen)
         print("slowest (ms, at s):", [(round(a), round(b, 2)) for a, b in slow[-12:]], file=sys.stderr)
     return {
         "rate": rate,
@@ -253,7 +212,7 @@ def run_variant(variant: str, args: argparse.Namespace, cluster: Any, kube: Any,
     class_name = f"bench-{variant}"
     kube.create_class({"apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": class_name},
                        "provisioner": names.PROVISIONER_GPUSHARE, "parameters": {"gpuModel": model}})
-    watch = BoundWatch(kube, namespace)
+    watch = bound_watch(kube, namespace)
     watch.start()
     log = open(REPO / "bench" / "out" / f"binding-controller-{variant}.log", "wb")  # noqa: SIM115
     kind = _kind(variant)
@@ -281,8 +240,8 @@ def run_variant(variant: str, args: argparse.Namespace, cluster: Any, kube: Any,
             list(pool.map(lambda n: kube.create_claim(_claim(n, namespace, class_name)), burst))
         created = time.monotonic()
         ok = watch.wait(burst, 120)
-        last = max((watch.bound[n] for n in burst if n in watch.bound), default=time.monotonic())
-        bound = sum(n in watch.bound for n in burst)
+        last = max((watch.seen[n] for n in burst if n in watch.seen), default=time.monotonic())
+        bound = sum(n in watch.seen for n in burst)
         result["create_per_s"] = args.burst / (created - start)
         result["burst_per_s"] = bound / (last - start)
         result["burst_complete"] = ok

@@ -34,7 +34,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -46,7 +45,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from binding import BoundWatch, _claim, _gpu, _settle, _writes  # noqa: E402
+from binding import _claim, _gpu, _settle, _writes, bound_watch  # noqa: E402
+from first_seen import FirstSeen  # noqa: E402
 
 from elasticgpu.api import names  # noqa: E402
 
@@ -54,58 +54,14 @@ CORES = 10
 MEMORY = "1Gi"
 
 
-class GateWatch:
-    """Watches the pods of a namespace; remembers when each was first seen without our gate."""
+def gate_watch(kube: Any, namespace: str) -> FirstSeen:
+    """When each pod of the namespace was first seen without our scheduling gate."""
 
-    def __init__(self, kube: Any, namespace: str) -> None:
-        self.kube, self.namespace = kube, namespace
-        self.lifted: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    def lifted(event: dict[str, Any]) -> bool:
+        gates = ((event.get("object") or {}).get("spec") or {}).get("schedulingGates") or []
+        return event.get("type") != "DELETED" and not any(g.get("name") == names.SCHEDULING_GATE for g in gates)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        path = f"/api/v1/namespaces/{self.namespace}/pods"
-        resource_version = ""
-        while not self._stop.is_set():
-            try:
-                if not resource_version:
-                    page = self.kube._call("GET", path, query={"limit": "1"})
-                    resource_version = page["metadata"]["resourceVersion"]
-                for event in self.kube.watch(path, resource_version=resource_version, timeout_s=900):
-                    obj = event.get("object") or {}
-                    resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
-                    if event.get("type") == "ERROR":
-                        resource_version = ""
-                        break
-                    gates = (obj.get("spec") or {}).get("schedulingGates") or []
-                    if event.get("type") != "DELETED" and not any(g.get("name") == names.SCHEDULING_GATE
-                                                                  for g in gates):
-                        now = time.monotonic()
-                        with self._cond:
-                            self.lifted.setdefault(obj["metadata"]["name"], now)
-                            self._cond.notify_all()
-                    if self._stop.is_set():
-                        return
-            except Exception as err:  # re-opened at once; the bench must not die of one drop
-                print(f"  (watch re-opened: {err})", file=sys.stderr)
-                time.sleep(0.01)
-
-    def wait(self, wanted: list[str], timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while not all(n in self.lifted for n in wanted):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.5))
-        return True
-
-    def stop(self) -> None:
-        self._stop.set()
+    return FirstSeen(kube, f"/api/v1/namespaces/{namespace}/pods", lifted)
 
 
 def _pod(name: str, namespace: str, class_name: str) -> dict[str, Any]:
@@ -219,18 +175,18 @@ def main() -> None:
                 core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
                 print(f"{phase}: {args.rate:g}/s x {args.seconds:g} s, burst {args.burst} ...", flush=True)
                 if phase == "claims":
-                    claims = BoundWatch(kube, namespace)
+                    claims = bound_watch(kube, namespace)
                     claims.start()
                     kube.create_claim(_claim("warmup", namespace, "bench-now"))
                     if not claims.wait(["warmup"], 60):
                         raise SystemExit("the controller did not bind a first claim in 60 s")
                     results[phase] = _phase(kube, create=lambda n, ns=namespace: kube.create_claim(
-                        _claim(n, ns, "bench-now")), seen=claims.bound, wait=claims.wait, prefix="c",
+                        _claim(n, ns, "bench-now")), seen=claims.seen, wait=claims.wait, prefix="c",
                         rate=args.rate, seconds=args.seconds, burst=args.burst)
                     claims.stop()
                 else:
                     class_name = "bench-wffc" if phase == "pods-wffc" else "bench-now"
-                    pods = GateWatch(kube, namespace)
+                    pods = gate_watch(kube, namespace)
                     pods.start()
                     core.create_namespaced_pod(namespace, _pod("warmup", namespace, class_name))
                     if not pods.wait(["warmup"], 60):
@@ -238,7 +194,7 @@ def main() -> None:
                     def create(name: str, ns: str = namespace, c: str = class_name) -> None:
                         kube._call("POST", f"/api/v1/namespaces/{ns}/pods", body=_pod(name, ns, c))
 
-                    results[phase] = _phase(kube, create=create, seen=pods.lifted, wait=pods.wait, prefix="p",
+                    results[phase] = _phase(kube, create=create, seen=pods.seen, wait=pods.wait, prefix="p",
                                             rate=args.rate, seconds=args.seconds, burst=args.burst)
                     pods.stop()
                 results[phase]["events"] = Counter(e.get("reason") for e in kube.list_events(namespace))
