@@ -61,17 +61,24 @@ class HandOff:
         self._pool.submit(self._run, keys, work)
 
     def _run(self, keys: tuple[Key, ...], work: Callable[[], None]) -> None:
+        failed = False
         try:
             work()
         except Exception as err:  # a pool thread never dies of a bind: the claim's next sync retries
+            failed = True
             self._failures.failed(keys[0], err)
         else:
             self._failures.succeeded(keys[0])
         finally:
             with self._lock:
                 self._in_flight.difference_update(keys)
-                again = [k for k in keys if k in self._dirty]
-                self._dirty.difference_update(again)
+                # After a failure the other keys (the ElasticGPU just created, its status not
+                # written) are synced too: the claim's retry waits for what their sync writes,
+                # and no watch event may come to queue them (a write whose answer was lost).
+                again = [k for k in keys[1:] if failed or k in self._dirty]
+                if keys[0] in self._dirty and not failed:
+                    again.insert(0, keys[0])
+                self._dirty.difference_update(keys)
             for key in again:
                 self._queue.add(key)
 

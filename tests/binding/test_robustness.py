@@ -5,6 +5,7 @@ WaitForFirstConsumer class that used to leave its claims Pending without a word.
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import pytest
@@ -149,3 +150,44 @@ def test_wait_for_first_consumer_says_what_the_claim_waits_for(cluster: Cluster,
     assert (claim["status"]["reason"], claim["status"]["message"]) == (condition["reason"], condition["message"])
     assert "WaitForFirstConsumer" in condition["message"]
     assert not claim["spec"].get("elasticGPUName")  # nor bound to the static ElasticGPU of the class
+
+
+class _ClaimPatchFailsOnce:
+    """The controller's API client, except that its first claim PATCH (step 3 of a dynamic bind:
+    the claim names its new ElasticGPU) fails as a 500 would, before reaching the server."""
+
+    def __init__(self, kube: KubeApi) -> None:
+        self._kube = kube
+        self.failed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kube, name)
+
+    def patch_claim(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        if not self.failed:
+            self.failed += 1
+            raise errors.ApiUnavailable("HTTP 500: injected", status=500)
+        return self._kube.patch_claim(namespace, name, patch)
+
+
+def test_a_bind_that_fails_after_creating_the_elastic_gpu_finishes_without_any_watch_event(
+        cluster: Cluster, kube: KubeApi) -> None:
+    """The ElasticGPU is created, the claim's write fails: the claim's retry waits for the
+    ElasticGPU's own sync (`ElasticGPUNotAvailable`), so that sync must be queued by the failure
+    itself. No watch runs here: before, only a later watch event or resync moved it on (20 s and
+    more under the fault test's load)."""
+    class_name = _setup(cluster)
+    cluster.claim(o.claim("c", cores=10, memory="1Gi", class_name=class_name))
+    controller = new_controller(kube, cluster.namespace)
+    flaky = _ClaimPatchFailsOnce(kube)
+    controller.claims.kube = flaky  # type: ignore[assignment]
+    controller.rebuild()  # one list, no watches
+    deadline = time.monotonic() + 20
+    while cluster.get_claim("c").get("status", {}).get("phase") != "Bound":
+        assert time.monotonic() < deadline, cluster.get_claim("c").get("status")
+        controller.drain()
+        time.sleep(0.05)
+    assert flaky.failed == 1
+    egpu = kube.get_elastic_gpu(cluster.get_claim("c")["spec"]["elasticGPUName"])
+    assert egpu["status"]["phase"] == "Bound"
+    controller.close()
