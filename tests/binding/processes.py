@@ -14,13 +14,16 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from elasticgpu.api import names
 from elasticgpu.controller.kube import KubeApi
 from tests.kube_cluster import REPO_ROOT, _die_with_parent
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -76,9 +79,11 @@ class ControllerProcesses:
 
 
 def wait_quiescent(kube: KubeApi, namespace: str, *, quiet_s: float, deadline_s: float,
-                   done: Any = None, procs: ControllerProcesses | None = None) -> list[dict[str, Any]]:
+                   done: Any = None, procs: ControllerProcesses | None = None,
+                   explain: Callable[[], str] | None = None) -> list[dict[str, Any]]:
     """Poll the namespace's claims until none changed for `quiet_s` seconds (and `done(claims)`,
-    when given, holds); returns them. Fails after `deadline_s` seconds, with the controllers' logs."""
+    when given, holds); returns them. Fails after `deadline_s` seconds, with what `explain()`
+    says and the controllers' logs."""
     start = time.monotonic()
     last: tuple[Any, ...] | None = None
     since = start
@@ -93,8 +98,45 @@ def wait_quiescent(kube: KubeApi, namespace: str, *, quiet_s: float, deadline_s:
         if now - start > deadline_s:
             phases = Counter((c.get("status") or {}).get("phase") for c in claims)
             raise AssertionError(f"not quiescent after {deadline_s:.0f}s: {dict(phases)}\n"
-                                 + (procs.logs() if procs else ""))
+                                 + (explain() + "\n" if explain else "") + (procs.logs() if procs else ""))
         time.sleep(0.5)
+
+
+def eventually(check: Callable[[], T], *, deadline_s: float, explain: Callable[[], str] | None = None) -> T:
+    """`check()` once it stops failing (an AssertionError); the last failure, with what
+    `explain()` says, after `deadline_s`. For what a controller repairs in the background after
+    the claims are quiet: a deleted claim's ElasticGPU whose reclaim is retried with backoff."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return check()
+        except AssertionError as failure:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{failure}\n{explain() if explain else ''}") from failure
+        time.sleep(1.0)
+
+
+def room_report(kube: KubeApi, namespace: str, gpu_names: list[str]) -> str:
+    """Who holds the cards' room, for a failure message: the reasons of the Pending claims, and
+    every reservation that does not serve a Bound claim (with its ElasticGPU's and claim's phase)."""
+    claims = {c["metadata"]["name"]: c for c in kube.list_claims(namespace)}
+    egpus = {e["metadata"]["name"]: e for e in kube.list_elastic_gpus()}
+    serving = {c["spec"].get("elasticGPUName") for c in claims.values()
+               if (c.get("status") or {}).get("phase") == "Bound"}
+    reasons = Counter((c.get("status") or {}).get("reason") for c in claims.values()
+                      if (c.get("status") or {}).get("phase") != "Bound")
+    idle = []
+    for gpu_name in gpu_names:
+        for allocation in (kube.get_gpu(gpu_name).get("status") or {}).get("allocations") or []:
+            key = allocation["elasticGPU"]
+            if key in serving:
+                continue
+            egpu = egpus.get(key)
+            ref = (egpu or {}).get("spec", {}).get("claimRef") or allocation.get("claimRef") or {}
+            claim = claims.get(ref.get("name", ""))
+            idle.append(f"{gpu_name}: {key} (ElasticGPU {((egpu or {}).get('status') or {}).get('phase', 'missing')}"
+                        f", claim {ref.get('name')} {((claim or {}).get('status') or {}).get('phase', 'missing')})")
+    return f"not Bound, by reason: {dict(reasons)}; reservations serving no Bound claim: {idle or 'none'}"
 
 
 def check_invariants(kube: KubeApi, namespace: str, claims: list[dict[str, Any]], gpu_names: list[str]) -> Counter[str]:
@@ -124,7 +166,9 @@ def check_invariants(kube: KubeApi, namespace: str, claims: list[dict[str, Any]]
     per_uid = Counter(e["spec"]["claimRef"].get("uid") for e in egpus.values())
     assert max(per_uid.values(), default=1) == 1, [u for u, n in per_uid.items() if n > 1]
     uids = {c["metadata"]["uid"] for c in claims}
-    assert set(per_uid) <= uids, "an ElasticGPU points to a claim that does not exist"
+    strays = sorted(f"{name} ({(e.get('status') or {}).get('phase')}, claim {e['spec']['claimRef'].get('name')})"
+                    for name, e in egpus.items() if e["spec"]["claimRef"].get("uid") not in uids)
+    assert not strays, f"ElasticGPUs point to claims that do not exist: {strays[:10]}"
     bound_to: Counter[str] = Counter()
     for claim in claims:
         if claim["status"]["phase"] != "Bound":
