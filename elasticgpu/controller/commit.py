@@ -182,7 +182,7 @@ class Commit:
             result = picture.ledger.place(request, policy=decision.parameters.policy)
             if not isinstance(result, Placement) or len(result.cards) != 1:
                 return None
-            picture.ledger.inventory.reserve(egpu_name, result)
+            picture.ledger.reserve_tentative(egpu_name, result)
         return Planned(claim, decision, egpu_name, result)
 
     def card_of(self, planned: Planned) -> str:

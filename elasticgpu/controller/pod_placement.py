@@ -285,6 +285,10 @@ def place_all_on(ledger: Ledger, wanted: Sequence[Wanted], node: str) -> dict[st
     try:
         for one in wanted:
             request = dataclasses.replace(one.request, nodes=frozenset({node}))
+            if one.key in ledger.inventory.reservations:
+                # Reserved in the inventory but not on a GPU (a batch's write in flight): not
+                # ours to place again, nor to release below.
+                return f"cannot take claim {one.claim} now: its capacity is being reserved"
             result = ledger.place(request, policy=one.policy)
             if isinstance(result, Unplaceable):
                 return f"cannot take claim {one.claim} ({one.request.describe()}): {result.reason}"

@@ -49,8 +49,14 @@ class Repair:
             for key in self.picture.all_keys():
                 self.queue.add(key, background=True)
         with self.picture.lock:
+            drifted = self.picture.ledger.repair_inventory()
             orphans = resync.find_orphans(self.picture.ledger, elastic_gpus=set(self.picture.elastic_gpus()),
                                           now=datetime.now(UTC), grace_s=self.settings.orphan_grace_s)
+        if drifted:
+            # Not an expected race: a path that changes reservations left the allocator's
+            # inventory unlike the GPU objects. Repaired here, said so that it gets found.
+            logger.warning("the allocator's inventory disagreed with the GPU objects for %d reservation(s)"
+                           " (%s); mirrored them again", len(drifted), ", ".join(sorted(drifted)[:5]))
         for orphan in orphans:
             if resync.still_binding(orphan, self.picture.claim):
                 logger.debug("reservation %s has no ElasticGPU yet; its claim is still binding", orphan.key)
