@@ -168,8 +168,23 @@ def test_an_edited_ca_bundle_is_put_back(
     assert kube_request(api_client, "PUT", path, body=stored).status == 200
     wait_until(lambda: webhook.ca_bundle() == good, "the caBundle to be repaired", timeout=20)
     assert webhook.log.read_text().count("MutatingWebhookConfiguration") == 2
-    pod = client.CoreV1Api(api_client).create_namespaced_pod(namespace, pod_body("p", annotations=CLAIMED))
-    assert pod.spec.scheduling_gates
+    # The API server reads webhook configurations through its own informer: for a moment after
+    # the repair it may still call with the broken bundle (500, "unable to load root
+    # certificates"), as a real kube-apiserver does. Pods are admitted again once it catches up.
+    admitted: list[client.V1Pod] = []
+
+    def admitted_again() -> bool:
+        try:
+            admitted.append(client.CoreV1Api(api_client).create_namespaced_pod(
+                namespace, pod_body("p", annotations=CLAIMED)))
+        except ApiException as e:
+            if e.status == 500 and "failed calling webhook" in str(e.body):
+                return False
+            raise
+        return True
+
+    wait_until(admitted_again, "a claimed pod admitted with the repaired caBundle", timeout=20)
+    assert admitted[0].spec.scheduling_gates
 
 
 def test_two_replicas_starting_together_share_one_certificate(
