@@ -16,6 +16,7 @@ server: only the controller suffers the faults. In the end, with the faults stil
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import threading
 import time
@@ -34,7 +35,8 @@ CARDS = 50
 CORES = 25  # four claims per card: room for 200
 CLAIMS = 500
 DELETED = 200  # of the 500, deleted again: 300 remain for room for 200
-SEED = 20261203
+SEED = int(os.environ.get("ELASTICGPU_FAULT_SEED", "20261203"))
+"""The plan's and the churn's seed; set ELASTICGPU_FAULT_SEED to try other fault patterns."""
 
 PLAN = FaultPlan(
     seed=SEED,
