@@ -28,7 +28,7 @@ from elasticgpu.api.errors import (
     InvalidSpec,
     NotFound,
 )
-from elasticgpu.api.gpu import GPU, GPUAllocation, GPUSpec, GPUStatus, GPUUsage
+from elasticgpu.api.gpu import GPU, GPUAllocation, GPURunningClaim, GPUSpec, GPUStatus, GPUUsage
 from elasticgpu.api.gpu_class import ClassParameters, ElasticGPUClass, parse_class_parameters
 from elasticgpu.api.kinds import KINDS, KindInfo
 from elasticgpu.api.meta import (
@@ -63,6 +63,7 @@ __all__ = [
     "ElasticGPUStatus",
     "GPUAllocation",
     "GPUNodeAffinity",
+    "GPURunningClaim",
     "GPUShareSource",
     "GPUSpec",
     "GPUStatus",

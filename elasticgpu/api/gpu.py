@@ -50,6 +50,19 @@ class GPUUsage(KubeModel):
     update_time: str | None = Field(default=None, description="When the agent measured it (RFC 3339).")
 
 
+class GPURunningClaim(KubeModel):
+    """A claim whose containers run on the card, as the node's agent sees them (its ledger's open rows).
+
+    The controller never frees a reservation while its claim is listed here: the card would
+    serve two claims at once."""
+
+    namespace: str = Field(min_length=1, description="Namespace of the claim.")
+    name: str = Field(min_length=1, description="Name of the claim.")
+    uid: str | None = Field(default=None, description="Uid of the claim the containers were created for.")
+    pods: list[str] = Field(default_factory=list, description="Pods (namespace/name) whose containers use the card.")
+    since: str | None = Field(default=None, description="When the first of these containers was created (RFC 3339).")
+
+
 class GPUStatus(KubeModel):
     """Capacity, reservations, health and usage of the card."""
 
@@ -90,6 +103,11 @@ class GPUStatus(KubeModel):
     )
     conditions: list[Condition] = Field(default_factory=list, description="Conditions of the card.")
     usage: GPUUsage | None = Field(default=None, description="Measured usage of the card.")
+    running_claims: list[GPURunningClaim] = Field(
+        default_factory=list,
+        description="Claims whose containers run on the card, written by the node's agent; the controller"
+        " keeps their reservations until they are gone.",
+    )
 
 
 class GPU(KubeModel):
