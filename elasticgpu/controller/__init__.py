@@ -47,6 +47,6 @@ def run_controller(
 ) -> None:
     """Run the controller until `stop` is set or the process is signalled (blocking); see
     `startup.run_controller`. Imported lazily: `elasticgpu --help` must not load the client."""
-    from elasticgpu.controller import startup
+    from elasticgpu.controller.process import startup
 
     startup.run_controller(kubeconfig=kubeconfig, namespace=namespace, context=context, settings=settings, stop=stop)
