@@ -19,7 +19,7 @@ import pytest
 from elasticgpu.api import names
 from elasticgpu.controller import errors, run_controller
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.process.startup import first_list
+from elasticgpu.controller.process.starting import first_list
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller
 from tests.controller.relay import Relay, relayed

@@ -13,7 +13,7 @@ from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.events import NORMAL, EventRecorder
 from elasticgpu.controller.process.reconciling import Controller
-from elasticgpu.controller.process.startup import start_threads
+from elasticgpu.controller.process.starting import start_threads
 from elasticgpu.controller.settings import BindingSettings, ControllerSettings
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster

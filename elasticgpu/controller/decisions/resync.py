@@ -14,9 +14,22 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Protocol
 
-from elasticgpu.api import ElasticGPUClaim, ObjectReference
-from elasticgpu.controller.picture.reservations import Ledger, parse_time
+from elasticgpu.api import GPU, ElasticGPUClaim, ObjectReference, timestamps
+
+
+class GPUs(Protocol):
+    """What a resync reads of the GPU ledger (`picture.reservations.Ledger` is one): decisions
+    receive the picture's objects, they never import the picture (the rooms' layers)."""
+
+    def gpu_names(self) -> list[str]:
+        """The names of the GPUs seen."""
+        ...
+
+    def gpu(self, name: str) -> GPU | None:
+        """The GPU `name` as seen, or None."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -43,7 +56,7 @@ def still_binding(orphan: OrphanReservation, claim_of: Callable[[str, str], Elas
 
 
 def find_orphans(
-    ledger: Ledger, *, elastic_gpus: Collection[str], now: datetime, grace_s: float
+    ledger: GPUs, *, elastic_gpus: Collection[str], now: datetime, grace_s: float
 ) -> list[OrphanReservation]:
     """Reservations whose ElasticGPU is not in `elastic_gpus` and that are older than `grace_s`.
     An allocation without `reservedAt` counts as old (someone wrote it by hand)."""
@@ -55,7 +68,7 @@ def find_orphans(
         for allocation in model.status.allocations:
             if allocation.elastic_gpu in elastic_gpus:
                 continue
-            reserved = parse_time(allocation.reserved_at)
+            reserved = timestamps.parse(allocation.reserved_at)  # reservations.parse_time
             if reserved is not None and now - reserved < timedelta(seconds=grace_s):
                 continue
             orphans.append(OrphanReservation(allocation.elastic_gpu, (gpu_name,), allocation.claim_ref))

@@ -122,6 +122,14 @@ class KubernetesLeases:
 
         self._api = client.CoordinationV1Api(api_client)
 
+    @classmethod
+    def on(cls, configuration: Any) -> KubernetesLeases:
+        """Leases through their own ApiClient on `configuration` (a kubernetes.client.Configuration,
+        the controller's: same server, TLS and token)."""
+        from kubernetes import client
+
+        return cls(client.ApiClient(configuration))
+
     def _call(self, what: str, call: Callable[..., Any], *args: Any, timeout_s: float,
               missing_ok: bool = False) -> Body | None:
         import json

@@ -50,10 +50,8 @@ class Operability:
         self.elector: LeaderElector | None = None
         self._renewer: threading.Thread | None = None
         if leader is not None and leader.enabled:
-            from kubernetes import client
-
             # Its own ApiClient on the controller's configuration: same server, TLS and token.
-            leases = KubernetesLeases(client.ApiClient(kube.configuration))
+            leases = KubernetesLeases.on(kube.configuration)
             self.elector = LeaderElector(leases, leader, on_change=self.metrics.leading)
         liveness: dict[str, Any] = {"controller": controller.liveness}
         if self.elector is not None:

@@ -22,6 +22,7 @@ import kopf
 
 from elasticgpu.api import names
 from elasticgpu.controller.edge.kube import WATCH_READ_MARGIN_S
+from elasticgpu.controller.process import starting
 from elasticgpu.controller.process.reconciling import Controller
 
 WATCHED = (
@@ -72,8 +73,6 @@ def build_registry(controller: Controller, stop: threading.Event) -> kopf.Operat
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        from elasticgpu.controller.process.startup import first_list, start_threads
-
         settings.posting.enabled = False  # our Events are written by EventRecorder
         settings.watching.server_timeout = 300
         # a half-open connection must not stall a kind until the next relist
@@ -81,8 +80,8 @@ def build_registry(controller: Controller, stop: threading.Event) -> kopf.Operat
         settings.watching.connect_timeout = 10
         settings.persistence.finalizer = "elasticgpu.io/kopf"  # never added: no on.delete handlers
         loop = asyncio.get_running_loop()
-        if await loop.run_in_executor(None, first_list, controller, stop) is not None:
-            start_threads(controller, stop)
+        if await loop.run_in_executor(None, starting.first_list, controller, stop) is not None:
+            starting.start_threads(controller, stop)
 
     @kopf.on.cleanup(registry=registry)
     def cleanup(**_: Any) -> None:

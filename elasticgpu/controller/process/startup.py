@@ -3,7 +3,7 @@
 `run_controller` is the process's entry point (`elasticgpu controller`). With the default
 watch engine ("client") it lists every kind, starts one watch thread per kind
 (`Informer.start`), the worker and the resync; with "kopf", kopf's watches feed the picture and
-its startup handler calls `start_threads` (`operator.py`).
+its startup handler calls `starting.start_threads` (`operator.py`); both engines share `starting`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import logging
 import signal
 import threading
 
-from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.edge.leader import LeaderSettings
-from elasticgpu.controller.process import garbage
+from elasticgpu.controller.process import starting
 from elasticgpu.controller.process.operability import Operability
 from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import ControllerSettings
@@ -65,56 +64,6 @@ def run_controller(
     operability.exit_if_lost()
 
 
-def start_threads(controller: Controller, stop: threading.Event) -> list[threading.Thread]:
-    """After the first list: take over full collections, freeze the picture, and start the
-    worker and the resync (daemon threads that end when `stop` is set)."""
-    garbage.take_over_full_collections()
-    garbage.collect_and_freeze()
-    threads = [
-        threading.Thread(target=controller.run_worker, args=(stop,), name="binder", daemon=True),
-        threading.Thread(target=controller.repair.run, args=(stop,), kwargs={"after": garbage.collect_and_freeze},
-                         name="resync", daemon=True),
-    ]
-    for thread in threads:
-        thread.start()
-        controller.liveness.track(thread)
-    logger.info("controller ready: %d GPUs, picture rebuilt", len(controller.ledger.gpu_names()))
-    return threads
-
-
-def first_list(controller: Controller, stop: threading.Event) -> dict[str, str] | None:
-    """Fill the picture with one list of each kind, retrying with backoff (up to 30 s) until it
-    works; the resourceVersions listed at (`Informer.relist`), or None when `stop` was set.
-
-    Waiting is said once per reason, never as a crash: CRDs not installed yet (404) wait for
-    `kubectl apply -f crds/`; an unreachable server is said by `KubeApi.reachability`; any
-    other refusal (RBAC, a 5xx) is logged with the server's message."""
-    backoff = 0.5
-    said = ""
-    while not stop.is_set():
-        try:
-            listed = controller.rebuild()
-        except Exception as err:  # never a crash loop: whatever it is, wait and try again
-            reason = f"{type(err).__name__}: {err}"
-            if reason == said or (isinstance(err, errors.ApiUnavailable) and err.status == 0):
-                logger.debug("cannot list the cluster yet, retrying in %.1fs: %s", backoff, err)
-            elif isinstance(err, errors.NotFound):
-                logger.warning("the elasticgpu.io CustomResourceDefinitions are not installed (%s); waiting for"
-                               " them: kubectl apply -f crds/", err)
-            elif isinstance(err, errors.ElasticGPUError):
-                logger.warning("cannot list the cluster yet, retrying with backoff: %s", err)
-            else:
-                logger.error("cannot list the cluster (a bug?), retrying with backoff: %s", reason, exc_info=err)
-            said = reason
-            stop.wait(backoff)
-            backoff = min(backoff * 2, 30.0)
-            continue
-        if said:
-            logger.info("the cluster answered the first list; starting")
-        return listed
-    return None
-
-
 def _run_with_client_watches(controller: Controller, *, stop: threading.Event) -> None:
     """List every kind once (retrying until the API server answers), then watch from those
     lists, bind and resync until `stop` is set; SIGTERM and SIGINT set it when this is the main
@@ -122,12 +71,12 @@ def _run_with_client_watches(controller: Controller, *, stop: threading.Event) -
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
-    listed = first_list(controller, stop)
+    listed = starting.first_list(controller, stop)
     if listed is None:
         return
     for thread in controller.informer.start(stop, timeout_s=controller.settings.watch.timeout_s, listed=listed):
         controller.liveness.track(thread)
-    start_threads(controller, stop)
+    starting.start_threads(controller, stop)
     stop.wait()
 
 
