@@ -70,7 +70,11 @@ def test_crd_and_model_agree_field_by_field(info: KindInfo) -> None:
     ("info", "short", "columns"),
     [
         (BY_KIND["ElasticGPUClaim"], "egpuc", ["Status", "EGPU", "Core", "Memory", "Node", "Class", "Reason", "Age"]),
-        (BY_KIND["ElasticGPU"], "egpu", ["Node", "GPUs", "Core", "Memory", "Status", "Claim", "Class", "Reason", "Age"]),
+        (
+            BY_KIND["ElasticGPU"],
+            "egpu",
+            ["Node", "GPUs", "Core", "Memory", "Status", "Claim", "Class", "Reason", "Age"],
+        ),
         (BY_KIND["ElasticGPUClass"], "egpuclass", ["Provisioner", "BindingMode", "Reclaim", "Age"]),
         (BY_KIND["GPU"], "pgpu", ["Node", "Model", "Memory", "Allocatable", "Health", "Age"]),
     ],
