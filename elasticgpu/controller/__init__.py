@@ -15,8 +15,8 @@ contracts in pyproject.toml), so there are no cycles between rooms:
   `failures`, `liveness`;
 - `pods/`: pods that use claims: `pod_sync`, `pod_placement`, `pod_neighbours`, `inline_claims`;
 - `process/`: the rooms wired into one process: `reconciling` (`Controller`), `worker`, `startup`
-  (`run_controller`), `starting`, `operator` (kopf wiring), `operability`, `health`, `garbage`,
-  `logs`.
+  (`run_controller`), `starting`, `operator` (kopf wiring), `operability`, `health`, `garbage`
+  (log formats: `elasticgpu.logs`, shared with the webhook).
 Beside the rooms, used by all and importing none: `settings`, `errors`, `metrics`; and
 `admission/`, the webhook (its own process). Each room's `__init__` says what it may touch.
 """

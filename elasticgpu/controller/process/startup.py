@@ -31,6 +31,7 @@ def run_controller(
     stop: threading.Event | None = None,
     leader: LeaderSettings | None = None,
     health_port: int | None = None,
+    health_host: str = "0.0.0.0",
 ) -> None:
     """Run the controller until `stop` is set or the process is signalled (blocking).
 
@@ -47,7 +48,7 @@ def run_controller(
     kube = KubeApi.from_kubeconfig(kubeconfig, context=context, settings=settings.api)
     controller = Controller(kube, settings, namespace=namespace)
     stop = stop or threading.Event()
-    operability = Operability(controller, kube, leader=leader, health_port=health_port)
+    operability = Operability(controller, kube, leader=leader, health_port=health_port, health_host=health_host)
     try:
         operability.start()
         if not operability.lead(stop):

@@ -1,5 +1,5 @@
-"""Log formatting of the controller: `plain` (key=value text for a terminal) or `json` (one
-object per line, for a log pipeline: Loki, Elasticsearch, Cloud Logging).
+"""Log formatting of the long-running commands (controller, webhook): `plain` (key=value text for
+a terminal) or `json` (one object per line, for a log pipeline: Loki, Elasticsearch, Cloud Logging).
 
 A JSON line carries `time` (UTC, RFC 3339 with milliseconds), `level`, `logger`, `message`,
 every structured field passed through `extra=` (for example `logger.info("bound", extra={"claim":
