@@ -21,7 +21,8 @@ from kubernetes import client
 
 from elasticgpu.controller import errors
 from elasticgpu.controller.edge.leader import KubernetesLeases, LeaderElector, LeaderSettings
-from tests.kube_cluster import REPO_ROOT, _die_with_parent
+from tests import spawning
+from tests.kube_cluster import REPO_ROOT
 
 FAST = LeaderSettings(namespace="unset", lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.25)
 """Short periods for the in-process tests; the process test runs with the defaults."""
@@ -257,11 +258,10 @@ class Candidates:
 
     def start(self, identity: str) -> subprocess.Popen[bytes]:
         with (self.log_dir / f"{identity}.log").open("wb") as out:
-            proc = subprocess.Popen(
+            proc = spawning.spawn(
                 [sys.executable, "-c", CANDIDATE, str(self.kubeconfig), self.namespace, identity],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, start_new_session=True,
-                preexec_fn=_die_with_parent,
             )  # fmt: skip
         self.procs[identity] = proc
         return proc
