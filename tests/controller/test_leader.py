@@ -407,3 +407,23 @@ def test_controller_processes_elect_a_leader_and_serve_their_probes(cluster: Any
     finally:
         for group in groups:
             group.close()
+
+
+def test_a_controller_without_election_says_it_leads(cluster: Any, kube_cluster: Any, tmp_path: Path) -> None:
+    """One replica with `--leader-elect=false` binds, so `elasticgpu_leader` is 1 (it was 0: a
+    dashboard or alert on 'no leader' fired for every single-replica install)."""
+    from tests.binding.processes import ControllerProcesses
+    from tests.kube_cluster import _free_port
+
+    port = _free_port()
+    group = ControllerProcesses(Path(kube_cluster.kubeconfig), cluster.namespace, tmp_path,
+                                flags=["--leader-elect=false", "--health-probe-bind-address", f"127.0.0.1:{port}"])
+    group.start()
+    try:
+        try:
+            wait_for(lambda: _http(port, "/readyz")[0] == 200, timeout_s=60, what="ready")
+            wait_for(lambda: _leads(port), timeout_s=10, what="elasticgpu_leader 1")
+        except AssertionError as failed:
+            raise AssertionError(f"{failed}\n{group.logs()}\n{_http(port, '/metrics')[1][-3000:]}") from None
+    finally:
+        group.close()

@@ -94,7 +94,7 @@ def test_claim_columns(api_client: client.ApiClient, objects: Objects, namespace
     plural = BY_KIND[names.KIND_CLAIM].plural
     table = _table(api_client, f"/apis/{names.API_VERSION}/namespaces/{namespace}/{plural}")
     cells = _row(table, "notebook")
-    assert list(cells) == ["Name", "Status", "EGPU", "Core", "Memory", "Node", "Class", "Age", "Reason"]
+    assert list(cells) == ["Name", "Status", "EGPU", "Core", "Memory", "Node", "Class", "Reason", "Age"]
     assert (cells["Status"], cells["EGPU"], cells["Core"], cells["Memory"], cells["Node"], cells["Class"]) == (
         "Bound",
         "egpu-1234",
@@ -128,7 +128,7 @@ def test_elastic_gpu_columns(api_client: client.ApiClient, objects: Objects) -> 
         )
         table = _table(api_client, f"/apis/{names.API_VERSION}/{names.PLURAL_ELASTIC_GPU}")
         cells = _row(table, "static-a100-slice")
-        assert list(cells) == ["Name", "Node", "GPUs", "Core", "Memory", "Status", "Claim", "Class", "Age", "Reason"]
+        assert list(cells) == ["Name", "Node", "GPUs", "Core", "Memory", "Status", "Claim", "Class", "Reason", "Age"]
         shown = {key: cells[key] for key in ("Node", "GPUs", "Core", "Memory", "Status", "Claim")}
         assert shown == {
             "Node": "gpu-node-1",

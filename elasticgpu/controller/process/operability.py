@@ -76,6 +76,8 @@ class Operability:
         """Block until this process may bind (True), or `stop` was set first (False). Once
         leading, a thread renews the Lease; losing it sets `lost` and `stop`."""
         if self.elector is None:
+            # Without election this one replica binds: it leads, and the gauge says so.
+            self.metrics.leading(True)
             return True
         if not self.elector.acquire(stop):
             return False
