@@ -33,9 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from elasticgpu.api import names
+from elasticgpu.api import names, timestamps
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.picture.reservations import now_rfc3339
 
 Body = dict[str, Any]
 SLOTS = 10  # claims of 10% cores per card
@@ -111,7 +110,7 @@ class NullController:
         ref = {"apiVersion": names.API_VERSION, "kind": names.KIND_CLAIM, "namespace": meta["namespace"],
                "name": meta["name"], "uid": meta["uid"]}
         return {"elasticGPU": names.elastic_gpu_name_for_claim(meta["uid"]), "claimRef": ref, "cores": CORES,
-                "memory": MEMORY_MIB, "exclusive": False, "reservedAt": now_rfc3339()}
+                "memory": MEMORY_MIB, "exclusive": False, "reservedAt": timestamps.now_rfc3339()}
 
     def _commit(self, card: int, items: list[tuple[Body, Body]]) -> None:
         try:
@@ -151,7 +150,7 @@ class NullController:
             "metadata": {"resourceVersion": patched["metadata"]["resourceVersion"]},
             "status": {"phase": "Bound", "capacity": capacity, "nodeName": node, "gpus": [gpu_uuid],
                        "conditions": [{"type": "Bound", "status": "True", "reason": "Bound", "message": message,
-                                       "lastTransitionTime": now_rfc3339()}]}})
+                                       "lastTransitionTime": timestamps.now_rfc3339()}]}})
         # the ElasticGPU's status
         self.kube.patch_elastic_gpu_status(key, {
             "metadata": {"resourceVersion": egpu["metadata"]["resourceVersion"]},
@@ -183,7 +182,7 @@ class NullController:
 
 def _event(obj: Body, message: str) -> Body:
     meta = obj["metadata"]
-    now = now_rfc3339()
+    now = timestamps.now_rfc3339()
     return {"apiVersion": "v1", "kind": "Event",
             "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
             "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": meta["name"],

@@ -1,9 +1,11 @@
 """Kubernetes timestamps (RFC 3339 `metav1.Time` and `MicroTime`) read the one way every
-component reads them: a value that is absent or unreadable is None, never an exception."""
+component reads them: a value that is absent or unreadable is None, never an exception; and
+written the way the API server writes them (`now_rfc3339`, whole seconds)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import time
+from datetime import UTC, datetime
 
 
 def parse(text: str | None) -> datetime | None:
@@ -20,3 +22,16 @@ def epoch_seconds(text: str | None) -> float | None:
     """An RFC 3339 timestamp as seconds since the epoch; None when absent or unreadable."""
     moment = parse(text)
     return None if moment is None else moment.timestamp()
+
+
+def now_rfc3339() -> str:
+    """The current time as the API server writes it (whole seconds)."""
+    second = int(time.time())
+    cached_second, stamp = _last_stamp[0]
+    if cached_second != second:  # formatting is costly enough to show in a burst: once a second
+        stamp = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        _last_stamp[0] = (second, stamp)  # one tuple: threads never see a half-updated pair
+    return stamp
+
+
+_last_stamp: list[tuple[int, str]] = [(0, "")]

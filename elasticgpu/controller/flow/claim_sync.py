@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from elasticgpu.allocator import Placement, PlacementRequest, Unplaceable
-from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, names
+from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, names, timestamps
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, release
 from elasticgpu.controller.edge.kube import KubeApi
@@ -26,7 +26,6 @@ from elasticgpu.controller.flow.workqueue import Key, WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture import pod_index
 from elasticgpu.controller.picture.picture import Body, Picture
-from elasticgpu.controller.picture.reservations import now_rfc3339
 from elasticgpu.controller.settings import ControllerSettings
 
 logger = logging.getLogger(__name__)
@@ -35,7 +34,7 @@ logger = logging.getLogger(__name__)
 def condition(type_: str, reason: str, message: str, previous: list[Condition]) -> dict[str, Any]:
     """One condition; keeps the old transition time when the type and reason did not change."""
     old = next((c for c in previous if c.type == type_), None)
-    when = old.last_transition_time if old is not None and old.reason == reason else now_rfc3339()
+    when = old.last_transition_time if old is not None and old.reason == reason else timestamps.now_rfc3339()
     return {"type": type_, "status": "True", "reason": reason, "message": message, "lastTransitionTime": when}
 
 

@@ -8,8 +8,8 @@ import threading
 import uuid
 from typing import Any
 
+from elasticgpu.api import timestamps
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.picture.reservations import now_rfc3339
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class EventRecorder:
             "%s %s: %s: %s", obj.get("kind"), f"{meta.get('namespace')}/{name}" if meta.get("namespace") else name,
             reason, message,
         )
-        now = now_rfc3339()
+        now = timestamps.now_rfc3339()
         component = self._kube.settings.component
         body = {
             "apiVersion": "v1",

@@ -1,6 +1,12 @@
 """The GPU sync: keep a GPU's readiness in the picture and its `Ready` condition on the server
 in step with its agent's heartbeat (`gpu_health` decides).
 
+One sync reads one way: under the picture's lock it reads the GPU and asks the decisions once
+(`gpu_step.decide`: the readiness, when to look again, the body to write) and keeps the
+readiness in the picture (before the write: a card set aside takes no new reservation while
+its `Ready` write is in flight); then it writes; then it records the answer (the picture, an
+Event). Nothing it calls calls back into it.
+
 A heartbeat expires with no event to say so, so each sync of a GPU with a fresh heartbeat
 queues the GPU again for the moment its grace runs out (one delayed key per GPU at most: a
 renewed heartbeat moves the moment later, and the earlier key finds it fresh and queues the
@@ -11,19 +17,18 @@ written back exactly as they were read; a 409 re-reads the GPU and the key is re
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
 from collections.abc import Callable
 
+from elasticgpu.api import timestamps
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import gpu_health
+from elasticgpu.controller.decisions import gpu_step
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.workqueue import WorkQueue
 from elasticgpu.controller.picture.picture import Body, Picture
-from elasticgpu.controller.picture.reservations import now_rfc3339
 from elasticgpu.controller.settings import GPUHealthSettings
 
 logger = logging.getLogger(__name__)
@@ -46,24 +51,25 @@ class GPUSync:
         self._lock = threading.Lock()
 
     def sync(self, name: str) -> None:
-        """Decide and carry out the readiness of GPU `name`."""
+        """Decide and carry out the readiness of GPU `name` (see the module docstring)."""
         picture = self.picture
         with picture.lock:
-            model = picture.ledger.gpu(name)
-            if model is None:
+            held = picture.ledger.gpu_and_body(name)
+            if held is None:
                 picture.ledger.set_ready(name, True)  # gone: nothing to remember of it
-                with self._lock:
-                    self._due.pop(name, None)
-                return
-            state = gpu_health.readiness(model, now=self._clock(), grace_s=self.settings.heartbeat_grace_s)
-            changed = picture.ledger.set_ready(name, state.ready)
-            wake = picture.pending_claim_keys() if changed and state.ready else []
-            condition = gpu_health.condition_to_write(model, state, now_rfc3339=now_rfc3339())
-            body = picture.ledger.gpu_body(name) if condition is not None else None
+                step, wake = None, []
+            else:
+                step = gpu_step.decide(*held, now=self._clock(), grace_s=self.settings.heartbeat_grace_s,
+                                       now_rfc3339=timestamps.now_rfc3339())
+                wake = picture.gpu_ready(name, step.ready)
+        if step is None:
+            with self._lock:
+                self._due.pop(name, None)
+            return
         self.queue.add_all(wake)  # capacity came back: the waiting claims may fit now
-        self._recheck(name, state.recheck_in_s)
-        if condition is not None and body is not None:
-            self._write(name, body, condition)
+        self._recheck(name, step.recheck_in_s)
+        if step.condition is not None and step.body is not None:
+            self._write(name, step.body, step.condition)
 
     def _recheck(self, name: str, in_s: float | None) -> None:
         """Queue the GPU again in `in_s` seconds, unless an earlier key is already due for it
@@ -80,11 +86,10 @@ class GPUSync:
         self.queue.add(("gpu", name), delay_s=in_s, recheck=True)
 
     def _write(self, name: str, body: Body, condition: Body) -> None:
-        status = dict(body.get("status") or {})
-        status["conditions"] = gpu_health.with_condition(status.get("conditions") or [], condition)
-        fresh = {**copy.copy(body), "status": status}
+        """PUT `body` (the decided status, with the picture's resourceVersion), then record the
+        answer: the picture takes it in, and an Event says what changed."""
         try:
-            answer = self.kube.replace_gpu_status(fresh)
+            answer = self.kube.replace_gpu_status(body)
         except (errors.NotFound, errors.Conflict):
             # 404: gone only if a read agrees (a write's 404 is not proof); 409: the agent (a
             # heartbeat) or a reservation wrote the card since. Either way read it again; the

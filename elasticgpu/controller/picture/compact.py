@@ -16,8 +16,11 @@ object of a kind:
   body (`identity`: apiVersion, kind, metadata): spec and status would be a second copy of the
   model. One at rest (Bound) is kept as JSON instead, its model built when read (`records`);
 - an index of members by key where nearly every key has one member (the claims naming an
-  ElasticGPU, the GPUs holding a reservation) keeps a lone member bare, not in a one-element
-  set (`Index`, `index_add`, `index_discard`, `index_members`).
+  ElasticGPU) keeps a lone member bare, not in a one-element set (`Index`, `index_add`,
+  `index_discard`, `index_members`); the GPU ledger's index of reservations does the same
+  within the ledger (`reservations.Holders`).
+
+Everything here is a leaf: it calls back into no module of the picture.
 
 All are invisible to the readers: a shared set compares, iterates and copies as the original
 (`model_copy` gets a mutable copy of its own), nothing reads `managedFields`, and the readers
@@ -248,6 +251,13 @@ def strip(body: Body) -> Body:
     return {**body, "metadata": meta}
 
 
+def kept(body: Body, kind: type[M]) -> tuple[Body, M]:
+    """What the picture keeps of an object it stores whole (a GPU): the body without
+    managedFields (`strip`) and its model of `kind` with shared field sets (`share_fields`)."""
+    body = strip(body)
+    return body, share_fields(kind.model_validate(body))
+
+
 def identity(body: Body) -> Body:
     """What the picture keeps of a claim's or an ElasticGPU's body besides its model:
     apiVersion, kind and metadata (without managedFields), the parts its readers use (the
@@ -263,8 +273,8 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V", bound=Hashable)
 
 Index = dict[K, "V | set[V]"]
-"""Members by key, where nearly every key has one member (the claims naming an ElasticGPU, the
-GPUs holding a reservation): a lone member is kept bare, a set only from two on (an empty set
+"""Members by key, where nearly every key has one member (the claims naming an ElasticGPU):
+a lone member is kept bare, a set only from two on (an empty set
 is 216 bytes; 50,000 one-member sets were ~11 MiB per index). Members are never sets
 themselves. Read and written through `index_add`, `index_discard` and `index_members`."""
 
@@ -306,4 +316,4 @@ def index_members(index: Index[K, V], key: K) -> Collection[V]:
 
 
 __all__ = ["MAX_SHARED_SETS", "Index", "SharedFields", "identity", "index_add", "index_discard", "index_members",
-           "share_fields", "strip"]
+           "kept", "share_fields", "strip"]

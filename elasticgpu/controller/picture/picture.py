@@ -219,6 +219,13 @@ class Picture(reading.Reading):
                     keys += [("pod", pod_key[0], waiting) for waiting in sorted(users)]
         return keys
 
+    def gpu_ready(self, name: str, ready: bool) -> Keys:
+        """Keep whether GPU `name` takes new reservations (`gpu_sync` decided it); when it
+        became ready again, capacity came back: the claims waiting for it are the keys to queue."""
+        with self.lock:
+            changed = self.ledger.set_ready(name, ready)
+            return self.pending_claim_keys() if changed and ready else []
+
     def gpu_written(self, answer: Body, *, freed: bool = False) -> Keys:
         """Take in the answer of a GPU status write; `freed`: it freed capacity, so the claims
         waiting for capacity are the keys to queue."""

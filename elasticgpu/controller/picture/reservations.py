@@ -6,14 +6,17 @@ The GPU objects on the server are the truth. `Ledger` mirrors them into an alloc
 allocation for it) so that `place` answers from memory, and it builds the GPU status bodies
 that commit or free a reservation. It does no I/O: the caller PUTs the bodies with their
 resourceVersion (the commit point) and feeds the server's answer back with `observe_gpu`.
+
+The ledger owns its indexes (`Holders`: the keys each GPU holds, the GPUs holding each key);
+of `compact` and `versions` it asks only leaf questions (the body and model to keep, which copy
+is newer), and nothing it calls calls back into it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from elasticgpu.allocator import (
@@ -37,18 +40,9 @@ logger = logging.getLogger(__name__)
 Body = dict[str, Any]
 
 
-def now_rfc3339() -> str:
-    """The current time as the API server writes it (whole seconds)."""
-    second = int(time.time())
-    cached_second, stamp = _last_stamp[0]
-    if cached_second != second:  # formatting is costly enough to show in a burst: once a second
-        stamp = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        _last_stamp[0] = (second, stamp)  # one tuple: threads never see a half-updated pair
-    return stamp
-
-
-_last_stamp: list[tuple[int, str]] = [(0, "")]
-
+now_rfc3339 = timestamps.now_rfc3339
+"""The current time as the API server writes it (whole seconds); `timestamps.now_rfc3339`,
+named here too for callers that still import it from the ledger."""
 
 parse_time = timestamps.parse
 """An RFC 3339 timestamp, or None when absent or unreadable."""
@@ -64,10 +58,8 @@ class Ledger:
         self._models: dict[str, GPU] = {}
         self._uuid_to_name: dict[str, str] = {}
         self._node_labels: dict[str, dict[str, str]] = {}
-        self._keys_on: dict[str, set[str]] = {}
-        """Reservation keys by GPU name, and (below) GPU names by key: both kept in step, so that
-        a watch event of one GPU costs O(its allocations), not a scan of every GPU."""
-        self._holders: compact.Index[str, str] = {}
+        self._holders = Holders()
+        """Reservation keys by GPU name and GPU names by key (the ledger's own index)."""
         self._allocations: dict[str, dict[str, GPUAllocation]] = {}
         """Each GPU's allocations by ElasticGPU name (a lookup per key, not a scan per key)."""
         self._deleted: versions.Tombstones[str] = versions.Tombstones()
@@ -84,6 +76,11 @@ class Ledger:
     def gpu(self, name: str) -> GPU | None:
         """The GPU object `name` as last seen, or None."""
         return self._models.get(name)
+
+    def gpu_and_body(self, name: str) -> tuple[GPU, Body] | None:
+        """The GPU object `name` as last seen, model and body (with its resourceVersion), or None."""
+        model = self._models.get(name)
+        return None if model is None else (model, self._gpus[name])
 
     def gpu_body(self, name: str) -> Body | None:
         """The GPU object `name` as last seen (dict with its resourceVersion), or None."""
@@ -157,13 +154,9 @@ class Ledger:
     def observe_gpu(self, body: Body) -> None:
         """Take in a GPU object as the server holds it (from a list, watch event or write)."""
         name = body["metadata"]["name"]
-        old = self._gpus.get(name)
-        if old is not None and versions.is_older(body, old):
-            return
-        if self._deleted.holds(name, body):
-            return  # a copy from before its deletion
-        body = compact.strip(body)
-        model = compact.share_fields(GPU.model_validate(body))
+        if self._deleted.refuses(name, body, held=self._gpus.get(name)):
+            return  # older than the copy held, or a copy from before its deletion
+        body, model = compact.kept(body, GPU)
         previous = self._models.get(name)
         if previous is not None and (previous.spec != model.spec or _health(previous) != _health(model)):
             self.forget_gpu(name)
@@ -179,20 +172,9 @@ class Ledger:
             self.inventory.add_card(CardRecord.from_gpu(model))
             if name in self._not_ready:
                 self.inventory.set_health(model.spec.uuid, Health.UNHEALTHY)
-        before = self._keys_on.get(name, set())
         after = {a.elastic_gpu for a in model.status.allocations}
-        self._set_keys_on(name, before, after)
+        before = self._holders.set_keys_on(name, after)
         self._resync_keys(before | after)
-
-    def _set_keys_on(self, gpu_name: str, before: set[str], after: set[str]) -> None:
-        for key in before - after:
-            compact.index_discard(self._holders, key, gpu_name)
-        for key in after - before:
-            compact.index_add(self._holders, key, gpu_name)
-        if after:
-            self._keys_on[gpu_name] = after
-        else:
-            self._keys_on.pop(gpu_name, None)
 
     def delete_gpu(self, body: Body) -> None:
         """A GPU object was deleted (a watch's DELETED event, whose body has the deletion's
@@ -225,8 +207,7 @@ class Ledger:
         model = self._models.pop(name, None)
         self._gpus.pop(name, None)
         self._allocations.pop(name, None)
-        keys = set(self._keys_on.get(name, set()))
-        self._set_keys_on(name, keys, set())
+        keys = self._holders.set_keys_on(name, set())
         if model is None:
             return
         self.inventory.remove_card(model.spec.uuid)
@@ -306,11 +287,11 @@ class Ledger:
         for share in tentative.cards if tentative is not None else ():
             # The tentative share may have kept a reservation the objects hold from being
             # mirrored on that card (`_resync_keys` refuses what does not fit): mirror it now.
-            keys |= self._keys_on.get(self._uuid_to_name.get(share.uuid, ""), set())
+            keys |= self._holders.keys_on(self._uuid_to_name.get(share.uuid, ""))
         self._resync_keys(sorted(keys))
 
     def _gpus_holding(self, key: str) -> list[str]:
-        return sorted(compact.index_members(self._holders, key))
+        return sorted(self._holders.gpus_holding(key))
 
     def gpus_holding(self, key: str) -> list[str]:
         """Names of the GPU objects with an allocation for `key`."""
@@ -364,6 +345,68 @@ class Ledger:
         }
 
 
+class Holders:
+    """The ledger's index of reservations: the keys each GPU holds an allocation for and, the
+    other way, the GPUs holding each key, kept in step so that a watch event of one GPU costs
+    O(its allocations), not a scan of every GPU. Nearly every key is held by one GPU: that one
+    is kept bare, a set only from two on (an empty set is 216 bytes; 50,000 one-member sets
+    were ~11 MiB)."""
+
+    def __init__(self) -> None:
+        self._keys_on: dict[str, set[str]] = {}
+        self._gpus_of: dict[str, str | set[str]] = {}
+
+    def __contains__(self, key: object) -> bool:
+        """True when some GPU holds an allocation for `key`."""
+        return key in self._gpus_of
+
+    def keys_on(self, gpu_name: str) -> set[str]:
+        """The keys GPU `gpu_name` holds (empty when none); the live set: do not change it."""
+        return self._keys_on.get(gpu_name, set())
+
+    def gpus_holding(self, key: str) -> Collection[str]:
+        """The GPUs holding `key` (empty when none); a live set when several: do not keep it."""
+        held = self._gpus_of.get(key)
+        if held is None:
+            return ()
+        return held if isinstance(held, set) else (held,)
+
+    def set_keys_on(self, gpu_name: str, after: set[str]) -> set[str]:
+        """GPU `gpu_name` holds exactly the keys `after` now; returns those it held before."""
+        before = self._keys_on.get(gpu_name, set())
+        for key in before - after:
+            self._discard(key, gpu_name)
+        for key in after - before:
+            self._add(key, gpu_name)
+        if after:
+            self._keys_on[gpu_name] = after
+        else:
+            self._keys_on.pop(gpu_name, None)
+        return before
+
+    def _add(self, key: str, gpu_name: str) -> None:
+        held = self._gpus_of.get(key)
+        if held is None:
+            self._gpus_of[key] = gpu_name
+        elif isinstance(held, set):
+            held.add(gpu_name)
+        elif held != gpu_name:
+            self._gpus_of[key] = {held, gpu_name}
+
+    def _discard(self, key: str, gpu_name: str) -> None:
+        held = self._gpus_of.get(key)
+        if held is None:
+            return
+        if isinstance(held, set):
+            held.discard(gpu_name)
+            if len(held) == 1:
+                self._gpus_of[key] = next(iter(held))
+            elif not held:
+                del self._gpus_of[key]
+        elif held == gpu_name:
+            del self._gpus_of[key]
+
+
 def allocation_for(key: str, share: CardShare, claim_ref: ObjectReference | None) -> GPUAllocation:
     """The `status.allocations` entry of one card of a placement."""
     return GPUAllocation.model_validate(
@@ -373,7 +416,7 @@ def allocation_for(key: str, share: CardShare, claim_ref: ObjectReference | None
             "cores": share.cores,
             "memory": share.memory_mib,
             "exclusive": share.whole,
-            "reservedAt": now_rfc3339(),
+            "reservedAt": timestamps.now_rfc3339(),
         }
     )
 

@@ -98,6 +98,11 @@ class Tombstones(Generic[K]):
         version = version_of(body)
         return entry is not None and version is not None and version <= entry[0]
 
+    def refuses(self, key: K, body: Body, *, held: Body | None) -> bool:
+        """True when `body` must not be taken in: known older than the copy `held`, or a
+        version from before the deletion of `key` (`holds`)."""
+        return (held is not None and is_older(body, held)) or self.holds(key, body)
+
     def prune(self, list_version: str) -> None:
         """Forget the deletions a list taken at `list_version` has seen (it no longer holds them),
         and those older than `max_age_s`."""

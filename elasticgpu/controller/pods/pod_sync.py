@@ -41,7 +41,7 @@ import logging
 from typing import Any
 
 from elasticgpu.allocator import PlacementRequest
-from elasticgpu.api import ElasticGPUClaim, names, pod_claims
+from elasticgpu.api import ElasticGPUClaim, names, pod_claims, timestamps
 from elasticgpu.api.errors import InvalidPodClaims
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, pod_gate
@@ -53,7 +53,6 @@ from elasticgpu.controller.flow.provisioner import claim_ref_of
 from elasticgpu.controller.flow.workqueue import WorkQueue
 from elasticgpu.controller.picture import pod_index
 from elasticgpu.controller.picture.picture import Body, Picture
-from elasticgpu.controller.picture.reservations import now_rfc3339
 from elasticgpu.controller.pods import inline_claims, pod_neighbours, pod_placement
 
 logger = logging.getLogger(__name__)
@@ -247,7 +246,7 @@ class PodSync:
     def _set_condition(self, pod: Body, status: str, reason: str, message: str) -> None:
         meta = pod["metadata"]
         condition = {"type": pod_gate.CONDITION_CLAIMS_READY, "status": status, "reason": reason,
-                     "message": message[:1024], "lastTransitionTime": now_rfc3339()}
+                     "message": message[:1024], "lastTransitionTime": timestamps.now_rfc3339()}
         try:
             answer = self.kube.patch_pod_status(meta.get("namespace", ""), meta.get("name", ""),
                                                 {"status": {"conditions": [condition]}})
