@@ -1,4 +1,4 @@
-"""Card health from XID events, by what NVIDIA documents each XID to mean (`discovery.xids`).
+"""Card health from XID events, by what NVIDIA documents each XID to mean (`elasticgpu.api.xids`).
 
 - informational XIDs (63 row remap recorded, 92 corrected-ECC rate) and application XIDs (13, 31,
   43, 45, 68, 109: one program's error) are counted and shown, never fail the card;
@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from elasticgpu.agent.discovery import CardReset, DiscoveryBackend, XidEvent, xids
+from elasticgpu.agent.discovery import CardReset, DiscoveryBackend, XidEvent
+from elasticgpu.api import xids
 
 logger = logging.getLogger(__name__)
 

@@ -89,7 +89,7 @@ class HealthSettings:
     recovery_quiet_s: float = 300.0
     """Seconds without another transient XID (94, contained ECC) after which the card is Healthy again. Only
     transient XIDs heal this way: one that needs a reset (48, 79, 95, 119, ...) keeps the card Unhealthy until
-    the reset is seen, however long it is quiet (see `elasticgpu.agent.discovery.xids`)."""
+    the reset is seen, however long it is quiet (see `elasticgpu.api.xids`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,8 +13,8 @@ import pytest
 from kubernetes import client
 
 from elasticgpu.agent import errors, health
-from elasticgpu.agent.discovery import APPLICATION_XIDS, CardReset, XidEvent, models, simulated, xids
-from elasticgpu.api import names
+from elasticgpu.agent.discovery import APPLICATION_XIDS, CardReset, XidEvent, models, simulated
+from elasticgpu.api import names, xids
 from tests.agent.conftest import RunningAgent, wait_for
 from tests.agent.objects import DESCRIPTION, condition, node_gpus
 

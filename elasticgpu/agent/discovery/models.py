@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from elasticgpu.agent.discovery import xids
+from elasticgpu.api import xids
 
 # XIDs caused by the application (illegal address, page fault of one context, ...), not the card:
 # NVIDIA's own guidance (and DCGM) treats them as the application's error. Recorded, never fatal.

@@ -1,5 +1,8 @@
 """What each XID means for the card: the one table of XID codes in elasticgpu (pure data, no I/O).
 
+In `api` because both sides read it: the agent decides a card's health by it, the controller
+fails an ElasticGPU only for an XID that needs a reset.
+
 Sources:
 - NVIDIA, "Xid Errors", the Xid catalog for Ampere and newer GPUs, column "Resolution Bucket
   (Immediate Action)": https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html
