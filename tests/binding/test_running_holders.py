@@ -145,3 +145,20 @@ def test_an_orphan_reservation_is_kept_while_its_claim_runs(cluster: Cluster, ku
     controller.resync()
     controller.drain()
     assert _allocations(kube, gpu_name) == []
+
+
+def test_which_entry_is_the_claim() -> None:
+    """By uid when both carry one (a new claim of the same name is another claim), else by namespace/name;
+    an orphan reservation (no claim reference) by the uid its name derives from."""
+    from elasticgpu.api import GPURunningClaim, ObjectReference
+    from elasticgpu.controller.running_holders import matches
+
+    entry = GPURunningClaim(namespace="ns", name="c", uid="u1", pods=["ns/p"])
+    no_uid = GPURunningClaim(namespace="ns", name="c", pods=["ns/p"])
+    assert matches(entry, claim_ref=ObjectReference(namespace="ns", name="c", uid="u1"), key="k")
+    assert not matches(entry, claim_ref=ObjectReference(namespace="ns", name="c", uid="u2"), key="k")
+    assert matches(entry, claim_ref=ObjectReference(namespace="ns", name="c"), key="k")
+    assert matches(no_uid, claim_ref=ObjectReference(namespace="ns", name="c", uid="u2"), key="k")
+    assert not matches(no_uid, claim_ref=ObjectReference(namespace="other", name="c"), key="k")
+    assert matches(entry, claim_ref=None, key=names.elastic_gpu_name_for_claim("u1"))
+    assert not matches(no_uid, claim_ref=None, key=names.elastic_gpu_name_for_claim("u1"))
