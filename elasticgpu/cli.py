@@ -34,9 +34,9 @@ def _crds(args: argparse.Namespace) -> int:
 def _controller(args: argparse.Namespace) -> int:
     import os
 
-    from elasticgpu.controller import startup
-    from elasticgpu.controller.leader import LeaderSettings
-    from elasticgpu.controller.logs import configure_logging
+    from elasticgpu.controller.edge.leader import LeaderSettings
+    from elasticgpu.controller.process import startup
+    from elasticgpu.controller.process.logs import configure_logging
 
     configure_logging(level=args.log_level, log_format=args.log_format)
     # The Lease lives where the controller runs (the Downward API's POD_NAMESPACE), else in the

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from elasticgpu.api import names
-from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.edge.kube import KubeApi
 from tests.kube_cluster import REPO_ROOT, _die_with_parent
 
 T = TypeVar("T")

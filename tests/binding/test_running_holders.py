@@ -14,8 +14,8 @@ from typing import Any
 
 from elasticgpu.api import names
 from elasticgpu.controller import errors
-from elasticgpu.controller.kube import KubeApi
-from elasticgpu.controller.running_holders import CONDITION_RELEASE_PENDING, REASON_CLAIM_STILL_RUNNING
+from elasticgpu.controller.decisions.running_holders import CONDITION_RELEASE_PENDING, REASON_CLAIM_STILL_RUNNING
+from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller, settle
 
@@ -151,7 +151,7 @@ def test_which_entry_is_the_claim() -> None:
     """By uid when both carry one (a new claim of the same name is another claim), else by namespace/name;
     an orphan reservation (no claim reference) by the uid its name derives from."""
     from elasticgpu.api import GPURunningClaim, ObjectReference
-    from elasticgpu.controller.running_holders import matches
+    from elasticgpu.controller.decisions.running_holders import matches
 
     entry = GPURunningClaim(namespace="ns", name="c", uid="u1", pods=["ns/p"])
     no_uid = GPURunningClaim(namespace="ns", name="c", pods=["ns/p"])
