@@ -105,13 +105,14 @@ class ElasticGPUSync:
             if ref is not None and ref.name:
                 claim = picture.claim(ref.namespace or "", ref.name)
             ledger = picture.ledger
+            held_after_failure = egpu.status.phase == "Failed" and bool(ledger.gpus_holding(name))
             decision = binder.decide_elastic_gpu(
                 egpu, claim=claim, gpus=ledger.gpu, held=ledger.held(name), conflict=ledger.conflict
             )
         if isinstance(decision, binder.Keep):
             if egpu.status.phase == "Bound":
                 self.commit.stamp_claim_ref(egpu)
-            elif egpu.status.phase == "Failed" and picture.ledger.gpus_holding(name):
+            elif egpu.status.phase == "Failed" and held_after_failure:
                 # OBSERVATION: Failed, and its reservation kept while its claim still ran on the card:
                 # free it once the agent no longer reports the claim running.
                 self._free_unless_running(egpu)
