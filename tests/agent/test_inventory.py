@@ -156,7 +156,9 @@ def test_a_restarted_agent_keeps_an_unhealthy_card_unhealthy(
     name = names.gpu_object_name(simulated.simulated_uuid(node_name, 0))
     wait_for("GPU object", lambda: name in node_gpus(api_client, node_name))
     simulated.inject(first.inject_dir, {"xid": {"card": 0, "code": 48}})
-    wait_for("Unhealthy", lambda: node_gpus(api_client, node_name)[name]["status"].get("health") == "Unhealthy")
+    # .get: the object exists a moment before the agent writes its status
+    wait_for("Unhealthy", lambda: (node_gpus(api_client, node_name)[name].get("status") or {}).get("health")
+             == "Unhealthy")
     first.process.send_signal(signal.SIGTERM)
     assert first.process.wait(timeout=15) == 0
     beat = condition(node_gpus(api_client, node_name)[name], "Heartbeat")
