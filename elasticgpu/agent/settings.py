@@ -87,8 +87,9 @@ class HealthSettings:
     """How XID errors change a card's health."""
 
     recovery_quiet_s: float = 300.0
-    """Seconds without a fatal XID after which an Unhealthy card is Healthy again (NVIDIA's device plugin
-    never recovers a card; a card that stays clean should come back)."""
+    """Seconds without another transient XID (94, contained ECC) after which the card is Healthy again. Only
+    transient XIDs heal this way: one that needs a reset (48, 79, 95, 119, ...) keeps the card Unhealthy until
+    the reset is seen, however long it is quiet (see `elasticgpu.api.xids`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -138,3 +138,52 @@ def test_process_usage_and_xid_events() -> None:
     assert (event.gpu_uuid, event.xid, event.fatal) == ("GPU-h0", 79, True)
     assert backend.wait_xid_events(0.01) == []
     backend.close()
+
+
+class ResettingDriver(Driver):
+    """The stand-in with what reset evidence reads: handles by uuid, the recovery-action field, remapped rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost: set[str] = set()
+        self.action = {"h0": pynvml.NVML_GPU_RECOVERY_ACTION_NONE, "h1": pynvml.NVML_GPU_RECOVERY_ACTION_NONE}
+        self.remap_pending = {"h0": 0, "h1": 0}
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        handle = uuid.removeprefix("GPU-")
+        if handle in self.lost:
+            self._fail(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return handle
+
+    def nvmlDeviceGetFieldValues(self, handle: str, fields: list[int]) -> list[Any]:
+        assert fields == [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
+        return [SimpleNamespace(nvmlReturn=pynvml.NVML_SUCCESS, value=SimpleNamespace(uiVal=self.action[handle]))]
+
+    def nvmlDeviceGetRemappedRows(self, handle: str) -> tuple[int, int, int, int]:
+        return (0, 1, self.remap_pending[handle], 0)
+
+
+def test_card_resets_need_evidence_from_nvml() -> None:
+    driver = ResettingDriver()
+    backend = nvml.NvmlBackend(driver)
+    waiting = {"GPU-h0", "GPU-h1"}
+    # Nothing pending, nothing lost: no evidence of a reset, however often asked.
+    assert backend.card_resets(waiting) == backend.card_resets(waiting) == []
+    # h0 falls off the bus (stops answering), h1's driver asks for a reset and a row remap is pending.
+    driver.lost.add("h0")
+    driver.action["h1"] = pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    driver.remap_pending["h1"] = 1
+    assert backend.card_resets(waiting) == []
+    # h0 answers again (re-enumerated after a reset or reboot); h1's pending action and remap clear.
+    driver.lost.clear()
+    driver.action["h1"] = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+    driver.remap_pending["h1"] = 0
+    resets = {r.gpu_uuid: r.how for r in backend.card_resets(waiting)}
+    assert resets == {"GPU-h0": "re-enumerated", "GPU-h1": "recovery action and row remap cleared"}
+    assert backend.card_resets(waiting) == []  # evidence acts once
+    # A card no longer waiting is forgotten: its old evidence never counts for a later XID.
+    driver.action["h1"] = pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
+    assert backend.card_resets({"GPU-h1"}) == []
+    assert backend.card_resets(set()) == []
+    driver.action["h1"] = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+    assert backend.card_resets({"GPU-h1"}) == []

@@ -7,8 +7,8 @@ from elasticgpu.agent import discovery, ledger
 
 def test_discovery_exports() -> None:
     assert sorted(discovery.__all__) == [
-        "APPLICATION_XIDS", "BACKENDS", "Card", "DiscoveryBackend", "DriverInfo", "ProcessUsage", "Snapshot",
-        "XidEvent", "open_backend",
+        "APPLICATION_XIDS", "BACKENDS", "Card", "CardReset", "DiscoveryBackend", "DriverInfo", "ProcessUsage",
+        "Snapshot", "XidEvent", "open_backend",
     ]
     assert all(hasattr(discovery, name) for name in discovery.__all__)
 

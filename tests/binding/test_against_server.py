@@ -374,3 +374,45 @@ def test_a_deletion_the_watch_delivered_is_not_undone_by_an_older_copy(cluster: 
     reborn = {**zombie, "metadata": {**zombie["metadata"], "resourceVersion": str(int(later) + 1)}}
     controller.observe("claim", "ADDED", reborn)
     assert controller.claim(cluster.namespace, "zombie") is not None
+
+
+def test_a_pod_reported_deleted_by_the_label_selected_watch_but_alive_keeps_its_claim(
+        cluster: Cluster, kube: KubeApi, api_client: Any) -> None:
+    """Issue 15 item 4: the controller watches only pods labelled elasticgpu.io/uses-claims=true, so a pod
+    whose label is removed arrives as DELETED. A GET must confirm it is gone before its claims lose it.
+    (The pod is created without the label, as if it had been removed: the immutable-label policy, when
+    installed, refuses the removal itself; the watch's DELETED event is fed as the watch would send it.)"""
+    from kubernetes import client
+
+    _gpus, class_name = _setup(cluster)
+    cluster.claim(o.claim("used", class_name=class_name))
+    controller = new_controller(kube, cluster.namespace)
+    settle(controller)
+    core = client.CoreV1Api(api_client)
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "p", "annotations": {names.claim_annotation("main"): "used"}},
+           "spec": {"containers": [{"name": "main", "image": "busybox"}]}}
+    created = client.ApiClient().sanitize_for_serialization(core.create_namespaced_pod(cluster.namespace, pod))
+    labelled = {**created, "metadata": {**created["metadata"], "labels": {names.LABEL_USES_CLAIMS: "true"}}}
+    controller.observe("pod", "ADDED", labelled)  # what the watch delivered while it carried the label
+    kube.delete_claim(cluster.namespace, "used")
+    settle(controller)
+    assert names.FINALIZER_CLAIM_PROTECTION in cluster.get_claim("used")["metadata"]["finalizers"]
+
+    controller.observe("pod", "DELETED", labelled)  # the label went: the watch says DELETED
+    settle(controller)
+    claim = cluster.get_claim("used")  # the pod still runs: the claim stays in use
+    assert names.FINALIZER_CLAIM_PROTECTION in claim["metadata"]["finalizers"]
+    assert any(c["reason"] == "ClaimInUse" for c in claim["status"]["conditions"])
+    controller.resync()  # a relist: the label-selected list lacks the pod, a GET finds it alive
+    settle(controller)
+    assert names.FINALIZER_CLAIM_PROTECTION in cluster.get_claim("used")["metadata"]["finalizers"]
+
+    core.delete_namespaced_pod("p", cluster.namespace, grace_period_seconds=0, _preload_content=False)
+    controller.resync()  # no watch event comes for an unlabelled pod: the relist's GET finds it gone
+    settle(controller)
+    try:
+        cluster.get_claim("used")
+        raise AssertionError("claim still exists after its pod is gone")
+    except errors.NotFound:
+        pass

@@ -99,6 +99,11 @@ def test_with_condition_keeps_the_agents_conditions() -> None:
     (("False", "Xid79"), "Xid79"),
     (("False", "Vanished"), "Vanished"),
     (("False", "XidUnknown"), None),  # not a reason the agent writes: not taken as fatal
+    (("False", "Xid48"), "Xid48"),  # needs a reset
+    (("False", "Xid4242"), "Xid4242"),  # not in the table: needs a reset
+    (("False", "Xid94"), None),  # transient: no new reservations until it recovers, the work goes on
+    (("False", "Xid63"), None),  # informational (an older agent failed the card for it)
+    (("True", "Reset"), None),
     (("Unknown", "Xid79"), None),
 ])
 def test_fatal_failure(healthy: tuple[str, str], fatal: str | None) -> None:

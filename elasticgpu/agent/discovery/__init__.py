@@ -13,6 +13,7 @@ from elasticgpu.agent.discovery.backend import DiscoveryBackend
 from elasticgpu.agent.discovery.models import (
     APPLICATION_XIDS,
     Card,
+    CardReset,
     DriverInfo,
     ProcessUsage,
     Snapshot,
@@ -53,6 +54,7 @@ __all__ = [
     "APPLICATION_XIDS",
     "BACKENDS",
     "Card",
+    "CardReset",
     "DiscoveryBackend",
     "DriverInfo",
     "ProcessUsage",

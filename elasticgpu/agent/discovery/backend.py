@@ -6,6 +6,7 @@ must tolerate calls from different threads but never two of the same method at o
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
 from elasticgpu.agent.discovery import models
@@ -27,6 +28,15 @@ class DiscoveryBackend(Protocol):
 
     def wait_xid_events(self, timeout_s: float) -> list[models.XidEvent]:
         """XID events since the last call, waiting at most `timeout_s` seconds for the first."""
+        ...
+
+    def card_resets(self, waiting: Collection[str]) -> list[models.CardReset]:
+        """Cards among `waiting` (uuids that await a reset after an XID) that were reset since the last call.
+
+        Called from the health loop after each XID wait, without blocking. A card is reset when the
+        backend has evidence of it (re-enumerated, a pending recovery action or row remap cleared);
+        without evidence a card stays in `waiting`.
+        """
         ...
 
     def control_device_paths(self) -> list[str]:

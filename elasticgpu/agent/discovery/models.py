@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from elasticgpu.api import xids
+
 # XIDs caused by the application (illegal address, page fault of one context, ...), not the card:
 # NVIDIA's own guidance (and DCGM) treats them as the application's error. Recorded, never fatal.
-APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+# The whole table (informational, transient, reset-required) is `xids`.
+APPLICATION_XIDS: frozenset[int] = xids.codes(xids.XidKind.APPLICATION)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,9 +82,26 @@ class XidEvent:
     """Extra text (the simulated backend's note; empty from NVML)."""
 
     @property
+    def kind(self) -> xids.XidKind:
+        """What the XID means for the card (the table in `xids`)."""
+        return xids.classify(self.xid).kind
+
+    @property
     def fatal(self) -> bool:
-        """True when the XID says the card itself is broken, not only one application."""
-        return self.xid not in APPLICATION_XIDS
+        """True when the XID fails the card (transient or reset-required), not only one application."""
+        return self.kind in (xids.XidKind.TRANSIENT, xids.XidKind.RESET)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CardReset:
+    """Evidence that a card was reset (or re-enumerated) after an XID that needed it."""
+
+    gpu_uuid: str
+    """The card."""
+    timestamp: float
+    """time.time() when the backend saw the evidence."""
+    how: str
+    """What the evidence was, for people (`re-enumerated`, `recovery action cleared`, `simulated reset`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

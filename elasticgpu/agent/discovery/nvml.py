@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,10 @@ class NvmlBackend:
         self._event_handles: dict[str, Any] = {}
         # Per-card timestamp of the last process-utilisation sample read, so each call asks only for newer samples.
         self._last_sample_us: dict[str, int] = {}
+        # Reset evidence per card awaiting a reset: the card stopped answering (re-enumeration pending), or a
+        # recovery action / row remap was seen pending (its clearing is the reset).
+        self._lost: set[str] = set()
+        self._pending: dict[str, set[str]] = {}
 
     @classmethod
     def open(cls) -> NvmlBackend:
@@ -266,6 +271,50 @@ class NvmlBackend:
             self._quiet(nvml.nvmlEventSetFree, event_set)
             return None
         return event_set
+
+    def card_resets(self, waiting: Collection[str]) -> list[models.CardReset]:
+        """Cards among `waiting` that NVML shows reset: re-enumerated after they stopped answering, or a
+        pending recovery action or row remap (set by the XID) cleared."""
+        nvml = self._nvml
+        for forgotten in (set(self._pending) | self._lost) - set(waiting):
+            self._pending.pop(forgotten, None)
+            self._lost.discard(forgotten)
+        resets: list[models.CardReset] = []
+        for uuid in waiting:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                nvml.nvmlDeviceGetMemoryInfo(handle)  # a card fallen off the bus keeps its handle but answers no query
+            except nvml.NVMLError:
+                self._lost.add(uuid)
+                continue
+            if uuid in self._lost:
+                self._lost.discard(uuid)
+                self._pending.pop(uuid, None)
+                resets.append(models.CardReset(gpu_uuid=uuid, timestamp=time.time(), how="re-enumerated"))
+                continue
+            pending = self._pending_flags(handle)
+            seen = self._pending.setdefault(uuid, set())
+            cleared = sorted(seen - pending)
+            seen |= pending
+            if cleared:
+                self._pending.pop(uuid, None)
+                resets.append(models.CardReset(gpu_uuid=uuid, timestamp=time.time(),
+                                               how=f"{' and '.join(cleared)} cleared"))
+        return resets
+
+    def _pending_flags(self, handle: Any) -> set[str]:
+        """What NVML says is pending until the next reset, among what this driver can tell."""
+        nvml = self._nvml
+        flags: set[str] = set()
+        values = self._quiet(nvml.nvmlDeviceGetFieldValues, handle, [nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+        if values:
+            value = values[0]
+            if value.nvmlReturn == nvml.NVML_SUCCESS and int(value.value.uiVal) != nvml.NVML_GPU_RECOVERY_ACTION_NONE:
+                flags.add("recovery action")
+        remapped = self._quiet(nvml.nvmlDeviceGetRemappedRows, handle)  # (corrected, uncorrected, pending, failed)
+        if remapped and remapped[2]:
+            flags.add("row remap")
+        return flags
 
     def control_device_paths(self) -> list[str]:
         """The driver's control device nodes present on this host."""

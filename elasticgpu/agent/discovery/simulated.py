@@ -18,6 +18,9 @@ The file::
       - {at: 20, process: {card: 0, pid: 4242, gone: true}}
       - {at: 30, vanish: {card: 1}}
       - {at: 60, appear: {card: 1}}
+      - {at: 70, reset: {card: 0}}   # the card was reset (nvidia-smi -r): clears an XID that needed one
+
+A card that appears after it vanished was re-enumerated, which counts as a reset too (as with NVML).
 
 While the agent runs, a test (or a person) injects the same entries, without `at`, by dropping
 JSON or YAML files (one entry, or a list of entries) into the inject directory (`inject()` below
@@ -40,6 +43,7 @@ import stat
 import threading
 import time
 import uuid as uuidlib
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,6 +60,7 @@ logger = logging.getLogger(__name__)
 _UUID_NAMESPACE = uuidlib.UUID("6f1d6c1e-3b7a-4c55-9a43-2f7f0f1f7e21")  # fixed: simulated uuids stay stable
 _CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm")
 _POLL_S = 0.05  # how often wait_xid_events looks at the clock and the inject directory
+_ENTRY_KINDS = ("process", "xid", "vanish", "appear", "reset")
 
 
 def simulated_uuid(node_name: str, index: int) -> str:
@@ -134,6 +139,7 @@ class SimulatedBackend:
         self._timeline = self._parse_timeline(description.get("timeline") or [])
         self._processes: dict[tuple[str, int], models.ProcessUsage] = {}
         self._xids: list[models.XidEvent] = []
+        self._resets: list[models.CardReset] = []
         for card in cards:
             make_stand_in_device(Path(card.device_path))
         for control in _CONTROL_DEVICES:
@@ -238,9 +244,9 @@ class SimulatedBackend:
         return parsed
 
     def _check_entry(self, entry: dict[str, Any], where: str) -> None:
-        kinds = [k for k in ("process", "xid", "vanish", "appear") if k in entry]
+        kinds = [k for k in _ENTRY_KINDS if k in entry]
         if len(kinds) != 1 or not isinstance(entry[kinds[0]], dict):
-            raise _fail(self._source, where, "needs exactly one of process, xid, vanish, appear (a mapping)")
+            raise _fail(self._source, where, f"needs exactly one of {', '.join(_ENTRY_KINDS)} (a mapping)")
         self._card_of(entry[kinds[0]], f"{where}.{kinds[0]}.card")
 
     def _card_of(self, body: dict[str, Any], where: str) -> models.Card:
@@ -276,9 +282,15 @@ class SimulatedBackend:
             code = _int(body.get("code"), source=self._source, where=f"{where}.xid.code", minimum=1)
             note = str(body.get("message", ""))
             self._xids.append(models.XidEvent(gpu_uuid=card.uuid, xid=code, timestamp=time.time(), message=note))
+        elif "reset" in entry:
+            card = self._card_of(entry["reset"], where)
+            self._resets.append(models.CardReset(gpu_uuid=card.uuid, timestamp=time.time(), how="simulated reset"))
         else:
             present = "appear" in entry
             card = self._card_of(entry["appear" if present else "vanish"], where)
+            if present and not self._cards[card.index].present:
+                # Back after it vanished: re-enumerated by the driver, which only a reset or reboot does.
+                self._resets.append(models.CardReset(gpu_uuid=card.uuid, timestamp=time.time(), how="re-enumerated"))
             self._cards[card.index].present = present
 
     def _advance(self) -> None:
@@ -298,7 +310,7 @@ class SimulatedBackend:
                 entries = loaded if isinstance(loaded, list) else [loaded]
                 for position, entry in enumerate(entries):
                     if not isinstance(entry, dict):
-                        raise _fail(str(path), f"entry {position}", "must be a mapping (process, xid, vanish, appear)")
+                        raise _fail(str(path), f"entry {position}", f"must be a mapping ({', '.join(_ENTRY_KINDS)})")
                     self._apply(entry, f"{path} entry {position}")
             except (errors.SimulationInvalid, yaml.YAMLError, ValueError) as e:
                 # A bad injected entry is the injector's mistake: say so and go on, never stop the agent.
@@ -333,6 +345,16 @@ class SimulatedBackend:
             if events or time.monotonic() >= deadline:
                 return events
             time.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))
+
+    def card_resets(self, waiting: Collection[str]) -> list[models.CardReset]:
+        """Resets of cards in `waiting` from due and injected `reset` entries (and cards re-enumerated).
+
+        A reset of a card that awaits none is dropped, as NVML would have nothing to report for it.
+        """
+        with self._lock:
+            self._advance()
+            resets, self._resets = self._resets, []
+        return [reset for reset in resets if reset.gpu_uuid in waiting]
 
     def control_device_paths(self) -> list[str]:
         """Stand-ins of the driver's control devices."""

@@ -15,8 +15,11 @@ condition, `Ready`:
   cluster costs no writes.
 
 An Unhealthy card (`status.health`) is kept from new reservations by the allocator itself
-(`CardRecord.from_gpu`). A *fatal* failure, `Healthy=False` with reason `Xid<code>` or
-`Vanished`, also fails the card's ElasticGPUs (`fatal_failure`, read by `binder`).
+(`CardRecord.from_gpu`). A *fatal* failure, `Healthy=False` with reason `Vanished` or
+`Xid<code>` for an XID that needs a reset (`elasticgpu.api.xids`: 48, 79, 95, 119, unknown
+ones, ...), also fails the card's ElasticGPUs (`fatal_failure`, read by `binder`). A transient
+XID (94) only keeps new reservations away until the card recovers on its own: the work already
+on the card goes on.
 
 The heartbeat carries the agent's clock and is compared with the controller's, as a Lease's
 renewTime is: node clocks must agree (NTP) within a small part of the grace; a node whose
@@ -31,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from elasticgpu.api import GPU, timestamps
+from elasticgpu.api import GPU, timestamps, xids
 
 HEARTBEAT = "Heartbeat"
 HEALTHY = "Healthy"
@@ -126,14 +129,16 @@ def with_condition(conditions: Iterable[Body], condition: Body) -> list[Body]:
 
 
 def fatal_failure(gpu: GPU) -> Failure | None:
-    """The card's fatal failure (`Healthy=False` with reason `Xid<code>` or `Vanished`), or None.
-    A card that is only Unhealthy otherwise (by hand, no such condition) takes no new
-    reservations but fails nothing."""
+    """The card's fatal failure (`Healthy=False` with reason `Vanished`, or `Xid<code>` for an XID
+    that needs a reset), or None. A card that is only Unhealthy otherwise (a transient XID, by
+    hand, no such condition) takes no new reservations but fails nothing."""
     for condition in gpu.status.conditions:
         if condition.type != HEALTHY or condition.status != "False":
             continue
         reason = condition.reason
-        if reason == REASON_VANISHED or (reason.startswith(XID_PREFIX) and reason[len(XID_PREFIX):].isdigit()):
+        code = reason[len(XID_PREFIX):]
+        if reason == REASON_VANISHED or (reason.startswith(XID_PREFIX) and code.isdigit()
+                                         and xids.classify(int(code)).kind is xids.XidKind.RESET):
             name = gpu.metadata.name or ""
             what = f"fatal XID {reason[len(XID_PREFIX):]}" if reason != REASON_VANISHED else "vanished"
             detail = f": {condition.message}" if condition.message else ""

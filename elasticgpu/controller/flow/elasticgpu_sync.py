@@ -8,11 +8,13 @@ worker retries the key.
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 
 from elasticgpu.allocator import Placement
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, names
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder
+from elasticgpu.controller.decisions import binder, running_holders
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
@@ -20,6 +22,7 @@ from elasticgpu.controller.flow.provisioner import capacity_of
 from elasticgpu.controller.flow.workqueue import WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture.picture import Body, Picture
+from elasticgpu.controller.picture.reservations import now_rfc3339
 
 
 class ElasticGPUSync:
@@ -34,6 +37,9 @@ class ElasticGPUSync:
         self.metrics: ControllerMetrics | None = None
         """Counts releases when set (`Operability` sets it)."""
         self.commit = commit
+        self._lock = threading.Lock()
+        self._rechecks_due: dict[str, float] = {}
+        """ElasticGPUs kept for a running holder: when their delayed recheck is due (monotonic)."""
 
     def put(self, body: Body) -> ElasticGPU:
         """Take a write's answer into the picture (queueing what it wakes); its model."""
@@ -99,19 +105,27 @@ class ElasticGPUSync:
             if ref is not None and ref.name:
                 claim = picture.claim(ref.namespace or "", ref.name)
             ledger = picture.ledger
+            held_after_failure = egpu.status.phase == "Failed" and bool(ledger.gpus_holding(name))
             decision = binder.decide_elastic_gpu(
                 egpu, claim=claim, gpus=ledger.gpu, held=ledger.held(name), conflict=ledger.conflict
             )
         if isinstance(decision, binder.Keep):
             if egpu.status.phase == "Bound":
                 self.commit.stamp_claim_ref(egpu)
+            elif egpu.status.phase == "Failed" and held_after_failure:
+                # OBSERVATION: Failed, and its reservation kept while its claim still ran on the card:
+                # free it once the agent no longer reports the claim running.
+                self._free_unless_running(egpu)
             return
         if isinstance(decision, binder.Reserve):
             self._reserve(egpu, decision.placement, claim)
         elif isinstance(decision, binder.Fail):
-            self.commit.free_reservation(name)
+            # Failed first (its claim becomes Lost at once), then the reservation: kept while the node's
+            # agent still reports the claim running on the card. A crash between the two leaves a Failed
+            # ElasticGPU that holds its reservation, which the Keep branch above frees.
             if egpu.status.phase != "Failed" or egpu.status.reason != decision.reason:
-                self.set_status(egpu, None, "Failed", decision.reason, decision.message)
+                egpu = self.set_status(egpu, None, "Failed", decision.reason, decision.message)
+            self._free_unless_running(egpu)
             if ref is not None and ref.name:
                 self.queue.add(("claim", ref.namespace or "", ref.name))
         elif isinstance(decision, binder.MarkBound):
@@ -160,8 +174,79 @@ class ElasticGPUSync:
         self.set_phase(egpu, "Released", binder.REASON_RELEASED, f"claim {ref.namespace}/{ref.name} was deleted")
         self.queue.add(("egpu", egpu.metadata.name or ""))
 
+    def _running_holders(self, egpu: ElasticGPU) -> list[running_holders.RunningHolder]:
+        """The claims the agents report running on the cards of `egpu`'s reservation."""
+        name = egpu.metadata.name or ""
+        with self.picture.lock:
+            ledger = self.picture.ledger
+            return running_holders.holders_of(name, claim_ref=egpu.spec.claim_ref,
+                                              gpu_names=ledger.gpus_holding(name), gpus=ledger.gpu)
+
+    def _keep_while_running(self, egpu: ElasticGPU) -> bool:
+        """True while the node's agent reports `egpu`'s claim running on a card of its reservation: the
+        reservation must stay (freeing it would give the card to a second claim while the first runs).
+        Says so once (condition `ReleasePending`, an Event) and rechecks after a delay; the agent's GPU
+        write when the containers stop wakes it sooner."""
+        holders = self._running_holders(egpu)
+        name = egpu.metadata.name or ""
+        if not holders:
+            with self._lock:
+                self._rechecks_due.pop(name, None)
+            return False
+        condition = running_holders.release_pending_condition(egpu, holders, now=now_rfc3339())
+        previous = next((c for c in egpu.status.conditions if c.type == condition["type"]), None)
+        if previous is None or (previous.status, previous.reason, previous.message) != (
+                condition["status"], condition["reason"], condition["message"]):
+            answer = self._write_conditions(egpu, condition)
+            if previous is None or previous.status != "True":
+                self.events.record(answer, type_=WARNING, reason=running_holders.REASON_CLAIM_STILL_RUNNING,
+                                   message=condition["message"])
+        self._recheck(name)
+        return True
+
+    def _recheck(self, name: str) -> None:
+        """Look at `name` again in `RECHECK_S` unless a look is already due by then (one per wait, not one
+        per GPU event). A recheck, not a retry: nothing is left to do until it is due."""
+        now = time.monotonic()
+        with self._lock:
+            due = self._rechecks_due.get(name)
+            if due is not None and now < due:
+                return
+            self._rechecks_due[name] = now + running_holders.RECHECK_S
+        self.queue.add(("egpu", name), delay_s=running_holders.RECHECK_S, recheck=True)
+
+    def _write_conditions(self, egpu: ElasticGPU, condition: dict[str, str]) -> Body:
+        """Replace (or add) one condition of `egpu`'s status, guarded by the resourceVersion it was read at."""
+        name = egpu.metadata.name or ""
+        kept = [c.to_dict() for c in egpu.status.conditions if c.type != condition["type"]]
+        patch = {"metadata": {"resourceVersion": egpu.metadata.resource_version},
+                 "status": {"conditions": sorted([*kept, condition], key=lambda c: str(c.get("type")))}}
+        try:
+            answer = self.kube.patch_elastic_gpu_status(name, patch)
+        except errors.Conflict:
+            with contextlib.suppress(errors.NotFound):
+                self.put(self.kube.get_elastic_gpu(name))
+            raise
+        self.put(answer)
+        return answer
+
+    def _free_unless_running(self, egpu: ElasticGPU) -> None:
+        """Free `egpu`'s reservation unless its claim still runs there; then say the release is done."""
+        if self._keep_while_running(egpu):
+            return
+        self.commit.free_reservation(egpu.metadata.name or "")
+        pending = next((c for c in egpu.status.conditions if c.type == running_holders.CONDITION_RELEASE_PENDING
+                        and c.status == "True"), None)
+        if pending is not None:
+            self._write_conditions(egpu, {
+                "type": running_holders.CONDITION_RELEASE_PENDING, "status": "False",
+                "reason": running_holders.REASON_NO_RUNNING_HOLDER, "lastTransitionTime": now_rfc3339(),
+                "message": "the agent no longer reports the claim running on the card: the reservation is freed"})
+
     def _reclaim(self, egpu: ElasticGPU, *, delete: bool) -> None:
         name = egpu.metadata.name or ""
+        if self._keep_while_running(egpu):
+            return  # the finalizer stays too: a reservation with no ElasticGPU would look like an orphan
         self.commit.free_reservation(name)
         if names.FINALIZER_EGPU_PROTECTION in egpu.metadata.finalizers:
             kept = [f for f in egpu.metadata.finalizers if f != names.FINALIZER_EGPU_PROTECTION]

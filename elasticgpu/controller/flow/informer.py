@@ -13,6 +13,12 @@ is missed and nothing is listed again. Only an expired resourceVersion (410 Gone
 or as an ERROR event), `RELIST_AFTER_FAILURES` failures in a row, or an object that cannot be
 taken in start over with a list: a list queues every object again, which a watch that breaks
 now and then must not cost.
+
+Pods are watched by the label `elasticgpu.io/uses-claims=true`, so a pod whose label is removed
+arrives as DELETED while it still runs. Before the picture takes a pod DELETED (and its claims
+lose that user), a GET confirms it is gone, being deleted or terminated; a pod that is still
+alive stays in the picture as last seen and is read again (GET) at every relist, which the
+label-selected list would no longer return, until it is really gone.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from elasticgpu.api import names
 from elasticgpu.controller import errors
+from elasticgpu.controller.decisions import release
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.liveness import Liveness
 from elasticgpu.controller.flow.workqueue import WorkQueue
@@ -50,10 +58,74 @@ class Informer:
         self.picture = picture
         self.queue = queue
         self.namespace = namespace
+        self._unwatched_pods: dict[tuple[str, str], str] = {}
+        """Pods the label-selected watch reported DELETED that a GET found alive (their label was
+        removed), by (namespace, name) -> uid: read again at every relist until they are gone."""
 
     def observe(self, kind: str, event_type: str | None, body: Body) -> None:
         """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node)."""
+        if kind == "pod" and event_type == "DELETED" and not self._pod_gone(body):
+            return  # still alive without the label: its claims stay in use
         self.queue.add_all(self.picture.observe(kind, event_type, body))
+
+    def _pod_gone(self, body: Body) -> bool:
+        """Whether a pod the watch reported DELETED is really gone (a GET finds nothing, or another pod
+        of that name), being deleted or terminated; else it is remembered in `_unwatched_pods`.
+        A failed GET counts as alive: releasing claims on a guess could give a running pod's card away."""
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if meta.get("deletionTimestamp") or not release.pod_is_running(body):
+            self._unwatched_pods.pop(key, None)
+            return True
+        try:
+            live = self.kube.get_pod(*key)
+        except errors.NotFound:
+            self._unwatched_pods.pop(key, None)
+            return True
+        except errors.ElasticGPUError as err:
+            logger.warning("pod %s/%s: the watch reported it deleted and a GET failed (%s): its claims stay in"
+                           " use until a relist can read it", key[0], key[1], err)
+            self._unwatched_pods[key] = meta.get("uid", "")
+            return False
+        if self._gone(live, meta.get("uid", "")):
+            self._unwatched_pods.pop(key, None)
+            return True
+        if key not in self._unwatched_pods:
+            logger.warning("pod %s/%s no longer carries the label %s=true but still runs: its claims stay in use"
+                           " until it is gone (read again at every relist)", key[0], key[1], names.LABEL_USES_CLAIMS)
+        self._unwatched_pods[key] = meta.get("uid", "")
+        return False
+
+    @staticmethod
+    def _gone(live: Body, uid: str) -> bool:
+        """A pod read back is not the one the watch knew (another uid), is being deleted or terminated."""
+        meta = live.get("metadata") or {}
+        return bool((uid and meta.get("uid") != uid) or meta.get("deletionTimestamp")
+                    or not release.pod_is_running(live))
+
+    def _read_unwatched_pods(self, listed: list[Body]) -> list[Body]:
+        """The pods of `_unwatched_pods` still alive, read now, for a relist to merge beside the listed
+        ones; the others are forgotten (the merge then drops them: their claims are released)."""
+        names_listed = {((p.get("metadata") or {}).get("namespace", ""), (p.get("metadata") or {}).get("name", ""))
+                        for p in listed}
+        alive: list[Body] = []
+        for key, uid in list(self._unwatched_pods.items()):
+            if key in names_listed:
+                self._unwatched_pods.pop(key, None)  # labelled again: the watch sees it
+                continue
+            try:
+                live = self.kube.get_pod(*key)
+            except errors.NotFound:
+                self._unwatched_pods.pop(key, None)
+                continue
+            except errors.ElasticGPUError as err:
+                logger.warning("pod %s/%s (no longer labelled): a GET failed (%s); kept as last seen", *key, err)
+                continue  # the picture keeps it as last seen; the next relist asks again
+            if self._gone(live, uid):
+                self._unwatched_pods.pop(key, None)
+            else:
+                alive.append(live)
+        return alive
 
     def relist(self, *, background: bool = False) -> dict[str, str]:
         """List everything and merge it into the picture (on start, before anything is bound,
@@ -73,6 +145,8 @@ class Informer:
         claims, claims_version = kube.list_collection(kube.collection_path("claim", self.namespace))
         listed_pods = self._try("pods", lambda: kube.list_collection(kube.collection_path("pod", self.namespace)))
         pods, pods_version = listed_pods if listed_pods is not None else (None, "")
+        if pods is not None and self._unwatched_pods:
+            pods = pods + self._read_unwatched_pods(pods)
         keys = self.picture.merge_lists(nodes=nodes, gpus=gpus, gpus_version=gpus_version, egpus=egpus,
                                         egpus_version=egpus_version, classes=classes, claims=claims,
                                         claims_version=claims_version, pods=pods, pods_version=pods_version)

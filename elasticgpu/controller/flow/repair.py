@@ -5,7 +5,8 @@ background lane (behind the keys events queued); every `relist_interval_s` fresh
 merged into the picture first (what repairs a deletion no watch delivered). Reservations whose
 ElasticGPU does not exist, older than the grace period, are freed after a live read confirms
 the ElasticGPU is gone (`resync.find_orphans` decides which), unless their claim is still
-binding (`resync.still_binding`).
+binding (`resync.still_binding`) or the node's agent reports the claim running on the card
+(`running_holders`: freeing it would give the card to a second claim while the first runs).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import resync
+from elasticgpu.controller.decisions import resync, running_holders
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.informer import Informer
@@ -39,6 +40,7 @@ class Repair:
         self.informer = informer
         self.commit = commit
         self.settings = settings
+        self._kept_running: set[str] = set()  # orphans kept for a running holder, said once each
 
     def resync(self, *, relist: bool = True) -> None:
         """Free orphan reservations past the grace period and requeue every object behind the
@@ -62,6 +64,16 @@ class Repair:
             if resync.still_binding(orphan, self.picture.claim):
                 logger.debug("reservation %s has no ElasticGPU yet; its claim is still binding", orphan.key)
                 continue
+            with self.picture.lock:
+                holders = running_holders.holders_of(orphan.key, claim_ref=orphan.claim_ref,
+                                                     gpu_names=orphan.gpu_names, gpus=self.picture.ledger.gpu)
+            if holders:
+                if orphan.key not in self._kept_running:
+                    self._kept_running.add(orphan.key)
+                    logger.warning("reservation %s has no ElasticGPU but is kept: %s", orphan.key,
+                                   running_holders.describe(holders))
+                continue
+            self._kept_running.discard(orphan.key)
             try:
                 self.kube.get_elastic_gpu(orphan.key)
                 continue  # it exists after all (created since the list)
