@@ -240,6 +240,11 @@ class Inventory:
         )  # fmt: skip
         """The publisher of `status.runningClaims` (None without a ledger)."""
 
+    @property
+    def events_namespace(self) -> str:
+        """Namespace of the Events about this node's GPU objects (cluster scoped)."""
+        return self._settings.events_namespace
+
     # What other loops tell inventory -------------------------------------------------------------
 
     def set_gpu_usage(self, uuid: str, usage: GpuUsage, *, urgent: bool) -> None:
