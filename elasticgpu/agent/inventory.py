@@ -18,6 +18,10 @@ Conditions the controller reads:
 - `Healthy`: True (`NoFatalXid`, `Recovered`) or False (`Xid<code>`, `Vanished`), mirrored by
   `status.health` (Healthy / Unhealthy).
 
+With the ledger, inventory also runs `holders.RunningClaimsPublisher` (its own thread): the
+claims whose containers run on each card, in `status.runningClaims`, written on every change of
+the ledger's open rows (the controller keeps a reservation while its claim is listed there).
+
 A card that discovery no longer reports is marked Unhealthy with reason `Vanished`; its object is
 never deleted (reservations may point at it, and a card that comes back is Healthy again).
 """
@@ -33,10 +37,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from elasticgpu.agent import errors
+from elasticgpu.agent import errors, holders
 from elasticgpu.agent.discovery import Card, DiscoveryBackend, Snapshot
 from elasticgpu.agent.health import CardHealth, HealthTracker
 from elasticgpu.agent.kube import AgentKube
+from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.settings import InventorySettings
 from elasticgpu.api import names, printing, timestamps
 
@@ -205,7 +210,9 @@ class Inventory:
         settings: InventorySettings,
         watch_timeout_s: int = 60,
         clock: Callable[[], float] = time.time,
+        ledger: LedgerStore | None = None,
     ) -> None:
+        """`ledger`: publish the running claims of its open rows (None: no `status.runningClaims`)."""
         self._kube = kube
         self._backend = backend
         self._health = health
@@ -227,6 +234,16 @@ class Inventory:
         """The cards of the last discovery."""
         self.status_writes = 0
         """GPU status writes made (for the benchmark and metrics)."""
+        self.holders = (
+            holders.RunningClaimsPublisher(kube=kube, ledger=ledger, objects=self.objects, remember=self._remember)
+            if ledger is not None else None
+        )  # fmt: skip
+        """The publisher of `status.runningClaims` (None without a ledger)."""
+
+    @property
+    def events_namespace(self) -> str:
+        """Namespace of the Events about this node's GPU objects (cluster scoped)."""
+        return self._settings.events_namespace
 
     # What other loops tell inventory -------------------------------------------------------------
 
@@ -292,6 +309,11 @@ class Inventory:
         """Reconcile now, then every `rediscover_interval_s` or when woken, until `stop`. Never dies."""
         watcher = threading.Thread(target=self.watch, args=(stop,), name="inventory-watch", daemon=True)
         watcher.start()
+        publisher = None
+        if self.holders is not None:
+            publisher = threading.Thread(target=self.holders.run, args=(stop,), kwargs={"ready": self._synced},
+                                         name="running-claims", daemon=True)  # fmt: skip
+            publisher.start()
         self._synced.wait(timeout=self._settings.rediscover_interval_s)
         failures = 0
         while not stop.is_set():
@@ -308,6 +330,9 @@ class Inventory:
             if self.wake.wait(delay):
                 stop.wait(0.05)  # let a burst of wake-ups (several XIDs) collapse into one pass
         watcher.join(timeout=1)
+        if self.holders is not None and publisher is not None:
+            self.holders.wake.set()  # it may be waiting for the ledger: let it see the stop
+            publisher.join(timeout=1)
 
     def reconcile(self) -> None:
         """One pass: discover, publish specs, write due statuses, label the node."""
@@ -325,6 +350,8 @@ class Inventory:
                 obj = self._kube.apply_gpu(name, labels=labels, spec=spec)
                 self._remember(obj)
                 logger.info("published card %s (%s) as GPU %s", card.index, card.model, name)
+                if self.holders is not None:
+                    self.holders.wake.set()  # a new object: its running claims too
             if card.uuid not in self._restored:
                 self._restore_health(card.uuid, obj)
             self._write_status(name, card, now)

@@ -16,6 +16,10 @@ Writes:
   status' `conditions` is an atomic list shared with the controller; a read-modify-write with a
   precondition is the only way to replace our conditions without erasing the controller's.
   A 409 raises `KubeConflict`: the caller re-reads and recomputes.
+- GPU `status.runningClaims` (the claims whose containers run on the card, from the ledger): a
+  merge patch of that field alone, without precondition. Only the agent writes it and a merge
+  patch replaces the list whole, so nothing of the controller's (`status.allocations`, its commit
+  point) is touched; written only when it changed, so the controller meets few conflicts.
 - Node labels: merge patch (never creates a Node, unlike an apply).
 
 The kubernetes package gives configuration and credentials; requests go through its urllib3 pool
@@ -74,7 +78,8 @@ class AgentKube:
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self.writes: dict[str, int] = {}
-        """Writes per kind of write (`gpu_apply`, `gpu_status`, `claim_status`, `node_labels`, `event`), for metrics."""
+        """Writes per kind of write (`gpu_apply`, `gpu_status`, `gpu_running_claims`, `claim_status`, `node_labels`,
+        `event`), for metrics."""
         self.answered_at: float | None = None
         """time.monotonic() of the API server's last answer (any HTTP status below 500); None: never yet."""
         self.last_failure: str | None = None
@@ -233,6 +238,14 @@ class AgentKube:
         return self._request(
             "PATCH", f"{GPUS_PATH}/{name}/status", body=body, content_type="application/merge-patch+json",
             query={"fieldManager": self._field_manager}, what=f"write status of GPU {name}", write="gpu_status",
+        )
+
+    def patch_gpu_running_claims(self, name: str, running_claims: list[dict[str, Any]]) -> dict[str, Any]:
+        """Replace the GPU's `status.runningClaims` (merge patch of that field alone, no precondition)."""
+        return self._request(
+            "PATCH", f"{GPUS_PATH}/{name}/status", body={"status": {"runningClaims": running_claims}},
+            content_type="application/merge-patch+json", query={"fieldManager": self._field_manager},
+            what=f"write status.runningClaims of GPU {name}", write="gpu_running_claims",
         )
 
     # Claims (read and written by name only) --------------------------------------------------------------

@@ -126,7 +126,7 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
                                 timeout_s=settings.kube.request_timeout_s)
     tracker = health.HealthTracker(recovery_quiet_s=settings.health.recovery_quiet_s)
     publisher = inventory.Inventory(kube=agent_kube, backend=backend, health=tracker, settings=settings.inventory,
-                                    watch_timeout_s=settings.kube.watch_timeout_s)
+                                    watch_timeout_s=settings.kube.watch_timeout_s, ledger=ledger)
     sampler = usage.UsageLoop(backend=backend, ledger=ledger, kube=agent_kube, inventory=publisher,
                               settings=settings.usage, ledger_settings=settings.ledger)
     stop = threading.Event()

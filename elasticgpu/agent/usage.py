@@ -11,7 +11,12 @@ container of each pid from `/proc/<pid>/cgroup`, and the claim of each container
 - reads a claim back every `usage_verify_s` while its usage is unchanged, and writes it again when
   another writer replaced the status (the agent does not watch claims: that would be every claim);
 - sets the claim's condition `OverLimit` (True while its measured memory exceeds the memory it
-  reserved) and writes a Warning Event when it becomes True.
+  reserved) and writes a Warning Event when it becomes True;
+- writes a Warning Event `UnattributedGPUProcess` about the card for a process on it that no
+  claim's container holds (a host process, a privileged container, another device plugin's
+  container), naming the pid and what procfs told of its cgroup and container: once per process
+  (pid and start time), at most `unattributed_events_per_minute` for the node (a node full of
+  them still writes a few Events, not a storm; the rest are told in later minutes).
 
 cgroup path forms (the container id is the 64-hex-digit component, deepest first):
     cgroup v2, systemd driver   0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<uid>.slice/
@@ -93,6 +98,20 @@ class ContainerFinder:
         self._cache[pid] = (started, container)
         return container
 
+    def process_key(self, pid: int) -> tuple[int, str] | None:
+        """(pid, start time): names one process for its whole life (a reused pid gets another); None when gone."""
+        started = self._start_time(pid)
+        return None if started is None else (pid, started)
+
+    def cgroup_of(self, pid: int) -> str | None:
+        """The deepest cgroup path of a process (the longest of its hierarchies), or None when it is gone."""
+        try:
+            text = (self._proc / str(pid) / "cgroup").read_text()
+        except OSError:
+            return None
+        paths = [line.split(":", 2)[-1] for line in text.splitlines() if line.count(":") >= 2]
+        return max(paths, key=len, default="")
+
     def forget_except(self, pids: Iterable[int]) -> None:
         """Drop cached pids that are no longer reported (keeps the cache as small as the process list)."""
         keep = set(pids)
@@ -165,8 +184,10 @@ class UsageLoop:
         settings: UsageSettings,
         ledger_settings: LedgerSettings,
         max_writes_per_pass: int = 20,
+        unattributed_events_per_minute: int = 10,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`unattributed_events_per_minute`: Warning Events about processes no claim holds, for the node."""
         self._backend = backend
         self._ledger = ledger
         self._kube = kube
@@ -180,6 +201,11 @@ class UsageLoop:
         self._claims_seen: dict[tuple[str, str], dict[str, Any]] = {}  # last answer per claim (resourceVersion)
         self._gpu_urgent_base: dict[str, int] = {}
         self._last_prune = 0.0
+        self._unattributed_budget = unattributed_events_per_minute
+        self._warned: set[tuple[int, str]] = set()  # processes already told of: (pid, start time)
+        self._warnings: list[float] = []  # when the recent ones were written (the rate limit's window)
+        self.unattributed: dict[int, str] = {}
+        """pid -> what was found of it, for the processes no claim held in the last pass (tests, logs)."""
         self.claims: dict[tuple[str, str], ClaimUsage] = {}
         """Per-claim usage of the last pass (for the metrics)."""
         self.gpus: dict[str, GpuUsage] = {}
@@ -219,8 +245,58 @@ class UsageLoop:
             self._ledger.prune_released(before=taken - timedelta(seconds=self._ledger_settings.released_retention_s))
             self._last_prune = now
         self._hand_gpus_over(processes, now)
+        self._tell_unattributed(rows, now)
         self.claims = claims
         self._write_claims(claims, now)
+
+    def _tell_unattributed(self, rows: list[tuple[ProcessUsage, Allocation | None, str | None]], now: float) -> None:
+        """A Warning Event per process that uses a card but belongs to no claim's container (see the docstring)."""
+        unattributed: dict[int, str] = {}
+        alive: set[tuple[int, str]] = set()
+        for process, owner, container in rows:
+            key = self._finder.process_key(process.pid)
+            if key is not None:
+                alive.add(key)
+            if owner is not None or key is None:
+                continue  # attributed, or gone since NVML listed it (nothing left to tell)
+            cgroup = self._finder.cgroup_of(process.pid) or "/"
+            found = (
+                f"container {container} (cgroup {cgroup}), which got no card through a claim: a privileged container,"
+                " or one another device plugin or runtime hook gave GPUs to"
+                if container else f"cgroup {cgroup}, no container's: a process of the host"
+            )
+            unattributed[process.pid] = found
+            self._warnings = [at for at in self._warnings if now - at < 60]
+            if key in self._warned or len(self._warnings) >= self._unattributed_budget:
+                continue
+            self._warned.add(key)
+            self._warnings.append(now)
+            self._warn_unattributed(process, found, now)
+        self._warned &= alive  # forget processes that ended: the set stays as small as the process list
+        self.unattributed = unattributed
+
+    def _warn_unattributed(self, process: ProcessUsage, found: str, now: float) -> None:
+        name = names.gpu_object_name(process.gpu_uuid)
+        cards = self._inventory.snapshot.cards if self._inventory is not None else ()
+        card = next((c for c in cards if c.uuid == process.gpu_uuid), None)
+        where = f"card {process.gpu_uuid}" + (f" (index {card.index})" if card is not None else "")
+        obj = self._inventory.objects().get(name) if self._inventory is not None else None
+        message = (
+            f"process {process.pid} uses {process.memory_mib} MiB of GPU memory on {where} of node"
+            f" {self._kube.node_name}, but no claim's container holds that card: it runs in {found}. It takes"
+            " memory and compute the card's claims were promised; find it (`nsenter -t <pid>` or the container's"
+            " pod) and give its pod an ElasticGPUClaim, or stop it"
+        )
+        logger.warning("%s", message)
+        try:
+            self._kube.create_event(
+                namespace=self._inventory.events_namespace if self._inventory is not None else "default",
+                involved={"apiVersion": names.API_VERSION, "kind": names.KIND_GPU, "name": name,
+                          "uid": ((obj or {}).get("metadata") or {}).get("uid")},
+                type_="Warning", reason="UnattributedGPUProcess", message=message, now=rfc3339(now),
+            )  # fmt: skip
+        except errors.KubeError as e:
+            logger.warning("UnattributedGPUProcess Event about GPU %s not written: %s", name, e)
 
     def _hand_gpus_over(self, processes: list[ProcessUsage], now: float) -> None:
         totals: dict[str, list[int]] = {}

@@ -223,7 +223,8 @@ def test_real_processes_in_real_cgroups_reach_the_claims(
     assert metrics[("elasticgpu_agent_claim_cores_limit_ratio", b_labels)] == 0.3
     assert metrics[("elasticgpu_agent_claim_over_limit", b_labels)] == 1.0
     assert metrics[("elasticgpu_agent_api_writes_total", (("write", "claim_status"),))] >= 2
-    assert metrics[("elasticgpu_agent_api_writes_total", (("write", "event"),))] == 1
+    # Two Events: claim-b's OverLimit, and UnattributedGPUProcess for the host's process on card 0.
+    assert metrics[("elasticgpu_agent_api_writes_total", (("write", "event"),))] == 2
 
     # Steady usage: no more claim writes (values unchanged), whatever the passes.
     version = read_claim(api_client, namespace, "claim-a")["metadata"]["resourceVersion"]

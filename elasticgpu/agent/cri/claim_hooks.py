@@ -4,22 +4,27 @@
                      none  -> injection.decide (strip ours, NVIDIA_VISIBLE_DEVICES=void); no ledger
                      claim -> not reconciled yet: refused, retryable
                               under one lock: holders from the ledger (checked against the
-                              runtime when another pod holds it), injection.decide, then
+                              runtime when another pod holds it), injection.decide, then the
+                              card's other claims (card_sharing.check: a whole card serves one
+                              claim, slices sum within the card), then
                               ledger.record_started  -> the row is `started` BEFORE the runtime call
     created          ledger.mark_created(row, container id)    } after the runtime answered, off the
     removed          ledger.mark_released(container id)        } call's path, in order (see below)
     create_failed    ledger.roll_back(row); but when the call ended without the runtime's
                      answer (DEADLINE_EXCEEDED, CANCELLED, UNAVAILABLE) the container may exist:
                      the row stays `started` (it holds the claim) and a later reconcile settles it
-    reconcile        every `created` row whose container is gone -> released;
+    reconcile        under the lock, with a list of the containers taken under it (the caller's
+                     list, made before the lock, may miss a container created since: its row
+                     would be released while it runs); then
+                     every `created` row whose container is gone -> released;
                      at start, also every `started` row (a crash between the ledger write and
                      the runtime's answer), later only the rows left open by an unanswered call
                      (once `settle_after_s` old): the runtime has the container (same pod uid,
                      container name and claim annotation, not in another row) -> created with
                      its id, else rolled back. Nothing lost, nothing stale.
 
-The lock makes "nobody else holds the claim" and "now we hold it" one step, so two pods racing
-for one claim cannot both pass. A ledger that cannot be written refuses the claim as retryable:
+The lock makes "nobody else holds the claim (or the card)" and "now we hold it" one step, so two
+pods racing for one claim or one card cannot both pass. A ledger that cannot be written refuses the claim as retryable:
 a device is never given without its record.
 
 Only `started` must be durable before the runtime is called. `created` and `released` are
@@ -45,7 +50,7 @@ from typing import Any
 
 import grpc
 
-from elasticgpu.agent.cri import api, hooks, injection
+from elasticgpu.agent.cri import api, card_sharing, hooks, injection
 from elasticgpu.agent.ledger import store
 
 log = logging.getLogger(__name__)
@@ -148,9 +153,12 @@ class ClaimHooks:
                 code=grpc.StatusCode.UNAVAILABLE,
             )
         with self._claim_lock:
-            edit = injection.decide(plain, self._view, holders=self._holders(key), settings=self._settings)
+            states: dict[str, int] | None = None
+            rows, states = self._live([row for row in self._open_rows() if row.claim == key], states)
+            edit = injection.decide(plain, self._view, holders=[row.pod for row in rows], settings=self._settings)
             claim = edit.claim
             assert claim is not None  # decide gives a claim container its claim or refuses
+            self._check_cards(plain, claim, states)
             try:
                 row_id = self._ledger.record_started(
                     pod_uid=plain.pod.uid,
@@ -172,7 +180,10 @@ class ClaimHooks:
                     code=grpc.StatusCode.UNAVAILABLE,
                 ) from e
             with self._memory_lock:
-                self._open[row_id] = _OpenRow(claim=key, pod=plain.pod, container_id=None)
+                self._open[row_id] = _OpenRow(
+                    claim=key, pod=plain.pod, container_id=None, gpus=claim.gpus, cores=claim.cores,
+                    memory_mib=claim.memory_mib,
+                )
         apply(edit, request)
         return hooks.PreparedCreate(
             request=request,
@@ -225,9 +236,15 @@ class ClaimHooks:
 
     def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
         """Settle the ledger against the runtime's containers (see the module docstring)."""
-        by_id = {container.id: container for container in containers}
         with self._claim_lock, self._memory_lock:
             self.flush()  # the queued created/released rows first, or they would look half-done
+            if self._list_containers is not None:
+                # The caller listed before it had the lock: a claim container created since (its
+                # row `created`) would look gone and lose its row while it runs. Under both locks
+                # no row is recorded and no `created` is queued, so every `created` row now in the
+                # ledger has its container in this list unless the container is really gone.
+                containers = self._list_containers()
+            by_id = {container.id: container for container in containers}
             rows = self._ledger.open_allocations()
             taken = {row.container_id for row in rows if row.container_id}
             for row in rows:
@@ -254,6 +271,9 @@ class ClaimHooks:
                     claim=(row.claim_namespace, row.claim_name),
                     pod=injection.PodRef(row.pod_namespace, row.pod_name, row.pod_uid),
                     container_id=row.container_id,
+                    gpus=row.gpu_uuids,
+                    cores=row.cores,
+                    memory_mib=row.memory_mib,
                 )
                 for row in self._ledger.open_allocations()
             }
@@ -284,19 +304,22 @@ class ClaimHooks:
         for row_id in [row_id for row_id, row in self._open.items() if row.container_id == container_id]:
             del self._open[row_id]
 
-    def _holders(self, key: tuple[str, str]) -> list[injection.PodRef]:
-        """Pods holding the claim: open rows, less containers that exited or are gone."""
+    def _open_rows(self) -> list[_OpenRow]:
+        """Copies of the open rows (the caller holds the claim lock, not the memory lock)."""
         with self._memory_lock:
-            rows = [replace(row) for row in self._open.values() if row.claim == key]
-        if not rows:
-            return []
-        states: dict[str, int] | None = None
-        if self._list_containers is not None and any(row.container_id for row in rows):
+            return [replace(row) for row in self._open.values()]
+
+    def _live(
+        self, rows: list[_OpenRow], states: dict[str, int] | None
+    ) -> tuple[list[_OpenRow], dict[str, int] | None]:
+        """The rows that still hold their cards (less containers that exited or are gone), and the
+        container states read for it (one ListContainers, passed back in to be used again)."""
+        if states is None and self._list_containers is not None and any(row.container_id for row in rows):
             try:
                 states = {c.id: c.state for c in self._list_containers()}
             except Exception:  # the runtime did not answer: count every row (refusing is safe)
-                log.warning("could not list containers to check the holders of claim %s/%s", *key)
-        holders = []
+                log.warning("could not list containers to check the holders of claims and cards")
+        live = []
         for row in rows:
             if states is not None and row.container_id is not None:
                 state = states.get(row.container_id)
@@ -305,8 +328,32 @@ class ClaimHooks:
                     continue
                 if state == api.pb.CONTAINER_EXITED:
                     continue  # stopped: it holds no card (kubelet removes it later)
-            holders.append(row.pod)
-        return holders
+            live.append(row)
+        return live, states
+
+    def _check_cards(self, plain: injection.ContainerRequest, claim: injection.ClaimInfo,
+                     states: dict[str, int] | None) -> None:
+        """Refuse when a card of `claim` is held by other claims beyond its capacity (card_sharing)."""
+        wanted = {uuid.lower() for uuid in claim.gpus}
+        key = (claim.namespace, claim.name)
+        rows = [row for row in self._open_rows()
+                if row.claim != key and wanted & {uuid.lower() for uuid in row.gpus}]  # fmt: skip
+        if not rows:
+            return
+        rows, _ = self._live(rows, states)
+        merged: dict[tuple[str, str], card_sharing.Holder] = {}
+        for row in rows:
+            known = merged.get(row.claim)
+            pods = tuple(sorted({*(known.pods if known else ()), row.pod}, key=str))
+            merged[row.claim] = card_sharing.Holder(
+                namespace=row.claim[0], name=row.claim[1], pods=pods,
+                gpus=tuple(dict.fromkeys((*(known.gpus if known else ()), *row.gpus))),
+                cores=max(row.cores, known.cores if known else 0),
+                memory_mib=max(row.memory_mib, known.memory_mib if known else 0),
+            )  # fmt: skip
+        cards = {uuid.lower(): card for uuid in claim.gpus if (card := self._view.card(uuid)) is not None}
+        card_sharing.check(pod=plain.pod, container=plain.container, claim=claim, holders=list(merged.values()),
+                           cards=cards)  # fmt: skip
 
 
 @dataclass
@@ -316,3 +363,6 @@ class _OpenRow:
     claim: tuple[str, str]
     pod: injection.PodRef
     container_id: str | None
+    gpus: tuple[str, ...] = ()  # uuids of the cards the row holds
+    cores: int = 0  # percent of each card (100: whole)
+    memory_mib: int = 0  # MiB of each card (0 for whole cards)

@@ -81,7 +81,10 @@ class ContainerHooks(Protocol):
 
     def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
         """Match what the hooks recorded against the runtime's containers. `starting`: no
-        CreateContainer is in flight, so half-done records can be completed or undone too."""
+        CreateContainer is in flight, so half-done records can be completed or undone too.
+        `containers` was listed before the call: hooks that can list the runtime themselves
+        (attach_runtime) list again under their own lock, or a container created in between would
+        look gone."""
         ...
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -248,6 +248,19 @@ class LedgerStore:
         self._write_lock = threading.Lock()  # SQLite has one writer; queue ours here instead of on busy_timeout
         self.writes = 0
         """Transactions committed since the store was opened (for the metrics)."""
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_allocations_changed(self, callback: Callable[[], None]) -> None:
+        """Call `callback` after every committed change of the open rows (a row started, created,
+        released or rolled back), on the writer's thread: it must return at once (set an Event)."""
+        self._listeners.append(callback)
+
+    def _changed(self) -> None:
+        for callback in list(self._listeners):
+            try:
+                callback()
+            except Exception:  # a listener's bug must not turn a committed write into an error
+                logger.exception("ledger listener %r failed", callback)
 
     @classmethod
     def open(cls, url: str = DEFAULT_URL) -> LedgerStore:
@@ -325,6 +338,7 @@ class LedgerStore:
             session.add(row)
             session.flush()
             row_id = row.id
+        self._changed()
         return row_id
 
     def mark_created(self, row_id: int, container_id: str) -> None:
@@ -343,6 +357,7 @@ class LedgerStore:
             row.state = models.CREATED
             row.container_id = container_id
             row.created_at = _now()
+        self._changed()
 
     def mark_released(self, container_id: str) -> bool:
         """The container is gone: its row becomes "released". False when no open row has that id (idempotent)."""
@@ -357,7 +372,8 @@ class LedgerStore:
                 return False
             row.state = models.RELEASED
             row.released_at = _now()
-            return True
+        self._changed()
+        return True
 
     def roll_back(self, row_id: int) -> None:
         """Forget a "started" row whose CreateContainer failed. A missing row is fine (idempotent)."""
@@ -371,6 +387,7 @@ class LedgerStore:
                     " can be rolled back; release a created container with mark_released"
                 )
             session.delete(row)
+        self._changed()
 
     def open_allocations(self) -> list[Allocation]:
         """Every "started" and "created" row, oldest first."""

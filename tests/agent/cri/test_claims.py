@@ -399,10 +399,11 @@ def test_concurrent_pods_each_get_their_own_claim(gpu_node: GpuNode) -> None:
         return CARDS[int(name.rsplit("-", 1)[1]) % 2]
 
     for name in pods:
-        gpu_node.view.add(slice_claim(NS, f"{name}-main", user=name, gpus=(card_of(name).uuid,)))
+        # Four claims per card: 25% each, so that the card holds them all (the agent checks the sum).
+        gpu_node.view.add(slice_claim(NS, f"{name}-main", user=name, gpus=(card_of(name).uuid,), cores=25))
 
     def start(name: str) -> tuple[str, str, str]:
-        pod = k.run_pod(name, NS, annotations={"elasticgpu.io/request.main": "gpu-core=30,gpu-memory=10Gi"})
+        pod = k.run_pod(name, NS, annotations={"elasticgpu.io/request.main": "gpu-core=25,gpu-memory=10Gi"})
         main, sidecar = k.create_container(pod, "main"), k.create_container(pod, "sidecar")
         for container_id in (main, sidecar):
             k.start(container_id)

@@ -1,0 +1,121 @@
+"""The claims whose containers run on each card, published in the card's `status.runningClaims`.
+
+The ledger's open rows (`started` or `created`: a container that got the card and is not removed
+yet) are the truth of who uses a card on this node. The controller reads them from the GPU
+objects and never frees a reservation while its claim is listed: the card would otherwise be
+bound to another claim while the first one's containers still use it.
+
+    when          the ledger's open rows changed (the store tells at once), the agent started
+                  (its first pass after inventory listed the GPU objects), and every
+                  `check_interval_s` (someone else changed the field, a GPU object appeared)
+    what          per card: one entry per claim with open rows on it, {namespace, name, pods
+                  (namespace/name, sorted), since (the first row's start)}; sorted by claim
+    how           a merge patch of `status.runningClaims` alone (kube.patch_gpu_running_claims),
+                  only for a card whose published list differs from the wanted one, compared
+                  with the objects inventory's watch delivered
+
+A container that has exited but is not removed still counts (its row is open): the controller
+waits a little longer, never too little. A failed write is retried with backoff; the loop never dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from elasticgpu.agent import errors
+from elasticgpu.agent.kube import AgentKube
+from elasticgpu.agent.ledger.store import Allocation, LedgerStore
+
+logger = logging.getLogger(__name__)
+
+
+def running_claims(allocations: Iterable[Allocation]) -> dict[str, list[dict[str, Any]]]:
+    """Per card (lowercased uuid), the entries of `status.runningClaims` for these open rows."""
+    pods: dict[tuple[str, str, str], set[str]] = {}
+    since: dict[tuple[str, str, str], datetime] = {}
+    for row in allocations:
+        for uuid in row.gpu_uuids:
+            key = (uuid.lower(), row.claim_namespace, row.claim_name)
+            pods.setdefault(key, set()).add(f"{row.pod_namespace}/{row.pod_name}")
+            since[key] = min(since.get(key, row.started_at), row.started_at)
+    by_card: dict[str, list[dict[str, Any]]] = {}
+    for key in sorted(pods):
+        uuid, namespace, name = key
+        by_card.setdefault(uuid, []).append({
+            "namespace": namespace, "name": name, "pods": sorted(pods[key]),
+            "since": since[key].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        })  # fmt: skip
+    return by_card
+
+
+class RunningClaimsPublisher:
+    """Keeps `status.runningClaims` of this node's GPU objects true to the ledger. `run` blocks until `stop`."""
+
+    def __init__(
+        self,
+        *,
+        kube: AgentKube,
+        ledger: LedgerStore,
+        objects: Callable[[], dict[str, dict[str, Any]]],
+        remember: Callable[[dict[str, Any]], None],
+        check_interval_s: float = 10.0,
+    ) -> None:
+        """`objects`: this node's GPU objects as inventory's watch last delivered them, by name;
+        `remember`: hands inventory the object a write answered (so the next compare sees it)."""
+        self._kube = kube
+        self._ledger = ledger
+        self._objects = objects
+        self._remember = remember
+        self._check_interval_s = check_interval_s
+        self.wake = threading.Event()
+        """Set to publish at once (the ledger's open rows changed)."""
+        ledger.on_allocations_changed(self.wake.set)
+        self.writes = 0
+        """runningClaims writes made (for tests and metrics)."""
+
+    def run(self, stop: threading.Event, *, ready: threading.Event | None = None) -> None:
+        """Publish now (once `ready` is set: inventory listed the objects), then on every change of the
+        ledger and every `check_interval_s`, until `stop`. Never dies."""
+        if ready is not None:
+            while not stop.is_set() and not ready.wait(0.5):
+                pass
+        failures = 0
+        while not stop.is_set():
+            self.wake.clear()
+            try:
+                self.publish_once()
+                failures = 0
+                delay = self._check_interval_s
+            except Exception as e:
+                failures += 1
+                logger.warning("publishing the running claims of node %s failed (%s); retrying", self._kube.node_name,
+                               e, exc_info=not isinstance(e, errors.AgentError))  # fmt: skip
+                delay = min(self._check_interval_s, 0.2 * 2**failures)
+            if failures:
+                stop.wait(delay)  # a failing API server: back off even when the ledger keeps changing
+            else:
+                self.wake.wait(delay)
+
+    def publish_once(self) -> int:
+        """Write every card whose published list differs from the ledger's; returns how many were written."""
+        wanted = running_claims(self._ledger.open_allocations())
+        written = 0
+        for name, obj in sorted(self._objects().items()):
+            uuid = str((obj.get("spec") or {}).get("uuid") or "").lower()
+            entries = wanted.get(uuid, [])
+            if ((obj.get("status") or {}).get("runningClaims") or []) == entries:
+                continue
+            try:
+                answer = self._kube.patch_gpu_running_claims(name, entries)
+            except errors.KubeNotFound:
+                continue  # deleted meanwhile: inventory publishes it again, the next pass writes it
+            self._remember(answer)
+            self.writes += 1
+            written += 1
+            logger.info("GPU %s: running claims %s", name,
+                        ", ".join(f"{e['namespace']}/{e['name']}" for e in entries) or "none")  # fmt: skip
+        return written
