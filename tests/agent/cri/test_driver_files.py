@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
 
@@ -125,3 +126,37 @@ def test_stand_in_root_matches_yaml_version(tmp_path: Path) -> None:
     assert (root / "usr/lib/x86_64-linux-gnu/libcuda.so.535.1").is_file()
     assert os.access(root / "usr/bin/nvidia-smi", os.X_OK)
     assert sim.snapshot().driver.driver_version == "535.1"
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_the_ldcache_hook_runs_when_a_claimed_container_is_created(
+    containerd: TestRuntime, proxy_socket: Path, tmp_path: Path, status: int
+) -> None:
+    """The runtime runs the hook the spec names: a stand-in nvidia-ctk that fails makes the container fail."""
+    sim = backend(containerd.directory / "sim")
+    ctk = containerd.directory / "nvidia-ctk"
+    ctk.write_text(f"#!/bin/sh\nexit {status}\n")
+    ctk.chmod(0o755)
+    files = driver.find(version=VERSION, driver_root=str(sim.driver_root()), nvidia_ctk=str(ctk))
+    assert files.hooks()
+    cdi.write_spec(containerd.cdi_dir, cdi.card_devices(sim.snapshot().cards),
+                   cdi.control_nodes(sim.control_device_paths()), files)
+    view = View()
+    view.add(slice_claim(NS, "slice", user="trainer"))
+    ledger = store.LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
+    hooks = claim_hooks.ClaimHooks(view=view, ledger=ledger)
+    settings = ProxySettings(listen=proxy_socket, upstream=str(containerd.socket))
+    try:
+        with CriProxy(settings, container_hooks=hooks) as proxy, Kubelet(f"unix://{proxy_socket}",
+                                                                        containerd.image) as k:
+            assert proxy.reconciled.wait(10)
+            pod = k.run_pod("trainer", NS, annotations={"egpuc.elasticgpu.io/main": "slice"})
+            if status == 0:
+                k.start(k.create_container(pod, "main"))
+            else:
+                with pytest.raises(grpc.RpcError) as failed:
+                    k.start(k.create_container(pod, "main"))
+                assert "hook" in str(failed.value.details()).lower(), failed.value.details()
+    finally:
+        hooks.close()
+        ledger.close()
