@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +41,8 @@ log = logging.getLogger(__name__)
 
 # Compute and utility libraries, as the toolkit's lists name them (libnvidia-container's
 # "utility" and "compute" sets; nvidia-ctk takes every *.so.<version> of the driver's folders).
-# Value: the soname the loader asks for, when it is not the versioned file name itself.
+# Value: the soname the loader asks for, when it is not the versioned file name itself; the
+# library's own DT_SONAME wins when it has one (elf_soname), as nvidia-ctk's create-symlinks hook.
 LIBRARIES: dict[str, str | None] = {
     "libcuda": "libcuda.so.1",
     "libcudadebugger": "libcudadebugger.so.1",
@@ -103,6 +105,35 @@ class DriverFiles:
         return [{"hookName": "createContainer", "path": self.nvidia_ctk, "args": args}]
 
 
+def elf_soname(path: str) -> str | None:
+    """The DT_SONAME of a 64-bit little-endian ELF shared library, None when it is none (or unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(64)
+            if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+                return None
+            shoff, = struct.unpack_from("<Q", header, 0x28)
+            shentsize, shnum = struct.unpack_from("<HH", header, 0x3A)
+            f.seek(shoff)
+            table = f.read(shentsize * shnum)
+            sections = [struct.unpack_from("<IIQQQQIIQQ", table, i * shentsize) for i in range(shnum)]
+            for _, kind, _, _, offset, size, link, _, _, _ in sections:
+                if kind != 6 or link >= len(sections):  # SHT_DYNAMIC; its sh_link is its string table
+                    continue
+                f.seek(offset)
+                dynamic = f.read(size)
+                for i in range(0, len(dynamic) - 15, 16):
+                    tag, value = struct.unpack_from("<qQ", dynamic, i)
+                    if tag == 14:  # DT_SONAME
+                        f.seek(sections[link][4] + value)
+                        return f.read(256).split(b"\0", 1)[0].decode() or None
+                    if tag == 0:  # DT_NULL
+                        break
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return None
+
+
 def _join(root: str, path: str) -> str:
     return os.path.normpath(os.path.join(root, path.lstrip("/")))
 
@@ -131,7 +162,8 @@ def find(*, version: str, driver_root: str = "/", host_root: str = "/",
             if os.path.isfile(_join(seen, versioned)):
                 found.add(name)
                 add(versioned)
-                if soname is not None:
+                soname = elf_soname(_join(seen, versioned)) or soname
+                if soname is not None and soname != f"{name}.so.{version}" and "/" not in soname:
                     add(versioned, as_path=f"{folder}/{soname}")
                 if folder not in library_dirs:
                     library_dirs.append(folder)

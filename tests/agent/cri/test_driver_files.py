@@ -160,3 +160,24 @@ def test_the_ldcache_hook_runs_when_a_claimed_container_is_created(
     finally:
         hooks.close()
         ledger.close()
+
+
+def test_soname_is_read_from_the_library() -> None:
+    libc = next((p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6") if os.path.exists(p)), None)
+    if libc is None:
+        pytest.skip("no libc.so.6 at the usual places")
+    assert driver.elf_soname(libc) == "libc.so.6"
+    assert driver.elf_soname("/bin/sh") is None or "/" not in str(driver.elf_soname("/bin/sh"))
+    assert driver.elf_soname("/nonexistent") is None
+
+
+def test_a_library_s_own_soname_is_mounted(tmp_path: Path) -> None:
+    """A real ELF under the name of a driver library whose soname the table does not know: its DT_SONAME is used."""
+    real = next(iter(sorted(Path("/lib/x86_64-linux-gnu").glob("libz.so.1.*"))), None)
+    if real is None:
+        pytest.skip("no libz.so.1.* to stand in for an ELF library")
+    folder = tmp_path / LIBS.lstrip("/")
+    folder.mkdir(parents=True)
+    (folder / f"libnvidia-gpucomp.so.{VERSION}").write_bytes(real.read_bytes())
+    files = driver.find(version=VERSION, driver_root=str(tmp_path), nvidia_ctk="")
+    assert {m.container_path for m in files.mounts} == {f"{LIBS}/libnvidia-gpucomp.so.{VERSION}", f"{LIBS}/libz.so.1"}
