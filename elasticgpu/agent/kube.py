@@ -288,6 +288,12 @@ class AgentKube:
         self._request("POST", f"/api/v1/namespaces/{namespace}/events", body=body,
                       what=f"create Event {reason} about {involved.get('kind')} {involved.get('name')}", write="event")
 
+    # Namespaces (read by name only) ----------------------------------------------------------------------
+
+    def read_namespace(self, name: str) -> dict[str, Any]:
+        """One Namespace (its labels say whether its pods may use the node's GPUs); raises `KubeNotFound`."""
+        return self._request("GET", f"/api/v1/namespaces/{name}", what=f"read Namespace {name}")
+
     # The Node ---------------------------------------------------------------------------------------------
 
     def read_node(self) -> dict[str, Any]:

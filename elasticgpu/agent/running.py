@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticgpu.agent import discovery, errors, health, inventory, kube, metrics, service_manager, usage
-from elasticgpu.agent.cri import claim_view, front, injection, supervising
+from elasticgpu.agent.cri import claim_view, driver, front, injection, supervising
 from elasticgpu.agent.cri.proxy import ProxySettings
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.settings import AgentSettings, CriSettings
@@ -81,7 +81,9 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
         proxy=ProxySettings(listen=nginx_front.hook if nginx_front else Path(cri.cri_listen),
                             upstream=cri.cri_upstream),
         front=nginx_front,
-        injection=injection.InjectionSettings(cdi_form=form, neutralise_unclaimed=cri.neutralise_unclaimed),
+        injection=injection.InjectionSettings(
+            cdi_form=form, neutralise_unclaimed=cri.neutralise_unclaimed, refuse_privileged=cri.refuse_privileged,
+            privileged_namespaces=tuple(n.strip() for n in cri.privileged_namespaces.split(",") if n.strip())),
         cdi_dir=Path(cri.cdi_dir),
         cdi_check_interval_s=cri.cdi_check_interval_s,
     )
@@ -150,9 +152,13 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
         view = claim_view.ClaimView(
             kube=agent_kube, node_name=node, cards=lambda: publisher.snapshot.cards,
             ttl_s=settings.cri.claim_cache_ttl_s, ready_window_s=settings.cri.api_ready_window_s,
+            namespace_ttl_s=settings.cri.namespace_cache_ttl_s,
         )
+        locator = driver.DriverLocator(driver_root=lambda: backend.driver_root() or settings.cri.driver_root,
+                                       host_root=settings.cri.host_root, nvidia_ctk=settings.cri.nvidia_ctk)
         hook = supervising.CriHook(settings=cri_settings, view=view, ledger=ledger,
-                                   cards=lambda: publisher.snapshot.cards, control_paths=backend.control_device_paths)
+                                   cards=lambda: publisher.snapshot.cards, control_paths=backend.control_device_paths,
+                                   driver_files=lambda: locator.files(publisher.snapshot.driver.driver_version))
         view.not_ready = hook.spec_problem  # no claim before the CDI spec names its cards
         threads.append(threading.Thread(target=hook.run, args=(stop,), name="cri", daemon=True))
     else:

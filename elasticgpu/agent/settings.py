@@ -146,6 +146,26 @@ class CriSettings:
     neutralise_unclaimed: bool = True
     """A container without a claim gets NVIDIA_VISIBLE_DEVICES=void (a CUDA image's `all` would otherwise hand
     it every card through the NVIDIA hook). Off only where another device plugin hands out GPUs that way."""
+    driver_root: str = "/"
+    """Where the NVIDIA driver is installed on the node (`/run/nvidia/driver` with the GPU Operator's driver
+    container): its libraries, binaries and firmware of NVML's driver version are mounted read-only into claimed
+    containers through the CDI spec. The simulated backend uses its own stand-in instead."""
+    host_root: str = "/"
+    """Where the agent sees the node's `/` (e.g. `/host` when its DaemonSet mounts the node's root there); the
+    spec still names node paths, which the runtime opens."""
+    nvidia_ctk: str = "/usr/bin/nvidia-ctk"
+    """nvidia-ctk on the node: when present, the spec runs its `update-ldcache` hook (images whose loader does not
+    search the library folder by default find the driver too); empty: never."""
+    refuse_privileged: bool = True
+    """Refuse a privileged container whose pod uses no claim, on a node with cards (privileged, it sees every card);
+    its pod gets a Warning Event saying what to do. Namespaces labelled elasticgpu.io/node-gpu-access=true and
+    those of privileged_namespaces pass."""
+    privileged_namespaces: str = "kube-system"
+    """Comma-separated namespaces whose privileged containers pass without a claim (kube-proxy and CNI agents run
+    privileged in kube-system, where only cluster admins create pods)."""
+    namespace_cache_ttl_s: float = 30.0
+    """Seconds a namespace's elasticgpu.io/node-gpu-access label, read for a container without a claim, is reused
+    (one GET per namespace per interval; a label change takes effect within it)."""
     claim_cache_ttl_s: float = 5.0
     """Seconds a claim read from the API server for a CreateContainer is reused (the containers of one pod
     start together: one GET each for the claim and its ElasticGPU, not one per container)."""

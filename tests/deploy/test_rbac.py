@@ -224,6 +224,7 @@ def test_the_agent_needs_no_permission_its_manifest_lacks(
                     namespace=world.namespace, involved={"apiVersion": "v1", "kind": "Node", "name": node},
                     type_="Normal", reason="Checked", message="rbac test", now="2026-12-03T00:00:00Z"),
                 "read_node": agent_kube.read_node,
+                "read_namespace": lambda: agent_kube.read_namespace(world.namespace),
                 "patch_node_labels": lambda: agent_kube.patch_node_labels({"elasticgpu.io/rbac-test": None}),
             }  # fmt: skip
             for call in calls.values():
@@ -249,5 +250,6 @@ def test_the_agent_needs_no_permission_its_manifest_lacks(
         ("create", "events"),
         ("get", "elasticgpuclaims"),
         ("patch", "elasticgpuclaims/status"),
+        ("get", "namespaces"),
     }
     assert expected <= made, (sorted(expected - made), sorted(made))

@@ -3,7 +3,17 @@
 One spec file, kind `elasticgpu.io/gpu`, one device per card named by its uuid, whose edit is
 the card's device node (`/dev/nvidia<minor>`), plus spec-wide edits (applied whenever any of
 its devices is injected) with the control nodes (`/dev/nvidiactl`, `/dev/nvidia-uvm`,
-`/dev/nvidia-uvm-tools`). CDI version 0.6.0: containerd 1.7 reads 0.5.0 to 0.8.0, CRI-O too.
+`/dev/nvidia-uvm-tools`) and the driver's files (driver.py: libraries at their versioned names
+and sonames, binaries, firmware, IPC sockets, all read-only bind mounts; the update-ldcache hook
+when nvidia-ctk is on the node), as `nvidia-ctk cdi generate` writes them, so a claimed container
+runs CUDA on a plain runc node without the NVIDIA runtime hook. CDI version 0.6.0: containerd 1.7
+reads 0.5.0 to 0.8.0, CRI-O too.
+
+Why the agent writes all of it and does not consume the toolkit's generated spec: the spec must
+name exactly the cards discovery reported (uuids are our device names, and a card that vanished
+must go at once), the toolkit is not installed on every node (and its generated spec goes stale
+at a driver upgrade unless something regenerates it), and the driver's file list is small and
+stable. nvidia-ctk, when present, is used only for what needs code on the node (the ldcache hook).
 
 A device node has a `path` (inside the container) and a `hostPath` (on the node); the runtime
 stats the host path for type, major and minor and allows that device in the container's device
@@ -26,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elasticgpu.agent.cri import injection
+from elasticgpu.agent.cri import driver, injection
 from elasticgpu.agent.discovery import Card
 
 CDI_VERSION = "0.6.0"
@@ -86,8 +96,15 @@ def control_nodes(host_paths: Iterable[str]) -> list[DeviceNode]:
     return [DeviceNode(path=f"/dev/{Path(path).name}", host_path=path) for path in host_paths]
 
 
-def build_spec(cards: Sequence[CardDevice], control_nodes: Iterable[DeviceNode]) -> dict[str, Any]:
+def build_spec(
+    cards: Sequence[CardDevice], control_nodes: Iterable[DeviceNode], driver_files: driver.DriverFiles | None = None
+) -> dict[str, Any]:
     """The CDI spec document for `cards` (sorted by uuid, so equal inputs give equal files)."""
+    edits: dict[str, Any] = {"deviceNodes": [node.to_spec() for node in control_nodes]}
+    if driver_files is not None and driver_files.mounts:
+        edits["mounts"] = [mount.to_spec() for mount in driver_files.mounts]
+    if driver_files is not None and (hooks := driver_files.hooks()):
+        edits["hooks"] = hooks
     return {
         "cdiVersion": CDI_VERSION,
         "kind": injection.CDI_KIND,
@@ -95,17 +112,22 @@ def build_spec(cards: Sequence[CardDevice], control_nodes: Iterable[DeviceNode])
             {"name": card.uuid, "containerEdits": {"deviceNodes": [card.node().to_spec()]}}
             for card in sorted(cards, key=lambda card: card.uuid)
         ],
-        "containerEdits": {"deviceNodes": [node.to_spec() for node in control_nodes]},
+        "containerEdits": edits,
     }
 
 
-def write_spec(directory: Path, cards: Sequence[CardDevice], control_nodes: Iterable[DeviceNode]) -> bool:
+def write_spec(
+    directory: Path,
+    cards: Sequence[CardDevice],
+    control_nodes: Iterable[DeviceNode],
+    driver_files: driver.DriverFiles | None = None,
+) -> bool:
     """Write the spec into the CDI `directory` atomically; returns False when it was unchanged."""
     for card in cards:
         # A CDI device name allows letters, digits, '_', '.', ':' and '-' only.
         if not card.uuid or any(not (ch.isalnum() or ch in "_.:-") for ch in card.uuid):
             raise ValueError(f"card uuid {card.uuid!r} cannot be a CDI device name; discovery reported it wrong")
-    text = json.dumps(build_spec(cards, control_nodes), indent=2, sort_keys=True) + "\n"
+    text = json.dumps(build_spec(cards, control_nodes, driver_files), indent=2, sort_keys=True) + "\n"
     target = directory / SPEC_FILE
     try:
         if target.read_text() == text:

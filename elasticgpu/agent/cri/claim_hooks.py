@@ -79,6 +79,7 @@ def container_request(request: Any) -> injection.ContainerRequest:
         envs=[(kv.key, kv.value.decode("utf-8", "surrogateescape")) for kv in config.envs],
         cdi_devices=[device.name for device in config.CDI_devices],
         annotations=dict(config.annotations),
+        privileged=config.linux.security_context.privileged,
     )
 
 

@@ -8,6 +8,13 @@ so the view reads by name when asked, through the agent's kube module, and nothi
                       both kept `ttl_s` seconds (the containers of one pod start together and
                       share one read). A claim that does not exist is cached as such too.
     card(uuid)        the cards discovery reports now (no API call)
+    node_gpu_access   GET the Namespace by name (never a list or watch), its label
+                      elasticgpu.io/node-gpu-access kept `namespace_ttl_s`; asked for every
+                      container without a claim, so it never waits on a silent API server:
+                      while the server has not answered within `ready_window_s` it says "cannot
+                      tell" (None) at once, and a failed read is remembered as such briefly
+    warn              a Warning Event about a pod, written by one background thread (at most one
+                      per pod and reason a minute: kubelet retries a refused container often)
     not_ready_reason  ready while the API server answered the agent within `ready_window_s`
                       (any call: heartbeats every 30 s, the GPU watch), learnt for free; past
                       that, one GET /version at most every `probe_interval_s` says whether it
@@ -27,15 +34,22 @@ never consult the view and start as always.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent import futures
 from typing import Any, Protocol
 
 from elasticgpu.agent import errors
 from elasticgpu.agent.cri import injection
 from elasticgpu.agent.discovery import Card
 from elasticgpu.api import names, quantities
+
+log = logging.getLogger(__name__)
+_EVENT_EVERY_S = 60.0  # one Event per pod and reason a minute at most
+_FAILED_READ_S = 2.0  # a namespace read that failed is not retried for this long (None meanwhile)
 
 
 class ClaimReader(Protocol):
@@ -54,6 +68,16 @@ class ClaimReader(Protocol):
 
     def read_elastic_gpu(self, name: str) -> dict[str, Any]:
         """One ElasticGPU; raises `errors.KubeNotFound`."""
+        ...
+
+    def read_namespace(self, name: str) -> dict[str, Any]:
+        """One Namespace; raises `errors.KubeNotFound`."""
+        ...
+
+    def create_event(
+        self, *, namespace: str, involved: dict[str, Any], type_: str, reason: str, message: str, now: str
+    ) -> None:
+        """A core/v1 Event about `involved`."""
         ...
 
 
@@ -124,6 +148,7 @@ class ClaimView:
         probe_interval_s: float = 2.0,
         not_ready: Callable[[], str | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        namespace_ttl_s: float = 30.0,
     ) -> None:
         """`cards`: the cards discovery reports now; `not_ready`: another reason to refuse claims
         (the CDI spec not written), or None."""
@@ -141,6 +166,10 @@ class ClaimView:
         self._cache: dict[tuple[str, str], tuple[float, injection.ClaimInfo | None]] = {}
         self.reads = 0
         """API reads the view made (claims and ElasticGPUs), for tests and metrics."""
+        self._namespace_ttl_s = namespace_ttl_s
+        self._namespaces: dict[str, tuple[float, bool | None]] = {}
+        self._warned: dict[tuple[str, str], float] = {}
+        self._events: futures.ThreadPoolExecutor | None = None
 
     @property
     def node_name(self) -> str:
@@ -210,3 +239,65 @@ class ClaimView:
             if card.uuid.lower() == wanted:
                 return injection.CardInfo(uuid=card.uuid, index=card.index, memory_mib=card.memory_mib)
         return None
+
+    def has_cards(self) -> bool:
+        """True when discovery reports a card now."""
+        return bool(self._cards())
+
+    def node_gpu_access(self, namespace: str) -> bool | None:
+        """Whether the namespace carries elasticgpu.io/node-gpu-access=true (None: cannot tell now)."""
+        now = self._clock()
+        with self._lock:
+            cached = self._namespaces.get(namespace)
+        if cached is not None:
+            at, known = cached
+            if now - at < (self._namespace_ttl_s if known is not None else _FAILED_READ_S):
+                return known
+        if not self._answered_recently():
+            return None  # never wait on a silent API server for a container without a claim
+        value: bool | None
+        try:
+            labels = (self._kube.read_namespace(namespace).get("metadata") or {}).get("labels") or {}
+            value = labels.get(injection.NODE_GPU_ACCESS_LABEL) == "true"
+        except errors.KubeNotFound:
+            value = False
+        except errors.KubeError as e:
+            log.warning("cannot read namespace %s for its label %s (%s); its containers without a claim get no GPU "
+                        "meanwhile", namespace, injection.NODE_GPU_ACCESS_LABEL, e)
+            value = None
+        with self._lock:
+            if len(self._namespaces) > 4096:
+                self._namespaces.clear()
+            self._namespaces[namespace] = (now, value)
+        return value
+
+    def warn(self, pod: injection.PodRef, reason: str, message: str) -> None:
+        """Queue a Warning Event about the pod (at most one per pod and reason a minute)."""
+        now = self._clock()
+        with self._lock:
+            key = (pod.uid or str(pod), reason)
+            if now - self._warned.get(key, -_EVENT_EVERY_S) < _EVENT_EVERY_S:
+                return
+            self._warned[key] = now
+            if len(self._warned) > 4096:
+                self._warned = {k: v for k, v in self._warned.items() if now - v < _EVENT_EVERY_S}
+            if self._events is None:
+                self._events = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pod-events")
+            events = self._events
+        events.submit(self._write_event, pod, reason, message)
+
+    def _write_event(self, pod: injection.PodRef, reason: str, message: str) -> None:
+        involved = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace, "uid": pod.uid}
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            self._kube.create_event(namespace=pod.namespace, involved=involved, type_="Warning", reason=reason,
+                                    message=message[:1024], now=stamp)
+        except Exception as e:  # an Event is best effort; the refusal itself reached kubelet
+            log.warning("could not record Event %s about pod %s: %s", reason, pod, e)
+
+    def close(self) -> None:
+        """Finish the queued Events (the agent is stopping)."""
+        with self._lock:
+            events, self._events = self._events, None
+        if events is not None:
+            events.shutdown(wait=True)

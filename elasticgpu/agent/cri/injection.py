@@ -7,9 +7,20 @@ and the pods that hold the claim now (from the ledger). Output: a `ContainerEdit
 container's final env, CDI devices and annotations) or `hooks.Refused`.
 
     container names no claim (no egpuc.elasticgpu.io/<c>, no elasticgpu.io/request.<c>)
-        -> our CDI devices and claim annotation stripped, NVIDIA_VISIBLE_DEVICES=void
-           (CUDA images set it to `all`; a setting, on by default). The view is not consulted:
-           such a container passes even while the agent is starting.
+        its namespace carries elasticgpu.io/node-gpu-access=true (the node's own GPU pods:
+        dcgm-exporter, the GPU Operator's validators; only the platform team can set the label,
+        deploy/policies/node-gpu-access.yaml)
+                                           -> passed through untouched (only the claim annotation,
+                                              which only we may set, is removed)
+        privileged, on a node with cards, namespace neither labelled nor in the privileged
+        allow-list (kube-system: kube-proxy, CNI)
+                                           -> refused, FAILED_PRECONDITION, and a Warning Event on
+                                              the pod: a privileged container sees every card
+                                              (UNAVAILABLE while the label cannot be read)
+        otherwise                          -> our CDI devices and claim annotation stripped,
+           NVIDIA_VISIBLE_DEVICES=void (CUDA images set it to `all`; a setting, on by default).
+           The claim part of the view is not consulted: such a container passes even while the
+           agent is starting (a namespace label that cannot be read counts as absent).
     container names a claim
         view not ready                     -> refused, UNAVAILABLE (kubelet retries)
         claim missing / not Bound / bound to another node / of another namespace / serving
@@ -48,6 +59,11 @@ ENV_HAMI_MEMORY_PREFIX = "CUDA_DEVICE_MEMORY_LIMIT"  # _<i>, and the bare name (
 ENV_HAMI_SM = "CUDA_DEVICE_SM_LIMIT"
 VISIBLE_NONE = "void"  # the NVIDIA container toolkit's value for "no GPU"
 
+NODE_GPU_ACCESS_LABEL = "elasticgpu.io/node-gpu-access"
+"""A namespace labelled with it ("true") runs its containers without a claim as if the agent were not
+there: the node's own GPU pods. Guarded by the ValidatingAdmissionPolicy deploy/policies/node-gpu-access.yaml."""
+PRIVILEGED_REASON = "PrivilegedWithoutClaim"
+
 LABEL_POD_NAME = "io.kubernetes.pod.name"
 LABEL_POD_NAMESPACE = "io.kubernetes.pod.namespace"
 LABEL_POD_UID = "io.kubernetes.pod.uid"
@@ -72,6 +88,12 @@ class InjectionSettings:
     """A container without a claim gets NVIDIA_VISIBLE_DEVICES=void, so a CUDA image's `all`
     does not hand it every card through the NVIDIA runtime hook. Off only on a node where
     another device plugin hands out GPUs through that variable."""
+    refuse_privileged: bool = True
+    """Refuse a privileged container without a claim on a node with cards: privileged, it gets
+    every device of the node, every card included, whatever its environment says."""
+    privileged_namespaces: tuple[str, ...] = ("kube-system",)
+    """Namespaces whose privileged containers pass without a claim or label (kube-proxy, CNI
+    agents run privileged there; only cluster admins create pods there)."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +170,20 @@ class AgentView(Protocol):
         """A card of this node by uuid (any case), or None."""
         ...
 
+    def has_cards(self) -> bool:
+        """True when discovery reports at least one card on this node."""
+        ...
+
+    def node_gpu_access(self, namespace: str) -> bool | None:
+        """True when the namespace carries NODE_GPU_ACCESS_LABEL=true, False when not, None when that
+        cannot be told now (the API server does not answer). Must not block for long: it is asked for
+        every container without a claim."""
+        ...
+
+    def warn(self, pod: PodRef, reason: str, message: str) -> None:
+        """Record a Warning Event about the pod (best effort, off the caller's path)."""
+        ...
+
 
 @dataclass(frozen=True, kw_only=True)
 class ContainerRequest:
@@ -159,6 +195,7 @@ class ContainerRequest:
     envs: Sequence[tuple[str, str]]
     cdi_devices: Sequence[str]
     annotations: Mapping[str, str]
+    privileged: bool = False  # linux.security_context.privileged
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,6 +285,15 @@ def decide(
     key = claim_of(request)
     envs, devices, annotations = _without_ours(request)
     if key is None:
+        access = view.node_gpu_access(request.pod.namespace)
+        if access:
+            # OBSERVATION: no claim, in a namespace the platform team gave the node's GPUs.
+            kept = {k: v for k, v in request.annotations.items() if k != CLAIM_ANNOTATION}
+            return ContainerEdit(envs=tuple(request.envs), cdi_devices=tuple(request.cdi_devices), annotations=kept)
+        if request.privileged and settings.refuse_privileged and request.pod.namespace not in (
+            settings.privileged_namespaces
+        ) and view.has_cards():
+            _refuse_privileged(request, view, access)
         # OBSERVATION: no claim. Our devices are gone; the NVIDIA hook must not see `all`.
         if settings.neutralise_unclaimed:
             envs.append((ENV_VISIBLE_DEVICES, VISIBLE_NONE))
@@ -278,6 +324,27 @@ def decide(
     return ContainerEdit(
         envs=tuple(envs), cdi_devices=tuple(devices), annotations=annotations, claim=claim, devices=ours
     )
+
+
+def _refuse_privileged(request: ContainerRequest, view: AgentView, access: bool | None) -> None:
+    pod, container = request.pod, request.container
+    if access is None:
+        raise hooks.Refused(
+            f"pod {pod}, container {container!r} is privileged and uses no ElasticGPUClaim; the elasticgpu agent on "
+            f"node {view.node_name} cannot read namespace {pod.namespace} now to see whether it may use the node's "
+            f"GPUs ({NODE_GPU_ACCESS_LABEL}); kubelet retries this container by itself",
+            code=grpc.StatusCode.UNAVAILABLE,
+        )
+    message = (
+        f"pod {pod}, container {container!r} is privileged and uses no ElasticGPUClaim, on node {view.node_name}, "
+        "which has GPUs: a privileged container sees every card of the node, those other pods' claims hold "
+        f"included. Give the container a claim (annotation {names.claim_annotation(container)}: <claim>, or "
+        f"{names.inline_request_annotation(container)}), drop `privileged` (add only the capabilities it needs), "
+        f"or, for the node's own GPU tools, ask the platform team to label namespace {pod.namespace} "
+        f"{NODE_GPU_ACCESS_LABEL}=true"
+    )
+    view.warn(pod, PRIVILEGED_REASON, message)
+    raise hooks.Refused(message)
 
 
 def _checked_claim(

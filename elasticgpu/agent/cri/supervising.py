@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elasticgpu.agent.cri import cdi, claim_hooks, front, injection
+from elasticgpu.agent.cri import cdi, claim_hooks, driver, front, injection
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import Card
 from elasticgpu.agent.ledger.store import LedgerStore
@@ -105,8 +105,11 @@ class CriHook:
         ledger: LedgerStore,
         cards: Callable[[], Sequence[Card]],
         control_paths: Callable[[], Sequence[str]],
+        driver_files: Callable[[], driver.DriverFiles] | None = None,
     ) -> None:
+        """`driver_files`: the driver's files for the spec's mounts (None: device nodes only)."""
         self.settings = settings
+        self._driver_files = driver_files
         self._view = view
         self._ledger = ledger
         self._cards = cards
@@ -204,10 +207,11 @@ class CriHook:
     def _keep_spec(self, now: float) -> None:
         cards = tuple(self._cards())
         control = tuple(self._control_paths())
-        inputs = (tuple((c.uuid, c.minor, c.device_path) for c in cards), control)
+        files = self._driver_files() if self._driver_files is not None else None
+        inputs = (tuple((c.uuid, c.minor, c.device_path) for c in cards), control, files)
         if inputs == self._spec_inputs and now - self._spec_checked < self.settings.cdi_check_interval_s:
             return
-        written = cdi.write_spec(self.settings.cdi_dir, cdi.card_devices(cards), cdi.control_nodes(control))
+        written = cdi.write_spec(self.settings.cdi_dir, cdi.card_devices(cards), cdi.control_nodes(control), files)
         if written:
             log.info("CDI spec written into %s: %d card(s) (%s), control devices %s", self.settings.cdi_dir,
                      len(cards), ", ".join(c.uuid for c in cards) or "none", ", ".join(control) or "none")

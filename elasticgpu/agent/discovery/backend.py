@@ -43,6 +43,11 @@ class DiscoveryBackend(Protocol):
         """Device nodes every GPU container needs besides its cards (`/dev/nvidiactl`, `/dev/nvidia-uvm`, ...)."""
         ...
 
+    def driver_root(self) -> str | None:
+        """Where the driver's user-space files are on the node (the simulated backend's stand-in),
+        or None: the agent's `--driver-root` setting says."""
+        ...
+
     def close(self) -> None:
         """Release what the backend holds (NVML handle, event set)."""
         ...

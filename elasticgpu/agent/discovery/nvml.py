@@ -316,6 +316,10 @@ class NvmlBackend:
             flags.add("row remap")
         return flags
 
+    def driver_root(self) -> str | None:
+        """None: the driver is where the agent's --driver-root says (NVML does not tell)."""
+        return None
+
     def control_device_paths(self) -> list[str]:
         """The driver's control device nodes present on this host."""
         return [path for path in _CONTROL_DEVICES if os.path.exists(path)]

@@ -32,6 +32,13 @@ Stand-in device nodes: for each card the backend makes `<device_dir>/nvidia<mino
 control devices `nvidiactl`, `nvidia-uvm`), character devices with /dev/null's numbers, so a CDI
 spec that names them is valid for a real container runtime and a container that opens them
 opens /dev/null. Without the right to mknod (not root) they are symlinks to /dev/null.
+
+Stand-in driver root: `<device_dir>/driver-root/` holds what the CDI spec mounts from a real
+driver installation, for the driver version of the file (`driver.version`): fake libraries
+(`usr/lib/x86_64-linux-gnu/libcuda.so.<version>`, libnvidia-ml, libnvidia-ptxjitcompiler,
+libcudadebugger: text, not ELF), `usr/bin/nvidia-smi` (a shell script that prints the driver
+version, and with `-L` the cards of $NVIDIA_VISIBLE_DEVICES as the real one lists them) and
+the firmware folder `lib/firmware/nvidia/<version>/`. `driver_root()` names it.
 """
 
 from __future__ import annotations
@@ -59,6 +66,21 @@ logger = logging.getLogger(__name__)
 
 _UUID_NAMESPACE = uuidlib.UUID("6f1d6c1e-3b7a-4c55-9a43-2f7f0f1f7e21")  # fixed: simulated uuids stay stable
 _CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm")
+_STAND_IN_LIBRARIES = ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libcudadebugger")
+_NVIDIA_SMI = """#!/bin/sh
+# Stand-in nvidia-smi of elasticgpu's simulated backend (driver {version}).
+if [ "$1" = "-L" ]; then
+  i=0
+  for uuid in $(echo "$NVIDIA_VISIBLE_DEVICES" | tr ',' ' '); do
+    case "$uuid" in void|none|"") continue ;; esac
+    echo "GPU $i: Simulated GPU (UUID: $uuid)"
+    i=$((i + 1))
+  done
+  [ "$i" -gt 0 ] || {{ echo "No devices found." >&2; exit 6; }}
+  exit 0
+fi
+echo "NVIDIA-SMI {version}    Driver Version: {version}    CUDA Version: {cuda}"
+"""
 _POLL_S = 0.05  # how often wait_xid_events looks at the clock and the inject directory
 _ENTRY_KINDS = ("process", "xid", "vanish", "appear", "reset")
 
@@ -94,6 +116,23 @@ def make_stand_in_device(path: Path) -> None:
         os.mknod(path, 0o666 | stat.S_IFCHR, null)
     except PermissionError:
         os.symlink("/dev/null", path)
+
+
+def make_stand_in_driver_root(root: Path, driver: models.DriverInfo) -> None:
+    """The fake driver installation of `driver`'s version under `root` (see the module docstring)."""
+    version = driver.driver_version
+    libraries = root / "usr/lib/x86_64-linux-gnu"
+    libraries.mkdir(parents=True, exist_ok=True)
+    for name in _STAND_IN_LIBRARIES:
+        (libraries / f"{name}.so.{version}").write_text(f"stand-in for {name} of NVIDIA driver {version}\n")
+    binaries = root / "usr/bin"
+    binaries.mkdir(parents=True, exist_ok=True)
+    smi = binaries / "nvidia-smi"
+    smi.write_text(_NVIDIA_SMI.format(version=version, cuda=driver.cuda_version or "?"))
+    smi.chmod(0o755)
+    firmware = root / "lib/firmware/nvidia" / version
+    firmware.mkdir(parents=True, exist_ok=True)
+    (firmware / "gsp_ga10x.bin").write_text(f"stand-in GSP firmware of driver {version}\n")
 
 
 def inject(inject_dir: str | Path, entry: dict[str, Any] | list[dict[str, Any]]) -> Path:
@@ -144,6 +183,8 @@ class SimulatedBackend:
             make_stand_in_device(Path(card.device_path))
         for control in _CONTROL_DEVICES:
             make_stand_in_device(self._device_dir / control)
+        self._driver_root = self._device_dir / "driver-root"
+        make_stand_in_driver_root(self._driver_root, self._driver)
 
     @classmethod
     def from_file(
@@ -359,6 +400,10 @@ class SimulatedBackend:
     def control_device_paths(self) -> list[str]:
         """Stand-ins of the driver's control devices."""
         return [str(self._device_dir / name) for name in _CONTROL_DEVICES]
+
+    def driver_root(self) -> str | None:
+        """The stand-in driver root made for the file's driver version."""
+        return str(self._driver_root)
 
     def close(self) -> None:
         """Nothing to release; the stand-in devices stay for the CDI spec that may still name them."""

@@ -49,8 +49,10 @@ class Kubelet:
         *,
         annotations: dict[str, str] | None = None,
         uid: str | None = None,
+        privileged: bool = False,
     ) -> Pod:
         config = sandbox_config(name=name, namespace=namespace, uid=uid or str(uuid.uuid4()), annotations=annotations)
+        config.linux.security_context.privileged = privileged  # a privileged container needs a privileged sandbox
         answer = self.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=30)
         return Pod(id=answer.pod_sandbox_id, config=config)
 
@@ -62,10 +64,14 @@ class Kubelet:
         envs: dict[str, str] | None = None,
         cdi_devices: list[str] | None = None,
         annotations: dict[str, str] | None = None,
+        image: str | None = None,
+        privileged: bool = False,
     ) -> str:
         config = container_config(
-            name=name, image=self.image, sandbox=pod.config, envs=envs, cdi_devices=cdi_devices, annotations=annotations
+            name=name, image=image or self.image, sandbox=pod.config, envs=envs, cdi_devices=cdi_devices,
+            annotations=annotations,
         )
+        config.linux.security_context.privileged = privileged
         request = pb.CreateContainerRequest(pod_sandbox_id=pod.id, config=config, sandbox_config=pod.config)
         container_id: str = self.runtime.CreateContainer(request, timeout=30).container_id
         pod.containers[name] = container_id

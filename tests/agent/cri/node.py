@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticgpu.agent.cri import cdi
-from elasticgpu.agent.cri.injection import CardInfo, ClaimInfo, ClaimUser
+from elasticgpu.agent.cri.injection import CardInfo, ClaimInfo, ClaimUser, PodRef
 
 NODE = "node-a"
 NVIDIA_MAJOR = 195
@@ -28,6 +28,8 @@ class View:
     reason: str | None = None
     claims: dict[tuple[str, str], ClaimInfo] = field(default_factory=dict)
     cards: dict[str, CardInfo] = field(default_factory=lambda: {c.uuid.lower(): c for c in CARDS})
+    gpu_access: dict[str, bool | None] = field(default_factory=dict)  # namespace -> label (absent: False)
+    warnings: list[tuple[PodRef, str, str]] = field(default_factory=list)
 
     def not_ready_reason(self) -> str | None:
         return self.reason
@@ -37,6 +39,15 @@ class View:
 
     def card(self, uuid: str) -> CardInfo | None:
         return self.cards.get(uuid.lower())
+
+    def has_cards(self) -> bool:
+        return bool(self.cards)
+
+    def node_gpu_access(self, namespace: str) -> bool | None:
+        return self.gpu_access.get(namespace, False)
+
+    def warn(self, pod: PodRef, reason: str, message: str) -> None:
+        self.warnings.append((pod, reason, message))
 
     def add(self, claim: ClaimInfo) -> ClaimInfo:
         self.claims[(claim.namespace, claim.name)] = claim

@@ -27,9 +27,20 @@ class View:
     reason: str | None = None
     claims: dict[tuple[str, str], ClaimInfo] = field(default_factory=dict)
     cards: dict[str, CardInfo] = field(default_factory=dict)
+    gpu_access: dict[str, bool | None] = field(default_factory=dict)
+    warnings: list[tuple[PodRef, str, str]] = field(default_factory=list)
 
     def not_ready_reason(self) -> str | None:
         return self.reason
+
+    def has_cards(self) -> bool:
+        return bool(self.cards)
+
+    def node_gpu_access(self, namespace: str) -> bool | None:
+        return self.gpu_access.get(namespace, False)
+
+    def warn(self, pod: PodRef, reason: str, message: str) -> None:
+        self.warnings.append((pod, reason, message))
 
     def claim(self, namespace: str, name: str) -> ClaimInfo | None:
         return self.claims.get((namespace, name))
