@@ -9,6 +9,9 @@ import stat
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
+from elasticgpu.agent import errors
 from elasticgpu.agent.ledger import store as ledger_store
 from elasticgpu.agent.ledger.store import LedgerStore
 
@@ -91,3 +94,41 @@ def test_open_rows_keep_no_release_time_after_a_round_trip(tmp_path: Path) -> No
     (found,) = reopened.open_allocations()
     assert (found.state, found.released_at) == ("created", None)
     reopened.close()
+
+
+def test_a_file_that_is_no_database_is_set_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "ledger.db"
+    path.write_bytes(b"this is not an SQLite database " * 200)
+    opened, aside = LedgerStore.open_or_set_aside(url_of(path))
+    assert aside is not None and aside.name.startswith("ledger.db.corrupt-")
+    assert aside.read_bytes().startswith(b"this is not")  # kept, for whoever investigates
+    assert opened.open_allocations() == []  # a new, empty ledger in its place
+    release_one(opened, 1)
+    opened.close()
+    assert [r.levelname for r in caplog.records if "moved to" in r.getMessage()] == ["ERROR"]  # logged once
+
+
+def test_a_failing_migration_is_set_aside(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with sqlite3.connect(path) as connection:  # says 0001, has no allocations table: 0002 fails
+        connection.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)")
+        connection.execute("INSERT INTO alembic_version VALUES ('0001')")
+    opened, aside = LedgerStore.open_or_set_aside(url_of(path))
+    assert aside is not None and aside.exists()
+    assert ledger_store.current_revision(opened._engine) == ledger_store.head_revision()
+    opened.close()
+
+
+def test_a_good_or_newer_ledger_is_never_set_aside(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    opened, aside = LedgerStore.open_or_set_aside(url_of(path))
+    release_one(opened, 1)
+    opened.close()
+    again, aside = LedgerStore.open_or_set_aside(url_of(path))
+    assert aside is None
+    again.close()
+    with sqlite3.connect(path) as connection:
+        connection.execute("UPDATE alembic_version SET version_num = '9999'")
+    with pytest.raises(errors.LedgerNewerThanCode):
+        LedgerStore.open_or_set_aside(url_of(path))
+    assert list(tmp_path.glob("*.corrupt-*")) == []

@@ -15,6 +15,18 @@ as raw bytes, without decoding, so fields and methods newer than our proto pass 
 Streaming-URL calls (Exec, Attach, PortForward) are unary: the runtime's answer names its own
 streaming server, which kubelet then reaches directly.
 
+Two thread pools, so that long calls never starve short ones. A call holds its thread until the
+runtime answers; with one pool, 40 concurrent `ExecSync sleep 4` (exec probes) held all 32
+threads and a `Version` waited 3.8 s (issue 15). Calls that wait on something outside the
+runtime's own bookkeeping (`LONG_METHODS`: a process in the container, a registry, a grace
+period, CNI, an open stream; and every method not in our proto, whose length we cannot know) run
+in the `long_workers` pool; every other call (status, lists, create, start, ...) in the `workers`
+pool, which long calls therefore never occupy. grpc picks the pool per method handler
+(`experimental_thread_pool`, read by grpc's sync server since 1.38): one server, one socket, no
+decoding. An asyncio server would need no pools at all, but the hooks (ledger writes, API
+reads) are blocking code and would run in a pool anyway; two pools keep the proxy one simple
+model, and a thread blocked on a socket costs only its stack.
+
 Failures of ours never stop a pod that uses no GPU: only CreateContainer runs our code, and
 the hooks decide (a refusal is the gRPC status the hook chose; an unexpected exception in a
 hook is reported as UNAVAILABLE, which kubelet retries). Errors of the runtime are passed back
@@ -45,6 +57,18 @@ REMOVE_CONTAINER = api.method_path(api.RUNTIME_SERVICE, "RemoveContainer")
 REMOVE_POD_SANDBOX = api.method_path(api.RUNTIME_SERVICE, "RemovePodSandbox")
 LIST_CONTAINERS = api.method_path(api.RUNTIME_SERVICE, "ListContainers")
 INTERCEPTED_METHODS = frozenset({CREATE_CONTAINER, REMOVE_CONTAINER, REMOVE_POD_SANDBOX})
+LONG_METHODS = frozenset(
+    {api.method_path(api.RUNTIME_SERVICE, name) for name in (
+        "ExecSync",  # runs a command in the container: as long as the command (exec probes, kubectl exec)
+        "Exec", "Attach", "PortForward",  # unary, but the runtime prepares a stream first
+        "GetContainerEvents",  # a stream kubelet keeps open for good
+        "StopContainer", "StopPodSandbox",  # wait for the grace period (up to terminationGracePeriodSeconds)
+        "RunPodSandbox", "RemovePodSandbox",  # CNI set-up and tear-down, mounts
+        "CheckpointContainer",  # writes the container's memory to disk
+    )}
+    | {api.method_path(api.IMAGE_SERVICE, name) for name in ("PullImage", "RemoveImage")}  # a registry; a disk
+)  # fmt: skip
+"""Methods served by the long-call pool (see the module docstring); methods not in our proto too."""
 """The methods that run the hooks; every other one is forwarded untouched (the CRI front,
 front.py, sends only these to the proxy)."""
 # Headers grpc sets itself on every call; forwarding them would duplicate or contradict them.
@@ -64,8 +88,11 @@ class ProxySettings:
     upstream: str
     """The runtime's socket, as a path or `unix://` target (e.g. /run/containerd/containerd.sock)."""
     workers: int = 32
-    """Threads serving calls. kubelet calls concurrently (PLEG relists, probes, pod workers) and
-    keeps one GetContainerEvents stream open, which holds a thread."""
+    """Threads serving short calls (status, lists, create, start, ...). kubelet calls concurrently
+    (PLEG relists, pod workers); long calls never take these threads."""
+    long_workers: int = 256
+    """Threads serving `LONG_METHODS` (exec probes, image pulls, stops during a drain, the events
+    stream). Started on demand; a call beyond them waits for one, without delaying short calls."""
     default_timeout_s: float | None = None
     """Upstream timeout for a call that carries no deadline; None: none either. kubelet sets a
     deadline on every call except PullImage, whose large images may take many minutes."""
@@ -92,7 +119,9 @@ class _Forwarder(grpc.GenericRpcHandler):
         settings: ProxySettings,
         unary_methods: frozenset[str],
         streaming_methods: frozenset[str],
+        long_pool: futures.ThreadPoolExecutor,
     ) -> None:
+        self._long_pool = long_pool
         self._channel = channel
         self._hooks = hooks
         self._settings = settings
@@ -111,6 +140,16 @@ class _Forwarder(grpc.GenericRpcHandler):
         return handler
 
     def _build(self, method: str) -> grpc.RpcMethodHandler[bytes, bytes]:
+        handler = self._build_handler(method)
+        known = method in self._unary or method in self._streaming or method in INTERCEPTED_METHODS
+        if method in LONG_METHODS or not known:
+            # grpc's sync server runs a handler in the pool its behavior names, else in the server's.
+            for behavior in (handler.unary_unary, handler.unary_stream, handler.stream_stream):
+                if behavior is not None:
+                    behavior.experimental_thread_pool = self._long_pool  # type: ignore[union-attr]
+        return handler
+
+    def _build_handler(self, method: str) -> grpc.RpcMethodHandler[bytes, bytes]:
         if method == CREATE_CONTAINER:
             upstream: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self._channel.unary_unary(method)
             return grpc.unary_unary_rpc_method_handler(self._create_container(upstream))
@@ -305,7 +344,10 @@ class CriProxy:
             ("grpc.max_reconnect_backoff_ms", 1000),
         ]
         self._channel = grpc.insecure_channel(_target(settings.upstream), options=upstream_options)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.workers), options=options)
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="cri-short"), options=options
+        )
+        self._long_pool = futures.ThreadPoolExecutor(max_workers=settings.long_workers, thread_name_prefix="cri-long")
         self._hooks = container_hooks or hooks.PassThrough()
         self._forwarder = _Forwarder(
             self._channel,
@@ -313,6 +355,7 @@ class CriProxy:
             settings,
             unary_methods if unary_methods is not None else api.unary_methods(),
             api.server_streaming_methods(),
+            self._long_pool,
         )
         self._server.add_generic_rpc_handlers((self._forwarder,))
         self._stopping = threading.Event()
@@ -346,6 +389,7 @@ class CriProxy:
             self._server.start()
         except BaseException:
             self._server.stop(None)
+            self._long_pool.shutdown(wait=False)
             self._channel.close()
             if bound:
                 with contextlib.suppress(FileNotFoundError):
@@ -389,6 +433,7 @@ class CriProxy:
         """Stop serving (calls in flight get grace_s to finish), close the upstream channel."""
         self._stopping.set()
         self._server.stop(grace_s).wait()
+        self._long_pool.shutdown(wait=False)  # its calls were ended with the server
         if self._reconciler is not None:
             self._reconciler.join(grace_s)
         self._channel.close()

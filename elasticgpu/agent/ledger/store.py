@@ -27,6 +27,7 @@ overrides the location.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -283,6 +284,33 @@ class LedgerStore:
         if before != after:
             logger.info("ledger %s migrated from %s to %s", url, before or "empty", after)
         return cls(engine, url=url)
+
+    @classmethod
+    def open_or_set_aside(cls, url: str = DEFAULT_URL) -> tuple[LedgerStore, Path | None]:
+        """Open the ledger; an SQLite file that cannot be opened or migrated (not a database, a
+        failing migration) is renamed `<file>.corrupt-<UTC time>` (with its -wal and -shm) and a
+        new, empty ledger is opened in its place. Returns the store and where the old file went
+        (None when nothing was set aside): the caller rebuilds the rows from the runtime.
+
+        The agent must not stay down for a broken ledger file (kubelet needs its socket for every
+        pod), and must not delete evidence either. A database a newer agent migrated
+        (`LedgerNewerThanCode`) and any non-file URL are never set aside: they raise as `open` does."""
+        try:
+            return cls.open(url), None
+        except errors.LedgerNewerThanCode:
+            raise
+        except errors.LedgerError as e:
+            parsed = make_url(url)
+            path = Path(parsed.database or "")
+            if parsed.get_backend_name() != "sqlite" or not parsed.database or not path.is_file():
+                raise
+            aside = path.with_name(f"{path.name}.corrupt-{_now().strftime('%Y%m%dT%H%M%S.%fZ')}")
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(f"{path}{suffix}", f"{aside}{suffix}")
+            logger.error("%s; the file was moved to %s and a new ledger is started, rebuilt from the runtime's "
+                         "containers", e, aside)  # fmt: skip
+        return cls.open(url), aside
 
     def close(self) -> None:
         """Close every connection."""
