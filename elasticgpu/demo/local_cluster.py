@@ -15,12 +15,14 @@ import base64
 import datetime
 import ipaddress
 import os
+import shutil
 import socket
 import ssl
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -230,6 +232,37 @@ class LocalCluster:
         self.etcd.stop()
 
 
+PORT_ATTEMPTS = 3
+"""Starts of etcd, and of the server, on fresh ports when the one picked was taken meanwhile by
+another process (a free port is only free until someone binds it)."""
+
+
+def _start_on_free_ports(
+    children: processes.Children,
+    name: str,
+    command: Callable[[], tuple[list[str], str]],
+    *,
+    log: Path,
+    ready: Callable[[str], Callable[[], bool]],
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    also: Sequence[processes.Child] = (),
+) -> tuple[processes.Child, str]:
+    """Start `name` with the command `command()` gives (with the URL it serves) until it comes up, or
+    fails for a reason other than a port taken; returns it and its URL."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        arguments, url = command()
+        child = children.start(name, arguments, log=log, env=env)
+        try:
+            processes.wait_until(ready(url), f"{name} at {url}", timeout_s=timeout_s, children=[*also, child])
+            return child, url
+        except processes.DemoError:
+            child.stop()
+            if attempt == PORT_ATTEMPTS or "address already in use" not in child.tail(5):
+                raise
+    raise AssertionError("unreachable")
+
+
 def start(
     directory: Path,
     children: processes.Children,
@@ -242,77 +275,57 @@ def start(
     """Start etcd and the server with everything under `directory`; DemoError when one does not come up.
     Both are in `children` (stopped by its `stop_all` even when this raises)."""
     certs = write_certs(directory)
-    etcd_url, peer_url = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
-    etcd = children.start(
-        "etcd",
-        [
-            str(etcd_bin),
-            "--name",
-            "default",
-            "--data-dir",
-            str(directory / "etcd"),
-            "--listen-client-urls",
-            etcd_url,
-            "--advertise-client-urls",
-            etcd_url,
-            "--listen-peer-urls",
-            peer_url,
-            "--initial-advertise-peer-urls",
-            peer_url,
-            "--initial-cluster",
-            f"default={peer_url}",
-            "--unsafe-no-fsync",
-            "--log-level",
-            "warn",
-        ],
-        log=directory / "etcd.log",
+
+    def etcd_command() -> tuple[list[str], str]:
+        shutil.rmtree(directory / "etcd", ignore_errors=True)  # a failed attempt's data
+        url, peer = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+        return [
+            str(etcd_bin), "--name", "default", "--data-dir", str(directory / "etcd"),
+            "--listen-client-urls", url, "--advertise-client-urls", url,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"default={peer}", "--unsafe-no-fsync", "--log-level", "warn",
+        ], url  # fmt: skip
+
+    def etcd_healthy(url: str) -> Callable[[], bool]:
+        def check() -> bool:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                return bool(answer.status == 200)
+
+        return check
+
+    etcd, etcd_url = _start_on_free_ports(
+        children, "etcd", etcd_command, log=directory / "etcd.log", ready=etcd_healthy, timeout_s=timeout_s
     )
 
-    def etcd_healthy() -> bool:
-        with urllib.request.urlopen(f"{etcd_url}/health", timeout=2) as answer:
-            return bool(answer.status == 200)
+    def server_command() -> tuple[list[str], str]:
+        port = free_port()
+        return [
+            str(server_bin), "--etcd-servers", etcd_url,
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(port), "--cert-dir", str(directory / "certs"),
+            "--tls-cert-file", str(certs["server.crt"]), "--tls-private-key-file", str(certs["server.key"]),
+            "--client-ca-file", str(certs["ca.crt"]), "-v", verbosity,
+        ], f"https://127.0.0.1:{port}"  # fmt: skip
 
-    processes.wait_until(etcd_healthy, "etcd /health", timeout_s=timeout_s, children=[etcd])
-    port = free_port()
-    server = f"https://127.0.0.1:{port}"
-    apiserver = children.start(
-        "API server",
-        [
-            str(server_bin),
-            "--etcd-servers",
-            etcd_url,
-            "--bind-address",
-            "127.0.0.1",
-            "--advertise-address",
-            "127.0.0.1",
-            "--secure-port",
-            str(port),
-            "--cert-dir",
-            str(directory / "certs"),
-            "--tls-cert-file",
-            str(certs["server.crt"]),
-            "--tls-private-key-file",
-            str(certs["server.key"]),
-            "--client-ca-file",
-            str(certs["ca.crt"]),
-            "-v",
-            verbosity,
-        ],
-        log=directory / "apiserver.log",
-        env={"GOGC": os.environ.get("GOGC", SERVER_GOGC)},
-    )
+    context = ssl.create_default_context(cafile=str(certs["ca.crt"]))
+    context.load_cert_chain(str(certs["client.crt"]), str(certs["client.key"]))
+
+    def server_ready(url: str) -> Callable[[], bool]:
+        def check() -> bool:
+            try:
+                with urllib.request.urlopen(f"{url}/readyz", timeout=5, context=context) as answer:
+                    return bool(answer.status == 200)
+            except urllib.error.HTTPError:
+                return False
+
+        return check
+
+    apiserver, server = _start_on_free_ports(
+        children, "API server", server_command, log=directory / "apiserver.log", ready=server_ready,
+        timeout_s=timeout_s, env={"GOGC": os.environ.get("GOGC", SERVER_GOGC)}, also=[etcd],
+    )  # fmt: skip
     cluster = LocalCluster(
         server=server, kubeconfig=directory / "kubeconfig", certs=certs, etcd=etcd, apiserver=apiserver
     )
-    context = cluster.ssl_context()
-
-    def server_ready() -> bool:
-        try:
-            with urllib.request.urlopen(f"{server}/readyz", timeout=5, context=context) as answer:
-                return bool(answer.status == 200)
-        except urllib.error.HTTPError:
-            return False
-
-    processes.wait_until(server_ready, "the API server's /readyz", timeout_s=timeout_s, children=[etcd, apiserver])
     write_kubeconfig(cluster.kubeconfig, server, certs)
     return cluster

@@ -76,12 +76,17 @@ class Child:
                 f"last line of its log: {self.tail(1) or '(empty)'}"
             )
 
+    def terminate(self) -> None:
+        """SIGTERM its process group (no wait)."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+
     def stop(self) -> None:
         """SIGTERM its process group, SIGKILL after `STOP_TIMEOUT_S`."""
+        self.terminate()
         if self.process.poll() is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
         try:
             self.process.wait(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -121,9 +126,18 @@ class Children:
         return child
 
     def stop_all(self) -> None:
-        """Stop every child, the last started first (the agents before the server they talk to)."""
-        for child in reversed(self.started):
+        """Stop every child: the product's processes together (they shut down in parallel), then
+        the runtime, then the API server and etcd (which the others talk to until they are gone)."""
+        infrastructure = ("containerd", "API server", "etcd")
+        product = [c for c in self.started if c.name not in infrastructure]
+        for child in product:
+            child.terminate()
+        for child in product:
             child.stop()
+        for name in infrastructure:
+            for child in self.started:
+                if child.name == name:
+                    child.stop()
 
 
 def wait_until(

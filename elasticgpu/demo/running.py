@@ -137,6 +137,12 @@ class Demo:
         """Namespace, nodes, runtime, agents, controller, webhook; waits until cards and webhook are there."""
         k, s = self._kube(), self.scenario
         k.create("/api/v1/namespaces", s.namespace_body())
+        # A real cluster refuses pods until the namespace's default ServiceAccount exists.
+        processes.wait_until(
+            lambda: k.get(f"/api/v1/namespaces/{s.namespace}/serviceaccounts/default"),
+            f"the default ServiceAccount of namespace {s.namespace}",
+            timeout_s=30,
+        )
         for node in s.nodes:
             self.created.append(f"/api/v1/nodes/{node}")
             k.create("/api/v1/nodes", s.node_body(node))
@@ -363,44 +369,50 @@ class Demo:
         out.print(f"as expected, {self.why(s.unfit_claim)}")
 
     def cleanup(self) -> None:
-        """Delete what the demo made on a cluster it does not own, stop every child, remove the temp dir."""
+        """Stop every child and remove the temp dir; on a cluster the demo does not own, delete what it
+        made there: the scenario while the controller still runs, the rest once the agents (which would
+        publish their GPU objects again) are stopped."""
         k = self.kube
+        if k is not None and self.external:
+            self._delete_scenario(k)
+        if self.runtime is not None:
+            with contextlib.suppress(Exception):
+                self.runtime.stop()
+        self.children.stop_all()
         if k is not None:
-            with contextlib.suppress(DemoError):
-                k.delete(f"{ADMISSION}/{self.webhook_configuration}")
             if self.external:
                 with contextlib.suppress(DemoError):
-                    k.delete(f"/api/v1/namespaces/{self.scenario.namespace}")
-                    # While the controller still runs: it releases the claims' finalizers once the pods are gone.
-                    with contextlib.suppress(DemoError):
-                        processes.wait_until(
-                            lambda: self._gone(f"/api/v1/namespaces/{self.scenario.namespace}"),
-                            "the demo namespace to go",
-                            timeout_s=60,
-                        )
+                    k.delete(f"{ADMISSION}/{self.webhook_configuration}")
                 for gpu in self._safe_gpus():
                     with contextlib.suppress(DemoError):
                         k.delete(f"{kube.CUSTOM}/{names.PLURAL_GPU}/{gpu['metadata']['name']}")
                 for path in reversed(self.created):
                     with contextlib.suppress(DemoError):
                         k.delete(path)
-        if self.runtime is not None:
-            with contextlib.suppress(Exception):
-                self.runtime.stop()
-        self.children.stop_all()
-        if k is not None:
             k.close()
         if self.args.keep:
             self.say(f"kept {self.directory} (logs of every component)")
         else:
             shutil.rmtree(self.directory, ignore_errors=True)
 
-    def _gone(self, path: str) -> bool:
-        try:
-            self._kube().get(path)
-        except kube.NotFound:
-            return True
-        return False
+    def _delete_scenario(self, k: kube.DemoKube) -> None:
+        """Pods and claims first, while the controller still runs: it lifts the claims' finalizers once
+        their pods are gone and deletes their ElasticGPUs (reclaim Delete). Then the namespace."""
+        s = self.scenario
+        claims = f"{kube.CUSTOM}/namespaces/{s.namespace}/{names.PLURAL_CLAIM}"
+        egpus = f"{kube.CUSTOM}/{names.PLURAL_ELASTIC_GPU}?labelSelector={names.LABEL_CLAIM_NAMESPACE}%3D{s.namespace}"
+        with contextlib.suppress(DemoError):
+            for use in s.uses:
+                k.delete(f"/api/v1/namespaces/{s.namespace}/pods/{use.pod}")
+            for claim in k.get(claims).get("items") or []:
+                k.delete(f"{claims}/{claim['metadata']['name']}")
+            processes.wait_until(
+                lambda: not k.get(claims).get("items") and not k.get(egpus).get("items"),
+                "the demo's claims and ElasticGPUs to go",
+                timeout_s=30,
+            )
+        with contextlib.suppress(DemoError):
+            k.delete(f"/api/v1/namespaces/{s.namespace}")
 
     def _safe_gpus(self) -> list[dict[str, Any]]:
         try:
