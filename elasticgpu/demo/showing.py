@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from elasticgpu.demo.containers import Sight
 
@@ -28,7 +29,7 @@ def server_table(title: str, table: dict[str, Any], *, wide: bool = False) -> Ta
         shown.add_column(str(column["name"]).upper(), overflow="fold")
     for row in table.get("rows") or []:
         cells = row.get("cells") or []
-        shown.add_row(*("" if i >= len(cells) or cells[i] is None else str(cells[i]) for i, _ in columns))
+        shown.add_row(*(Text("" if i >= len(cells) or cells[i] is None else str(cells[i])) for i, _ in columns))
     if not table.get("rows"):
         shown.add_row(*(["(none)"] + [""] * (len(columns) - 1)))
     return shown
@@ -55,13 +56,18 @@ def sights_table(sights: Sequence[Sight]) -> Table:
         shown.add_column(name, overflow="fold")
     for s in sights:
         shown.add_row(
-            f"{s.pod}/{s.container}",
-            s.claim,
-            s.node,
-            s.env.get("NVIDIA_VISIBLE_DEVICES", "-"),
-            s.env.get("CUDA_DEVICE_SM_LIMIT", "-"),
-            s.env.get("CUDA_DEVICE_MEMORY_LIMIT_0", "-"),
-            " ".join(s.devices) or "-",
+            *map(
+                Text,
+                (
+                    f"{s.pod}/{s.container}",
+                    s.claim,
+                    s.node,
+                    s.env.get("NVIDIA_VISIBLE_DEVICES", "-"),
+                    s.env.get("CUDA_DEVICE_SM_LIMIT", "-"),
+                    s.env.get("CUDA_DEVICE_MEMORY_LIMIT_0", "-"),
+                    " ".join(s.devices) or "-",
+                ),
+            )
         )
     return shown
 
