@@ -1,6 +1,7 @@
 """`elasticgpu demo`: the whole product in one command, on a throwaway local cluster.
 
 Modules, one responsibility each:
+- `commands`: the flags (the rest is imported when the demo runs);
 - `processes`: child processes that die with the demo (no `preexec_fn`), their logs, deadlines;
 - `local_cluster`: etcd and the project's test API server from the cache of `testserver/build.sh`,
   with a generated CA and kubeconfig;
@@ -17,6 +18,6 @@ Nothing outside one temporary directory is touched; everything started is stoppe
 
 from __future__ import annotations
 
-from elasticgpu.demo.running import add_arguments, run
+from elasticgpu.demo.commands import add_arguments, run
 
 __all__ = ["add_arguments", "run"]
