@@ -283,7 +283,7 @@ def rss_child(gpus: int, claims: int) -> None:
     """In a fresh process: load `gpus` GPUs with `claims` Bound claims into a Controller's picture;
     prints the RSS before and after (MiB), the load (s), a Bound claim's sync (µs) and one pass
     of syncs over every claim and ElasticGPU (CPU s)."""
-    from elasticgpu.controller.reconciling import Controller
+    from elasticgpu.controller.process.reconciling import Controller
 
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     controller = Controller(kube=object(), namespace="rss")  # type: ignore[arg-type]
@@ -360,7 +360,7 @@ def main() -> None:
 
     from kubernetes import client, config
 
-    from elasticgpu.controller.kube import KubeApi
+    from elasticgpu.controller.edge.kube import KubeApi
     from tests.conftest import crd_documents
     from tests.kube_cluster import running_cluster, server_side_apply, wait_established
 

@@ -48,10 +48,10 @@ sys.path.insert(0, str(REPO))
 import grpc  # noqa: E402
 
 from elasticgpu.agent.cri import api, claim_hooks, front, injection  # noqa: E402
+from tests import spawning  # noqa: E402
 from tests.agent.cri.node import View, publish_cards, slice_claim  # noqa: E402
 from tests.containerd_runtime import (  # noqa: E402
     container_config,
-    die_with_parent,
     running_containerd,
     sandbox_config,
 )
@@ -99,8 +99,7 @@ def byte_relay(listen: Path, upstream: Path) -> Iterator[Path | None]:
     if shutil.which("socat") is None:
         yield None
         return
-    relay = subprocess.Popen(["socat", f"UNIX-LISTEN:{listen},fork", f"UNIX-CONNECT:{upstream}"],
-                             preexec_fn=die_with_parent)  # fmt: skip
+    relay = spawning.spawn(["socat", f"UNIX-LISTEN:{listen},fork", f"UNIX-CONNECT:{upstream}"])
     try:
         deadline = time.monotonic() + 10
         while not listen.exists():
@@ -146,11 +145,10 @@ def main() -> None:
         view.add(slice_claim("bench", "slice", user="gpu"))
         (Path(tmp) / "view.json").write_text(view.to_json())
         listen = Path(tmp) / "proxy.sock"
-        agent = subprocess.Popen(
+        agent = spawning.spawn(
             [sys.executable, "-m", "tests.agent.cri.agent_process", str(listen), str(runtime.socket),
              os.environ.get("BENCH_LEDGER", f"sqlite:///{tmp}/ledger.db"), f"{tmp}/view.json"],
             cwd=REPO, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
-            preexec_fn=die_with_parent,
         )  # fmt: skip
         try:
             assert agent.stdout is not None and select.select([agent.stdout], [], [], 30)[0], "proxy did not start"

@@ -34,8 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from elasticgpu.api import names
-from elasticgpu.controller.kube import KubeApi
-from elasticgpu.controller.reservations import now_rfc3339
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.picture.reservations import now_rfc3339
 
 Body = dict[str, Any]
 SLOTS = 10  # claims of 10% cores per card

@@ -136,7 +136,7 @@ def main() -> None:
 
     from kubernetes import client, config
 
-    from elasticgpu.controller.kube import KubeApi
+    from elasticgpu.controller.edge.kube import KubeApi
     from tests.conftest import crd_documents
     from tests.kube_cluster import running_cluster, server_side_apply, wait_established
 

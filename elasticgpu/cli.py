@@ -7,7 +7,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from elasticgpu import __version__, plan
+from elasticgpu import __version__, flags, plan, user_errors
+
+DEFAULT_HEALTH_PORT = 8080
 
 
 def _crds(args: argparse.Namespace) -> int:
@@ -34,18 +36,41 @@ def _crds(args: argparse.Namespace) -> int:
 def _controller(args: argparse.Namespace) -> int:
     import os
 
-    from elasticgpu.controller import startup
-    from elasticgpu.controller.leader import LeaderSettings
-    from elasticgpu.controller.logs import configure_logging
+    from elasticgpu.controller.edge.leader import LeaderSettings
+    from elasticgpu.controller.process import startup
+    from elasticgpu.logs import configure_logging
 
-    configure_logging(level=args.log_level, log_format=args.log_format)
+    configure_logging(level=flags.log_level(args), log_format=args.log_format)
     # The Lease lives where the controller runs (the Downward API's POD_NAMESPACE), else in the
     # one namespace it watches, else in kube-system.
     lease_namespace = args.leader_elect_namespace or os.environ.get("POD_NAMESPACE") or args.namespace or "kube-system"
     leader = LeaderSettings(enabled=args.leader_elect, namespace=lease_namespace, name=args.leader_elect_name)
-    startup.run_controller(kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace,
-                           leader=leader, health_port=None if args.health_port < 0 else args.health_port)
+    address = _health_address(args)
+    startup.run_controller(kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace, leader=leader,
+                           health_port=None if address is None else address.port,
+                           health_host=address.host if address else "0.0.0.0")
     return 0
+
+
+def _health_address(args: argparse.Namespace) -> flags.BindAddress | None:
+    """The one listener of /healthz, /readyz and /metrics: --health-probe-bind-address and
+    --metrics-bind-address name it (they must agree when both are given), --health-port is the old
+    spelling of its port (-1: none)."""
+    given: dict[str, flags.BindAddress | None] = {
+        flag: getattr(args, flag)
+        for flag in ("health_probe_bind_address", "metrics_bind_address")
+        if getattr(args, flag) is not flags.UNSET
+    }
+    if len(set(given.values())) > 1:
+        raise user_errors.UserError(
+            "--health-probe-bind-address and --metrics-bind-address differ, but one server serves /healthz,"
+            " /readyz and /metrics: give one of them, or the same address to both"
+        )
+    if given:
+        return next(iter(given.values()))
+    if args.health_port is not None:
+        return None if args.health_port < 0 else flags.BindAddress(host="0.0.0.0", port=args.health_port)
+    return flags.BindAddress(host="0.0.0.0", port=DEFAULT_HEALTH_PORT)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,16 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
     controller.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG, ~/.kube/config)")
     controller.add_argument("--context", help="kubeconfig context")
     controller.add_argument("--namespace", help="watch claims of this namespace only (default: all)")
-    controller.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    controller.add_argument("--log-format", default="plain", choices=("plain", "json"),
-                            help="plain text, or one JSON object per line (default: plain)")
-    controller.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
-                            help="bind only while holding the leader Lease (default: on; off only for one replica)")
+    flags.add_logging(controller)
+    flags.add_switch(controller, "leader-elect", default=True,
+                     text="bind only while holding the leader Lease (default: on; =false only for one replica)")
     controller.add_argument("--leader-elect-namespace",
                             help="namespace of the Lease (default: $POD_NAMESPACE, else --namespace, else kube-system)")
     controller.add_argument("--leader-elect-name", default="elasticgpu-controller", help="name of the Lease")
-    controller.add_argument("--health-port", type=int, default=8080,
-                            help="port of /healthz, /readyz and /metrics (default: 8080; 0: any free port; -1: off)")
+    for flag in ("--health-probe-bind-address", "--metrics-bind-address"):
+        controller.add_argument(flag, type=flags.bind_address, default=flags.UNSET,
+                                help=f"[host]:port of /healthz, /readyz and /metrics, one server"
+                                f" (default :{DEFAULT_HEALTH_PORT}; 0: off)")
+    controller.add_argument("--health-port", type=int, default=None,
+                            help="the same server's port, older spelling (0: any free port; -1: off)")
     controller.set_defaults(handler=_controller)
 
     from elasticgpu.agent import commands as agent_commands
@@ -107,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `elasticgpu` console script."""
     args = build_parser().parse_args(argv)
-    return int(args.handler(args))
+    return user_errors.guarded(args.handler, prog=f"elasticgpu {args.command}")(args)
 
 
 if __name__ == "__main__":

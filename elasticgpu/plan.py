@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from elasticgpu import user_errors
 from elasticgpu.allocator import (
     Allocator,
     CardRecord,
@@ -103,15 +104,37 @@ def _files(paths: Iterable[str]) -> list[Path]:
     return out
 
 
+USED_KINDS = frozenset({names.KIND_GPU, names.KIND_CLASS, names.KIND_CLAIM})
+"""Kinds plan reads; others (ElasticGPUs, Pods, Namespaces of a larger manifest) are skipped with a note."""
+
+
+def _documents(path: Path) -> list[Any]:
+    """The YAML documents of one input file, or the file's problem as a user error."""
+    try:
+        return list(yaml.safe_load_all(path.read_text()))
+    except FileNotFoundError:
+        raise user_errors.InputFileInvalid(f"-f {path}: no such file or folder") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise user_errors.InputFileInvalid(f"-f {path}: cannot be read ({err})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or err
+        raise user_errors.InputFileInvalid(f"-f {path}:{line}: not valid YAML ({problem})") from None
+
+
 def read_inputs(paths: Iterable[str]) -> PlanInput:
     """Parse every document of every file into the kinds `plan` understands."""
     found = PlanInput([], [], [], [])
     for path in _files(paths):
-        for number, doc in enumerate(yaml.safe_load_all(path.read_text()), start=1):
+        for number, doc in enumerate(_documents(path), start=1):
             if not doc:
                 continue
             where = f"{path} document {number}"
             kind = doc.get("kind")
+            if kind is not None and kind not in USED_KINDS:
+                print(f"note: {where}: kind {kind} is not used by plan; skipped", file=sys.stderr)
+                continue
             try:
                 if kind is None and "nodes" in doc:
                     found.node_list.extend(doc["nodes"])
@@ -123,11 +146,11 @@ def read_inputs(paths: Iterable[str]) -> PlanInput:
                     found.claims.append(ElasticGPUClaim.model_validate(doc))
                 else:
                     raise ValueError(
-                        f"kind {kind!r} is not used by plan (GPU, ElasticGPUClass, ElasticGPUClaim, "
-                        "or a document with `nodes:`)"
+                        "a document without a kind must be a node list (`nodes:`); plan reads GPU,"
+                        " ElasticGPUClass and ElasticGPUClaim objects"
                     )
             except (ValueError, ElasticGPUError) as err:
-                raise SystemExit(f"error: {where}: {err}") from None
+                raise user_errors.InputFileInvalid(f"{where}: {err}") from None
     return found
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 import grpc
 
+from tests import spawning
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "testruntime" / "build.sh"
 START_TIMEOUT_S = 30.0
@@ -226,14 +228,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=STOP_TIMEOUT_S)
 
 
-def die_with_parent() -> None:
-    """preexec_fn: SIGTERM containerd if the test process dies without cleaning up (Linux only)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-
-
 def _check_can_run() -> None:
     if os.geteuid() != 0:
         raise RuntimeUnavailable("containerd needs root (namespaces, mounts, cgroups); run the tests as root")
@@ -271,13 +265,12 @@ def running_containerd() -> Iterator[TestRuntime]:
     proc: subprocess.Popen[bytes] | None = None
     try:
         with log.open("wb") as log_file:
-            proc = subprocess.Popen(
+            proc = spawning.spawn(
                 [str(root / "usr/bin/containerd"), "--config", str(config), "--log-level", "warn"],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=die_with_parent,
             )
         _wait_version(runtime.socket, proc, log)
         imported = subprocess.run(

@@ -37,6 +37,8 @@ from typing import Any
 
 import yaml
 
+from tests import spawning
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "testserver" / "build.sh"
 KUBECONFIG_ENV = "ELASTICGPU_TEST_KUBECONFIG"
@@ -356,14 +358,6 @@ def _tail(path: Path, lines: int = 40) -> str:
         return ""
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: SIGTERM the child if the test process dies without cleaning up (Linux only)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-
-
 def _stop(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
     if proc is None or proc.poll() is not None:
         return
@@ -466,7 +460,7 @@ def running_cluster() -> Iterator[TestCluster]:
         etcd_url, peer_url = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{peer_port}"
         etcd_log, server_log = tmp / "etcd.log", tmp / "apiserver.log"
         with etcd_log.open("wb") as out:
-            etcd_proc = subprocess.Popen(
+            etcd_proc = spawning.spawn(
                 [
                     str(etcd_bin), "--name", "default", "--data-dir", str(tmp / "etcd"),
                     "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
@@ -474,7 +468,7 @@ def running_cluster() -> Iterator[TestCluster]:
                     "--initial-cluster", f"default={peer_url}", "--unsafe-no-fsync", "--log-level", "warn",
                 ],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=_die_with_parent,
+                start_new_session=True,
             )  # fmt: skip
         etcd_procs = [("etcd", etcd_proc, etcd_log)]
 
@@ -486,7 +480,7 @@ def running_cluster() -> Iterator[TestCluster]:
 
         server = f"https://127.0.0.1:{api_port}"
         with server_log.open("wb") as out:
-            server_proc = subprocess.Popen(
+            server_proc = spawning.spawn(
                 [
                     str(server_bin), "--etcd-servers", etcd_url,
                     "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
@@ -495,7 +489,7 @@ def running_cluster() -> Iterator[TestCluster]:
                     "--client-ca-file", str(certs["ca.crt"]), "-v", os.environ.get("ELASTICGPU_TESTSERVER_V", "1"),
                 ],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=_die_with_parent,
+                start_new_session=True,
                 env={**os.environ, "GOGC": os.environ.get("GOGC", SERVER_GOGC)},
             )  # fmt: skip
         cluster = TestCluster(

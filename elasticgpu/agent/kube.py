@@ -92,7 +92,9 @@ class AgentKube:
         headers = {"Accept": "application/json", **dict(self._api.default_headers)}
         if getattr(configuration, "refresh_api_key_hook", None) is not None:
             configuration.refresh_api_key_hook(configuration)
-        auth = configuration.get_api_key_with_prefix("authorization")
+        # The kubernetes package keeps a kubeconfig's or the in-cluster token under "BearerToken"
+        # (older releases: "authorization"); a Node-bound token kubeconfig depends on it.
+        auth = configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
         if auth:
             headers["Authorization"] = auth
         if content_type:

@@ -105,12 +105,20 @@ def card_fits(shape: Shape, card: CardSig) -> bool:
 _MATCH_CACHE: dict[tuple[str, tuple[str, ...]], bool] = {}
 
 
+VENDOR_PREFIXES = ("nvidia ",)
+"""What NVML puts before the product ("NVIDIA A100-SXM4-80GB"): a glob may leave it out, so the
+class parameter `gpuModel: A100*|H100*` that platform teams write matches the names cards report."""
+
+
 def model_matches(model: str, globs: tuple[str, ...]) -> bool:
-    """Whether a card model matches any of the globs (case-insensitive; `|` may join globs)."""
+    """Whether a card model matches any of the globs (case-insensitive; `|` may join globs), with
+    or without its vendor prefix (`A100*` and `NVIDIA A100*` both match `NVIDIA A100-SXM4-80GB`)."""
     key = (model, globs)
     hit = _MATCH_CACHE.get(key)
     if hit is None:
-        patterns = [p.strip() for g in globs for p in g.split("|") if p.strip()]
-        hit = any(fnmatchcase(model.lower(), p.lower()) for p in patterns)
+        patterns = [p.strip().lower() for g in globs for p in g.split("|") if p.strip()]
+        lowered = model.lower()
+        candidates = [lowered, *(lowered[len(v) :] for v in VENDOR_PREFIXES if lowered.startswith(v))]
+        hit = any(fnmatchcase(name, p) for name in candidates for p in patterns)
         _MATCH_CACHE[key] = hit
     return hit

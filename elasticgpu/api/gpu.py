@@ -90,7 +90,7 @@ class GPUStatus(KubeModel):
                         reason="FieldValueInvalid",
                     ),
                     rule(
-                        "!self.exists(a, a.exclusive) || size(self) == 1",
+                        "!self.exists(a, has(a.exclusive) && a.exclusive) || size(self) == 1",
                         "status.allocations: a card reserved whole (exclusive) cannot hold other reservations",
                         reason="FieldValueInvalid",
                     ),

@@ -72,8 +72,8 @@ CLAIM = KindInfo(
         PrinterColumn("Node", "string", ".status.nodeName", "Node of the bound card(s)."),
         # The controller writes the class it used (the default one included) here on bind.
         PrinterColumn("Class", "string", ".spec.elasticGPUClassName", "Class of the claim."),
+        PrinterColumn("Reason", "string", ".status.reason", "Why it is in this phase."),
         _age(),
-        PrinterColumn("Reason", "string", ".status.reason", "Why it is in this phase.", priority=1),
     ),
     crd_file="elasticgpuclaim.yaml",
 )
@@ -92,8 +92,8 @@ ELASTIC_GPU = KindInfo(
         PrinterColumn("Status", "string", ".status.phase", "Pending, Available, Bound, Released or Failed."),
         PrinterColumn("Claim", "string", ".status.claim", "The claim of spec.claimRef, as namespace/name."),
         PrinterColumn("Class", "string", ".spec.elasticGPUClassName", "Class of the ElasticGPU."),
+        PrinterColumn("Reason", "string", ".status.reason", "Why it is in this phase."),
         _age(),
-        PrinterColumn("Reason", "string", ".status.reason", "Why it is in this phase.", priority=1),
     ),
     crd_file="elasticgpu.yaml",
 )

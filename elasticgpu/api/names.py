@@ -11,7 +11,7 @@ from typing import Final
 GROUP: Final = "elasticgpu.io"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
-CATEGORY: Final = "elasticgpu"
+CATEGORY: Final = "elasticgpu-all"
 
 # Kinds and their REST plurals.
 KIND_GPU: Final = "GPU"

@@ -10,7 +10,7 @@
         │   └── ApiUnavailable             the server could not be reached or failed (5xx, timeouts)
         └── BindingError                   a decision cannot be carried out; the next sync retries
 
-`kube.py` is the only place that sees `kubernetes.client.ApiException`; it translates every
+`edge/kube.py` is the only place that sees `kubernetes.client.ApiException`; it translates every
 failure into this tree, so the rest of the controller never imports the client library.
 """
 

@@ -7,6 +7,8 @@ Create Date: 2026-12-03
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -20,6 +22,16 @@ def upgrade() -> None:
     """Add allocations.released_at and the usage_samples table."""
     with op.batch_alter_table("allocations") as batch:
         batch.add_column(sa.Column("released_at", sa.DateTime(timezone=True), nullable=True))
+    # Rows released before this revision (or across a downgrade and upgrade, which drops the
+    # column) have no release time, and pruning (`released_at < cutoff`) would keep them forever.
+    # They were released at the latest now: they are pruned one retention period from now.
+    allocations = sa.table("allocations", sa.column("state", sa.String()),
+                           sa.column("released_at", sa.DateTime(timezone=True)))  # fmt: skip
+    op.execute(
+        allocations.update()
+        .where(allocations.c.state == "released", allocations.c.released_at.is_(None))
+        .values(released_at=datetime.now(UTC))
+    )
     op.create_table(
         "usage_samples",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),

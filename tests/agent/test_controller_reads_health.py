@@ -20,8 +20,8 @@ from kubernetes import client
 from elasticgpu.agent.discovery import simulated
 from elasticgpu.api import names
 from elasticgpu.controller import errors
-from elasticgpu.controller.kube import KubeApi
-from elasticgpu.controller.reconciling import Controller
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import ControllerSettings, GPUHealthSettings
 from tests.agent.conftest import RunningAgent, wait_for
 from tests.agent.objects import condition, node_gpus

@@ -69,8 +69,12 @@ def test_crd_and_model_agree_field_by_field(info: KindInfo) -> None:
 @pytest.mark.parametrize(
     ("info", "short", "columns"),
     [
-        (BY_KIND["ElasticGPUClaim"], "egpuc", ["Status", "EGPU", "Core", "Memory", "Node", "Class", "Age"]),
-        (BY_KIND["ElasticGPU"], "egpu", ["Node", "GPUs", "Core", "Memory", "Status", "Claim", "Class", "Age"]),
+        (BY_KIND["ElasticGPUClaim"], "egpuc", ["Status", "EGPU", "Core", "Memory", "Node", "Class", "Reason", "Age"]),
+        (
+            BY_KIND["ElasticGPU"],
+            "egpu",
+            ["Node", "GPUs", "Core", "Memory", "Status", "Claim", "Class", "Reason", "Age"],
+        ),
         (BY_KIND["ElasticGPUClass"], "egpuclass", ["Provisioner", "BindingMode", "Reclaim", "Age"]),
         (BY_KIND["GPU"], "pgpu", ["Node", "Model", "Memory", "Allocatable", "Health", "Age"]),
     ],
@@ -79,7 +83,9 @@ def test_crd_and_model_agree_field_by_field(info: KindInfo) -> None:
 def test_names_and_columns(info: KindInfo, short: str, columns: list[str]) -> None:
     document = crd.crd_for(info)
     assert document["spec"]["names"]["shortNames"] == [short]
-    assert document["spec"]["names"]["categories"] == ["elasticgpu"]
+    # Not "elasticgpu": that is the ElasticGPU kind's singular, and kubectl would read
+    # `kubectl get elasticgpu NAME` as the category (NAME not found among the claims).
+    assert document["spec"]["names"]["categories"] == ["elasticgpu-all"]
     version = document["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     default = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]

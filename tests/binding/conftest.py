@@ -21,8 +21,8 @@ import pytest
 
 from elasticgpu.api import names
 from elasticgpu.controller import errors
-from elasticgpu.controller.kube import KubeApi
-from elasticgpu.controller.reconciling import Controller
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import ControllerSettings, ResyncSettings
 
 

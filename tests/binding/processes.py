@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from elasticgpu.api import names
-from elasticgpu.controller.kube import KubeApi
-from tests.kube_cluster import REPO_ROOT, _die_with_parent
+from elasticgpu.controller.edge.kube import KubeApi
+from tests import spawning
+from tests.kube_cluster import REPO_ROOT
 
 T = TypeVar("T")
 
@@ -46,12 +47,12 @@ class ControllerProcesses:
         log = self.log_dir / f"controller-{len(self.procs)}.log"
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.env, **(env or {})}
         with log.open("wb") as out:
-            proc = subprocess.Popen(
+            proc = spawning.spawn(
                 [sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(self.kubeconfig),
                  *(["--namespace", self.namespace] if self.namespace else []), "--log-level", "warning",
                  *self.flags],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT, env=env,
-                start_new_session=True, preexec_fn=_die_with_parent,
+                start_new_session=True,
             )  # fmt: skip
         self.procs.append(proc)
         return proc

@@ -6,7 +6,7 @@ from typing import Any
 
 from elasticgpu.api import names
 from elasticgpu.controller import errors
-from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller, settle
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster
 from tests.binding.processes import ControllerProcesses, check_invariants, wait_quiescent

@@ -8,7 +8,7 @@ import pytest
 
 from elasticgpu.allocator import CardShare, Placement
 from elasticgpu.api import GPU, ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names
-from elasticgpu.controller import binder
+from elasticgpu.controller.decisions import binder
 from tests.binding import objects as o
 
 GPUS = {g["metadata"]["name"]: GPU.model_validate(g) for g in (o.gpu("gpu-a"), o.gpu("gpu-b", memory=40960))}

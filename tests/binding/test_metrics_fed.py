@@ -8,7 +8,7 @@ import contextlib
 from prometheus_client import CollectorRegistry
 
 from elasticgpu.controller import errors
-from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.metrics import ControllerMetrics
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller, settle

@@ -24,7 +24,7 @@ from kubernetes import client
 
 from elasticgpu.api import names
 from elasticgpu.controller import errors
-from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster
 from tests.binding.processes import ControllerProcesses, check_invariants, wait_quiescent

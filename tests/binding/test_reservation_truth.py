@@ -16,8 +16,8 @@ from typing import Any
 from elasticgpu.allocator import CardShare, Placement
 from elasticgpu.api import names
 from elasticgpu.controller import errors
-from elasticgpu.controller.kube import KubeApi
-from elasticgpu.controller.reconciling import Controller
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.process.reconciling import Controller
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller, settle
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from elasticgpu.controller.kube import KubeApi
-from elasticgpu.controller.reconciling import Controller
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.process.reconciling import Controller
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller, settle
 

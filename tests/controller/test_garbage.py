@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster
 
@@ -25,7 +25,7 @@ CLAIMS = 30
 BIND_WITH_THE_COLLECTOR_OFF = """
 import gc, json, sys
 from collections import Counter
-from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.conftest import new_controller, settle, stop_watches
 

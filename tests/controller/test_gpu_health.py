@@ -18,9 +18,9 @@ import pytest
 
 from elasticgpu.agent.kube import AgentKube, load_api_client
 from elasticgpu.api import GPU, names
-from elasticgpu.controller import gpu_health
-from elasticgpu.controller.kube import KubeApi
-from elasticgpu.controller.reconciling import Controller
+from elasticgpu.controller.decisions import gpu_health
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import ControllerSettings, GPUHealthSettings, ResyncSettings
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from elasticgpu.controller.health import HealthServer
-from elasticgpu.controller.logs import configure_logging
 from elasticgpu.controller.metrics import ControllerMetrics
+from elasticgpu.controller.process.health import HealthServer
+from elasticgpu.logs import configure_logging
 
 
 def get(port: int, path: str) -> tuple[int, str, str]:

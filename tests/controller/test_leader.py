@@ -1,4 +1,4 @@
-"""Leader election on a coordination.k8s.io/v1 Lease (`controller/leader.py`), against the test
+"""Leader election on a coordination.k8s.io/v1 Lease (`controller/edge/leader.py`), against the test
 API server: acquire, renew and release with resourceVersion preconditions; a lost race is a
 409, not two leaders; a leader that cannot renew gives up; and with two real processes, a
 standby leads within 15 s of the leader's last renewal after `kill -9` of it, and at once after a clean stop."""
@@ -20,8 +20,9 @@ import pytest
 from kubernetes import client
 
 from elasticgpu.controller import errors
-from elasticgpu.controller.leader import KubernetesLeases, LeaderElector, LeaderSettings
-from tests.kube_cluster import REPO_ROOT, _die_with_parent
+from elasticgpu.controller.edge.leader import KubernetesLeases, LeaderElector, LeaderSettings
+from tests import spawning
+from tests.kube_cluster import REPO_ROOT
 
 FAST = LeaderSettings(namespace="unset", lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.25)
 """Short periods for the in-process tests; the process test runs with the defaults."""
@@ -233,7 +234,7 @@ usually 13-15 s); 1 s more covers the standby's read and write and this test's p
 CANDIDATE = """
 import logging, signal, sys, threading
 from kubernetes import config
-from elasticgpu.controller.leader import KubernetesLeases, LeaderElector, LeaderSettings
+from elasticgpu.controller.edge.leader import KubernetesLeases, LeaderElector, LeaderSettings
 kubeconfig, namespace, identity = sys.argv[1:4]
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 elector = LeaderElector(KubernetesLeases(config.new_client_from_config(config_file=kubeconfig)),
@@ -257,11 +258,10 @@ class Candidates:
 
     def start(self, identity: str) -> subprocess.Popen[bytes]:
         with (self.log_dir / f"{identity}.log").open("wb") as out:
-            proc = subprocess.Popen(
+            proc = spawning.spawn(
                 [sys.executable, "-c", CANDIDATE, str(self.kubeconfig), self.namespace, identity],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, start_new_session=True,
-                preexec_fn=_die_with_parent,
             )  # fmt: skip
         self.procs[identity] = proc
         return proc

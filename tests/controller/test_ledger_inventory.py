@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticgpu.allocator import CardShare, Placement
-from elasticgpu.controller.reservations import Ledger
+from elasticgpu.controller.picture.reservations import Ledger
 from tests.binding import objects as o
 
 NODE = "node-1"

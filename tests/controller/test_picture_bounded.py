@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from elasticgpu.api import names
-from elasticgpu.controller import versions
-from elasticgpu.controller.picture import Picture
+from elasticgpu.controller.picture import versions
+from elasticgpu.controller.picture.picture import Picture
 from tests.binding import objects as o
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, names
-from elasticgpu.controller import compact, records
-from elasticgpu.controller.picture import Picture
+from elasticgpu.controller.picture import compact, records
+from elasticgpu.controller.picture.picture import Picture
 from tests.binding import objects as o
 
 

@@ -13,12 +13,12 @@ import pytest
 import yaml
 
 from elasticgpu.controller import errors
-from elasticgpu.controller.failures import Failures
-from elasticgpu.controller.kube import KubeApi
-from elasticgpu.controller.liveness import Liveness
-from elasticgpu.controller.reconciling import Controller
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.flow.failures import Failures
+from elasticgpu.controller.flow.liveness import Liveness
+from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import BindingSettings, ControllerSettings, ResyncSettings, RetrySettings
-from elasticgpu.controller.workqueue import WorkQueue
 
 KEY = ("claim", "ns", "c")
 
@@ -53,7 +53,7 @@ def test_the_token_bucket_limits_retries_of_all_keys_together() -> None:
 
 def test_races_are_quiet_and_other_failures_are_said_once(caplog: pytest.LogCaptureFixture) -> None:
     failures = Failures(WorkQueue(RetrySettings(jitter=0.0)))
-    caplog.set_level(logging.DEBUG, logger="elasticgpu.controller.failures")
+    caplog.set_level(logging.DEBUG, logger="elasticgpu.controller.flow.failures")
     failures.failed(KEY, errors.NotFound(kind="ElasticGPUClaim", name="c", fix="it was deleted"))
     failures.failed(KEY, errors.Conflict("ElasticGPUClaim c changed since it was read", status=409))
     failures.failed(KEY, errors.ApiUnavailable("GET /x: connection refused", status=0))
@@ -128,7 +128,7 @@ def test_a_resync_against_an_unreachable_server_says_so_once(tmp_path: Path,
         stop.set()
         thread.join(5)
         kube.close()
-    attempts = [r for r in caplog.records if r.name == "elasticgpu.controller.repair"]
+    attempts = [r for r in caplog.records if r.name == "elasticgpu.controller.flow.repair"]
     assert len(attempts) > 3
     loud = [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(loud) == 1 and loud[0][0] == "elasticgpu.controller.reachability", loud
+    assert len(loud) == 1 and loud[0][0] == "elasticgpu.controller.edge.reachability", loud

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from elasticgpu.controller import errors
-from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.settings import ApiSettings
 
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from elasticgpu.controller.transport import Transport
+from elasticgpu.controller.edge.transport import Transport
 
 
 @contextmanager

@@ -18,8 +18,8 @@ import pytest
 
 from elasticgpu.api import names
 from elasticgpu.controller import errors, run_controller
-from elasticgpu.controller.kube import KubeApi
-from elasticgpu.controller.startup import first_list
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.process.starting import first_list
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller
 from tests.controller.relay import Relay, relayed
@@ -138,8 +138,8 @@ def test_an_outage_is_said_once_when_it_starts_and_once_when_it_ends(
         cluster.claim(o.claim("after", cores=10, memory="1Gi"))
         assert _wait(lambda: controller.claim(cluster.namespace, "after") is not None)
         loud = [(r.name, r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO]
-        assert [(name, level) for name, level, _ in loud] == [
-            ("elasticgpu.controller.reachability", "WARNING"), ("elasticgpu.controller.reachability", "INFO")], loud
+        reachability = "elasticgpu.controller.edge.reachability"
+        assert [(name, level) for name, level, _ in loud] == [(reachability, "WARNING"), (reachability, "INFO")], loud
         assert "unreachable" in loud[0][2] and "answers again" in loud[1][2]
     finally:
         stop.set()
@@ -204,8 +204,8 @@ def test_a_running_controller_says_an_outage_once_and_binds_after_it(
         cluster.claim(o.claim("after", cores=10, memory="1Gi", class_name=class_name))
         assert _wait(lambda: _phase(cluster, "after") == "Bound", timeout_s=30.0)
         loud = [(r.name, r.levelname) for r in caplog.records if r.levelno >= logging.WARNING]
-        assert loud == [("elasticgpu.controller.reachability", "WARNING")], caplog.text[-3000:]
-        back = [r for r in caplog.records if r.name == "elasticgpu.controller.reachability" and
+        assert loud == [("elasticgpu.controller.edge.reachability", "WARNING")], caplog.text[-3000:]
+        back = [r for r in caplog.records if r.name == "elasticgpu.controller.edge.reachability" and
                 r.levelno == logging.INFO]
         assert len(back) == 1 and "answers again" in back[0].getMessage()
     finally:

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 from elasticgpu.controller import errors
-from elasticgpu.controller.events import NORMAL, EventRecorder
-from elasticgpu.controller.kube import KubeApi
-from elasticgpu.controller.reconciling import Controller
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.flow.events import NORMAL, EventRecorder
+from elasticgpu.controller.process.reconciling import Controller
+from elasticgpu.controller.process.starting import start_threads
 from elasticgpu.controller.settings import BindingSettings, ControllerSettings
-from elasticgpu.controller.startup import start_threads
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster
 

@@ -46,3 +46,10 @@ def test_oversubscription_is_refused(
     assert caught.value.status == 422
     assert message in caught.value.body
     assert not objects.get(gpu).get("status", {}).get("allocations")
+
+
+def test_reservations_that_leave_out_exclusive_are_stored(objects: Objects, gpu: dict[str, Any]) -> None:
+    # `exclusive` is optional (false when absent): the rule over it must not fail on its absence.
+    shares = [{"elasticGPU": "a", "cores": 30, "memory": 1000}, {"elasticGPU": "b", "cores": 30, "memory": 1000}]
+    stored = objects.patch_status(gpu, {"allocations": shares})
+    assert [a["elasticGPU"] for a in stored["status"]["allocations"]] == ["a", "b"]

@@ -40,18 +40,31 @@ def test_get_egpuc_shows_the_columns(kubectl) -> None:  # type: ignore[no-untype
     listed = kubectl("get", "egpuc")
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()[:2]
-    assert header.split() == ["NAME", "STATUS", "EGPU", "CORE", "MEMORY", "NODE", "CLASS", "AGE"]
+    assert header.split() == ["NAME", "STATUS", "EGPU", "CORE", "MEMORY", "NODE", "CLASS", "REASON", "AGE"]
     assert row.split()[0] == "notebook"
-    wide = kubectl("get", "egpuc", "-o", "wide")
-    assert wide.stdout.splitlines()[0].split()[-1] == "REASON"
     status = {"status": {"phase": "Pending", "reason": "WaitingForFirstConsumer",
                          "message": "waiting for a pod that uses this claim"}}
     patched = kubectl("patch", "egpuc", "notebook", "--subresource=status", "--type=merge", "-p", json.dumps(status))
     assert patched.returncode == 0, patched.stderr
-    [row] = _rows(kubectl("get", "egpuc", "notebook", "-o", "wide"))
+    [row] = _rows(kubectl("get", "egpuc", "notebook"))
     assert (row["STATUS"], row["REASON"]) == ("Pending", "WaitingForFirstConsumer")
-    by_category = kubectl("get", "elasticgpu")
+    by_category = kubectl("get", "elasticgpu-all")
     assert by_category.returncode == 0 and "notebook" in by_category.stdout
+
+
+def test_get_elasticgpu_by_name_reads_the_kind_not_a_category(kubectl) -> None:  # type: ignore[no-untyped-def]
+    manifest = (
+        "apiVersion: elasticgpu.io/v1alpha1\nkind: ElasticGPU\nmetadata: {name: by-name}\n"
+        "spec: {capacity: {elasticgpu.io/gpu-core: 10}, gpuShare: {gpuName: gpu-0000}, reclaimPolicy: Retain}\n"
+    )
+    created = kubectl("apply", "-f", "-", stdin=manifest)
+    assert created.returncode == 0, created.stderr
+    try:
+        got = kubectl("get", "elasticgpu", "by-name")
+        assert got.returncode == 0, got.stderr
+        assert got.stdout.splitlines()[1].split()[0] == "by-name"
+    finally:
+        kubectl("delete", "elasticgpu", "by-name", "--wait=false")
 
 
 def test_explain_describes_the_claim_spec(kubectl) -> None:  # type: ignore[no-untyped-def]

@@ -1,6 +1,7 @@
 """deploy/controller.yaml, deploy/agent.yaml and deploy/elasticgpu-agent.service agree with the
 programs they run: arguments the command lines accept, the ports and probe paths the controller
-serves, ServiceAccounts that exist and are bound, a unit file systemd accepts."""
+serves, ServiceAccounts that exist and are bound (and judged by deploy/policies), a kubeconfig
+script that binds each node's token to its Node, a unit file systemd accepts."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from elasticgpu.agent import kube as agent_kube
 from elasticgpu.agent import settings as agent_settings
 from elasticgpu.cli import build_parser
 
@@ -52,13 +54,63 @@ def test_the_controller_deployment_runs_what_the_controller_serves() -> None:
     assert deployment["spec"]["replicas"] >= 2
 
 
-def test_the_agent_token_belongs_to_the_bound_service_account() -> None:
+def test_the_agent_policies_judge_the_bound_service_account() -> None:
     objects = _objects("agent.yaml")
-    token = objects["Secret", "elasticgpu-agent-token"]
-    account = token["metadata"]["annotations"]["kubernetes.io/service-account.name"]
-    assert ("ServiceAccount", account) in objects
-    subjects = objects["ClusterRoleBinding", "elasticgpu-agent"]["subjects"]
-    assert {"kind": "ServiceAccount", "name": account, "namespace": token["metadata"]["namespace"]} in subjects
+    assert not [key for key in objects if key[0] == "Secret"], "no long-lived token: each node gets a bound one"
+    (account,) = [doc for (kind, _), doc in objects.items() if kind == "ServiceAccount"]
+    subject = {"kind": "ServiceAccount", "name": account["metadata"]["name"],
+               "namespace": account["metadata"]["namespace"]}  # fmt: skip
+    assert subject in objects["ClusterRoleBinding", "elasticgpu-agent"]["subjects"]
+    user = f"system:serviceaccount:{subject['namespace']}:{subject['name']}"
+    policies = _objects("policies/agent-node-scope.yaml")
+    judged = [doc for (kind, _), doc in policies.items() if kind == "ValidatingAdmissionPolicy"]
+    assert len(judged) == 3
+    for policy in judged:
+        (condition,) = policy["spec"]["matchConditions"]
+        assert condition["expression"] == f"request.userInfo.username == '{user}'"
+        binding = policies["ValidatingAdmissionPolicyBinding", policy["metadata"]["name"]]
+        assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+
+
+def test_the_kubeconfig_script_binds_the_token_to_the_node(tmp_path: Path) -> None:
+    # kubectl stands in for a cluster that issues tokens (the test API server has no TokenRequest):
+    # it records its arguments and answers as kubectl would.
+    calls = tmp_path / "calls"
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        'case "$*" in\n'
+        '  "get node"*) echo node/gpu-node-1 ;;\n'
+        '  "create token"*) echo token-of-gpu-node-1 ;;\n'
+        '  *cluster.server*) echo https://203.0.113.7:6443 ;;\n'
+        '  *certificate-authority-data*) echo Q0EK ;;\n'
+        "esac\n"
+    )
+    kubectl.chmod(0o755)
+    out = tmp_path / "kubeconfig"
+    subprocess.run(["bash", str(DEPLOY / "agent-kubeconfig.sh"), "gpu-node-1", str(out)], check=True,
+                   env={"PATH": "/usr/bin:/bin", "KUBECTL": str(kubectl)}, timeout=30)  # fmt: skip
+    assert calls.read_text().splitlines()[:2] == [
+        "get node gpu-node-1 -o name",
+        "create token elasticgpu-agent --namespace elasticgpu-system --bound-object-kind Node"
+        " --bound-object-name gpu-node-1 --duration 8760h",
+    ]
+    assert out.stat().st_mode & 0o777 == 0o600
+    # The agent reads it as it reads any kubeconfig.
+    kube = agent_kube.AgentKube(agent_kube.load_api_client(str(out), None), node_name="gpu-node-1",
+                                field_manager="elasticgpu-agent")  # fmt: skip
+    try:
+        assert kube._api.configuration.host == "https://203.0.113.7:6443"
+        # ... and sends the token (the kubernetes package keeps it under "BearerToken").
+        assert kube._headers(None)["Authorization"] == "Bearer token-of-gpu-node-1"
+    finally:
+        kube.close()
+    # A node that does not exist gets no token.
+    kubectl.write_text('#!/bin/sh\necho "Error from server (NotFound): nodes not found" >&2; exit 1\n')
+    failed = subprocess.run(["bash", str(DEPLOY / "agent-kubeconfig.sh"), "nowhere"], capture_output=True,
+                            text=True, env={"PATH": "/usr/bin:/bin", "KUBECTL": str(kubectl)}, timeout=30)  # fmt: skip
+    assert failed.returncode != 0 and "NotFound" in failed.stderr and not failed.stdout
 
 
 def _unit() -> dict[str, dict[str, str]]:

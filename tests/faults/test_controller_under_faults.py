@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticgpu.controller import errors
-from elasticgpu.controller.kube import KubeApi
+from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster
 from tests.binding.processes import ControllerProcesses, check_invariants, eventually, room_report, wait_quiescent

@@ -16,9 +16,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from elasticgpu.api import names
-from elasticgpu.controller import pod_gate
-from elasticgpu.controller.kube import KubeApi
-from elasticgpu.controller.reconciling import Controller
+from elasticgpu.controller.decisions import pod_gate
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.process.reconciling import Controller
 from tests.binding.conftest import Cluster, kube, new_controller, settle
 
 __all__ = ["World", "kube", "new_controller", "settle", "wait_for", "world"]

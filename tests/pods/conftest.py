@@ -1,5 +1,6 @@
 """Fixtures of the pod tests: the ValidatingAdmissionPolicies that mirror kube-apiserver's pod
-update rules, and the admission webhook as a real process (`elasticgpu webhook`) that the API
+update rules and elasticgpu's own pod policy (deploy/policies/pod-claims-immutable.yaml, as a
+cluster runs it), and the admission webhook as a real process (`elasticgpu webhook`) that the API
 server calls over HTTPS."""
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from kubernetes.client.rest import ApiException
 from tests.kube_cluster import REPO_ROOT, TestCluster, kube_request, server_side_apply
 
 POLICIES_FILE = Path(__file__).with_name("pod_update_policies.yaml")
+CLAIMS_POLICY_FILE = REPO_ROOT / "deploy" / "policies" / "pod-claims-immutable.yaml"
+CLAIMS_POLICY = "pod-claims-immutable.elasticgpu.io"
+UNGUARDED_LABEL = "elasticgpu-test/without-claims-policy"
+"""A namespace with this label is left out of CLAIMS_POLICY's binding: the control group that
+shows an update is refused by the policy and by nothing else."""
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 START_TIMEOUT_S = 60.0
 
@@ -71,7 +77,14 @@ def pod_body(name: str, *, annotations: dict[str, str] | None = None, **spec: An
 
 
 def _policy_documents() -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(POLICIES_FILE.read_text()) if doc]
+    documents = [doc for doc in yaml.safe_load_all(POLICIES_FILE.read_text()) if doc]
+    for doc in (doc for doc in yaml.safe_load_all(CLAIMS_POLICY_FILE.read_text()) if doc):
+        if doc["kind"] == "ValidatingAdmissionPolicyBinding":
+            # As deployed, except that a namespace labelled UNGUARDED_LABEL is left out.
+            selector = {"matchExpressions": [{"key": UNGUARDED_LABEL, "operator": "DoesNotExist"}]}
+            doc["spec"]["matchResources"] = {"namespaceSelector": selector}
+        documents.append(doc)
+    return documents
 
 
 @pytest.fixture(scope="session")
@@ -92,6 +105,7 @@ def pod_update_policies(api_client: client.ApiClient) -> list[str]:
         "elasticgpu-test.pod-gated-placement": {"spec": {"nodeSelector": {"x": "2"}}},
         # Raising the deadline: the test server's own validation lets it through.
         "elasticgpu-test.pod-spec-immutable": {"spec": {"activeDeadlineSeconds": 200}},
+        CLAIMS_POLICY: {"metadata": {"labels": {"elasticgpu.io/uses-claims": "true"}}},
     }
     attempts = itertools.count()
     with fresh_namespace(api_client, "vap-probe") as namespace:

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticgpu.api import ElasticGPUClaim, names
-from elasticgpu.controller import pod_gate, pod_placement
+from elasticgpu.controller.decisions import pod_gate
+from elasticgpu.controller.pods import pod_placement
 
 GATED = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7"},
          "spec": {"schedulingGates": [{"name": names.SCHEDULING_GATE}], "containers": [{"name": "main"}]}}

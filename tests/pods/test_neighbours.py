@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from elasticgpu.controller.pod_neighbours import HOSTNAME, fits_neighbours
+from elasticgpu.controller.pods.pod_neighbours import HOSTNAME, fits_neighbours
 
 
 def pod(name: str, *, namespace: str = "team", labels: dict[str, str] | None = None,

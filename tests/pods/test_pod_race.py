@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from elasticgpu.api import names
-from elasticgpu.controller import pod_gate
-from elasticgpu.controller.reconciling import Controller
+from elasticgpu.controller.decisions import pod_gate
+from elasticgpu.controller.process.reconciling import Controller
 from tests.binding import objects as o
 from tests.pods.claim_world import World, controller_for, kube, world
 

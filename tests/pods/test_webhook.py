@@ -20,7 +20,14 @@ from kubernetes.client.rest import ApiException
 from elasticgpu.api import names
 from elasticgpu.controller.admission import configuration
 from tests.kube_cluster import TestCluster
-from tests.pods.conftest import WebhookProcess, fresh_namespace, pod_body, remove_configuration, start_webhook
+from tests.pods.conftest import (
+    CLAIMS_POLICY,
+    WebhookProcess,
+    fresh_namespace,
+    pod_body,
+    remove_configuration,
+    start_webhook,
+)
 
 CLAIM = names.ANNOTATION_CLAIM_PREFIX
 INLINE = names.ANNOTATION_INLINE_REQUEST_PREFIX
@@ -140,32 +147,34 @@ def test_pod_on_a_named_node_is_refused(webhook: WebhookProcess, api_client: cli
 def test_claim_annotations_cannot_change_later(
     webhook: WebhookProcess, api_client: client.ApiClient, namespace: str
 ) -> None:
+    # The webhook is no longer called for updates: the API server's own policy
+    # (deploy/policies/pod-claims-immutable.yaml) refuses the change; tests/pods/test_claims_policy.py
+    # covers every case, this checks it beside a running webhook.
     core = client.CoreV1Api(api_client)
     _create(api_client, namespace, pod_body("p", annotations={f"{CLAIM}main": "c"}))
+    key = names.LABEL_USES_CLAIMS.replace("/", "~1")
     for patch in (
         {"metadata": {"annotations": {f"{CLAIM}main": "other"}}},
-        {"metadata": {"annotations": {f"{CLAIM}main": None}}},  # removed: the old object still reaches us
+        {"metadata": {"annotations": {f"{CLAIM}main": None}}},
         {"metadata": {"annotations": {f"{INLINE}side": "gpu-core=5"}}},
+        [{"op": "remove", "path": f"/metadata/labels/{key}"}],
     ):
         with pytest.raises(ApiException) as caught:
             core.patch_namespaced_pod("p", namespace, patch)
         assert caught.value.status == 422
-        assert "cannot change once the pod exists; delete the pod and create it" in caught.value.body
-    # The label is put back if someone removes it; other updates pass.
-    key = names.LABEL_USES_CLAIMS.replace("/", "~1")
-    pod = core.patch_namespaced_pod("p", namespace, [{"op": "remove", "path": f"/metadata/labels/{key}"}])
-    assert pod.metadata.labels == {names.LABEL_USES_CLAIMS: "true"}
+        assert CLAIMS_POLICY in caught.value.body and "delete the pod and create it" in caught.value.body
     pod = core.patch_namespaced_pod("p", namespace, {"metadata": {"annotations": {"example.com/note": "x"}}})
     assert pod.metadata.annotations["example.com/note"] == "x"
+    assert pod.metadata.labels == {names.LABEL_USES_CLAIMS: "true"}
 
 
 def test_the_configuration_sends_only_pods_with_claims(webhook: WebhookProcess) -> None:
     stored = webhook.configuration()
     assert stored is not None
-    create, update = stored["webhooks"]
+    # Only CREATE: updates are the API server's own policy's (deploy/policies/pod-claims-immutable.yaml).
+    (create,) = stored["webhooks"]
     assert (create["name"], create["failurePolicy"]) == ("pods.elasticgpu.io", "Fail")
-    assert (update["name"], update["failurePolicy"]) == ("pod-updates.elasticgpu.io", "Ignore")
-    for hook, operation in ((create, "CREATE"), (update, "UPDATE")):
+    for hook, operation in ((create, "CREATE"),):
         assert hook["sideEffects"] == "None"
         assert hook["matchConditions"] == [
             {"name": "uses-elasticgpu-claims", "expression": configuration.MATCH_EXPRESSION}

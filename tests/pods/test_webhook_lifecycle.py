@@ -25,6 +25,7 @@ from elasticgpu.controller.admission.publishing import AdmissionApi
 from tests.kube_cluster import TestCluster, kube_request
 from tests.pods.conftest import (
     ADMISSION,
+    CLAIMS_POLICY,
     WebhookProcess,
     free_port,
     pod_body,
@@ -56,10 +57,16 @@ def test_pods_without_claims_are_admitted_while_the_webhook_is_down(
     for name, notes in (("bare", None), ("plain", {"example.com/note": "x"})):
         pod = core.create_namespaced_pod(namespace, pod_body(name, annotations=notes))
         assert pod.metadata.name == name and not pod.spec.scheduling_gates
-    # Updates of pods that use claims do not wait for us (the UPDATE webhook fails open): the
-    # controller can still lift the gate.
+    # Updates of pods that use claims do not wait for us (the webhook is not called for updates):
+    # the controller can still lift the gate.
     lifted = core.patch_namespaced_pod("before", namespace, [{"op": "remove", "path": "/spec/schedulingGates"}])
     assert not lifted.spec.scheduling_gates
+    # ... and the label the controller watches still cannot be removed: the API server's own
+    # policy guards it (issue 15 item 4: removing it while the webhook was down let the claim go).
+    label = names.LABEL_USES_CLAIMS.replace("/", "~1")
+    with pytest.raises(ApiException) as caught:
+        core.patch_namespaced_pod("before", namespace, [{"op": "remove", "path": f"/metadata/labels/{label}"}])
+    assert caught.value.status == 422 and CLAIMS_POLICY in caught.value.body, caught.value.body
     # A pod that uses claims must never run ungated: failurePolicy Fail refuses it.
     with pytest.raises(ApiException) as caught:
         core.create_namespaced_pod(namespace, pod_body("claimed", annotations=CLAIMED))

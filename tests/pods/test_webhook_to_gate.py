@@ -12,7 +12,7 @@ from typing import Any
 from kubernetes import client
 
 from elasticgpu.api import names
-from elasticgpu.controller import pod_gate
+from elasticgpu.controller.decisions import pod_gate
 from tests.binding import objects as o
 from tests.pods.claim_world import World, controller_for, kube, wait_for, world
 

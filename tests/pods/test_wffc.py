@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from elasticgpu.api import names
-from elasticgpu.controller import pod_gate
+from elasticgpu.controller.decisions import pod_gate
 from tests.binding import objects as o
 from tests.pods.claim_world import World, controller_for, kube, settle, world
 

@@ -147,11 +147,36 @@ def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+LEDGER_FILE_MODE = 0o600
+"""The ledger file (and SQLite's -wal and -shm beside it) is the agent's alone: its rows name
+pods, namespaces and claims, which other users of the node have no business reading."""
+
+
+def _private_file(path: Path) -> None:
+    """Create the SQLite file owner-only before SQLite does (it would use 0644 under the usual
+    umask), or narrow an existing one (and its -wal/-shm) to owner-only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, LEDGER_FILE_MODE))
+        return
+    except FileExistsError:
+        pass
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            mode = file.stat().st_mode & 0o777
+        except FileNotFoundError:
+            continue
+        if mode != LEDGER_FILE_MODE:
+            os.chmod(file, LEDGER_FILE_MODE)
+            logger.info("ledger file %s was mode %o; narrowed to %o (owner only)", file, mode, LEDGER_FILE_MODE)
+
+
 def make_engine(url: str) -> Engine:
-    """An engine for `url`; for an SQLite file, its folder is created and WAL mode set on every connection."""
+    """An engine for `url`; for an SQLite file, its folder is created, the file made owner-only
+    (`LEDGER_FILE_MODE`), and WAL mode set on every connection."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        _private_file(Path(parsed.database))
     engine = create_engine(url)
     if parsed.get_backend_name() == "sqlite":
         event.listen(engine, "connect", _set_sqlite_pragmas)

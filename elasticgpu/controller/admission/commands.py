@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import logging
 
+from elasticgpu import flags
 from elasticgpu.controller.admission.running import run_webhook
 from elasticgpu.controller.admission.settings import WebhookSettings
+from elasticgpu.logs import configure_logging
+from elasticgpu.user_errors import port_number
 
 # Flags that set a `WebhookSettings` field of the same name (dashes for underscores).
 _FIELDS = (
@@ -41,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--url", help="https URL the API server calls instead of the Service, e.g. https://10.0.0.5:8443"
     )
     parser.add_argument("--listen-host", help=f"address to listen on (default {d.listen_host})")
-    parser.add_argument("--port", type=int, help=f"HTTPS port (default {d.port}; 0: any free port)")
+    parser.add_argument("--port", type=port_number, help=f"HTTPS port (default {d.port}; 0: any free port)")
     parser.add_argument("--validity-s", type=float, help=f"certificate lifetime, seconds (default {d.validity_s:.0f})")
     parser.add_argument(
         "--renew-before-s", type=float, help=f"renew with this many seconds left (default {d.renew_before_s:.0f})"
@@ -52,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--swap-delay-s", type=float, help=f"seconds from publishing a new CA to serving it (default {d.swap_delay_s})"
     )
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    flags.add_logging(parser)
     parser.set_defaults(handler=run)
 
 
@@ -64,9 +66,6 @@ def settings_from(args: argparse.Namespace) -> WebhookSettings:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of `elasticgpu webhook`."""
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
+    configure_logging(level=flags.log_level(args), log_format=args.log_format)
     run_webhook(settings_from(args), kubeconfig=args.kubeconfig, context=args.context)
     return 0

@@ -1,9 +1,10 @@
 """The MutatingWebhookConfiguration of the pod webhook, as a plain body. Pure: no I/O.
 
 Only pods that carry our annotations reach the webhook: `matchConditions` (CEL, evaluated by
-the API server) test the annotations of the new object and, on UPDATE, of the old one. So a
-pod without them never depends on the webhook being up, while for the pods that do
-`failurePolicy: Fail` makes sure none of them slips through ungated.
+the API server) test the annotations of the new object (and of the old one, which only an
+UPDATE has; updates are no longer registered, see `webhook_configuration`). So a pod without
+them never depends on the webhook being up, while for the pods that do `failurePolicy: Fail`
+makes sure none of them slips through ungated.
 """
 
 from __future__ import annotations
@@ -73,16 +74,13 @@ def webhook_configuration(settings: WebhookSettings, ca_bundle: bytes) -> dict[s
     """The whole MutatingWebhookConfiguration, every defaulted field spelled out so that the
     stored object can be compared with it field by field.
 
-    Two webhooks, one service. CREATE fails closed (`Fail`): a pod that uses claims must never
-    start ungated. UPDATE fails open (`Ignore`): it only guards the claim annotations against
-    change and puts the label back, while with `Fail` every update of such a pod would wait for
-    us: the controller's own gate lift, a Job controller removing its finalizer, the garbage
-    collector. While the webhook is down, such a change of annotations slips through.
+    One webhook, for CREATE, failing closed (`Fail`): a pod that uses claims must never start
+    ungated. Updates are not sent here: the claim annotations and the label are kept immutable
+    by the ValidatingAdmissionPolicy deploy/policies/pod-claims-immutable.yaml, which the API
+    server evaluates itself (never down), so no update of such a pod waits for us (the
+    controller's gate lift, a Job controller removing its finalizer, the garbage collector).
     """
-    webhooks = [
-        _webhook(settings, ca_bundle, name=settings.webhook_name, operation="CREATE", failure="Fail"),
-        _webhook(settings, ca_bundle, name=settings.update_webhook_name, operation="UPDATE", failure="Ignore"),
-    ]
+    webhooks = [_webhook(settings, ca_bundle, name=settings.webhook_name, operation="CREATE", failure="Fail")]
     return {
         "apiVersion": ADMISSION_REGISTRATION,
         "kind": "MutatingWebhookConfiguration",

@@ -128,7 +128,8 @@ class AdmissionApi:
         headers = {"Accept": "application/json", **self._api.default_headers}
         if getattr(cfg, "refresh_api_key_hook", None) is not None:
             cfg.refresh_api_key_hook(cfg)  # in-cluster tokens are rotated by the kubelet
-        token = cfg.get_api_key_with_prefix("authorization")
+        # The kubernetes package keeps the in-cluster token under "BearerToken" (older: "authorization").
+        token = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
         if token:
             headers["Authorization"] = token
         data = None

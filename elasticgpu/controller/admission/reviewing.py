@@ -8,10 +8,13 @@ it), as one JSONPatch. Otherwise it is refused with every problem, each naming t
 and the fix.
 
 UPDATE: claim annotations are immutable once the pod exists (like a pod's volumes: the node
-agent reads them at every container start, and the controller placed the pod for them), so a
-change is refused. The label is put back if it was removed. No gate is ever added on UPDATE:
-kube-apiserver allows only removing gates after creation. (The UPDATE webhook fails open, see
-`configuration`: these guards hold while the webhook is up.)
+agent reads them at every container start, and the controller placed the pod for them), and so
+is the label. The API server enforces both itself through the ValidatingAdmissionPolicy
+deploy/policies/pod-claims-immutable.yaml, and the configuration (`configuration`) no longer
+sends updates here. An update that still arrives (a configuration written by an earlier
+version, until the webhook re-applies its own) is answered as before: a changed annotation is
+refused, a removed label put back. No gate is ever added on UPDATE: kube-apiserver allows only
+removing gates after creation.
 """
 
 from __future__ import annotations

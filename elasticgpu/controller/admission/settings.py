@@ -28,8 +28,6 @@ class WebhookSettings:
     """MutatingWebhookConfiguration the webhook creates and keeps current (caBundle included)."""
     webhook_name: str = "pods.elasticgpu.io"
     """Name of the webhook inside that configuration (a qualified name, shown in API errors)."""
-    update_webhook_name: str = "pod-updates.elasticgpu.io"
-    """Name of the second webhook, for pod updates (it fails open, see `configuration`)."""
     service_name: str = "elasticgpu-webhook"
     """Service the API server calls when `url` is empty (`<name>.<namespace>.svc`)."""
     service_port: int = 443

@@ -29,11 +29,12 @@ from elasticgpu.agent.cri import cdi
 from elasticgpu.agent.discovery import simulated
 from elasticgpu.agent.ledger import store
 from elasticgpu.api import errors, names, pod_claims
+from tests import spawning
 from tests.agent.conftest import wait_for
 from tests.agent.cri.kubelet import Kubelet, Pod
 from tests.agent.notify_listener import Listener, drain
 from tests.binding import objects as o
-from tests.containerd_runtime import REPO_ROOT, TestRuntime, die_with_parent, sandbox_config
+from tests.containerd_runtime import REPO_ROOT, TestRuntime, sandbox_config
 from tests.controller.relay import Relay
 from tests.kube_cluster import TestCluster
 from tests.pods.claim_world import World, controller_for, kube, settle, world
@@ -52,8 +53,8 @@ class AgentProcess:
 
     def start(self) -> None:
         with self.log_path.open("a") as log:
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                            env=self.env, preexec_fn=die_with_parent)  # fmt: skip
+            self.process = spawning.spawn(self.command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                          env=self.env)  # fmt: skip
 
     def alive(self) -> bool:
         assert self.process is not None and self.process.poll() is None, self.log()

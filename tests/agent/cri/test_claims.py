@@ -19,9 +19,10 @@ from elasticgpu.agent.cri import claim_hooks
 from elasticgpu.agent.cri.injection import CardInfo
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.ledger import store
+from tests import spawning
 from tests.agent.cri.kubelet import Kubelet
 from tests.agent.cri.node import CARDS, View, publish_cards, serving, slice_claim, whole_claim
-from tests.containerd_runtime import REPO_ROOT, TestRuntime, die_with_parent
+from tests.containerd_runtime import REPO_ROOT, TestRuntime
 
 NS = "team"
 
@@ -222,13 +223,12 @@ def start_agent(
     it has reconciled; it dies with the test process."""
     view_file = tmp / "view.json"
     view_file.write_text(view.to_json())
-    proc = subprocess.Popen(
+    proc = spawning.spawn(
         [sys.executable, "-m", "tests.agent.cri.agent_process", str(listen), str(containerd.socket), ledger_url,
          str(view_file), crash_at],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=die_with_parent,
     )  # fmt: skip
     _AGENTS.append(proc)
     assert proc.stdout is not None

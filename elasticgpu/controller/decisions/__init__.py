@@ -1,0 +1,10 @@
+"""Decisions: pure functions and state machines that say what should happen, never do it.
+
+`binder` (a claim's state machine), `release` (what a released or deleted claim frees),
+`resync` (what a periodic resync repairs), `gpu_health` (a GPU ready for reservations, or failed
+for good), `pod_gate` (a gated pod's next step, its lift patch).
+
+May import: `elasticgpu.api`, `elasticgpu.allocator`, the controller's `settings` and `errors`.
+Never: the picture, the edge, the flow, the pods, the process, any client or HTTP (import-linter
+contracts in pyproject.toml). The picture's objects come in as parameters (`resync.GPUs`).
+"""

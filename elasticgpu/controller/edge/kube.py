@@ -1,0 +1,530 @@
+"""The only module of the controller that talks to the Kubernetes API.
+
+It speaks plain JSON dicts (the wire form of `elasticgpu.api` models). Requests go over
+`transport.Transport` (per-thread keep-alive connections set up from the kubernetes client's
+`Configuration`: kubeconfig, TLS, token), and so do watches, each on a connection of its own;
+where the configuration asks for an HTTP proxy, everything goes through the client's urllib3
+pool instead. JSON is read and written with orjson:
+parsing watch events and answers is the controller's most frequent work.
+Every failure becomes an exception of `elasticgpu.controller.errors`: 404 -> NotFound,
+409 -> Conflict / AlreadyExists, 400/422 -> Rejected, anything else -> ApiUnavailable.
+Whether the server answers at all is tracked in `reachability` (one WARNING when it stops, one
+INFO when it is back).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.client
+import logging
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+import orjson
+import urllib3
+from kubernetes import client, config
+
+from elasticgpu.api import names
+from elasticgpu.controller import errors
+from elasticgpu.controller.edge.reachability import Reachability
+from elasticgpu.controller.edge.transport import Transport
+from elasticgpu.controller.settings import ApiSettings
+
+if TYPE_CHECKING:
+    from elasticgpu.controller.metrics import ControllerMetrics
+
+logger = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+
+_MERGE = "application/merge-patch+json"
+_JSON = "application/json"
+_STRATEGIC = "application/strategic-merge-patch+json"
+
+_BASE = f"/apis/{names.GROUP}/{names.VERSION}"
+WATCH_READ_MARGIN_S = 15.0
+"""Seconds a watch may stay silent beyond its server-side timeout before the client gives up
+on it: a half-open connection (a node or load balancer that vanished) ends within that, instead
+of stalling its kind until the next relist."""
+
+
+POD_SELECTOR = f"{names.LABEL_USES_CLAIMS}=true"
+"""The pods the controller lists and watches: those the admission webhook labelled as using
+claims, never every pod of the cluster."""
+
+
+def _selector_of(collection: str) -> str | None:
+    """The label selector of a watched collection: pods are watched through `POD_SELECTOR`."""
+    return POD_SELECTOR if collection.endswith("/pods") else None
+
+
+@functools.lru_cache(maxsize=256)
+def _query_string(items: tuple[tuple[str, str], ...]) -> str:
+    """`urlencode(items)`, remembered: most calls send one of a few queries (the write query:
+    `fieldManager`), and encoding one cost as much as framing the answer."""
+    return urlencode(items)
+
+
+_VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def _verb(method: str) -> str:
+    """The RBAC verb of an HTTP method (the label of the API error counter)."""
+    return _VERBS.get(method.upper(), method.lower())
+
+
+def _resource_of(path: str) -> str:
+    """The plural resource a REST path names ("gpus", "elasticgpuclaims", ...), subresource dropped."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    for index, part in enumerate(parts):
+        if part == "namespaces" and index + 2 < len(parts):
+            return parts[index + 2]
+    plural = parts[3] if parts[:1] == ["apis"] and len(parts) > 3 else parts[2] if len(parts) > 2 else ""
+    return plural
+
+
+def _kind_of(path: str) -> tuple[str, str]:
+
+    """(kind, name) of a REST path, for error messages."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    kinds = {
+        names.PLURAL_GPU: names.KIND_GPU,
+        names.PLURAL_ELASTIC_GPU: names.KIND_ELASTIC_GPU,
+        names.PLURAL_CLAIM: names.KIND_CLAIM,
+        names.PLURAL_CLASS: names.KIND_CLASS,
+        "pods": "Pod",
+        "events": "Event",
+        "nodes": "Node",
+    }
+    for index, part in enumerate(parts):
+        if part in kinds:
+            name = parts[index + 1] if index + 1 < len(parts) else ""
+            return kinds[part], name
+    return "object", path
+
+
+class KubeApi:
+    """Typed-by-convention calls for the kinds the controller reads and writes.
+
+    Objects go in and come out as dicts; callers validate them with the `elasticgpu.api`
+    models. Writes that must not overwrite a concurrent change carry the resourceVersion the
+    caller read (`metadata.resourceVersion` in the body or patch): the server answers 409.
+    """
+
+    def __init__(self, api_client: client.ApiClient, *, settings: ApiSettings | None = None) -> None:
+        self._api = api_client
+        self.settings = settings or ApiSettings()
+        configuration = api_client.configuration
+        self._transport = None if configuration.proxy else Transport(configuration)
+        self.reachability = Reachability(str(configuration.host))
+        self.metrics: ControllerMetrics | None = None
+        """Counts API errors and conflicts when set (`Operability` sets it)."""
+
+    @classmethod
+    def from_kubeconfig(
+        cls, kubeconfig: str | None = None, *, context: str | None = None, settings: ApiSettings | None = None
+    ) -> KubeApi:
+        """A client for the cluster of `kubeconfig` (default: in-cluster, then $KUBECONFIG)."""
+        if kubeconfig is None:
+            try:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]  # the client is untyped
+                return cls(client.ApiClient(), settings=settings)
+            except config.ConfigException:
+                pass
+        configuration = client.Configuration()
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, context=context, client_configuration=configuration)
+        configuration.connection_pool_maxsize = 32
+        return cls(client.ApiClient(configuration), settings=settings)
+
+    @property
+    def configuration(self) -> client.Configuration:
+        """The kubernetes client's configuration (server, TLS, token): kopf logs in with it."""
+        configuration: client.Configuration = self._api.configuration
+        return configuration
+
+    def close(self) -> None:
+        """Release the HTTP connections."""
+        if self._transport is not None:
+            self._transport.close()
+        self._api.close()  # type: ignore[no-untyped-call]
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = _JSON,
+        timeout_s: float | None = None,
+    ) -> Body:
+        try:
+            status, data = self._send(method, path, body=body, query=query, content_type=content_type,
+                                      timeout_s=timeout_s)
+        except errors.ApiUnavailable as err:
+            self.reachability.failed(err)
+            if self.metrics is not None:
+                self.metrics.api_error(code=None, verb=_verb(method))
+            raise
+        self.reachability.answered()
+        if 200 <= status < 300:
+            return orjson.loads(data) if data else {}
+        if self.metrics is not None:
+            self.metrics.api_error(code=status, verb=_verb(method))
+            if status == 409:
+                self.metrics.conflict(resource=_resource_of(path))
+        self._raise(status, method, path, data)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object,
+        query: Mapping[str, str] | None,
+        content_type: str,
+        timeout_s: float | None,
+    ) -> tuple[int, bytes]:
+        """The HTTP status and body of one request; ApiUnavailable when no answer came back."""
+        if self._transport is None:
+            return self._call_via_client(method, path, body=body, query=query, content_type=content_type,
+                                         timeout_s=timeout_s)
+        target = f"{path}?{_query_string(tuple(query.items()))}" if query else path
+        try:
+            return self._transport.request(
+                method, target, body=None if body is None else orjson.dumps(body), content_type=content_type,
+                timeout_s=timeout_s or self.settings.request_timeout_s)
+        except (OSError, http.client.HTTPException) as err:
+            raise errors.ApiUnavailable(f"{method} {path}: {err!r}; is the API server up?", status=0) from err
+
+    def _call_via_client(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object,
+        query: Mapping[str, str] | None,
+        content_type: str,
+        timeout_s: float | None,
+    ) -> tuple[int, bytes]:
+        """The same request through the kubernetes client's urllib3 pool (which knows proxies)."""
+        query_params = list((query or {}).items())
+        headers = {"Accept": _JSON}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        try:
+            _method, url, header_params, serialized, _post = self._api.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=query_params,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self._api.call_api(
+                method,
+                url,
+                header_params=header_params,
+                body=serialized,
+                _request_timeout=timeout_s or self.settings.request_timeout_s,
+            )
+            data = response.read()  # type: ignore[no-untyped-call]
+        except client.ApiException as err:
+            raise errors.ApiUnavailable(f"{method} {path}: {err.reason}; is the API server up?", status=0) from err
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise errors.ApiUnavailable(f"{method} {path}: {err}; is the API server up?", status=0) from err
+        return int(response.status), data
+
+    @staticmethod
+    def _raise(status: int, method: str, path: str, data: bytes | None) -> None:
+        try:
+            payload = orjson.loads(data or b"{}")
+        except orjson.JSONDecodeError:
+            payload = None
+        if not isinstance(payload, dict):
+            payload = {"message": (data or b"").decode(errors="replace")}
+        message = str(payload.get("message") or f"HTTP {status}")
+        reason = str(payload.get("reason") or "")
+        kind, name = _kind_of(path)
+        if status == 404:
+            raise errors.NotFound(kind=kind, name=name, fix="it was deleted or never created")
+        if status == 409 and reason == "AlreadyExists":
+            raise errors.AlreadyExists(f"{kind} {name} already exists: {message}", status=status)
+        if status == 409:
+            raise errors.Conflict(f"{kind} {name} changed since it was read: {message}; re-read it", status=status)
+        if status in (400, 422):
+            raise errors.Rejected(f"{kind} {name}: the API server refused {method}: {message}", status=status)
+        raise errors.ApiUnavailable(f"{method} {path}: HTTP {status}: {message}", status=status)
+
+    def _list(self, path: str, *, label_selector: str | None = None,
+              field_selector: str | None = None) -> tuple[list[Body], str]:
+        items: list[Body] = []
+        query: dict[str, str] = {"limit": "500"}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
+
+        resource_version = ""
+        while True:
+            page = self._call("GET", path, query=query, timeout_s=60.0)
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            resource_version = str(meta.get("resourceVersion") or resource_version)
+            token = meta.get("continue")
+            if not token:
+                return items, resource_version
+            query["continue"] = str(token)
+
+    @staticmethod
+    def _cluster(plural: str, name: str = "", *, status: bool = False) -> str:
+        path = f"{_BASE}/{plural}"
+        if name:
+            path += f"/{name}"
+        return path + ("/status" if status else "")
+
+    @staticmethod
+    def _claims(namespace: str | None, name: str = "", *, status: bool = False) -> str:
+        path = f"{_BASE}/namespaces/{namespace}/{names.PLURAL_CLAIM}" if namespace else f"{_BASE}/{names.PLURAL_CLAIM}"
+        if name:
+            path += f"/{name}"
+        return path + ("/status" if status else "")
+
+    def _write_query(self) -> dict[str, str]:
+        return {"fieldManager": self.settings.field_manager}
+
+    # -- GPUs ----------------------------------------------------------------------------------
+
+    def get_gpu(self, name: str) -> Body:
+        """One GPU object; raises NotFound."""
+        return self._call("GET", self._cluster(names.PLURAL_GPU, name))
+
+    def replace_gpu_status(self, body: Body) -> Body:
+        """PUT the status of a GPU. `body.metadata.resourceVersion` is the precondition: this is
+        the commit point of a reservation. Raises Conflict when the card changed meanwhile and
+        Rejected when the CRD's rules refuse the allocations (oversubscription)."""
+        name = body["metadata"]["name"]
+        return self._call("PUT", self._cluster(names.PLURAL_GPU, name, status=True), body=body,
+                          query=self._write_query())
+
+    def create_gpu(self, body: Body) -> Body:
+        """Create a GPU object (tests and the simulated agent)."""
+        return self._call("POST", self._cluster(names.PLURAL_GPU), body=body, query=self._write_query())
+
+    def delete_gpu(self, name: str) -> None:
+        """Delete a GPU object."""
+        self._call("DELETE", self._cluster(names.PLURAL_GPU, name))
+
+    # -- ElasticGPUs ---------------------------------------------------------------------------
+
+    def list_elastic_gpus(self) -> list[Body]:
+        """Every ElasticGPU."""
+        return self._list(self._cluster(names.PLURAL_ELASTIC_GPU))[0]
+
+    def get_elastic_gpu(self, name: str) -> Body:
+        """One ElasticGPU; raises NotFound."""
+        return self._call("GET", self._cluster(names.PLURAL_ELASTIC_GPU, name))
+
+    def create_elastic_gpu(self, body: Body) -> Body:
+        """Create an ElasticGPU; raises AlreadyExists when the name is taken."""
+        return self._call("POST", self._cluster(names.PLURAL_ELASTIC_GPU), body=body, query=self._write_query())
+
+    def patch_elastic_gpu(self, name: str, patch: Body) -> Body:
+        """Merge-patch an ElasticGPU (metadata, spec); a resourceVersion in the patch is a precondition."""
+        return self._call("PATCH", self._cluster(names.PLURAL_ELASTIC_GPU, name), body=patch, content_type=_MERGE,
+                          query=self._write_query())
+
+    def patch_elastic_gpu_status(self, name: str, patch: Body) -> Body:
+        """Merge-patch the status of an ElasticGPU."""
+        return self._call("PATCH", self._cluster(names.PLURAL_ELASTIC_GPU, name, status=True), body=patch,
+                          content_type=_MERGE, query=self._write_query())
+
+    def delete_elastic_gpu(self, name: str, *, uid: str | None = None) -> None:
+        """Delete an ElasticGPU; with `uid`, only that incarnation of the name."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}} if uid else None
+        self._call("DELETE", self._cluster(names.PLURAL_ELASTIC_GPU, name), body=body)
+
+    # -- claims and classes --------------------------------------------------------------------
+
+    def list_claims(self, namespace: str | None = None) -> list[Body]:
+        """Every claim, of one namespace or of all."""
+        return self._list(self._claims(namespace))[0]
+
+    def get_claim(self, namespace: str, name: str) -> Body:
+        """One claim; raises NotFound."""
+        return self._call("GET", self._claims(namespace, name))
+
+    def create_claim(self, body: Body) -> Body:
+        """Create a claim (tests and benchmarks)."""
+        namespace = body["metadata"]["namespace"]
+        return self._call("POST", self._claims(namespace), body=body, query=self._write_query())
+
+    def delete_claim(self, namespace: str, name: str) -> None:
+        """Delete a claim (tests and benchmarks)."""
+        self._call("DELETE", self._claims(namespace, name))
+
+    def patch_claim(self, namespace: str, name: str, patch: Body) -> Body:
+        """Merge-patch a claim's metadata and spec; a resourceVersion in the patch is a precondition."""
+        return self._call("PATCH", self._claims(namespace, name), body=patch, content_type=_MERGE,
+                          query=self._write_query())
+
+    def patch_claim_status(self, namespace: str, name: str, patch: Body) -> Body:
+        """Merge-patch a claim's status."""
+        return self._call("PATCH", self._claims(namespace, name, status=True), body=patch, content_type=_MERGE,
+                          query=self._write_query())
+
+    def list_classes(self) -> list[Body]:
+        """Every ElasticGPUClass."""
+        return self._list(self._cluster(names.PLURAL_CLASS))[0]
+
+    def create_class(self, body: Body) -> Body:
+        """Create an ElasticGPUClass (tests)."""
+        return self._call("POST", self._cluster(names.PLURAL_CLASS), body=body, query=self._write_query())
+
+    def delete_class(self, name: str) -> None:
+        """Delete an ElasticGPUClass (tests)."""
+        self._call("DELETE", self._cluster(names.PLURAL_CLASS, name))
+
+    # -- watching ------------------------------------------------------------------------------
+
+    def collection_path(self, kind: str, namespace: str | None = None) -> str:
+        """REST path of the collection the controller watches for `kind` (claim, egpu, gpu,
+        class, pod); `namespace` limits claims and pods to one namespace."""
+        if kind == "claim":
+            return self._claims(namespace)
+        if kind == "pod":
+            return f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        if kind == "node":
+            return "/api/v1/nodes"
+        plural = {"egpu": names.PLURAL_ELASTIC_GPU, "gpu": names.PLURAL_GPU, "class": names.PLURAL_CLASS}[kind]
+        return self._cluster(plural)
+
+    def list_collection(self, path: str) -> tuple[list[Body], str]:
+        """Every object of a collection and the resourceVersion to watch it from (pods: only
+        those that use claims, `POD_SELECTOR`)."""
+        return self._list(path, label_selector=_selector_of(path))
+
+
+    # -- core kinds ----------------------------------------------------------------------------
+
+    def list_pods(self, namespace: str | None = None) -> list[Body]:
+        """Pods of one namespace or of all."""
+        path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        return self._list(path)[0]
+
+    def list_nodes(self) -> list[Body]:
+        """Every Node; an empty list where the caller may not read them."""
+        return self._list("/api/v1/nodes")[0]
+
+    # -- pods that use claims (pod_sync) -------------------------------------------------------
+
+    def get_pod(self, namespace: str, name: str) -> Body:
+        """One pod; raises NotFound."""
+        return self._call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+    def patch_pod(self, namespace: str, name: str, patch: Body) -> Body:
+        """Merge-patch a pod (metadata, spec); a resourceVersion in the patch is a precondition
+        (the gate lift is one such update: node affinity added and the gate removed together)."""
+        return self._call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body=patch, content_type=_MERGE,
+                          query=self._write_query())
+
+    def patch_pod_status(self, namespace: str, name: str, patch: Body) -> Body:
+        """Strategic-merge-patch a pod's status: `status.conditions` merge by type, so the
+        conditions of kubelet and the scheduler are kept without a resourceVersion."""
+        return self._call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", body=patch,
+                          content_type=_STRATEGIC, query=self._write_query())
+
+    def list_pods_on_node(self, node: str) -> list[Body]:
+        """The pods bound to `node` (every pod, not only ours: their CPU and memory requests
+        count against the node when a pod's WaitForFirstConsumer claims choose one). Read with
+        resourceVersion 0, from the server's watch cache (kube-apiserver indexes spec.nodeName
+        there) instead of a read through to etcd per decision: a list a moment old is as good
+        as the scheduler's own cache for a fit check."""
+        page = self._call("GET", "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={node}",
+                                                        "resourceVersion": "0"}, timeout_s=60.0)
+        return list(page.get("items") or [])
+
+    def delete_claim_of(self, namespace: str, name: str, *, uid: str) -> None:
+        """Delete that incarnation (`uid`) of a claim; NotFound when gone, Conflict when the name
+        now belongs to another claim (a recreated pod's inline claim must survive)."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid},
+                "propagationPolicy": "Background"}
+        self._call("DELETE", self._claims(namespace, name), body=body)
+
+
+    def create_event(self, namespace: str, body: Body) -> None:
+        """Create a core/v1 Event. Failures are logged, never raised: an Event is a courtesy."""
+        try:
+            self._call("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
+        except (errors.ApiError, errors.NotFound) as err:  # NotFound: its namespace is being deleted
+            logger.debug("event not written", extra={"namespace": namespace, "error": str(err)})
+
+    def list_events(self, namespace: str) -> list[Body]:
+        """Events of a namespace (tests)."""
+        return self._list(f"/api/v1/namespaces/{namespace}/events")[0]
+
+    def watch(self, path: str, *, resource_version: str, timeout_s: int = 300,
+              read_timeout_s: float | None = None) -> Iterator[Body]:
+        """Watch events (`{"type", "object"}`) of a collection from `resource_version`. The server
+        ends the watch after `timeout_s`; the client gives up on a connection silent for
+        `read_timeout_s` (default `timeout_s + WATCH_READ_MARGIN_S`) with ApiUnavailable."""
+        read_timeout = read_timeout_s if read_timeout_s is not None else timeout_s + WATCH_READ_MARGIN_S
+        query = {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": str(timeout_s),
+                 "allowWatchBookmarks": "true"}
+        selector = _selector_of(path)
+        if selector:
+            query["labelSelector"] = selector
+        if self._transport is None:
+            yield from self._watch_via_client(path, query, read_timeout)
+            return
+        try:
+            stream = self._transport.stream(f"{path}?{urlencode(query)}", connect_timeout_s=10.0,
+                                            read_timeout_s=read_timeout)
+        except (OSError, http.client.HTTPException) as err:
+            unavailable = errors.ApiUnavailable(f"watch {path}: {err!r}")
+            self.reachability.failed(unavailable)
+            raise unavailable from err
+        self.reachability.answered()
+        try:
+            if stream.status != 200:
+                self._raise(stream.status, "WATCH", path, stream.read())
+            for line in stream.lines():
+                yield orjson.loads(line)
+        except (OSError, http.client.HTTPException) as err:
+            raise errors.ApiUnavailable(f"watch {path}: {err!r}") from err
+        finally:
+            stream.close()
+
+    def _watch_via_client(self, path: str, query: dict[str, str], read_timeout: float) -> Iterator[Body]:
+        """The same watch through the kubernetes client's urllib3 pool (which knows proxies)."""
+        _method, url, headers, _body, _post = self._api.param_serialize(
+            method="GET", resource_path=path, query_params=list(query.items()), header_params={"Accept": _JSON},
+            auth_settings=["BearerToken"])
+        try:
+            response = self._api.rest_client.pool_manager.request(
+                "GET", url, headers=headers, preload_content=False, retries=False,  # the informer retries
+                timeout=urllib3.Timeout(connect=10, read=read_timeout))
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            unavailable = errors.ApiUnavailable(f"watch {path}: {err}")
+            self.reachability.failed(unavailable)
+            raise unavailable from err
+        self.reachability.answered()
+        try:
+            if response.status != 200:
+                self._raise(response.status, "WATCH", path, response.read())
+            buffer = b""
+            for chunk in response.stream(65536, decode_content=True):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield orjson.loads(line)
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise errors.ApiUnavailable(f"watch {path}: {err}") from err
+        finally:
+            response.release_conn()

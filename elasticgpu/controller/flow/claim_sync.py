@@ -1,0 +1,355 @@
+"""The claim sync: ask `binder.decide_claim` for a claim's next step and carry it out (wait,
+lose, bind to an existing ElasticGPU, provision one, release on deletion).
+
+A dynamic bind is: reserve (`Commit`, the commit point), then hand the rest to the pool
+(`HandOff`): create the ElasticGPU, bind the claim, mark the ElasticGPU Bound. Every failure
+leaves the objects as they were after the last successful write and raises; the worker
+retries the key from what it then finds.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from elasticgpu.allocator import Placement, PlacementRequest, Unplaceable
+from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, names
+from elasticgpu.controller import errors
+from elasticgpu.controller.decisions import binder, release
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.flow.commit import Commit
+from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
+from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
+from elasticgpu.controller.flow.handoff import HandOff
+from elasticgpu.controller.flow.provisioner import build_elastic_gpu, capacity_of, claim_ref_of
+from elasticgpu.controller.flow.workqueue import Key, WorkQueue
+from elasticgpu.controller.metrics import ControllerMetrics
+from elasticgpu.controller.picture import pod_index
+from elasticgpu.controller.picture.picture import Body, Picture
+from elasticgpu.controller.picture.reservations import now_rfc3339
+from elasticgpu.controller.settings import ControllerSettings
+
+logger = logging.getLogger(__name__)
+
+
+def condition(type_: str, reason: str, message: str, previous: list[Condition]) -> dict[str, Any]:
+    """One condition; keeps the old transition time when the type and reason did not change."""
+    old = next((c for c in previous if c.type == type_), None)
+    when = old.last_transition_time if old is not None and old.reason == reason else now_rfc3339()
+    return {"type": type_, "status": "True", "reason": reason, "message": message, "lastTransitionTime": when}
+
+
+class ClaimSync:
+    """Syncs one claim at a time (see the module docstring)."""
+
+    def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, events: EventRecorder,
+                 commit: Commit, elastic_gpus: ElasticGPUSync, hand_off: HandOff,
+                 settings: ControllerSettings) -> None:
+        self.kube = kube
+        self.picture = picture
+        self.queue = queue
+        self.events = events
+        self.metrics: ControllerMetrics | None = None
+        """Counts binds and provisions when set (`Operability` sets it)."""
+        self.commit = commit
+        self.elastic_gpus = elastic_gpus
+        self.hand_off = hand_off
+        self.settings = settings
+
+    def sync(self, namespace: str, name: str) -> None:
+        """Decide and carry out the next step of one claim."""
+        with self.picture.lock:
+            claim = self.picture.claim(namespace, name)
+            if claim is None:
+                return
+            decision = binder.decide_claim(claim, self.picture.view())
+        if isinstance(decision, binder.Ignore | binder.InSync):
+            return
+        if isinstance(decision, binder.Wait):
+            self._pending(claim, decision.reason, decision.message)
+        elif isinstance(decision, binder.MarkLost):
+            self._lost(claim, decision.reason, decision.message)
+        elif isinstance(decision, binder.CompleteBind):
+            self._complete_bind(claim, decision.elastic_gpu)
+        elif isinstance(decision, binder.BindToExisting):
+            self._bind_existing(claim, decision.elastic_gpu)
+        elif isinstance(decision, binder.Provision):
+            self._provision(claim, decision)
+        elif isinstance(decision, binder.Deleting):
+            self._release(claim)
+
+    # -- status --------------------------------------------------------------------------------
+
+    def _body(self, claim: ElasticGPUClaim) -> Body:
+        return self.picture.claim_body(claim.metadata.namespace or "", claim.metadata.name or "") or claim.to_dict()
+
+    def _write_status(self, claim: ElasticGPUClaim, status: Body) -> None:
+        namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
+        # The resourceVersion makes this a precondition: a controller with a stale picture must
+        # never write Pending over a Bound another one just wrote.
+        patch = {"metadata": {"resourceVersion": claim.metadata.resource_version}, "status": status}
+        try:
+            answer = self.kube.patch_claim_status(namespace, name, patch)
+        except errors.NotFound:
+            return  # deleted meanwhile: nothing to report on
+        except errors.Conflict:
+            self._refresh(namespace, name)
+            raise
+        self.picture.put_claim(answer)
+
+    def _refresh(self, namespace: str, name: str) -> None:
+        try:
+            fresh = self.kube.get_claim(namespace, name)
+        except errors.NotFound:
+            return
+        self.picture.put_claim(fresh)
+
+    def _pending(self, claim: ElasticGPUClaim, reason: str, message: str) -> None:
+        current = claim.status.conditions
+        if claim.status.phase == "Pending" and claim.status.reason == reason and any(
+            c.type == "Pending" and c.reason == reason and c.message == message for c in current
+        ):
+            return  # said already: no write, no Event
+        pending = condition("Pending", reason, message, current)
+        self._write_status(claim, {"phase": "Pending", "reason": reason, "message": message, "conditions": [pending]})
+        kind = NORMAL if reason == binder.REASON_WAIT_FOR_CONSUMER else WARNING
+        self.events.record(self._body(claim), type_=kind, reason=reason, message=message)
+
+    def _lost(self, claim: ElasticGPUClaim, reason: str, message: str) -> None:
+        said = any(c.type == "Lost" and c.reason == reason for c in claim.status.conditions)
+        if claim.status.phase == "Lost" and said and claim.status.reason == reason:
+            return
+        lost = condition("Lost", reason, message, claim.status.conditions)
+        self._write_status(claim, {"phase": "Lost", "reason": reason, "message": message, "conditions": [lost]})
+        self.events.record(self._body(claim), type_=WARNING, reason=reason, message=message)
+
+    # -- binding -------------------------------------------------------------------------------
+
+    def _complete_bind(self, claim: ElasticGPUClaim, egpu_name: str) -> None:
+        egpu = self.picture.egpu(egpu_name)
+        if egpu is None:
+            raise errors.BindingError(f"ElasticGPU {egpu_name} left the picture; the next sync re-decides")
+        if egpu.status.phase != "Bound":
+            egpu = self.elastic_gpus.set_phase(egpu, "Bound", binder.REASON_BOUND,
+                                               f"bound to claim {claim.metadata.namespace}/{claim.metadata.name}")
+        self._bind_claim(claim, egpu)
+
+    def _bind_claim(self, claim: ElasticGPUClaim, egpu: ElasticGPU, *, placement: Placement | None = None) -> None:
+        """Step 3: the claim names the ElasticGPU (and the class it was bound under, when it named
+        none: the default class, as a PVC's storageClassName is filled in), keeps the finalizer,
+        and says Bound. With `placement` (a dynamic bind, whose ElasticGPU has no status yet)
+        capacity, node and cards come from it and the Event says "provisioned" too."""
+        namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
+        egpu_name = egpu.metadata.name or ""
+        finalizers = list(claim.metadata.finalizers)
+        # The class actually used, for `kubectl get egpuc` (spec.elasticGPUClassName may be set once).
+        used_class = None if claim.spec.elastic_gpu_class_name else egpu.spec.elastic_gpu_class_name
+        if (claim.spec.elastic_gpu_name != egpu_name or names.FINALIZER_CLAIM_PROTECTION not in finalizers
+                or used_class):
+            if names.FINALIZER_CLAIM_PROTECTION not in finalizers:
+                finalizers.append(names.FINALIZER_CLAIM_PROTECTION)
+            spec: Body = {"elasticGPUName": egpu_name}
+            if used_class:
+                spec["elasticGPUClassName"] = used_class
+            patch = {
+                "metadata": {"finalizers": finalizers, "resourceVersion": claim.metadata.resource_version},
+                "spec": spec,
+            }
+            try:
+                answer = self.kube.patch_claim(namespace, name, patch)
+            except errors.Conflict:
+                # Changed since our picture (often: the other controller bound it). Re-read it, so
+                # the retry decides from what the server holds (InSync when it is Bound already).
+                self._refresh(namespace, name)
+                raise
+            claim = self.picture.put_claim(answer)
+        if placement is not None:
+            capacity: dict[str, Any] = capacity_of(placement)
+            node: str | None = placement.node
+            gpus = [share.uuid for share in placement.cards]
+        else:
+            capacity = egpu.status.capacity or dict(egpu.spec.capacity)
+            node = egpu.status.node_name or egpu.spec.node_name
+            gpus = list(egpu.status.gpus)
+        message = f"bound to ElasticGPU {egpu_name} on {node or '?'}" + (f" ({', '.join(gpus)})" if gpus else "")
+        status = {
+            "phase": "Bound",
+            "reason": binder.REASON_BOUND,
+            "message": message,
+            "capacity": capacity,
+            "nodeName": node,
+            "gpus": gpus,
+            "conditions": [condition("Bound", binder.REASON_BOUND, message, claim.status.conditions)],
+        }
+        owner = pod_index.owner_pod(self._body(claim))
+        if owner is not None and not claim.status.users:
+            # An inline claim serves the pod that owns it: said with the bind, not in a write of its own.
+            status["users"] = [{"name": owner[0], "uid": owner[1]}]
+        self._write_status(claim, status)
+        self.events.record(self._body(claim), type_=NORMAL, reason=binder.REASON_BOUND,
+                           message=f"provisioned ElasticGPU {egpu_name} and {message}" if placement else message)
+        if self.metrics is not None:
+            self.metrics.bound(mode="dynamic" if placement else "static")
+            if placement:
+                self.metrics.provisioned()
+
+    def bind_existing(self, claim: ElasticGPUClaim, egpu_name: str) -> None:
+        """Bind `claim` to the Available ElasticGPU `egpu_name` now (the pod sync's path for a
+        WaitForFirstConsumer claim that matches an existing ElasticGPU)."""
+        self._bind_existing(claim, egpu_name)
+
+    def _bind_existing(self, claim: ElasticGPUClaim, egpu_name: str) -> None:
+        """Static bind, step 2: point the ElasticGPU at the claim (with its resourceVersion)."""
+        egpu = self.picture.egpu(egpu_name)
+        if egpu is None:
+            raise errors.BindingError(f"ElasticGPU {egpu_name} left the picture; the next sync re-decides")
+        patch = {
+            "metadata": {"resourceVersion": egpu.metadata.resource_version},
+            "spec": {"claimRef": claim_ref_of(claim).to_dict()},
+        }
+        try:
+            answer = self.kube.patch_elastic_gpu(egpu_name, patch)
+        except errors.Conflict:
+            # Someone else changed it (maybe bound it): re-read and decide again.
+            self.elastic_gpus.put(self.kube.get_elastic_gpu(egpu_name))
+            self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""))
+            return
+        patched = self.elastic_gpus.put(answer)
+        egpu = self.elastic_gpus.set_phase(patched, "Bound", binder.REASON_BOUND,
+                                           f"bound to claim {claim.metadata.namespace}/{claim.metadata.name}")
+        self.commit.stamp_claim_ref(egpu)
+        self._bind_claim(claim, egpu)
+
+    # -- provisioning --------------------------------------------------------------------------
+
+    def _provision(self, claim: ElasticGPUClaim, decision: binder.Provision) -> None:
+        key = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
+        placement = self._reserve(claim, key, decision)
+        if placement is None:
+            return
+        self.after_commit(claim, decision, key, placement)
+
+    def after_commit(self, claim: ElasticGPUClaim, decision: binder.Provision, key: str,
+                     placement: Placement) -> None:
+        """After the commit point: the rest of the bind, inline or handed to the pool."""
+        body = build_elastic_gpu(claim, decision, placement, self.picture.ledger)
+        if not self.hand_off.enabled:
+            self._finish_provision(claim, placement, key, body)
+            return
+        claim_key: Key = ("claim", claim.metadata.namespace or "", claim.metadata.name or "")
+        self.hand_off.submit((claim_key, ("egpu", key)), lambda: self._finish_provision(claim, placement, key, body))
+
+    def _finish_provision(self, claim: ElasticGPUClaim, placement: Placement, key: str, body: Body) -> None:
+        """Steps 2 and 3 of a dynamic bind, after the commit point."""
+        try:
+            created = self.kube.create_elastic_gpu(body)
+        except errors.AlreadyExists:
+            # Another controller (or this one before a crash) provisioned it first, maybe on other
+            # cards: free what this attempt reserved beyond its cards, then finish its bind.
+            model = self.elastic_gpus.put(self.kube.get_elastic_gpu(key))
+            self.commit.free_extra_cards(model)
+            if not binder.points_to(model, claim):
+                raise errors.BindingError(f"ElasticGPU {key} exists but points to another claim;"
+                                          " an admin must delete it") from None
+            self._complete_bind(claim, key)
+            return
+        egpu = self.elastic_gpus.put(created)
+        # The claim first: it is what the user waits for, and the ElasticGPU already points at it
+        # (pre-bound), so a crash before the ElasticGPU's status is repaired by either sync
+        # (`CompleteBind` for the claim, `MarkBound` for the ElasticGPU).
+        self._bind_claim(claim, egpu, placement=placement)
+        # One Event for the whole provisioning (the claim's Bound, where the user looks), none for
+        # the ElasticGPU's first phase: Events cost the API server as much as the bind's writes.
+        self.elastic_gpus.set_status(egpu, placement, "Bound", binder.REASON_BOUND,
+                                     f"provisioned for claim {claim.metadata.namespace}/{claim.metadata.name}",
+                                     event=False)
+
+    def _reserve(self, claim: ElasticGPUClaim, key: str, decision: binder.Provision) -> Placement | None:
+        """Step 1: plan and commit the reservation; None when the claim must wait (status written)."""
+        request = PlacementRequest(
+            gpu=decision.request,
+            models=decision.parameters.gpu_model,
+            node_selector=decision.parameters.node_selector,
+        )
+        ledger = self.picture.ledger
+        for attempt in range(self.settings.binding.conflict_retries):
+            with self.picture.lock:
+                held = ledger.held(key)
+                if held is not None and len(held.cards) == max(1, decision.request.cards):
+                    return held  # committed before a crash, a lost answer, or by the other controller
+                result = None if held is not None else ledger.place(request, policy=decision.parameters.policy)
+            if held is not None:
+                # Not the claim's shape: a partial multi-card write, or two controllers reserved
+                # the same key on different cards. If the ElasticGPU exists, its spec decided
+                # which cards are the claim's: keep those and finish that bind (the claim's next
+                # sync finds it prebound); otherwise start over.
+                if self._adopt_existing(claim, key):
+                    return None
+                self.commit.free_reservation(key)
+                continue
+            if isinstance(result, Unplaceable):
+                message = f"no card can give {decision.request.describe()}: {result.reason}"
+                if result.closest:
+                    message += f" (closest: {result.closest})"
+                self._pending(claim, binder.REASON_NO_CAPACITY, message)
+                return None
+            assert result is not None
+            try:
+                self.commit.commit(key, result, claim_ref_of(claim))
+            except (errors.Conflict, errors.Rejected) as err:
+                logger.debug("reservation lost a race, re-planning: %s", err)
+                self.commit.backoff(attempt)
+                continue
+            return result
+        raise errors.BindingError(f"claim {claim.metadata.namespace}/{claim.metadata.name}: too many conflicts on"
+                                  " the GPUs; retrying later")
+
+    def _adopt_existing(self, claim: ElasticGPUClaim, key: str) -> bool:
+        """When ElasticGPU `key` exists (live read): free what `key` holds outside its spec's
+        cards, requeue the claim, and answer True. False when it does not exist."""
+        try:
+            existing = self.kube.get_elastic_gpu(key)
+        except errors.NotFound:
+            return False
+        self.commit.free_extra_cards(self.elastic_gpus.put(existing))
+        self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""))
+        return True
+
+    # -- release -------------------------------------------------------------------------------
+
+    def _release(self, claim: ElasticGPUClaim) -> None:
+        namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
+        with self.picture.lock:
+            users = self.picture.pods_using(namespace, name)
+            owner = pod_index.owner_pod(self._body(claim))
+            if owner is not None:
+                # An inline claim serves only the pod that owns it: a pod recreated under the
+                # same name names it too, and waits for it to go (then gets a claim of its own).
+                users = {u for u in users if (p := self.picture.pods.pod(namespace, u)) is None
+                         or (p.get("metadata") or {}).get("uid") == owner[1]}
+            # The live map, under the lock: a copy would build the model of every Bound
+            # ElasticGPU (`records`) where the decision reads one.
+            decision = release.decide_release(claim, pods_using=users, elastic_gpus=self.picture.elastic_gpus())
+        if isinstance(decision, release.NothingToRelease):
+            return
+        if isinstance(decision, release.KeepFinalizer):
+            message = f"in use by pod(s) {', '.join(decision.pods)}; deletion waits until they terminate"
+            if not any(c.reason == release.REASON_CLAIM_IN_USE for c in claim.status.conditions):
+                in_use = condition("Terminating", release.REASON_CLAIM_IN_USE, message, claim.status.conditions)
+                self._write_status(claim, {"conditions": [*[c.to_dict() for c in claim.status.conditions
+                                                           if c.type != "Terminating"], in_use]})
+                self.events.record(self._body(claim), type_=NORMAL, reason=release.REASON_CLAIM_IN_USE,
+                                   message=message)
+            return
+        if decision.elastic_gpu is not None:
+            egpu = self.picture.egpu(decision.elastic_gpu)
+            if egpu is not None and egpu.status.phase not in ("Released", "Failed"):
+                self.elastic_gpus.set_phase(egpu, "Released", binder.REASON_RELEASED,
+                                            f"claim {namespace}/{name} was deleted")
+            self.queue.add(("egpu", decision.elastic_gpu))
+        kept = [f for f in claim.metadata.finalizers if f != names.FINALIZER_CLAIM_PROTECTION]
+        try:
+            self.kube.patch_claim(namespace, name, {"metadata": {"finalizers": kept,
+                                                                 "resourceVersion": claim.metadata.resource_version}})
+        except errors.NotFound:
+            return

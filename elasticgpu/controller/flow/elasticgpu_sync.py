@@ -1,0 +1,178 @@
+"""The ElasticGPU sync: ask `binder.decide_elastic_gpu` for an ElasticGPU's next step and carry
+it out (reserve its capacity, set its phase, release it, reclaim it).
+
+Every failure leaves the objects as they were after the last successful write and raises; the
+worker retries the key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from elasticgpu.allocator import Placement
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, names
+from elasticgpu.controller import errors
+from elasticgpu.controller.decisions import binder
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.flow.commit import Commit
+from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
+from elasticgpu.controller.flow.provisioner import capacity_of
+from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.metrics import ControllerMetrics
+from elasticgpu.controller.picture.picture import Body, Picture
+
+
+class ElasticGPUSync:
+    """Syncs one ElasticGPU at a time; also writes ElasticGPU status for the claim sync."""
+
+    def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, events: EventRecorder,
+                 commit: Commit) -> None:
+        self.kube = kube
+        self.picture = picture
+        self.queue = queue
+        self.events = events
+        self.metrics: ControllerMetrics | None = None
+        """Counts releases when set (`Operability` sets it)."""
+        self.commit = commit
+
+    def put(self, body: Body) -> ElasticGPU:
+        """Take a write's answer into the picture (queueing what it wakes); its model."""
+        model, keys = self.picture.put_egpu(body)
+        self.queue.add_all(keys)
+        return model
+
+    def set_status(self, egpu: ElasticGPU, placement: Placement | None, phase: str, reason: str,
+                   message: str, *, event: bool = True) -> ElasticGPU:
+        """Write the ElasticGPU's status (phase, reason, message; capacity, node and cards from
+        `placement`); an Event when the phase changes and `event`.
+
+        The write carries the resourceVersion `egpu` was read at: a controller with a stale
+        picture must never turn a Released or Failed ElasticGPU back into Bound. A 409 re-reads
+        it into the picture and raises Conflict (the next sync decides from what it finds)."""
+        status: Body = {"phase": phase, "reason": reason, "message": message}
+        if placement is not None:
+            status["capacity"] = capacity_of(placement)
+            status["nodeName"] = placement.node
+            status["gpus"] = [share.uuid for share in placement.cards]
+            status["gpuList"] = ",".join(status["gpus"])  # the GPUS column of kubectl get egpu
+        ref = egpu.spec.claim_ref
+        if ref is not None and ref.name:
+            status["claim"] = f"{ref.namespace}/{ref.name}"  # the CLAIM column
+        name = egpu.metadata.name or ""
+        patch = {"metadata": {"resourceVersion": egpu.metadata.resource_version}, "status": status}
+        try:
+            answer = self.kube.patch_elastic_gpu_status(name, patch)
+        except errors.Conflict:
+            with contextlib.suppress(errors.NotFound):
+                self.put(self.kube.get_elastic_gpu(name))
+            raise
+        written = self.put(answer)
+        if phase == "Released" and egpu.status.phase != phase and self.metrics is not None:
+            self.metrics.released()
+        if event and egpu.status.phase != phase:
+            kind = WARNING if phase == "Failed" else NORMAL
+            self.events.record(answer, type_=kind, reason=reason, message=message)
+        return written
+
+    def set_phase(self, egpu: ElasticGPU, phase: str, reason: str, message: str) -> ElasticGPU:
+        """`set_status` with the placement the GPUs hold for it."""
+        placement = self.picture.ledger.held(egpu.metadata.name or "")
+        return self.set_status(egpu, placement, phase, reason, message)
+
+    def sync(self, name: str) -> None:
+        """Decide and carry out the next step of one ElasticGPU."""
+        picture = self.picture
+        egpu = picture.egpu(name)
+        if egpu is None:
+            return
+        if self.commit.holds_outside_spec(egpu):
+            # OBSERVATION: the GPUs hold this ElasticGPU on cards its spec does not name (the
+            # loser of a provisioning race reserved them): free those first, or the decision
+            # below would see a placement that disagrees with the spec and fail it.
+            self.commit.free_extra_cards(egpu)
+        with picture.lock:
+            egpu = picture.egpu(name)
+            if egpu is None:
+                return
+            claim = None
+            ref = egpu.spec.claim_ref
+            if ref is not None and ref.name:
+                claim = picture.claim(ref.namespace or "", ref.name)
+            ledger = picture.ledger
+            decision = binder.decide_elastic_gpu(
+                egpu, claim=claim, gpus=ledger.gpu, held=ledger.held(name), conflict=ledger.conflict
+            )
+        if isinstance(decision, binder.Keep):
+            if egpu.status.phase == "Bound":
+                self.commit.stamp_claim_ref(egpu)
+            return
+        if isinstance(decision, binder.Reserve):
+            self._reserve(egpu, decision.placement, claim)
+        elif isinstance(decision, binder.Fail):
+            self.commit.free_reservation(name)
+            if egpu.status.phase != "Failed" or egpu.status.reason != decision.reason:
+                self.set_status(egpu, None, "Failed", decision.reason, decision.message)
+            if ref is not None and ref.name:
+                self.queue.add(("claim", ref.namespace or "", ref.name))
+        elif isinstance(decision, binder.MarkBound):
+            self.set_phase(egpu, "Bound", binder.REASON_BOUND, f"bound to claim {ref.namespace}/{ref.name}"
+                           if ref else "bound")
+        elif isinstance(decision, binder.ReleaseIfClaimGone):
+            self._release_if_claim_gone(egpu)
+        elif isinstance(decision, binder.Reclaim):
+            self._reclaim(egpu, delete=decision.delete)
+
+    def _reserve(self, egpu: ElasticGPU, placement: Placement, claim: ElasticGPUClaim | None) -> None:
+        name = egpu.metadata.name or ""
+        if names.FINALIZER_EGPU_PROTECTION not in egpu.metadata.finalizers:
+            patch = {"metadata": {"finalizers": [*egpu.metadata.finalizers, names.FINALIZER_EGPU_PROTECTION],
+                                  "resourceVersion": egpu.metadata.resource_version}}
+            egpu = self.put(self.kube.patch_elastic_gpu(name, patch))
+        if self.picture.ledger.held(name) != placement:
+            try:
+                self.commit.commit(name, placement, egpu.spec.claim_ref)
+            except (errors.Conflict, errors.Rejected):
+                self.queue.add(("egpu", name))  # the card changed: decide again (maybe DoesNotFit)
+                return
+        if claim is not None and binder.points_to(egpu, claim) and claim.spec.elastic_gpu_name == name:
+            self.set_status(egpu, placement, "Bound", binder.REASON_BOUND,
+                            f"bound to claim {claim.metadata.namespace}/{claim.metadata.name}")
+        else:
+            self.set_status(egpu, placement, "Available", binder.REASON_AVAILABLE,
+                            f"reserved on {placement.describe()}")
+        if egpu.spec.claim_ref is not None and egpu.spec.claim_ref.name:
+            self.queue.add(("claim", egpu.spec.claim_ref.namespace or "", egpu.spec.claim_ref.name))
+
+    def _release_if_claim_gone(self, egpu: ElasticGPU) -> None:
+        ref = egpu.spec.claim_ref
+        assert ref is not None and ref.name
+        try:
+            fresh = self.kube.get_claim(ref.namespace or "", ref.name)
+        except errors.NotFound:
+            fresh = None
+        if fresh is not None and (not ref.uid or fresh["metadata"].get("uid") == ref.uid):
+            self.picture.put_claim(fresh)
+            if not fresh["metadata"].get("deletionTimestamp"):
+                self.queue.add(("claim", ref.namespace or "", ref.name))
+                return
+            if names.FINALIZER_CLAIM_PROTECTION in (fresh["metadata"].get("finalizers") or []):
+                return  # its own release path runs
+        self.set_phase(egpu, "Released", binder.REASON_RELEASED, f"claim {ref.namespace}/{ref.name} was deleted")
+        self.queue.add(("egpu", egpu.metadata.name or ""))
+
+    def _reclaim(self, egpu: ElasticGPU, *, delete: bool) -> None:
+        name = egpu.metadata.name or ""
+        self.commit.free_reservation(name)
+        if names.FINALIZER_EGPU_PROTECTION in egpu.metadata.finalizers:
+            kept = [f for f in egpu.metadata.finalizers if f != names.FINALIZER_EGPU_PROTECTION]
+            try:
+                answer = self.kube.patch_elastic_gpu(
+                    name, {"metadata": {"finalizers": kept, "resourceVersion": egpu.metadata.resource_version}})
+            except errors.NotFound:
+                return
+            self.put(answer)
+        if delete and not egpu.metadata.deletion_timestamp:
+            with contextlib.suppress(errors.NotFound):
+                self.kube.delete_elastic_gpu(name, uid=egpu.metadata.uid)
+            self.events.record(self.picture.egpu_body(name) or egpu.to_dict(), type_=NORMAL, reason="Reclaimed",
+                               message=f"reclaim policy Delete: capacity freed and ElasticGPU {name} deleted")

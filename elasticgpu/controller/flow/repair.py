@@ -1,0 +1,104 @@
+"""Repair: the periodic, level-based resync that fixes what no event will ever fix.
+
+Every `ResyncSettings.interval_s` every claim and ElasticGPU is queued again on the queue's
+background lane (behind the keys events queued); every `relist_interval_s` fresh lists are
+merged into the picture first (what repairs a deletion no watch delivered). Reservations whose
+ElasticGPU does not exist, older than the grace period, are freed after a live read confirms
+the ElasticGPU is gone (`resync.find_orphans` decides which), unless their claim is still
+binding (`resync.still_binding`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from elasticgpu.controller import errors
+from elasticgpu.controller.decisions import resync
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.flow.commit import Commit
+from elasticgpu.controller.flow.informer import Informer
+from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.picture.picture import Picture
+from elasticgpu.controller.settings import ResyncSettings
+
+logger = logging.getLogger(__name__)
+
+
+class Repair:
+    """The resync (see the module docstring)."""
+
+    def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, informer: Informer, commit: Commit,
+                 settings: ResyncSettings) -> None:
+        self.kube = kube
+        self.picture = picture
+        self.queue = queue
+        self.informer = informer
+        self.commit = commit
+        self.settings = settings
+
+    def resync(self, *, relist: bool = True) -> None:
+        """Free orphan reservations past the grace period and requeue every object behind the
+        keys events queued; `relist`: merge fresh lists into the picture first. The orphans
+        found in the picture are confirmed by a live read before anything is freed."""
+        if relist:
+            self.informer.relist(background=True)
+        else:
+            for key in self.picture.all_keys():
+                self.queue.add(key, background=True)
+        with self.picture.lock:
+            drifted = self.picture.ledger.repair_inventory()
+            orphans = resync.find_orphans(self.picture.ledger, elastic_gpus=set(self.picture.elastic_gpus()),
+                                          now=datetime.now(UTC), grace_s=self.settings.orphan_grace_s)
+        if drifted:
+            # Not an expected race: a path that changes reservations left the allocator's
+            # inventory unlike the GPU objects. Repaired here, said so that it gets found.
+            logger.warning("the allocator's inventory disagreed with the GPU objects for %d reservation(s)"
+                           " (%s); mirrored them again", len(drifted), ", ".join(sorted(drifted)[:5]))
+        for orphan in orphans:
+            if resync.still_binding(orphan, self.picture.claim):
+                logger.debug("reservation %s has no ElasticGPU yet; its claim is still binding", orphan.key)
+                continue
+            try:
+                self.kube.get_elastic_gpu(orphan.key)
+                continue  # it exists after all (created since the list)
+            except errors.NotFound:
+                pass
+            logger.info("GPU %s: freeing reservation %s: its ElasticGPU does not exist",
+                        ",".join(orphan.gpu_names), orphan.key)
+            for gpu_name in orphan.gpu_names:
+                self.commit.free_on(gpu_name, orphan.key)
+
+    def run(self, stop: threading.Event, *, after: Callable[[], None] = lambda: None) -> None:
+        """Resync every `interval_s`, relisting every `relist_interval_s`, until `stop` is set
+        (both watch engines use it); `after` runs after each resync."""
+        interval = self.settings.interval_s
+        relist_every = self.settings.relist_interval_s
+        last_relist = time.monotonic()
+        said = ""
+        while not stop.wait(interval):
+            relist = time.monotonic() - last_relist >= relist_every
+            try:
+                self.resync(relist=relist)
+                if relist:
+                    last_relist = time.monotonic()
+                after()
+                said = ""
+            except Exception as err:  # a failed resync must not end the loop; the next one retries
+                said = self._say(err, interval, said)
+
+    @staticmethod
+    def _say(err: Exception, interval: float, said: str) -> str:
+        """Log a failed resync once per reason (an unreachable server at DEBUG: `KubeApi`
+        says that once); returns the reason now said."""
+        reason = f"{type(err).__name__}: {err}"
+        if reason == said or (isinstance(err, errors.ApiUnavailable) and err.status == 0):
+            logger.debug("resync failed again; retrying in %.0fs: %s", interval, reason)
+        elif isinstance(err, errors.ElasticGPUError):
+            logger.warning("resync failed; retrying in %.0fs: %s", interval, err)
+        else:
+            logger.error("resync failed (a bug); retrying in %.0fs: %s", interval, reason, exc_info=err)
+        return reason

@@ -1,0 +1,168 @@
+"""The part of the picture the pod sync reads: bodies of the pods that use claims, of the nodes,
+and which claims each pod owns (inline claims). No I/O; `Picture` holds one (`Picture.pods`)
+and calls it under its lock.
+
+Only pods with the label `elasticgpu.io/uses-claims=true` ever reach it (the informer watches
+pods through that selector). Nodes are kept whole (labels, taints, allocatable): a pod's
+WaitForFirstConsumer claims choose a node from them (`pod_placement`). A node event that
+changes none of those (kubelet's status updates) wakes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from elasticgpu.controller.decisions import pod_gate
+from elasticgpu.controller.picture import versions
+
+Body = dict[str, Any]
+PodKey = tuple[str, str]
+ClaimKey = tuple[str, str]
+Key = tuple[str, ...]
+Keys = list[Key]
+
+
+def owner_pod(claim: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, uid) of the pod that owns a claim as its controller (an inline claim), or None."""
+    for ref in (claim.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1" and ref.get("controller"):
+            return str(ref.get("name", "")), str(ref.get("uid", ""))
+    return None
+
+
+def _placement_fields(node: Mapping[str, Any]) -> tuple[object, ...]:
+    """What of a node can change a placement: labels, taints, unschedulable, allocatable."""
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return (sorted(labels.items()), repr(spec.get("taints")), bool(spec.get("unschedulable")),
+            sorted((status.get("allocatable") or {}).items()))
+
+
+class PodIndex:
+    """Pods that use claims, nodes, and the claims each pod owns (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._pods: dict[PodKey, Body] = {}
+        self._deleted: versions.Tombstones[PodKey] = versions.Tombstones()
+        """Pod deletions a watch delivered: an older copy (a list read before) must not revive one."""
+        self._nodes: dict[str, Body] = {}
+        self._owned: dict[PodKey, set[str]] = {}
+        """Claim names by the (namespace, name) of the pod that owns them as controller."""
+        self._departed: dict[PodKey, Body] = {}
+        """The last body of each pod deleted since its sync last ran (which claims to let go of),
+        and (below) those of before the last list: a list forgets the older generation, so the
+        map stays bounded even where no sync runs; every entry's sync was queued twice by then."""
+        self._departed_before: dict[PodKey, Body] = {}
+
+    # -- pods ------------------------------------------------------------------------------------
+
+    def put(self, body: Body, *, deleted: bool = False) -> Keys:
+        """Take in a pod (a newer copy than held, else ignored); the pod's key when its sync may
+        now decide something: it is gated, or it was deleted (its inline claims go)."""
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if self._deleted.holds(key, body):
+            return []
+        if deleted:
+            self._deleted.bury(key, body)
+            self._pods.pop(key, None)
+            self._departed[key] = body
+            return [("pod", *key)]
+        if not versions.is_newer(body, self._pods.get(key)):
+            return []
+        self._pods[key] = body
+        return [("pod", *key)] if pod_gate.is_gated(body) else []
+
+    def merge(self, pods: Iterable[Body], list_version: str) -> Keys:
+        """Take in a fresh list of the pods that use claims, read after `list_version`: a pod
+        missing from it whose copy is not newer than that is gone (its key is returned)."""
+        keys: Keys = []
+        listed = {((p.get("metadata") or {}).get("namespace", ""), (p.get("metadata") or {}).get("name", ""))
+                  for p in pods}
+        for gone in set(self._pods) - listed:
+            if not versions.changed_after(self._pods[gone], list_version):
+                self._departed[gone] = self._pods.pop(gone)
+                keys.append(("pod", *gone))
+        for body in pods:
+            keys += self.put(body)
+        self._deleted.prune(list_version)
+        keys += [("pod", *key) for key in self._departed]
+        self._departed_before, self._departed = self._departed, {}
+        return keys
+
+    def pod(self, namespace: str, name: str) -> Body | None:
+        """The pod's body as last seen, or None (deleted, never seen, or not using claims)."""
+        return self._pods.get((namespace, name))
+
+    def take_departed(self, namespace: str, name: str) -> Body | None:
+        """The last body of a pod of that name deleted since this was last asked, once."""
+        key = (namespace, name)
+        return self._departed.pop(key, None) or self._departed_before.pop(key, None)
+
+    def keep_departed(self, body: Body) -> None:
+        """Put back a departed pod whose claims could not all be let go of (retried)."""
+        meta = body.get("metadata") or {}
+        self._departed.setdefault((str(meta.get("namespace", "")), str(meta.get("name", ""))), body)
+
+    def gated_keys(self) -> Keys:
+        """Keys of every pod still carrying our gate."""
+        return [("pod", *key) for key, body in self._pods.items() if pod_gate.is_gated(body)]
+
+    def resync_keys(self) -> Keys:
+        """What a periodic resync looks at: every gated pod, and every owner of an inline claim
+        that is gone (its claim must go too)."""
+        keys = self.gated_keys()
+        keys += [("pod", *owner) for owner in self._owned if owner not in self._pods]
+        return keys
+
+    def pinned_to(self, node: str) -> list[Body]:
+        """Pods pinned to `node` by a gate lift (or a chosen node) that the scheduler has not bound
+        yet: their CPU and memory count against the node before any list shows them there."""
+        return [body for body in self._pods.values()
+                if not (body.get("spec") or {}).get("nodeName") and not pod_gate.is_terminated(body)
+                and pod_gate.pinned_node(body) == node]
+
+    # -- claims owned by pods --------------------------------------------------------------------
+
+    def claim_changed(self, key: ClaimKey, body: Body | None, old: Body | None) -> None:
+        """Keep the owner index in step with a claim (`body` None: it was dropped)."""
+        before = owner_pod(old) if old is not None else None
+        after = owner_pod(body) if body is not None else None
+        if before == after:
+            return
+        if before is not None:
+            owned = self._owned.get((key[0], before[0]))
+            if owned is not None:
+                owned.discard(key[1])
+                if not owned:
+                    del self._owned[(key[0], before[0])]
+        if after is not None:
+            self._owned.setdefault((key[0], after[0]), set()).add(key[1])
+
+    def owned_claims(self, namespace: str, pod: str) -> list[str]:
+        """Names of the claims a pod of that name owns (any incarnation: compare the uid)."""
+        return sorted(self._owned.get((namespace, pod), ()))
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def put_node(self, body: Body, *, deleted: bool = False) -> bool:
+        """Take in a node; True when something that can change a placement changed."""
+        name = (body.get("metadata") or {}).get("name", "")
+        old = self._nodes.get(name)
+        if deleted:
+            self._nodes.pop(name, None)
+            return old is not None
+        if old is not None and not versions.is_newer(body, old):
+            return False
+        self._nodes[name] = body
+        return old is None or _placement_fields(old) != _placement_fields(body)
+
+    def merge_nodes(self, nodes: Iterable[Body]) -> None:
+        """Replace the nodes with a complete list."""
+        self._nodes = {(n.get("metadata") or {}).get("name", ""): n for n in nodes}
+
+    def nodes(self) -> dict[str, Body]:
+        """Every node by name (a copy of the map; the bodies are shared, never change them)."""
+        return dict(self._nodes)
+

@@ -1,0 +1,77 @@
+"""Inline claims: the claim a pod's `elasticgpu.io/request.<container>` annotation asks for.
+
+The controller makes it, named `<pod>-<container>` (`pod_claims.inline_claim_name`: hashed when
+too long), owned by the pod (an ownerReference with `controller: true`, as a generic ephemeral
+volume's claim is), and deletes it once that pod is gone. On a real cluster the garbage
+collector deletes it too; both deletions carry the claim's uid as a precondition, so whichever
+comes second finds nothing (404) or a newer claim of the same name (409) and leaves it alone.
+
+A pod recreated under the same name (a StatefulSet's) has another uid: the old pod's claim is
+deleted first and a new one made for the new pod. A claim of that name that no pod owns was made
+by someone else: it is never taken over or deleted; the pod waits with a condition that says so.
+
+Pure: building bodies and deciding what to delete; `pod_sync` does the writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from elasticgpu.api import names
+from elasticgpu.api.pod_claims import InlineRequest
+from elasticgpu.controller.picture import pod_index
+
+Body = dict[str, Any]
+
+
+def owner_reference(pod: Mapping[str, Any]) -> Body:
+    """The ownerReference that makes a claim the pod's own."""
+    meta = pod.get("metadata") or {}
+    return {"apiVersion": "v1", "kind": "Pod", "name": meta.get("name", ""), "uid": meta.get("uid", ""),
+            "controller": True}
+
+
+def build_claim(pod: Mapping[str, Any], request: InlineRequest) -> Body:
+    """The claim to create for one inline request of `pod`."""
+    meta = pod.get("metadata") or {}
+    pod_name = str(meta.get("name", ""))
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND_CLAIM,
+        "metadata": {
+            "name": request.claim_name(pod_name),
+            "namespace": meta.get("namespace", ""),
+            "ownerReferences": [owner_reference(pod)],
+            "annotations": {names.inline_request_annotation(request.container): request.text},
+        },
+        "spec": request.spec.to_dict(),
+    }
+
+
+@dataclass(frozen=True)
+class Stale:
+    """A claim owned by an earlier pod of the same name (or by a pod that is gone): delete it."""
+
+    name: str
+    uid: str
+
+
+def owned_by(claim: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """True when `claim` is owned (as controller) by this incarnation of `pod`."""
+    owner = pod_index.owner_pod(claim)
+    return owner is not None and owner[1] == str((pod.get("metadata") or {}).get("uid", ""))
+
+
+def stale_claims(owned: Mapping[str, Mapping[str, Any]], pod: Mapping[str, Any] | None) -> list[Stale]:
+    """Of the claims a pod of this name owns (`owned`: name -> body), those to delete: all of
+    them when the pod is gone (`pod` None), else those of another incarnation (uid)."""
+    stale = []
+    for name, body in sorted(owned.items()):
+        if pod is not None and owned_by(body, pod):
+            continue
+        uid = str((body.get("metadata") or {}).get("uid", ""))
+        if uid and not (body.get("metadata") or {}).get("deletionTimestamp"):
+            stale.append(Stale(name, uid))
+    return stale

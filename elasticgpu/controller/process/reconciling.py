@@ -1,0 +1,139 @@
+"""The controller assembled: one object that wires the roles together.
+
+    informer ──observe──▶ picture ──keys──▶ workqueue ──▶ worker ──▶ claim_sync / elasticgpu_sync
+                                                              │              │
+                                                              └──▶ commit ◀──┘ ──▶ handoff (pool)
+    repair (periodic resync) ──▶ informer.relist, workqueue, commit
+
+`Picture` holds what the watches delivered and returns the keys a change wakes; `WorkQueue`
+orders them; `Worker` takes batches and dispatches each key to `ClaimSync` or
+`ElasticGPUSync`, which ask the pure deciders (`binder`, `release`) for the next step and carry
+it out through `KubeApi`; `Commit` writes and frees reservations (the commit point);
+`HandOff` runs the writes after a commit point on a pool; `Repair` is the periodic resync.
+Every write's answer goes back into the picture at once, so the next decision sees it. Two
+controller processes are kept apart by the server (resourceVersion preconditions,
+uid-derived names). Every failure path leaves the objects as they were after the last
+successful write: nothing half-written is assumed, and the key is requeued so the next sync
+retries from what it finds.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from elasticgpu.api import ElasticGPUClaim
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.flow.claim_sync import ClaimSync
+from elasticgpu.controller.flow.commit import Commit
+from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
+from elasticgpu.controller.flow.events import EventRecorder
+from elasticgpu.controller.flow.failures import Failures
+from elasticgpu.controller.flow.gpu_sync import GPUSync
+from elasticgpu.controller.flow.handoff import HandOff
+from elasticgpu.controller.flow.informer import Informer
+from elasticgpu.controller.flow.liveness import Liveness
+from elasticgpu.controller.flow.repair import Repair
+from elasticgpu.controller.flow.workqueue import Key, WorkQueue
+from elasticgpu.controller.metrics import ControllerMetrics
+from elasticgpu.controller.picture.picture import Body, Picture
+from elasticgpu.controller.picture.reservations import Ledger
+from elasticgpu.controller.pods.pod_sync import PodSync
+from elasticgpu.controller.process.worker import Worker
+from elasticgpu.controller.settings import ControllerSettings
+
+
+class Controller:
+    """The roles wired together. Feed it with `observe`, start it with `rebuild`, run it with
+    `run_worker` (or call `sync` / `drain` directly, as the tests do)."""
+
+    def __init__(self, kube: KubeApi, settings: ControllerSettings | None = None, *,
+                 namespace: str | None = None) -> None:
+        self.kube = kube
+        self.settings = settings or ControllerSettings()
+        self.namespace = namespace
+        self.picture = Picture()
+        self.queue = WorkQueue(self.settings.retry)
+        self.failures = Failures(self.queue)
+        self.liveness = Liveness(stuck_after_s=self.settings.watch.stuck_after_s)
+        """`alive()` / `reason()`: the check a `/healthz` endpoint runs (threads, loops)."""
+        binding = self.settings.binding
+        # With workers, Events leave the hot path too (a background writer); workers=0 keeps
+        # every write inline on the worker thread (the simplest behaviour, and the benchmark's "before").
+        self.events = EventRecorder(kube, background=binding.workers > 0)
+        self.hand_off = HandOff(queue=self.queue, failures=self.failures, settings=binding)
+        # The batch's GPU writes get their own threads: they must not wait behind finishing binds.
+        self._commit_pool = (ThreadPoolExecutor(binding.workers, thread_name_prefix="commit")
+                             if binding.workers > 0 else None)
+        self.commit = Commit(kube=kube, picture=self.picture, queue=self.queue, settings=self.settings,
+                             pool=self._commit_pool)
+        self.elastic_gpus = ElasticGPUSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
+                                           commit=self.commit)
+        self.claims = ClaimSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
+                                commit=self.commit, elastic_gpus=self.elastic_gpus, hand_off=self.hand_off,
+                                settings=self.settings)
+        self.pods = PodSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
+                            commit=self.commit, claims=self.claims)
+        self.gpus = GPUSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
+                            settings=self.settings.gpu_health)
+        self.worker = Worker(queue=self.queue, claims=self.claims, elastic_gpus=self.elastic_gpus,
+                             commit=self.commit, hand_off=self.hand_off, events=self.events, failures=self.failures,
+                             liveness=self.liveness, settings=binding, pods=self.pods, gpus=self.gpus)
+        self.informer = Informer(kube=kube, picture=self.picture, queue=self.queue, namespace=namespace,
+                                 liveness=self.liveness)
+        if self.events.thread is not None:
+            self.liveness.track(self.events.thread)
+        self.repair = Repair(kube=kube, picture=self.picture, queue=self.queue, informer=self.informer,
+                             commit=self.commit, settings=self.settings.resync)
+
+    def attach_metrics(self, metrics: ControllerMetrics) -> None:
+        """Count binds, provisions, releases, conflicts, API errors and sync latency into `metrics`."""
+        self.kube.metrics = metrics
+        self.claims.metrics = metrics
+        self.elastic_gpus.metrics = metrics
+        self.worker.metrics = metrics
+
+    @property
+    def ledger(self) -> Ledger:
+        """The GPU ledger of the picture."""
+        return self.picture.ledger
+
+    def observe(self, kind: str, event_type: str | None, body: Body) -> None:
+        """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node)."""
+        self.informer.observe(kind, event_type, body)
+
+    def rebuild(self, *, background: bool = False) -> dict[str, str]:
+        """List everything, merge it into the picture, queue every object (`Informer.relist`);
+        the resourceVersion each kind was listed at."""
+        return self.informer.relist(background=background)
+
+    def resync(self, *, relist: bool = True) -> None:
+        """One periodic repair (`Repair.resync`)."""
+        self.repair.resync(relist=relist)
+
+    def run_worker(self, stop: threading.Event) -> None:
+        """Process the queue until `stop` is set."""
+        self.worker.run(stop)
+
+    def sync(self, key: Key) -> None:
+        """Sync one key now."""
+        self.worker.sync(key)
+
+    def sync_claim(self, namespace: str, name: str) -> None:
+        """Sync one claim now, without the worker's retries (the benchmark times decisions)."""
+        self.claims.sync(namespace, name)
+
+    def drain(self, *, max_items: int = 100_000) -> int:
+        """Process queued keys until none is left; returns how many (`Worker.drain`)."""
+        return self.worker.drain(max_items=max_items)
+
+    def claim(self, namespace: str, name: str) -> ElasticGPUClaim | None:
+        """The claim as the picture holds it."""
+        return self.picture.claim(namespace, name)
+
+    def close(self) -> None:
+        """Wait for the pools and the Event writer (bounded by their calls' timeouts)."""
+        if self._commit_pool is not None:
+            self._commit_pool.shutdown(wait=True)
+        self.hand_off.close()
+        self.events.close()

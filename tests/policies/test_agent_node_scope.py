@@ -1,0 +1,279 @@
+"""Each node's agent writes only its own node's objects: deploy/policies/agent-node-scope.yaml.
+
+Two agent identities are the deployed ServiceAccount with the node name a Node-bound token
+carries (`authentication.kubernetes.io/node-name` in the user's extra info), made here by
+impersonation: the test API server authenticates client certificates only, and impersonation
+yields the same user info a bound token gives on a real cluster. The writes are the agent's own
+(`elasticgpu.agent.kube.AgentKube` over a client that impersonates), so a request shape the
+agent really sends is what the policies judge.
+
+The first test shows that without the policies (RBAC alone, as deploy/agent.yaml grants it)
+node A's agent can write node B's card: the refusals after it come from the policies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from elasticgpu.agent import errors
+from elasticgpu.agent import kube as agent_api
+from elasticgpu.api import names
+from tests.binding import objects as o
+from tests.kube_cluster import TestCluster, kube_request, server_side_apply
+
+POLICIES_FILE = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "agent-node-scope.yaml"
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+AGENT_USER = "system:serviceaccount:elasticgpu-system:elasticgpu-agent"
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+GPUS = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL_GPU}"
+NOT_BOUND = "the elasticgpu agent writes with a token bound to its Node"
+
+
+def _documents() -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(POLICIES_FILE.read_text()) if doc]
+
+
+def _plural(doc: dict[str, Any]) -> str:
+    return "validatingadmissionpolicies" if doc["kind"] == "ValidatingAdmissionPolicy" else (
+        "validatingadmissionpolicybindings")  # fmt: skip
+
+
+def _policies_installed(api: client.ApiClient) -> bool:
+    return any(kube_request(api, "GET", f"{ADMISSION}/{_plural(d)}/{d['metadata']['name']}").status == 200
+               for d in _documents())  # fmt: skip
+
+
+@contextlib.contextmanager
+def _agent(cluster: TestCluster, identity: str | None, node: str) -> Iterator[agent_api.AgentKube]:
+    """The agent's API client for `node`, authenticated as the agent of node `identity`
+    (None: a token of the ServiceAccount bound to no Node)."""
+    api = agent_api.load_api_client(str(cluster.kubeconfig), None)
+    api.set_default_header("Impersonate-User", AGENT_USER)
+    if identity is not None:
+        api.set_default_header("Impersonate-Extra-" + NODE_NAME_EXTRA.replace("/", "%2F"), identity)
+    kube = agent_api.AgentKube(api, node_name=node, field_manager="elasticgpu-agent")
+    try:
+        yield kube
+    finally:
+        kube.close()
+
+
+def _status(api: client.ApiClient, path: str, status: dict[str, Any]) -> None:
+    answer = kube_request(api, "PATCH", path + "/status", body={"status": status},
+                          headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+    assert answer.status == 200, answer.json()
+
+
+class Scene:
+    """Nodes A and B, a card and a Bound claim on each, made by an admin."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        tag = uuid.uuid4().hex[:8]
+        self.nodes = {side: f"policy-{tag}-{side}" for side in "ab"}
+        self.gpus = {side: f"gpu-{tag}-{side}" for side in "ab"}
+        self.claims = {side: f"claim-{side}" for side in "ab"}
+        core = client.CoreV1Api(api)
+        for side in "ab":
+            core.create_node({"metadata": {"name": self.nodes[side], "labels": {"team": "x"}}})
+            body = o.gpu(self.gpus[side], node=self.nodes[side])
+            body["metadata"]["labels"] = {names.LABEL_NODE: self.nodes[side]}
+            assert kube_request(api, "POST", GPUS, body=body).status == 201
+            allocation = {"elasticGPU": f"egpu-{side}", "cores": 10, "memory": 1024}
+            _status(api, f"{GPUS}/{self.gpus[side]}", {"allocations": [allocation]})
+            claim = o.claim(self.claims[side], namespace, cores=10, memory="1Gi")
+            claim["metadata"].pop("uid", None)
+            assert kube_request(api, "POST", self.claim_path(side, ""), body=claim).status == 201, side
+            _status(api, self.claim_path(side), {
+                "phase": "Bound", "nodeName": self.nodes[side], "gpus": [self.gpus[side].upper()],
+                "conditions": [{"type": "Bound", "status": "True", "reason": "Bound", "message": "bound",
+                                "lastTransitionTime": "2026-12-03T00:00:00Z"}],
+            })  # fmt: skip
+
+    def claim_path(self, side: str, name: str | None = None) -> str:
+        base = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{self.namespace}/{names.PLURAL_CLAIM}"
+        name = self.claims[side] if name is None else name
+        return f"{base}/{name}" if name else base
+
+    def gpu(self, side: str) -> dict[str, Any]:
+        return dict(kube_request(self.api, "GET", f"{GPUS}/{self.gpus[side]}").json())
+
+    def claim(self, side: str) -> dict[str, Any]:
+        return dict(kube_request(self.api, "GET", self.claim_path(side)).json())
+
+    def cleanup(self) -> None:
+        core = client.CoreV1Api(self.api)
+        for side in "ab":
+            kube_request(self.api, "DELETE", f"{GPUS}/{self.gpus[side]}")
+            with contextlib.suppress(client.ApiException):
+                core.delete_node(self.nodes[side])
+
+
+@pytest.fixture
+def scene(api_client: client.ApiClient, namespace: str, crds_installed: list[str]) -> Iterator[Scene]:
+    made = Scene(api_client, namespace)
+    try:
+        yield made
+    finally:
+        made.cleanup()
+
+
+def _usage_of(kube: agent_api.AgentKube, gpu: str, used: int) -> Callable[[], object]:
+    def write() -> object:
+        version = kube.read_gpu(gpu)["metadata"]["resourceVersion"]
+        return kube.patch_gpu_status(gpu, resource_version=version, status={"usage": {"memoryUsed": used}})
+
+    return write
+
+
+def test_without_the_policies_an_agent_writes_any_node(
+    kube_cluster: TestCluster, api_client: client.ApiClient, scene: Scene
+) -> None:
+    assert not _policies_installed(api_client), "this test needs a cluster without the agent policies"
+    with _agent(kube_cluster, scene.nodes["a"], scene.nodes["b"]) as intruder:
+        _usage_of(intruder, scene.gpus["b"], 7)()
+        intruder.patch_node_labels({"team": "stolen"})
+    assert scene.gpu("b")["status"]["usage"] == {"memoryUsed": 7}
+
+
+@pytest.fixture
+def agent_policies(api_client: client.ApiClient, kube_cluster: TestCluster) -> Iterator[list[str]]:
+    """deploy/policies/agent-node-scope.yaml applied as deployed; deleted afterwards. Waits until
+    the API server enforces them (it reads policies through informers)."""
+    documents = _documents()
+    for doc in documents:
+        server_side_apply(api_client, f"{ADMISSION}/{_plural(doc)}/{doc['metadata']['name']}", doc)
+    probe = f"probe-{uuid.uuid4().hex[:8]}"
+    client.CoreV1Api(api_client).create_node({"metadata": {"name": probe}})
+    try:
+        with _agent(kube_cluster, None, probe) as unbound:
+
+            def enforced() -> bool:
+                try:
+                    unbound.patch_node_labels({"nvidia.com/gpu.present": "true"})
+                except errors.KubeError as error:
+                    return NOT_BOUND in str(error)
+                return False
+
+            _wait(enforced, "the agent policies in force")
+        yield [d["metadata"]["name"] for d in documents if d["kind"] == "ValidatingAdmissionPolicy"]
+    finally:
+        with contextlib.suppress(client.ApiException):
+            client.CoreV1Api(api_client).delete_node(probe)
+        for doc in reversed(documents):
+            kube_request(api_client, "DELETE", f"{ADMISSION}/{_plural(doc)}/{doc['metadata']['name']}")
+
+
+def _wait(check: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _refused(write: Callable[[], object], *says: str) -> str:
+    with pytest.raises(errors.KubeError) as caught:
+        write()
+    message = str(caught.value)
+    assert caught.value.status == 403, message
+    for text in says:
+        assert text in message, message
+    return message
+
+
+def test_each_agent_writes_its_own_node(
+    kube_cluster: TestCluster, scene: Scene, agent_policies: list[str]
+) -> None:
+    for side in "ab":
+        node, gpu = scene.nodes[side], scene.gpus[side]
+        with _agent(kube_cluster, node, node) as agent:
+            _usage_of(agent, gpu, 100 if side == "a" else 200)()
+            before = agent.read_gpu(gpu)
+            agent.apply_gpu(gpu, labels={names.LABEL_NODE: node}, spec=before["spec"])
+            agent.patch_node_labels({"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1"})
+            claim = scene.claim(side)
+            over = {"type": "OverLimit", "status": "True", "reason": "MemoryOverLimit", "message": "over",
+                    "lastTransitionTime": "2026-12-03T00:00:00Z"}  # fmt: skip
+            agent.patch_claim_status(scene.namespace, scene.claims[side],
+                                     resource_version=claim["metadata"]["resourceVersion"],
+                                     status={"usage": {"memoryUsed": 10},
+                                             "conditions": [*claim["status"]["conditions"], over]})  # fmt: skip
+        assert scene.gpu(side)["status"]["usage"] == {"memoryUsed": 100 if side == "a" else 200}
+        assert scene.gpu(side)["status"]["allocations"][0]["elasticGPU"] == f"egpu-{side}"
+        assert [c["type"] for c in scene.claim(side)["status"]["conditions"]] == ["Bound", "OverLimit"]
+
+
+def test_an_agent_is_refused_another_nodes_objects(
+    kube_cluster: TestCluster, scene: Scene, agent_policies: list[str]
+) -> None:
+    a, b = scene.nodes["a"], scene.nodes["b"]
+    with _agent(kube_cluster, a, b) as intruder:
+        _refused(_usage_of(intruder, scene.gpus["b"], 7), f"GPU {scene.gpus['b']}: spec.nodeName is {b}",
+                 f"the agent of node {a} writes only the GPU objects of its own node", "agent-gpus.elasticgpu.io")
+        # Taking node B's card over by writing node A into its spec.
+        spec = {**scene.gpu("b")["spec"], "nodeName": a}
+        _refused(lambda: intruder.apply_gpu(scene.gpus["b"], labels={names.LABEL_NODE: a}, spec=spec),
+                 f"the agent of node {a} writes only the GPU objects of its own node")
+        _refused(lambda: intruder.patch_node_labels({"nvidia.com/gpu.count": "8"}),
+                 f"Node {b}: the agent of node {a} writes only its own Node", "agent-node.elasticgpu.io")
+        claim = scene.claim("b")
+        _refused(lambda: intruder.patch_claim_status(
+            scene.namespace, scene.claims["b"], resource_version=claim["metadata"]["resourceVersion"],
+            status={"usage": {"memoryUsed": 1}}),
+            f"ElasticGPUClaim {scene.namespace}/{scene.claims['b']}: status.nodeName is {b}",
+            f"the agent of node {a} writes the status only of claims bound to its node")  # fmt: skip
+    assert "usage" not in scene.gpu("b").get("status", {})
+    assert scene.gpu("b")["spec"]["nodeName"] == b
+
+
+def test_an_agent_never_changes_allocations_nor_the_controllers_fields(
+    kube_cluster: TestCluster, scene: Scene, agent_policies: list[str]
+) -> None:
+    a, gpu = scene.nodes["a"], scene.gpus["a"]
+    with _agent(kube_cluster, a, a) as agent:
+        mine = {"elasticGPU": "egpu-mine", "cores": 10, "memory": 1024, "exclusive": False}
+        for allocations in ([], [{"elasticGPU": "egpu-a", "cores": 100, "memory": 1024}],
+                            [{"elasticGPU": "egpu-a", "cores": 10, "memory": 1024, "exclusive": False}, mine]):
+
+            def write(allocations: list[dict[str, Any]] = allocations) -> object:
+                version = agent.read_gpu(gpu)["metadata"]["resourceVersion"]
+                return agent.patch_gpu_status(gpu, resource_version=version, status={"allocations": allocations})
+
+            _refused(write, f"GPU {gpu}: status.allocations: only the controller writes the reservations",
+                     f"the agent of node {a} never changes them")
+        claim = scene.claim("a")
+        controllers = "writes only status.usage and the OverLimit condition"
+        moved = f"status.nodeName is {a} (written as {scene.nodes['b']}): the agent of node {a} writes the status only"
+        for status, says in (({"phase": "Lost"}, controllers), ({"conditions": []}, controllers),
+                             ({"gpus": ["GPU-OTHER"]}, controllers), ({"nodeName": scene.nodes["b"]}, moved)):
+            _refused(lambda status=status: agent.patch_claim_status(
+                scene.namespace, scene.claims["a"], resource_version=claim["metadata"]["resourceVersion"],
+                status=status), says)  # fmt: skip
+        # Its own Node: nothing but the GPU Feature Discovery labels.
+        _refused(lambda: agent.patch_node_labels({"team": "mine"}),
+                 f"Node {a}: metadata.labels[team]: the agent changes only the GPU Feature Discovery labels")
+    assert scene.gpu("a")["status"]["allocations"] == [{"elasticGPU": "egpu-a", "cores": 10, "memory": 1024}]
+    assert scene.claim("a")["status"]["phase"] == "Bound"
+
+
+def test_a_token_bound_to_no_node_writes_nothing(
+    kube_cluster: TestCluster, scene: Scene, agent_policies: list[str]
+) -> None:
+    with _agent(kube_cluster, None, scene.nodes["a"]) as unbound:
+        _refused(_usage_of(unbound, scene.gpus["a"], 1), f"GPU {scene.gpus['a']}: {NOT_BOUND}",
+                 "deploy/agent-kubeconfig.sh NODE")
+        _refused(lambda: unbound.patch_node_labels({"nvidia.com/gpu.count": "1"}), NOT_BOUND)
+        # Reading stays allowed (RBAC decides reads; the policies judge writes only).
+        assert unbound.read_gpu(scene.gpus["a"])["spec"]["nodeName"] == scene.nodes["a"]
