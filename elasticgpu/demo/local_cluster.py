@@ -6,7 +6,7 @@ server on free loopback ports inside a given directory, with a CA, a serving cer
 admin client certificate generated for this run, waits for `/readyz` and writes a kubeconfig.
 `LocalCluster.stop` stops both; the caller removes the directory.
 
-The tests' fixture (tests/kube_cluster.py) starts the same pair the same way.
+The tests' fixture (tests/kube_cluster.py) uses this launcher too, with its own way to spawn.
 """
 
 from __future__ import annotations
@@ -35,7 +35,10 @@ BUILD_SCRIPT = REPO_ROOT / "testserver" / "build.sh"
 START_TIMEOUT_S = 90.0
 """Seconds etcd and then the server each get to answer their health checks."""
 SERVER_GOGC = "400"
-"""Go's GC target for the server: it shares few cores with everything else; see tests/kube_cluster.py."""
+"""Go's GC target for the test API server (Go's default is 100; `GOGC` in the environment wins).
+It shares two cores with the code under test; a CPU profile under a burst of binds
+(`bench/README.md`) showed a third of its CPU in garbage collection. 400 trades a few hundred
+MiB of heap for that CPU, as one would give a real control plane more memory."""
 
 
 def cache_dir() -> Path:

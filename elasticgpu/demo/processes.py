@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -95,11 +95,22 @@ class Child:
             self.process.wait(timeout=STOP_TIMEOUT_S)
 
 
-class Children:
-    """Every child the demo started, stopped in reverse order of start."""
+Spawn = Callable[..., "subprocess.Popen[bytes]"]
+"""How a child is started: `Popen`'s signature without `preexec_fn` (`spawn_dying_with_us`, or the
+tests' `tests.spawning.spawn`)."""
 
-    def __init__(self) -> None:
+
+def spawn_dying_with_us(command: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """`subprocess.Popen([*death_prefix(), *command], **popen)`."""
+    return subprocess.Popen([*death_prefix(), *command], **popen)
+
+
+class Children:
+    """Every child the demo started; `stop_all` stops them (see there in which order)."""
+
+    def __init__(self, *, spawn: Spawn = spawn_dying_with_us) -> None:
         self.started: list[Child] = []
+        self._spawn = spawn
 
     def start(
         self,
@@ -112,8 +123,8 @@ class Children:
     ) -> Child:
         """Start `command` with its output into `log`, in its own session, dying with the demo."""
         with log.open("ab") as out:
-            process = subprocess.Popen(
-                [*death_prefix(), *command],
+            process = self._spawn(
+                list(command),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
