@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     webhook = commands.add_parser("webhook", help="run the pod admission webhook over HTTPS (blocking)")
     webhook_commands.add_arguments(webhook)
+
+    from elasticgpu import demo
+
+    demo.add_arguments(commands.add_parser(
+        "demo", help="see it work: a local API server, the controller, webhook and simulated agents, a few claims"))
     return parser
 
 

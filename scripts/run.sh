@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs elasticgpu into .venv and runs it. With no arguments it runs `elasticgpu plan` on the
-# bundled sample cluster and claims, which needs no Kubernetes cluster; any arguments are passed
-# to `elasticgpu` instead (e.g. `scripts/run.sh crds`).
+# Installs elasticgpu into .venv and runs it. With no arguments it runs `elasticgpu demo`: a
+# local API server (the cached build of testserver/; built once, a few minutes, when missing),
+# the controller, the webhook and simulated node agents, a few claims, and what each container
+# sees. `scripts/run.sh plan` plans the bundled sample offline; any arguments are passed to
+# `elasticgpu` (e.g. `scripts/run.sh crds`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
@@ -9,6 +11,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
 if [ "$#" -eq 0 ]; then
-  set -- plan
+  set -- demo
 fi
 exec .venv/bin/elasticgpu "$@"

@@ -2,7 +2,9 @@
 
 ``running_cluster()`` starts etcd and the test server on free loopback ports with a freshly
 generated CA, server and client certificate, waits until ``/readyz`` passes, writes a kubeconfig
-and stops everything (process groups killed, temporary directory removed) on exit.
+and stops everything (process groups killed, temporary directory removed) on exit. The launcher
+is ``elasticgpu/demo/local_cluster.py`` (``elasticgpu demo`` starts the same pair); the children
+are spawned by ``tests/spawning.py`` (they die with the test process).
 
 If ``ELASTICGPU_TEST_KUBECONFIG`` is set, nothing is started: that kubeconfig (kind, k3d, a real
 cluster) is used as is, so the same tests run against any cluster.
@@ -14,17 +16,12 @@ override them.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import datetime
 import json
 import os
 import shutil
 import signal
-import socket
 import ssl
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -37,17 +34,14 @@ from typing import Any
 
 import yaml
 
+from elasticgpu.demo import local_cluster, processes
 from tests import spawning
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "testserver" / "build.sh"
 KUBECONFIG_ENV = "ELASTICGPU_TEST_KUBECONFIG"
 START_TIMEOUT_S = 90.0
-SERVER_GOGC = "400"
-"""Go's GC target for the test API server (Go's default is 100; `GOGC` in the environment wins).
-The fixture shares two cores with the code under test; a CPU profile under a burst of binds
-(`bench/README.md`) showed a third of its CPU in garbage collection. 400 trades a few hundred
-MiB of heap for that CPU, as one would give a real control plane more memory."""
+SERVER_GOGC = local_cluster.SERVER_GOGC
 TMP_PREFIX = "elasticgpu-kube-"
 
 
@@ -81,38 +75,13 @@ class ClusterStartError(RuntimeError):
     pass
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("ELASTICGPU_CACHE", str(Path.home() / ".cache" / "elasticgpu"))) / "testserver"
-
-
-def _read_env_file(path: Path) -> dict[str, str]:
-    values: dict[str, str] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            key, sep, value = line.partition("=")
-            if sep and not line.startswith("#"):
-                values[key.strip()] = value.strip()
-    return values
+cache_dir = local_cluster.cache_dir
+_read_env_file = local_cluster.read_env_file
 
 
 def find_binaries(build_if_missing: bool = True) -> tuple[Path, Path]:
     """Paths of (test server, etcd): env overrides, else build.sh's current.env, else run build.sh."""
-    server_env, etcd_env = os.environ.get("ELASTICGPU_TESTSERVER_BIN"), os.environ.get("ELASTICGPU_ETCD_BIN")
-    if server_env and etcd_env:
-        return Path(server_env), Path(etcd_env)
-
-    def from_env_file() -> tuple[Path, Path] | None:
-        values = _read_env_file(cache_dir() / "current.env")
-        server, etcd = values.get("ELASTICGPU_TESTSERVER_BIN"), values.get("ELASTICGPU_ETCD_BIN")
-        if server and etcd and os.access(server, os.X_OK) and os.access(etcd, os.X_OK):
-            return Path(server), Path(etcd)
-        return None
-
-    found = from_env_file()
-    if found is None and build_if_missing:
-        print(f"kube_cluster: no cached test server; running {BUILD_SCRIPT} (a few minutes)", file=sys.stderr)
-        subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.DEVNULL)
-        found = from_env_file()
+    found = local_cluster.find_binaries(build_if_missing=build_if_missing)
     if found is None:
         raise ClusterStartError(f"test server binaries not found; run `bash {BUILD_SCRIPT}`")
     return found
@@ -216,178 +185,10 @@ def find_kubectl() -> Path | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _write_certs(directory: Path) -> dict[str, Path]:
-    """CA, server certificate (127.0.0.1/localhost) and an admin client certificate, EC P-256."""
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-    not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=2)
-
-    def key() -> ec.EllipticCurvePrivateKey:
-        return ec.generate_private_key(ec.SECP256R1())
-
-    def name(cn: str, org: str | None = None) -> x509.Name:
-        attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
-        if org:
-            attrs.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
-        return x509.Name(attrs)
-
-    ca_key = key()
-    ca_name = name("elasticgpu-test-ca")
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-
-    def leaf(subject: x509.Name, usage: x509.ObjectIdentifier, san: x509.SubjectAlternativeName | None):
-        k = key()
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(ca_name)
-            .public_key(k.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(not_before)
-            .not_valid_after(not_after)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        )
-        if san is not None:
-            builder = builder.add_extension(san, critical=False)
-        return k, builder.sign(ca_key, hashes.SHA256())
-
-    server_key, server_cert = leaf(
-        name("elasticgpu-test-apiserver"),
-        ExtendedKeyUsageOID.SERVER_AUTH,
-        x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-    )
-    client_key, client_cert = leaf(
-        name("elasticgpu-test-admin", "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH, None
-    )
-
-    def pem_key(k: ec.EllipticCurvePrivateKey) -> bytes:
-        return k.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-
-    files = {
-        "ca.crt": ca_cert.public_bytes(serialization.Encoding.PEM),
-        "server.crt": server_cert.public_bytes(serialization.Encoding.PEM),
-        "server.key": pem_key(server_key),
-        "client.crt": client_cert.public_bytes(serialization.Encoding.PEM),
-        "client.key": pem_key(client_key),
-    }
-    paths = {}
-    for file_name, data in files.items():
-        path = directory / file_name
-        path.write_bytes(data)
-        path.chmod(0o600)
-        paths[file_name] = path
-    return paths
-
-
-def _write_kubeconfig(path: Path, server: str, certs: dict[str, Path]) -> None:
-    def b64(p: Path) -> str:
-        return base64.b64encode(p.read_bytes()).decode()
-
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "elasticgpu-test",
-                "cluster": {"server": server, "certificate-authority-data": b64(certs["ca.crt"])},
-            }
-        ],
-        "users": [
-            {
-                "name": "elasticgpu-test-admin",
-                "user": {
-                    "client-certificate-data": b64(certs["client.crt"]),
-                    "client-key-data": b64(certs["client.key"]),
-                },
-            }
-        ],
-        "contexts": [
-            {"name": "elasticgpu-test", "context": {"cluster": "elasticgpu-test", "user": "elasticgpu-test-admin"}}
-        ],
-        "current-context": "elasticgpu-test",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _stop(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=timeout)
-
-
-def _wait_until(check, what: str, procs: list[tuple[str, subprocess.Popen[bytes], Path]], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    last_error = ""
-    while time.monotonic() < deadline:
-        for proc_name, proc, log in procs:
-            if proc.poll() is not None:
-                raise ClusterStartError(
-                    f"{proc_name} exited with {proc.returncode} while waiting for {what}:\n{_tail(log)}"
-                )
-        try:
-            if check():
-                return
-        except (OSError, urllib.error.URLError, ssl.SSLError) as e:
-            last_error = str(e)
-        time.sleep(0.2)
-    logs = "\n".join(f"--- {n} ---\n{_tail(log)}" for n, _, log in procs)
-    raise ClusterStartError(f"timed out after {timeout:.0f}s waiting for {what} ({last_error})\n{logs}")
+# The launcher is elasticgpu/demo/local_cluster.py (`elasticgpu demo` starts the same pair); other
+# tests use these two helpers of it by their old names.
+_free_port = local_cluster.free_port
+_write_certs = local_cluster.write_certs
 
 
 def _external_cluster(kubeconfig: Path) -> TestCluster:
@@ -452,73 +253,28 @@ def running_cluster() -> Iterator[TestCluster]:
     _sigterm_as_keyboard_interrupt()
     tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
     (tmp / "owner.pid").write_text(str(os.getpid()))
-    etcd_proc: subprocess.Popen[bytes] | None = None
-    server_proc: subprocess.Popen[bytes] | None = None
+    children = processes.Children(spawn=spawning.spawn)
     try:
-        certs = _write_certs(tmp)
-        etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
-        etcd_url, peer_url = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{peer_port}"
-        etcd_log, server_log = tmp / "etcd.log", tmp / "apiserver.log"
-        with etcd_log.open("wb") as out:
-            etcd_proc = spawning.spawn(
-                [
-                    str(etcd_bin), "--name", "default", "--data-dir", str(tmp / "etcd"),
-                    "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
-                    "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-                    "--initial-cluster", f"default={peer_url}", "--unsafe-no-fsync", "--log-level", "warn",
-                ],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
+        try:
+            local = local_cluster.start(
+                tmp, children, server_bin=server_bin, etcd_bin=etcd_bin,
+                verbosity=os.environ.get("ELASTICGPU_TESTSERVER_V", "1"), timeout_s=START_TIMEOUT_S,
             )  # fmt: skip
-        etcd_procs = [("etcd", etcd_proc, etcd_log)]
-
-        def etcd_healthy() -> bool:
-            with urllib.request.urlopen(f"{etcd_url}/health", timeout=2) as r:
-                return r.status == 200
-
-        _wait_until(etcd_healthy, "etcd /health", etcd_procs, START_TIMEOUT_S)
-
-        server = f"https://127.0.0.1:{api_port}"
-        with server_log.open("wb") as out:
-            server_proc = spawning.spawn(
-                [
-                    str(server_bin), "--etcd-servers", etcd_url,
-                    "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-                    "--secure-port", str(api_port), "--cert-dir", str(tmp / "certs"),
-                    "--tls-cert-file", str(certs["server.crt"]), "--tls-private-key-file", str(certs["server.key"]),
-                    "--client-ca-file", str(certs["ca.crt"]), "-v", os.environ.get("ELASTICGPU_TESTSERVER_V", "1"),
-                ],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env={**os.environ, "GOGC": os.environ.get("GOGC", SERVER_GOGC)},
-            )  # fmt: skip
-        cluster = TestCluster(
-            kubeconfig=tmp / "kubeconfig",
-            server=server,
-            ca_file=certs["ca.crt"],
-            client_cert_file=certs["client.crt"],
-            client_key_file=certs["client.key"],
+        except processes.DemoError as e:
+            logs = "\n".join(f"--- {c.name} ---\n{c.tail(40)}" for c in children.started)
+            raise ClusterStartError(f"{e}\n{logs}") from None
+        yield TestCluster(
+            kubeconfig=local.kubeconfig,
+            server=local.server,
+            ca_file=local.certs["ca.crt"],
+            client_cert_file=local.certs["client.crt"],
+            client_key_file=local.certs["client.key"],
             log_dir=tmp,
             kubectl=find_kubectl(),
             versions=_read_versions(server_bin),
         )
-        ctx = cluster.ssl_context()
-
-        def server_ready() -> bool:
-            try:
-                with urllib.request.urlopen(f"{server}/readyz", timeout=5, context=ctx) as r:
-                    return r.status == 200
-            except urllib.error.HTTPError:
-                return False
-
-        _wait_until(
-            server_ready, "API server /readyz", [*etcd_procs, ("apiserver", server_proc, server_log)], START_TIMEOUT_S
-        )
-        _write_kubeconfig(cluster.kubeconfig, server, certs)
-        yield cluster
     finally:
-        _stop(server_proc)
-        _stop(etcd_proc)
+        children.stop_all()
         if os.environ.get("ELASTICGPU_TEST_KEEP_LOGS"):
             keep = Path(os.environ["ELASTICGPU_TEST_KEEP_LOGS"])
             keep.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,42 @@
+"""`elasticgpu demo`'s flags; the run itself (`running`) is imported only when the demo runs, so that
+every other subcommand starts without the demo's imports (grpc, rich)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of `elasticgpu demo` (see `running.run`)."""
+    from elasticgpu.demo import running
+
+    return running.run(args)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `elasticgpu demo`."""
+    parser.add_argument(
+        "--kubeconfig",
+        help="run against this cluster instead of a local API server "
+        "(a namespace and simulated nodes of its own, deleted after; its API server must "
+        "reach this host's 127.0.0.1 for the webhook)",
+    )
+    parser.add_argument("--context", help="kubeconfig context (with --kubeconfig)")
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=90.0,
+        help="seconds each wait may take (binding, gates, containers; default 90)",
+    )
+    parser.add_argument(
+        "--no-runtime",
+        action="store_true",
+        help="do not start the test containerd even where it could run: show the agent's decisions",
+    )
+    parser.add_argument(
+        "--no-agent",
+        action="store_true",
+        help="start no node agent (to see the demo fail: no card appears, no claim binds)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) and print where it is")
+    parser.set_defaults(handler=run)

@@ -1,0 +1,334 @@
+"""A throwaway Kubernetes API server: etcd and the project's test server (testserver/), cached.
+
+`testserver/build.sh` builds the real apiextensions-apiserver with the core kinds (a few minutes,
+once) and writes `<cache>/testserver/current.env` naming the binaries. `start` runs etcd and the
+server on free loopback ports inside a given directory, with a CA, a serving certificate and an
+admin client certificate generated for this run, waits for `/readyz` and writes a kubeconfig.
+`LocalCluster.stop` stops both; the caller removes the directory.
+
+The tests' fixture (tests/kube_cluster.py) uses this launcher too, with its own way to spawn.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from elasticgpu.demo import processes
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "testserver" / "build.sh"
+START_TIMEOUT_S = 90.0
+"""Seconds etcd and then the server each get to answer their health checks."""
+SERVER_GOGC = "400"
+"""Go's GC target for the test API server (Go's default is 100; `GOGC` in the environment wins).
+It shares two cores with the code under test; a CPU profile under a burst of binds
+(`bench/README.md`) showed a third of its CPU in garbage collection. 400 trades a few hundred
+MiB of heap for that CPU, as one would give a real control plane more memory."""
+
+
+def cache_dir() -> Path:
+    """Where testserver/build.sh keeps its builds (`$ELASTICGPU_CACHE`, else ~/.cache/elasticgpu)."""
+    return Path(os.environ.get("ELASTICGPU_CACHE", str(Path.home() / ".cache" / "elasticgpu"))) / "testserver"
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines of a build's current.env (comments skipped; missing file: empty)."""
+    values: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep and not line.startswith("#"):
+                values[key.strip()] = value.strip()
+    return values
+
+
+def find_binaries(*, build_if_missing: bool) -> tuple[Path, Path] | None:
+    """(server, etcd): `ELASTICGPU_TESTSERVER_BIN`/`ELASTICGPU_ETCD_BIN`, else the cached build,
+    else (when allowed) run build.sh first; None when there is none."""
+    server_env, etcd_env = os.environ.get("ELASTICGPU_TESTSERVER_BIN"), os.environ.get("ELASTICGPU_ETCD_BIN")
+    if server_env and etcd_env:
+        return Path(server_env), Path(etcd_env)
+
+    def cached() -> tuple[Path, Path] | None:
+        values = read_env_file(cache_dir() / "current.env")
+        server, etcd = values.get("ELASTICGPU_TESTSERVER_BIN"), values.get("ELASTICGPU_ETCD_BIN")
+        if server and etcd and os.access(server, os.X_OK) and os.access(etcd, os.X_OK):
+            return Path(server), Path(etcd)
+        return None
+
+    found = cached()
+    if found is None and build_if_missing and BUILD_SCRIPT.is_file():
+        print(f"no cached API server: building it with `bash {BUILD_SCRIPT}` (a few minutes, once)", file=sys.stderr)
+        subprocess.run(["bash", str(BUILD_SCRIPT)], check=False, stdout=subprocess.DEVNULL)
+        found = cached()
+    return found
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_certs(directory: Path) -> dict[str, Path]:
+    """CA, server certificate (127.0.0.1, localhost) and an admin client certificate
+    (group system:masters), EC P-256, valid two days; files `ca.crt`, `server.crt`, `server.key`,
+    `client.crt`, `client.key` in `directory`, mode 0600."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=2)
+
+    def name(common_name: str, organisation: str | None = None) -> x509.Name:
+        attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+        if organisation:
+            attributes.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organisation))
+        return x509.Name(attributes)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = name("elasticgpu-test-ca")
+    ca_usage = x509.KeyUsage(
+        digital_signature=True,
+        key_cert_sign=True,
+        crl_sign=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(ca_usage, critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    def leaf(
+        subject: x509.Name, usage: x509.ObjectIdentifier, san: x509.SubjectAlternativeName | None
+    ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        )
+        if san is not None:
+            builder = builder.add_extension(san, critical=False)
+        return key, builder.sign(ca_key, hashes.SHA256())
+
+    loopback = x509.SubjectAlternativeName(
+        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    )
+    server_key, server_cert = leaf(name("elasticgpu-test-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, loopback)
+    client_key, client_cert = leaf(
+        name("elasticgpu-test-admin", "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH, None
+    )
+
+    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+    contents = {
+        "ca.crt": ca_cert.public_bytes(serialization.Encoding.PEM),
+        "server.crt": server_cert.public_bytes(serialization.Encoding.PEM),
+        "server.key": pem_key(server_key),
+        "client.crt": client_cert.public_bytes(serialization.Encoding.PEM),
+        "client.key": pem_key(client_key),
+    }
+    paths: dict[str, Path] = {}
+    for file_name, data in contents.items():
+        path = directory / file_name
+        path.write_bytes(data)
+        path.chmod(0o600)
+        paths[file_name] = path
+    return paths
+
+
+def write_kubeconfig(path: Path, server: str, certs: dict[str, Path]) -> None:
+    """A kubeconfig (context `elasticgpu-test`) for `server` with the admin client certificate."""
+
+    def b64(p: Path) -> str:
+        return base64.b64encode(p.read_bytes()).decode()
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "elasticgpu-test",
+                "cluster": {"server": server, "certificate-authority-data": b64(certs["ca.crt"])},
+            }
+        ],
+        "users": [
+            {
+                "name": "elasticgpu-test-admin",
+                "user": {
+                    "client-certificate-data": b64(certs["client.crt"]),
+                    "client-key-data": b64(certs["client.key"]),
+                },
+            }
+        ],
+        "contexts": [
+            {"name": "elasticgpu-test", "context": {"cluster": "elasticgpu-test", "user": "elasticgpu-test-admin"}}
+        ],
+        "current-context": "elasticgpu-test",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+
+
+@dataclass
+class LocalCluster:
+    """A running etcd and API server, and how to reach them."""
+
+    server: str
+    kubeconfig: Path
+    certs: dict[str, Path]
+    etcd: processes.Child
+    apiserver: processes.Child
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """Client TLS context with the CA and the admin certificate (for raw HTTPS)."""
+        context = ssl.create_default_context(cafile=str(self.certs["ca.crt"]))
+        context.load_cert_chain(str(self.certs["client.crt"]), str(self.certs["client.key"]))
+        return context
+
+    def stop(self) -> None:
+        """Stop the server, then etcd."""
+        self.apiserver.stop()
+        self.etcd.stop()
+
+
+PORT_ATTEMPTS = 3
+"""Starts of etcd, and of the server, on fresh ports when the one picked was taken meanwhile by
+another process (a free port is only free until someone binds it)."""
+
+
+def _start_on_free_ports(
+    children: processes.Children,
+    name: str,
+    command: Callable[[], tuple[list[str], str]],
+    *,
+    log: Path,
+    ready: Callable[[str], Callable[[], bool]],
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    also: Sequence[processes.Child] = (),
+) -> tuple[processes.Child, str]:
+    """Start `name` with the command `command()` gives (with the URL it serves) until it comes up, or
+    fails for a reason other than a port taken; returns it and its URL."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        arguments, url = command()
+        child = children.start(name, arguments, log=log, env=env)
+        try:
+            processes.wait_until(ready(url), f"{name} at {url}", timeout_s=timeout_s, children=[*also, child])
+            return child, url
+        except processes.DemoError:
+            child.stop()
+            if attempt == PORT_ATTEMPTS or "address already in use" not in child.tail(5):
+                raise
+    raise AssertionError("unreachable")
+
+
+def start(
+    directory: Path,
+    children: processes.Children,
+    *,
+    server_bin: Path,
+    etcd_bin: Path,
+    verbosity: str = "1",
+    timeout_s: float = START_TIMEOUT_S,
+) -> LocalCluster:
+    """Start etcd and the server with everything under `directory`; DemoError when one does not come up.
+    Both are in `children` (stopped by its `stop_all` even when this raises)."""
+    certs = write_certs(directory)
+
+    def etcd_command() -> tuple[list[str], str]:
+        shutil.rmtree(directory / "etcd", ignore_errors=True)  # a failed attempt's data
+        url, peer = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+        return [
+            str(etcd_bin), "--name", "default", "--data-dir", str(directory / "etcd"),
+            "--listen-client-urls", url, "--advertise-client-urls", url,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"default={peer}", "--unsafe-no-fsync", "--log-level", "warn",
+        ], url  # fmt: skip
+
+    def etcd_healthy(url: str) -> Callable[[], bool]:
+        def check() -> bool:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                return bool(answer.status == 200)
+
+        return check
+
+    etcd, etcd_url = _start_on_free_ports(
+        children, "etcd", etcd_command, log=directory / "etcd.log", ready=etcd_healthy, timeout_s=timeout_s
+    )
+
+    def server_command() -> tuple[list[str], str]:
+        port = free_port()
+        return [
+            str(server_bin), "--etcd-servers", etcd_url,
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(port), "--cert-dir", str(directory / "certs"),
+            "--tls-cert-file", str(certs["server.crt"]), "--tls-private-key-file", str(certs["server.key"]),
+            "--client-ca-file", str(certs["ca.crt"]), "-v", verbosity,
+        ], f"https://127.0.0.1:{port}"  # fmt: skip
+
+    context = ssl.create_default_context(cafile=str(certs["ca.crt"]))
+    context.load_cert_chain(str(certs["client.crt"]), str(certs["client.key"]))
+
+    def server_ready(url: str) -> Callable[[], bool]:
+        def check() -> bool:
+            try:
+                with urllib.request.urlopen(f"{url}/readyz", timeout=5, context=context) as answer:
+                    return bool(answer.status == 200)
+            except urllib.error.HTTPError:
+                return False
+
+        return check
+
+    apiserver, server = _start_on_free_ports(
+        children, "API server", server_command, log=directory / "apiserver.log", ready=server_ready,
+        timeout_s=timeout_s, env={"GOGC": os.environ.get("GOGC", SERVER_GOGC)}, also=[etcd],
+    )  # fmt: skip
+    cluster = LocalCluster(
+        server=server, kubeconfig=directory / "kubeconfig", certs=certs, etcd=etcd, apiserver=apiserver
+    )
+    write_kubeconfig(cluster.kubeconfig, server, certs)
+    return cluster

@@ -1,0 +1,469 @@
+"""`elasticgpu demo`: the phases in order, each with a deadline, timed; the exit code.
+
+    cluster     the local API server from the cache (or the one of --kubeconfig), the CRDs
+    components  namespace, simulated nodes, containerd (root, when built), one agent per node,
+                the controller, the webhook; waits for the cards and for the webhook to gate
+    scenario    classes, claims, pods (see `scenario`); waits until the claims are Bound and the
+                pods' scheduling gates are lifted, and until the claim that cannot fit says why
+    containers  each pod's container on its claim's node, through that node's agent (or, with
+                no runtime, the agent's injection decision); checks it sees its claim's card(s)
+    cleanup     everything deleted and stopped, the temp dir removed
+
+Exit 0 only if every claim reached its container (or, without a runtime, the agent's decision
+names the claim's card); else 1 with one line saying what did not happen. Nothing outside the
+temporary directory is written on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from elasticgpu.api import names
+from elasticgpu.demo import components, containers, kube, local_cluster, local_runtime, processes, scenario, showing
+from elasticgpu.demo.processes import DemoError
+
+TMP_PREFIX = "egdemo-"  # short: unix socket paths must stay under 108 bytes
+ADMISSION = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+
+
+class Phases:
+    """Seconds per phase, printed at the end."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.done: list[tuple[str, float]] = []
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the block as phase `name` (recorded even when it fails)."""
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.done.append((name, time.monotonic() - began))
+
+
+class Demo:
+    """One run: its temp dir, its children, its cluster and what it created there."""
+
+    def __init__(self, args: argparse.Namespace, say: Callable[[str], None]) -> None:
+        self.args = args
+        self.say = say
+        self.directory = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
+        self.children = processes.Children()
+        self.external = bool(args.kubeconfig)
+        run_id = uuid.uuid4().hex[:6]
+        prefix = f"egpu-demo-{run_id}-" if self.external else "demo-"
+        namespace = f"elasticgpu-demo-{run_id}" if self.external else "elasticgpu-demo"
+        self.scenario = scenario.Scenario(
+            namespace=namespace, run_id=run_id, prefix=prefix, shared_cluster=self.external
+        )
+        self.webhook_configuration = f"elasticgpu-demo-{run_id}"
+        self.kubeconfig = Path(args.kubeconfig).expanduser() if self.external else self.directory / "kubeconfig"
+        self.kube: kube.DemoKube | None = None
+        self.runtime: local_runtime.LocalRuntime | None = None
+        self.agent_paths: dict[str, components.AgentPaths] = {}
+        self.created: list[str] = []  # paths of cluster-scoped objects to delete (external cluster)
+        self.first_seen: float | None = None
+
+    # cluster ---------------------------------------------------------------------------------------
+
+    def start_cluster(self) -> None:
+        """The local API server (or the given cluster), and the CRDs."""
+        from elasticgpu.api import kinds
+
+        if not self.external:
+            binaries = local_cluster.find_binaries(build_if_missing=True)
+            if binaries is None:
+                raise DemoError(
+                    f"no API server to run: `bash {local_cluster.BUILD_SCRIPT}` failed or is missing; "
+                    "or pass --kubeconfig of a cluster"
+                )
+            local_cluster.start(self.directory, self.children, server_bin=binaries[0], etcd_bin=binaries[1])
+        self.kube = kube.DemoKube(str(self.kubeconfig), context=self.args.context)
+        self.kube.get("/version")
+        missing = []
+        for info in kinds.KINDS:
+            try:
+                self.kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{info.crd_name}")
+            except kube.NotFound:
+                missing.append(info.crd_name)
+        if missing:  # on a cluster that has them, the installed ones stay as they are
+            from elasticgpu.crd_installer import apply_crds
+
+            for line in apply_crds(kubeconfig=str(self.kubeconfig), context=self.args.context):
+                self.say(f"  {line}")
+
+    # components ------------------------------------------------------------------------------------
+
+    def start_components(self) -> None:
+        """Namespace, nodes, runtime, agents, controller, webhook; waits until cards and webhook are there."""
+        k, s = self._kube(), self.scenario
+        k.create("/api/v1/namespaces", s.namespace_body())
+        # A real cluster refuses pods until the namespace's default ServiceAccount exists.
+        processes.wait_until(
+            lambda: k.get(f"/api/v1/namespaces/{s.namespace}/serviceaccounts/default"),
+            f"the default ServiceAccount of namespace {s.namespace}",
+            timeout_s=30,
+        )
+        for node in s.nodes:
+            self.created.append(f"/api/v1/nodes/{node}")
+            k.create("/api/v1/nodes", s.node_body(node))
+            k.patch_status(f"/api/v1/nodes/{node}", s.node_status())
+        reason = "--no-runtime given" if self.args.no_runtime else local_runtime.unavailable_reason()
+        if reason is None:
+            self.runtime = local_runtime.start(self.directory / "rt", self.children, nodes=s.nodes)
+            self.say("  containerd: running (its CRI behind each node's agent proxy)")
+        else:
+            self.say(f"  containerd: not available ({reason}); the demo shows the agents' injection decisions")
+        agents = []
+        if not self.args.no_agent:
+            for node in s.nodes:
+                paths = components.AgentPaths.under(
+                    self.directory, node, self.runtime.cdi_dirs[node] if self.runtime else None
+                )
+                paths.simulation.write_text(s.simulation())
+                self.agent_paths[node] = paths
+                agents.append(
+                    components.start_agent(
+                        self.children,
+                        node=node,
+                        kubeconfig=self.kubeconfig,
+                        paths=paths,
+                        events_namespace=s.namespace,
+                        runtime_socket=self.runtime.socket if self.runtime else None,
+                        log_dir=self.directory,
+                    )
+                )
+        controller = components.start_controller(
+            self.children, kubeconfig=self.kubeconfig, namespace=s.namespace, log_dir=self.directory
+        )
+        webhook, _ = components.start_webhook(
+            self.children,
+            kubeconfig=self.kubeconfig,
+            namespace=s.namespace,
+            configuration=self.webhook_configuration,
+            log_dir=self.directory,
+        )
+        self.say(f"  started: controller, webhook, {len(agents)} node agent(s) (simulated cards: {s.model})")
+        everyone = [*agents, controller, webhook]
+        if agents:
+            wanted = len(s.nodes) * scenario.CARDS_PER_NODE
+            processes.wait_until(
+                lambda: len(self.gpus()) >= wanted,
+                f"the agents to publish {wanted} GPU objects",
+                timeout_s=components.START_TIMEOUT_S,
+                children=everyone,
+            )
+        if self.runtime is not None:
+            for node, paths in self.agent_paths.items():
+                processes.wait_until(
+                    paths.cri_socket.exists,
+                    f"the CRI proxy socket of the agent of {node}",
+                    timeout_s=components.START_TIMEOUT_S,
+                    children=everyone,
+                )
+
+        def gates() -> bool:  # the API server calls the webhook once it has seen its configuration
+            probe = k.create(f"/api/v1/namespaces/{s.namespace}/pods", s.probe_pod_body(), dry_run=True)
+            return any(g.get("name") == names.SCHEDULING_GATE for g in probe["spec"].get("schedulingGates") or [])
+
+        processes.wait_until(
+            gates,
+            "the webhook to gate pods that use claims",
+            timeout_s=components.START_TIMEOUT_S,
+            children=everyone,
+            interval_s=0.5,
+        )
+        self.everyone = everyone
+
+    def gpus(self) -> list[dict[str, Any]]:
+        """The GPU objects of the demo's nodes."""
+        return self._kube().gpus(f"{names.LABEL_NODE} in ({','.join(self.scenario.nodes)})")
+
+    # scenario --------------------------------------------------------------------------------------
+
+    def apply_scenario(self) -> dict[str, dict[str, Any]]:
+        """Classes, claims and pods; waits for binding and gates. Returns the bound claims by name."""
+        k, s = self._kube(), self.scenario
+        ns = f"/namespaces/{s.namespace}"
+        for body in s.class_bodies():
+            self.created.append(f"{kube.CUSTOM}/{names.PLURAL_CLASS}/{body['metadata']['name']}")
+            k.create(f"{kube.CUSTOM}/{names.PLURAL_CLASS}", body)
+        for body in s.claim_bodies():
+            k.create(f"{kube.CUSTOM}{ns}/{names.PLURAL_CLAIM}", body)
+        for use in s.uses:
+            pod = k.create(f"/api/v1{ns}/pods", s.pod_body(use))
+            if not any(g.get("name") == names.SCHEDULING_GATE for g in pod["spec"].get("schedulingGates") or []):
+                raise DemoError(
+                    f"pod {s.namespace}/{use.pod} was admitted without the scheduling gate "
+                    f"{names.SCHEDULING_GATE}: the webhook did not see it"
+                )
+        bound: dict[str, dict[str, Any]] = {}
+        for use in s.uses:
+
+            def ready(use: scenario.PodUse = use) -> bool:
+                try:
+                    claim = k.claim(s.namespace, use.claim)
+                except kube.NotFound:
+                    return False
+                if (claim.get("status") or {}).get("phase") != "Bound":
+                    return False
+                gated = any(
+                    g.get("name") == names.SCHEDULING_GATE
+                    for g in k.pod(s.namespace, use.pod)["spec"].get("schedulingGates") or []
+                )
+                bound[use.claim] = claim
+                return not gated
+
+            try:
+                processes.wait_until(
+                    ready,
+                    f"claim {use.claim} Bound and pod {use.pod} ungated",
+                    timeout_s=self.args.timeout_s,
+                    children=self.everyone,
+                )
+            except DemoError as error:
+                raise DemoError(f"{error}; {self.why(use.claim)}") from None
+        processes.wait_until(
+            lambda: (k.claim(s.namespace, s.unfit_claim).get("status") or {}).get("reason"),
+            f"claim {s.unfit_claim} to say why it is not bound",
+            timeout_s=self.args.timeout_s,
+            children=self.everyone,
+        )
+        return bound
+
+    def why(self, claim_name: str) -> str:
+        """The claim's phase, reason and message (what `kubectl describe` would tell)."""
+        try:
+            status = self._kube().claim(self.scenario.namespace, claim_name).get("status") or {}
+        except DemoError as error:
+            return f"claim {claim_name}: {error}"
+        return (
+            f"claim {claim_name} is {status.get('phase') or 'Pending'}"
+            f" ({status.get('reason') or 'no reason yet'}: {status.get('message') or 'no message'})"
+        )
+
+    # containers ------------------------------------------------------------------------------------
+
+    def see_containers(self, bound: dict[str, dict[str, Any]]) -> list[containers.Sight]:
+        """Each scenario container's sight of its claim; DemoError if one does not see its card(s)."""
+        k, s = self._kube(), self.scenario
+        sights = []
+        for use in s.uses:
+            claim = bound[use.claim]
+            node = str(claim["status"].get("nodeName") or "")
+            pod = k.pod(s.namespace, use.pod)
+            if self.runtime is not None:
+                sight = containers.run_container(
+                    self.agent_paths[node].cri_socket,
+                    self.runtime.image,
+                    pod,
+                    scenario.CONTAINER,
+                    claim=use.claim,
+                    node=node,
+                )
+            else:
+                node_gpus = [g for g in self.gpus() if g["spec"].get("nodeName") == node]
+                sight = containers.decide(
+                    self.kubeconfig, node_gpus, pod, scenario.CONTAINER, claim=use.claim, node=node
+                )
+            if self.first_seen is None:
+                self.first_seen = sight.seen_at
+            wanted = ",".join(str(g) for g in claim["status"].get("gpus") or [])
+            seen = sight.env.get("NVIDIA_VISIBLE_DEVICES", "")
+            if not wanted or seen != wanted:
+                raise DemoError(
+                    f"pod {use.pod}, container {scenario.CONTAINER}: claim {use.claim} holds {wanted or 'no card'} "
+                    f"but the container sees NVIDIA_VISIBLE_DEVICES={seen or '(unset)'}"
+                )
+            if not sight.devices:
+                raise DemoError(
+                    f"pod {use.pod}, container {scenario.CONTAINER}: claim {use.claim} holds {wanted} "
+                    "but no device of it reached the container"
+                )
+            sights.append(sight)
+        return sights
+
+    # showing and cleanup ---------------------------------------------------------------------------
+
+    def show(self, sights: list[containers.Sight]) -> None:
+        """The tables, the claims' cards, and why the unfit claim waits."""
+        k, s, out = self._kube(), self.scenario, showing.console()
+        out.print()
+        out.print(
+            showing.server_table(
+                f"$ kubectl get egpuc -n {s.namespace}",
+                k.table(f"{kube.CUSTOM}/namespaces/{s.namespace}/{names.PLURAL_CLAIM}"),
+            )
+        )
+        out.print()
+        selector = f"{names.LABEL_CLAIM_NAMESPACE}={s.namespace}"
+        out.print(
+            showing.server_table(
+                f"$ kubectl get egpu -l {selector}",
+                k.request(
+                    "GET",
+                    f"{kube.CUSTOM}/{names.PLURAL_ELASTIC_GPU}",
+                    query={"labelSelector": selector},
+                    accept=kube.TABLE,
+                ),
+            )
+        )
+        out.print()
+        gpu_selector = f"{names.LABEL_NODE} in ({','.join(s.nodes)})"
+        out.print(
+            showing.server_table(
+                f"$ kubectl get pgpu -l '{gpu_selector}'",
+                k.request(
+                    "GET", f"{kube.CUSTOM}/{names.PLURAL_GPU}", query={"labelSelector": gpu_selector}, accept=kube.TABLE
+                ),
+            )
+        )
+        out.print()
+        out.print(showing.sights_table(sights))
+        out.print()
+        for sight in sights:
+            where = "inside the container" if sight.source == "container" else "in the agent's decision (nothing ran)"
+            say = self.say
+            say(
+                f"ok claim {sight.claim} -> {sight.env.get('NVIDIA_VISIBLE_DEVICES')} on {sight.node}, "
+                f"seen by {sight.pod}/{sight.container} {where}"
+            )
+        self.say(f"as expected, {self.why(s.unfit_claim)}")
+
+    def cleanup(self) -> None:
+        """Stop every child and remove the temp dir; on a cluster the demo does not own, delete what it
+        made there: the scenario while the controller still runs, the rest once the agents (which would
+        publish their GPU objects again) are stopped."""
+        k = self.kube
+        if k is not None and self.external:
+            self._delete_scenario(k)
+        if self.runtime is not None:
+            with contextlib.suppress(Exception):
+                self.runtime.stop()
+        self.children.stop_all()
+        if k is not None:
+            if self.external:
+                with contextlib.suppress(DemoError):
+                    k.delete(f"{ADMISSION}/{self.webhook_configuration}")
+                for gpu in self._safe_gpus():
+                    with contextlib.suppress(DemoError):
+                        k.delete(f"{kube.CUSTOM}/{names.PLURAL_GPU}/{gpu['metadata']['name']}")
+                for path in reversed(self.created):
+                    with contextlib.suppress(DemoError):
+                        k.delete(path)
+            k.close()
+        if self.args.keep:
+            self.say(f"kept {self.directory} (logs of every component)")
+        else:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _delete_scenario(self, k: kube.DemoKube) -> None:
+        """Pods and claims first, while the controller still runs: it lifts the claims' finalizers once
+        their pods are gone and deletes their ElasticGPUs (reclaim Delete). Then the namespace."""
+        s = self.scenario
+        claims = f"{kube.CUSTOM}/namespaces/{s.namespace}/{names.PLURAL_CLAIM}"
+        egpus = f"{kube.CUSTOM}/{names.PLURAL_ELASTIC_GPU}?labelSelector={names.LABEL_CLAIM_NAMESPACE}%3D{s.namespace}"
+        with contextlib.suppress(DemoError):
+            for use in s.uses:
+                k.delete(f"/api/v1/namespaces/{s.namespace}/pods/{use.pod}")
+            for claim in k.get(claims).get("items") or []:
+                k.delete(f"{claims}/{claim['metadata']['name']}")
+            processes.wait_until(
+                lambda: not k.get(claims).get("items") and not k.get(egpus).get("items"),
+                "the demo's claims and ElasticGPUs to go",
+                timeout_s=30,
+            )
+        with contextlib.suppress(DemoError):
+            k.delete(f"/api/v1/namespaces/{s.namespace}")
+
+    def _safe_gpus(self) -> list[dict[str, Any]]:
+        try:
+            return self.gpus()
+        except DemoError:
+            return []
+
+    def _kube(self) -> kube.DemoKube:
+        if self.kube is None:
+            raise DemoError("no cluster connection")
+        return self.kube
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _sigterm_unwinds() -> None:
+    """SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so everything is stopped and removed."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+
+        def interrupt(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt("SIGTERM")
+
+        signal.signal(signal.SIGTERM, interrupt)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of `elasticgpu demo`: 0 when every claim reached its container, else 1 with the reason."""
+    out = showing.console()
+
+    def say(text: str, style: str | None = None) -> None:
+        out.print(text, markup=False, style=style)
+
+    _sigterm_unwinds()
+    phases = Phases()
+    demo = Demo(args, say)
+    failure: str | None = None
+    try:
+        with phases.phase("cluster"):
+            where = f"({args.kubeconfig})" if demo.external else "(the project's local test server, cached build)"
+            say(f"1/4 API server and CRDs {where}", "bold")
+            demo.start_cluster()
+        with phases.phase("components"):
+            say("2/4 node agents (simulated cards), controller, webhook", "bold")
+            demo.start_components()
+        with phases.phase("scenario (bind + lift gates)"):
+            say("3/4 classes, claims and pods: slice, whole card, inline request, one that cannot fit", "bold")
+            bound = demo.apply_scenario()
+        with phases.phase("containers"):
+            say("4/4 each pod's container on its claim's node, through the node agent", "bold")
+            sights = demo.see_containers(bound)
+        demo.show(sights)
+    except DemoError as error:
+        failure = str(error)
+    except KeyboardInterrupt:
+        failure = "interrupted"
+    except Exception as error:  # a bug or an answer nobody foresaw: still one line, still cleaned up
+        failure = f"{type(error).__name__}: {error} (run again with --keep to keep every component's log)"
+    finally:
+        with phases.phase("cleanup"):
+            demo.cleanup()
+    total = time.monotonic() - phases.started
+    out.print()
+    out.print(showing.timings_table(phases.done, total))
+    if demo.first_seen is not None:
+        seen = "inside a container" if demo.runtime else "in an injection decision"
+        say(f"first claim seen {seen}: {demo.first_seen - phases.started:.1f} s after start")
+    if failure is not None:
+        say(f"elasticgpu demo: FAILED: {_one_line(failure)}", "red")
+        return 1
+    if demo.runtime is not None:
+        say("elasticgpu demo: OK: every claim reached its container", "green")
+    else:
+        say(
+            "elasticgpu demo: OK: the agents' decisions give every claim's card to its container "
+            "(no container runtime here to run them)",
+            "green",
+        )
+    return 0

@@ -1,0 +1,83 @@
+"""What the demo prints: the server's own tables (what `kubectl get` shows) and what each container sees.
+
+Tables come from the API server as `meta.k8s.io/v1 Table` (the CRDs' printer columns), so they are
+exactly the columns kubectl prints; `rich` draws them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from elasticgpu.demo.containers import Sight
+
+
+def console() -> Console:
+    """A console on stdout that keeps lines whole when piped (tests read them)."""
+    return Console(highlight=False, soft_wrap=True, width=200)
+
+
+def server_table(title: str, table: dict[str, Any], *, wide: bool = False) -> Table:
+    """A server Table as a rich Table: the default columns (priority 0), or all with `wide`."""
+    columns = [(i, c) for i, c in enumerate(table.get("columnDefinitions") or []) if wide or not c.get("priority")]
+    shown = Table(title=title, title_justify="left", show_edge=False, box=None, header_style="bold")
+    for _, column in columns:
+        shown.add_column(str(column["name"]).upper(), overflow="fold")
+    for row in table.get("rows") or []:
+        cells = row.get("cells") or []
+        shown.add_row(*(Text("" if i >= len(cells) or cells[i] is None else str(cells[i])) for i, _ in columns))
+    if not table.get("rows"):
+        shown.add_row(*(["(none)"] + [""] * (len(columns) - 1)))
+    return shown
+
+
+def sights_table(sights: Sequence[Sight]) -> Table:
+    """One row per container: its claim, node, the cards it sees and its limits."""
+    decided = any(s.source == "decision" for s in sights)
+    title = (
+        "What each container would get (no container runtime here: the agent's injection decision)"
+        if decided
+        else "What each container sees (read inside the running container)"
+    )
+    shown = Table(title=title, title_justify="left", show_edge=False, box=None, header_style="bold")
+    for name in (
+        "POD/CONTAINER",
+        "CLAIM",
+        "NODE",
+        "NVIDIA_VISIBLE_DEVICES",
+        "SM LIMIT",
+        "MEMORY LIMIT",
+        "CDI DEVICES" if decided else "/dev",
+    ):
+        shown.add_column(name, overflow="fold")
+    for s in sights:
+        shown.add_row(
+            *map(
+                Text,
+                (
+                    f"{s.pod}/{s.container}",
+                    s.claim,
+                    s.node,
+                    s.env.get("NVIDIA_VISIBLE_DEVICES", "-"),
+                    s.env.get("CUDA_DEVICE_SM_LIMIT", "-"),
+                    s.env.get("CUDA_DEVICE_MEMORY_LIMIT_0", "-"),
+                    " ".join(s.devices) or "-",
+                ),
+            )
+        )
+    return shown
+
+
+def timings_table(phases: Sequence[tuple[str, float]], total: float) -> Table:
+    """Seconds per phase and in all."""
+    shown = Table(title="Elapsed", title_justify="left", show_edge=False, box=None, header_style="bold")
+    shown.add_column("PHASE")
+    shown.add_column("SECONDS", justify="right")
+    for name, seconds in phases:
+        shown.add_row(name, f"{seconds:.1f}")
+    shown.add_row("total", f"{total:.1f}")
+    return shown
