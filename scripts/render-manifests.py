@@ -90,7 +90,7 @@ def main() -> int:
     differ = [path for path, text in files.items()
               if not path.exists() or significant(path.read_text()) != significant(text)]  # fmt: skip
     for path in stale:
-        print(f"{path.relative_to(ROOT)}: no template of deploy/chart renders it; add one or delete it", file=sys.stderr)
+        print(f"{path.relative_to(ROOT)}: no template of the chart renders it", file=sys.stderr)
     if args.check:
         for path in differ:
             print(f"{path.relative_to(ROOT)}: differs from the chart; run scripts/render-manifests.py", file=sys.stderr)
