@@ -134,9 +134,17 @@ class ElasticGPUClaimStatus(KubeModel):
     capacity: dict[str, ResourceValue] = Field(
         default_factory=dict, description="What the bound ElasticGPU gives (cores integer, memory quantity)."
     )
+    allocated_resources: dict[str, ResourceValue] = Field(
+        default_factory=dict,
+        description="What is reserved for the claim on its card(s); differs from capacity while a resize is under"
+        " way (PVC's status.allocatedResources).",
+    )
     node_name: str | None = Field(default=None, description="Node of the bound card(s).")
     gpus: list[str] = Field(default_factory=list, description="Uuids of the bound card(s).")
-    conditions: list[Condition] = Field(default_factory=list, description="Bound, or Pending with the reason.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Bound, or Pending with the reason; Resizing and ResizePending during a resize.",
+    )
     usage: ClaimUsage | None = Field(default=None, description="Measured usage of the claim.")
     users: list[ClaimUser] = Field(
         default_factory=list, max_length=1,

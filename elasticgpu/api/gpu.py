@@ -29,6 +29,13 @@ class GPUSpec(KubeModel):
     mig: bool = Field(default=False, description="True when MIG mode is enabled on the card.")
 
 
+class GPULimit(KubeModel):
+    """A claim's size on one card: percent of compute and MiB of memory."""
+
+    cores: int = Field(ge=0, le=names.CORES_PER_CARD, description="Percent of the card's compute.")
+    memory: int = Field(ge=0, description="MiB of the card's memory.")
+
+
 class GPUAllocation(KubeModel):
     """One reservation on the card. Writing it (with a resourceVersion precondition) is the commit point."""
 
@@ -40,6 +47,11 @@ class GPUAllocation(KubeModel):
         default=False, description="True when the whole card is reserved; nobody else may share it."
     )
     reserved_at: str | None = Field(default=None, description="When the reservation was written (RFC 3339).")
+    limit: GPULimit | None = Field(
+        default=None,
+        description="The size the node's agent enforces on the claim's containers while a resize is under way"
+        " (a shrink: the smaller size, before the reservation shrinks); absent: cores and memory.",
+    )
 
 
 class GPUUsage(KubeModel):
@@ -61,6 +73,11 @@ class GPURunningClaim(KubeModel):
     uid: str | None = Field(default=None, description="Uid of the claim the containers were created for.")
     pods: list[str] = Field(default_factory=list, description="Pods (namespace/name) whose containers use the card.")
     since: str | None = Field(default=None, description="When the first of these containers was created (RFC 3339).")
+    applied: GPULimit | None = Field(
+        default=None,
+        description="The limit in effect in these containers (what their limits file says); absent when the"
+        " agent does not know it yet.",
+    )
 
 
 class GPUStatus(KubeModel):

@@ -14,6 +14,7 @@ from elasticgpu.api.schema import SCHEMA_DEFAULT, KubeModel, crd_field, rule
 
 BindingMode = Literal["Immediate", "WaitForFirstConsumer"]
 ReclaimPolicy = Literal["Delete", "Retain"]
+BindOrder = Literal["FIFO", "FairShare"]
 Policy = Literal["binpack", "spread", "fragmentation"]
 Sharing = Literal["exclusive", "timeslice", "mps"]
 POLICIES: tuple[Policy, ...] = ("binpack", "spread", "fragmentation")
@@ -156,6 +157,16 @@ class ElasticGPUClass(KubeModel):
     )
     egpu_binding_mode: BindingMode | None = Field(
         default=None, alias="egpuBindingMode", description="Upstream elastic-gpu spelling of bindingMode; accepted."
+    )
+    allow_claim_resize: bool = Field(
+        default=False,
+        description="True: the requests of a Bound slice claim of this class may change (resized in place on its"
+        " card, like StorageClass allowVolumeExpansion).",
+    )
+    bind_order: BindOrder = Field(
+        default="FIFO",
+        description="Order in which Pending claims of this class are bound when capacity frees: FIFO (oldest first,"
+        " default) or FairShare (the namespace holding the least of the class first).",
     )
     status: ElasticGPUClassStatus = Field(default_factory=ElasticGPUClassStatus)
 
