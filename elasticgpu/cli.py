@@ -45,14 +45,14 @@ def _controller(args: argparse.Namespace) -> int:
     # one namespace it watches, else in kube-system.
     lease_namespace = args.leader_elect_namespace or os.environ.get("POD_NAMESPACE") or args.namespace or "kube-system"
     leader = LeaderSettings(enabled=args.leader_elect, namespace=lease_namespace, name=args.leader_elect_name)
-    address = _health_address(args)
+    address = health_address(args)
     startup.run_controller(kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace, leader=leader,
                            health_port=None if address is None else address.port,
                            health_host=address.host if address else "0.0.0.0")
     return 0
 
 
-def _health_address(args: argparse.Namespace) -> flags.BindAddress | None:
+def health_address(args: argparse.Namespace) -> flags.BindAddress | None:
     """The one listener of /healthz, /readyz and /metrics: --health-probe-bind-address and
     --metrics-bind-address name it (they must agree when both are given), --health-port is the old
     spelling of its port (-1: none)."""

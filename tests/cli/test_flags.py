@@ -35,13 +35,13 @@ def test_leader_elect_reads_like_go_flags(argv: tuple[str, ...], expected: bool)
     ],
 )
 def test_one_listener_for_probes_and_metrics(argv: tuple[str, ...], expected: flags.BindAddress | None) -> None:
-    assert cli._health_address(_controller(*argv)) == expected
+    assert cli.health_address(_controller(*argv)) == expected
 
 
 def test_two_different_addresses_are_refused_with_the_reason() -> None:
     args = _controller("--health-probe-bind-address", ":8081", "--metrics-bind-address", ":8080")
     with pytest.raises(cli.user_errors.UserError, match="one server serves"):
-        cli._health_address(args)
+        cli.health_address(args)
 
 
 @pytest.mark.parametrize("text", ["8080", "host:http", ":70000"])

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from elasticgpu.cli import build_parser
+from elasticgpu.cli import build_parser, health_address
 from elasticgpu.controller.admission import WebhookSettings
 from elasticgpu.controller.admission.commands import settings_from
 from elasticgpu.controller.admission.configuration import webhook_configuration
@@ -234,7 +234,7 @@ def test_the_service_monitor_is_off_by_default_and_scrapes_the_metrics_services(
     controller = _one(objects, "Deployment", "elasticgpu-controller")
     args = build_parser().parse_args(controller["spec"]["template"]["spec"]["containers"][0]["args"])
     service = _one(objects, "Service", "elasticgpu-controller-metrics")
-    assert service["spec"]["ports"][0]["port"] == args.health_port
+    assert service["spec"]["ports"][0]["port"] == health_address(args).port
     assert service["spec"]["selector"].items() <= controller["spec"]["template"]["metadata"]["labels"].items()
     with pytest.raises(helm_python.HelmError, match=re.escape("needs metrics.service")):
         _render({"metrics": {"service": False, "serviceMonitor": {"enabled": True}}})

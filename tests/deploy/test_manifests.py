@@ -17,7 +17,7 @@ import yaml
 
 from elasticgpu.agent import kube as agent_kube
 from elasticgpu.agent import settings as agent_settings
-from elasticgpu.cli import build_parser
+from elasticgpu.cli import build_parser, health_address
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -35,7 +35,7 @@ def test_the_controller_deployment_runs_what_the_controller_serves() -> None:
     args = build_parser().parse_args(container["args"])
     assert args.command == "controller" and args.leader_elect, "two replicas need leader election"
     port = {p["name"]: p["containerPort"] for p in container["ports"]}[container["livenessProbe"]["httpGet"]["port"]]
-    assert port == args.health_port
+    assert port == health_address(args).port
     assert (container["livenessProbe"]["httpGet"]["path"], container["readinessProbe"]["httpGet"]["path"]) == (
         "/healthz",
         "/readyz",
