@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticgpu.agent import discovery, errors, health, inventory, kube, metrics, service_manager, usage
-from elasticgpu.agent.cri import claim_view, driver, front, injection, supervising
+from elasticgpu.agent.cri import claim_view, driver, front, injection, limits_file, supervising
 from elasticgpu.agent.cri.proxy import ProxySettings
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.settings import AgentSettings, CriSettings
@@ -86,6 +86,7 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
             privileged_namespaces=tuple(n.strip() for n in cri.privileged_namespaces.split(",") if n.strip())),
         cdi_dir=Path(cri.cdi_dir),
         cdi_check_interval_s=cri.cdi_check_interval_s,
+        limits_dir=Path(limits_file.HOST_DIR),  # issue 17: resize reaches running containers
     )
 
 
@@ -160,6 +161,8 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
                                    cards=lambda: publisher.snapshot.cards, control_paths=backend.control_device_paths,
                                    driver_files=lambda: locator.files(publisher.snapshot.driver.driver_version))
         view.not_ready = hook.spec_problem  # no claim before the CDI spec names its cards
+        if publisher.holders is not None:
+            publisher.holders.limits = hook.limits  # issue 17: the publisher keeps the limits files
         threads.append(threading.Thread(target=hook.run, args=(stop,), name="cri", daemon=True))
     else:
         logger.info("the CRI proxy is off (--cri-proxy false): inventory only; no claim reaches a container here")
