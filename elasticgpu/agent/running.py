@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticgpu.agent import discovery, errors, health, inventory, kube, metrics, service_manager, usage
-from elasticgpu.agent.cri import claim_view, driver, front, injection, limits_file, supervising
+from elasticgpu.agent.cri import claim_view, driver, front, injection, supervising
 from elasticgpu.agent.cri.proxy import ProxySettings
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.settings import AgentSettings, CriSettings
@@ -86,7 +86,7 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
             privileged_namespaces=tuple(n.strip() for n in cri.privileged_namespaces.split(",") if n.strip())),
         cdi_dir=Path(cri.cdi_dir),
         cdi_check_interval_s=cri.cdi_check_interval_s,
-        limits_dir=Path(limits_file.HOST_DIR),  # issue 17: resize reaches running containers
+        limits_dir=Path(cri.limits_dir) if cri.limits_dir else None,  # issue 17: a resize reaches running containers
     )
 
 

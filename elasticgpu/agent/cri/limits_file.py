@@ -38,8 +38,6 @@ from elasticgpu.agent.ledger.store import Allocation, LedgerStore
 
 log = logging.getLogger(__name__)
 
-HOST_DIR = "/var/run/elasticgpu/limits"
-"""Default folder of the claims' limits folders on the node (the agent runs on the host)."""
 CONTAINER_DIR = "/run/elasticgpu"
 """Where a claim container sees its claim's folder (read-only)."""
 JSON_NAME = "limits.json"
