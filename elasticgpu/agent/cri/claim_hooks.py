@@ -387,7 +387,12 @@ class ClaimHooks:
             return
         rows, _ = self._live(rows, states)
         merged: dict[tuple[str, str], card_sharing.Holder] = {}
+        resized = self._limits.requested if self._limits is not None else {}
         for row in rows:
+            if (size := resized.get(row.claim)) is not None:
+                # Resized since its containers were created: the card holds what its allocation asks now
+                # (after a shrink the controller may have given the freed part to this claim).
+                row = replace(row, cores=size.cores, memory_mib=0 if size.cores >= 100 else size.memory_mib)
             known = merged.get(row.claim)
             pods = tuple(sorted({*(known.pods if known else ()), row.pod}, key=str))
             merged[row.claim] = card_sharing.Holder(

@@ -91,6 +91,9 @@ class LimitsFiles:
         self.lock = threading.Lock()
         """Held by the CRI hooks from `prepare` until the ledger row is written, and by `sync` for its
         pass: a folder being prepared for a new container is never removed as unused."""
+        self.requested: dict[tuple[str, str], Size] = {}
+        """Per claim with open rows, the size its allocation asks for now (as of the last `sync`): the CRI
+        hooks count a resized claim at this size, not at the size its containers were created with."""
 
     def folder(self, namespace: str, name: str) -> Path:
         """The host folder of a claim."""
@@ -197,6 +200,7 @@ def sync(files: LimitsFiles, ledger: LedgerStore, objects: Mapping[str, Mapping[
 def _sync(files: LimitsFiles, ledger: LedgerStore, rows: Sequence[Allocation],
           objects: Mapping[str, Mapping[str, Any]]) -> bool:
     sizes = enforced_sizes(rows, objects)
+    files.requested = sizes
     by_claim: dict[tuple[str, str], list[Allocation]] = {}
     for row in rows:
         by_claim.setdefault((row.claim_namespace, row.claim_name), []).append(row)

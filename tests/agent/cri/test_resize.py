@@ -68,10 +68,10 @@ def agent_inventory(
         backend.close()
 
 
-def set_allocation(api_client: client.ApiClient, node: str, gpu: str, allocation: dict[str, Any]) -> None:
-    """Write the card's reservation as the controller does (status.allocations, with the resourceVersion)."""
+def set_allocation(api_client: client.ApiClient, node: str, gpu: str, *allocations: dict[str, Any]) -> None:
+    """Write the card's reservations as the controller does (status.allocations, with the resourceVersion)."""
     obj = node_gpus(api_client, node)[gpu]
-    obj["status"]["allocations"] = [allocation]
+    obj["status"]["allocations"] = list(allocations)
     assert kube_request(api_client, "PUT", f"{GPUS}/{gpu}/status", body=obj).status == 200
 
 
@@ -179,4 +179,34 @@ def test_a_container_without_the_file_reports_nothing_applied(
         assert "applied" not in published
         assert ledger.open_allocations()[0].applied is None
         assert not files.folder(NS, "train").exists()  # no container reads one: none is written
+    hooks.close()
+
+
+def test_after_a_shrink_the_freed_part_serves_another_claim(
+    api_client: client.ApiClient, node_name: str, containerd: TestRuntime, proxy_socket: Path,
+    agent_inventory: tuple[inventory.Inventory, store.LedgerStore, limits_file.LimitsFiles],
+) -> None:
+    """The node's own check of a card's holders counts a shrunk claim at its new size: the controller gave
+    the freed part to another claim, whose container must start beside the running one."""
+    _, ledger, files = agent_inventory
+    gpus, view = start_node(containerd, node_name, api_client)
+    uuid = simulated.simulated_uuid(node_name, 0)
+    view.add(slice_claim(NS, "other", user="second", node_name=node_name, gpus=(uuid,), cores=80, memory_mib=8192))
+    train = {"elasticGPU": "egpu-train", "cores": 30, "memory": 10240}
+    set_allocation(api_client, node_name, gpus[0], train)
+    hooks = claim_hooks.ClaimHooks(view=view, ledger=ledger, limits=files)
+    settings = ProxySettings(listen=proxy_socket, upstream=str(containerd.socket))
+    with CriProxy(settings, container_hooks=hooks) as proxy, Kubelet(f"unix://{proxy_socket}", containerd.image) as k:
+        assert proxy.reconciled.wait(10)
+        run_trainer(k)
+        # The shrink as the controller makes it: the limit first, then (once applied) the smaller reservation
+        # and the freed part bound to another claim.
+        set_allocation(api_client, node_name, gpus[0], {**train, "limit": {"cores": 20, "memory": 4096}})
+        wait_for("applied 20%/4096", lambda: (entry(api_client, node_name, gpus[0]) or {}).get("applied") == {
+            "cores": 20, "memory": 4096}, timeout=10)  # fmt: skip
+        set_allocation(api_client, node_name, gpus[0], {"elasticGPU": "egpu-train", "cores": 20, "memory": 4096},
+                       {"elasticGPU": "egpu-other", "cores": 80, "memory": 8192})  # fmt: skip
+        second = k.run_pod("second", NS, annotations={"egpuc.elasticgpu.io/main": "other"})
+        k.start(k.create_container(second, "main"))  # 20 + 80 fit the card; 30 + 80 would not
+        assert sorted(row.claim_name for row in ledger.open_allocations()) == ["other", "train"]
     hooks.close()
