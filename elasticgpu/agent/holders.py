@@ -16,6 +16,14 @@ bound to another claim while the first one's containers still use it.
 
 A container that has exited but is not removed still counts (its row is open): the controller
 waits a little longer, never too little. A failed write is retried with backoff; the loop never dies.
+
+Resize (docs/resize-node.md): with the claims' limits files (`limits`, set by the agent's start-up)
+each pass first makes every claim's file say the size its allocation asks for (cri/limits_file.sync:
+the allocation's `limit`, else its cores and memory; recorded in the ledger), then publishes
+`applied` {cores, memory} in the claim's entry: the size its limits file says, only when every open
+container of the claim on that card was created with the file mounted. A container created without
+it (before this feature, or when the file could not be written) keeps the size it started with
+until it restarts: the entry then has no `applied`, and the controller keeps the resize pending.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from elasticgpu.agent import errors
+from elasticgpu.agent.cri import limits_file
 from elasticgpu.agent.kube import AgentKube
 from elasticgpu.agent.ledger.store import Allocation, LedgerStore
 
@@ -37,18 +46,25 @@ def running_claims(allocations: Iterable[Allocation]) -> dict[str, list[dict[str
     """Per card (lowercased uuid), the entries of `status.runningClaims` for these open rows."""
     pods: dict[tuple[str, str, str], set[str]] = {}
     since: dict[tuple[str, str, str], datetime] = {}
+    applied: dict[tuple[str, str, str], set[tuple[int, int] | None]] = {}
     for row in allocations:
         for uuid in row.gpu_uuids:
             key = (uuid.lower(), row.claim_namespace, row.claim_name)
             pods.setdefault(key, set()).add(f"{row.pod_namespace}/{row.pod_name}")
             since[key] = min(since.get(key, row.started_at), row.started_at)
+            applied.setdefault(key, set()).add(row.applied)
     by_card: dict[str, list[dict[str, Any]]] = {}
     for key in sorted(pods):
         uuid, namespace, name = key
-        by_card.setdefault(uuid, []).append({
+        entry: dict[str, Any] = {
             "namespace": namespace, "name": name, "pods": sorted(pods[key]),
             "since": since[key].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        })  # fmt: skip
+        }  # fmt: skip
+        sizes = applied[key]
+        if len(sizes) == 1 and (size := next(iter(sizes))) is not None:
+            # Every container of the claim on the card reads the file, and it says this size.
+            entry["applied"] = {"cores": size[0], "memory": size[1]}
+        by_card.setdefault(uuid, []).append(entry)
     return by_card
 
 
@@ -76,6 +92,8 @@ class RunningClaimsPublisher:
         ledger.on_allocations_changed(self.wake.set)
         self.writes = 0
         """runningClaims writes made (for tests and metrics)."""
+        self.limits: limits_file.LimitsFiles | None = None
+        """The claims' limits files, kept true to the allocations on every pass (None: no CRI hook here)."""
 
     def run(self, stop: threading.Event, *, ready: threading.Event | None = None) -> None:
         """Publish now (once `ready` is set: inventory listed the objects), then on every change of the
@@ -102,9 +120,19 @@ class RunningClaimsPublisher:
 
     def publish_once(self) -> int:
         """Write every card whose published list differs from the ledger's; returns how many were written."""
-        wanted = running_claims(self._ledger.open_allocations())
+        objects = self._objects()
+        rows = None
+        if self.limits is not None:
+            try:
+                rows = limits_file.sync(self.limits, self._ledger, objects)
+            except Exception as e:  # runningClaims keep reservations safe: publish them all the same
+                logger.warning("keeping the limits files under %s failed (%s); the next pass retries",
+                               self.limits.directory, e, exc_info=not isinstance(e, (OSError, errors.AgentError)))
+        if rows is None:
+            rows = self._ledger.open_allocations()
+        wanted = running_claims(rows)
         written = 0
-        for name, obj in sorted(self._objects().items()):
+        for name, obj in sorted(objects.items()):
             uuid = str((obj.get("spec") or {}).get("uuid") or "").lower()
             entries = wanted.get(uuid, [])
             if ((obj.get("status") or {}).get("runningClaims") or []) == entries:

@@ -191,6 +191,10 @@ def heartbeat_age(obj: dict[str, Any], now: float) -> float | None:
     return None
 
 
+def _allocations(obj: dict[str, Any] | None) -> Any:
+    return ((obj or {}).get("status") or {}).get("allocations")
+
+
 def _rv(obj: dict[str, Any]) -> int:
     try:
         return int(obj.get("metadata", {}).get("resourceVersion", "0"))
@@ -294,7 +298,10 @@ class Inventory:
                             self._objects.pop(event.object.get("metadata", {}).get("name", ""), None)
                         self.wake.set()  # someone deleted a card of ours: publish it again
                     elif event.type in ("ADDED", "MODIFIED"):
+                        before = self.objects().get(event.object.get("metadata", {}).get("name", ""))
                         self._remember(event.object)
+                        if self.holders is not None and _allocations(before) != _allocations(event.object):
+                            self.holders.wake.set()  # a resize: the claims' limits files follow at once
                 failures = 0
             except errors.KubeConflict:
                 resource_version = ""  # 410 Gone: our version is too old; list again

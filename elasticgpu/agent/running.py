@@ -86,6 +86,7 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
             privileged_namespaces=tuple(n.strip() for n in cri.privileged_namespaces.split(",") if n.strip())),
         cdi_dir=Path(cri.cdi_dir),
         cdi_check_interval_s=cri.cdi_check_interval_s,
+        limits_dir=Path(cri.limits_dir) if cri.limits_dir else None,  # issue 17: a resize reaches running containers
     )
 
 
@@ -160,6 +161,8 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
                                    cards=lambda: publisher.snapshot.cards, control_paths=backend.control_device_paths,
                                    driver_files=lambda: locator.files(publisher.snapshot.driver.driver_version))
         view.not_ready = hook.spec_problem  # no claim before the CDI spec names its cards
+        if publisher.holders is not None:
+            publisher.holders.limits = hook.limits  # issue 17: the publisher keeps the limits files
         threads.append(threading.Thread(target=hook.run, args=(stop,), name="cri", daemon=True))
     else:
         logger.info("the CRI proxy is off (--cri-proxy false): inventory only; no claim reaches a container here")

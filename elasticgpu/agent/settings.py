@@ -140,6 +140,9 @@ class CriSettings:
     cdi_dir: str = "/var/run/cdi"
     """Folder the runtime reads CDI specs from (containerd 1.7 and CRI-O read /etc/cdi and /var/run/cdi;
     a spec generated at run time belongs in /var/run/cdi)."""
+    limits_dir: str = "/var/run/elasticgpu/limits"
+    """Folder of the claims' limits files (one folder per claim, mounted read-only at /run/elasticgpu into its
+    containers): a resize reaches running containers through them (docs/resize-node.md); empty: none."""
     cdi_form: str = "field"
     """How a container asks the runtime for its CDI devices: `field` (CRI's CDIDevices: containerd >= 1.7.2,
     CRI-O >= 1.28), `annotation` (cdi.k8s.io/..., older runtimes) or `both`."""

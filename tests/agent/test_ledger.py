@@ -138,6 +138,11 @@ def test_migrate_from_each_earlier_revision_keeps_data(tmp_path: Path, revision:
     assert (row.container_id, row.elastic_gpu, row.gpu_uuids, row.cores, row.memory_mib) == (
         "old-container", "egpu-x", ("GPU-a",), 50, 4096)
     assert row.started_at == datetime(2026, 1, 1, tzinfo=UTC)
+    # A container created before the limits file: none mounted, nothing applied, sizes not recorded yet.
+    assert (row.limits_file, row.requested, row.applied) == (False, None, None)
+    assert opened.record_limits([row.id], requested=(20, 2048), applied=(20, 2048)) == 1
+    (row,) = opened.open_allocations()
+    assert (row.requested, row.applied) == ((20, 2048), None)  # it cannot take a new size while it runs
     assert opened.mark_released("old-container") is True  # the new column works on the old row
     opened.close()
 
@@ -150,8 +155,10 @@ def test_downgrade_one_step_keeps_allocations(tmp_path: Path) -> None:
     opened.record_usage([UsageSample(taken_at=datetime.now(UTC), gpu_uuid="GPU-a", pid=1, memory_mib=1)])
     opened.close()
     engine = ledger_store.make_engine(url)
+    before, after = ledger_store.downgrade(engine, url, "0002")
+    assert (before, after) == (HEAD, "0002")
     before, after = ledger_store.downgrade(engine, url, "-1")
-    assert (before, after) == (HEAD, REVISIONS[-2])
+    assert (before, after) == ("0002", "0001")
     with sqlite3.connect(tmp_path / "ledger.db") as connection:
         tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert "usage_samples" not in tables
@@ -160,6 +167,37 @@ def test_downgrade_one_step_keeps_allocations(tmp_path: Path) -> None:
     reopened = LedgerStore.open(url)  # and up again
     found = reopened.allocation_for_container("kept")
     assert found is not None and found.state == "created"
+    reopened.close()
+
+
+def test_limits_sizes_round_trip_through_0003(tmp_path: Path) -> None:
+    """Revision 0003 (issue 17): the sizes asked and applied are kept; down to 0002 drops them and keeps the
+    row; up again the row reads as a container without a limits file (it cannot take a new size)."""
+    url = url_of(tmp_path / "ledger.db")
+    opened = LedgerStore.open(url)
+    row = opened.record_started(
+        pod_uid="u", pod_namespace="ns", pod_name="p", container_name="main", claim_namespace="ns", claim_name="c",
+        elastic_gpu="egpu-c", gpu_uuids=["GPU-a"], cores=30, memory_mib=10240, limits=(30, 10240),
+    )
+    opened.mark_created(row, "resized")
+    found = opened.allocation_for_container("resized")
+    assert found is not None and (found.limits_file, found.requested, found.applied) == (True, (30, 10240), (30, 10240))
+    assert opened.record_limits([row], requested=(20, 4096), applied=(20, 4096)) == 1
+    assert opened.record_limits([row], requested=(20, 4096), applied=(20, 4096)) == 0  # nothing new: no write
+    found = opened.allocation_for_container("resized")
+    assert found is not None and (found.requested, found.applied, found.cores) == ((20, 4096), (20, 4096), 30)
+    assert found.limits_changed_at is not None
+    opened.close()
+    engine = ledger_store.make_engine(url)
+    assert ledger_store.downgrade(engine, url, "0002") == (HEAD, "0002")
+    with sqlite3.connect(tmp_path / "ledger.db") as connection:
+        columns = {c[1] for c in connection.execute("PRAGMA table_info(allocations)")}
+        assert not columns & {"limits_file", "requested_cores", "applied_cores", "limits_changed_at"}
+        assert connection.execute("SELECT container_id, cores FROM allocations").fetchall() == [("resized", 30)]
+    engine.dispose()
+    reopened = LedgerStore.open(url)
+    found = reopened.allocation_for_container("resized")
+    assert found is not None and (found.state, found.limits_file, found.applied) == ("created", False, None)
     reopened.close()
 
 

@@ -5,6 +5,7 @@
     claim_hooks.py  ClaimHooks: injection decisions recorded in the ledger in two phases
     injection.py    the pure decision for one container (AgentView: the agent's picture)
     cdi.py          the CDI spec of the node's cards, written atomically
+    limits_file.py  per-claim limits files, mounted read-only into claim containers (a resize reaches them)
     driver.py       the driver's files (libraries, binaries, firmware) the spec mounts
     api.py          the CRI v1 messages and stubs, compiled from the vendored api.proto
     claim_view.py   ClaimView: the AgentView read from the API server by name, on demand

@@ -40,6 +40,7 @@ from the ledger by each reconcile), not the database: one query fewer per Create
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -50,7 +51,7 @@ from typing import Any
 
 import grpc
 
-from elasticgpu.agent.cri import api, card_sharing, hooks, injection
+from elasticgpu.agent.cri import api, card_sharing, hooks, injection, limits_file
 from elasticgpu.agent.ledger import store
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,20 @@ def apply(edit: injection.ContainerEdit, request: Any) -> bool:
     return True
 
 
+def mount_limits(request: Any, host_path: str, container_path: str) -> None:
+    """Mount the claim's limits folder read-only at `container_path` and name its file in the env; a mount
+    or env of the spec at the same place is replaced (only the agent says what a claim's limits are)."""
+    config = request.config
+    kept = [m for m in config.mounts if m.container_path.rstrip("/") != container_path]
+    del config.mounts[:]
+    config.mounts.extend(kept)
+    config.mounts.append(api.pb.Mount(container_path=container_path, host_path=host_path, readonly=True))
+    envs = [kv for kv in config.envs if kv.key != limits_file.ENV_LIMITS_FILE]
+    del config.envs[:]
+    config.envs.extend(envs)
+    config.envs.append(api.pb.KeyValue(key=limits_file.ENV_LIMITS_FILE, value=limits_file.CONTAINER_FILE.encode()))
+
+
 class ClaimHooks:
     """hooks.ContainerHooks for claims (see the module docstring)."""
 
@@ -112,9 +127,13 @@ class ClaimHooks:
         ledger: store.LedgerStore,
         settings: injection.InjectionSettings | None = None,
         settle_after_s: float = 30.0,
+        limits: limits_file.LimitsFiles | None = None,
     ) -> None:
         """`settle_after_s`: how long a row left open by an unanswered CreateContainer waits
-        before a reconcile decides it (the runtime may still be creating the container)."""
+        before a reconcile decides it (the runtime may still be creating the container);
+        `limits`: the claims' limits files, mounted into every claim container (None: none, a
+        running container then keeps the size it was created with)."""
+        self._limits = limits
         self._view = view
         self._ledger = ledger
         self._settings = settings or injection.InjectionSettings()
@@ -160,8 +179,44 @@ class ClaimHooks:
             claim = edit.claim
             assert claim is not None  # decide gives a claim container its claim or refuses
             self._check_cards(plain, claim, states)
-            try:
-                row_id = self._ledger.record_started(
+            files_lock = self._limits.lock if self._limits is not None else contextlib.nullcontext()
+            with files_lock:  # the publisher must not remove the folder before the row names the claim
+                limits = self._prepare_limits(plain, claim)
+                row_id = self._record_started(plain, claim, limits)
+            with self._memory_lock:
+                self._open[row_id] = _OpenRow(
+                    claim=key, pod=plain.pod, container_id=None, gpus=claim.gpus, cores=claim.cores,
+                    memory_mib=claim.memory_mib,
+                )
+        apply(edit, request)
+        if limits is not None and self._limits is not None:
+            mount_limits(request, *self._limits.mount(claim.namespace, claim.name))
+        return hooks.PreparedCreate(
+            request=request,
+            token=row_id,
+            changed=True,
+            details={"claim": f"{claim.namespace}/{claim.name}", "devices": ",".join(edit.devices)},
+        )
+
+    def _prepare_limits(self, plain: injection.ContainerRequest, claim: injection.ClaimInfo) -> tuple[int, int] | None:
+        """The size the claim's limits file says, written if it has none (None: no file for this container)."""
+        if self._limits is None:
+            return None
+        try:
+            size = self._limits.prepare(claim.namespace, claim.name,
+                                        limits_file.Size(claim.cores, claim.memory_mib), cards=len(claim.gpus))
+        except OSError as e:
+            # The container still gets its limits as environment; a resize waits for its restart.
+            log.warning("pod %s, container %r: cannot write the limits file of claim %s/%s under %s (%s); the "
+                        "container starts without it", plain.pod, plain.container, claim.namespace, claim.name,
+                        self._limits.directory, e)  # fmt: skip
+            return None
+        return size.as_tuple()
+
+    def _record_started(self, plain: injection.ContainerRequest, claim: injection.ClaimInfo,
+                        limits: tuple[int, int] | None) -> int:
+        try:
+            return self._ledger.record_started(
                     pod_uid=plain.pod.uid,
                     pod_namespace=plain.pod.namespace,
                     pod_name=plain.pod.name,
@@ -172,26 +227,15 @@ class ClaimHooks:
                     gpu_uuids=list(claim.gpus),
                     cores=claim.cores,
                     memory_mib=claim.memory_mib,
+                    limits=limits,
                 )
-            except Exception as e:
-                log.exception("ledger write for %s/%s failed", plain.pod, plain.container)
-                raise hooks.Refused(
-                    f"pod {plain.pod}, container {plain.container!r}: the elasticgpu agent cannot write its "
-                    f"ledger ({type(e).__name__}); no GPU is given without a record, kubelet retries",
-                    code=grpc.StatusCode.UNAVAILABLE,
-                ) from e
-            with self._memory_lock:
-                self._open[row_id] = _OpenRow(
-                    claim=key, pod=plain.pod, container_id=None, gpus=claim.gpus, cores=claim.cores,
-                    memory_mib=claim.memory_mib,
-                )
-        apply(edit, request)
-        return hooks.PreparedCreate(
-            request=request,
-            token=row_id,
-            changed=True,
-            details={"claim": f"{claim.namespace}/{claim.name}", "devices": ",".join(edit.devices)},
-        )
+        except Exception as e:
+            log.exception("ledger write for %s/%s failed", plain.pod, plain.container)
+            raise hooks.Refused(
+                f"pod {plain.pod}, container {plain.container!r}: the elasticgpu agent cannot write its "
+                f"ledger ({type(e).__name__}); no GPU is given without a record, kubelet retries",
+                code=grpc.StatusCode.UNAVAILABLE,
+            ) from e
 
     def created(self, prepared: hooks.PreparedCreate, container_id: str) -> None:
         """Complete the row, `created` with the container id (queued, see the module docstring)."""
@@ -343,7 +387,12 @@ class ClaimHooks:
             return
         rows, _ = self._live(rows, states)
         merged: dict[tuple[str, str], card_sharing.Holder] = {}
+        resized = self._limits.requested if self._limits is not None else {}
         for row in rows:
+            if (size := resized.get(row.claim)) is not None:
+                # Resized since its containers were created: the card holds what its allocation asks now
+                # (after a shrink the controller may have given the freed part to this claim).
+                row = replace(row, cores=size.cores, memory_mib=0 if size.cores >= 100 else size.memory_mib)
             known = merged.get(row.claim)
             pods = tuple(sorted({*(known.pods if known else ()), row.pod}, key=str))
             merged[row.claim] = card_sharing.Holder(

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elasticgpu.agent.cri import cdi, claim_hooks, driver, front, injection
+from elasticgpu.agent.cri import cdi, claim_hooks, driver, front, injection, limits_file
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import Card
 from elasticgpu.agent.ledger.store import LedgerStore
@@ -92,6 +92,9 @@ class HookSettings:
     """First and longest wait after a failure of a duty (doubling)."""
     grace_s: float = 5.0
     """Seconds calls in flight get to finish when the agent stops."""
+    limits_dir: Path | None = None
+    """Folder of the claims' limits files, mounted read-only into claim containers so that a resize
+    reaches them while they run (docs/resize-node.md); None: no limits files."""
 
 
 class CriHook:
@@ -128,6 +131,8 @@ class CriHook:
         """The proxy serving now (None between a failure and its restart)."""
         self.hooks: claim_hooks.ClaimHooks | None = None
         """The claim hooks of the proxy serving now."""
+        self.limits = limits_file.LimitsFiles(settings.limits_dir) if settings.limits_dir is not None else None
+        """The claims' limits files (the holders publisher keeps them true to the allocations), or None."""
         self.proxy_starts = 0
         """Proxies started (1 + restarts), for tests and logs."""
         self.front: front.NginxFront | None = None
@@ -226,7 +231,8 @@ class CriHook:
             log.warning("the CRI proxy's socket %s vanished or was replaced; kubelet cannot reach it: restarting "
                         "the proxy", self.settings.proxy.listen)
             self._stop_proxy()
-        hooks = claim_hooks.ClaimHooks(view=self._view, ledger=self._ledger, settings=self.settings.injection)
+        hooks = claim_hooks.ClaimHooks(view=self._view, ledger=self._ledger, settings=self.settings.injection,
+                                       limits=self.limits)
         proxy = CriProxy(self.settings.proxy, container_hooks=hooks)
         try:
             proxy.start()  # leaves nothing behind when it fails

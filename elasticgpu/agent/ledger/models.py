@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, DateTime, Index, Integer, String
+from sqlalchemy import JSON, Boolean, DateTime, Index, Integer, String, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # The states of an allocation, in the order a container lives them.
@@ -47,6 +47,15 @@ class AllocationRow(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Resize (issue 17, docs/resize-node.md): whether the container was created with the claim's
+    # limits file mounted (only then can a new size reach it while it runs), the size the GPU
+    # objects last asked for, and the size its limits file says (None: not known / no file).
+    limits_file: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    requested_cores: Mapped[int | None] = mapped_column(Integer)
+    requested_memory_mib: Mapped[int | None] = mapped_column(Integer)
+    applied_cores: Mapped[int | None] = mapped_column(Integer)
+    applied_memory_mib: Mapped[int | None] = mapped_column(Integer)
+    limits_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class UsageSampleRow(Base):

@@ -109,6 +109,26 @@ class Allocation:
     started_at: datetime
     created_at: datetime | None
     released_at: datetime | None
+    limits_file: bool = False  # created with the claim's limits file mounted (docs/resize-node.md)
+    requested_cores: int | None = None  # the size the GPU objects last asked for
+    requested_memory_mib: int | None = None
+    applied_cores: int | None = None  # the size the limits file says (None: no file, or not known)
+    applied_memory_mib: int | None = None
+    limits_changed_at: datetime | None = None
+
+    @property
+    def applied(self) -> tuple[int, int] | None:
+        """(cores, memory MiB) in effect in the container through its limits file, or None."""
+        if not self.limits_file or self.applied_cores is None or self.applied_memory_mib is None:
+            return None
+        return self.applied_cores, self.applied_memory_mib
+
+    @property
+    def requested(self) -> tuple[int, int] | None:
+        """(cores, memory MiB) the GPU objects last asked of the container, or None (not recorded yet)."""
+        if self.requested_cores is None or self.requested_memory_mib is None:
+            return None
+        return self.requested_cores, self.requested_memory_mib
 
     @classmethod
     def from_row(cls, row: models.AllocationRow) -> Allocation:
@@ -120,7 +140,10 @@ class Allocation:
             pod_namespace=row.pod_namespace, pod_name=row.pod_name, container_name=row.container_name,
             claim_namespace=row.claim_namespace, claim_name=row.claim_name, elastic_gpu=row.elastic_gpu,
             gpu_uuids=tuple(row.gpu_uuids), cores=row.cores, memory_mib=row.memory_mib, started_at=started,
-            created_at=_utc(row.created_at), released_at=_utc(row.released_at),
+            created_at=_utc(row.created_at), released_at=_utc(row.released_at), limits_file=bool(row.limits_file),
+            requested_cores=row.requested_cores, requested_memory_mib=row.requested_memory_mib,
+            applied_cores=row.applied_cores, applied_memory_mib=row.applied_memory_mib,
+            limits_changed_at=_utc(row.limits_changed_at),
         )
 
 
@@ -354,14 +377,22 @@ class LedgerStore:
         gpu_uuids: list[str],
         cores: int,
         memory_mib: int,
+        limits: tuple[int, int] | None = None,
     ) -> int:
-        """Record an injection about to be made (state "started"); returns the row id for the next steps."""
+        """Record an injection about to be made (state "started"); returns the row id for the next steps.
+
+        `limits`: (cores, memory MiB) the claim's limits file says as the container gets it mounted;
+        None: no limits file (the size cannot change while the container runs)."""
         row = models.AllocationRow(
             state=models.STARTED, container_id=None, pod_uid=pod_uid, pod_namespace=pod_namespace,
             pod_name=pod_name, container_name=container_name, claim_namespace=claim_namespace,
             claim_name=claim_name, elastic_gpu=elastic_gpu, gpu_uuids=list(gpu_uuids), cores=cores,
-            memory_mib=memory_mib, started_at=_now(),
+            memory_mib=memory_mib, started_at=_now(), limits_file=limits is not None,
         )
+        if limits is not None:
+            row.requested_cores, row.requested_memory_mib = limits
+            row.applied_cores, row.applied_memory_mib = limits
+            row.limits_changed_at = row.started_at
         with self._writing() as session:
             session.add(row)
             session.flush()
@@ -434,6 +465,32 @@ class LedgerStore:
                 select(models.AllocationRow).where(models.AllocationRow.container_id == container_id)
             ).one_or_none()
             return None if row is None else Allocation.from_row(row)
+
+    def record_limits(self, row_ids: Sequence[int], *, requested: tuple[int, int],
+                      applied: tuple[int, int] | None) -> int:
+        """Record a claim's size on open rows: `requested` (cores, memory MiB) the GPU objects ask for,
+        `applied` what its limits file says now, written only on rows created with the file (the others
+        keep None: their containers cannot take a new size). Returns how many rows changed; a row that
+        is not open (released meanwhile) is left alone."""
+        changed = 0
+        with self._writing() as session:
+            rows = session.scalars(
+                select(models.AllocationRow).where(
+                    models.AllocationRow.id.in_(list(row_ids)), models.AllocationRow.state.in_(models.OPEN_STATES)
+                )
+            ).all()
+            now = _now()
+            for row in rows:
+                before = (row.requested_cores, row.requested_memory_mib, row.applied_cores, row.applied_memory_mib)
+                row.requested_cores, row.requested_memory_mib = requested
+                if row.limits_file and applied is not None:
+                    row.applied_cores, row.applied_memory_mib = applied
+                if (row.requested_cores, row.requested_memory_mib, row.applied_cores, row.applied_memory_mib) != before:
+                    row.limits_changed_at = now
+                    changed += 1
+        if changed:
+            self._changed()
+        return changed
 
     def prune_released(self, *, before: datetime) -> int:
         """Delete released rows released before `before`; returns how many."""

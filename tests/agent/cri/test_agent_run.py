@@ -11,6 +11,7 @@ releases the gone container's row, so the claim is given again to the next conta
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import stat
@@ -84,7 +85,7 @@ def agent_factory(kube_cluster: TestCluster, containerd: TestRuntime, proxy_sock
             "--ledger-url", f"sqlite:///{tmp_path / 'ledger.db'}", "--metrics-port", "0",
             "--heartbeat-interval-s", "2", "--rediscover-interval-s", "0.5",
             "--cri-listen", str(proxy_socket), "--cri-upstream", str(containerd.socket),
-            "--cdi-dir", str(containerd.cdi_dir), *extra,
+            "--cdi-dir", str(containerd.cdi_dir), "--limits-dir", str(tmp_path / "limits"), *extra,
         ]  # fmt: skip
         agent = AgentProcess(command, tmp_path / "agent.log", env)
         made.append(agent)
@@ -202,6 +203,12 @@ def test_agent_run_injects_through_its_proxy_and_reconciles_after_kill_9(
             assert k.env(side)["NVIDIA_VISIBLE_DEVICES"] == "void"
             assert k.exec(side, "sh", "-c", "test -e /dev/nvidia0")[0] != 0
             wait_for("the ledger row created", lambda: rows(ledger) == [("created", main, claim_name)])
+            # Issue 17: the claim's limits file is mounted, and the agent reports the size it says as applied.
+            code, out = k.exec(main, "cat", "/run/elasticgpu/limits.json")
+            assert code == 0 and (json.loads(out)["cores"], json.loads(out)["memoryMiB"]) == (30, 10240), out
+            wait_for("applied in the card's runningClaims", lambda: [c.get("applied") for c in (world.kube.get_gpu(
+                names.gpu_object_name(uuid)).get("status") or {}).get("runningClaims") or []] == [
+                {"cores": 30, "memory": 10240}])  # fmt: skip
 
         # kill -9: kubelet's socket answers nothing. Meanwhile the claim's container goes, directly on the
         # runtime (an operator's crictl rm, or kubelet pointed back at containerd).
