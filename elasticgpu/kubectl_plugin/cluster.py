@@ -94,6 +94,19 @@ class Cluster:
             raise _api_error(err, f"elasticgpus.{names.GROUP}") from None
         return ElasticGPU.model_validate(body)
 
+    def pods_using_claims(self) -> list[dict[str, Any]]:
+        """The pods of this namespace that use claims (the webhook labels them), as API bodies."""
+        try:
+            pods = client.CoreV1Api(self.api).list_namespaced_pod(
+                self.namespace, label_selector=f"{names.LABEL_USES_CLAIMS}=true", _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as err:
+            if err.status == 403:
+                return []  # a user who may read claims but not pods still gets the claim's answer
+            raise _api_error(err, "pods") from None
+        bodies: list[dict[str, Any]] = [self.api.sanitize_for_serialization(pod) for pod in pods.items]
+        return bodies
+
     def node_labels(self) -> dict[str, dict[str, str]]:
         """Labels of every node (a class's nodeSelector matches them); empty when nodes may not be listed."""
         try:

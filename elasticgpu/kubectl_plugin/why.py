@@ -9,12 +9,17 @@ then the closest card and what it lacks; or somewhere, and then what the claim s
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from elasticgpu import plan
-from elasticgpu.api import ElasticGPUClaim
+from elasticgpu.api import ElasticGPUClaim, ElasticGPUError
+from elasticgpu.api.pod_claims import read_pod_claims
 from elasticgpu.kubectl_plugin import cluster
 
 WAIT_FOR_CONSUMER = "WaitForFirstConsumer"
+CLAIMS_READY = "elasticgpu.io/ClaimsReady"
+"""The pod condition the controller writes (`controller.decisions.pod_gate`; the plugin imports no
+controller code): why a pod that uses claims is still gated."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,14 +77,39 @@ def _placement(view: cluster.Cluster, claim: ElasticGPUClaim) -> list[str]:
     return lines
 
 
+def _uses(pod: dict[str, Any], claim: str) -> bool:
+    try:
+        return claim in read_pod_claims(pod).claim_names(str((pod.get("metadata") or {}).get("name", "")))
+    except ElasticGPUError:
+        return False  # annotations the webhook would refuse: that pod's own condition says so
+
+
+def _pods(view: cluster.Cluster, claim: ElasticGPUClaim) -> list[str]:
+    """The pods that use the claim, with their ClaimsReady condition (WaitForFirstConsumer: a pod
+    that cannot be placed keeps its claims Pending, and only the pod says why)."""
+    lines = []
+    for pod in view.pods_using_claims():
+        if not _uses(pod, claim.metadata.name or ""):
+            continue
+        name = (pod.get("metadata") or {}).get("name")
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == CLAIMS_READY), None)
+        if ready is None:
+            lines.append(f"  pod {name}: no {CLAIMS_READY} condition yet")
+        else:
+            lines.append(f"  pod {name}: {CLAIMS_READY}={ready.get('status')} ({ready.get('reason')})"
+                         f" {ready.get('message') or ''}".rstrip())
+    return lines
+
+
 def explain(view: cluster.Cluster, claim: ElasticGPUClaim) -> list[str]:
     """The lines `why` prints for `claim`."""
     lines = _lines_of_status(claim)
     if (claim.status.phase or "Pending") != "Pending":
         return lines
     if claim.spec.elastic_gpu_name:
-        return lines + _static(view, claim)
-    return lines + _placement(view, claim)
+        return lines + _static(view, claim) + _pods(view, claim)
+    return lines + _placement(view, claim) + _pods(view, claim)
 
 
 def run(args: argparse.Namespace, view: cluster.Cluster) -> int:

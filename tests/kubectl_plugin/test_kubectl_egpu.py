@@ -84,6 +84,15 @@ def cluster_with_claims(objects: Objects, api_client: client.ApiClient, namespac
             objects.create(claim)
         objects.patch_status({"kind": names.KIND_CLAIM, "metadata": {"name": "too-big"}}, {
             "phase": "Pending", "reason": "NoCapacity", "message": "no card has room for 20% cores, 96Gi"})
+        # A pod that uses it, gated, with the condition the controller writes (and one that does not).
+        for pod, claim_name in (("big-pod", "too-big"), ("other-pod", "fits")):
+            core.create_namespaced_pod(namespace, {
+                "metadata": {"name": pod, "labels": {names.LABEL_USES_CLAIMS: "true"},
+                             "annotations": {names.claim_annotation("main"): claim_name}},
+                "spec": {"containers": [{"name": "main", "image": "busybox"}]}})
+        core.patch_namespaced_pod_status("big-pod", namespace, {"status": {"conditions": [
+            {"type": "elasticgpu.io/ClaimsReady", "status": "False", "reason": "ClaimPending",
+             "message": "claim too-big is Pending"}]}})
         yield node
     finally:
         for card in cards:
@@ -129,9 +138,13 @@ def test_why_names_the_reason_and_the_closest_card_and_what_it_lacks(egpu, clust
     # The allocator's word, from this node only (the class's nodeSelector): card 1 is taken whole,
     # card 0 has 80Gi - 10Gi free.
     assert f"lacks:    {cluster_with_claims} card 0 has 70Gi free, the claim asks 96Gi" in told.stdout
+    # The pods that use it, with the controller's word on them; not the pod of another claim.
+    assert "pod big-pod: elasticgpu.io/ClaimsReady=False (ClaimPending) claim too-big is Pending" in told.stdout
+    assert "other-pod" not in told.stdout
     fits = egpu("why", "fits", "-n", namespace)
     assert fits.returncode == 0, fits.stderr
     assert re.search(rf"fits now: {cluster_with_claims}: GPU-{cluster_with_claims}-0 \(20%, 20Gi\)", fits.stdout)
+    assert "pod other-pod: no elasticgpu.io/ClaimsReady condition yet" in fits.stdout
 
 
 def test_mistakes_are_one_line_and_exit_2(egpu, objects: Objects, namespace: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
