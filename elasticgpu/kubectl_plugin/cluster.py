@@ -104,7 +104,10 @@ class Cluster:
             if err.status == 403:
                 return []  # a user who may read claims but not pods still gets the claim's answer
             raise _api_error(err, "pods") from None
-        bodies: list[dict[str, Any]] = [self.api.sanitize_for_serialization(pod) for pod in pods.items]
+        bodies: list[dict[str, Any]] = [
+            self.api.sanitize_for_serialization(pod)  # type: ignore[no-untyped-call]
+            for pod in pods.items
+        ]
         return bodies
 
     def node_labels(self) -> dict[str, dict[str, str]]:
