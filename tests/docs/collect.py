@@ -77,6 +77,7 @@ def reasons() -> list[Reason]:
         elif isinstance(expr, ast.JoinedStr) and expr.values and isinstance(expr.values[0], ast.Constant):
             out.append(Reason(str(expr.values[0].value), True, where))
 
+    positions = _reason_positions([tree for _, tree in modules])
     for path, tree in modules:
         for name, text in local[path].items():
             if "REASON" in name and not name.startswith("MAX_"):
@@ -86,11 +87,40 @@ def reasons() -> list[Reason]:
                 for keyword in node.keywords:
                     if keyword.arg == "reason":
                         given(keyword.value, path)
+                callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                for index in positions.get(callee, ()):
+                    if index < len(node.args):
+                        given(node.args[index], path)
             elif isinstance(node, ast.Dict):
                 for key, value in zip(node.keys, node.values, strict=True):
                     if isinstance(key, ast.Constant) and key.value == "reason":
                         given(value, path)
-    return [r for r in out if REASON_WORD.match(r.text)]
+    # A condition's status is no reason, whatever position a helper takes it at.
+    return [r for r in out if REASON_WORD.match(r.text) and r.text not in ("True", "False", "Unknown")]
+
+
+def _reason_positions(trees: list[ast.Module]) -> dict[str, set[int]]:
+    """Callee name -> the positions at which it takes a `reason`: functions and methods with a
+    parameter `reason` (`self` not counted), and classes whose fields (dataclasses, in order) hold one,
+    so that `Wait("QuotaExceeded", message)` and `_condition(HEALTHY, "False", VANISHED, ...)` count."""
+    positions: dict[str, set[int]] = {}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                params = [a.arg for a in node.args.posonlyargs + node.args.args]
+                if params[:1] in (["self"], ["cls"]):
+                    params = params[1:]
+                if "reason" in params:
+                    positions.setdefault(node.name, set()).add(params.index("reason"))
+            elif isinstance(node, ast.ClassDef):
+                fields = [
+                    f.target.id for f in node.body
+                    if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)
+                    and "ClassVar" not in ast.unparse(f.annotation)
+                ]
+                if "reason" in fields:
+                    positions.setdefault(node.name, set()).add(fields.index("reason"))
+    return positions
 
 
 @dataclass(frozen=True)
