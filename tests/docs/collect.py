@@ -157,10 +157,22 @@ def metrics() -> list[Metric]:
     out: list[Metric] = []
     for path, tree in _modules():
         constants = _constants(tree)
+        # Only prometheus-client's classes (collections.Counter is no metric).
+        imported = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("prometheus_client")
+            for alias in node.names
+        }
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
-            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if isinstance(node.func, ast.Name) and node.func.id in imported:
+                called = node.func.id
+            elif isinstance(node.func, ast.Attribute) and "prometheus" in ast.unparse(node.func.value):
+                called = node.func.attr
+            else:
+                continue
             if called not in _KINDS or not node.args:
                 continue
             name = _text(node.args[0], constants)
