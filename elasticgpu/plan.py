@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -57,6 +57,9 @@ class PlanInput:
     node_list: list[dict[str, Any]]
     classes: list[ElasticGPUClass]
     claims: list[ElasticGPUClaim]
+    node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Labels of the nodes that hold GPU objects (a class's nodeSelector matches them); from a
+    cluster's Node objects (`kubectl egpu why`), empty offline."""
 
 
 @dataclass
@@ -184,7 +187,7 @@ def build_inventory(found: PlanInput) -> Inventory:
     for gpu in found.gpus:
         spec = gpu.spec
         if spec.node_name not in inventory:
-            inventory.add_node(NodeRecord(name=spec.node_name))
+            inventory.add_node(NodeRecord(name=spec.node_name, labels=found.node_labels.get(spec.node_name, {})))
         inventory.add_card(CardRecord.from_gpu(gpu))
     # Reservations already written into GPU status (the controller's commit point) are kept.
     held: dict[str, list[tuple[GPU, Any]]] = {}
@@ -208,7 +211,8 @@ def build_inventory(found: PlanInput) -> Inventory:
     return inventory
 
 
-def _class_for(claim: ElasticGPUClaim, classes: dict[str, ElasticGPUClass]) -> ElasticGPUClass | None:
+def class_for(claim: ElasticGPUClaim, classes: dict[str, ElasticGPUClass]) -> ElasticGPUClass | None:
+    """The class that rules `claim`: the one it names, else the default class; None when missing."""
     name = claim.spec.class_name
     if name:
         return classes.get(name)
@@ -223,7 +227,7 @@ def plan(found: PlanInput, *, seed: int = 0) -> list[ClaimResult]:
     allocators: dict[str, Allocator] = {}
     results: list[ClaimResult] = []
     for claim in found.claims:
-        gpu_class = _class_for(claim, classes)
+        gpu_class = class_for(claim, classes)
         class_name = (gpu_class.metadata.name or "") if gpu_class else (claim.spec.class_name or "")
         try:
             request, _limit = claim.spec.gpu_request()

@@ -2,7 +2,7 @@
 
 Nothing is updated per sample: a scrape walks inventory's cards and GPU objects, the usage loop's
 last pass, the XID counts and the write counters, so metrics cost nothing between scrapes.
-Base units (bytes, ratios 0..1), names in README.md ("Agent metrics").
+Base units (bytes, ratios 0..1); every metric is listed in docs/metrics.md (a test checks it).
 """
 
 from __future__ import annotations

@@ -1,0 +1,136 @@
+"""What `kubectl egpu` reads from the cluster: the plugin's only user of the Kubernetes API.
+
+It loads the kubeconfig as kubectl does (`--kubeconfig`, else $KUBECONFIG, else ~/.kube/config;
+`--context`; the context's namespace unless `-n` is given) and returns the objects as the
+models of `elasticgpu.api`. Reading is all it does: the plugin never writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from elasticgpu import user_errors
+from elasticgpu.api import GPU, ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names
+
+DEFAULT_NAMESPACE = "default"
+REQUEST_TIMEOUT_S = 30.0
+"""Seconds per API call: a server that hangs fails the command instead of hanging it."""
+
+
+@dataclass
+class Cluster:
+    """A read-only view of one cluster through one kubeconfig context."""
+
+    api: client.ApiClient
+    namespace: str
+    """The namespace of claims: `-n`, else the kubeconfig context's, else `default`."""
+
+    @classmethod
+    def connect(cls, *, kubeconfig: str | None, context: str | None, namespace: str | None) -> Cluster:
+        """Load the kubeconfig (errors become the boundary's one-line messages)."""
+        # The kubernetes client ships no type hints; its ApiClient is typed where we use it.
+        api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, context=context
+        )
+        if namespace is None:
+            contexts: list[dict[str, Any]]
+            active: dict[str, Any]
+            contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+            chosen = next((c for c in contexts if c.get("name") == context), active) if context else active
+            namespace = str(((chosen or {}).get("context") or {}).get("namespace") or DEFAULT_NAMESPACE)
+        return cls(api=api, namespace=namespace)
+
+    def _custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+    def _list(self, plural: str) -> list[dict[str, Any]]:
+        try:
+            answer = self._custom().list_cluster_custom_object(
+                names.GROUP, names.VERSION, plural, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as err:
+            raise _api_error(err, f"{plural}.{names.GROUP}") from None
+        # The client types the answer as `object`; a list answer is a dict with `items`.
+        items: list[dict[str, Any]] = answer.get("items") or [] if isinstance(answer, dict) else []
+        return items
+
+    def gpus(self) -> list[GPU]:
+        """Every GPU object of the cluster."""
+        return [GPU.model_validate(item) for item in self._list(names.PLURAL_GPU)]
+
+    def classes(self) -> list[ElasticGPUClass]:
+        """Every ElasticGPUClass."""
+        return [ElasticGPUClass.model_validate(item) for item in self._list(names.PLURAL_CLASS)]
+
+    def claim(self, name: str) -> ElasticGPUClaim:
+        """The claim `name` of this namespace; a missing one is the user's mistake, told as such."""
+        try:
+            body = self._custom().get_namespaced_custom_object(
+                names.GROUP, names.VERSION, self.namespace, names.PLURAL_CLAIM, name,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        except ApiException as err:
+            if err.status == 404:
+                raise user_errors.UserError(
+                    f"ElasticGPUClaim {name} not found in namespace {self.namespace}: check the name"
+                    f" (kubectl get egpuc -n {self.namespace}) or pass -n NAMESPACE"
+                ) from None
+            raise _api_error(err, f"elasticgpuclaims.{names.GROUP}") from None
+        return ElasticGPUClaim.model_validate(body)
+
+    def elastic_gpu(self, name: str) -> ElasticGPU | None:
+        """The ElasticGPU `name`, or None when there is none."""
+        try:
+            body = self._custom().get_cluster_custom_object(
+                names.GROUP, names.VERSION, names.PLURAL_ELASTIC_GPU, name, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise _api_error(err, f"elasticgpus.{names.GROUP}") from None
+        return ElasticGPU.model_validate(body)
+
+    def pods_using_claims(self) -> list[dict[str, Any]]:
+        """The pods of this namespace that use claims (the webhook labels them), as API bodies."""
+        try:
+            pods = client.CoreV1Api(self.api).list_namespaced_pod(
+                self.namespace, label_selector=f"{names.LABEL_USES_CLAIMS}=true", _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as err:
+            if err.status == 403:
+                return []  # a user who may read claims but not pods still gets the claim's answer
+            raise _api_error(err, "pods") from None
+        bodies: list[dict[str, Any]] = [
+            self.api.sanitize_for_serialization(pod)  # type: ignore[no-untyped-call]
+            for pod in pods.items
+        ]
+        return bodies
+
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        """Labels of every node (a class's nodeSelector matches them); empty when nodes may not be listed."""
+        try:
+            nodes = client.CoreV1Api(self.api).list_node(_request_timeout=REQUEST_TIMEOUT_S)
+        except ApiException as err:
+            if err.status == 403:
+                return {}  # a user who may read claims but not nodes still gets an answer
+            raise _api_error(err, "nodes") from None
+        return {str(n.metadata.name): dict(n.metadata.labels or {}) for n in nodes.items if n.metadata is not None}
+
+
+def _api_error(err: ApiException, resource: str) -> user_errors.UserError:
+    """An API refusal the user can act on, in one line."""
+    if err.status == 404:
+        return user_errors.UserError(
+            f"the cluster does not serve {resource}: install the CRDs (elasticgpu crds --apply, or the chart in"
+            " deploy/chart)"
+        )
+    if err.status in (401, 403):
+        return user_errors.UserError(
+            f"the API server refused to list {resource} ({err.status} {err.reason}): the kubeconfig's user needs"
+            " get/list on it (RBAC)"
+        )
+    return user_errors.UserError(f"the API server answered {err.status} {err.reason} for {resource}: try again")

@@ -1,0 +1,66 @@
+"""The `kubectl-egpu` console script: flags, subcommands, and the error boundary around them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from elasticgpu import __version__, user_errors
+from elasticgpu.kubectl_plugin import cluster, plan, top, why
+
+ClusterHandler = Callable[[argparse.Namespace, cluster.Cluster], int]
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    """kubectl's own spelling of the connection flags (kubectl does not pass its own to plugins)."""
+    parser.add_argument("-n", "--namespace", help="namespace of the claims (default: the context's, else default)")
+    parser.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, else ~/.kube/config)")
+    parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+
+
+def _connected(handler: ClusterHandler) -> Callable[[argparse.Namespace], int]:
+    """`handler` given the cluster the flags name (connecting inside the boundary, so a bad
+    kubeconfig is told in one line)."""
+
+    def call(args: argparse.Namespace) -> int:
+        view = cluster.Cluster.connect(kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace)
+        return handler(args, view)
+
+    return call
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `kubectl egpu` and its subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="kubectl egpu", description="See elasticgpu's GPUs and claims: top, why CLAIM, plan."
+    )
+    parser.add_argument("--version", action="version", version=f"kubectl-egpu {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    top_parser = commands.add_parser("top", help="per node and card: reserved, used, health, claims")
+    _common(top_parser)
+    top.add_arguments(top_parser)
+    top_parser.set_defaults(handler=_connected(top.run))
+
+    why_parser = commands.add_parser("why", help="why a claim is Pending (or Bound, or Lost), and what it lacks")
+    _common(why_parser)
+    why.add_arguments(why_parser)
+    why_parser.set_defaults(handler=_connected(why.run))
+
+    plan_parser = commands.add_parser("plan", help="bind claims offline, with no cluster (elasticgpu plan)")
+    plan.add_arguments(plan_parser)
+    plan_parser.set_defaults(handler=plan.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `kubectl-egpu` console script (kubectl runs it for `kubectl egpu`)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return user_errors.guarded(args.handler, prog=f"kubectl egpu {args.command}")(args)
+    except BrokenPipeError:
+        # `kubectl egpu top | head`: the reader left; no traceback, and none at exit either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
