@@ -13,7 +13,7 @@ from typing import Any
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
 from elasticgpu.controller.decisions import binder
-from elasticgpu.controller.picture import compact, pod_index, records, versions
+from elasticgpu.controller.picture import compact, pod_index, records, versions, waiting_order
 from elasticgpu.controller.picture.reservations import Ledger
 
 Body = dict[str, Any]
@@ -64,9 +64,15 @@ class Reading:
     # -- reading -------------------------------------------------------------------------------
 
     def pending_claim_keys(self) -> Keys:
-        """The claims that wait (Pending, or no phase yet): capacity grew, or a class changed."""
+        """The claims that wait (Pending, or no phase yet): capacity grew, or a class changed.
+        In bind order (each class's `bindOrder`, `waiting_order`): the queue serves them so."""
         with self.lock:
-            return [("claim", ns, name) for ns, name in self._waiting]
+            if not self._waiting:
+                return []
+            keys = waiting_order.ordered(self._waiting, claim=lambda key: self._claims.get(key),
+                                         classes=self._classes, default_class=self.view().default_class(),
+                                         reservations=self.ledger.inventory.reservations, egpu=self._egpus.get)
+            return [("claim", ns, name) for ns, name in keys]
 
     def all_keys(self) -> Keys:
         """Every GPU, ElasticGPU and claim (the resync requeues them all), each ElasticGPU followed

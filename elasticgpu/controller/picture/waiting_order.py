@@ -1,0 +1,84 @@
+"""The waiting claims in bind order: the picture's side of `decisions.bind_order`.
+
+When capacity frees (a reservation freed, a card back to Ready, a class or node changed) the
+picture answers with the keys of the claims that wait; the work queue serves keys in the order
+they were added, and the worker plans a batch in that order, so this order decides which claim
+gets freed capacity first. This module turns the picture's claims into `bind_order.Waiting`
+records (age, cores, class and its `bindOrder`) and, for FairShare classes only, counts the
+cores each namespace holds in the class from the reservations the GPUs hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from elasticgpu.allocator import Placement
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
+from elasticgpu.api.errors import InvalidRequest
+from elasticgpu.controller.decisions import bind_order
+
+ClaimKey = tuple[str, str]
+
+
+def cores_of(claim: ElasticGPUClaim) -> int:
+    """Cores the claim holds once bound (0 when its request is invalid: it cannot bind anyway)."""
+    try:
+        request, _limit = claim.spec.gpu_request()
+    except InvalidRequest:
+        return 0
+    return request.cores
+
+
+def held_cores(placement: Placement) -> int:
+    """Cores a reservation holds (a whole card is 100)."""
+    return sum(share.cores for share in placement.cards)
+
+
+def ordered(
+    waiting: Iterable[ClaimKey],
+    *,
+    claim: Callable[[ClaimKey], ElasticGPUClaim | None],
+    classes: Mapping[str, ElasticGPUClass],
+    default_class: ElasticGPUClass | None,
+    reservations: Mapping[str, Placement],
+    egpu: Callable[[str], ElasticGPU | None],
+) -> list[ClaimKey]:
+    """`waiting` (in the order the picture first saw each wait) in bind order.
+
+    `reservations`: placement by ElasticGPU name (what the GPUs hold); `egpu`: the ElasticGPU of
+    a name, for the namespace and class of a reservation (read only when a FairShare class has
+    waiting claims)."""
+    records: list[bind_order.Waiting] = []
+    fair: set[str] = set()
+    for arrival, key in enumerate(waiting):
+        model = claim(key)
+        if model is None:
+            continue
+        class_name = model.spec.class_name or (default_class.metadata.name or "" if default_class else "")
+        klass = classes.get(class_name)
+        mode = klass.bind_order if klass is not None else "FIFO"
+        if mode == "FairShare":
+            fair.add(class_name)
+        records.append(bind_order.Waiting(namespace=key[0], name=key[1],
+                                          created=model.metadata.creation_timestamp or "", arrival=arrival,
+                                          cores=cores_of(model), class_name=class_name, order=mode))
+    use = use_by_class(fair, reservations=reservations, egpu=egpu) if fair else {}
+    return [w.key for w in bind_order.order(records, use=use)]
+
+
+def use_by_class(classes: set[str], *, reservations: Mapping[str, Placement],
+                 egpu: Callable[[str], ElasticGPU | None]) -> dict[str, dict[str, float]]:
+    """Cores held per namespace in each of `classes`, from the reservations of ElasticGPUs that
+    are claimed (a static ElasticGPU reserved while Available belongs to no namespace yet)."""
+    use: dict[str, dict[str, float]] = {}
+    for name, placement in reservations.items():
+        model = egpu(name)
+        if model is None or model.spec.claim_ref is None or not model.spec.claim_ref.namespace:
+            continue
+        class_name = model.spec.elastic_gpu_class_name or ""
+        if class_name not in classes:
+            continue
+        per_namespace = use.setdefault(class_name, {})
+        namespace = model.spec.claim_ref.namespace
+        per_namespace[namespace] = per_namespace.get(namespace, 0.0) + held_cores(placement)
+    return use
