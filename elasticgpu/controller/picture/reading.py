@@ -40,6 +40,9 @@ class Reading:
         self._egpus: records.Models[str, ElasticGPU] = records.Models(
             ElasticGPU, at_rest=_egpu_at_rest, lock=self.lock)
         self._by_claim_uid: dict[str, str] = {}
+        self._egpu_owners: dict[str, waiting_order.Owner] = {}
+        """(namespace, class) of each claimed ElasticGPU (`waiting_order.index_owner`): FairShare
+        counts each namespace's use from the reservations without building ElasticGPU models."""
         """ElasticGPU name by the uid in its claimRef, kept in step by `put_egpu` / `drop_egpu`."""
         self._unclaimed_available: dict[str, ElasticGPU] = {}
         """Available ElasticGPUs without a claimRef (static bind candidates), kept by `put_egpu`."""
@@ -71,7 +74,8 @@ class Reading:
                 return []
             keys = waiting_order.ordered(self._waiting, claim=lambda key: self._claims.get(key),
                                          classes=self._classes, default_class=self.view().default_class(),
-                                         reservations=self.ledger.inventory.reservations, egpu=self._egpus.get)
+                                         reservations=self.ledger.inventory.reservations,
+                                         owners=self._egpu_owners)
             return [("claim", ns, name) for ns, name in keys]
 
     def all_keys(self) -> Keys:

@@ -18,6 +18,18 @@ from elasticgpu.api.errors import InvalidRequest
 from elasticgpu.controller.decisions import bind_order
 
 ClaimKey = tuple[str, str]
+Owner = tuple[str, str]
+"""(namespace of the claim, class name) of a claimed ElasticGPU."""
+
+
+def index_owner(owners: dict[str, Owner], name: str, egpu: ElasticGPU) -> None:
+    """Keep `owners[name]` in step with ElasticGPU `egpu` (absent while it has no claimRef: a
+    static ElasticGPU reserved while Available belongs to no namespace yet)."""
+    ref = egpu.spec.claim_ref
+    if ref is not None and ref.namespace:
+        owners[name] = (ref.namespace, egpu.spec.elastic_gpu_class_name or "")
+    else:
+        owners.pop(name, None)
 
 
 def cores_of(claim: ElasticGPUClaim) -> int:
@@ -41,13 +53,12 @@ def ordered(
     classes: Mapping[str, ElasticGPUClass],
     default_class: ElasticGPUClass | None,
     reservations: Mapping[str, Placement],
-    egpu: Callable[[str], ElasticGPU | None],
+    owners: Mapping[str, Owner],
 ) -> list[ClaimKey]:
     """`waiting` (in the order the picture first saw each wait) in bind order.
 
-    `reservations`: placement by ElasticGPU name (what the GPUs hold); `egpu`: the ElasticGPU of
-    a name, for the namespace and class of a reservation (read only when a FairShare class has
-    waiting claims)."""
+    `reservations`: placement by ElasticGPU name (what the GPUs hold); `owners`: namespace and
+    class by ElasticGPU name (`index_owner`), read only when a FairShare class has waiting claims."""
     records: list[bind_order.Waiting] = []
     fair: set[str] = set()
     for arrival, key in enumerate(waiting):
@@ -62,23 +73,19 @@ def ordered(
         records.append(bind_order.Waiting(namespace=key[0], name=key[1],
                                           created=model.metadata.creation_timestamp or "", arrival=arrival,
                                           cores=cores_of(model), class_name=class_name, order=mode))
-    use = use_by_class(fair, reservations=reservations, egpu=egpu) if fair else {}
+    use = use_by_class(fair, reservations=reservations, owners=owners) if fair else {}
     return [w.key for w in bind_order.order(records, use=use)]
 
 
 def use_by_class(classes: set[str], *, reservations: Mapping[str, Placement],
-                 egpu: Callable[[str], ElasticGPU | None]) -> dict[str, dict[str, float]]:
-    """Cores held per namespace in each of `classes`, from the reservations of ElasticGPUs that
-    are claimed (a static ElasticGPU reserved while Available belongs to no namespace yet)."""
+                 owners: Mapping[str, Owner]) -> dict[str, dict[str, float]]:
+    """Cores held per namespace in each of `classes`, from the reservations of claimed
+    ElasticGPUs. O(reservations) dictionary reads, no model built: it runs at every wake."""
     use: dict[str, dict[str, float]] = {}
     for name, placement in reservations.items():
-        model = egpu(name)
-        if model is None or model.spec.claim_ref is None or not model.spec.claim_ref.namespace:
+        owner = owners.get(name)
+        if owner is None or owner[1] not in classes:
             continue
-        class_name = model.spec.elastic_gpu_class_name or ""
-        if class_name not in classes:
-            continue
-        per_namespace = use.setdefault(class_name, {})
-        namespace = model.spec.claim_ref.namespace
-        per_namespace[namespace] = per_namespace.get(namespace, 0.0) + held_cores(placement)
+        per_namespace = use.setdefault(owner[1], {})
+        per_namespace[owner[0]] = per_namespace.get(owner[0], 0.0) + held_cores(placement)
     return use
