@@ -40,6 +40,7 @@ class Reading:
         self._egpus: records.Models[str, ElasticGPU] = records.Models(
             ElasticGPU, at_rest=_egpu_at_rest, lock=self.lock)
         self._by_claim_uid: dict[str, str] = {}
+        self._waiting_cores = waiting_order.CoresCache()
         self._egpu_owners: dict[str, waiting_order.Owner] = {}
         """(namespace, class) of each claimed ElasticGPU (`waiting_order.index_owner`): FairShare
         counts each namespace's use from the reservations without building ElasticGPU models."""
@@ -75,7 +76,8 @@ class Reading:
             keys = waiting_order.ordered(self._waiting, claim=lambda key: self._claims.get(key),
                                          classes=self._classes, default_class=self.view().default_class(),
                                          reservations=self.ledger.inventory.reservations,
-                                         owners=self._egpu_owners)
+                                         owners=self._egpu_owners, cache=self._waiting_cores)
+            self._waiting_cores.keep_only(self._waiting)
             return [("claim", ns, name) for ns, name in keys]
 
     def all_keys(self) -> Keys:

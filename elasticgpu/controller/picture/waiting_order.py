@@ -10,7 +10,7 @@ cores each namespace holds in the class from the reservations the GPUs hold.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from elasticgpu.allocator import Placement
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
@@ -41,6 +41,29 @@ def cores_of(claim: ElasticGPUClaim) -> int:
     return request.cores
 
 
+class CoresCache:
+    """Cores of each waiting claim by (namespace, name) and resourceVersion: parsing a claim's
+    requests is most of a wake's cost, and a waiting claim is woken many times unchanged."""
+
+    def __init__(self) -> None:
+        self._cores: dict[ClaimKey, tuple[str | None, int]] = {}
+
+    def cores(self, key: ClaimKey, claim: ElasticGPUClaim) -> int:
+        """`cores_of(claim)`, parsed once per resourceVersion."""
+        version = claim.metadata.resource_version
+        cached = self._cores.get(key)
+        if cached is not None and cached[0] == version and version is not None:
+            return cached[1]
+        cores = cores_of(claim)
+        self._cores[key] = (version, cores)
+        return cores
+
+    def keep_only(self, keys: Collection[ClaimKey]) -> None:
+        """Forget the claims that no longer wait (called when the cache has grown past them)."""
+        if len(self._cores) > 2 * len(keys) + 64:
+            self._cores = {key: value for key, value in self._cores.items() if key in keys}
+
+
 def held_cores(placement: Placement) -> int:
     """Cores a reservation holds (a whole card is 100)."""
     return sum(share.cores for share in placement.cards)
@@ -54,11 +77,14 @@ def ordered(
     default_class: ElasticGPUClass | None,
     reservations: Mapping[str, Placement],
     owners: Mapping[str, Owner],
+    cache: CoresCache | None = None,
 ) -> list[ClaimKey]:
     """`waiting` (in the order the picture first saw each wait) in bind order.
 
     `reservations`: placement by ElasticGPU name (what the GPUs hold); `owners`: namespace and
-    class by ElasticGPU name (`index_owner`), read only when a FairShare class has waiting claims."""
+    class by ElasticGPU name (`index_owner`), read only when a FairShare class has waiting claims;
+    `cache`: the picture's `CoresCache`."""
+    cache = cache or CoresCache()
     records: list[bind_order.Waiting] = []
     fair: set[str] = set()
     for arrival, key in enumerate(waiting):
@@ -72,7 +98,7 @@ def ordered(
             fair.add(class_name)
         records.append(bind_order.Waiting(namespace=key[0], name=key[1],
                                           created=model.metadata.creation_timestamp or "", arrival=arrival,
-                                          cores=cores_of(model), class_name=class_name, order=mode))
+                                          cores=cache.cores(key, model), class_name=class_name, order=mode))
     use = use_by_class(fair, reservations=reservations, owners=owners) if fair else {}
     return [w.key for w in bind_order.order(records, use=use)]
 
