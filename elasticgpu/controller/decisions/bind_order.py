@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from elasticgpu.api.errors import InvalidSpec
 from elasticgpu.api.gpu_class import BindOrder
 
 ANNOTATION_FAIR_SHARE_WEIGHT: Final = "elasticgpu.io/fair-share-weight"
@@ -65,7 +66,7 @@ class Waiting:
         return self.created or NOT_YET, self.arrival, self.namespace, self.name
 
 
-class InvalidWeight(ValueError):
+class InvalidWeight(InvalidSpec):
     """A namespace's fair-share weight annotation is not a positive number."""
 
 
@@ -79,8 +80,9 @@ def parse_weight(value: str | None, *, namespace: str) -> float:
     except ValueError:
         weight = math.nan
     if not math.isfinite(weight) or weight <= 0:
-        raise InvalidWeight(f"namespace {namespace}: annotation {ANNOTATION_FAIR_SHARE_WEIGHT}={value!r} must be a"
-                            " positive number; set it to e.g. \"2\" (twice the share) or remove it (weight 1)")
+        raise InvalidWeight(field=f"Namespace {namespace}: metadata.annotations[{ANNOTATION_FAIR_SHARE_WEIGHT}]",
+                            rule="must be a positive number", value=value,
+                            fix="set it to e.g. \"2\" (served as if it held half) or remove it (weight 1)")
     return weight
 
 
