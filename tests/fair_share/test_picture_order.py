@@ -94,3 +94,16 @@ def test_fair_share_wake_stays_cheap_with_many_reservations() -> None:
     per_wake = (time.perf_counter() - started) / 5
     assert len(keys) == 1000
     assert per_wake < 0.4, f"a wake costs {per_wake * 1000:.0f} ms with 4,000 reservations and 1,000 waiting claims"
+
+
+def test_a_batch_puts_its_waiting_claims_in_bind_order_and_leaves_other_keys_in_place() -> None:
+    """Keys queued before the last wake (a claim's own update) keep their place in the queue; the
+    worker's batch reorders the waiting claims among the places they hold."""
+    picture, version = _picture("FairShare", {"a": 60, "b": 40, "c": 0}, cards=2)
+    _waiting(picture, version, [("a", "a1", "2026-01-01T00:00:01Z"), ("b", "b1", "2026-01-01T00:00:02Z"),
+                                ("c", "c1", "2026-01-01T00:00:03Z")])
+    batch = [("claim", "a", "a1"), ("gpu", "gpu-0"), ("claim", "b", "b1"), ("claim", "x", "bound-or-gone"),
+             ("claim", "c", "c1")]
+    assert picture.in_bind_order(batch) == [("claim", "c", "c1"), ("gpu", "gpu-0"), ("claim", "b", "b1"),
+                                            ("claim", "x", "bound-or-gone"), ("claim", "a", "a1")]
+    assert picture.in_bind_order(batch[:2]) == batch[:2]

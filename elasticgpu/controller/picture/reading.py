@@ -67,16 +67,38 @@ class Reading:
 
     # -- reading -------------------------------------------------------------------------------
 
+    def in_bind_order(self, keys: Keys) -> Keys:
+        """`keys` with the waiting claims among them put in bind order, each in one of the places
+        those claims held (the other keys stay where they are): a batch of the worker tries them in
+        that order even when some were queued before the last wake, for another reason."""
+        with self.lock:
+            slots = [i for i, key in enumerate(keys) if key[0] == "claim" and (key[1], key[2]) in self._waiting]
+            if len(slots) < 2:
+                return keys
+            batch = {(keys[i][1], keys[i][2]) for i in slots}
+            # In the order the picture first saw them wait: that breaks ties of creationTimestamp.
+            ordered = self._ordered([key for key in self._waiting if key in batch])
+        if len(ordered) != len(slots):
+            return keys
+        result = list(keys)
+        for slot, (namespace, name) in zip(slots, ordered, strict=True):
+            result[slot] = ("claim", namespace, name)
+        return result
+
+    def _ordered(self, waiting: list[ClaimKey]) -> list[ClaimKey]:
+        """`waiting` (claims that wait, in the order first seen) in bind order (`waiting_order`)."""
+        return waiting_order.ordered(waiting, claim=lambda key: self._claims.get(key), classes=self._classes,
+                                     default_class=self.view().default_class(),
+                                     reservations=self.ledger.inventory.reservations, owners=self._egpu_owners,
+                                     cache=self._waiting_cores)
+
     def pending_claim_keys(self) -> Keys:
         """The claims that wait (Pending, or no phase yet): capacity grew, or a class changed.
         In bind order (each class's `bindOrder`, `waiting_order`): the queue serves them so."""
         with self.lock:
             if not self._waiting:
                 return []
-            keys = waiting_order.ordered(self._waiting, claim=lambda key: self._claims.get(key),
-                                         classes=self._classes, default_class=self.view().default_class(),
-                                         reservations=self.ledger.inventory.reservations,
-                                         owners=self._egpu_owners, cache=self._waiting_cores)
+            keys = self._ordered(list(self._waiting))
             self._waiting_cores.keep_only(self._waiting)
             return [("claim", ns, name) for ns, name in keys]
 
