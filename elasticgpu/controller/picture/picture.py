@@ -18,7 +18,7 @@ from typing import Any
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names
 from elasticgpu.controller.decisions import binder, release
-from elasticgpu.controller.picture import compact, pod_index, reading, versions
+from elasticgpu.controller.picture import compact, pod_index, reading, versions, waiting_order
 
 Body = reading.Body
 ClaimKey = reading.ClaimKey
@@ -150,6 +150,7 @@ class Picture(reading.Reading):
         model = compact.share_fields(ElasticGPU.model_validate(body))
         self._egpus.put(name, body, model)
         self._index_uid(name, old, model)
+        waiting_order.index_owner(self._egpu_owners, name, model)
         self._index_cards(name, old, model)
         if model.status.phase == "Available" and (model.spec.claim_ref is None or not model.spec.claim_ref.name):
             self._unclaimed_available[name] = model
@@ -171,6 +172,7 @@ class Picture(reading.Reading):
             self._egpus.pop(name)
             self._unclaimed_available.pop(name, None)
             self._index_uid(name, old, None)
+            self._egpu_owners.pop(name, None)
             self._index_cards(name, old, None)
 
     def put_pod(self, body: Body, *, deleted: bool = False) -> Keys:

@@ -13,7 +13,7 @@ from typing import Any
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
 from elasticgpu.controller.decisions import binder
-from elasticgpu.controller.picture import compact, pod_index, records, versions
+from elasticgpu.controller.picture import compact, pod_index, records, versions, waiting_order
 from elasticgpu.controller.picture.reservations import Ledger
 
 Body = dict[str, Any]
@@ -40,6 +40,10 @@ class Reading:
         self._egpus: records.Models[str, ElasticGPU] = records.Models(
             ElasticGPU, at_rest=_egpu_at_rest, lock=self.lock)
         self._by_claim_uid: dict[str, str] = {}
+        self._waiting_cores = waiting_order.CoresCache()
+        self._egpu_owners: dict[str, waiting_order.Owner] = {}
+        """(namespace, class) of each claimed ElasticGPU (`waiting_order.index_owner`): FairShare
+        counts each namespace's use from the reservations without building ElasticGPU models."""
         """ElasticGPU name by the uid in its claimRef, kept in step by `put_egpu` / `drop_egpu`."""
         self._unclaimed_available: dict[str, ElasticGPU] = {}
         """Available ElasticGPUs without a claimRef (static bind candidates), kept by `put_egpu`."""
@@ -63,10 +67,40 @@ class Reading:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def pending_claim_keys(self) -> Keys:
-        """The claims that wait (Pending, or no phase yet): capacity grew, or a class changed."""
+    def in_bind_order(self, keys: Keys) -> Keys:
+        """`keys` with the waiting claims among them put in bind order, each in one of the places
+        those claims held (the other keys stay where they are): a batch of the worker tries them in
+        that order even when some were queued before the last wake, for another reason."""
         with self.lock:
-            return [("claim", ns, name) for ns, name in self._waiting]
+            slots = [i for i, key in enumerate(keys) if key[0] == "claim" and (key[1], key[2]) in self._waiting]
+            if len(slots) < 2:
+                return keys
+            batch = {(keys[i][1], keys[i][2]) for i in slots}
+            # In the order the picture first saw them wait: that breaks ties of creationTimestamp.
+            ordered = self._ordered([key for key in self._waiting if key in batch])
+        if len(ordered) != len(slots):
+            return keys
+        result = list(keys)
+        for slot, (namespace, name) in zip(slots, ordered, strict=True):
+            result[slot] = ("claim", namespace, name)
+        return result
+
+    def _ordered(self, waiting: list[ClaimKey]) -> list[ClaimKey]:
+        """`waiting` (claims that wait, in the order first seen) in bind order (`waiting_order`)."""
+        return waiting_order.ordered(waiting, claim=lambda key: self._claims.get(key), classes=self._classes,
+                                     default_class=self.view().default_class(),
+                                     reservations=self.ledger.inventory.reservations, owners=self._egpu_owners,
+                                     cache=self._waiting_cores)
+
+    def pending_claim_keys(self) -> Keys:
+        """The claims that wait (Pending, or no phase yet): capacity grew, or a class changed.
+        In bind order (each class's `bindOrder`, `waiting_order`): the queue serves them so."""
+        with self.lock:
+            if not self._waiting:
+                return []
+            keys = self._ordered(list(self._waiting))
+            self._waiting_cores.keep_only(self._waiting)
+            return [("claim", ns, name) for ns, name in keys]
 
     def all_keys(self) -> Keys:
         """Every GPU, ElasticGPU and claim (the resync requeues them all), each ElasticGPU followed

@@ -97,6 +97,9 @@ class Worker:
             for key in keys:
                 self.sync(key)
             return
+        # The waiting claims of the batch in bind order (the class's bindOrder), even those queued
+        # before the last wake: the first planned gets the room.
+        keys = self.claims.picture.in_bind_order(keys)
         batch: dict[str, list[Planned]] = {}
         seen: set[Key] = set()
         for key in keys:
