@@ -300,7 +300,7 @@ class ClaimSync:
                 # Nothing reserved. Quotas are not watched: check again after a while (docs/quota.md).
                 self._pending(claim, err.reason, err.message)
                 self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
-                               delay_s=self.settings.quota.recheck_s)
+                               delay_s=self.settings.quota.recheck_s, recheck=True)
                 return None
             except (errors.Conflict, errors.Rejected) as err:
                 logger.debug("reservation lost a race, re-planning: %s", err)

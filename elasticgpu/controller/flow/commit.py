@@ -57,12 +57,12 @@ class Commit:
     def commit(self, key: str, placement: Placement, claim_ref: ObjectReference | None) -> None:
         """Write the reservation into each card's allocations (PUT with its resourceVersion).
         On a conflict the cards already written are freed again and the conflict is raised.
-        With a quota guard, the claim is charged first (raises `QuotaExceeded`, nothing reserved)
-        and the charge is given back when the reservation fails."""
+        With a quota guard, the claim is charged first (raises `QuotaExceeded`, nothing reserved).
+        A failed reservation keeps its charge: the other controller may be reserving for this
+        claim on the strength of it (docs/quota.md); the resync drops it if nothing is reserved."""
         ledger = self.picture.ledger
-        charged: list[str] = []
         if self.quota is not None and claim_ref is not None and claim_ref.uid:
-            charged = self.quota.charge(claim_ref, placement)
+            self.quota.charge(claim_ref, placement)
         written: list[str] = []
         for share in placement.cards:
             gpu_name = ledger.name_of_uuid(share.uuid)
@@ -74,8 +74,6 @@ class Commit:
                 self.refresh_gpu(gpu_name)
                 for done in written:
                     self.free_on(done, key)
-                if self.quota is not None and claim_ref is not None and charged:
-                    self.quota.give_back(claim_ref.namespace or "", claim_ref.uid or "", only=charged)
                 raise
             self.picture.gpu_written(answer)
             written.append(gpu_name)

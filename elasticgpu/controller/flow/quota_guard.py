@@ -12,13 +12,16 @@ quota's resourceVersion, is the quota's commit point:
                  (PUT with the quota's resourceVersion, for each quota of the namespace; a 409
                  re-reads the quotas and checks again: two controllers never both fit the last room)
     2. reserve   the GPU write (`Commit.commit`), as before
-    3. on a failed 2: give the charge back (a guarded write too)
 
-A crash between 1 and 2 (or a lost give-back) leaves an over-charge: never an over-use, only a
-claim kept Pending too long; the resync drops a charge with no reservation once it is older than
-the grace period. The reverse order could over-use: a reservation with no charge lets another
-claim take the room meanwhile. A charge is keyed by the claim's uid, so a retried bind, or two
-controllers binding the same claim, charge it once.
+A charge is keyed by the claim's uid, so a retried bind, or two controllers binding the same
+claim, charge it once. A failed reservation does NOT give its charge back: the other controller
+may be binding the same claim and have reserved on the strength of that very charge (found
+charged, so it wrote nothing); a give-back would leave its reservation uncharged. (The race test
+caught exactly that: 350 cores held under a quota of 300.) So charges only ever cover at least
+the reservations. A charge with no reservation (a failed reservation, a crash between 1 and 2)
+is an over-charge, never an over-use: the resync drops it once it is older than the grace
+period. The reverse order could over-use: a reservation with no charge lets another claim take
+the room meanwhile. A deleted claim's charge is given back by the release (`give_back`).
 
 The quotas are read live at each charge (a LIST of the namespace's quotas): the charge must be
 written against their current resourceVersions anyway, and the controller keeps no watch on them.
