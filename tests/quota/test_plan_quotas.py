@@ -49,5 +49,5 @@ def test_plan_keeps_claims_over_quota_pending_and_says_why(capsys: pytest.Captur
 
 def test_plan_refuses_a_quota_with_a_bad_quantity(tmp_path: Path) -> None:
     (tmp_path / "quotas.yaml").write_text(QUOTAS.replace("60}", "lots}"))
-    with pytest.raises(user_errors.InputFileInvalid, match="elasticgpu.io/gpu-core"):
+    with pytest.raises(user_errors.InputFileInvalid, match=r"elasticgpu\.io/gpu-core"):
         plan.read_inputs([str(tmp_path / "quotas.yaml")])

@@ -165,3 +165,28 @@ def test_the_crd_accepts_namespace_and_class_keys(cluster: Cluster, api_client: 
     hard = {CORE: 400, MEMORY: "320Gi", CARDS: 4, f"a100.{CORE}": 200, f"a100.{MEMORY}": 0, f"t4.x.{CARDS}": "2"}
     created = quotas.create(api_client, cluster.namespace, quotas.quota("good", hard))
     assert created["spec"]["hard"] == hard
+
+
+def test_the_resync_charges_what_was_bound_before_the_quota_and_drops_stale_charges(
+        cluster: Cluster, kube: KubeApi, api_client: client.ApiClient) -> None:
+    _gpus, class_name = _setup(cluster)
+    created = cluster.claim(o.claim("early", cores=40, memory="8Gi", class_name=class_name))
+    controller = _controller(kube, cluster.namespace)
+    settle(controller)
+    assert _status(cluster, "early")["phase"] == "Bound"
+    # A quota created after the bind, holding a charge whose bind crashed long ago (no reservation).
+    quotas.create(api_client, cluster.namespace, quotas.quota("late", {CORE: 30}))
+    body = quotas.get(api_client, cluster.namespace, "late")
+    body["status"] = {"charges": [{"claim": "crashed", "uid": "00000000-dead", "cores": 20, "memory": 1024,
+                                   "since": "2020-01-01T00:00:00Z"}]}
+    client.CustomObjectsApi(api_client).replace_namespaced_custom_object_status(
+        names.GROUP, names.VERSION, cluster.namespace, names.PLURAL_QUOTA, "late", body)
+
+    controller.resync(relist=False)
+    status = quotas.get(api_client, cluster.namespace, "late")["status"]
+    assert [(c["claim"], c["uid"], c["cores"], c["memory"]) for c in status["charges"]] == [
+        ("early", created["metadata"]["uid"], 40, 8192)]
+    assert status["used"] == {CORE: 40} and status["summary"]["cores"] == "40/30"  # over: it was there first
+    cluster.claim(o.claim("next", cores=10, memory="1Gi", class_name=class_name))
+    settle(controller)
+    assert _status(cluster, "next")["reason"] == "QuotaExceeded"

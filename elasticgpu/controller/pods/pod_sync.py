@@ -351,6 +351,10 @@ class PodSync:
                 for done in committed:  # all or none
                     self.commit.free_reservation(done)
                 self._wait(pod, pod_gate.Wait(err.reason, f"claim {claim.metadata.name}: {err.message}", warning=True))
+                meta = pod.get("metadata") or {}
+                # Quotas are not watched: look again after a while (docs/quota.md).
+                self.queue.add(("pod", meta.get("namespace", ""), meta.get("name", "")),
+                               delay_s=self.commit.settings.quota.recheck_s, recheck=True)
                 return
             except (errors.Conflict, errors.Rejected):
                 for done in committed:  # all or none: a partial reservation is released
