@@ -1,8 +1,9 @@
 """`elasticgpu plan`: bind claims to cards offline, with no cluster.
 
 It reads YAML files holding GPU objects (as the node agent publishes them) or a short node
-list, ElasticGPUClasses and ElasticGPUClaims; binds the claims, in file order, with the
-allocator under each claim's class; and prints a kubectl-style table (or, with `-o yaml`, the
+list, ElasticGPUClasses, ElasticGPUClaims and ElasticGPUQuotas; binds the claims, in file order,
+with the allocator under each claim's class and within the quotas of its namespace (the
+controller's own check, `controller.decisions.quota`); and prints a kubectl-style table (or, with `-o yaml`, the
 ElasticGPUs the controller would create). A claim that stays Pending shows why.
 
 A short node list is a YAML document without `kind`:
@@ -39,11 +40,13 @@ from elasticgpu.api import (
     ElasticGPUClaim,
     ElasticGPUClass,
     ElasticGPUError,
+    ElasticGPUQuota,
     GpuRequest,
     format_memory,
     names,
     parse_memory_mib,
 )
+from elasticgpu.controller.decisions import quota
 
 # The sample a newcomer sees first (`elasticgpu plan` with no -f), shipped in the repository.
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plan"
@@ -60,6 +63,7 @@ class PlanInput:
     node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     """Labels of the nodes that hold GPU objects (a class's nodeSelector matches them); from a
     cluster's Node objects (`kubectl egpu why`), empty offline."""
+    quotas: list[ElasticGPUQuota] = field(default_factory=list)
 
 
 @dataclass
@@ -107,7 +111,7 @@ def _files(paths: Iterable[str]) -> list[Path]:
     return out
 
 
-USED_KINDS = frozenset({names.KIND_GPU, names.KIND_CLASS, names.KIND_CLAIM})
+USED_KINDS = frozenset({names.KIND_GPU, names.KIND_CLASS, names.KIND_CLAIM, names.KIND_QUOTA})
 """Kinds plan reads; others (ElasticGPUs, Pods, Namespaces of a larger manifest) are skipped with a note."""
 
 
@@ -147,10 +151,16 @@ def read_inputs(paths: Iterable[str]) -> PlanInput:
                     found.classes.append(ElasticGPUClass.model_validate(doc))
                 elif kind == names.KIND_CLAIM:
                     found.claims.append(ElasticGPUClaim.model_validate(doc))
+                elif kind == names.KIND_QUOTA:
+                    model = ElasticGPUQuota.model_validate(doc)
+                    model.check()
+                    # Charges in the file are the cluster's, not this plan's: plan starts from none.
+                    model.status.charges = []
+                    found.quotas.append(model)
                 else:
                     raise ValueError(
                         "a document without a kind must be a node list (`nodes:`); plan reads GPU,"
-                        " ElasticGPUClass and ElasticGPUClaim objects"
+                        " ElasticGPUClass, ElasticGPUClaim and ElasticGPUQuota objects"
                     )
             except (ValueError, ElasticGPUError) as err:
                 raise user_errors.InputFileInvalid(f"{where}: {err}") from None
@@ -267,10 +277,32 @@ def plan(found: PlanInput, *, seed: int = 0) -> list[ClaimResult]:
         key = claim.metadata.uid or f"{claim.metadata.namespace or 'default'}/{claim.metadata.name}"
         result = allocator.allocate(key, placement_request)
         if isinstance(result, Placement):
+            over = _charge(found.quotas, claim, key, class_name, result)
+            if over:
+                allocator.release(key)
+                results.append(ClaimResult(claim, class_name, request.describe(), None, over))
+                continue
             results.append(ClaimResult(claim, class_name, request.describe(), result, ""))
         else:
             results.append(ClaimResult(claim, class_name, request.describe(), None, result.reason))
     return results
+
+
+def _charge(quotas: list[ElasticGPUQuota], claim: ElasticGPUClaim, key: str, class_name: str,
+            placement: Placement) -> str:
+    """Charge a placed claim to the quotas of its namespace, as the controller does before it
+    reserves; returns why it stays Pending (QuotaExceeded: ...), or "" when it was charged."""
+    namespace = claim.metadata.namespace or "default"
+    mine = [q for q in quotas if (q.metadata.namespace or "default") == namespace]
+    amount = quota.amount_of(placement)
+    verdict = quota.check(mine, uid=key, class_name=class_name, amount=amount)
+    if isinstance(verdict, quota.Exceeded | quota.Unreadable):
+        reason = quota.REASON_QUOTA_EXCEEDED if isinstance(verdict, quota.Exceeded) else quota.REASON_INVALID_QUOTA
+        return f"{reason}: {verdict.message}"
+    charge = quota.charge_for(claim=claim.metadata.name or "", uid=key, class_name=class_name, amount=amount)
+    for model in mine:
+        model.status.charges = [*model.status.charges, charge]
+    return ""
 
 
 def _capacity(request: GpuRequest, placement: Placement) -> dict[str, int | str]:

@@ -44,6 +44,7 @@ from elasticgpu.api.meta import (
 )
 from elasticgpu.api.printing import allocatable_summary, claim_key, gpu_capacity, gpu_list
 from elasticgpu.api.quantities import format_memory, parse_count, parse_memory_mib
+from elasticgpu.api.quota import ElasticGPUQuota, ElasticGPUQuotaSpec, ElasticGPUQuotaStatus, QuotaCharge
 from elasticgpu.api.resources import GpuRequest, parse_claim_resources, parse_resource_map
 
 __all__ = [
@@ -59,6 +60,9 @@ __all__ = [
     "ElasticGPUClaimStatus",
     "ElasticGPUClass",
     "ElasticGPUError",
+    "ElasticGPUQuota",
+    "ElasticGPUQuotaSpec",
+    "ElasticGPUQuotaStatus",
     "ElasticGPUSpec",
     "ElasticGPUStatus",
     "GPUAllocation",
@@ -83,6 +87,7 @@ __all__ = [
     "ObjectMeta",
     "ObjectReference",
     "PhysicalGPUSource",
+    "QuotaCharge",
     "ResourceRequirements",
     "allocatable_summary",
     "claim_key",

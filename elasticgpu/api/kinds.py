@@ -9,6 +9,7 @@ from elasticgpu.api.claim import ElasticGPUClaim
 from elasticgpu.api.elastic_gpu import ElasticGPU
 from elasticgpu.api.gpu import GPU
 from elasticgpu.api.gpu_class import ElasticGPUClass
+from elasticgpu.api.quota import ElasticGPUQuota
 from elasticgpu.api.schema import KubeModel
 
 _CORE_KEY = names.RESOURCE_CORE.replace(".", "\\.")
@@ -131,4 +132,20 @@ GPU_KIND = KindInfo(
     ),
     crd_file="gpu.yaml",
 )
-KINDS: tuple[KindInfo, ...] = (GPU_KIND, ELASTIC_GPU, CLAIM, CLASS)
+QUOTA = KindInfo(
+    kind=names.KIND_QUOTA,
+    plural=names.PLURAL_QUOTA,
+    singular="elasticgpuquota",
+    short_names=("egpuquota",),
+    namespaced=True,
+    model=ElasticGPUQuota,
+    columns=(
+        # used/hard as text the controller writes: a JSONPath column cannot join two fields.
+        PrinterColumn("Cores", "string", ".status.summary.cores", "Cores used/hard (percent, 100 per card)."),
+        PrinterColumn("Memory", "string", ".status.summary.memory", "GPU memory used/hard."),
+        PrinterColumn("Cards", "string", ".status.summary.cards", "Whole cards used/hard."),
+        _age(),
+    ),
+    crd_file="egpuquota.yaml",
+)
+KINDS: tuple[KindInfo, ...] = (GPU_KIND, ELASTIC_GPU, CLAIM, CLASS, QUOTA)

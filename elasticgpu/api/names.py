@@ -22,6 +22,8 @@ PLURAL_GPU: Final = "gpus"
 PLURAL_ELASTIC_GPU: Final = "elasticgpus"
 PLURAL_CLAIM: Final = "elasticgpuclaims"
 PLURAL_CLASS: Final = "elasticgpuclasses"
+KIND_QUOTA: Final = "ElasticGPUQuota"
+PLURAL_QUOTA: Final = "elasticgpuquotas"
 
 # Resources a claim can request.
 RESOURCE_CORE: Final = "elasticgpu.io/gpu-core"

@@ -54,6 +54,19 @@ class BindingSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class QuotaSettings:
+    """How ElasticGPUQuotas are enforced (docs/quota.md)."""
+
+    refresh_s: float = 2.0
+    """Seconds the list of namespaces that have a quota is trusted: a claim of a namespace with
+    none is bound without reading quotas, so a new quota applies within this time (the resync
+    then charges what was bound before it)."""
+    recheck_s: float = 2.0
+    """Seconds before a claim kept Pending by a quota is checked again (the controller does not
+    watch quotas: a raised quota or a freed charge is found by this check)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RetrySettings:
     """How a key whose sync failed is retried: per-key exponential backoff, and a global token
     bucket over all retries, as client-go's default controller rate limiter does."""
@@ -128,6 +141,7 @@ class ControllerSettings:
     retry: RetrySettings = field(default_factory=RetrySettings)
     watch: WatchSettings = field(default_factory=WatchSettings)
     gpu_health: GPUHealthSettings = field(default_factory=GPUHealthSettings)
+    quota: QuotaSettings = field(default_factory=QuotaSettings)
 
     @staticmethod
     def environment_help() -> str:

@@ -27,6 +27,7 @@ from elasticgpu.controller.settings import ApiSettings
 __all__ = ["POD_SELECTOR", "WATCH_READ_MARGIN_S", "Body", "KubeApi"]
 
 logger = logging.getLogger(__name__)
+_QUOTAS = f"/apis/{names.GROUP}/{names.VERSION}"
 
 
 class KubeApi(KubeRequests):
@@ -133,6 +134,21 @@ class KubeApi(KubeRequests):
         """Merge-patch a claim's status."""
         return self._call("PATCH", self._claims(namespace, name, status=True), body=patch, content_type=MERGE,
                           query=self._write_query())
+
+    # -- quotas (flow/quota_guard.py) ----------------------------------------------------------
+
+    def list_quotas(self, namespace: str | None) -> list[Body]:
+        """The ElasticGPUQuotas of one namespace, or (None) of all (a live read: the charge that
+        follows is guarded by each one's resourceVersion)."""
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return self._list(f"{_QUOTAS}{where}/{names.PLURAL_QUOTA}")[0]
+
+    def replace_quota_status(self, body: Body) -> Body:
+        """PUT an ElasticGPUQuota's status; `body.metadata.resourceVersion` is the precondition
+        (the commit point of a charge). Raises Conflict when the quota changed meanwhile."""
+        meta = body["metadata"]
+        path = f"{_QUOTAS}/namespaces/{meta['namespace']}/{names.PLURAL_QUOTA}/{meta['name']}/status"
+        return self._call("PUT", path, body=body, query=self._write_query())
 
     def list_classes(self) -> list[Body]:
         """Every ElasticGPUClass."""

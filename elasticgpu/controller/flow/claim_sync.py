@@ -22,6 +22,7 @@ from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.handoff import HandOff
 from elasticgpu.controller.flow.provisioner import build_elastic_gpu, capacity_of, claim_ref_of
+from elasticgpu.controller.flow.quota_guard import QuotaExceeded
 from elasticgpu.controller.flow.workqueue import Key, WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture import pod_index
@@ -295,6 +296,12 @@ class ClaimSync:
             assert result is not None
             try:
                 self.commit.commit(key, result, claim_ref_of(claim))
+            except QuotaExceeded as err:
+                # Nothing reserved. Quotas are not watched: check again after a while (docs/quota.md).
+                self._pending(claim, err.reason, err.message)
+                self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
+                               delay_s=self.settings.quota.recheck_s, recheck=True)
+                return None
             except (errors.Conflict, errors.Rejected) as err:
                 logger.debug("reservation lost a race, re-planning: %s", err)
                 self.commit.backoff(attempt)
@@ -352,3 +359,6 @@ class ClaimSync:
                                                                  "resourceVersion": claim.metadata.resource_version}})
         except errors.NotFound:
             return
+        if self.commit.quota is not None:
+            # The claim is gone: its quota charge goes at once (the resync would, after its grace).
+            self.commit.quota.give_back(namespace, claim.metadata.uid or "")

@@ -21,6 +21,7 @@ from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.provisioner import claim_ref_of
+from elasticgpu.controller.flow.quota_guard import QuotaGuard
 from elasticgpu.controller.flow.workqueue import Key, WorkQueue
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.picture.reservations import allocation_for
@@ -50,11 +51,18 @@ class Commit:
         self.queue = queue
         self.settings = settings
         self._pool = pool
+        self.quota: QuotaGuard | None = None
+        """Charges each claim's reservation to its namespace's quotas first, when set."""
 
     def commit(self, key: str, placement: Placement, claim_ref: ObjectReference | None) -> None:
         """Write the reservation into each card's allocations (PUT with its resourceVersion).
-        On a conflict the cards already written are freed again and the conflict is raised."""
+        On a conflict the cards already written are freed again and the conflict is raised.
+        With a quota guard, the claim is charged first (raises `QuotaExceeded`, nothing reserved).
+        A failed reservation keeps its charge: the other controller may be reserving for this
+        claim on the strength of it (docs/quota.md); the resync drops it if nothing is reserved."""
         ledger = self.picture.ledger
+        if self.quota is not None and claim_ref is not None and claim_ref.uid:
+            self.quota.charge(claim_ref, placement)
         written: list[str] = []
         for share in placement.cards:
             gpu_name = ledger.name_of_uuid(share.uuid)
@@ -168,6 +176,8 @@ class Commit:
         tentatively reserved in the picture so the next claim of the batch sees it. None (and
         nothing changed) for anything else: the caller syncs it the ordinary way."""
         picture = self.picture
+        if self.quota is not None and self.quota.limits(key[1]):
+            return None  # a quota applies: charged one claim at a time by the ordinary sync
         with picture.lock:
             claim = picture.claim(key[1], key[2])
             if claim is None:

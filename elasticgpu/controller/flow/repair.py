@@ -83,6 +83,9 @@ class Repair:
                         ",".join(orphan.gpu_names), orphan.key)
             for gpu_name in orphan.gpu_names:
                 self.commit.free_on(gpu_name, orphan.key)
+        if self.commit.quota is not None:
+            # After the orphans are freed: a quota is recomputed from the reservations that remain.
+            self.commit.quota.resync()
 
     def run(self, stop: threading.Event, *, after: Callable[[], None] = lambda: None) -> None:
         """Resync every `interval_s`, relisting every `relist_interval_s`, until `stop` is set

@@ -50,6 +50,7 @@ from elasticgpu.controller.flow.claim_sync import ClaimSync
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.provisioner import claim_ref_of
+from elasticgpu.controller.flow.quota_guard import QuotaExceeded
 from elasticgpu.controller.flow.workqueue import WorkQueue
 from elasticgpu.controller.picture import pod_index
 from elasticgpu.controller.picture.picture import Body, Picture
@@ -346,6 +347,15 @@ class PodSync:
             claim = provisions[key][0]
             try:
                 self.commit.commit(key, placement, claim_ref_of(claim))
+            except QuotaExceeded as err:
+                for done in committed:  # all or none
+                    self.commit.free_reservation(done)
+                self._wait(pod, pod_gate.Wait(err.reason, f"claim {claim.metadata.name}: {err.message}", warning=True))
+                meta = pod.get("metadata") or {}
+                # Quotas are not watched: look again after a while (docs/quota.md).
+                self.queue.add(("pod", meta.get("namespace", ""), meta.get("name", "")),
+                               delay_s=self.commit.settings.quota.recheck_s, recheck=True)
+                return
             except (errors.Conflict, errors.Rejected):
                 for done in committed:  # all or none: a partial reservation is released
                     self.commit.free_reservation(done)

@@ -33,6 +33,7 @@ from elasticgpu.controller.flow.gpu_sync import GPUSync
 from elasticgpu.controller.flow.handoff import HandOff
 from elasticgpu.controller.flow.informer import Informer
 from elasticgpu.controller.flow.liveness import Liveness
+from elasticgpu.controller.flow.quota_guard import QuotaGuard
 from elasticgpu.controller.flow.repair import Repair
 from elasticgpu.controller.flow.workqueue import Key, WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
@@ -67,6 +68,8 @@ class Controller:
                              if binding.workers > 0 else None)
         self.commit = Commit(kube=kube, picture=self.picture, queue=self.queue, settings=self.settings,
                              pool=self._commit_pool)
+        self.quota = QuotaGuard(kube=kube, picture=self.picture, settings=self.settings)
+        self.commit.quota = self.quota
         self.elastic_gpus = ElasticGPUSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
                                            commit=self.commit)
         self.claims = ClaimSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,

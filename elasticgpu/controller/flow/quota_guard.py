@@ -1,0 +1,206 @@
+"""The quota guard: charges a claim to its namespace's ElasticGPUQuotas before its reservation
+is committed, gives the charge back when the reservation fails or the claim is released, and
+recomputes every quota from the reservations on resync (docs/quota.md).
+
+# Why charge first
+
+A reservation's commit point is a GPU status write guarded by that card's resourceVersion; a
+quota spans many cards, so that write cannot guard it. The quota's own status write, with the
+quota's resourceVersion, is the quota's commit point:
+
+    1. charge    ElasticGPUQuota.status.charges += {claim uid, class, cores, memory, cards}
+                 (PUT with the quota's resourceVersion, for each quota of the namespace; a 409
+                 re-reads the quotas and checks again: two controllers never both fit the last room)
+    2. reserve   the GPU write (`Commit.commit`), as before
+
+A charge is keyed by the claim's uid, so a retried bind, or two controllers binding the same
+claim, charge it once. A failed reservation does NOT give its charge back: the other controller
+may be binding the same claim and have reserved on the strength of that very charge (found
+charged, so it wrote nothing); a give-back would leave its reservation uncharged. (The race test
+caught exactly that: 350 cores held under a quota of 300.) So charges only ever cover at least
+the reservations. A charge with no reservation (a failed reservation, a crash between 1 and 2)
+is an over-charge, never an over-use: the resync drops it once it is older than the grace
+period. The reverse order could over-use: a reservation with no charge lets another claim take
+the room meanwhile. A deleted claim's charge is given back by the release (`give_back`).
+
+The quotas are read live at each charge (a LIST of the namespace's quotas): the charge must be
+written against their current resourceVersions anyway, and the controller keeps no watch on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+
+from elasticgpu.allocator import Placement
+from elasticgpu.api import ElasticGPUQuota, ObjectReference, QuotaCharge
+from elasticgpu.controller import errors
+from elasticgpu.controller.decisions import quota
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.picture.picture import Body, Picture
+from elasticgpu.controller.settings import ControllerSettings
+
+logger = logging.getLogger(__name__)
+
+
+class QuotaExceeded(errors.ControllerError):
+    """A quota of the claim's namespace has no room for it (or cannot be read); nothing was
+    reserved. `reason` and `message` are for the claim's Pending condition and Event."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _model(body: Body) -> ElasticGPUQuota:
+    return ElasticGPUQuota.model_validate(body)
+
+
+class QuotaGuard:
+    """Charges, gives back and recomputes quotas (see the module docstring)."""
+
+    def __init__(self, *, kube: KubeApi, picture: Picture, settings: ControllerSettings) -> None:
+        self.kube = kube
+        self.picture = picture
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._limited: set[str] = set()
+        self._limited_at = -1e9  # monotonic seconds of the last list of every quota
+
+    def limits(self, namespace: str) -> bool:
+        """Whether `namespace` has a quota, from a list of every quota at most
+        `QuotaSettings.refresh_s` old (a failed list counts as "has one": charging reads them live)."""
+        with self._lock:
+            if time.monotonic() - self._limited_at > self.settings.quota.refresh_s:
+                try:
+                    bodies = self.kube.list_quotas(None)
+                except errors.ApiError:
+                    return True
+                self._limited = {(b.get("metadata") or {}).get("namespace", "") for b in bodies}
+                self._limited_at = time.monotonic()
+            return namespace in self._limited
+
+    def _seen(self, namespace: str, has_quota: bool) -> None:
+        with self._lock:
+            (self._limited.add if has_quota else self._limited.discard)(namespace)
+
+    def class_of(self, claim_ref: ObjectReference) -> str:
+        """The class a claim is provisioned with: the one it names, else the default class."""
+        with self.picture.lock:
+            claim = self.picture.claim(claim_ref.namespace or "", claim_ref.name or "")
+            named = claim.spec.class_name if claim is not None else None
+            if named:
+                return named
+            default = self.picture.view().default_class()
+        return (default.metadata.name or "") if default is not None else ""
+
+    def charge(self, claim_ref: ObjectReference, placement: Placement) -> list[str]:
+        """Charge the claim for `placement` to every quota of its namespace (guarded writes).
+        Returns the quotas this call wrote (to give back if the reservation then fails); raises
+        `QuotaExceeded` (having given back what it wrote) when one has no room."""
+        namespace, uid = claim_ref.namespace or "", claim_ref.uid or ""
+        entry = quota.charge_for(claim=claim_ref.name or "", uid=uid, class_name=self.class_of(claim_ref),
+                                 amount=quota.amount_of(placement))
+        written: list[str] = []
+        if not self.limits(namespace):
+            return written
+        for _attempt in range(self.settings.binding.conflict_retries):
+            quotas = [_model(b) for b in self.kube.list_quotas(namespace)]
+            self._seen(namespace, bool(quotas))
+            verdict = quota.check(quotas, uid=uid, class_name=entry.class_name, amount=quota.amount_of(placement))
+            if isinstance(verdict, quota.Exceeded | quota.Unreadable):
+                self.give_back(namespace, uid, only=written)
+                reason = quota.REASON_QUOTA_EXCEEDED if isinstance(verdict, quota.Exceeded) else \
+                    quota.REASON_INVALID_QUOTA
+                raise QuotaExceeded(reason, verdict.message)
+            try:
+                for model in quotas:
+                    if quota.holds(model, entry):
+                        continue
+                    self._put(model, quota.status_with(model, entry))
+                    written.append(model.metadata.name or "")
+            except errors.Conflict:
+                logger.debug("quota of %s changed while charging claim %s; checking again", namespace, entry.claim)
+                continue
+            return written
+        self.give_back(namespace, uid, only=written)
+        raise errors.BindingError(f"claim {namespace}/{entry.claim}: its namespace's ElasticGPUQuotas kept changing"
+                                  " while it was charged; retrying later")
+
+    def give_back(self, namespace: str, uid: str, *, only: list[str] | None = None) -> None:
+        """Remove the charge of claim `uid` from the namespace's quotas (`only`: from these)."""
+        if only is not None and not only:
+            return
+        for _attempt in range(self.settings.binding.conflict_retries):
+            try:
+                for model in (_model(b) for b in self.kube.list_quotas(namespace)):
+                    if only is not None and model.metadata.name not in only:
+                        continue
+                    if any(c.uid == uid for c in model.status.charges):
+                        self._put(model, quota.status_without(model, uid))
+            except errors.Conflict:
+                continue
+            return
+        # Left to the resync, which drops a charge with no reservation after the grace period.
+        logger.warning("could not give back the quota charge of claim uid %s in %s; the resync will", uid, namespace)
+
+    def resync(self) -> None:
+        """Recompute every quota from the reservations in the picture (guarded writes; a conflict
+        leaves that quota to the next resync)."""
+        try:
+            bodies = self.kube.list_quotas(None)
+        except errors.ApiError as err:
+            logger.debug("quota resync: list failed: %s", err)
+            return
+        now = datetime.now(UTC)
+        for model in (_model(b) for b in bodies):
+            namespace = model.metadata.namespace or ""
+            holding, alive = self._holding(namespace)
+            charges = quota.recompute(model, holding=holding, alive=alive, now=now,
+                                      grace_s=self.settings.resync.orphan_grace_s)
+            status = quota.status_of(model, charges)
+            if status == quota.status_of(model, list(model.status.charges)) and model.status.summary.cores:
+                continue
+            try:
+                self._put(model, status)
+            except (errors.Conflict, errors.NotFound):
+                continue
+
+    def _holding(self, namespace: str) -> tuple[dict[str, QuotaCharge], dict[str, str]]:
+        """(charge by claim uid of each reservation of the namespace, uid -> name of its live claims)."""
+        amounts: dict[str, dict[str, int]] = {}
+        names: dict[str, str] = {}
+        with self.picture.lock:
+            ledger = self.picture.ledger
+            for gpu_name in ledger.gpu_names():
+                gpu = ledger.gpu(gpu_name)
+                for allocation in gpu.status.allocations if gpu is not None else []:
+                    ref = allocation.claim_ref
+                    if ref is None or ref.namespace != namespace or not ref.uid:
+                        continue
+                    total = amounts.setdefault(ref.uid, {"cores": 0, "memory": 0, "cards": 0})
+                    total["cores"] += allocation.cores
+                    total["memory"] += allocation.memory
+                    total["cards"] += 1 if allocation.exclusive else 0
+                    names[ref.uid] = ref.name or ""
+            alive = {}
+            for ns, name in self.picture.claim_keys():
+                claim = self.picture.claim(ns, name) if ns == namespace else None
+                if claim is not None and claim.metadata.uid:
+                    alive[claim.metadata.uid] = name
+        holding = {}
+        for uid, total in amounts.items():
+            ref = ObjectReference(namespace=namespace, name=names[uid], uid=uid)
+            amount = quota.Amount(cores=total["cores"], memory_mib=total["memory"], cards=total["cards"])
+            holding[uid] = quota.charge_for(claim=names[uid], uid=uid, class_name=self.class_of(ref), amount=amount)
+        return holding, alive
+
+    def _put(self, model: ElasticGPUQuota, status: dict[str, object]) -> None:
+        body = model.to_dict()
+        body["status"] = status
+        body["metadata"] = {"name": model.metadata.name, "namespace": model.metadata.namespace,
+                            "resourceVersion": model.metadata.resource_version}
+        self.kube.replace_quota_status(body)
