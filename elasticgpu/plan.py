@@ -3,7 +3,7 @@
 It reads YAML files holding GPU objects (as the node agent publishes them) or a short node
 list, ElasticGPUClasses, ElasticGPUClaims and ElasticGPUQuotas; binds the claims, in file order,
 with the allocator under each claim's class and within the quotas of its namespace (the
-controller's own check, `controller.decisions.quota`); and prints a kubectl-style table (or, with `-o yaml`, the
+controller's own check, `allocator.quota`); and prints a kubectl-style table (or, with `-o yaml`, the
 ElasticGPUs the controller would create). A claim that stays Pending shows why.
 
 A short node list is a YAML document without `kind`:
@@ -46,7 +46,7 @@ from elasticgpu.api import (
     names,
     parse_memory_mib,
 )
-from elasticgpu.controller.decisions import quota
+from elasticgpu.allocator import quota
 
 # The sample a newcomer sees first (`elasticgpu plan` with no -f), shipped in the repository.
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plan"

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from elasticgpu.allocator import CardShare, Placement
 from elasticgpu.api import ElasticGPUQuota, QuotaCharge, names
-from elasticgpu.controller.decisions import quota
+from elasticgpu.allocator import quota
 
 CORE, MEMORY, CARDS = names.RESOURCE_CORE, names.RESOURCE_MEMORY, names.RESOURCE_NVIDIA_GPU
 
