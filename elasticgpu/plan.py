@@ -33,6 +33,7 @@ from elasticgpu.allocator import (
     Placement,
     PlacementRequest,
     ReservationConflict,
+    quota,
 )
 from elasticgpu.api import (
     GPU,
@@ -46,7 +47,6 @@ from elasticgpu.api import (
     names,
     parse_memory_mib,
 )
-from elasticgpu.allocator import quota
 
 # The sample a newcomer sees first (`elasticgpu plan` with no -f), shipped in the repository.
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plan"

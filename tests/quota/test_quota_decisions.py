@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from elasticgpu.allocator import CardShare, Placement
+from elasticgpu.allocator import CardShare, Placement, quota
 from elasticgpu.api import ElasticGPUQuota, QuotaCharge, names
-from elasticgpu.allocator import quota
 
 CORE, MEMORY, CARDS = names.RESOURCE_CORE, names.RESOURCE_MEMORY, names.RESOURCE_NVIDIA_GPU
 

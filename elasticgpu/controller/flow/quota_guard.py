@@ -34,10 +34,9 @@ import threading
 import time
 from datetime import UTC, datetime
 
-from elasticgpu.allocator import Placement
+from elasticgpu.allocator import Placement, quota
 from elasticgpu.api import ElasticGPUQuota, ObjectReference, QuotaCharge
 from elasticgpu.controller import errors
-from elasticgpu.allocator import quota
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.settings import ControllerSettings
