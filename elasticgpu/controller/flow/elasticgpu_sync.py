@@ -128,6 +128,12 @@ class ElasticGPUSync:
             self._free_unless_running(egpu)
             if ref is not None and ref.name:
                 self.queue.add(("claim", ref.namespace or "", ref.name))
+        elif isinstance(decision, binder.StayPending):
+            if (egpu.status.phase, egpu.status.reason, egpu.status.message) != (
+                    "Pending", decision.reason, decision.message):
+                answer = self.set_status(egpu, None, "Pending", decision.reason, decision.message, event=False)
+                self.events.record(self.picture.egpu_body(name) or answer.to_dict(), type_=WARNING,
+                                   reason=decision.reason, message=decision.message)
         elif isinstance(decision, binder.MarkBound):
             self.set_phase(egpu, "Bound", binder.REASON_BOUND, f"bound to claim {ref.namespace}/{ref.name}"
                            if ref else "bound")
