@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from elasticgpu.api import names
 from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller, settle
@@ -64,3 +65,32 @@ def test_deleting_a_bound_elastic_gpu_says_which_claim_keeps_it(cluster: Cluster
     assert len(in_use) == 1, in_use
     assert in_use[0]["type"] == "Warning"
     assert f"{cluster.namespace}/user" in in_use[0]["message"]
+
+
+def test_a_claim_that_can_never_fit_says_so_apart_from_no_room_now(cluster: Cluster, kube: KubeApi) -> None:
+    model = f"T{cluster.prefix}"
+    for index in range(2):
+        cluster.gpu(o.gpu(f"gpu-{cluster.prefix}-{index}", node=f"{cluster.prefix}-node", index=index, model=model))
+    share, whole = f"{cluster.prefix}-share", f"{cluster.prefix}-whole"
+    cluster.klass(o.klass(share, parameters={"gpuModel": model}))
+    cluster.klass(o.klass(whole, provisioner=names.PROVISIONER_PHYSICAL, parameters={"gpuModel": model}))
+    cluster.claim(o.claim("huge", cores=50, memory="96Gi", class_name=share))  # the cards have 80Gi
+    cluster.claim(o.claim("many", cores=None, memory=None, cards=3, class_name=whole))  # the node has 2
+    cluster.claim(o.claim("both", cores=None, memory=None, cards=2, class_name=whole))  # fits: binds
+    controller = new_controller(kube, cluster.namespace)
+    settle(controller)
+    cluster.claim(o.claim("later", cores=None, memory=None, cards=1, class_name=whole))  # no room now
+    settle(controller)
+
+    def said(name: str) -> tuple[str, str, str]:
+        status = cluster.get_claim(name)["status"]
+        return status["phase"], status["reason"], status["message"]
+
+    phase, reason, message = said("huge")
+    assert (phase, reason) == ("Pending", "NeverFits")
+    assert "80Gi" in message and "largest" in message and model in message, message
+    phase, reason, message = said("many")
+    assert (phase, reason) == ("Pending", "NeverFits")
+    assert "the most on one node is 2" in message, message
+    assert said("both")[0] == "Bound"
+    assert said("later")[:2] == ("Pending", "NoCapacity")

@@ -15,7 +15,7 @@ from typing import Any
 from elasticgpu.allocator import Placement, PlacementRequest, Unplaceable
 from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, names, timestamps
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, release
+from elasticgpu.controller.decisions import binder, capacity, release
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
@@ -287,6 +287,13 @@ class ClaimSync:
                 self.commit.free_reservation(key)
                 continue
             if isinstance(result, Unplaceable):
+                with self.picture.lock:
+                    never = capacity.never_fits(ledger.inventory, decision.request, models=request.models,
+                                                node_selector=request.node_selector)
+                if never:
+                    # OBSERVATION: not even an empty card could hold it: waiting will not help.
+                    self._pending(claim, capacity.REASON_NEVER_FITS, never)
+                    return None
                 message = f"no card can give {decision.request.describe()}: {result.reason}"
                 if result.closest:
                     message += f" (closest: {result.closest})"
