@@ -13,20 +13,69 @@ object and call its methods; nothing else here knows about the controller.
     elasticgpu_work_queue_depth                    keys waiting in the work queue (read at scrape)
     elasticgpu_sync_duration_seconds{kind,outcome} one sync of one key
     elasticgpu_leader                              1 while this process holds the Lease
+    elasticgpu_claims{phase,class}                 claims by phase (Pending, Bound, Lost) and the
+                                                   class their spec names ("" none); read at scrape
+    elasticgpu_class_free_cores{class}             free cores (percent of a card, summed over the
+                                                   healthy cards the class may use; 100 = a card)
+    elasticgpu_class_free_memory_bytes{class}      free memory on those cards, bytes
+    elasticgpu_class_free_cards{class}             those cards nobody holds any of (whole cards)
     process_*                                      CPU, RSS, open files of this process
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 __all__ = ["SYNC_BUCKETS", "ControllerMetrics"]
 
 SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Seconds. A sync that decides from the picture takes well under a millisecond; one that writes
 waits on the API server (a few ms to 10 s, the request timeout): the buckets cover both."""
+
+
+class FreeCapacity(Protocol):
+    """What `watch_picture`'s `free` reports per class (`decisions.capacity.Free`)."""
+
+    @property
+    def cores(self) -> int: ...
+    @property
+    def memory_mib(self) -> int: ...
+    @property
+    def cards(self) -> int: ...
+
+
+class _PictureCollector(Collector):
+    """The gauges read from the picture at each scrape. Labels: phase and class, not namespace
+    or claim: a few series per class, however many claims and namespaces there are."""
+
+    def __init__(self, claims: Callable[[], Mapping[tuple[str, str], int]],
+                 free: Callable[[], Mapping[str, FreeCapacity]]) -> None:
+        self._claims = claims
+        self._free = free
+
+    def collect(self) -> Iterator[Metric]:
+        by_phase = GaugeMetricFamily("elasticgpu_claims", "Claims by phase and by the class their spec names"
+                                     ' ("": none, the default class).', labels=["phase", "class"])
+        for (phase, class_name), count in sorted(self._claims().items()):
+            by_phase.add_metric([phase, class_name], count)
+        yield by_phase
+        free = sorted(self._free().items())
+        cores = GaugeMetricFamily("elasticgpu_class_free_cores", "Free cores (percent of one card, summed) on"
+                                  " the healthy cards a class may use; 100 is one card.", labels=["class"])
+        memory = GaugeMetricFamily("elasticgpu_class_free_memory_bytes", "Free memory on the healthy cards a"
+                                   " class may use, in bytes.", labels=["class"])
+        cards = GaugeMetricFamily("elasticgpu_class_free_cards", "Healthy cards a class may use that nobody"
+                                  " holds any of (what a whole-card claim can get).", labels=["class"])
+        for class_name, room in free:
+            cores.add_metric([class_name], room.cores)
+            memory.add_metric([class_name], room.memory_mib * 1024 * 1024)
+            cards.add_metric([class_name], room.cards)
+        yield from (cores, memory, cards)
 
 
 class ControllerMetrics:
@@ -89,3 +138,9 @@ class ControllerMetrics:
     def leading(self, is_leader: bool) -> None:
         """Record whether this process holds the leader Lease."""
         self.leader.set(1 if is_leader else 0)
+
+    def watch_picture(self, *, claims: Callable[[], Mapping[tuple[str, str], int]],
+                      free: Callable[[], Mapping[str, FreeCapacity]]) -> None:
+        """Read claims by (phase, class) from `claims()` and free capacity by class from `free()`
+        at each scrape (nothing on the hot path)."""
+        self.registry.register(_PictureCollector(claims, free))

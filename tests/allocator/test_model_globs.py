@@ -30,7 +30,7 @@ def test_globs_match_with_or_without_the_vendor_prefix(model: str, globs: tuple[
 
 
 def test_every_example_class_matches_the_example_card() -> None:
-    card = yaml.safe_load((EXAMPLES / "gpu.yaml").read_text())
+    card = yaml.safe_load((EXAMPLES / "demo" / "gpu.yaml").read_text())
     for path in EXAMPLES.glob("class-*.yaml"):
         parameters = yaml.safe_load(path.read_text()).get("parameters", {})
         if "gpuModel" in parameters:

@@ -16,7 +16,7 @@ from elasticgpu.api import crd
 from elasticgpu.api.kinds import KINDS, KindInfo
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = sorted([*(ROOT / "examples").glob("*.yaml"), *(ROOT / "examples" / "demo").glob("*.yaml")])
 BY_KIND = {info.kind: info for info in KINDS}
 
 

@@ -153,6 +153,14 @@ def test_admin_elastic_gpu_that_does_not_fit_fails() -> None:
     assert "10% cores free" in decision.message
 
 
+def test_new_elastic_gpu_on_a_gpu_not_published_yet_waits() -> None:
+    decision = _egpu_decision(o.share_egpu("e1", "gpu-zz"))
+    assert isinstance(decision, binder.StayPending) and decision.reason == binder.REASON_GPU_NOT_FOUND
+    assert "gpu-zz" in decision.message
+    still = _egpu_decision(_with_status(o.share_egpu("e1", "gpu-zz"), phase="Pending", reason="GPUNotFound"))
+    assert isinstance(still, binder.StayPending)
+
+
 def test_elastic_gpu_on_missing_gpu_fails() -> None:
     decision = _egpu_decision(_with_status(o.share_egpu("e1", "gpu-zz"), phase="Bound"))
     assert isinstance(decision, binder.Fail) and decision.reason == binder.REASON_GPU_NOT_FOUND

@@ -14,7 +14,10 @@ from kubernetes import client
 from elasticgpu.api import ObjectReference, allocatable_summary, claim_key, gpu_capacity, gpu_list, names
 from tests.crds.objects import BY_KIND, Objects
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+ROOT = Path(__file__).resolve().parents[2]
+# The manifests: examples/ (what `kubectl apply -f examples/` applies) and examples/demo/ (demo-only
+# objects); examples/sim/ and examples/plan/ hold the agent's simulation and plan's input, not objects.
+EXAMPLES = sorted([*(ROOT / "examples").glob("*.yaml"), *(ROOT / "examples" / "demo").glob("*.yaml")])
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
 
 
@@ -29,6 +32,20 @@ def test_examples_cover_the_required_shapes() -> None:
         "elasticgpu-static",
         "gpu",
     } <= stems
+
+
+def test_kubectl_apply_of_examples_creates_nothing_fake() -> None:
+    # `kubectl apply -f examples/` (not recursive) on a real cluster must create no GPU object (the
+    # agents' to write) and nothing that names one: those live in examples/demo/, with a warning.
+    applied = [doc for path in sorted((ROOT / "examples").glob("*.yaml"))
+               for doc in yaml.safe_load_all(path.read_text()) if doc]
+    assert applied, "examples/ has no manifests"
+    assert [d["kind"] for d in applied if d["kind"] in (names.KIND_GPU, names.KIND_ELASTIC_GPU)] == []
+    assert [d["metadata"]["name"] for d in applied if (d.get("spec") or {}).get("elasticGPUName")] == []
+    demo = sorted((ROOT / "examples" / "demo").glob("*.yaml"))
+    assert {p.stem for p in demo} >= {"gpu", "elasticgpu-static", "claim-by-name"}
+    for path in demo:
+        assert path.read_text().startswith("# DEMO ONLY: do not apply to a real cluster."), path
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -69,7 +86,8 @@ def _row(table: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _example(stem: str) -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load((EXAMPLES[0].parent / f"{stem}.yaml").read_text())
+    [path] = [p for p in EXAMPLES if p.stem == stem]
+    loaded: dict[str, Any] = yaml.safe_load(path.read_text())
     return loaded
 
 

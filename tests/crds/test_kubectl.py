@@ -94,7 +94,7 @@ def _rows(listed: subprocess.CompletedProcess[str]) -> list[dict[str, str]]:
 
 
 def test_get_pgpu_shows_memory_and_allocatable_in_gi(kubectl) -> None:  # type: ignore[no-untyped-def]
-    path = ROOT / "examples" / "gpu.yaml"
+    path = ROOT / "examples" / "demo" / "gpu.yaml"
     name = yaml.safe_load(path.read_text())["metadata"]["name"]
     kubectl("delete", "-f", str(path), "--ignore-not-found")
     try:
@@ -115,7 +115,7 @@ def test_get_pgpu_shows_memory_and_allocatable_in_gi(kubectl) -> None:  # type: 
 
 
 def test_get_egpu_shows_gpus_and_claim_as_text(kubectl) -> None:  # type: ignore[no-untyped-def]
-    path = ROOT / "examples" / "elasticgpu-static.yaml"
+    path = ROOT / "examples" / "demo" / "elasticgpu-static.yaml"
     kubectl("delete", "-f", str(path), "--ignore-not-found")
     try:
         assert kubectl("apply", "-f", str(path)).returncode == 0

@@ -87,7 +87,11 @@ def test_nothing_fits_keeps_the_pod_gated_and_says_why(world: World) -> None:
     assert f"{b} has the taint gpu=reserved:NoSchedule" in condition["message"]
     events = world.events("FailedClaimPlacement", name="p")
     assert [e["type"] for e in events] == ["Warning"] and events[0]["message"] == condition["message"]
-    assert world.get_claim("p-main")["status"]["phase"] == "Pending"
+    claim = world.get_claim("p-main")["status"]
+    assert claim["phase"] == "Pending"
+    # The claim says its pod came and could not be placed, not "waiting for a pod".
+    assert claim["reason"] == "FailedClaimPlacement", claim
+    assert "pod p uses this claim" in claim["message"] and f"{b} has the taint" in claim["message"], claim
     assert all(_allocations(world, g) == [] for g in gpus)  # nothing reserved
 
     # Tolerations may be added to a pod (kube-apiserver allows it): now b fits.

@@ -498,13 +498,22 @@ class Reclaim:
 
 
 @dataclass(frozen=True)
+class StayPending:
+    """Not served yet, and not for good: phase Pending with this reason (a static ElasticGPU whose
+    GPU has not been published yet waits for it, as a PV waits for its disk)."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Keep:
     """Nothing to do (or only to wait: `why` says for what)."""
 
     why: str = ""
 
 
-ElasticGPUDecision = Reserve | Fail | MarkBound | ReleaseIfClaimGone | Reclaim | Keep
+ElasticGPUDecision = Reserve | Fail | StayPending | MarkBound | ReleaseIfClaimGone | Reclaim | Keep
 
 
 def cards_of(egpu: ElasticGPU) -> list[str]:
@@ -585,6 +594,14 @@ def decide_elastic_gpu(
                     " continue on this card: delete the claim and create a new one")
     placement = placement_of(egpu, gpus)
     if isinstance(placement, Fail):
+        if placement.reason == REASON_GPU_NOT_FOUND and phase in (None, "Pending") and held is None:
+            # OBSERVATION: never reserved, and its GPU is not published (yet): `kubectl apply -f`
+            # of a directory creates it before the GPU, or the node's agent has not started. Wait
+            # for the GPU (its watch event wakes this ElasticGPU); once served, a vanished GPU fails it.
+            missing = [n for n in cards_of(egpu) if gpus(n) is None]
+            return StayPending(REASON_GPU_NOT_FOUND, f"ElasticGPU {egpu.metadata.name}: waiting for GPU"
+                               f" {', '.join(missing)} to appear (kubectl get pgpu); it becomes Available when"
+                               " the node's agent publishes it, or fix spec to name an existing GPU")
         return placement
     if phase in (None, "Pending"):
         if held is None:

@@ -202,6 +202,9 @@ class LeaderElector:
         self._changed_at = 0.0  # monotonic: our estimate of when the holder wrote it
         self._expires_at = 0.0  # monotonic: when the current holder's lease runs out
         self._rng = random.Random()
+        self._blocked = ""
+        """Why no attempt can succeed until an admin acts (the Lease API or its namespace is
+        missing: a 404), said once in the log and by `ready`; empty otherwise."""
 
     # -- state -----------------------------------------------------------------------------------
     @property
@@ -224,6 +227,24 @@ class LeaderElector:
             return False, (f"Lease {self.settings.namespace}/{self.settings.name} held by {self.identity} "
                            f"not renewed for {late:.0f}s (lease duration {self.settings.lease_duration_s:g}s)")
         return True, ""
+
+    def ready(self) -> tuple[bool, str]:
+        """A /readyz check: fails while the Lease cannot be taken at all (a 404: this process would
+        stand by for ever, binding nothing, while looking like a healthy standby)."""
+        with self._lock:
+            blocked = self._blocked
+        return (False, blocked) if blocked else (True, "")
+
+    def _missing(self, err: errors.ApiError) -> str:
+        """What a 404 on the Lease means and the fix, in one line."""
+        s = self.settings
+        if "namespaces" in str(err):
+            return (f"cannot take the leader Lease {s.namespace}/{s.name}: namespace {s.namespace} does not exist;"
+                    " create it, name another with --leader-elect-namespace, or run one replica with"
+                    " --leader-elect=false")
+        return (f"cannot take the leader Lease {s.namespace}/{s.name}: this API server has no Lease API"
+                " (coordination.k8s.io/v1 answers 404); run one replica with --leader-elect=false, or use a"
+                " server that serves Leases (Kubernetes 1.14 and later do)")
 
     def _set_leading(self, leading: bool, *, renewed_at: float | None = None) -> None:
         with self._lock:
@@ -327,13 +348,26 @@ class LeaderElector:
             attempt = time.monotonic()
             try:
                 if self.try_acquire_or_renew():
+                    with self._lock:
+                        self._blocked = ""
                     self._set_leading(True, renewed_at=attempt)
                     return True
                 if not announced and self._seen is not None:
                     log.info("standing by: Lease %s/%s is held by %s", s.namespace, s.name, self._seen[1])
                     announced = True
             except errors.ApiError as err:
-                log.warning("cannot read or take Lease %s/%s yet: %s", s.namespace, s.name, err)
+                if err.status == 404:
+                    # No retry can succeed until an admin acts: say it once, with the fix, and keep
+                    # trying quietly (the API or the namespace may be added).
+                    blocked = self._missing(err)
+                    with self._lock:
+                        said, self._blocked = self._blocked == blocked, blocked
+                    if said:
+                        log.debug("Lease %s/%s still missing: %s", s.namespace, s.name, err)
+                    else:
+                        log.error("%s (%s)", blocked, err)
+                else:
+                    log.warning("cannot read or take Lease %s/%s yet: %s", s.namespace, s.name, err)
             stop.wait(self._pause())
         return False
 

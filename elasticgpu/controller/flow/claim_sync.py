@@ -15,7 +15,7 @@ from typing import Any
 from elasticgpu.allocator import Placement, PlacementRequest, Unplaceable
 from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, names, timestamps
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, release
+from elasticgpu.controller.decisions import binder, capacity, pod_gate, release
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
@@ -66,6 +66,8 @@ class ClaimSync:
         if isinstance(decision, binder.Ignore | binder.InSync):
             return
         if isinstance(decision, binder.Wait):
+            if decision.reason == binder.REASON_WAIT_FOR_CONSUMER:
+                decision = self._consumer_placement(claim) or decision
             self._pending(claim, decision.reason, decision.message)
         elif isinstance(decision, binder.MarkLost):
             self._lost(claim, decision.reason, decision.message)
@@ -77,6 +79,22 @@ class ClaimSync:
             self._provision(claim, decision)
         elif isinstance(decision, binder.Deleting):
             self._release(claim)
+
+    def _consumer_placement(self, claim: ElasticGPUClaim) -> binder.Wait | None:
+        """A WaitForFirstConsumer claim whose pod came but could not be placed (the pod sync wrote
+        `ClaimsReady=False`, `FailedClaimPlacement`): the wait that says so, or None (no pod yet,
+        or its placement has not failed). "Waiting for a pod" would send the user looking for
+        a pod that exists."""
+        namespace = claim.metadata.namespace or ""
+        with self.picture.lock:
+            for user in sorted(self.picture.pods_using(namespace, claim.metadata.name or "")):
+                pod = self.picture.pods.pod(namespace, user)
+                said = pod_gate.condition_of(pod) if pod is not None else None
+                if said is not None and said.get("status") == "False" \
+                        and said.get("reason") == pod_gate.REASON_FAILED_PLACEMENT:
+                    return binder.Wait(pod_gate.REASON_FAILED_PLACEMENT, f"pod {user} uses this claim, but no node can"
+                                       f" take it with its claims: {said.get('message', '')}")
+        return None
 
     # -- status --------------------------------------------------------------------------------
 
@@ -288,6 +306,13 @@ class ClaimSync:
                 self.commit.free_reservation(key)
                 continue
             if isinstance(result, Unplaceable):
+                with self.picture.lock:
+                    never = capacity.never_fits(ledger.inventory, decision.request, models=request.models,
+                                                node_selector=request.node_selector)
+                if never:
+                    # OBSERVATION: not even an empty card could hold it: waiting will not help.
+                    self._pending(claim, capacity.REASON_NEVER_FITS, never)
+                    return None
                 message = f"no card can give {decision.request.describe()}: {result.reason}"
                 if result.closest:
                     message += f" (closest: {result.closest})"

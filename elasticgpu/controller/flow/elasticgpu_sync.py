@@ -40,6 +40,8 @@ class ElasticGPUSync:
         self._lock = threading.Lock()
         self._rechecks_due: dict[str, float] = {}
         """ElasticGPUs kept for a running holder: when their delayed recheck is due (monotonic)."""
+        self._said_in_use: set[str] = set()
+        """Uids of the ElasticGPUs being deleted whose in-use Event this process wrote."""
 
     def put(self, body: Body) -> ElasticGPU:
         """Take a write's answer into the picture (queueing what it wakes); its model."""
@@ -110,7 +112,10 @@ class ElasticGPUSync:
                 egpu, claim=claim, gpus=ledger.gpu, held=ledger.held(name), conflict=ledger.conflict
             )
         if isinstance(decision, binder.Keep):
-            if egpu.status.phase == "Bound":
+            if egpu.metadata.deletion_timestamp and ref is not None and ref.name:
+                # OBSERVATION: being deleted while its claim uses it: the finalizer holds it.
+                self._say_in_use(egpu, f"{ref.namespace}/{ref.name}")
+            elif egpu.status.phase == "Bound":
                 self.commit.stamp_claim_ref(egpu)
             elif egpu.status.phase == "Failed" and held_after_failure:
                 # OBSERVATION: Failed, and its reservation kept while its claim still ran on the card:
@@ -128,6 +133,12 @@ class ElasticGPUSync:
             self._free_unless_running(egpu)
             if ref is not None and ref.name:
                 self.queue.add(("claim", ref.namespace or "", ref.name))
+        elif isinstance(decision, binder.StayPending):
+            if (egpu.status.phase, egpu.status.reason, egpu.status.message) != (
+                    "Pending", decision.reason, decision.message):
+                answer = self.set_status(egpu, None, "Pending", decision.reason, decision.message, event=False)
+                self.events.record(self.picture.egpu_body(name) or answer.to_dict(), type_=WARNING,
+                                   reason=decision.reason, message=decision.message)
         elif isinstance(decision, binder.MarkBound):
             self.set_phase(egpu, "Bound", binder.REASON_BOUND, f"bound to claim {ref.namespace}/{ref.name}"
                            if ref else "bound")
@@ -156,6 +167,21 @@ class ElasticGPUSync:
                             f"reserved on {placement.describe()}")
         if egpu.spec.claim_ref is not None and egpu.spec.claim_ref.name:
             self.queue.add(("claim", egpu.spec.claim_ref.namespace or "", egpu.spec.claim_ref.name))
+
+    def _say_in_use(self, egpu: ElasticGPU, claim: str) -> None:
+        """One Warning Event per deletion (per process) naming the claim that keeps `egpu`: without
+        it `kubectl delete egpu` hangs on the finalizer and nothing says why."""
+        key = egpu.metadata.uid or egpu.metadata.name or ""
+        with self._lock:
+            if key in self._said_in_use:
+                return
+            self._said_in_use.add(key)
+        name = egpu.metadata.name or ""
+        namespace, _, claim_name = claim.partition("/")
+        self.events.record(self.picture.egpu_body(name) or egpu.to_dict(), type_=WARNING, reason=binder.REASON_IN_USE,
+                           message=f"ElasticGPU {name} is bound to claim {claim}: its deletion waits for the claim"
+                           f" to go; delete the claim (kubectl delete egpuc -n {namespace} {claim_name}) when no"
+                           " pod needs it any more")
 
     def _release_if_claim_gone(self, egpu: ElasticGPU) -> None:
         ref = egpu.spec.claim_ref

@@ -65,8 +65,11 @@ class EventRecorder:
         meta = obj.get("metadata") or {}
         namespace = meta.get("namespace") or self._kube.settings.events_namespace
         name = meta.get("name", "")
-        logger.info(
-            "%s %s: %s: %s", obj.get("kind"), f"{meta.get('namespace')}/{name}" if meta.get("namespace") else name,
+        # A Warning Event is logged at WARNING: an operator filtering the log by level sees what
+        # users see in `kubectl describe` as a warning.
+        logger.log(
+            logging.WARNING if type_ == WARNING else logging.INFO, "%s %s: %s: %s",
+            obj.get("kind"), f"{meta.get('namespace')}/{name}" if meta.get("namespace") else name,
             reason, message,
         )
         now = timestamps.now_rfc3339()

@@ -105,6 +105,8 @@ class Picture(reading.Reading):
         old = self._claims.get(key)
         model = compact.share_fields(ElasticGPUClaim.model_validate(body))
         self._claims.put(key, body, model)
+        self._count_claim(old, -1)
+        self._count_claim(model, 1)
         if model.status.phase in (None, "Pending"):
             self._waiting[key] = None
         else:
@@ -124,6 +126,7 @@ class Picture(reading.Reading):
             old_head = self._claims.head(key)
             old_claim = self._claims.get(key)
             self._claims.pop(key)
+            self._count_claim(old_claim, -1)
             self._waiting.pop(key, None)
             self.pods.claim_changed(key, None, old_head)
             if old_claim is not None and old_claim.spec.elastic_gpu_name:

@@ -8,11 +8,12 @@ Every reader takes `lock` (re-entrant), as the writers do; see picture.py for th
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
-from elasticgpu.controller.decisions import binder
+from elasticgpu.controller.decisions import binder, capacity
 from elasticgpu.controller.picture import compact, pod_index, records, versions, waiting_order
 from elasticgpu.controller.picture.reservations import Ledger
 
@@ -34,6 +35,10 @@ class Reading:
         self._claims: records.Models[ClaimKey, ElasticGPUClaim] = records.Models(
             ElasticGPUClaim, at_rest=_claim_at_rest, lock=self.lock)
         """Claims with the head of their bodies: a Bound one as JSON, built on demand (`records`)."""
+        self._claim_counts: Counter[tuple[str, str]] = Counter()
+        """Claims by (phase, class name as the claim's spec says it, "" for none), kept in step by
+        `_store_claim` / `drop_claim` for the `elasticgpu_claims` gauge: a scrape must not build the
+        model of every Bound claim. A count that falls to 0 stays (its series reads 0, not gone)."""
         self._waiting: dict[ClaimKey, None] = {}
         """The claims that wait (Pending or no phase yet), in arrival order: capacity that appears
         wakes them, and must not cost a scan of every claim (one per GPU event at start-up)."""
@@ -151,6 +156,20 @@ class Reading:
         """Every ElasticGPU by name (the live map: read it under `lock`; keys and `get` are
         cheap, iterating the values builds the model of every Bound one, `records`)."""
         return self._egpus
+
+    def claim_counts(self) -> dict[tuple[str, str], int]:
+        """Claims by (phase, class) (a copy; the `elasticgpu_claims` gauge)."""
+        with self.lock:
+            return dict(self._claim_counts)
+
+    def _count_claim(self, claim: ElasticGPUClaim | None, delta: int) -> None:
+        if claim is not None:
+            self._claim_counts[(claim.status.phase or "Pending", claim.spec.class_name or "")] += delta
+
+    def free_by_class(self) -> dict[str, capacity.Free]:
+        """Free capacity of each class of ours on the cards it may use (the class gauges)."""
+        with self.lock:
+            return capacity.free_by_class(self.ledger.inventory, self._classes)
 
     def pods_using(self, namespace: str, claim: str) -> set[str]:
         """Names of the running pods that use a claim (a copy)."""

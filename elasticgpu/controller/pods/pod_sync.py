@@ -338,6 +338,8 @@ class PodSync:
                 # next sync choose again (the pod's resourceVersion guards the write).
                 self._write_selected_node(pod, None)
             self._wait(pod, pod_gate.Wait(pod_gate.REASON_FAILED_PLACEMENT, chosen, warning=True))
+            for claim_name in sorted(claims):  # their status says why they still wait (claim_sync)
+                self.queue.add(("claim", namespace, claim_name))
             return
         node, placements = chosen
         if len(wanted) > 1 and selected != node:

@@ -4,7 +4,8 @@ this process may bind, and closes it on the way out.
 
     /healthz   fails when a controller thread died or a loop made no progress (`Liveness`), or
                when this process leads but its renewals of the Lease stopped (`LeaderElector`)
-    /readyz    a standby is ready (it serves its purpose: waiting); a leader once its worker runs
+    /readyz    a standby is ready (it serves its purpose: waiting) unless the Lease cannot be taken
+               at all (no Lease API, no such namespace: a 404); a leader once its worker runs
     /metrics   `ControllerMetrics`: queue depth, leadership and process_* are fed here; the
                counters of binds, provisions, releases, conflicts, API errors and the sync
                latency histogram are fed by the modules where those happen (`controller.metrics`
@@ -62,7 +63,8 @@ class Operability:
 
     def _ready(self) -> tuple[bool, str]:
         if self.elector is not None and not self.elector.leading:
-            return True, ""  # a standby is doing its job
+            # A standby is doing its job, unless the Lease cannot be taken at all (a 404).
+            return self.elector.ready()
         if self.controller.liveness.last_step(worker.LOOP) is None:
             return False, "the picture is being listed; the worker has not started"
         return True, ""

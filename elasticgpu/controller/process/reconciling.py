@@ -90,11 +90,13 @@ class Controller:
                              commit=self.commit, settings=self.settings.resync)
 
     def attach_metrics(self, metrics: ControllerMetrics) -> None:
-        """Count binds, provisions, releases, conflicts, API errors and sync latency into `metrics`."""
+        """Count binds, provisions, releases, conflicts, API errors and sync latency into `metrics`;
+        claims by phase and free capacity by class are read from the picture at each scrape."""
         self.kube.metrics = metrics
         self.claims.metrics = metrics
         self.elastic_gpus.metrics = metrics
         self.worker.metrics = metrics
+        metrics.watch_picture(claims=self.picture.claim_counts, free=self.picture.free_by_class)
 
     @property
     def ledger(self) -> Ledger:
