@@ -89,14 +89,15 @@ class Resizer:
             if decision is None:
                 return  # not resizable, or its reservation is being repaired by the ElasticGPU's sync
             if isinstance(decision, resize.Settle):
-                self._settle(claim, egpu, done)
+                self._show(claim, egpu, None, done=done)
                 return
             if isinstance(decision, resize.Refuse):
-                self._say(claim, resize.CONDITION_RESIZING, "False", decision.reason, decision.message, WARNING)
+                self._show(claim, egpu, (resize.CONDITION_RESIZING, "False", decision.reason, decision.message,
+                                         WARNING))
                 return
             if isinstance(decision, resize.WaitForNode):
-                self._say(claim, resize.CONDITION_PENDING, "True", resize.REASON_WAITING_FOR_NODE,
-                          decision.message, NORMAL)
+                self._show(claim, egpu, (resize.CONDITION_PENDING, "True", resize.REASON_WAITING_FOR_NODE,
+                                         decision.message, NORMAL))
                 return
             gpu_name, allocation = held[0]
             if isinstance(decision, resize.SetLimit):
@@ -140,19 +141,13 @@ class Resizer:
             raise
         return self.picture.put_claim(answer)
 
-    def _say(self, claim: ElasticGPUClaim, type_: str, status: str, reason: str, message: str, kind: str) -> None:
-        """Set one resize condition (the other goes); no write and no Event when it is said already."""
-        current = claim.status.conditions
-        if any(c.type == type_ and c.status == status and c.reason == reason and c.message == message
-               for c in current) and not any(c.type in _RESIZE_CONDITIONS and c.type != type_ for c in current):
-            return
-        kept = [c.to_dict() for c in current if c.type not in _RESIZE_CONDITIONS]
-        written = self._write_claim(claim, {"conditions": [*kept, _condition(type_, status, reason, message,
-                                                                              current)]})
-        self.events.record(self._body(written), type_=kind, reason=reason, message=message)
-
-    def _settle(self, claim: ElasticGPUClaim, egpu: ElasticGPU, done: str) -> None:
-        """The reservation is the request: the ElasticGPU's and the claim's statuses follow."""
+    def _show(self, claim: ElasticGPUClaim, egpu: ElasticGPU, said: tuple[str, str, str, str, str] | None, *,
+              done: str = "") -> None:
+        """Make the statuses show what the card reserves, whatever the decision: the ElasticGPU's
+        `status.capacity`, the claim's `status.capacity` and `allocatedResources` (a refused
+        expand after a finished shrink still shows the shrink), and the claim's one resize
+        condition `said` (type, status, reason, message, Event type), or none once the request is
+        reserved. Writes only what differs; an Event when the condition or the size changed."""
         placement = self.picture.ledger.held(egpu.metadata.name or "")
         if placement is None:
             return
@@ -160,18 +155,23 @@ class Resizer:
         if dict(egpu.status.capacity) != capacity:
             self.elastic_gpus.set_phase(egpu, egpu.status.phase or "Bound", egpu.status.reason or binder.REASON_BOUND,
                                         egpu.status.message or "bound")
-        resizing = [c for c in claim.status.conditions if c.type in _RESIZE_CONDITIONS]
-        if (dict(claim.status.capacity) == capacity and dict(claim.status.allocated_resources) == capacity
-                and not resizing):
-            return
-        changed = dict(claim.status.capacity) != capacity
-        status: Body = {
-            "capacity": capacity,
-            "allocatedResources": capacity,
-            "conditions": [c.to_dict() for c in claim.status.conditions if c.type not in _RESIZE_CONDITIONS],
-        }
-        written = self._write_claim(claim, status)
-        if changed or resizing:
+        current = claim.status.conditions
+        kept = [c.to_dict() for c in current if c.type not in _RESIZE_CONDITIONS]
+        wanted = [] if said is None else [_condition(said[0], said[1], said[2], said[3], current)]
+
+        def shape(conditions: list[Body]) -> list[tuple[Any, ...]]:
+            return sorted((c["type"], c["status"], c["reason"], c["message"]) for c in conditions)
+
+        now_said = shape([c.to_dict() for c in current if c.type in _RESIZE_CONDITIONS])
+        condition_changed = now_said != shape(wanted)
+        size_changed = dict(claim.status.capacity) != capacity
+        if not (condition_changed or size_changed or dict(claim.status.allocated_resources) != capacity):
+            return  # said already: no write, no Event
+        written = self._write_claim(claim, {"capacity": capacity, "allocatedResources": capacity,
+                                            "conditions": [*kept, *wanted]})
+        if said is not None and condition_changed:
+            self.events.record(self._body(written), type_=said[4], reason=said[2], message=said[3])
+        elif said is None and (size_changed or now_said):
             message = done or (f"claim {claim.metadata.namespace}/{claim.metadata.name}: resized to"
                                f" {placement.describe()}")
             self.events.record(self._body(written), type_=NORMAL, reason=resize.REASON_RESIZED, message=message)
