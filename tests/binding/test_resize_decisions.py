@@ -80,7 +80,7 @@ def test_a_resize_never_oversubscribes_the_card_nor_frees_what_the_node_still_us
         assert not runs or (applied is not None and applied.fits_in(decision.size))
     elif isinstance(decision, resize.SetLimit):
         usage = claim.status.usage
-        assert usage is None or (usage.cores_used <= decision.limit.cores and usage.memory_used <= decision.limit.memory)
+        assert usage is None or resize.Size(usage.cores_used, usage.memory_used).fits_in(decision.limit)
         assert decision.limit.fits_in(resize.size_of(mine))
     elif isinstance(decision, resize.Refuse):
         assert decision.reason in (resize.REASON_NO_ROOM, resize.REASON_SHRINK_BLOCKED), decision
