@@ -18,7 +18,7 @@ from elasticgpu.api import names
 from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
-from tests.binding.conftest import Cluster, new_controller, settle
+from tests.binding.conftest import Cluster, new_controller, settle, stop_watches
 from tests.binding.processes import ControllerProcesses, wait_quiescent
 from tests.binding.test_race import unguarded  # noqa: F401  (a fixture: the GPU CRD without its guard)
 
@@ -293,3 +293,29 @@ def test_two_controllers_racing_random_resizes_never_oversubscribe(cluster: Clus
     finally:
         stop.set()
         procs.close()
+
+
+def test_crash_after_the_gpu_write_is_repaired_by_a_fresh_controller(cluster: Cluster, kube: KubeApi) -> None:
+    """Crash row: the GPU holds the new size (the commit point), the ElasticGPU's and the claim's
+    statuses still say the old one. A fresh controller finishes from what the GPU holds, with no
+    second GPU write."""
+    [gpu], class_name = _setup(cluster)
+    created = cluster.claim(o.claim("c", cores=30, memory="10Gi", class_name=class_name))
+    settle(new_controller(kube, cluster.namespace))
+    stop_watches()  # the first controller is gone
+    _resize(cluster, "c", {CORE: 50, MEMORY: "20Gi"})
+    egpu = names.elastic_gpu_name_for_claim(created["metadata"]["uid"])
+
+    def crashed_write(status: dict[str, Any]) -> None:
+        for allocation in status["allocations"]:
+            if allocation["elasticGPU"] == egpu:
+                allocation.update(cores=50, memory=20480)
+    _agent_writes(kube, gpu, crashed_write)
+    version = kube.get_gpu(gpu)["metadata"]["resourceVersion"]
+
+    settle(new_controller(kube, cluster.namespace))
+    claim = cluster.get_claim("c")
+    assert claim["status"]["capacity"] == {CORE: 50, MEMORY: "20Gi"}
+    assert claim["status"]["allocatedResources"] == {CORE: 50, MEMORY: "20Gi"}
+    assert kube.get_elastic_gpu(egpu)["status"]["capacity"] == {CORE: 50, MEMORY: "20Gi"}
+    assert kube.get_gpu(gpu)["metadata"]["resourceVersion"] == version, "the GPU was written again"
