@@ -84,6 +84,8 @@ def test_a_resize_never_oversubscribes_the_card_nor_frees_what_the_node_still_us
         assert decision.limit.fits_in(resize.size_of(mine))
     elif isinstance(decision, resize.Refuse):
         assert decision.reason in (resize.REASON_NO_ROOM, resize.REASON_SHRINK_BLOCKED), decision
+        # A refused request never leaves the node enforcing the limit of an older one.
+        assert mine.limit is None, (decision, mine.limit)
 
 
 def test_no_room_says_how_much_the_card_lacks() -> None:

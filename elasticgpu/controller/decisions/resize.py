@@ -175,6 +175,8 @@ def decide_resize(claim: ElasticGPUClaim, *, gpus: list[GPU], allocations: list[
         lack = Size(max(0, grown.cores - reserved.cores - free.cores),
                     max(0, grown.memory - reserved.memory - free.memory))
         if lack != Size(0, 0):
+            if limit is not None:
+                return _give_up_shrink(name, limit, reserved)
             return Refuse(REASON_NO_ROOM, f"{name}: cannot expand to {wanted.describe()} on GPU"
                           f" {gpu.metadata.name}: the card lacks {lack.cores}% cores and {lack.memory} MiB"
                           f" (free: {free.describe()}); the claim stays at {reserved.describe()}")
@@ -192,11 +194,20 @@ def decide_resize(claim: ElasticGPUClaim, *, gpus: list[GPU], allocations: list[
                            f" the new limit (in effect: {now}); {reserved.describe()} stays reserved until then")
     usage = claim.status.usage
     if usage is not None and (usage.memory_used > wanted.memory or usage.cores_used > wanted.cores):
+        if limit is not None:
+            return _give_up_shrink(name, limit, reserved)
         return Refuse(REASON_SHRINK_BLOCKED, f"{name}: cannot shrink to {wanted.describe()}: it uses"
                       f" {usage.cores_used}% cores and {usage.memory_used} MiB (status.usage); the claim stays at"
                       f" {reserved.describe()}")
     return SetLimit(wanted, f"{name}: shrinking from {reserved.describe()} to {wanted.describe()}: the new limit"
                     f" goes to node {gpu.spec.node_name} first")
+
+
+def _give_up_shrink(name: str, limit: Size, reserved: Size) -> Reserve:
+    # A limit belongs to the request it was set for: a newer request that is refused must not
+    # leave the node enforcing an older, smaller size. Dropped first; the refusal comes next.
+    return Reserve(reserved, REASON_RESIZED, f"{name}: shrink to {limit.describe()} given up (the request changed);"
+                   f" the limit is back at {reserved.describe()}")
 
 
 def _decide_whole(name: str, request: GpuRequest, allocations: list[GPUAllocation]) -> ResizeDecision:
