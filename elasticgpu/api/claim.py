@@ -16,6 +16,12 @@ ClaimPhase = Literal["Pending", "Bound", "Lost"]
 ELASTIC_GPU_NAME = validation.NameRule("spec.elasticGPUName")
 CLASS_NAME = validation.NameRule("spec.elasticGPUClassName")
 EGPU_CLASS_NAME = validation.NameRule("spec.egpuClassName")
+_REQUESTS = "spec.resources.requests"
+# The requests unchanged, present or absent (a rule on the claim's root: it also reads the status).
+_REQUESTS_SAME = (
+    f"has(self.{_REQUESTS}) == has(oldSelf.{_REQUESTS})"
+    f" && (!has(self.{_REQUESTS}) || self.{_REQUESTS} == oldSelf.{_REQUESTS})"
+)
 
 
 def _resource_map(field: str, description: str) -> Any:
@@ -38,6 +44,7 @@ class ResourceRequirements(KubeModel):
             reason="FieldValueRequired",
         ),
         *cel.limits_not_below_requests("spec.resources"),
+        cel.immutable("limits", "spec.resources.", "delete the claim and create a new one"),
     ]
 
     requests: dict[str, ResourceValue] = _resource_map(
@@ -58,7 +65,6 @@ class ElasticGPUClaimSpec(KubeModel):
         cel.set_once("elasticGPUName", "spec"),
         cel.set_once("elasticGPUClassName", "spec"),
         cel.set_once("egpuClassName", "spec"),
-        cel.immutable("resources", "spec.", "delete the claim and create a new one"),
         cel.immutable("selector", "spec.", "delete the claim and create a new one"),
         cel.same_if_both("elasticGPUClassName", "egpuClassName", "spec."),
     ]
@@ -139,6 +145,11 @@ class ElasticGPUClaimStatus(KubeModel):
         description="What is reserved for the claim on its card(s); differs from capacity while a resize is under"
         " way (PVC's status.allocatedResources).",
     )
+    resizable: bool | None = Field(
+        default=None,
+        description="True when spec.resources.requests may change (the class set allowClaimResize when the claim"
+        " was bound); written by the controller, read by the CRD's rule on the requests.",
+    )
     node_name: str | None = Field(default=None, description="Node of the bound card(s).")
     gpus: list[str] = Field(default_factory=list, description="Uuids of the bound card(s).")
     conditions: list[Condition] = Field(
@@ -155,7 +166,18 @@ class ElasticGPUClaimStatus(KubeModel):
 class ElasticGPUClaim(KubeModel):
     """A claim for GPU capacity (namespaced)."""
 
-    crd_rules: ClassVar[list[dict[str, str]]] = []
+    crd_rules: ClassVar[list[dict[str, str]]] = [
+        # A claim's rules cannot read its class: the controller records on bind whether the
+        # class allowed a resize (status.resizable), and only then may the requests change.
+        rule(
+            f"{_REQUESTS_SAME} || (has(oldSelf.status) && has(oldSelf.status.resizable)"
+            " && oldSelf.status.resizable)",
+            "spec.resources.requests: is immutable unless the claim's ElasticGPUClass sets allowClaimResize: true"
+            " (and the claim is Bound, status.resizable); delete the claim and create a new one",
+            reason="FieldValueForbidden",
+            field_path=".spec.resources.requests",
+        ),
+    ]
 
     api_version: str = Field(default=names.API_VERSION, description="elasticgpu.io/v1alpha1")
     kind: str = Field(default=names.KIND_CLAIM, description="ElasticGPUClaim")

@@ -3,8 +3,8 @@
 `informer` (list and watch; feeds the picture), `workqueue`, `claim_sync`, `elasticgpu_sync`,
 `gpu_sync` (a GPU's readiness), `commit` (the reservation commit), `handoff` (writes after the
 commit point, on a pool), `repair` (the periodic resync), `provisioner` (the ElasticGPU made for
-a claim), `events`, `failures` (what a failed sync does), `liveness` (threads alive, loops
-stepping).
+a claim), `resizing` (a Bound claim resized in place), `events`, `failures` (what a failed sync
+does), `liveness` (threads alive, loops stepping).
 
 May import: decisions, the picture, the edge (to write), the shared modules. Never: the pods, the
 process, the kubernetes client or `http` directly (only through the edge).

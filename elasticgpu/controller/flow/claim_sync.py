@@ -23,6 +23,7 @@ from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.handoff import HandOff
 from elasticgpu.controller.flow.provisioner import build_elastic_gpu, capacity_of, claim_ref_of
 from elasticgpu.controller.flow.quota_guard import QuotaExceeded
+from elasticgpu.controller.flow.resizing import Resizer, resizable
 from elasticgpu.controller.flow.workqueue import Key, WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture import pod_index
@@ -55,6 +56,9 @@ class ClaimSync:
         self.elastic_gpus = elastic_gpus
         self.hand_off = hand_off
         self.settings = settings
+        self.resizer = Resizer(kube=kube, picture=picture, events=events, commit=commit, elastic_gpus=elastic_gpus,
+                               settings=settings)
+        """Resizes Bound claims in place (issue 17): called when the binder finds a claim in sync."""
 
     def sync(self, namespace: str, name: str) -> None:
         """Decide and carry out the next step of one claim."""
@@ -63,7 +67,10 @@ class ClaimSync:
             if claim is None:
                 return
             decision = binder.decide_claim(claim, self.picture.view())
-        if isinstance(decision, binder.Ignore | binder.InSync):
+        if isinstance(decision, binder.InSync):
+            self.resizer.sync(namespace, name, decision.elastic_gpu)
+            return
+        if isinstance(decision, binder.Ignore):
             return
         if isinstance(decision, binder.Wait):
             if decision.reason == binder.REASON_WAIT_FOR_CONSUMER:
@@ -190,15 +197,18 @@ class ClaimSync:
             node = egpu.status.node_name or egpu.spec.node_name
             gpus = list(egpu.status.gpus)
         message = f"bound to ElasticGPU {egpu_name} on {node or '?'}" + (f" ({', '.join(gpus)})" if gpus else "")
-        status = {
+        status: Body = {
             "phase": "Bound",
             "reason": binder.REASON_BOUND,
             "message": message,
             "capacity": capacity,
+            "allocatedResources": capacity,  # what is reserved; differs from capacity only during a resize
             "nodeName": node,
             "gpus": gpus,
             "conditions": [condition("Bound", binder.REASON_BOUND, message, claim.status.conditions)],
         }
+        if resizable(claim, egpu, self.picture.view().classes):
+            status["resizable"] = True  # read by the claim CRD's rule on spec.resources.requests
         owner = pod_index.owner_pod(self._body(claim))
         if owner is not None and not claim.status.users:
             # An inline claim serves the pod that owns it: said with the bind, not in a write of its own.

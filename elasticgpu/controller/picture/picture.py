@@ -61,14 +61,18 @@ class Picture(reading.Reading):
                 keys += self._claims_of_egpu(name, body)
             elif kind == "gpu":
                 before = self._free_of(name)
+                sizes = self._allocation_sizes(name)
                 if deleted:
                     self.ledger.delete_gpu(body)
                 else:
                     self.ledger.observe_gpu(body)
                     keys.append(("gpu", name))  # its readiness (heartbeat, gpu_sync)
                 keys += [("egpu", egpu_name) for egpu_name in self._egpus_on_gpu(name)]
-                if deleted or self._free_of(name) > before:
+                freed = deleted or self._free_of(name) > before
+                if freed:
                     keys += self.pending_claim_keys()
+                if not deleted:
+                    keys += self._resizing_claims_on(name, freed=freed, sizes=sizes)
             elif kind == "class":
                 if deleted:
                     self._classes.pop(name, None)
@@ -236,7 +240,10 @@ class Picture(reading.Reading):
         waiting for capacity are the keys to queue."""
         with self.lock:
             self.ledger.observe_gpu(answer)
-            return self.pending_claim_keys() if freed else []
+            if not freed:
+                return []
+            # The claims on the card too: one may wait for room to expand (issue 17).
+            return self.pending_claim_keys() + self._resizing_claims_on(answer["metadata"]["name"], freed=True)
 
     def forget_gpu(self, name: str) -> None:
         """Drop a GPU the server no longer has."""
@@ -329,6 +336,28 @@ class Picture(reading.Reading):
         if model is None or model.status.health == "Unhealthy":
             return -(1 << 62)
         return -sum(a.cores + a.memory for a in model.status.allocations)
+
+    def _allocation_sizes(self, gpu_name: str) -> dict[str, tuple[int, int, Any]]:
+        """Each allocation's (cores, memory, limit) on a GPU, as the picture holds it."""
+        model = self.ledger.gpu(gpu_name)
+        if model is None:
+            return {}
+        return {a.elastic_gpu: (a.cores, a.memory, a.limit) for a in model.status.allocations}
+
+    def _resizing_claims_on(self, gpu_name: str, *, freed: bool,
+                            sizes: dict[str, tuple[int, int, Any]] | None = None) -> Keys:
+        """The claims a GPU event may move on in a resize (issue 17): those with a shrink under
+        way (a limit on their allocation: the agent may have applied it), those whose allocation
+        changed size (another controller resized it: the claim's status follows), and, when room
+        freed, every claim on the card (one may wait for room to expand)."""
+        model = self.ledger.gpu(gpu_name)
+        if model is None:
+            return []
+        return [("claim", a.claim_ref.namespace or "", a.claim_ref.name) for a in model.status.allocations
+                if a.claim_ref is not None and a.claim_ref.name
+                and (freed or a.limit is not None
+                     or (sizes is not None and a.elastic_gpu in sizes
+                         and sizes[a.elastic_gpu] != (a.cores, a.memory, a.limit)))]
 
     def _egpus_on_gpu(self, gpu_name: str) -> list[str]:
         return sorted(self._egpus_on.get(gpu_name, ()))
