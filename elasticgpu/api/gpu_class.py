@@ -21,13 +21,15 @@ POLICIES: tuple[Policy, ...] = ("binpack", "spread", "fragmentation")
 SHARINGS: tuple[Sharing, ...] = ("exclusive", "timeslice", "mps")
 PARAMETER_KEYS = ("policy", "gpuModel", "nodeSelector", "sharing")
 PROVISIONER = validation.NameRule("provisioner", validation.QUALIFIED_NAME_RULE, qualified=True)
-# bindingMode has a schema default, so the server fills it in before the rules run: a class that
-# says only egpuBindingMode: WaitForFirstConsumer reaches them as Immediate + WaitForFirstConsumer
-# and no rule can tell that from a real disagreement. The message says what to write instead.
+# bindingMode has no schema default: with one, the server filled it in before the rules ran, and a
+# class that said only the upstream egpuBindingMode: WaitForFirstConsumer reached them as Immediate +
+# WaitForFirstConsumer, indistinguishable from a real disagreement (issue 15). Both fields are now
+# optional; the rule compares them only when both are set, and `effective_binding_mode` is the one
+# place that picks the mode (bindingMode, else egpuBindingMode, else Immediate).
 BINDING_MODES_AGREE = (
-    "must equal egpuBindingMode when both are set (two spellings of one field); bindingMode defaults to"
-    " Immediate, so write bindingMode, not egpuBindingMode, for WaitForFirstConsumer"
+    "must equal egpuBindingMode when both are set (two spellings of one field); set only one of them"
 )
+DEFAULT_BINDING_MODE: BindingMode = "Immediate"
 
 
 def _in_list(values: tuple[str, ...]) -> str:
@@ -97,7 +99,7 @@ class ElasticGPUClass(KubeModel):
         ),
         cel.immutable("parameters", "", "create a new class instead"),
         rule(
-            "!has(self.egpuBindingMode) || self.bindingMode == self.egpuBindingMode",
+            "!has(self.egpuBindingMode) || !has(self.bindingMode) || self.bindingMode == self.egpuBindingMode",
             f"bindingMode: {BINDING_MODES_AGREE}",
             reason="FieldValueInvalid",
         ),
@@ -150,13 +152,16 @@ class ElasticGPUClass(KubeModel):
         description="Reclaim policy of provisioned ElasticGPUs: Delete (default) or Retain.",
         json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True}),
     )
-    binding_mode: BindingMode = Field(
-        default="Immediate",
-        description="Immediate (default) binds at once; WaitForFirstConsumer waits for a pod and its node.",
-        json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True}),
+    binding_mode: BindingMode | None = Field(
+        default=None,
+        description="Immediate binds at once; WaitForFirstConsumer waits for a pod and its node."
+        " Unset: egpuBindingMode, else Immediate.",
     )
     egpu_binding_mode: BindingMode | None = Field(
-        default=None, alias="egpuBindingMode", description="Upstream elastic-gpu spelling of bindingMode; accepted."
+        default=None,
+        alias="egpuBindingMode",
+        description="Upstream elastic-gpu spelling of bindingMode; used when bindingMode is unset, must agree when both"
+        " are set.",
     )
     allow_claim_resize: bool = Field(
         default=False,
@@ -172,8 +177,9 @@ class ElasticGPUClass(KubeModel):
 
     @property
     def effective_binding_mode(self) -> BindingMode:
-        """The binding mode (egpuBindingMode, where set, must agree with it: see `check`)."""
-        return self.binding_mode
+        """The binding mode: bindingMode, else the upstream egpuBindingMode, else Immediate. Every reader of
+        the mode (binder, pod gate, plan) goes through here; where both are set they agree (see `check`)."""
+        return self.binding_mode or self.egpu_binding_mode or DEFAULT_BINDING_MODE
 
     @property
     def effective_reclaim_policy(self) -> ReclaimPolicy:
@@ -186,7 +192,7 @@ class ElasticGPUClass(KubeModel):
         where = f"ElasticGPUClass {self.metadata.name}: " if self.metadata.name else ""
         try:
             PROVISIONER.check(self.provisioner)
-            if self.egpu_binding_mode is not None and self.egpu_binding_mode != self.binding_mode:
+            if None not in (self.binding_mode, self.egpu_binding_mode) and self.egpu_binding_mode != self.binding_mode:
                 raise InvalidSpec(field="bindingMode", rule=BINDING_MODES_AGREE, value=self.binding_mode)
         except InvalidSpec as err:
             raise InvalidSpec(field=where + err.field, rule=err.rule, value=err.value, fix=err.fix) from None

@@ -107,7 +107,16 @@ CLASS = KindInfo(
     model=ElasticGPUClass,
     columns=(
         PrinterColumn("Provisioner", "string", ".provisioner", "Who provisions claims of this class."),
-        PrinterColumn("BindingMode", "string", ".bindingMode", "Immediate or WaitForFirstConsumer."),
+        # Two columns: a JSONPath column cannot coalesce bindingMode and its upstream spelling, and
+        # neither field has a schema default any more (issue 15). Both blank means Immediate.
+        PrinterColumn(
+            "BindingMode", "string", ".bindingMode",
+            "Immediate or WaitForFirstConsumer; blank: EgpuBindingMode applies.",
+        ),
+        PrinterColumn(
+            "EgpuBindingMode", "string", ".egpuBindingMode", "Upstream spelling, used when BindingMode is blank;"
+            " both blank: Immediate."
+        ),
         PrinterColumn("Reclaim", "string", ".reclaimPolicy", "Delete or Retain."),
         _age(),
     ),

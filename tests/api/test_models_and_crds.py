@@ -75,7 +75,7 @@ def test_crd_and_model_agree_field_by_field(info: KindInfo) -> None:
             "egpu",
             ["Node", "GPUs", "Core", "Memory", "Status", "Claim", "Class", "Reason", "Age"],
         ),
-        (BY_KIND["ElasticGPUClass"], "egpuclass", ["Provisioner", "BindingMode", "Reclaim", "Age"]),
+        (BY_KIND["ElasticGPUClass"], "egpuclass", ["Provisioner", "BindingMode", "EgpuBindingMode", "Reclaim", "Age"]),
         (BY_KIND["GPU"], "pgpu", ["Node", "Model", "Memory", "Allocatable", "Health", "Age"]),
     ],
     ids=lambda value: getattr(value, "kind", None) or str(value)[:8],
@@ -121,21 +121,27 @@ def test_upstream_spellings_are_accepted() -> None:
     assert api.ElasticGPUClass.model_validate(both).effective_binding_mode == "WaitForFirstConsumer"
 
 
-def test_upstream_binding_mode_alone_cannot_ask_for_wait_for_first_consumer() -> None:
-    # bindingMode has a schema default (Immediate), so the server sees both spellings and
-    # refuses the disagreement (tests/invalid/58); the model, with the same default, agrees.
+def test_upstream_binding_mode_alone_asks_for_wait_for_first_consumer() -> None:
+    # Issue 15: bindingMode had a schema default (Immediate), so the server saw both spellings and
+    # refused the upstream class as a disagreement. Now the mode is bindingMode, else egpuBindingMode.
     upstream = {"provisioner": "example.com/p", "egpuBindingMode": "WaitForFirstConsumer"}
     klass = api.ElasticGPUClass.model_validate(upstream)
+    klass.check()
+    assert klass.effective_binding_mode == "WaitForFirstConsumer"
+    assert api.ElasticGPUClass.model_validate({"provisioner": "example.com/p"}).effective_binding_mode == "Immediate"
+    disagree = {**upstream, "bindingMode": "Immediate"}
     with pytest.raises(api.InvalidSpec, match="bindingMode: must equal egpuBindingMode"):
-        klass.check()
+        api.ElasticGPUClass.model_validate(disagree).check()
 
 
-@pytest.mark.parametrize(("field", "default"), [("bindingMode", "Immediate"), ("reclaimPolicy", "Delete")])
-def test_class_columns_have_schema_defaults(field: str, default: str) -> None:
+def test_binding_mode_has_no_schema_default_and_reclaim_policy_has() -> None:
     schema = crd.crd_for(BY_KIND["ElasticGPUClass"])["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    assert schema["properties"][field]["default"] == default
-    klass = api.ElasticGPUClass.model_validate({"provisioner": "example.com/p"})
-    assert klass.model_dump(by_alias=True)[field] == default
+    # A default on either spelling would make the other one alone read as a disagreement.
+    assert "default" not in schema["properties"]["bindingMode"]
+    assert "default" not in schema["properties"]["egpuBindingMode"]
+    assert schema["properties"]["reclaimPolicy"]["default"] == "Delete"
+    dumped = api.ElasticGPUClass.model_validate({"provisioner": "example.com/p"}).model_dump(by_alias=True)
+    assert dumped["reclaimPolicy"] == "Delete"
 
 
 def test_examples_pass_the_python_checks() -> None:

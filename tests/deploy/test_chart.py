@@ -177,15 +177,10 @@ def test_cert_manager_renders_a_certificate_and_the_configuration_to_inject() ->
     assert not [doc for doc in objects if doc["kind"] == "Issuer"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`elasticgpu webhook` has no --webhook-cert-path yet (serve a mounted "
-    "certificate, publish nothing): webhook.certificates=cert-manager needs it",
-    raises=SystemExit,
-)
 def test_the_cert_manager_webhook_serves_the_mounted_certificate() -> None:
     (container,) = [c for c in _containers(_objects(CERT_MANAGER)) if c["name"] == "webhook"]
-    build_parser().parse_args(container["args"])
+    settings = settings_from(build_parser().parse_args(container["args"]))
+    assert settings.cert_dir in {mount["mountPath"] for mount in container["volumeMounts"]}
 
 
 def test_an_unknown_certificates_value_is_refused_by_name() -> None:

@@ -252,3 +252,27 @@ def _fill_class(world: World, node: str) -> str:
     world.klass(o.klass(name, parameters={"gpuModel": f"T{world.prefix}",
                                           "nodeSelector": f"kubernetes.io/hostname={node}"}))
     return name
+
+
+def test_upstream_class_with_egpu_binding_mode_alone_waits_for_its_pod(world: World) -> None:
+    # Issue 15: an upstream elastic-gpu class says only egpuBindingMode. It was refused by the CRD
+    # (bindingMode's schema default disagreed with it); now it is accepted and its claims wait.
+    a = world.node(f"{world.prefix}-a")
+    _gpu(world, a)
+    name = f"{world.prefix}-upstream"
+    body = o.klass(name, parameters={"gpuModel": f"T{world.prefix}"})
+    body["egpuBindingMode"] = "WaitForFirstConsumer"
+    stored = world.klass(body)  # refused (422) while bindingMode had a schema default
+    assert "bindingMode" not in stored  # nothing defaulted it to Immediate
+    world.claim(o.claim("upstream", cores=20, memory="1Gi", class_name=name))
+    controller = controller_for(world)
+    settle(controller)
+    waiting = world.get_claim("upstream")["status"]
+    assert waiting["phase"] == "Pending"  # no pod uses it yet
+    assert waiting["conditions"][0]["reason"] in ("WaitForFirstConsumer", "WaitingForFirstConsumer")
+
+    world.pod("consumer", claims={"main": "upstream"})
+    settle(controller)
+    bound = world.get_claim("upstream")["status"]
+    assert bound["phase"] == "Bound" and bound["nodeName"] == a
+    assert _pinned(world, "consumer") == a

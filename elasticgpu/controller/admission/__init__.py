@@ -9,7 +9,8 @@ MutatingWebhookConfiguration's caBundle.
 Modules: `reviewing` (pure: AdmissionReview in, AdmissionReview out), `configuration` (pure:
 the MutatingWebhookConfiguration), `certificates` (pure: generate and check), `publishing`
 (the only API user: Secret and configuration), `serving` (HTTPS server), `keeping` (renew,
-publish, serve), `running` (the component and the blocking entry point), `settings`, `errors`.
+publish, serve), `mounting` (serve a certificate mounted by cert-manager, `--webhook-cert-path`,
+reloaded when its files change), `running` (the component and the blocking entry point), `settings`, `errors`.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ _FIELDS = (
     "renew_before_s",
     "check_interval_s",
     "swap_delay_s",
+    "cert_dir",
 )
 
 
@@ -53,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--swap-delay-s", type=float, help=f"seconds from publishing a new CA to serving it (default {d.swap_delay_s})"
+    )
+    parser.add_argument(
+        "--webhook-cert-path",
+        dest="cert_dir",
+        metavar="DIR",
+        help="serve tls.crt and tls.key from DIR (a mounted cert-manager Secret), reloaded when they change;"
+        " then no Secret or caBundle is written (cert-manager's CA injector keeps the caBundle)",
     )
     flags.add_logging(parser)
     parser.set_defaults(handler=run)

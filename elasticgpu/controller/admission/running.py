@@ -13,6 +13,7 @@ from types import FrameType
 
 from elasticgpu.controller.admission import publishing, reviewing
 from elasticgpu.controller.admission.keeping import CertificateKeeper
+from elasticgpu.controller.admission.mounting import MountedCertificate
 from elasticgpu.controller.admission.publishing import AdmissionApi
 from elasticgpu.controller.admission.serving import HttpsServer
 from elasticgpu.controller.admission.settings import WebhookSettings
@@ -23,13 +24,21 @@ logger = logging.getLogger(__name__)
 class Webhook:
     """The pod admission webhook: HTTPS server + certificate keeper, started and stopped together."""
 
-    def __init__(self, *, api: AdmissionApi, settings: WebhookSettings) -> None:
+    def __init__(self, *, api: AdmissionApi | None, settings: WebhookSettings) -> None:
+        """`api` may be None only with `settings.cert_dir`: the mounted certificate needs no API."""
         self._api = api
         self.settings = settings
         self.server = HttpsServer(
             host=settings.listen_host, port=settings.port, path=settings.path, reviewer=reviewing.review
         )
-        self.keeper = CertificateKeeper(api=api, server=self.server, settings=settings)
+        self.keeper: CertificateKeeper | MountedCertificate
+        if settings.cert_dir:
+            # cert-manager's files; its CA injector owns the caBundle, so we publish nothing.
+            self.keeper = MountedCertificate(server=self.server, directory=settings.cert_dir)
+        elif api is None:
+            raise ValueError("Webhook: an AdmissionApi is needed unless settings.cert_dir is set")
+        else:
+            self.keeper = CertificateKeeper(api=api, server=self.server, settings=settings)
 
     @property
     def port(self) -> int:
@@ -50,7 +59,7 @@ class Webhook:
         )
 
     def wait_ready(self, timeout_s: float) -> bool:
-        """True once a certificate is served and published (False after `timeout_s`)."""
+        """True once a certificate is served (and, when we make it, published); False after `timeout_s`."""
         return self.keeper.ready.wait(timeout_s)
 
     def stop(self) -> None:
@@ -62,7 +71,8 @@ class Webhook:
 
 def run_webhook(settings: WebhookSettings, *, kubeconfig: str | None = None, context: str | None = None) -> None:
     """Run the webhook until SIGTERM or SIGINT."""
-    api = AdmissionApi(publishing.api_client(kubeconfig=kubeconfig, context=context), settings=settings)
+    api = (None if settings.cert_dir  # a mounted certificate: nothing to read or write in the API
+           else AdmissionApi(publishing.api_client(kubeconfig=kubeconfig, context=context), settings=settings))
     webhook = Webhook(api=api, settings=settings)
     stopping = threading.Event()
 
@@ -77,4 +87,5 @@ def run_webhook(settings: WebhookSettings, *, kubeconfig: str | None = None, con
         stopping.wait()
     finally:
         webhook.stop()
-        api.close()
+        if api is not None:
+            api.close()

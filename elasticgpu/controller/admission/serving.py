@@ -22,6 +22,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from cryptography import x509
+
 from elasticgpu.controller.admission import certificates
 
 logger = logging.getLogger(__name__)
@@ -44,8 +46,12 @@ class _Server(ThreadingHTTPServer):
         self.context: ssl.SSLContext | None = None
         self.connections: set[ssl.SSLSocket] = set()
         self.lock = threading.Lock()
+        self.before_handshake: Callable[[], None] | None = None
 
     def finish_request(self, request: Any, client_address: Any) -> None:
+        refresh = self.before_handshake
+        if refresh is not None:
+            refresh()  # a certificate kept in files (`mounting`): reloaded here when they changed
         context = self.context
         if context is None:
             return  # no certificate yet: the connection is closed unanswered, as if we were down
@@ -118,10 +124,15 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("%s " + format, self.client_address[0], *args)
 
 
-def tls_context(material: certificates.Material) -> ssl.SSLContext:
-    """A server context serving `material`'s certificate (TLS 1.2 or newer)."""
+def _server_context() -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+def tls_context(material: certificates.Material) -> ssl.SSLContext:
+    """A server context serving `material`'s certificate (TLS 1.2 or newer)."""
+    context = _server_context()
     # load_cert_chain reads files only: a private directory, removed at once.
     with tempfile.TemporaryDirectory(prefix="elasticgpu-webhook-") as directory:
         cert, key = os.path.join(directory, "tls.crt"), os.path.join(directory, "tls.key")
@@ -151,6 +162,26 @@ class HttpsServer:
         """Serve `material`'s certificate on every connection opened from now on."""
         self._server.context = tls_context(material)
         self.serial = material.serial()
+
+    def use_files(self, *, cert: str, key: str) -> None:
+        """Serve the PEM certificate (chain) and key in these files on every connection opened from
+        now on. Raises `ssl.SSLError` (an `OSError`) or `ValueError` when they cannot be loaded
+        (missing, garbage, or a key of another certificate); the current certificate stays then."""
+        context = _server_context()
+        context.load_cert_chain(cert, key)
+        with open(cert, "rb") as handle:
+            serial = int(x509.load_pem_x509_certificate(handle.read()).serial_number)
+        self._server.context = context
+        self.serial = serial
+
+    @property
+    def before_handshake(self) -> Callable[[], None] | None:
+        """Called in each connection's thread before its TLS handshake (None: nothing)."""
+        return self._server.before_handshake
+
+    @before_handshake.setter
+    def before_handshake(self, hook: Callable[[], None] | None) -> None:
+        self._server.before_handshake = hook
 
     def start(self) -> None:
         """Accept connections in a background thread."""

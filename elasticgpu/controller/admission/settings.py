@@ -54,6 +54,11 @@ class WebhookSettings:
     moment before it trusts the new CA. The previous CA stays in the bundle until it expires."""
     request_timeout_s: float = 10.0
     """Seconds one call to the API server may take."""
+    cert_dir: str = ""
+    """When set (`--webhook-cert-path`, controller-runtime's name), serve `tls.crt` and `tls.key`
+    from this directory, reloaded when they change, and write nothing to the API: cert-manager
+    keeps the files and its CA injector the configuration's caBundle. Empty: generate, store in
+    the Secret and publish the caBundle ourselves."""
     field_manager: str = "elasticgpu-webhook"
     """Field manager of the webhook's writes."""
 
