@@ -190,3 +190,35 @@ def test_the_resync_charges_what_was_bound_before_the_quota_and_drops_stale_char
     cluster.claim(o.claim("next", cores=10, memory="1Gi", class_name=class_name))
     settle(controller)
     assert _status(cluster, "next")["reason"] == "QuotaExceeded"
+
+
+def test_an_expand_over_quota_is_refused_and_a_shrink_gives_its_part_back(
+        cluster: Cluster, kube: KubeApi, api_client: client.ApiClient) -> None:
+    """A resize is charged like a bind: an expand that would take the quota over its limit leaves
+    the claim at its size (Resizing=False, QuotaExceeded, naming the quota); a finished shrink
+    lowers the quota's use."""
+    model = f"T{cluster.prefix}"
+    cluster.gpu(o.gpu(f"gpu-{cluster.prefix}-0", node=f"{cluster.prefix}-n", index=0, model=model))
+    class_name = f"{cluster.prefix}-class"
+    body = o.klass(class_name, parameters={"gpuModel": model})
+    body["allowClaimResize"] = True
+    cluster.klass(body)
+    quotas.create(api_client, cluster.namespace, quotas.quota("team", {CORE: 50}))
+    cluster.claim(o.claim("grow", cores=30, memory="10Gi", class_name=class_name))
+    controller = _controller(kube, cluster.namespace)
+    settle(controller)
+    assert _status(cluster, "grow").get("phase") == "Bound"
+
+    cluster.kube.patch_claim(cluster.namespace, "grow", {"spec": {"resources": {"requests": {CORE: 60}}}})
+    _until(controller, lambda: any(c["type"] == "Resizing" for c in _status(cluster, "grow").get("conditions") or []))
+    status = _status(cluster, "grow")
+    [resizing] = [c for c in status["conditions"] if c["type"] == "Resizing"]
+    assert (resizing["status"], resizing["reason"]) == ("False", "QuotaExceeded"), resizing
+    assert "ElasticGPUQuota team" in resizing["message"] and "limit 50" in resizing["message"], resizing
+    assert status["capacity"][CORE] == 30
+    assert quotas.get(api_client, cluster.namespace, "team")["status"]["used"][CORE] == 30
+
+    # No container runs on the card: the shrink completes at once and gives back its part.
+    cluster.kube.patch_claim(cluster.namespace, "grow", {"spec": {"resources": {"requests": {CORE: 20}}}})
+    _until(controller, lambda: _status(cluster, "grow").get("capacity", {}).get(CORE) == 20)
+    _until(controller, lambda: quotas.get(api_client, cluster.namespace, "team")["status"]["used"][CORE] == 20)

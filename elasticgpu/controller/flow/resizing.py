@@ -10,10 +10,12 @@ repaired by the next step (see the module docstring of `decisions.resize`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
 
+from elasticgpu.allocator import Placement
 from elasticgpu.api import GPU, ElasticGPU, ElasticGPUClaim, ElasticGPUClass, GPUAllocation, names, timestamps
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, resize
@@ -21,7 +23,8 @@ from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
-from elasticgpu.controller.flow.provisioner import capacity_of
+from elasticgpu.controller.flow.provisioner import capacity_of, claim_ref_of
+from elasticgpu.controller.flow.quota_guard import QuotaExceeded
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.settings import ControllerSettings
 
@@ -69,6 +72,7 @@ class Resizer:
         """Take the claim one or more resize steps, until it waits (for room, the node, the
         user) or shows its size."""
         done = ""  # what the last GPU write did, for the Event once the statuses show it
+        grows = False
         for attempt in range(self.settings.binding.conflict_retries):
             with self.picture.lock:
                 claim = self.picture.claim(namespace, name)
@@ -107,9 +111,32 @@ class Resizer:
                 changed = allocation.model_copy(update={"cores": decision.size.cores,
                                                         "memory": decision.size.memory, "limit": None})
                 done = decision.message
+                grows = changed.cores > allocation.cores or changed.memory > allocation.memory
+                if grows and not self._charge(claim, egpu, changed):
+                    return
             if not self._write_gpu(gpu_name, gpus[0], changed):
                 self.commit.backoff(attempt)
+            elif not isinstance(decision, resize.SetLimit) and not grows:
+                self._charge(claim, egpu, changed)  # a finished shrink gives back its part of the quotas
         raise errors.BindingError(f"claim {namespace}/{name}: too many conflicts resizing on its GPU; retrying later")
+
+    def _charge(self, claim: ElasticGPUClaim, egpu: ElasticGPU, size: GPUAllocation) -> bool:
+        """Charge the namespace's ElasticGPUQuotas for the claim's size on its card after this
+        resize (the claim's charge is replaced, as at bind): before an expand's GPU write, so that
+        two controllers never take a quota over its limit; after a shrink's, to give back the
+        part freed. False (and the claim says so) when a quota has no room for an expand."""
+        guard = self.commit.quota
+        placement = self.picture.ledger.held(egpu.metadata.name or "")
+        if guard is None or placement is None:
+            return True
+        cards = tuple(dataclasses.replace(card, cores=size.cores, memory_mib=size.memory)
+                      for card in placement.cards)
+        try:
+            guard.charge(claim_ref_of(claim), Placement(node=placement.node, cards=cards))
+        except QuotaExceeded as refused:
+            self._show(claim, egpu, (resize.CONDITION_RESIZING, "False", refused.reason, refused.message, WARNING))
+            return False
+        return True
 
     # -- writes --------------------------------------------------------------------------------
 
