@@ -8,7 +8,7 @@ Base units (bytes, ratios 0..1), names in README.md ("Agent metrics").
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,12 +51,14 @@ def _allocated(obj: dict[str, Any]) -> tuple[int, int]:
 class AgentCollector(Collector):
     """Builds every metric family at scrape time."""
 
-    def __init__(self, sources: Sources) -> None:
-        self._s = sources
+    def __init__(self, sources: Sources | Callable[[], Sources | None]) -> None:
+        self._sources = sources
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        """The metric families, with the values of now."""
-        s = self._s
+        """The metric families, with the values of now (none while the agent's parts are not open)."""
+        s = self._sources() if callable(self._sources) else self._sources
+        if s is None:
+            return
         card_labels = ["gpu", "index", "model"]
         total = GaugeMetricFamily(PREFIX + "gpu_memory_total_bytes", "Memory of the card.", labels=card_labels)
         used = GaugeMetricFamily(PREFIX + "gpu_memory_used_bytes", "Memory in use by the card's processes.",
@@ -126,8 +128,10 @@ class AgentCollector(Collector):
         yield api
 
 
-def serve(sources: Sources, *, address: str, port: int) -> Any:
-    """Start the /metrics endpoint on a daemon thread; returns the server (its `server_port` is the bound port)."""
+def serve(sources: Sources | Callable[[], Sources | None], *, address: str, port: int) -> Any:
+    """Start the /metrics endpoint on a daemon thread (`sources` may be a function that returns None
+    while the agent's parts are not open: no metrics then, but the endpoint answers); returns the
+    server (its `server_port` is the bound port)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector(sources))
     server, _thread = start_http_server(port, addr=address, registry=registry)

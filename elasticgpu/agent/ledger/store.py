@@ -308,7 +308,7 @@ class LedgerStore:
             for suffix in ("", "-wal", "-shm"):
                 with contextlib.suppress(FileNotFoundError):
                     os.rename(f"{path}{suffix}", f"{aside}{suffix}")
-            logger.error("%s; the file was moved to %s and a new ledger is started, rebuilt from the runtime's "
+            logger.warning("%s; the file was moved to %s and a new ledger is started, rebuilt from the runtime's "
                          "containers", e, aside)  # fmt: skip
         return cls.open(url), aside
 
