@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -128,12 +128,9 @@ class AgentCollector(Collector):
         yield api
 
 
-def serve(sources: Sources | Callable[[], Sources | None], *, address: str, port: int) -> Any:
-    """Start the /metrics endpoint on a daemon thread (`sources` may be a function that returns None
-    while the agent's parts are not open: no metrics then, but the endpoint answers); returns the
-    server (its `server_port` is the bound port)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(sources))
-    server, _thread = start_http_server(port, addr=address, registry=registry)
-    logger.info("metrics on http://%s:%d/metrics", address, server.server_port)
-    return server
+def registry(sources: Sources | Callable[[], Sources | None]) -> CollectorRegistry:
+    """A registry with the agent's collector (`sources` may be a function that returns None while
+    the agent's parts are not open: no metrics then); serving.py serves it on /metrics."""
+    made = CollectorRegistry(auto_describe=False)
+    made.register(AgentCollector(sources))
+    return made

@@ -12,7 +12,7 @@ Threads, each a loop that never dies (failures are logged and retried with backo
 - usage: samples per-process usage, attributes it to claims, writes claim status (rate-limited);
 - parts: opens the device backend, the ledger and the API client (starting.py), then ends;
 - starter: once they are open, makes inventory, health and usage and starts their threads;
-- metrics: the /metrics endpoint (prometheus-client's HTTP server), read at scrape time;
+- http: /metrics, read at scrape time, /healthz and /readyz (serving.py);
 - systemd (under systemd only, service_manager.py): READY=1 once kubelet's socket serves, then
   WATCHDOG=1 while every other loop is alive;
 - cri (unless --cri-proxy false): the CDI spec of the cards and the CRI proxy kubelet talks to,
@@ -34,7 +34,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elasticgpu.agent import discovery, errors, health, inventory, kube, metrics, service_manager, starting, usage
+from elasticgpu import flags
+from elasticgpu.agent import (
+    discovery,
+    errors,
+    health,
+    inventory,
+    kube,
+    metrics,
+    service_manager,
+    serving,
+    starting,
+    usage,
+)
 from elasticgpu.agent.cri import claim_view, driver, front, gated, injection, supervising
 from elasticgpu.agent.cri.proxy import ProxySettings
 from elasticgpu.agent.discovery import Card
@@ -44,15 +56,45 @@ from elasticgpu.agent.settings import AgentSettings, CriSettings
 logger = logging.getLogger(__name__)
 
 
-def _serve_metrics(settings: AgentSettings, sources: Callable[[], metrics.Sources | None]) -> Any:
-    address, port = settings.metrics.metrics_address, settings.metrics.metrics_port
+def _serve_http(settings: AgentSettings, sources: Callable[[], metrics.Sources | None],
+                healthz: dict[str, serving.Check],
+                readyz: dict[str, serving.Check]) -> list[serving.Endpoints]:  # fmt: skip
+    """The /metrics server and the probes' (one server when they share an address); raises `AgentError`."""
     try:
-        return metrics.serve(sources, address=address, port=port)
-    except OSError as e:
-        raise errors.AgentError(
-            f"the metrics endpoint cannot listen on {address}:{port} ({e.strerror}); choose another --metrics-port,"
-            " or 0 for none"
-        ) from None
+        metrics_at, probes_at = settings.metrics.endpoints()
+    except ValueError as e:
+        raise errors.AgentError(str(e)) from None
+    wanted: dict[flags.BindAddress, dict[str, Any]] = {}
+    if metrics_at is not None:
+        wanted.setdefault(metrics_at, {})["registry"] = metrics.registry(sources)
+    if probes_at is not None:
+        wanted.setdefault(probes_at, {}).update(healthz=healthz, readyz=readyz)
+    servers: list[serving.Endpoints] = []
+    for address, paths in wanted.items():
+        try:
+            server = serving.Endpoints(host=address.host, port=address.port, **paths).start()
+        except OSError as e:
+            for started in servers:
+                started.shutdown()
+            raise errors.AgentError(
+                f"the agent's HTTP server ({', '.join(sorted(paths))}) cannot listen on {address.host}:{address.port}"
+                f" ({e.strerror}); choose another --metrics-bind-address / --health-probe-bind-address, or 0 for none"
+            ) from None
+        logger.info("%s on http://%s:%d", ", ".join(server.paths), address.host, server.port)
+        servers.append(server)
+    return servers
+
+
+def _api_problem(parts: starting.Parts, window_s: float) -> str | None:
+    """Why the API server is not ready for the agent (its client not open, no answer within `window_s`), or None."""
+    if (problem := parts.problem_of("kube")) is not None:
+        return problem
+    agent_kube = parts.kube
+    failure = f" ({agent_kube.last_failure})" if agent_kube.last_failure else ""
+    if agent_kube.answered_at is None:
+        return "the API server has not answered the agent yet" + failure
+    silent = time.monotonic() - agent_kube.answered_at
+    return f"the API server has not answered the agent for {silent:.0f} s{failure}" if silent > window_s else None
 
 
 def _front_settings(cri: CriSettings) -> front.FrontSettings | None:
@@ -211,13 +253,22 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     else:
         logger.info("the CRI proxy is off (--cri-proxy false): inventory only; no claim reaches a container here")
     threads.append(threading.Thread(target=parts.run, args=(stop,), name="parts", daemon=True))
-    server = None
-    if settings.metrics.metrics_port:
-        server = _serve_metrics(settings, lambda: loops.sources)
+    readyz: dict[str, serving.Check] = {
+        "device-backend": lambda: parts.problem_of("backend"),
+        "ledger": lambda: parts.problem_of("ledger") or (
+            "not reconciled with the runtime's containers yet" if hook is not None and (
+                hook.hooks is None or not hook.hooks.reconciled()) else None),
+        "api-server": lambda: _api_problem(parts, settings.cri.api_ready_window_s),
+        "loops": lambda: None if loops.publisher is not None else "inventory, health and usage are not started yet",
+    }  # fmt: skip
+    if hook is not None:
+        readyz = {"cri-socket": hook.not_serving, **readyz}
+    servers: list[serving.Endpoints] = []
     manager = service_manager.ServiceManager.from_environment()
     try:
         for thread in list(threads):
             thread.start()  # the CRI hook first: kubelet's socket before anything that can fail
+        servers = _serve_http(settings, lambda: loops.sources, {"loops": lambda: _not_alive(threads, hook)}, readyz)
         starter = threading.Thread(target=_start_loops, args=(settings, parts, loops, threads, stop), name="starter",
                                    daemon=True)  # fmt: skip
         starter.start()
@@ -235,7 +286,7 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
             # The CRI hook waits for calls in flight and the ledger writes they queued.
             thread.join(timeout=(cri_settings.grace_s + 10) if thread.name == "cri" and cri_settings else 5)
     finally:
-        if server is not None:
+        for server in servers:
             server.shutdown()
         parts.close()
     return 0
