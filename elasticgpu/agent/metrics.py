@@ -59,42 +59,44 @@ class AgentCollector(Collector):
         s = self._sources() if callable(self._sources) else self._sources
         if s is None:
             return
-        card_labels = ["gpu", "index", "model"]
+        node = s.kube.node_name  # one agent per node: a node label joins the card to its Node
+        card_labels = ["node", "gpu", "index", "model"]
         total = GaugeMetricFamily(PREFIX + "gpu_memory_total_bytes", "Memory of the card.", labels=card_labels)
         used = GaugeMetricFamily(PREFIX + "gpu_memory_used_bytes", "Memory in use by the card's processes.",
-                                 labels=["gpu"])
+                                 labels=["node", "gpu"])
         utilisation = GaugeMetricFamily(PREFIX + "gpu_utilization_ratio",
-                                        "Share of the card's SM time its processes used (0..1).", labels=["gpu"])
+                                        "Share of the card's SM time its processes used (0..1).",
+                                        labels=["node", "gpu"])
         cores = GaugeMetricFamily(PREFIX + "gpu_allocated_cores_ratio",
-                                  "Share of the card's compute reserved by claims (0..1).", labels=["gpu"])
+                                  "Share of the card's compute reserved by claims (0..1).", labels=["node", "gpu"])
         memory = GaugeMetricFamily(PREFIX + "gpu_allocated_memory_bytes", "Memory of the card reserved by claims.",
-                                   labels=["gpu"])
+                                   labels=["node", "gpu"])
         healthy = GaugeMetricFamily(PREFIX + "gpu_healthy",
                                     "1 when the card is healthy (no recent fatal XID, present), else 0.",
-                                    labels=["gpu"])
+                                    labels=["node", "gpu"])
         present = {card.uuid: card for card in s.inventory.snapshot.cards}
         objects = {str((o.get("spec") or {}).get("uuid", "")): o for o in s.inventory.objects().values()}
         for uuid in sorted(set(present) | set(objects)):
             card = present.get(uuid)
             if card is not None:
-                total.add_metric([uuid, str(card.index), card.model], card.memory_mib * MIB)
-                healthy.add_metric([uuid], 1.0 if s.health.health(uuid).healthy else 0.0)
+                total.add_metric([node, uuid, str(card.index), card.model], card.memory_mib * MIB)
+                healthy.add_metric([node, uuid], 1.0 if s.health.health(uuid).healthy else 0.0)
             else:
-                healthy.add_metric([uuid], 0.0)  # vanished
+                healthy.add_metric([node, uuid], 0.0)  # vanished
             measured = s.usage.gpus.get(uuid)
             if measured is not None:
-                used.add_metric([uuid], measured.memory_mib * MIB)
-                utilisation.add_metric([uuid], measured.sm_percent / 100)
+                used.add_metric([node, uuid], measured.memory_mib * MIB)
+                utilisation.add_metric([node, uuid], measured.sm_percent / 100)
             if uuid in objects:
                 reserved_cores, reserved_memory = _allocated(objects[uuid])
-                cores.add_metric([uuid], reserved_cores / names.CORES_PER_CARD)
-                memory.add_metric([uuid], reserved_memory * MIB)
+                cores.add_metric([node, uuid], reserved_cores / names.CORES_PER_CARD)
+                memory.add_metric([node, uuid], reserved_memory * MIB)
         yield from (total, used, utilisation, cores, memory, healthy)
 
         xids = CounterMetricFamily(PREFIX + "gpu_xid_errors", "XID errors seen since the agent started.",
-                                   labels=["gpu", "xid"])
+                                   labels=["node", "gpu", "xid"])
         for (uuid, xid), count in sorted(s.health.counts().items()):
-            xids.add_metric([uuid, str(xid)], count)
+            xids.add_metric([node, uuid, str(xid)], count)
         yield xids
 
         claim_labels = ["namespace", "claim"]
