@@ -64,6 +64,10 @@ def _serve_http(settings: AgentSettings, sources: Callable[[], metrics.Sources |
         metrics_at, probes_at = settings.metrics.endpoints()
     except ValueError as e:
         raise errors.AgentError(str(e)) from None
+    old = settings.metrics
+    if not old.metrics_bind_address and (old.metrics_address, old.metrics_port) != ("0.0.0.0", 9410):
+        logger.info("--metrics-address / --metrics-port are deprecated: write --metrics-bind-address %s",
+                    f"{old.metrics_address}:{old.metrics_port}" if old.metrics_port else "0")  # fmt: skip
     wanted: dict[flags.BindAddress, dict[str, Any]] = {}
     if metrics_at is not None:
         wanted.setdefault(metrics_at, {})["registry"] = metrics.registry(sources)
