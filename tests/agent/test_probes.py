@@ -36,10 +36,11 @@ def answered(agent: RunningAgent, port: int, path: str) -> tuple[int, str] | Non
 def test_probes_and_metrics_on_their_own_addresses_and_404_elsewhere(
     api_client: client.ApiClient, node_name: str, start_agent: Callable[..., RunningAgent]
 ) -> None:
-    metrics_port, probe_port = free_port(), free_port()
+    metrics_port = free_port()
+    probe_port = wait_for("a second free port", lambda: (port := free_port()) != metrics_port and port)
     agent = start_agent(node_name, DESCRIPTION, "--metrics-bind-address", f"127.0.0.1:{metrics_port}",
                         "--health-probe-bind-address", f"127.0.0.1:{probe_port}")  # fmt: skip
-    wait_for("/readyz ok", lambda: answered(agent, probe_port, "/readyz") == (200, "ok\n"), timeout=30)
+    wait_for("/readyz ok", lambda: answered(agent, probe_port, "/readyz") == (200, "ok\n"), timeout=60)
     assert get(probe_port, "/healthz") == (200, "ok\n")
     status, text = get(metrics_port, "/metrics")
     assert status == 200 and "elasticgpu_agent_gpu_memory_total_bytes" in text
@@ -55,7 +56,7 @@ def test_not_ready_while_a_part_is_missing_but_alive_and_the_old_flags_still_wor
     port = free_port()
     agent = start_agent(node_name, DESCRIPTION, "--simulation", "/nonexistent/elasticgpu-sim.yaml",
                         "--metrics-port", str(port), "--metrics-address", "127.0.0.1")  # fmt: skip
-    ready = wait_for("/readyz answering", lambda: answered(agent, port, "/readyz"), timeout=30)
+    ready = wait_for("/readyz answering", lambda: answered(agent, port, "/readyz"), timeout=60)
     assert ready[0] == 503, ready
     assert "[-]device-backend failed: the device backend (simulated): " in ready[1], ready
     assert "/nonexistent/elasticgpu-sim.yaml" in ready[1]

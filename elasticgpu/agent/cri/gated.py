@@ -152,13 +152,16 @@ class GatedHooks:
     def prepare_create(self, request: Any) -> hooks.PreparedCreate:
         """The claim hooks' decision; before the ledger is open, the pass-through or a retryable refusal."""
         inner = self._hooks()
-        if inner is not None:
+        if inner is not None and inner.reconciled.is_set():
             return inner.prepare_create(request)
         plain = claim_hooks.container_request(request)
         if injection.claim_of(plain) is None:
             edit = injection.decide(plain, self._view, settings=self._settings)
             return hooks.PreparedCreate(request=request, changed=claim_hooks.apply(edit, request))
-        reason = self._view.not_ready_reason() or "its ledger is not open yet"
+        # A claim before the start-up reconciliation: say everything that is missing, not only the first.
+        reasons = [self._view.not_ready_reason(), "its ledger is not open yet" if inner is None else
+                   "its ledger is not reconciled with the runtime's containers yet"]  # fmt: skip
+        reason = "; ".join(r for r in reasons if r)
         raise hooks.Refused(
             f"pod {plain.pod}, container {plain.container!r}: the elasticgpu agent on node {self._view.node_name} "
             f"is not ready yet ({reason}); kubelet retries this container by itself",
