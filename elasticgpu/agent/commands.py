@@ -16,6 +16,11 @@ def _db(args: argparse.Namespace) -> int:
             print(f"{down or '<base>'} -> {revision}{' (head)' if revision == store.head_revision() else ''}: {doc}")
         return 0
     url = settings.from_sources(args).ledger.ledger_url
+    if args.db_command == "current" and (missing := store.missing_file(url)) is not None:
+        # Looking must not create: an empty file here would be the ledger the agent then finds.
+        # No ledger is a state (a node whose agent never ran), not an error: exit 0, as for an empty one.
+        print(f"no ledger at {missing} (<base>: the agent creates it when it starts)")
+        return 0
     engine = store.make_engine(url)
     try:
         if args.db_command == "current":

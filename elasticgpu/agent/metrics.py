@@ -8,11 +8,11 @@ Base units (bytes, ratios 0..1); every metric is listed in docs/metrics.md (a te
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -51,48 +51,52 @@ def _allocated(obj: dict[str, Any]) -> tuple[int, int]:
 class AgentCollector(Collector):
     """Builds every metric family at scrape time."""
 
-    def __init__(self, sources: Sources) -> None:
-        self._s = sources
+    def __init__(self, sources: Sources | Callable[[], Sources | None]) -> None:
+        self._sources = sources
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        """The metric families, with the values of now."""
-        s = self._s
-        card_labels = ["gpu", "index", "model"]
+        """The metric families, with the values of now (none while the agent's parts are not open)."""
+        s = self._sources() if callable(self._sources) else self._sources
+        if s is None:
+            return
+        node = s.kube.node_name  # one agent per node: a node label joins the card to its Node
+        card_labels = ["node", "gpu", "index", "model"]
         total = GaugeMetricFamily(PREFIX + "gpu_memory_total_bytes", "Memory of the card.", labels=card_labels)
         used = GaugeMetricFamily(PREFIX + "gpu_memory_used_bytes", "Memory in use by the card's processes.",
-                                 labels=["gpu"])
+                                 labels=["node", "gpu"])
         utilisation = GaugeMetricFamily(PREFIX + "gpu_utilization_ratio",
-                                        "Share of the card's SM time its processes used (0..1).", labels=["gpu"])
+                                        "Share of the card's SM time its processes used (0..1).",
+                                        labels=["node", "gpu"])
         cores = GaugeMetricFamily(PREFIX + "gpu_allocated_cores_ratio",
-                                  "Share of the card's compute reserved by claims (0..1).", labels=["gpu"])
+                                  "Share of the card's compute reserved by claims (0..1).", labels=["node", "gpu"])
         memory = GaugeMetricFamily(PREFIX + "gpu_allocated_memory_bytes", "Memory of the card reserved by claims.",
-                                   labels=["gpu"])
+                                   labels=["node", "gpu"])
         healthy = GaugeMetricFamily(PREFIX + "gpu_healthy",
                                     "1 when the card is healthy (no recent fatal XID, present), else 0.",
-                                    labels=["gpu"])
+                                    labels=["node", "gpu"])
         present = {card.uuid: card for card in s.inventory.snapshot.cards}
         objects = {str((o.get("spec") or {}).get("uuid", "")): o for o in s.inventory.objects().values()}
         for uuid in sorted(set(present) | set(objects)):
             card = present.get(uuid)
             if card is not None:
-                total.add_metric([uuid, str(card.index), card.model], card.memory_mib * MIB)
-                healthy.add_metric([uuid], 1.0 if s.health.health(uuid).healthy else 0.0)
+                total.add_metric([node, uuid, str(card.index), card.model], card.memory_mib * MIB)
+                healthy.add_metric([node, uuid], 1.0 if s.health.health(uuid).healthy else 0.0)
             else:
-                healthy.add_metric([uuid], 0.0)  # vanished
+                healthy.add_metric([node, uuid], 0.0)  # vanished
             measured = s.usage.gpus.get(uuid)
             if measured is not None:
-                used.add_metric([uuid], measured.memory_mib * MIB)
-                utilisation.add_metric([uuid], measured.sm_percent / 100)
+                used.add_metric([node, uuid], measured.memory_mib * MIB)
+                utilisation.add_metric([node, uuid], measured.sm_percent / 100)
             if uuid in objects:
                 reserved_cores, reserved_memory = _allocated(objects[uuid])
-                cores.add_metric([uuid], reserved_cores / names.CORES_PER_CARD)
-                memory.add_metric([uuid], reserved_memory * MIB)
+                cores.add_metric([node, uuid], reserved_cores / names.CORES_PER_CARD)
+                memory.add_metric([node, uuid], reserved_memory * MIB)
         yield from (total, used, utilisation, cores, memory, healthy)
 
         xids = CounterMetricFamily(PREFIX + "gpu_xid_errors", "XID errors seen since the agent started.",
-                                   labels=["gpu", "xid"])
+                                   labels=["node", "gpu", "xid"])
         for (uuid, xid), count in sorted(s.health.counts().items()):
-            xids.add_metric([uuid, str(xid)], count)
+            xids.add_metric([node, uuid, str(xid)], count)
         yield xids
 
         claim_labels = ["namespace", "claim"]
@@ -126,10 +130,9 @@ class AgentCollector(Collector):
         yield api
 
 
-def serve(sources: Sources, *, address: str, port: int) -> Any:
-    """Start the /metrics endpoint on a daemon thread; returns the server (its `server_port` is the bound port)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(sources))
-    server, _thread = start_http_server(port, addr=address, registry=registry)
-    logger.info("metrics on http://%s:%d/metrics", address, server.server_port)
-    return server
+def registry(sources: Sources | Callable[[], Sources | None]) -> CollectorRegistry:
+    """A registry with the agent's collector (`sources` may be a function that returns None while
+    the agent's parts are not open: no metrics then); serving.py serves it on /metrics."""
+    made = CollectorRegistry(auto_describe=False)
+    made.register(AgentCollector(sources))
+    return made

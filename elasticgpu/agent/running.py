@@ -1,10 +1,18 @@
-"""Start-up and shutdown of the agent: open discovery, the ledger and the API client, run the loops.
+"""Start-up and shutdown of the agent: serve the CRI socket, open the parts, run the loops.
+
+kubelet reaches the runtime of every pod of the node through the agent's socket, so the CRI hook
+starts first, before anything that can fail on the node: the device backend (NVML), the ledger
+and the API client are opened in the background (starting.py), retried with backoff, and until
+they are, only claim containers are refused (cri/gated.py). The agent exits (2) only for its own
+flags (a CDI form or a front that does not exist, a metrics port that cannot be bound).
 
 Threads, each a loop that never dies (failures are logged and retried with backoff):
 - inventory (and its watch of this node's GPU objects): GPU objects, heartbeat, Node labels;
 - health: waits for XID events and wakes inventory after a fatal one;
 - usage: samples per-process usage, attributes it to claims, writes claim status (rate-limited);
-- metrics: the /metrics endpoint (prometheus-client's HTTP server), read at scrape time;
+- parts: opens the device backend, the ledger and the API client (starting.py), then ends;
+- starter: once they are open, makes inventory, health and usage and starts their threads;
+- http: /metrics, read at scrape time, /healthz and /readyz (serving.py);
 - systemd (under systemd only, service_manager.py): READY=1 once kubelet's socket serves, then
   WATCHDOG=1 while every other loop is alive;
 - cri (unless --cri-proxy false): the CDI spec of the cards and the CRI proxy kubelet talks to,
@@ -21,27 +29,77 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elasticgpu.agent import discovery, errors, health, inventory, kube, metrics, service_manager, usage
-from elasticgpu.agent.cri import claim_view, driver, front, injection, supervising
+from elasticgpu import flags
+from elasticgpu.agent import (
+    discovery,
+    errors,
+    health,
+    inventory,
+    kube,
+    metrics,
+    service_manager,
+    serving,
+    starting,
+    usage,
+)
+from elasticgpu.agent.cri import claim_view, driver, front, gated, injection, supervising
+from elasticgpu.agent.cri.limits_file import LimitsFiles
 from elasticgpu.agent.cri.proxy import ProxySettings
+from elasticgpu.agent.discovery import Card
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.settings import AgentSettings, CriSettings
 
 logger = logging.getLogger(__name__)
 
 
-def _serve_metrics(settings: AgentSettings, sources: metrics.Sources) -> Any:
-    address, port = settings.metrics.metrics_address, settings.metrics.metrics_port
+def _serve_http(settings: AgentSettings, sources: Callable[[], metrics.Sources | None],
+                healthz: dict[str, serving.Check],
+                readyz: dict[str, serving.Check]) -> list[serving.Endpoints]:  # fmt: skip
+    """The /metrics server and the probes' (one server when they share an address); raises `AgentError`."""
     try:
-        return metrics.serve(sources, address=address, port=port)
-    except OSError as e:
-        raise errors.AgentError(
-            f"the metrics endpoint cannot listen on {address}:{port} ({e.strerror}); choose another --metrics-port,"
-            " or 0 for none"
-        ) from None
+        metrics_at, probes_at = settings.metrics.endpoints()
+    except ValueError as e:
+        raise errors.AgentError(str(e)) from None
+    old = settings.metrics
+    if not old.metrics_bind_address and (old.metrics_address, old.metrics_port) != ("0.0.0.0", 9410):
+        logger.info("--metrics-address / --metrics-port are deprecated: write --metrics-bind-address %s",
+                    f"{old.metrics_address}:{old.metrics_port}" if old.metrics_port else "0")  # fmt: skip
+    wanted: dict[flags.BindAddress, dict[str, Any]] = {}
+    if metrics_at is not None:
+        wanted.setdefault(metrics_at, {})["registry"] = metrics.registry(sources)
+    if probes_at is not None:
+        wanted.setdefault(probes_at, {}).update(healthz=healthz, readyz=readyz)
+    servers: list[serving.Endpoints] = []
+    for address, paths in wanted.items():
+        try:
+            server = serving.Endpoints(host=address.host, port=address.port, **paths).start()
+        except OSError as e:
+            for started in servers:
+                started.shutdown()
+            raise errors.AgentError(
+                f"the agent's HTTP server ({', '.join(sorted(paths))}) cannot listen on {address.host}:{address.port}"
+                f" ({e.strerror}); choose another --metrics-bind-address / --health-probe-bind-address, or 0 for none"
+            ) from None
+        logger.info("%s on http://%s:%d", ", ".join(server.paths), address.host, server.port)
+        servers.append(server)
+    return servers
+
+
+def _api_problem(parts: starting.Parts, window_s: float) -> str | None:
+    """Why the API server is not ready for the agent (its client not open, no answer within `window_s`), or None."""
+    if (problem := parts.problem_of("kube")) is not None:
+        return problem
+    agent_kube = parts.kube
+    failure = f" ({agent_kube.last_failure})" if agent_kube.last_failure else ""
+    if agent_kube.answered_at is None:
+        return "the API server has not answered the agent yet" + failure
+    silent = time.monotonic() - agent_kube.answered_at
+    return f"the API server has not answered the agent for {silent:.0f} s{failure}" if silent > window_s else None
 
 
 def _front_settings(cri: CriSettings) -> front.FrontSettings | None:
@@ -96,14 +154,78 @@ STUCK_AFTER_S = 60.0
 
 def _not_alive(threads: list[threading.Thread], hook: supervising.CriHook | None) -> str | None:
     """What is dead or stuck among the agent's loops (their loops never end before the stop), or None."""
-    dead = [t.name for t in threads if t.name != "systemd" and not t.is_alive()]
+    # `parts` ends once every part is open; its loops (inventory, health, usage) join `threads` then.
+    dead = [t.name for t in threads if t.name not in ("systemd", "parts") and not t.is_alive()]
     if dead:
         return f"the agent's {', '.join(dead)} loop(s) ended"
     return hook.stuck(time.monotonic(), allowed_s=STUCK_AFTER_S) if hook is not None else None
 
 
+@dataclass
+class _Loops:
+    """What the starter made once every part was open (None before)."""
+
+    publisher: inventory.Inventory | None = None
+    sources: metrics.Sources | None = None
+    limits: LimitsFiles | None = None
+    """The CRI hook's claims' limits files: the holders publisher keeps them true to the allocations."""
+
+
+def _open_kube(settings: AgentSettings, node: str) -> kube.AgentKube:
+    try:
+        api_client = kube.load_api_client(settings.kube.kubeconfig, settings.kube.context)
+    except Exception as e:  # the kubernetes package's config errors: say what to fix
+        raise errors.AgentError(f"no Kubernetes credentials: {e}; run in a pod with a service account,"
+                                " or pass --kubeconfig") from None
+    return kube.AgentKube(api_client, node_name=node, field_manager=settings.kube.field_manager,
+                          timeout_s=settings.kube.request_timeout_s)  # fmt: skip
+
+
+def _start_loops(settings: AgentSettings, parts: starting.Parts, loops: _Loops, threads: list[threading.Thread],
+                 stop: threading.Event) -> None:  # fmt: skip
+    """Once every part is open: make inventory, health and usage and start their threads. Never raises."""
+    while not parts.ready.wait(0.5):
+        if stop.is_set():
+            return
+    backend, ledger, agent_kube = parts.backend, parts.ledger, parts.kube
+    tracker = health.HealthTracker(recovery_quiet_s=settings.health.recovery_quiet_s)
+    publisher = inventory.Inventory(kube=agent_kube, backend=backend, health=tracker, settings=settings.inventory,
+                                    watch_timeout_s=settings.kube.watch_timeout_s, ledger=ledger)
+    sampler = usage.UsageLoop(backend=backend, ledger=ledger, kube=agent_kube, inventory=publisher,
+                              settings=settings.usage, ledger_settings=settings.ledger)
+    while not stop.is_set():
+        try:
+            # The CRI hook's spec and view need the cards before inventory's first pass.
+            publisher.snapshot = backend.snapshot()
+            break
+        except Exception as e:
+            logger.warning("discovery's first snapshot failed (%s); retrying in 5 s", e)
+            stop.wait(5)
+    if stop.is_set():
+        return
+    snapshot = publisher.snapshot
+    logger.info("node %s: %d card(s) from the %s backend: %s", settings.kube.node_name, len(snapshot.cards),
+                backend.name, ", ".join(f"{c.index}:{c.uuid} {c.model} {c.memory_mib}MiB" for c in snapshot.cards))
+    loops.sources = metrics.Sources(inventory=publisher, usage=sampler, health=tracker, ledger=ledger,
+                                    kube=agent_kube)  # fmt: skip
+    if publisher.holders is not None:
+        publisher.holders.limits = loops.limits  # issue 17: a resize reaches running containers
+    loops.publisher = publisher
+    started = [
+        threading.Thread(target=publisher.run, args=(stop,), name="inventory", daemon=True),
+        threading.Thread(target=health.watch_xids, args=(backend, tracker),
+                         kwargs={"stop": stop, "on_fatal": publisher.wake.set}, name="health", daemon=True),
+        threading.Thread(target=sampler.run, args=(stop,), name="usage", daemon=True),
+    ]
+    for thread in started:
+        thread.start()
+    threads.extend(started)
+
+
 def main(settings: AgentSettings, *, log_level: str = "info") -> int:
-    """Run the agent until SIGTERM or SIGINT; returns the exit code. Raises `AgentError` for what the operator fixes."""
+    """Run the agent until SIGTERM or SIGINT; returns the exit code. Raises `AgentError` for what the operator
+    fixes in the agent's flags; what the node lacks (NVML, a sound ledger, the API server) never stops it:
+    the CRI socket is served first and the rest opened in the background (starting.py)."""
     logging.basicConfig(
         level=getattr(logging, log_level.upper()),
         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
@@ -115,67 +237,52 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
             " spec.nodeName through the downward API)"
         )
     cri_settings = hook_settings(settings.cri) if settings.cri.cri_proxy else None
-    backend = discovery.open_backend(
-        settings.discovery.backend, node_name=node, simulation_file=settings.discovery.simulation,
-        device_dir=settings.discovery.device_dir, inject_dir=settings.discovery.inject_dir,
-    )
-    ledger = LedgerStore.open(settings.ledger.ledger_url)
-    try:
-        api_client = kube.load_api_client(settings.kube.kubeconfig, settings.kube.context)
-    except Exception as e:  # the kubernetes package's config errors: say what to fix
-        raise errors.AgentError(f"no Kubernetes credentials: {e}; run in a pod with a service account,"
-                                " or pass --kubeconfig") from None
-    agent_kube = kube.AgentKube(api_client, node_name=node, field_manager=settings.kube.field_manager,
-                                timeout_s=settings.kube.request_timeout_s)
-    tracker = health.HealthTracker(recovery_quiet_s=settings.health.recovery_quiet_s)
-    publisher = inventory.Inventory(kube=agent_kube, backend=backend, health=tracker, settings=settings.inventory,
-                                    watch_timeout_s=settings.kube.watch_timeout_s, ledger=ledger)
-    sampler = usage.UsageLoop(backend=backend, ledger=ledger, kube=agent_kube, inventory=publisher,
-                              settings=settings.usage, ledger_settings=settings.ledger)
+    d = settings.discovery
+    parts = starting.Parts(
+        backend=starting.Part(f"the device backend ({d.backend})", lambda: discovery.open_backend(
+            d.backend, node_name=node, simulation_file=d.simulation, device_dir=d.device_dir,
+            inject_dir=d.inject_dir)),
+        ledger=starting.Part("the ledger", lambda: LedgerStore.open_or_set_aside(settings.ledger.ledger_url)),
+        kube=starting.Part("the API client", lambda: _open_kube(settings, node)),
+    )  # fmt: skip
+    loops = _Loops()
     stop = threading.Event()
 
     def on_signal(*_: object) -> None:
         stop.set()
-        publisher.wake.set()  # inventory may be waiting for its next pass
+        if loops.publisher is not None:
+            loops.publisher.wake.set()  # inventory may be waiting for its next pass
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
-    threads = [
-        threading.Thread(target=publisher.run, args=(stop,), name="inventory", daemon=True),
-        threading.Thread(target=health.watch_xids, args=(backend, tracker),
-                         kwargs={"stop": stop, "on_fatal": publisher.wake.set}, name="health", daemon=True),
-        threading.Thread(target=sampler.run, args=(stop,), name="usage", daemon=True),
-    ]
-    snapshot = backend.snapshot()
-    publisher.snapshot = snapshot  # the CRI hook's first spec and view need the cards before inventory's first pass
+    threads: list[threading.Thread] = []
     hook: supervising.CriHook | None = None
     if cri_settings is not None:
-        view = claim_view.ClaimView(
-            kube=agent_kube, node_name=node, cards=lambda: publisher.snapshot.cards,
-            ttl_s=settings.cri.claim_cache_ttl_s, ready_window_s=settings.cri.api_ready_window_s,
-            namespace_ttl_s=settings.cri.namespace_cache_ttl_s,
-        )
-        locator = driver.DriverLocator(driver_root=lambda: backend.driver_root() or settings.cri.driver_root,
-                                       host_root=settings.cri.host_root, nvidia_ctk=settings.cri.nvidia_ctk)
-        hook = supervising.CriHook(settings=cri_settings, view=view, ledger=ledger,
-                                   cards=lambda: publisher.snapshot.cards, control_paths=backend.control_device_paths,
-                                   driver_files=lambda: locator.files(publisher.snapshot.driver.driver_version))
-        view.not_ready = hook.spec_problem  # no claim before the CDI spec names its cards
-        if publisher.holders is not None:
-            publisher.holders.limits = hook.limits  # issue 17: the publisher keeps the limits files
+        hook = _cri_hook(settings, cri_settings, parts, loops)
+        loops.limits = hook.limits
         threads.append(threading.Thread(target=hook.run, args=(stop,), name="cri", daemon=True))
     else:
         logger.info("the CRI proxy is off (--cri-proxy false): inventory only; no claim reaches a container here")
-    logger.info("node %s: %d card(s) from the %s backend: %s", node, len(snapshot.cards), backend.name,
-                ", ".join(f"{c.index}:{c.uuid} {c.model} {c.memory_mib}MiB" for c in snapshot.cards))
-    server = None
+    threads.append(threading.Thread(target=parts.run, args=(stop,), name="parts", daemon=True))
+    readyz: dict[str, serving.Check] = {
+        "device-backend": lambda: parts.problem_of("backend"),
+        "ledger": lambda: parts.problem_of("ledger") or (
+            "not reconciled with the runtime's containers yet" if hook is not None and (
+                hook.hooks is None or not hook.hooks.reconciled()) else None),
+        "api-server": lambda: _api_problem(parts, settings.cri.api_ready_window_s),
+        "loops": lambda: None if loops.publisher is not None else "inventory, health and usage are not started yet",
+    }  # fmt: skip
+    if hook is not None:
+        readyz = {"cri-socket": hook.not_serving, **readyz}
+    servers: list[serving.Endpoints] = []
     manager = service_manager.ServiceManager.from_environment()
     try:
-        if settings.metrics.metrics_port:
-            server = _serve_metrics(settings, metrics.Sources(
-                inventory=publisher, usage=sampler, health=tracker, ledger=ledger, kube=agent_kube))
-        for thread in threads:
-            thread.start()
+        for thread in list(threads):
+            thread.start()  # the CRI hook first: kubelet's socket before anything that can fail
+        servers = _serve_http(settings, lambda: loops.sources, {"loops": lambda: _not_alive(threads, hook)}, readyz)
+        starter = threading.Thread(target=_start_loops, args=(settings, parts, loops, threads, stop), name="starter",
+                                   daemon=True)  # fmt: skip
+        starter.start()
         if manager.enabled:
             watched = hook
             supervisor = threading.Thread(target=manager.run, args=(stop,), kwargs={
@@ -185,13 +292,65 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
             threads.append(supervisor)
         stop.wait()
         logger.info("stopping")
-        for thread in threads:
+        starter.join(timeout=5)
+        for thread in list(threads):
             # The CRI hook waits for calls in flight and the ledger writes they queued.
             thread.join(timeout=(cri_settings.grace_s + 10) if thread.name == "cri" and cri_settings else 5)
     finally:
-        if server is not None:
+        for server in servers:
             server.shutdown()
-        agent_kube.close()
-        ledger.close()
-        backend.close()
+        parts.close()
     return 0
+
+
+def _cri_hook(settings: AgentSettings, cri_settings: supervising.HookSettings, parts: starting.Parts,
+              loops: _Loops) -> supervising.CriHook:  # fmt: skip
+    """The CRI hook, on parts that may not be open yet (gated.py): it serves at once."""
+
+    def cards() -> Sequence[Card]:
+        return loops.publisher.snapshot.cards if loops.publisher is not None else ()
+
+    made: list[claim_view.ClaimView] = []
+    lock = threading.Lock()
+
+    def api_view() -> claim_view.ClaimView | None:
+        agent_kube = parts.kube
+        if agent_kube is None:
+            return None
+        with lock:
+            if not made:
+                view = claim_view.ClaimView(
+                    kube=agent_kube, node_name=agent_kube.node_name, cards=cards,
+                    ttl_s=settings.cri.claim_cache_ttl_s, ready_window_s=settings.cri.api_ready_window_s,
+                    namespace_ttl_s=settings.cri.namespace_cache_ttl_s,
+                )  # fmt: skip
+                view.not_ready = hook.spec_problem  # no claim before the CDI spec names its cards
+                made.append(view)
+            return made[0]
+
+    def driver_root() -> str:
+        found = parts.backend.driver_root() if parts.backend is not None else None
+        return str(found or settings.cri.driver_root)
+
+    def driver_version() -> str:
+        assert loops.publisher is not None  # asked only once the cards are known (devices_problem)
+        return str(loops.publisher.snapshot.driver.driver_version)
+
+    def devices_problem() -> str | None:
+        if (problem := parts.problem_of("backend")) is not None:
+            return problem
+        return None if loops.publisher is not None else "discovery has not run yet"
+
+    def rebuilt() -> None:
+        parts.set_aside = None
+
+    locator = driver.DriverLocator(driver_root=driver_root, host_root=settings.cri.host_root,
+                                   nvidia_ctk=settings.cri.nvidia_ctk)  # fmt: skip
+    view = gated.GatedView(node_name=settings.kube.node_name or "", view=api_view, not_ready=parts.not_ready)
+    hook = supervising.CriHook(
+        settings=cri_settings, view=view, ledger=lambda: parts.ledger, cards=cards,
+        control_paths=lambda: parts.backend.control_device_paths() if parts.backend is not None else (),
+        driver_files=lambda: locator.files(driver_version()), devices_problem=devices_problem,
+        owed_rebuild=lambda: parts.set_aside is not None, rebuilt=rebuilt,
+    )  # fmt: skip
+    return hook

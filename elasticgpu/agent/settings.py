@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticgpu import flags
+
 DEFAULT_LEDGER_URL = "sqlite:////var/lib/elasticgpu/ledger.db"
 
 
@@ -113,10 +115,32 @@ class UsageSettings:
 class MetricsSettings:
     """The Prometheus endpoint."""
 
+    metrics_bind_address: str = ""
+    """[host]:port of /metrics as controller-runtime writes it (:9410, 127.0.0.1:9410, [::1]:9410; 0: none).
+    Not given: --metrics-address and --metrics-port, the older spelling, decide (:9410)."""
+    health_probe_bind_address: str = ""
+    """[host]:port of /healthz and /readyz (0: none). Not given: the /metrics server serves them too."""
     metrics_address: str = "0.0.0.0"
-    """Address the /metrics endpoint listens on."""
+    """Deprecated, use --metrics-bind-address: the address of /metrics."""
     metrics_port: int = 9410
-    """Port of /metrics (DCGM exporter uses 9400); 0: no endpoint."""
+    """Deprecated, use --metrics-bind-address: the port of /metrics (DCGM exporter uses 9400); 0: none."""
+
+    def endpoints(self) -> tuple[flags.BindAddress | None, flags.BindAddress | None]:
+        """(where /metrics listens, where /healthz and /readyz listen), None for none; the probes on the
+        metrics server when their flag is not given. Raises ValueError for an address that does not parse."""
+        metrics = flags.BindAddress(host=self.metrics_address, port=self.metrics_port) if self.metrics_port else None
+        if self.metrics_bind_address:
+            metrics = _bind_address("metrics_bind_address", self.metrics_bind_address)
+        probes = _bind_address("health_probe_bind_address", self.health_probe_bind_address) if (
+            self.health_probe_bind_address) else metrics  # fmt: skip
+        return metrics, probes
+
+
+def _bind_address(name: str, text: str) -> flags.BindAddress | None:
+    try:
+        return flags.bind_address(text)
+    except (argparse.ArgumentTypeError, ValueError) as e:
+        raise ValueError(f"{_env(name)} / {_flag(name)}={text!r}: {e}") from None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,6 +36,7 @@ with their code, text and trailing metadata.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import stat
@@ -56,6 +57,7 @@ CREATE_CONTAINER = api.method_path(api.RUNTIME_SERVICE, "CreateContainer")
 REMOVE_CONTAINER = api.method_path(api.RUNTIME_SERVICE, "RemoveContainer")
 REMOVE_POD_SANDBOX = api.method_path(api.RUNTIME_SERVICE, "RemovePodSandbox")
 LIST_CONTAINERS = api.method_path(api.RUNTIME_SERVICE, "ListContainers")
+CONTAINER_STATUS = api.method_path(api.RUNTIME_SERVICE, "ContainerStatus")
 INTERCEPTED_METHODS = frozenset({CREATE_CONTAINER, REMOVE_CONTAINER, REMOVE_POD_SANDBOX})
 LONG_METHODS = frozenset(
     {api.method_path(api.RUNTIME_SERVICE, name) for name in (
@@ -129,6 +131,7 @@ class _Forwarder(grpc.GenericRpcHandler):
         self._streaming = streaming_methods
         self._handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {}
         self._list: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(LIST_CONTAINERS)
+        self._status: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(CONTAINER_STATUS)
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[bytes, bytes] | None:
         method = handler_call_details.method
@@ -295,6 +298,20 @@ class _Forwarder(grpc.GenericRpcHandler):
         answer = self._list(api.pb.ListContainersRequest().SerializeToString(), timeout=self._settings.list_timeout_s)
         return list(api.pb.ListContainersResponse.FromString(answer).containers)
 
+    def container_info(self, container_id: str) -> dict[str, Any]:
+        """The runtime's verbose status of one container (containerd: the `info` JSON with the
+        container's `config` and `runtimeSpec`), for rebuilding a ledger from the runtime."""
+        request = api.pb.ContainerStatusRequest(container_id=container_id, verbose=True).SerializeToString()
+        answer = api.pb.ContainerStatusResponse.FromString(
+            self._status(request, timeout=self._settings.list_timeout_s))
+        info: dict[str, Any] = {}
+        for value in answer.info.values():
+            with contextlib.suppress(ValueError):
+                parsed = json.loads(value)
+                if isinstance(parsed, dict):
+                    info.update(parsed)
+        return info
+
     @staticmethod
     def _after(step: Callable[[Any], None], prepared: Any) -> None:
         # The runtime already acted: a failure to record it must not turn its answer into an
@@ -428,6 +445,14 @@ class CriProxy:
             except Exception as e:
                 log.warning("periodic reconciliation with the runtime failed (%s); next in %.0fs",
                             e, self.settings.reconcile_period_s)  # fmt: skip
+
+    def list_containers(self) -> list[Any]:
+        """The runtime's containers (api.pb.Container), asked through the proxy's upstream channel."""
+        return self._forwarder.list_containers()
+
+    def container_info(self, container_id: str) -> dict[str, Any]:
+        """The runtime's verbose status of one container (see `_Forwarder.container_info`)."""
+        return self._forwarder.container_info(container_id)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop serving (calls in flight get grace_s to finish), close the upstream channel."""

@@ -8,8 +8,9 @@ neither stops the other (kubelet needs the socket even when the spec cannot be w
                vanished, nvidia-uvm was created), and checked every `cdi_check_interval_s`
                (someone removed or edited the file). Until it has been written, claims are
                refused as retryable (`spec_problem`, read by the view).
-    proxy      a `CriProxy` with fresh `ClaimHooks` (a restarted proxy reconciles again before
-               it takes claims); restarted when starting it fails (the listen path is taken,
+    proxy      a `CriProxy` with fresh hooks (gated.GatedHooks: `ClaimHooks` once the ledger is
+               open; a restarted proxy reconciles again before it takes claims); restarted
+               when starting it fails (the listen path is taken,
                the folder cannot be made) or when its socket vanished or was replaced (a
                cleaned /var/run): kubelet could no longer reach it.
     front      with `settings.front` (--cri-front nginx, or auto with nginx found): nginx on
@@ -18,6 +19,11 @@ neither stops the other (kubelet needs the socket even when the spec cannot be w
                backoff when it exits (a kill -9) or its socket vanished or was replaced; its
                calls to a proxy that is restarting get UNAVAILABLE, which kubelet retries.
                Without it the proxy listens on kubelet's socket itself (as before the front).
+
+    ledger     the agent serves the socket before its ledger, device backend and API client are
+               open (starting.py): until then only claim containers are refused (gated.py).
+               Once the ledger is open, the start-up reconciliation (after a rebuild, for a
+               ledger that replaced a corrupt one) runs from this loop, retried with backoff.
 
 A failure is logged once, at warning, with what to fix; the same failure again is logged at
 debug, and its end at info. `run` returns when `stop` is set, after stopping the front (its calls
@@ -36,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elasticgpu.agent.cri import cdi, claim_hooks, driver, front, injection, limits_file
+from elasticgpu.agent.cri import cdi, driver, front, gated, injection, limits_file
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import Card
 from elasticgpu.agent.ledger.store import LedgerStore
@@ -105,21 +111,33 @@ class CriHook:
         *,
         settings: HookSettings,
         view: injection.AgentView,
-        ledger: LedgerStore,
+        ledger: LedgerStore | Callable[[], LedgerStore | None],
         cards: Callable[[], Sequence[Card]],
         control_paths: Callable[[], Sequence[str]],
         driver_files: Callable[[], driver.DriverFiles] | None = None,
+        devices_problem: Callable[[], str | None] = lambda: None,
+        owed_rebuild: Callable[[], bool] = lambda: False,
+        rebuilt: Callable[[], None] = lambda: None,
     ) -> None:
-        """`driver_files`: the driver's files for the spec's mounts (None: device nodes only)."""
+        """`ledger`: the ledger, or how to get it once it is open (None before); `driver_files`: the
+        driver's files for the spec's mounts (None: device nodes only); `devices_problem`: why the
+        cards are not known yet (the spec is not written meanwhile: an empty one would replace a
+        good one), or None; `owed_rebuild` and `rebuilt`: see gated.GatedHooks."""
         self.settings = settings
         self._driver_files = driver_files
         self._view = view
-        self._ledger = ledger
+        self._ledger: Callable[[], LedgerStore | None] = (
+            (lambda: ledger) if isinstance(ledger, LedgerStore) else ledger
+        )
+        self._devices_problem = devices_problem
+        self._owed_rebuild = owed_rebuild
+        self._rebuilt = rebuilt
         self._cards = cards
         self._control_paths = control_paths
         first, longest = settings.backoff_s
         self._spec_retry = _Retry("writing the CDI spec into " + str(settings.cdi_dir), first, longest)
         self._proxy_retry = _Retry(f"the CRI proxy on {settings.proxy.listen}", first, longest)
+        self._settle_retry = _Retry("reconciling the ledger with the runtime's containers", first, longest)
         self._front_retry = _Retry(
             f"the CRI front (nginx) on {settings.front.listen}" if settings.front else "", first, longest
         )
@@ -129,7 +147,7 @@ class CriHook:
         self._socket: tuple[int, int] | None = None  # (device, inode) of the socket we bound
         self.proxy: CriProxy | None = None
         """The proxy serving now (None between a failure and its restart)."""
-        self.hooks: claim_hooks.ClaimHooks | None = None
+        self.hooks: gated.GatedHooks | None = None
         """The claim hooks of the proxy serving now."""
         self.limits = limits_file.LimitsFiles(settings.limits_dir) if settings.limits_dir is not None else None
         """The claims' limits files (the holders publisher keeps them true to the allocations), or None."""
@@ -171,7 +189,9 @@ class CriHook:
         try:
             while not stop.is_set():
                 now = self.last_tick = time.monotonic()
-                if self._spec_retry.due(now):
+                if self._spec_retry.due(now) and (problem := self._devices_problem()) is not None:
+                    self._spec_problem = f"the cards are not known yet ({problem})"
+                elif self._spec_retry.due(now):
                     try:
                         self._keep_spec(now)
                         self._spec_retry.succeeded()
@@ -185,6 +205,12 @@ class CriHook:
                     except Exception as e:
                         self._stop_proxy()
                         self._proxy_retry.failed(e, now)
+                if self.hooks is not None and not self.hooks.reconciled() and self._settle_retry.due(now):
+                    try:
+                        if self.hooks.settle():
+                            self._settle_retry.succeeded()
+                    except Exception as e:
+                        self._settle_retry.failed(e, now)
                 if self.settings.front is not None and self._front_retry.due(now):
                     try:
                         if self._keep_front(self.settings.front, now):
@@ -231,9 +257,12 @@ class CriHook:
             log.warning("the CRI proxy's socket %s vanished or was replaced; kubelet cannot reach it: restarting "
                         "the proxy", self.settings.proxy.listen)
             self._stop_proxy()
-        hooks = claim_hooks.ClaimHooks(view=self._view, ledger=self._ledger, settings=self.settings.injection,
-                                       limits=self.limits)
+        started: list[CriProxy] = []
+        hooks = gated.GatedHooks(view=self._view, ledger=self._ledger, settings=self.settings.injection,
+                                 owed_rebuild=self._owed_rebuild, rebuilt=self._rebuilt, limits=self.limits,
+                                 container_info=lambda container_id: started[0].container_info(container_id))
         proxy = CriProxy(self.settings.proxy, container_hooks=hooks)
+        started.append(proxy)
         try:
             proxy.start()  # leaves nothing behind when it fails
         except BaseException:

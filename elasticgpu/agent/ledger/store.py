@@ -195,6 +195,15 @@ def _private_file(path: Path) -> None:
             logger.info("ledger file %s was mode %o; narrowed to %o (owner only)", file, mode, LEDGER_FILE_MODE)
 
 
+def missing_file(url: str) -> Path | None:
+    """The SQLite file of `url` when it does not exist (opening it would create it), else None."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    path = Path(str(parsed.database))
+    return None if path.exists() else path
+
+
 def make_engine(url: str) -> Engine:
     """An engine for `url`; for an SQLite file, its folder is created, the file made owner-only
     (`LEDGER_FILE_MODE`), and WAL mode set on every connection."""
@@ -331,7 +340,7 @@ class LedgerStore:
             for suffix in ("", "-wal", "-shm"):
                 with contextlib.suppress(FileNotFoundError):
                     os.rename(f"{path}{suffix}", f"{aside}{suffix}")
-            logger.error("%s; the file was moved to %s and a new ledger is started, rebuilt from the runtime's "
+            logger.warning("%s; the file was moved to %s and a new ledger is started, rebuilt from the runtime's "
                          "containers", e, aside)  # fmt: skip
         return cls.open(url), aside
 

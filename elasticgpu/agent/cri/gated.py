@@ -1,0 +1,276 @@
+"""The CRI hook while the agent's parts are not all open: the socket serves, only claims wait.
+
+The agent serves kubelet's socket before it has opened the device backend, the ledger and the
+API client (starting.py), because kubelet reaches the runtime of every pod through it:
+
+    GatedView    injection.AgentView: the API server's `claim_view.ClaimView` once the API client
+                 is open; before, `not_ready_reason` names what is missing (a claim container is
+                 refused with it, retryable), `node_gpu_access` cannot tell (None) and
+                 `has_cards` is False, so a container without a claim starts as always (with
+                 NVIDIA_VISIBLE_DEVICES=void) and a privileged one, such as the driver's own
+                 pod that NVML is waiting for, is not refused for cards nobody has seen yet.
+    GatedHooks   hooks.ContainerHooks: `claim_hooks.ClaimHooks` on the ledger once it is open;
+                 before, containers without a claim get injection.decide's edit (no ledger row:
+                 they hold nothing), a claim container is refused UNAVAILABLE with what is not
+                 ready, RemoveContainer records nothing (the start-up reconciliation releases the
+                 rows of containers gone meanwhile). Once the ledger opens, the start-up
+                 reconciliation runs (`settle`, from the CRI hook's loop or the proxy's own
+                 reconciler, whichever comes first) and claims are taken after it.
+
+A ledger that was moved aside as corrupt (`owed_rebuild`) is rebuilt before that first
+reconciliation, from the runtime's containers (`rebuild`): every container the agent gave a
+claim carries the annotation `elasticgpu.io/claim: <namespace>/<name>` and kubelet's pod labels;
+its cards and limits are read back from the environment the agent wrote (NVIDIA_VISIBLE_DEVICES,
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_DEVICE_MEMORY_LIMIT_0) in the runtime's verbose status.
+Each becomes a `created` row, so the holders and card checks see it as if nothing was lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+from elasticgpu.agent.cri import claim_hooks, hooks, injection, limits_file
+from elasticgpu.agent.ledger.store import LedgerStore
+
+log = logging.getLogger(__name__)
+
+
+class GatedView:
+    """injection.AgentView before and after the API client is open (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        view: Callable[[], injection.AgentView | None],
+        not_ready: Callable[[], str | None],
+    ) -> None:
+        """`view`: the API server's view once it can be made, else None; `not_ready`: what of the
+        agent is not open yet (device backend, ledger, API client), or None."""
+        self._node_name = node_name
+        self._view = view
+        self._not_ready = not_ready
+
+    @property
+    def node_name(self) -> str:
+        """This node."""
+        return self._node_name
+
+    def not_ready_reason(self) -> str | None:
+        """What of the agent is not open yet and why the API server's view is not ready, or None."""
+        view = self._view()
+        reasons = [self._not_ready(), None if view is None else view.not_ready_reason()]
+        if view is None and reasons[0] is None:
+            reasons[1] = "the API client is not open yet"
+        found = [reason for reason in reasons if reason is not None]
+        return "; ".join(found) if found else None
+
+    def claim(self, namespace: str, name: str) -> injection.ClaimInfo | None:
+        """The claim from the API server's view; raises while there is none (refused, retryable)."""
+        view = self._view()
+        if view is None:
+            raise ConnectionError("the agent's API client is not open yet")
+        return view.claim(namespace, name)
+
+    def card(self, uuid: str) -> injection.CardInfo | None:
+        """A card of this node, or None (also while the device backend is not open)."""
+        view = self._view()
+        return None if view is None else view.card(uuid)
+
+    def has_cards(self) -> bool:
+        """False until a card has been discovered (see the module docstring)."""
+        view = self._view()
+        return view is not None and view.has_cards()
+
+    def node_gpu_access(self, namespace: str) -> bool | None:
+        """The namespace's label, or None (cannot tell) while the API client is not open."""
+        view = self._view()
+        return None if view is None else view.node_gpu_access(namespace)
+
+    def warn(self, pod: injection.PodRef, reason: str, message: str) -> None:
+        """A Warning Event through the API server's view; logged only while it is not there."""
+        view = self._view()
+        if view is None:
+            log.warning("pod %s: %s: %s (no Event: the agent's API client is not open yet)", pod, reason, message)
+        else:
+            view.warn(pod, reason, message)
+
+
+class GatedHooks:
+    """hooks.ContainerHooks before and after the ledger is open (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        view: injection.AgentView,
+        ledger: Callable[[], LedgerStore | None],
+        settings: injection.InjectionSettings,
+        owed_rebuild: Callable[[], bool] = lambda: False,
+        rebuilt: Callable[[], None] = lambda: None,
+        container_info: Callable[[str], dict[str, Any]] | None = None,
+        limits: limits_file.LimitsFiles | None = None,
+    ) -> None:
+        """`ledger`: the ledger once open, else None; `owed_rebuild`: True while the ledger is new
+        because a corrupt one was moved aside (`rebuilt` is called once it has been rebuilt);
+        `container_info`: the runtime's verbose status of a container (for the rebuild)."""
+        self._view = view
+        self._ledger = ledger
+        self._settings = settings
+        self._owed_rebuild = owed_rebuild
+        self._rebuilt = rebuilt
+        self._container_info = container_info
+        self._limits = limits
+        self._list_containers: Callable[[], Sequence[Any]] | None = None
+        self._lock = threading.Lock()  # one ClaimHooks, one rebuild
+        self.inner: claim_hooks.ClaimHooks | None = None
+        """The claim hooks on the ledger, once it is open."""
+
+    def _hooks(self) -> claim_hooks.ClaimHooks | None:
+        if self.inner is not None:
+            return self.inner
+        ledger = self._ledger()
+        if ledger is None:
+            return None
+        with self._lock:
+            if self.inner is None:
+                inner = claim_hooks.ClaimHooks(view=self._view, ledger=ledger, settings=self._settings,
+                                               limits=self._limits)
+                if self._list_containers is not None:
+                    inner.attach_runtime(self._list_containers)
+                self.inner = inner
+            return self.inner
+
+    def reconciled(self) -> bool:
+        """True once the claim hooks exist and their start-up reconciliation is done (claims are taken)."""
+        return self.inner is not None and self.inner.reconciled.is_set()
+
+    # --- hooks.ContainerHooks ---
+
+    def prepare_create(self, request: Any) -> hooks.PreparedCreate:
+        """The claim hooks' decision; before the ledger is open, the pass-through or a retryable refusal."""
+        inner = self._hooks()
+        if inner is not None and inner.reconciled.is_set():
+            return inner.prepare_create(request)
+        plain = claim_hooks.container_request(request)
+        if injection.claim_of(plain) is None:
+            edit = injection.decide(plain, self._view, settings=self._settings)
+            return hooks.PreparedCreate(request=request, changed=claim_hooks.apply(edit, request))
+        # A claim before the start-up reconciliation: say everything that is missing, not only the first.
+        reasons = [self._view.not_ready_reason(), "its ledger is not open yet" if inner is None else
+                   "its ledger is not reconciled with the runtime's containers yet"]  # fmt: skip
+        reason = "; ".join(r for r in reasons if r)
+        raise hooks.Refused(
+            f"pod {plain.pod}, container {plain.container!r}: the elasticgpu agent on node {self._view.node_name} "
+            f"is not ready yet ({reason}); kubelet retries this container by itself",
+            code=grpc.StatusCode.UNAVAILABLE,
+        )
+
+    def created(self, prepared: hooks.PreparedCreate, container_id: str) -> None:
+        """Complete the claim hooks' row (a container passed before the ledger opened has none)."""
+        if prepared.token is not None and self.inner is not None:
+            self.inner.created(prepared, container_id)
+
+    def create_failed(self, prepared: hooks.PreparedCreate, code: grpc.StatusCode) -> None:
+        """Undo the claim hooks' row, if it has one."""
+        if prepared.token is not None and self.inner is not None:
+            self.inner.create_failed(prepared, code)
+
+    def removed(self, container_id: str) -> None:
+        """Release the container's row; before the ledger is open, the start-up reconciliation will."""
+        inner = self._hooks()
+        if inner is not None:
+            inner.removed(container_id)
+
+    def attach_runtime(self, list_containers: Callable[[], Sequence[Any]]) -> None:
+        """Keep the proxy's ListContainers for the claim hooks (now or once they exist)."""
+        self._list_containers = list_containers
+        if self.inner is not None:
+            self.inner.attach_runtime(list_containers)
+
+    def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
+        """The claim hooks' reconciliation (their start-up one first); nothing while the ledger is not open."""
+        inner = self._hooks()
+        if inner is None:
+            return  # nothing recorded can be matched yet; `settle` runs the start-up one later
+        self._settle(inner, containers, starting=starting or not inner.reconciled.is_set())
+
+    def settle(self) -> bool:
+        """Run the start-up reconciliation once the ledger is open and it has not run; True once it has run."""
+        inner = self._hooks()
+        if inner is None or self._list_containers is None:
+            return False
+        if not inner.reconciled.is_set():
+            self._settle(inner, self._list_containers(), starting=True)
+        return True
+
+    def _settle(self, inner: claim_hooks.ClaimHooks, containers: Sequence[Any], *, starting: bool) -> None:
+        with self._lock:
+            if starting and inner.reconciled.is_set():
+                # The start-up one ran meanwhile (the proxy's reconciler and the hook's loop both
+                # ask for it): claims are taken now, one may be in flight, so no longer `starting`.
+                starting = False
+            if starting and self._owed_rebuild():
+                ledger = self._ledger()
+                assert ledger is not None  # the claim hooks exist only on an open ledger
+                count = rebuild(ledger, containers, self._container_info or (lambda _: {}))
+                log.info("the ledger %s was rebuilt from the runtime's containers: %d claim container(s)",
+                         ledger.url, count)  # fmt: skip
+                self._rebuilt()
+            inner.reconcile(containers, starting=starting)
+
+    def close(self) -> None:
+        """Finish the claim hooks' queued writes."""
+        if self.inner is not None:
+            self.inner.close()
+
+
+def _env(info: dict[str, Any]) -> dict[str, str]:
+    """The environment of a container from the runtime's verbose status (OCI spec, else CRI config)."""
+    process = (info.get("runtimeSpec") or {}).get("process") or {}
+    env = dict(item.split("=", 1) for item in process.get("env") or [] if "=" in item)
+    for item in (info.get("config") or {}).get("envs") or []:
+        env.setdefault(str(item.get("key", "")), str(item.get("value", "")))
+    return env
+
+
+def _mib(value: str | None) -> int:
+    """MiB of a limit the agent wrote (`10240m`, `0=10240M`), 0 when absent or unreadable."""
+    found = re.search(r"(\d+)\s*[mM]?$", value or "")
+    return int(found.group(1)) if found else 0
+
+
+def rebuild(ledger: LedgerStore, containers: Sequence[Any], container_info: Callable[[str], dict[str, Any]]) -> int:
+    """Record a `created` row for every claim container of the runtime the ledger has no row of;
+    returns how many were recorded (see the module docstring). Idempotent."""
+    count = 0
+    for container in containers:
+        claim = container.annotations.get(injection.CLAIM_ANNOTATION, "")
+        if "/" not in claim or ledger.allocation_for_container(container.id) is not None:
+            continue
+        namespace, name = claim.split("/", 1)
+        env = _env(container_info(container.id))
+        gpus = [uuid for uuid in env.get(injection.ENV_VISIBLE_DEVICES, "").split(",") if uuid.startswith("GPU-")]
+        threads = env.get(injection.ENV_MPS_THREADS)
+        memory = _mib(env.get(f"{injection.ENV_HAMI_MEMORY_PREFIX}_0") or env.get(injection.ENV_MPS_MEMORY))
+        # A whole card has neither limit; a slice of memory only has no compute limit (0 cores).
+        cores = int(threads) if threads and threads.isdigit() else (0 if memory else 100)
+        labels = container.labels
+        row = ledger.record_started(
+            pod_uid=labels.get(injection.LABEL_POD_UID, ""),
+            pod_namespace=labels.get(injection.LABEL_POD_NAMESPACE, ""),
+            pod_name=labels.get(injection.LABEL_POD_NAME, ""), container_name=str(container.metadata.name),
+            claim_namespace=namespace, claim_name=name, elastic_gpu="", gpu_uuids=gpus, cores=cores,
+            memory_mib=memory,
+        )  # fmt: skip
+        ledger.mark_created(row, container.id)
+        log.info("ledger rebuilt: container %s of pod %s/%s uses claim %s (cards %s)", container.id,
+                 labels.get(injection.LABEL_POD_NAMESPACE), labels.get(injection.LABEL_POD_NAME), claim,
+                 ",".join(gpus) or "unknown")  # fmt: skip
+        count += 1
+    return count
