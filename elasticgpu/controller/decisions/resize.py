@@ -48,7 +48,6 @@ REASON_SHRINK_BLOCKED = "ShrinkBlocked"
 REASON_WHOLE_CARD = "WholeCardResize"
 REASON_INVALID = "InvalidResize"
 REASON_WAITING_FOR_NODE = "WaitingForNode"
-REASON_NOT_RESIZABLE = "NotResizable"
 
 CONDITION_RESIZING = "Resizing"
 CONDITION_PENDING = "ResizePending"
