@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import datetime
-import ipaddress
 import os
 import shutil
 import socket
@@ -90,86 +89,21 @@ def write_certs(directory: Path) -> dict[str, Path]:
     """CA, server certificate (127.0.0.1, localhost) and an admin client certificate
     (group system:masters), EC P-256, valid two days; files `ca.crt`, `server.crt`, `server.key`,
     `client.crt`, `client.key` in `directory`, mode 0600."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from elasticgpu import certificate_authority as authority
 
     now = datetime.datetime.now(datetime.UTC)
-    not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=2)
-
-    def name(common_name: str, organisation: str | None = None) -> x509.Name:
-        attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
-        if organisation:
-            attributes.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organisation))
-        return x509.Name(attributes)
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = name("elasticgpu-test-ca")
-    ca_usage = x509.KeyUsage(
-        digital_signature=True,
-        key_cert_sign=True,
-        crl_sign=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        encipher_only=False,
-        decipher_only=False,
-    )
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(ca_usage, critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-
-    def leaf(
-        subject: x509.Name, usage: x509.ObjectIdentifier, san: x509.SubjectAlternativeName | None
-    ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(ca_name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(not_before)
-            .not_valid_after(not_after)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        )
-        if san is not None:
-            builder = builder.add_extension(san, critical=False)
-        return key, builder.sign(ca_key, hashes.SHA256())
-
-    loopback = x509.SubjectAlternativeName(
-        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    )
-    server_key, server_cert = leaf(name("elasticgpu-test-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, loopback)
-    client_key, client_cert = leaf(
-        name("elasticgpu-test-admin", "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH, None
-    )
-
-    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-
+    validity = authority.Validity(now - datetime.timedelta(hours=1), now + datetime.timedelta(days=2))
+    ca = authority.new_ca("elasticgpu-test-ca", validity)
+    server = authority.issue(ca, authority.subject("elasticgpu-test-apiserver"), usage=authority.SERVER_AUTH,
+                             hosts=["localhost", "127.0.0.1"], validity=validity)
+    client = authority.issue(ca, authority.subject("elasticgpu-test-admin", "system:masters"),
+                             usage=authority.CLIENT_AUTH, hosts=None, validity=validity)
     contents = {
-        "ca.crt": ca_cert.public_bytes(serialization.Encoding.PEM),
-        "server.crt": server_cert.public_bytes(serialization.Encoding.PEM),
-        "server.key": pem_key(server_key),
-        "client.crt": client_cert.public_bytes(serialization.Encoding.PEM),
-        "client.key": pem_key(client_key),
+        "ca.crt": ca.cert_pem(),
+        "server.crt": server.cert_pem(),
+        "server.key": server.key_pem(),
+        "client.crt": client.cert_pem(),
+        "client.key": client.key_pem(),
     }
     paths: dict[str, Path] = {}
     for file_name, data in contents.items():

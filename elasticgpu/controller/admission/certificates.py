@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import base64
 import datetime
-import ipaddress
 from dataclasses import dataclass
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
+
+from elasticgpu import certificate_authority as authority
 
 # Keys of the Secret's data; tls.crt and tls.key make it a valid `kubernetes.io/tls` Secret.
 CA_CERT = "ca.crt"
@@ -116,38 +115,11 @@ def generate(
 
     The CA of `previous`, if it is still valid, becomes the new material's `previous_ca`.
     """
-    not_before, not_after = now - _BACKDATE, now + datetime.timedelta(seconds=validity_s)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"elasticgpu-webhook-ca-{int(now.timestamp())}")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(ca=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0][:64])]))  # SANs hold the names
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(ca=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .add_extension(x509.SubjectAlternativeName([_general_name(host) for host in hosts]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    validity = authority.Validity(now - _BACKDATE, now + datetime.timedelta(seconds=validity_s))
+    ca = authority.new_ca(f"elasticgpu-webhook-ca-{int(now.timestamp())}", validity)
+    # The subject names the first host; the SANs hold every name.
+    serving = authority.issue(ca, authority.subject(hosts[0]), usage=authority.SERVER_AUTH, hosts=hosts,
+                              validity=validity)
     previous_ca = b""
     if previous is not None:
         try:
@@ -155,34 +127,8 @@ def generate(
                 previous_ca = previous.ca_cert
         except ValueError:
             pass  # an unreadable old CA is nothing to keep trusting
-    return Material(
-        ca_cert=ca.public_bytes(serialization.Encoding.PEM),
-        ca_key=_pem_key(ca_key),
-        cert=cert.public_bytes(serialization.Encoding.PEM),
-        key=_pem_key(key),
-        previous_ca=previous_ca,
-    )
-
-
-def _key_usage(*, ca: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=True,
-        key_cert_sign=ca,
-        crl_sign=ca,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        encipher_only=False,
-        decipher_only=False,
-    )
-
-
-def _general_name(host: str) -> x509.GeneralName:
-    try:
-        return x509.IPAddress(ipaddress.ip_address(host))
-    except ValueError:
-        return x509.DNSName(host)
+    return Material(ca_cert=ca.cert_pem(), ca_key=ca.key_pem(), cert=serving.cert_pem(), key=serving.key_pem(),
+                    previous_ca=previous_ca)
 
 
 def _names_of(cert: x509.Certificate) -> list[str]:
@@ -192,7 +138,3 @@ def _names_of(cert: x509.Certificate) -> list[str]:
         return []
     return [*san.get_values_for_type(x509.DNSName), *(str(ip) for ip in san.get_values_for_type(x509.IPAddress))]
 
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    pkcs8 = serialization.PrivateFormat.PKCS8
-    return key.private_bytes(serialization.Encoding.PEM, pkcs8, serialization.NoEncryption())
