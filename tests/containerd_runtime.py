@@ -30,6 +30,8 @@ from typing import Any
 
 import grpc
 
+from elasticgpu.demo.local_cluster import read_env_file
+from elasticgpu.demo.local_runtime import block_registries, cache_dir, containerd_config
 from tests import spawning
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -63,20 +65,6 @@ class TestRuntime:
         return f"unix://{self.socket}"
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("ELASTICGPU_CACHE", str(Path.home() / ".cache" / "elasticgpu"))) / "testruntime"
-
-
-def _read_env_file(path: Path) -> dict[str, str]:
-    values: dict[str, str] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            key, sep, value = line.partition("=")
-            if sep and not line.startswith("#"):
-                values[key.strip()] = value.strip()
-    return values
-
-
 def find_build(build_if_missing: bool = True) -> dict[str, str]:
     """build.sh's current.env (root, image archive, image name); runs build.sh once if missing."""
 
@@ -85,75 +73,16 @@ def find_build(build_if_missing: bool = True) -> dict[str, str]:
         image = values.get("ELASTICGPU_TESTRUNTIME_IMAGE", "")
         return bool(root) and os.access(f"{root}/usr/bin/containerd", os.X_OK) and os.path.isfile(image)
 
-    values = _read_env_file(cache_dir() / "current.env")
+    values = read_env_file(cache_dir() / "current.env")
     if not complete(values) and build_if_missing:
         print(f"containerd_runtime: no cached test runtime; running {BUILD_SCRIPT}", file=sys.stderr)
         done = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         if done.returncode != 0:
             raise RuntimeUnavailable(f"testruntime/build.sh failed: {done.stderr.decode(errors='replace')[-500:]}")
-        values = _read_env_file(cache_dir() / "current.env")
+        values = read_env_file(cache_dir() / "current.env")
     if not complete(values):
         raise RuntimeUnavailable(f"test runtime not built; run `bash {BUILD_SCRIPT}`")
     return values
-
-
-def _config(directory: Path, root: Path, image: str) -> str:
-    """containerd 1.7 config (version 2): own paths, CRI with CDI, runc from the unpacked root."""
-    cri = 'plugins."io.containerd.grpc.v1.cri"'
-    return f"""version = 2
-root = "{directory}/root"
-state = "{directory}/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
-
-[grpc]
-  address = "{directory}/containerd.sock"
-
-[ttrpc]
-  address = "{directory}/containerd.sock.ttrpc"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{directory}/opt"
-
-[{cri}]
-  sandbox_image = "{image}"
-  enable_cdi = true
-  cdi_spec_dirs = ["{directory}/cdi"]
-  # This machine refuses to lower a process's oom_score_adj below its parent's: without this
-  # containerd fails every sandbox with "write /proc/self/oom_score_adj: permission denied".
-  restrict_oom_score_adj = true
-  stats_collect_period = 3600
-  [{cri}.containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [{cri}.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [{cri}.containerd.runtimes.runc.options]
-        BinaryName = "{root}/usr/sbin/runc"
-        SystemdCgroup = false
-  [{cri}.cni]
-    bin_dir = "{directory}/cni/bin"
-    conf_dir = "{directory}/cni/conf"
-  [{cri}.registry]
-    # hosts.toml files here send every registry to a closed port (see _block_registries).
-    config_path = "{directory}/certs.d"
-"""
-
-
-def _block_registries(certs_d: Path) -> None:
-    """Point every registry at a closed loopback port, so a pull fails at once and never leaves.
-
-    `_default` covers any host without its own folder; docker.io gets its own too, since the
-    older `registry.mirrors` setting and the default endpoint would still reach the real one.
-    """
-    closed = "http://127.0.0.1:9"  # discard port, nothing listens
-    for host in ("_default", "docker.io", "registry.k8s.io", "elasticgpu.local"):
-        folder = certs_d / host
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "hosts.toml").write_text(
-            f'server = "{closed}"\n\n[host."{closed}"]\n  capabilities = ["pull", "resolve"]\n'
-        )
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -246,8 +175,8 @@ def running_containerd() -> Iterator[TestRuntime]:
     config = directory / "config.toml"
     log = directory / "containerd.log"
     (directory / "cdi").mkdir()
-    _block_registries(directory / "certs.d")
-    config.write_text(_config(directory, root, image))
+    block_registries(directory / "certs.d")
+    config.write_text(containerd_config(directory, root, image, [directory / "cdi"]))
     env = {
         **os.environ,
         # containerd starts containerd-shim-runc-v2 from PATH; the shim starts runc by BinaryName.

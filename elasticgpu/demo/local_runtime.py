@@ -77,7 +77,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ELASTICGPU_CACHE", str(Path.home() / ".cache" / "elasticgpu"))) / "testruntime"
 
 
-def _config(directory: Path, root: Path, image: str, cdi_dirs: Sequence[Path]) -> str:
+def containerd_config(directory: Path, root: Path, image: str, cdi_dirs: Sequence[Path]) -> str:
+    """containerd 1.7 config (version 2): own paths under `directory`, CRI with CDI from `cdi_dirs`,
+    runc from the unpacked build `root`, every registry blocked (see `block_registries`)."""
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     spec_dirs = ", ".join(f'"{d}"' for d in cdi_dirs)
     return f"""version = 2
@@ -115,7 +117,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 """
 
 
-def _block_registries(certs_d: Path) -> None:
+def block_registries(certs_d: Path) -> None:
+    """Point every registry at a closed loopback port (hosts.toml files), so a pull fails at once and
+    never leaves the machine; `_default` covers any host without its own folder."""
     closed = "http://127.0.0.1:9"  # the discard port: nothing listens, a pull fails at once
     for host in ("_default", "docker.io", "registry.k8s.io", "elasticgpu.local"):
         folder = certs_d / host
@@ -136,9 +140,9 @@ def start(directory: Path, children: processes.Children, *, nodes: Sequence[str]
     cdi_dirs = {node: directory / f"cdi-{node}" for node in nodes}
     for folder in cdi_dirs.values():
         folder.mkdir()
-    _block_registries(directory / "certs.d")
+    block_registries(directory / "certs.d")
     config = directory / "config.toml"
-    config.write_text(_config(directory, root, image, list(cdi_dirs.values())))
+    config.write_text(containerd_config(directory, root, image, list(cdi_dirs.values())))
     # containerd starts the shim from PATH; the shim starts runc by BinaryName.
     env = {"PATH": f"{root}/usr/bin:{root}/usr/sbin:{os.environ.get('PATH', '/usr/bin:/bin')}"}
     child = children.start(
