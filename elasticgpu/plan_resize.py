@@ -150,7 +150,9 @@ def _with_requests(claim: ElasticGPUClaim, requests: dict[str, int | str]) -> El
     spec = body.setdefault("spec", {})
     spec["resources"] = {**(spec.get("resources") or {}), "requests": dict(requests)}
     try:
-        return ElasticGPUClaim.model_validate(body)
+        changed = ElasticGPUClaim.model_validate(body)
+        changed.spec.gpu_request()  # the API server's schema refuses what this refuses: told here, not planned
+        return changed
     except (ValueError, ElasticGPUError) as err:
         raise user_errors.ResizeInvalid(f"claim {claim.metadata.namespace}/{claim.metadata.name}: the new"
                                         f" requests {requests} are not valid: {err}") from None
