@@ -96,8 +96,9 @@ class Workers:
     """The random operations: each thread takes a claim out of the shared pool while it works on
     it, so no two threads act on one claim at once (as one user would not)."""
 
-    def __init__(self, kube: Any, namespaces: list[str], class_name: str, report: Report, seed: int) -> None:
-        self.kube, self.namespaces, self.class_name, self.report = kube, namespaces, class_name, report
+    def __init__(self, kube: Any, namespaces: list[str], classes: tuple[str, str], report: Report, seed: int) -> None:
+        self.kube, self.namespaces, self.report = kube, namespaces, report
+        self.share_class, self.whole_class = classes
         self.pool: list[tuple[str, str]] = []
         self.lock = threading.Lock()
         self.seed = seed
@@ -122,12 +123,15 @@ class Workers:
             self.serial += 1
             name = f"s{self.serial}"
         namespace = rng.choice(self.namespaces)
+        whole = rng.random() < 0.08  # now and then a whole card, so that "whole cards alone" is tried too
+        requests: dict[str, Any] = ({names.RESOURCE_NVIDIA_GPU: 1} if whole else
+                                    {CORE: rng.randrange(5, 35), MEMORY: f"{rng.randrange(1, 12)}Gi"})
         self.kube.create_claim({
             "apiVersion": names.API_VERSION, "kind": names.KIND_CLAIM,
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"elasticGPUClassName": self.class_name,
-                     "resources": {"requests": {CORE: rng.randrange(5, 35), MEMORY: f"{rng.randrange(1, 12)}Gi"}}}})
-        self._count("create")
+            "spec": {"elasticGPUClassName": self.whole_class if whole else self.share_class,
+                     "resources": {"requests": requests}}})
+        self._count("create whole card" if whole else "create")
         self._give((namespace, name))
 
     def delete(self, rng: random.Random) -> None:
@@ -156,6 +160,9 @@ class Workers:
             self._count(f"{kind} skipped (not Bound yet)")
             time.sleep(0.05)  # the controller is still binding it: give it the CPU
             return
+        if names.RESOURCE_NVIDIA_GPU in claim["spec"]["resources"]["requests"]:
+            self._whole(claim, grow=grow)
+            return
         cores, memory = int(status["capacity"][CORE]), _mib(status["capacity"][MEMORY])
         if grow:
             # at most 90 cores: 100 is one whole card, which a share cannot become
@@ -182,11 +189,37 @@ class Workers:
                 self._count(kind)
                 return
             refusal = _refusal(status)
-            if refusal is not None and refusal != before:
+            # A refusal about an older request (re-decided when its card changed) is not ours:
+            # the card and use refusals name the size they refuse.
+            asked = f"{target[0]}% cores, {target[1]} MiB"
+            if refusal is not None and refusal != before and (
+                    refusal[0] not in ("NoRoomOnCard", "ShrinkBlocked") or asked in refusal[1]):
                 self._count(f"{kind} refused ({refusal[0]})")
                 return
             time.sleep(0.05)
         self._count(f"{kind} unanswered in {ANSWER_S:g} s")
+
+    def _whole(self, claim: dict[str, Any], *, grow: bool) -> None:
+        """One more whole card for a whole-card claim: the controller must refuse it (WholeCardResize)."""
+        if not grow:
+            return  # one card is the fewest
+        namespace, name = claim["metadata"]["namespace"], claim["metadata"]["name"]
+        before = _refusal(claim.get("status") or {})
+        cards = int(claim["spec"]["resources"]["requests"][names.RESOURCE_NVIDIA_GPU])
+        try:
+            self.kube.patch_claim(namespace, name, {"spec": {"resources": {"requests": {
+                names.RESOURCE_NVIDIA_GPU: cards + 1}}}})
+        except Exception as err:
+            self._count(f"whole-card resize patch refused ({type(err).__name__})")
+            return
+        deadline = time.monotonic() + ANSWER_S
+        while time.monotonic() < deadline:
+            refusal = _refusal(self.kube.get_claim(namespace, name).get("status") or {})
+            if refusal is not None and refusal != before:
+                self._count(f"whole-card resize refused ({refusal[0]})")
+                return
+            time.sleep(0.05)
+        self._count(f"whole-card resize unanswered in {ANSWER_S:g} s")
 
     def run(self, index: int, until: float) -> None:
         rng = random.Random(self.seed * 1000 + index)
@@ -283,15 +316,16 @@ def check(kube: Any, namespaces: list[str], gpu_names: list[str], report: Report
             continue
         serving.add(egpu_name)
         parts = held.get(egpu_name, [])
-        if len(parts) != 1:
-            report.leaked.append(f"{who}: {len(parts)} reservations for ElasticGPU {egpu_name}")
+        cards = int((status.get("capacity") or {}).get(names.RESOURCE_NVIDIA_GPU, 0))
+        if len(parts) != max(1, cards) or any(bool(a.get("exclusive")) != bool(cards) for _g, a in parts):
+            report.leaked.append(f"{who}: {len(parts)} reservations for ElasticGPU {egpu_name}"
+                                 f" ({cards or 'a share, not'} whole cards in status.capacity)")
             continue
-        allocation = parts[0][1]
         capacity = status.get("capacity") or {}
         shown = (int(capacity.get(CORE, -1)), _mib(capacity[MEMORY]) if MEMORY in capacity else -1)
-        if shown != (allocation["cores"], allocation["memory"]):
-            report.leaked.append(f"{who}: status.capacity {shown} is not its reservation"
-                                 f" ({allocation['cores']}, {allocation['memory']})")
+        reserved = (sum(a["cores"] for _g, a in parts), sum(a["memory"] for _g, a in parts))
+        if shown != reserved:
+            report.leaked.append(f"{who}: status.capacity {shown} is not its reservation {reserved}")
     for key, parts in held.items():
         if key not in serving:
             egpu = egpus.get(key)
@@ -338,7 +372,7 @@ def stress(kubeconfig: Path, *, seconds: float, threads: int = 8, log_dir: Path,
     kube = KubeApi.from_kubeconfig(str(kubeconfig))
     namespaces = [f"{prefix}-a", f"{prefix}-b", f"{prefix}-c"]
     gpu_names = [f"gpu-{prefix}-{i}" for i in range(GPUS)]
-    class_name = f"{prefix}-elastic"
+    class_name, whole_class = f"{prefix}-elastic", f"{prefix}-whole"
     model = f"STRESS-{prefix}".upper()
     report = Report(seconds=seconds)
     procs = ControllerProcesses(kubeconfig, None, log_dir)
@@ -352,15 +386,18 @@ def stress(kubeconfig: Path, *, seconds: float, threads: int = 8, log_dir: Path,
         kube.create_class({"apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": class_name},
                            "provisioner": names.PROVISIONER_GPUSHARE, "parameters": {"gpuModel": model},
                            "allowClaimResize": True})
+        kube.create_class({"apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": whole_class},
+                           "provisioner": names.PROVISIONER_PHYSICAL, "parameters": {"gpuModel": model},
+                           "allowClaimResize": True})
         # Namespace a: namespace-wide limits; b: a per-class limit; c: none (the cards limit it).
-        for ns, hard in ((namespaces[0], {CORE: 300, MEMORY: "150Gi"}),
+        for ns, hard in ((namespaces[0], {CORE: 300, MEMORY: "150Gi", names.RESOURCE_NVIDIA_GPU: 1}),
                          (namespaces[1], {f"{class_name}.{CORE}": 250})):
             custom.create_namespaced_custom_object(names.GROUP, names.VERSION, ns, names.PLURAL_QUOTA, {
                 "apiVersion": names.API_VERSION, "kind": names.KIND_QUOTA, "metadata": {"name": "team"},
                 "spec": {"hard": hard}})
         procs.start()
         procs.start()
-        workers = Workers(kube, namespaces, class_name, report, seed)
+        workers = Workers(kube, namespaces, (class_name, whole_class), report, seed)
         # A first population, bound before the clock starts: the threads resize from the first second.
         rng = random.Random(seed)
         for _ in range(30):
@@ -376,13 +413,13 @@ def stress(kubeconfig: Path, *, seconds: float, threads: int = 8, log_dir: Path,
         check(kube, namespaces, gpu_names, report)
     finally:
         procs.close()
-        _cleanup(kube, core, namespaces, gpu_names, class_name)
+        _cleanup(kube, core, namespaces, gpu_names, [class_name, whole_class])
         kube.close()
         api.close()
     return report
 
 
-def _cleanup(kube: Any, core: Any, namespaces: list[str], gpu_names: list[str], class_name: str) -> None:
+def _cleanup(kube: Any, core: Any, namespaces: list[str], gpu_names: list[str], classes: list[str]) -> None:
     """Remove what the run made (finalizers first: no controller runs any more)."""
     for ns in namespaces:
         for claim in _quiet(kube.list_claims, ns) or []:
@@ -394,7 +431,8 @@ def _cleanup(kube: Any, core: Any, namespaces: list[str], gpu_names: list[str], 
             _quiet(kube.delete_elastic_gpu, egpu["metadata"]["name"])
     for gpu_name in gpu_names:
         _quiet(kube.delete_gpu, gpu_name)
-    _quiet(kube.delete_class, class_name)
+    for class_name in classes:
+        _quiet(kube.delete_class, class_name)
     for ns in namespaces:
         _quiet(core.delete_namespace, ns)
 
