@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from elasticgpu import user_errors
+from elasticgpu import plan_resize, user_errors
 from elasticgpu.allocator import (
     Allocator,
     CardRecord,
@@ -88,7 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " default: the bundled sample in examples/plan",
     )
     parser.add_argument(
-        "--strict", action="store_true", help="exit 1 when any claim stays Pending (for scripts and CI gates)"
+        "--strict",
+        action="store_true",
+        help="exit 1 when any claim stays Pending or any --resize is refused (for scripts and CI gates)",
     )
     parser.add_argument(
         "-o",
@@ -98,6 +100,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="table of claims (default), or the ElasticGPUs that would be created",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for tie-breaks (results are deterministic)")
+    parser.add_argument(
+        "--resize",
+        action="append",
+        metavar="NAMESPACE/CLAIM=SIZE",
+        help="after binding, show what resizing this claim would do (repeatable, in order); SIZE is"
+        " CORES,MEMORY (60,20Gi), CORES, or cards=N",
+    )
 
 
 def _files(paths: Iterable[str]) -> list[Path]:
@@ -230,9 +239,15 @@ def class_for(claim: ElasticGPUClaim, classes: dict[str, ElasticGPUClass]) -> El
     return defaults[0] if defaults else None
 
 
-def plan(found: PlanInput, *, seed: int = 0) -> list[ClaimResult]:
-    """Bind every claim in order; returns one result per claim."""
-    inventory = build_inventory(found)
+def claim_key(claim: ElasticGPUClaim) -> str:
+    """The claim's key in the plan's inventory and quota charges: its uid, else namespace/name."""
+    return claim.metadata.uid or f"{claim.metadata.namespace or 'default'}/{claim.metadata.name}"
+
+
+def plan(found: PlanInput, *, seed: int = 0, inventory: Inventory | None = None) -> list[ClaimResult]:
+    """Bind every claim in order; returns one result per claim. `inventory`: the one to bind
+    into (built from `found` when None); the caller reads the reservations from it afterwards."""
+    inventory = build_inventory(found) if inventory is None else inventory
     classes = {c.metadata.name: c for c in found.classes if c.metadata.name}
     allocators: dict[str, Allocator] = {}
     results: list[ClaimResult] = []
@@ -274,7 +289,7 @@ def plan(found: PlanInput, *, seed: int = 0) -> list[ClaimResult]:
         placement_request = PlacementRequest(
             gpu=request, models=tuple(params.gpu_model), node_selector=params.node_selector
         )
-        key = claim.metadata.uid or f"{claim.metadata.namespace or 'default'}/{claim.metadata.name}"
+        key = claim_key(claim)
         result = allocator.allocate(key, placement_request)
         if isinstance(result, Placement):
             over = _charge(found.quotas, claim, key, class_name, result)
@@ -392,7 +407,10 @@ def run(args: argparse.Namespace) -> int:
     if not found.gpus and not found.node_list:
         print("error: no GPU objects and no node list in the files given with -f", file=sys.stderr)
         return 2
-    results = plan(found, seed=args.seed)
+    asks = [plan_resize.parse(text) for text in args.resize or []]  # a typo is told before any work
+    inventory = build_inventory(found)
+    results = plan(found, seed=args.seed, inventory=inventory)
+    resized = plan_resize.decide_all(asks, _bound(results, found.classes), inventory, found.quotas) if asks else []
     if args.output == "yaml":
         # Without status, as the controller creates them; to_dict drops empty maps and lists.
         docs = [
@@ -402,10 +420,30 @@ def run(args: argparse.Namespace) -> int:
         for r in results:
             if r.placement is None:
                 print(f"# {r.claim.metadata.name} stays Pending: {r.message}", file=sys.stderr)
+        for r2 in resized:
+            print(f"# resize {r2.ask.namespace}/{r2.ask.name}={r2.ask.text}: {r2.outcome}: {r2.message}",
+                  file=sys.stderr)
     else:
         print_table(results, sys.stdout)
-    pending = sum(1 for r in results if r.placement is None)
+        if resized:
+            sys.stdout.write("\n")
+            plan_resize.print_table(resized, sys.stdout)
+    pending = sum(1 for r in results if r.placement is None) + plan_resize.refused(resized)
     return 1 if args.strict and pending else 0
+
+
+def _bound(results: list[ClaimResult], classes: list[ElasticGPUClass]
+           ) -> dict[tuple[str, str], plan_resize.Bound | None]:
+    """Every planned claim by (namespace, name): its placement, or None when it stays Pending."""
+    resizable = {c.metadata.name for c in classes if c.allow_claim_resize}
+    return {
+        (r.claim.metadata.namespace or "default", r.claim.metadata.name or ""): (
+            plan_resize.Bound(r.claim, claim_key(r.claim), r.class_name, r.placement, r.class_name in resizable)
+            if r.placement
+            else None
+        )
+        for r in results
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ and keeps its traceback.
     ├── ServerNotTrusted        TLS: the server's certificate is not signed by the kubeconfig's CA
     ├── PortUnavailable         a port to listen on is in use or not ours to take
     ├── InputFileInvalid        a file given on the command line is missing or not YAML
+    ├── ResizeInvalid           `plan --resize` names no claim of the input, or a size it cannot read
     └── LedgerUrlInvalid        the agent's --ledger-url is no database SQLAlchemy can open
 
 Third-party exceptions are translated here and only here (`translate`); the modules that raise
@@ -59,6 +60,10 @@ class PortUnavailable(UserError):
 
 class InputFileInvalid(UserError):
     """A file named on the command line is missing, unreadable or not valid YAML."""
+
+
+class ResizeInvalid(UserError):
+    """`elasticgpu plan --resize` names a claim that is not in the input files, or a size it cannot read."""
 
 
 class LedgerUrlInvalid(UserError):

@@ -7,7 +7,7 @@ import argparse
 from elasticgpu import plan
 
 add_arguments = plan.add_arguments
-"""The same flags as `elasticgpu plan` (-f, --strict, -o, --seed)."""
+"""The same flags as `elasticgpu plan` (-f, --strict, -o, --seed, --resize)."""
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""The resize decision (`decisions.resize`), pure: properties over random cards, reservations,
+"""The resize decision (`allocator.resize`), pure: properties over random cards, reservations,
 requests, measured use and what the node reports applied."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from elasticgpu.allocator import resize
 from elasticgpu.api import GPU, ElasticGPUClaim, names
-from elasticgpu.controller.decisions import resize
 
 CARD_MIB = 81920
 EGPU = "egpu-mine"

@@ -1,11 +1,11 @@
-"""The resize flow: carry out `decisions.resize` for a Bound claim (the claim sync calls it when
+"""The resize flow: carry out `allocator.resize` for a Bound claim (the claim sync calls it when
 the binder finds the claim in sync).
 
 Writes, each with its object's resourceVersion: the GPU's status (the reservation grows, gets a
 limit, or shrinks: the commit point, as a bind's), then the ElasticGPU's `status.capacity`, then
 the claim's `status.capacity`, `allocatedResources` and conditions. After every GPU write the
 decision is taken again from what the picture holds, so a crash or a 409 between two writes is
-repaired by the next step (see the module docstring of `decisions.resize`).
+repaired by the next step (see the module docstring of `allocator.resize`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from elasticgpu.allocator import Placement
+from elasticgpu.allocator import Placement, resize
 from elasticgpu.api import GPU, ElasticGPU, ElasticGPUClaim, ElasticGPUClass, GPUAllocation, names, timestamps
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, resize
+from elasticgpu.controller.decisions import binder
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
