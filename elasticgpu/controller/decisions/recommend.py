@@ -111,8 +111,8 @@ def bounds(*, margin: int, card_memory: int, min_cores: int | None = None, max_c
     high_cores = min(top_cores, max_cores or top_cores)
     high_memory = min(top_memory, max_memory or top_memory)
     return Bounds(margin=max(0, margin),
-                  min_cores=min(high_cores, max(1, min_cores or 1)), max_cores=high_cores,
-                  min_memory=min(high_memory, max(1, min_memory or 1)), max_memory=high_memory)
+                  min_cores=min(high_cores, max(1, min_cores or CORES_STEP)), max_cores=high_cores,
+                  min_memory=min(high_memory, max(1, min_memory or MEMORY_STEP)), max_memory=high_memory)
 
 
 @dataclass(frozen=True)
