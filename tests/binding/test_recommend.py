@@ -26,8 +26,9 @@ def _setup(cluster: Cluster, **fields: Any) -> str:
     return class_name
 
 
-def _controller(kube: KubeApi, cluster: Cluster) -> tuple[Controller, ControllerMetrics]:
-    settings = ControllerSettings(recommend=RecommendSettings(min_samples=3))
+def _controller(kube: KubeApi, cluster: Cluster, *,
+                shrink_after_s: float = RecommendSettings.shrink_after_s) -> tuple[Controller, ControllerMetrics]:
+    settings = ControllerSettings(recommend=RecommendSettings(min_samples=3, shrink_after_s=shrink_after_s))
     controller = Controller(kube, settings, namespace=cluster.namespace)
     metrics = ControllerMetrics(process=False)
     controller.attach_metrics(metrics)
@@ -103,3 +104,26 @@ def test_auto_resizes_an_under_sized_claim_within_max_size(cluster: Cluster, kub
     assert claim["status"]["recommendation"]["cores"] == 55
     assert reasons.count("AutoResized") == [e["reason"] for e in _events(kube, cluster.namespace)].count(
         "AutoResized")
+
+
+def test_auto_shrinks_only_after_a_long_watch_never_below_the_peak(cluster: Cluster, kube: KubeApi) -> None:
+    class_name = _setup(cluster, allowClaimResize=True, resizePolicy="Auto")
+    cluster.claim(o.claim("c", cores=80, memory="8Gi", class_name=class_name))
+    controller, _metrics = _controller(kube, cluster)  # shrinks after 30 minutes of watching
+    settle(controller)
+    _agent_measures(kube, cluster, controller, [(10, 1000), (12, 1100), (10, 900)])
+    claim = cluster.get_claim("c")
+    assert claim["status"]["recommendation"]["state"] == "OverSized"
+    assert claim["spec"]["resources"]["requests"] == {CORE: 80, MEMORY: "8Gi"}  # watched for seconds only
+
+    # Another controller (a restart, a new leader) starts with an empty window: three fresh samples
+    # first; with no minimum watch it shrinks to the recommendation, which holds the peak.
+    restarted, _metrics = _controller(kube, cluster, shrink_after_s=0.0)
+    settle(restarted)
+    assert cluster.get_claim("c")["spec"]["resources"]["requests"] == {CORE: 80, MEMORY: "8Gi"}
+    _agent_measures(kube, cluster, restarted, [(10, 1000), (14, 1100), (10, 900)])
+    claim = cluster.get_claim("c")
+    # peak 14 % / 1100 MiB, +20 %: 20 % (16.8 up to 5 %) and 1536 MiB (1320 up to 256 MiB).
+    assert claim["spec"]["resources"]["requests"] == {CORE: 20, MEMORY: "1536Mi"}, claim["spec"]
+    assert claim["status"]["capacity"] == {CORE: 20, MEMORY: "1536Mi"}, claim["status"]
+    assert claim["status"]["recommendation"]["state"] == "RightSized"
