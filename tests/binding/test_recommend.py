@@ -78,6 +78,10 @@ def test_measured_use_makes_a_recommendation_and_an_event(cluster: Cluster, kube
     assert len([e for e in _events(kube, cluster.namespace) if e["reason"] == "OverSized"]) == 1
     assert cluster.get_claim("c")["status"]["recommendation"]["since"] == rec["since"]
 
+    kube.delete_claim(cluster.namespace, "c")  # a deleted claim's series go
+    settle(controller)
+    assert _gauge(metrics, "elasticgpu_claim_requested_cores", cluster) is None
+
 
 def test_auto_resizes_an_under_sized_claim_within_max_size(cluster: Cluster, kube: KubeApi) -> None:
     class_name = _setup(cluster, allowClaimResize=True, resizePolicy="Auto",

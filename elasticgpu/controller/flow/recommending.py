@@ -27,6 +27,10 @@ from elasticgpu.controller.settings import ControllerSettings
 
 logger = logging.getLogger(__name__)
 
+_PRUNE_EVERY_S = 60.0
+"""Seconds between two sweeps of the windows of claims that are gone (memory stays bounded by
+the live claims even when nobody scrapes the gauges)."""
+
 
 @dataclass(frozen=True)
 class ClaimSizes:
@@ -56,6 +60,7 @@ class Recommender:
         self._windows: dict[str, recommend.UsageWindow] = {}
         self._last_auto: dict[str, float] = {}
         self._sizes: dict[str, ClaimSizes] = {}
+        self._pruned_at = time.monotonic()
 
     def sync(self, namespace: str, name: str, egpu_name: str) -> None:
         """Take in the claim's latest usage, write its recommendation, resize it under Auto."""
@@ -79,6 +84,11 @@ class Recommender:
         card_memory = gpus[0].spec.memory
         cores, memory = request.cores, request.memory_on(card_memory)
         now = time.monotonic()
+        if now - self._pruned_at > _PRUNE_EVERY_S:
+            # A deleted claim is never synced here again: its window goes with the next prune
+            # (or the next scrape of the gauges, whichever comes first).
+            self._pruned_at = now
+            self.sizes()
         usage = claim.status.usage
         with self._lock:
             window = self._windows.setdefault(uid, recommend.UsageWindow(window_s=self.settings.window_s))
