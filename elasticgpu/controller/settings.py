@@ -140,6 +140,9 @@ class RecommendSettings:
     min_samples: int = 3
     """Samples (distinct agent updateTimes) needed before a recommendation is written: one
     reading says little, and after a restart the window starts empty."""
+    min_watch_s: float = 300.0
+    """Seconds of watching after which fewer than `min_samples` samples do: the agent writes
+    only when the use changes, so a steady claim sends few."""
     auto_interval_s: float = 300.0
     """Seconds between two Auto resizes of one claim (with the margin band, the hysteresis
     that keeps Auto from flapping)."""

@@ -45,9 +45,14 @@ def test_the_window_counts_a_measurement_once_and_forgets_old_ones() -> None:
     assert window.add(r.Sample(0.0, 90, 9000), key="t0")
     assert not window.add(r.Sample(1.0, 90, 9000), key="t0")  # the same updateTime seen again
     assert window.add(r.Sample(5.0, 10, 100), key="t1")
-    assert window.add(r.Sample(11.0, 20, 200), key="t2")  # the first sample fell out of the window
-    assert [s.cores for s in window.samples] == [10, 20]
-    assert window.watched_s(11.0) == 11.0  # watched since the first sample, trimmed or not
+    assert window.add(r.Sample(11.0, 20, 200), key="t2")
+    assert [s.cores for s in window.samples] == [90, 10, 20]  # 90 held until 5.0: still in [1, 11]
+    window.trim(15.0)
+    assert [s.cores for s in window.samples] == [10, 20]  # it ended 10 s ago: out of the window
+    assert window.watched_s(15.0) == 15.0  # watched since the first sample, trimmed or not
+    # No new sample for long: the agent writes on change, so the last one is the use now.
+    window.trim(100.0)
+    assert [s.cores for s in window.samples] == [20]
 
 
 def test_auto_leaves_a_peak_above_max_size_alone() -> None:

@@ -18,7 +18,9 @@ from the agent's `status.usage` samples over a window. Pure: samples in, a recom
             has watched the claim for `shrink_after_s` (a controller that just restarted has an
             empty window and must not shrink from a few minutes of quiet).
 
-The window is kept in the controller's memory per claim uid (`UsageWindow`); it restarts empty
+A sample holds until the next one (the agent writes `status.usage` only when the use changes), so
+a steady claim keeps its last sample. The window is kept in the controller's memory per claim uid
+(`UsageWindow`); it restarts empty
 after a controller restart. That is acceptable because the recommendation needs `min_samples`
 new samples before it is written again (the old one stays in the claim's status meanwhile), and
 Auto's shrink waits for a full `shrink_after_s` of fresh observation: a restart delays a
@@ -83,8 +85,10 @@ class UsageWindow:
         return True
 
     def trim(self, now: float) -> None:
-        """Drop samples older than the window."""
-        while self.samples and self.samples[0].at < now - self.window_s:
+        """Drop the samples no longer in effect during the window. A sample holds until the next
+        one: the agent writes only when the use changes, so a steady claim's last sample is its
+        use now, however old, and is never dropped."""
+        while len(self.samples) > 1 and self.samples[1].at <= now - self.window_s:
             self.samples.popleft()
 
     def watched_s(self, now: float) -> float:

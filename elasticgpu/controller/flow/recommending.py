@@ -99,8 +99,10 @@ class Recommender:
             watched = window.watched_s(now)
             last_auto = self._last_auto.get(uid)
         bounds = self._bounds(klass, claim, card_memory)
+        # A steady claim sends few samples (the agent writes on change): after a while, one will do.
+        needed = self.settings.min_samples if watched < self.settings.min_watch_s else 1
         rec = recommend.recommend(samples, bounds=bounds, requested_cores=cores, requested_memory=memory,
-                                  min_samples=self.settings.min_samples)
+                                  min_samples=needed)
         with self._lock:
             self._sizes[uid] = ClaimSizes(
                 namespace, name, uid, cores, memory,
