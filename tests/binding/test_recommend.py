@@ -78,6 +78,15 @@ def test_measured_use_makes_a_recommendation_and_an_event(cluster: Cluster, kube
     assert len([e for e in _events(kube, cluster.namespace) if e["reason"] == "OverSized"]) == 1
     assert cluster.get_claim("c")["status"]["recommendation"]["since"] == rec["since"]
 
+    # The class turned resizePolicy Off (made anew: classes are immutable in part): the recommendation goes.
+    kube.delete_class(class_name)
+    model = f"T{cluster.prefix}"
+    kube.create_class({**o.klass(class_name, provisioner=names.PROVISIONER_GPUSHARE, parameters={"gpuModel": model}),
+                       "resizePolicy": "Off"})
+    _agent_measures(kube, cluster, controller, [(11, 960)])
+    assert "recommendation" not in cluster.get_claim("c")["status"]
+    assert _gauge(metrics, "elasticgpu_claim_requested_cores", cluster) is None
+
     kube.delete_claim(cluster.namespace, "c")  # a deleted claim's series go
     settle(controller)
     assert _gauge(metrics, "elasticgpu_claim_requested_cores", cluster) is None

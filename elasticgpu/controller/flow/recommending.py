@@ -72,6 +72,8 @@ class Recommender:
         uid = (claim.metadata.uid or "") if claim is not None else ""
         if claim is None or klass is None or klass.resize_policy == "Off" or len(gpus) != 1:
             self._forget(uid)
+            if claim is not None and klass is not None and klass.resize_policy == "Off":
+                self._clear(claim)  # turned Off: an old recommendation would mislead
             return
         try:
             request, _limit = claim.spec.gpu_request()
@@ -180,6 +182,17 @@ class Recommender:
         if rec.state != recommend.RIGHT_SIZED and (old is None or old.state != rec.state):
             self.events.record(answer, type_=WARNING if rec.state == recommend.UNDER_SIZED else NORMAL,
                                reason=rec.state, message=f"claim {namespace}/{name} is {rec.state}: {rec.message}")
+
+    def _clear(self, claim: ElasticGPUClaim) -> None:
+        """Remove `status.recommendation` (the class's resizePolicy is Off now)."""
+        if claim.status.recommendation is None:
+            return
+        patch = {"metadata": {"resourceVersion": claim.metadata.resource_version}, "status": {"recommendation": None}}
+        try:
+            answer = self.kube.patch_claim_status(claim.metadata.namespace or "", claim.metadata.name or "", patch)
+        except (errors.Conflict, errors.NotFound):
+            return  # changed meanwhile: its next sync clears it
+        self.picture.put_claim(answer)
 
     def _auto_resize(self, claim: ElasticGPUClaim, target: tuple[int, int], rec: recommend.Recommendation) -> None:
         """Patch the claim's own requests to `target` (resizePolicy Auto); the resizer does the rest."""
