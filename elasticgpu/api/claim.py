@@ -121,6 +121,19 @@ class ClaimUsage(KubeModel):
     update_time: str | None = Field(default=None, description="When the agent measured it (RFC 3339).")
 
 
+class ClaimRecommendation(KubeModel):
+    """The size the controller recommends from the claim's measured use (`docs/recommendations.md`)."""
+
+    cores: int = Field(ge=0, description="Recommended percent of the card's compute: the peak use x (1 + margin).")
+    memory: int = Field(ge=0, description="Recommended MiB of the card's memory: the peak use x (1 + margin).")
+    state: Literal["RightSized", "OverSized", "UnderSized"] = Field(
+        description="RightSized (the request is in [recommendation, recommendation x (1 + margin)]), OverSized"
+        " (above), UnderSized (below, in cores or memory).",
+    )
+    reason: str = Field(default="", description="The measured peak and window the recommendation comes from.")
+    since: str | None = Field(default=None, description="When the claim entered this state (RFC 3339).")
+
+
 class ClaimUser(KubeModel):
     """A pod the claim serves (a claim serves one pod at a time, as a ReadWriteOnce volume)."""
 
@@ -157,6 +170,9 @@ class ElasticGPUClaimStatus(KubeModel):
         description="Bound, or Pending with the reason; Resizing and ResizePending during a resize.",
     )
     usage: ClaimUsage | None = Field(default=None, description="Measured usage of the claim.")
+    recommendation: ClaimRecommendation | None = Field(
+        default=None, description="The size recommended from the measured use (the class's resizePolicy).",
+    )
     users: list[ClaimUser] = Field(
         default_factory=list, max_length=1,
         description="The pod the claim serves, written by the controller before it lets the pod start.",

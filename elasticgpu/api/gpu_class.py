@@ -17,6 +17,7 @@ ReclaimPolicy = Literal["Delete", "Retain"]
 BindOrder = Literal["FIFO", "FairShare"]
 Policy = Literal["binpack", "spread", "fragmentation"]
 Sharing = Literal["exclusive", "timeslice", "mps"]
+ResizePolicy = Literal["Off", "Recommend", "Auto"]
 POLICIES: tuple[Policy, ...] = ("binpack", "spread", "fragmentation")
 SHARINGS: tuple[Sharing, ...] = ("exclusive", "timeslice", "mps")
 PARAMETER_KEYS = ("policy", "gpuModel", "nodeSelector", "sharing")
@@ -82,6 +83,28 @@ def parse_class_parameters(parameters: Mapping[str, str], *, class_name: str = "
     return ClassParameters(policy=policy, gpu_model=models, node_selector=selector, sharing=sharing)
 
 
+class SizeBound(KubeModel):
+    """A size on one card that `resizePolicy: Auto` keeps a claim within (`minSize`, `maxSize`);
+    a dimension left out is not bounded (beyond the card itself)."""
+
+    cores: int | None = Field(default=None, description="Percent of one card's compute, 1..100.")
+    memory: int | None = Field(default=None, description="MiB of the card's memory, at least 1.")
+
+
+def _size_rules(field: str) -> list[dict[str, str]]:
+    return [
+        rule("!has(self.cores) || (self.cores >= 1 && self.cores <= 100)",
+             f"{field}.cores: must be 1..100 (percent of one card)", reason="FieldValueInvalid"),
+        rule("!has(self.memory) || self.memory >= 1", f"{field}.memory: must be at least 1 (MiB)",
+             reason="FieldValueInvalid"),
+    ]
+
+
+SIZES_ORDERED = "must not be above maxSize in any dimension (cores, memory)"
+AUTO_NEEDS_RESIZE = "Auto needs allowClaimResize: true (Auto resizes claims in place); set it, or use Recommend"
+MARGIN_RANGE = "must be 0..100 (percent over the measured peak)"
+
+
 class ElasticGPUClassStatus(KubeModel):
     """What the controller found wrong with the class, if anything."""
 
@@ -102,6 +125,22 @@ class ElasticGPUClass(KubeModel):
             "!has(self.egpuBindingMode) || !has(self.bindingMode) || self.bindingMode == self.egpuBindingMode",
             f"bindingMode: {BINDING_MODES_AGREE}",
             reason="FieldValueInvalid",
+        ),
+        rule(
+            "!has(self.resizePolicy) || self.resizePolicy != 'Auto'"
+            " || (has(self.allowClaimResize) && self.allowClaimResize)",
+            f"resizePolicy: {AUTO_NEEDS_RESIZE}",
+            reason="FieldValueInvalid",
+            field_path=".resizePolicy",
+        ),
+        rule(
+            "!has(self.minSize) || !has(self.maxSize)"
+            " || ((!has(self.minSize.cores) || !has(self.maxSize.cores) || self.minSize.cores <= self.maxSize.cores)"
+            " && (!has(self.minSize.memory) || !has(self.maxSize.memory)"
+            " || self.minSize.memory <= self.maxSize.memory))",
+            f"minSize: {SIZES_ORDERED}",
+            reason="FieldValueInvalid",
+            field_path=".minSize",
         ),
     ]
 
@@ -173,6 +212,30 @@ class ElasticGPUClass(KubeModel):
         description="Order in which Pending claims of this class are bound when capacity frees: FIFO (oldest first,"
         " default) or FairShare (the namespace holding the least of the class first).",
     )
+    resize_policy: ResizePolicy = Field(
+        default="Recommend",
+        description="What the controller does with the claims' measured use: Off (nothing), Recommend (default:"
+        " write status.recommendation and an Event when a claim is over- or under-sized), Auto (also resize the"
+        " claim's requests to the recommendation, within minSize..maxSize; needs allowClaimResize).",
+    )
+    recommendation_margin: int = Field(
+        default=20,
+        description="Percent over the measured peak that counts as right-sized (0..100): the recommendation is"
+        " peak x (1 + margin), a request above recommendation x (1 + margin) is over-sized.",
+        json_schema_extra=crd_field(**{"x-kubernetes-validations": [
+            rule("self >= 0 && self <= 100", f"recommendationMargin: {MARGIN_RANGE}", reason="FieldValueInvalid"),
+        ]}),
+    )
+    min_size: SizeBound | None = Field(
+        default=None,
+        description="The smallest size a recommendation (and an Auto resize) goes to: cores (percent), memory (MiB).",
+        json_schema_extra=crd_field(**{"x-kubernetes-validations": _size_rules("minSize")}),
+    )
+    max_size: SizeBound | None = Field(
+        default=None,
+        description="The largest size a recommendation (and an Auto resize) goes to: cores (percent), memory (MiB).",
+        json_schema_extra=crd_field(**{"x-kubernetes-validations": _size_rules("maxSize")}),
+    )
     status: ElasticGPUClassStatus = Field(default_factory=ElasticGPUClassStatus)
 
     @property
@@ -194,9 +257,28 @@ class ElasticGPUClass(KubeModel):
             PROVISIONER.check(self.provisioner)
             if None not in (self.binding_mode, self.egpu_binding_mode) and self.egpu_binding_mode != self.binding_mode:
                 raise InvalidSpec(field="bindingMode", rule=BINDING_MODES_AGREE, value=self.binding_mode)
+            if self.resize_policy == "Auto" and not self.allow_claim_resize:
+                raise InvalidSpec(field="resizePolicy", rule=AUTO_NEEDS_RESIZE, value="Auto")
+            if not 0 <= self.recommendation_margin <= 100:
+                raise InvalidSpec(field="recommendationMargin", rule=MARGIN_RANGE,
+                                  value=str(self.recommendation_margin))
+            self._check_sizes()
         except InvalidSpec as err:
             raise InvalidSpec(field=where + err.field, rule=err.rule, value=err.value, fix=err.fix) from None
         self.parsed_parameters()
+
+    def _check_sizes(self) -> None:
+        for field, bound in (("minSize", self.min_size), ("maxSize", self.max_size)):
+            if bound is not None and bound.cores is not None and not 1 <= bound.cores <= 100:
+                raise InvalidSpec(field=f"{field}.cores", rule="must be 1..100 (percent of one card)",
+                                  value=str(bound.cores))
+            if bound is not None and bound.memory is not None and bound.memory < 1:
+                raise InvalidSpec(field=f"{field}.memory", rule="must be at least 1 (MiB)", value=str(bound.memory))
+        low, high = self.min_size, self.max_size
+        if low is not None and high is not None and (
+                (None not in (low.cores, high.cores) and (low.cores or 0) > (high.cores or 0))
+                or (None not in (low.memory, high.memory) and (low.memory or 0) > (high.memory or 0))):
+            raise InvalidSpec(field="minSize", rule=SIZES_ORDERED)
 
     @property
     def is_default(self) -> bool:

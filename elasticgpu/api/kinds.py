@@ -75,6 +75,13 @@ CLAIM = KindInfo(
         PrinterColumn("Class", "string", ".spec.elasticGPUClassName", "Class of the claim."),
         PrinterColumn("Reason", "string", ".status.reason", "Why it is in this phase."),
         _age(),
+        # -o wide: what the measured use recommends (docs/recommendations.md).
+        PrinterColumn("Sizing", "string", ".status.recommendation.state",
+                      "RightSized, OverSized or UnderSized against the measured peak.", priority=1),
+        PrinterColumn("Rec-Core", "integer", ".status.recommendation.cores",
+                      "Recommended percent of one card's compute.", priority=1),
+        PrinterColumn("Rec-Memory", "integer", ".status.recommendation.memory", "Recommended MiB of GPU memory.",
+                      priority=1),
     ),
     crd_file="elasticgpuclaim.yaml",
 )

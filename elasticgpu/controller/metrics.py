@@ -19,12 +19,16 @@ object and call its methods; nothing else here knows about the controller.
                                                    healthy cards the class may use; 100 = a card)
     elasticgpu_class_free_memory_bytes{class}      free memory on those cards, bytes
     elasticgpu_class_free_cards{class}             those cards nobody holds any of (whole cards)
+    elasticgpu_claim_{requested,used,recommended}_cores{namespace,claim}
+                                                   per Bound share claim: its request, its last
+                                                   measured use, the recommendation (0: none yet)
+    elasticgpu_claim_{requested,used,recommended}_memory_bytes{namespace,claim}  the same, bytes
     process_*                                      CPU, RSS, open files of this process
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
@@ -76,6 +80,70 @@ class _PictureCollector(Collector):
             memory.add_metric([class_name], room.memory_mib * 1024 * 1024)
             cards.add_metric([class_name], room.cards)
         yield from (cores, memory, cards)
+
+
+class ClaimSizes(Protocol):
+    """What `watch_claim_sizes` reports per claim (`flow.recommending.ClaimSizes`)."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def requested_cores(self) -> int: ...
+    @property
+    def requested_memory(self) -> int: ...
+    @property
+    def used_cores(self) -> int: ...
+    @property
+    def used_memory(self) -> int: ...
+    @property
+    def recommended_cores(self) -> int: ...
+    @property
+    def recommended_memory(self) -> int: ...
+
+
+_MIB = 1024 * 1024
+
+
+class _ClaimSizesCollector(Collector):
+    """Per-claim gauges (issue 17: requested, used, recommended), read at each scrape. Labeled by
+    namespace and claim, one series per Bound share claim of a class whose resizePolicy is not
+    Off: what a platform team needs to see which claims waste or lack capacity."""
+
+    def __init__(self, sizes: Callable[[], Sequence[ClaimSizes]]) -> None:
+        self._sizes = sizes
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["namespace", "claim"]
+        # Literal names: tests/docs reads them from this source to check docs/metrics.md.
+        families = {
+            "requested_cores": GaugeMetricFamily(
+                "elasticgpu_claim_requested_cores", "Cores (percent of one card) the claim requests.", labels=labels),
+            "used_cores": GaugeMetricFamily(
+                "elasticgpu_claim_used_cores", "Cores (percent of one card) the claim used at its last measurement.",
+                labels=labels),
+            "recommended_cores": GaugeMetricFamily(
+                "elasticgpu_claim_recommended_cores", "Cores (percent of one card) recommended from the measured"
+                " peak (0: none yet).", labels=labels),
+            "requested_memory_bytes": GaugeMetricFamily(
+                "elasticgpu_claim_requested_memory_bytes", "Memory the claim requests, bytes.", labels=labels),
+            "used_memory_bytes": GaugeMetricFamily(
+                "elasticgpu_claim_used_memory_bytes", "Memory the claim used at its last measurement, bytes.",
+                labels=labels),
+            "recommended_memory_bytes": GaugeMetricFamily(
+                "elasticgpu_claim_recommended_memory_bytes", "Memory recommended from the measured peak, bytes"
+                " (0: none yet).", labels=labels),
+        }
+        for entry in self._sizes():
+            at = [entry.namespace, entry.name]
+            families["requested_cores"].add_metric(at, entry.requested_cores)
+            families["used_cores"].add_metric(at, entry.used_cores)
+            families["recommended_cores"].add_metric(at, entry.recommended_cores)
+            families["requested_memory_bytes"].add_metric(at, entry.requested_memory * _MIB)
+            families["used_memory_bytes"].add_metric(at, entry.used_memory * _MIB)
+            families["recommended_memory_bytes"].add_metric(at, entry.recommended_memory * _MIB)
+        yield from families.values()
 
 
 class ControllerMetrics:
@@ -144,3 +212,7 @@ class ControllerMetrics:
         """Read claims by (phase, class) from `claims()` and free capacity by class from `free()`
         at each scrape (nothing on the hot path)."""
         self.registry.register(_PictureCollector(claims, free))
+
+    def watch_claim_sizes(self, sizes: Callable[[], Sequence[ClaimSizes]]) -> None:
+        """Read each claim's requested, used and recommended size from `sizes()` at each scrape."""
+        self.registry.register(_ClaimSizesCollector(sizes))

@@ -132,6 +132,26 @@ class GPUHealthSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RecommendSettings:
+    """Recommendations from measured use and `resizePolicy: Auto` (`decisions.recommend`)."""
+
+    window_s: float = 3600.0
+    """Seconds of `status.usage` samples the peak is taken over (kept in memory per claim)."""
+    min_samples: int = 3
+    """Samples (distinct agent updateTimes) needed before a recommendation is written: one
+    reading says little, and after a restart the window starts empty."""
+    min_watch_s: float = 300.0
+    """Seconds of watching after which fewer than `min_samples` samples do: the agent writes
+    only when the use changes, so a steady claim sends few."""
+    auto_interval_s: float = 300.0
+    """Seconds between two Auto resizes of one claim (with the margin band, the hysteresis
+    that keeps Auto from flapping)."""
+    shrink_after_s: float = 1800.0
+    """Seconds the controller must have watched a claim before Auto shrinks it: a window that
+    restarted empty must not shrink a claim from a few quiet minutes."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ControllerSettings:
     """All settings of the controller."""
 
@@ -142,6 +162,7 @@ class ControllerSettings:
     watch: WatchSettings = field(default_factory=WatchSettings)
     gpu_health: GPUHealthSettings = field(default_factory=GPUHealthSettings)
     quota: QuotaSettings = field(default_factory=QuotaSettings)
+    recommend: RecommendSettings = field(default_factory=RecommendSettings)
 
     @staticmethod
     def environment_help() -> str:

@@ -23,6 +23,7 @@ from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.handoff import HandOff
 from elasticgpu.controller.flow.provisioner import build_elastic_gpu, capacity_of, claim_ref_of
 from elasticgpu.controller.flow.quota_guard import QuotaExceeded
+from elasticgpu.controller.flow.recommending import Recommender
 from elasticgpu.controller.flow.resizing import Resizer, resizable
 from elasticgpu.controller.flow.workqueue import Key, WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
@@ -59,6 +60,8 @@ class ClaimSync:
         self.resizer = Resizer(kube=kube, picture=picture, events=events, commit=commit, elastic_gpus=elastic_gpus,
                                settings=settings)
         """Resizes Bound claims in place (issue 17): called when the binder finds a claim in sync."""
+        self.recommender = Recommender(kube=kube, picture=picture, events=events, settings=settings)
+        """Recommends sizes from measured use (issue 17), after the resizer, for claims in sync."""
 
     def sync(self, namespace: str, name: str) -> None:
         """Decide and carry out the next step of one claim."""
@@ -69,6 +72,7 @@ class ClaimSync:
             decision = binder.decide_claim(claim, self.picture.view())
         if isinstance(decision, binder.InSync):
             self.resizer.sync(namespace, name, decision.elastic_gpu)
+            self.recommender.sync(namespace, name, decision.elastic_gpu)
             return
         if isinstance(decision, binder.Ignore):
             return

@@ -97,6 +97,7 @@ class Controller:
         self.elastic_gpus.metrics = metrics
         self.worker.metrics = metrics
         metrics.watch_picture(claims=self.picture.claim_counts, free=self.picture.free_by_class)
+        metrics.watch_claim_sizes(self.claims.recommender.sizes)
 
     @property
     def ledger(self) -> Ledger:
