@@ -48,6 +48,7 @@ REASON_SHRINK_BLOCKED = "ShrinkBlocked"
 REASON_WHOLE_CARD = "WholeCardResize"
 REASON_INVALID = "InvalidResize"
 REASON_WAITING_FOR_NODE = "WaitingForNode"
+REASON_NOT_RESIZABLE = "NotResizable"  # what `plan --resize` says of a claim whose class forbids it
 
 CONDITION_RESIZING = "Resizing"
 CONDITION_PENDING = "ResizePending"
