@@ -257,7 +257,10 @@ def test_an_agent_never_changes_allocations_nor_the_controllers_fields(
         controllers = "writes only status.usage and the OverLimit condition"
         moved = f"status.nodeName is {a} (written as {scene.nodes['b']}): the agent of node {a} writes the status only"
         for status, says in (({"phase": "Lost"}, controllers), ({"conditions": []}, controllers),
-                             ({"gpus": ["GPU-OTHER"]}, controllers), ({"nodeName": scene.nodes["b"]}, moved)):
+                             ({"gpus": ["GPU-OTHER"]}, controllers), ({"nodeName": scene.nodes["b"]}, moved),
+                             # Fields added since (resize, recommendations) are the controller's too.
+                             ({"resizable": True}, controllers),
+                             ({"allocatedResources": {"elasticgpu.io/gpu-core": 100}}, controllers)):
             _refused(lambda status=status: agent.patch_claim_status(
                 scene.namespace, scene.claims["a"], resource_version=claim["metadata"]["resourceVersion"],
                 status=status), says)  # fmt: skip
