@@ -10,7 +10,8 @@ Modules: `reviewing` (pure: AdmissionReview in, AdmissionReview out), `configura
 the MutatingWebhookConfiguration), `certificates` (pure: generate and check), `publishing`
 (the only API user: Secret and configuration), `serving` (HTTPS server), `keeping` (renew,
 publish, serve), `mounting` (serve a certificate mounted by cert-manager, `--webhook-cert-path`,
-reloaded when its files change), `running` (the component and the blocking entry point), `settings`, `errors`.
+reloaded when its files change), `probes` (plain-HTTP /healthz, /readyz, /metrics; off by default),
+`metrics`, `running` (the component and the blocking entry point), `settings`, `errors`.
 """
 
 from __future__ import annotations

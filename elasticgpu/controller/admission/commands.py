@@ -25,6 +25,8 @@ _FIELDS = (
     "check_interval_s",
     "swap_delay_s",
     "cert_dir",
+    "health_probe_bind_address",
+    "metrics_bind_address",
 )
 
 
@@ -62,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve tls.crt and tls.key from DIR (a mounted cert-manager Secret), reloaded when they change;"
         " then no Secret or caBundle is written (cert-manager's CA injector keeps the caBundle)",
     )
+    parser.add_argument("--health-probe-bind-address", type=flags.bind_address,
+                        help="[host]:port of plain-HTTP /healthz and /readyz (default 0: off;"
+                        " /healthz over HTTPS on --port answers either way)")
+    parser.add_argument("--metrics-bind-address", type=flags.bind_address,
+                        help="[host]:port of plain-HTTP /metrics (default 0: off; the same address as"
+                        " --health-probe-bind-address: one server)")
     flags.add_logging(parser)
     parser.set_defaults(handler=run)
 

@@ -1,4 +1,5 @@
-"""The webhook as one component: its HTTPS server and its certificate keeper.
+"""The webhook as one component: its HTTPS server, its certificate keeper and, when asked for,
+its plain-HTTP probes and metrics (`probes.py`).
 
 `Webhook` starts and stops both (the controller can run it beside its own work);
 `run_webhook` is the blocking entry point of `elasticgpu webhook`.
@@ -11,8 +12,9 @@ import signal
 import threading
 from types import FrameType
 
-from elasticgpu.controller.admission import publishing, reviewing
+from elasticgpu.controller.admission import probes, publishing, reviewing
 from elasticgpu.controller.admission.keeping import CertificateKeeper
+from elasticgpu.controller.admission.metrics import WebhookMetrics
 from elasticgpu.controller.admission.mounting import MountedCertificate
 from elasticgpu.controller.admission.publishing import AdmissionApi
 from elasticgpu.controller.admission.serving import HttpsServer
@@ -28,9 +30,12 @@ class Webhook:
         """`api` may be None only with `settings.cert_dir`: the mounted certificate needs no API."""
         self._api = api
         self.settings = settings
+        self.metrics = WebhookMetrics()
         self.server = HttpsServer(
-            host=settings.listen_host, port=settings.port, path=settings.path, reviewer=reviewing.review
+            host=settings.listen_host, port=settings.port, path=settings.path, reviewer=reviewing.review,
+            metrics=self.metrics,
         )
+        self.probes: list[probes.ProbeServer] = []
         self.keeper: CertificateKeeper | MountedCertificate
         if settings.cert_dir:
             # cert-manager's files; its CA injector owns the caBundle, so we publish nothing.
@@ -47,9 +52,18 @@ class Webhook:
 
     def start(self) -> None:
         """Listen at once (connections are closed until a certificate is served) and keep the
-        certificate in the background."""
+        certificate in the background. The probe servers bind first: a taken port fails before
+        anything runs."""
+        self.probes = probes.servers(
+            health=self.settings.health_probe_bind_address, metrics=self.settings.metrics_bind_address,
+            registry=self.metrics.registry, healthz={"https": self._accepting}, readyz={
+                "https": self._accepting, "certificate": self._certificate},
+        )  # fmt: skip
         self.server.start()
         self.keeper.start()
+        for server in self.probes:
+            server.start()
+            logger.info("webhook serving %s over plain HTTP on port %d", ", ".join(server.paths), server.port)
         logger.info(
             "webhook listening on %s:%d%s; API server reaches it as %s",
             self.settings.listen_host,
@@ -58,6 +72,12 @@ class Webhook:
             self.settings.client_host,
         )
 
+    def _accepting(self) -> str | None:
+        return None if self.server.accepting else "the HTTPS server's accept thread is not running"
+
+    def _certificate(self) -> str | None:
+        return None if self.server.serial is not None else "no serving certificate loaded yet"
+
     def wait_ready(self, timeout_s: float) -> bool:
         """True once a certificate is served (and, when we make it, published); False after `timeout_s`."""
         return self.keeper.ready.wait(timeout_s)
@@ -65,6 +85,8 @@ class Webhook:
     def stop(self) -> None:
         """Stop both; the configuration stays (pods with our annotations are refused meanwhile,
         failurePolicy Fail, and every other pod is admitted as always)."""
+        for server in self.probes:
+            server.stop()
         self.keeper.stop()
         self.server.stop()
 
@@ -80,9 +102,9 @@ def run_webhook(settings: WebhookSettings, *, kubeconfig: str | None = None, con
         logger.info("signal %d: stopping the webhook", signum)
         stopping.set()
 
+    webhook.start()  # first: a taken port fails here, with the default signal handlers still in place
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    webhook.start()
     try:
         stopping.wait()
     finally:

@@ -25,6 +25,7 @@ from typing import Any
 from cryptography import x509
 
 from elasticgpu.controller.admission import certificates
+from elasticgpu.controller.admission.metrics import WebhookMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +40,10 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, address: tuple[str, int], reviewer: Reviewer, path: str) -> None:
+    def __init__(self, address: tuple[str, int], reviewer: Reviewer, path: str, metrics: WebhookMetrics) -> None:
         super().__init__(address, _Handler)
         self.reviewer = reviewer
+        self.metrics = metrics
         self.review_path = path
         self.context: ssl.SSLContext | None = None
         self.connections: set[ssl.SSLSocket] = set()
@@ -98,19 +100,23 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             length = -1
         if not 0 < length <= MAX_BODY_BYTES:
+            self.server.metrics.failed("malformed")
             self._answer(400, b"an AdmissionReview body with Content-Length is required", "text/plain")
             return
         try:
             document = json.loads(self.rfile.read(length))
             answer = self.server.reviewer(document)
         except ValueError as error:  # bad JSON, or not an AdmissionReview
+            self.server.metrics.failed("malformed")
             self._answer(400, str(error).encode(), "text/plain")
             return
         except Exception:
             # A bug of ours: refuse this request (failurePolicy Fail refuses the pod), keep serving.
             logger.exception("reviewing a request failed")
+            self.server.metrics.failed("error")
             self._answer(500, b"internal error", "text/plain")
             return
+        self.server.metrics.reviewed(answer)
         self._answer(200, json.dumps(answer).encode(), "application/json")
 
     def _answer(self, status: int, body: bytes, content_type: str) -> None:
@@ -147,8 +153,12 @@ def tls_context(material: certificates.Material) -> ssl.SSLContext:
 class HttpsServer:
     """Serves AdmissionReviews on `path` and `/healthz` over HTTPS."""
 
-    def __init__(self, *, host: str, port: int, path: str, reviewer: Reviewer) -> None:
-        self._server = _Server((host, port), reviewer, path)
+    def __init__(
+        self, *, host: str, port: int, path: str, reviewer: Reviewer, metrics: WebhookMetrics | None = None
+    ) -> None:
+        """`metrics`: count each review's outcome there (a fresh, unserved `WebhookMetrics` when None)."""
+        self.metrics = metrics or WebhookMetrics()
+        self._server = _Server((host, port), reviewer, path, self.metrics)
         self._thread: threading.Thread | None = None
         self.serial: int | None = None
         """Serial number of the certificate being served (None before the first)."""
@@ -157,6 +167,11 @@ class HttpsServer:
     def port(self) -> int:
         """The bound port (useful when 0 was asked for)."""
         return int(self._server.server_address[1])
+
+    @property
+    def accepting(self) -> bool:
+        """True while the accept thread runs (started and not stopped or dead)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def use(self, material: certificates.Material) -> None:
         """Serve `material`'s certificate on every connection opened from now on."""

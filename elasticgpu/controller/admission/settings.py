@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from elasticgpu import flags
+
 
 @dataclass(frozen=True, kw_only=True)
 class WebhookSettings:
@@ -61,6 +63,12 @@ class WebhookSettings:
     the Secret and publish the caBundle ourselves."""
     field_manager: str = "elasticgpu-webhook"
     """Field manager of the webhook's writes."""
+    health_probe_bind_address: flags.BindAddress | None = None
+    """Where plain-HTTP /healthz and /readyz are served (`probes.py`); None (`0`, the default): nowhere,
+    as before (the HTTPS port's /healthz still answers), so existing installs change nothing."""
+    metrics_bind_address: flags.BindAddress | None = None
+    """Where plain-HTTP /metrics is served; None (`0`, the default): nowhere. The same address as
+    `health_probe_bind_address`: one server for all three paths."""
 
     @property
     def client_host(self) -> str:
