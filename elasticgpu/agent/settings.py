@@ -15,13 +15,24 @@ import inspect
 import itertools
 import os
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from elasticgpu import flags
 
 DEFAULT_LEDGER_URL = "sqlite:////var/lib/elasticgpu/ledger.db"
+
+SIMULATED_STATE = {
+    "ledger_url": "ledger.db",
+    "device_dir": "devices",
+    "cdi_dir": "cdi",
+    "cri_front_dir": "front",
+    "limits_dir": "limits",
+    "cri_listen": "cri.sock",
+}
+"""The state paths that `--backend simulated` puts under `simulated_state_dir` when they are not given: the
+node's defaults (/var/lib, /var/run/cdi) need root and would touch a real node's runtime. The names under it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,7 +306,35 @@ def from_sources(args: argparse.Namespace | None = None, environ: Mapping[str, s
             if raw is not None:
                 values[f.name] = _convert(str(raw), f.default, f.name)
         parts[concern] = cls(**values)
+    if parts["discovery"].backend == "simulated":
+
+        def given(name: str) -> bool:
+            return (args is not None and getattr(args, name, None) is not None) or _env(name) in env
+
+        parts = _simulated_defaults(parts, env, given=given)
     settings = AgentSettings(**parts)
     if not settings.kube.node_name and env.get("NODE_NAME"):
         settings = dataclasses.replace(settings, kube=dataclasses.replace(settings.kube, node_name=env["NODE_NAME"]))
     return settings
+
+
+def simulated_state_dir(environ: Mapping[str, str]) -> str:
+    """The per-user folder of a simulated agent's state: `$TMPDIR/elasticgpu-sim-<uid>` (`/tmp` without
+    TMPDIR). Per user, so two users' agents never share a ledger or a socket; no root needed."""
+    return os.path.join(environ.get("TMPDIR") or "/tmp", f"elasticgpu-sim-{os.getuid()}")
+
+
+def _simulated_defaults(parts: dict[str, Any], env: Mapping[str, str], *,
+                        given: Callable[[str], bool]) -> dict[str, Any]:  # fmt: skip
+    # Only the paths nobody gave: an explicit flag or variable always wins.
+    home = simulated_state_dir(env)
+    out = dict(parts)
+    for concern, current in parts.items():
+        changes: dict[str, Any] = {}
+        for f in dataclasses.fields(current):
+            if f.name in SIMULATED_STATE and not given(f.name):
+                path = os.path.join(home, SIMULATED_STATE[f.name])
+                changes[f.name] = f"sqlite:///{path}" if f.name == "ledger_url" else path
+        if changes:
+            out[concern] = dataclasses.replace(current, **changes)
+    return out
