@@ -12,7 +12,7 @@ Threads, each a loop that never dies (failures are logged and retried with backo
 - usage: samples per-process usage, attributes it to claims, writes claim status (rate-limited);
 - parts: opens the device backend, the ledger and the API client (starting.py), then ends;
 - starter: once they are open, makes inventory, health and usage and starts their threads;
-- http: /metrics, read at scrape time, /healthz and /readyz (serving.py);
+- http: /metrics, read at scrape time, /healthz and /readyz (elasticgpu/probe_server.py);
 - systemd (under systemd only, service_manager.py): READY=1 once kubelet's socket serves, then
   WATCHDOG=1 while every other loop is alive;
 - cri (unless --cri-proxy false): the CDI spec of the cards and the CRI proxy kubelet talks to,
@@ -32,9 +32,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from elasticgpu import flags
+from elasticgpu import flags, probe_server
 from elasticgpu.agent import (
     discovery,
     errors,
@@ -43,7 +42,6 @@ from elasticgpu.agent import (
     kube,
     metrics,
     service_manager,
-    serving,
     starting,
     usage,
 )
@@ -58,8 +56,8 @@ logger = logging.getLogger(__name__)
 
 
 def _serve_http(settings: AgentSettings, sources: Callable[[], metrics.Sources | None],
-                healthz: dict[str, serving.Check],
-                readyz: dict[str, serving.Check]) -> list[serving.Endpoints]:  # fmt: skip
+                healthz: dict[str, probe_server.Check],
+                readyz: dict[str, probe_server.Check]) -> list[probe_server.Endpoints]:  # fmt: skip
     """The /metrics server and the probes' (one server when they share an address); raises `AgentError`."""
     try:
         metrics_at, probes_at = settings.metrics.endpoints()
@@ -69,25 +67,23 @@ def _serve_http(settings: AgentSettings, sources: Callable[[], metrics.Sources |
     if not old.metrics_bind_address and (old.metrics_address, old.metrics_port) != ("0.0.0.0", 9410):
         logger.info("--metrics-address / --metrics-port are deprecated: write --metrics-bind-address %s",
                     f"{old.metrics_address}:{old.metrics_port}" if old.metrics_port else "0")  # fmt: skip
-    wanted: dict[flags.BindAddress, dict[str, Any]] = {}
-    if metrics_at is not None:
-        wanted.setdefault(metrics_at, {})["registry"] = metrics.registry(sources)
-    if probes_at is not None:
-        wanted.setdefault(probes_at, {}).update(healthz=healthz, readyz=readyz)
-    servers: list[serving.Endpoints] = []
-    for address, paths in wanted.items():
-        try:
-            server = serving.Endpoints(host=address.host, port=address.port, **paths).start()
-        except OSError as e:
-            for started in servers:
-                started.shutdown()
-            raise errors.AgentError(
-                f"the agent's HTTP server ({', '.join(sorted(paths))}) cannot listen on {address.host}:{address.port}"
-                f" ({e.strerror}); choose another --metrics-bind-address / --health-probe-bind-address, or 0 for none"
-            ) from None
-        logger.info("%s on http://%s:%d", ", ".join(server.paths), address.host, server.port)
-        servers.append(server)
+    try:
+        servers = probe_server.servers(health=probes_at, metrics=metrics_at, registry=metrics.registry(sources),
+                                       healthz=healthz, readyz=readyz)
+    except OSError as e:
+        raise errors.AgentError(
+            f"the agent's HTTP server cannot listen on {_shown(metrics_at)} (metrics) / {_shown(probes_at)} (probes)"
+            f" ({e.strerror}): choose another --metrics-bind-address /"
+            " --health-probe-bind-address, or 0 for none"
+        ) from None
+    for server in servers:
+        server.start()
+        logger.info("%s on http://%s:%d", ", ".join(server.paths), server.host, server.port)
     return servers
+
+
+def _shown(address: flags.BindAddress | None) -> str:
+    return f"{address.host}:{address.port}" if address is not None else "none"
 
 
 def _api_problem(parts: starting.Parts, window_s: float) -> str | None:
@@ -264,7 +260,7 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     else:
         logger.info("the CRI proxy is off (--cri-proxy false): inventory only; no claim reaches a container here")
     threads.append(threading.Thread(target=parts.run, args=(stop,), name="parts", daemon=True))
-    readyz: dict[str, serving.Check] = {
+    readyz: dict[str, probe_server.Check] = {
         "device-backend": lambda: parts.problem_of("backend"),
         "ledger": lambda: parts.problem_of("ledger") or (
             "not reconciled with the runtime's containers yet" if hook is not None and (
@@ -274,7 +270,7 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     }  # fmt: skip
     if hook is not None:
         readyz = {"cri-socket": hook.not_serving, **readyz}
-    servers: list[serving.Endpoints] = []
+    servers: list[probe_server.Endpoints] = []
     manager = service_manager.ServiceManager.from_environment()
     try:
         for thread in list(threads):

@@ -1,4 +1,4 @@
-"""The webhook's Prometheus metrics, served on `/metrics` by `probes.py`.
+"""The webhook's Prometheus metrics, served on `/metrics` by `elasticgpu/probe_server.py`.
 
 One `WebhookMetrics` per webhook holds its own `CollectorRegistry` (not the library's global one),
 so two webhooks in one process (tests, or the controller running one beside itself) never collide.

@@ -1,5 +1,5 @@
 """The webhook as one component: its HTTPS server, its certificate keeper and, when asked for,
-its plain-HTTP probes and metrics (`probes.py`).
+its plain-HTTP probes and metrics (`elasticgpu/probe_server.py`).
 
 `Webhook` starts and stops both (the controller can run it beside its own work);
 `run_webhook` is the blocking entry point of `elasticgpu webhook`.
@@ -12,7 +12,8 @@ import signal
 import threading
 from types import FrameType
 
-from elasticgpu.controller.admission import probes, publishing, reviewing
+from elasticgpu import probe_server
+from elasticgpu.controller.admission import publishing, reviewing
 from elasticgpu.controller.admission.keeping import CertificateKeeper
 from elasticgpu.controller.admission.metrics import WebhookMetrics
 from elasticgpu.controller.admission.mounting import MountedCertificate
@@ -35,7 +36,7 @@ class Webhook:
             host=settings.listen_host, port=settings.port, path=settings.path, reviewer=reviewing.review,
             metrics=self.metrics,
         )
-        self.probes: list[probes.ProbeServer] = []
+        self.probes: list[probe_server.Endpoints] = []
         self.keeper: CertificateKeeper | MountedCertificate
         if settings.cert_dir:
             # cert-manager's files; its CA injector owns the caBundle, so we publish nothing.
@@ -54,7 +55,7 @@ class Webhook:
         """Listen at once (connections are closed until a certificate is served) and keep the
         certificate in the background. The probe servers bind first: a taken port fails before
         anything runs."""
-        self.probes = probes.servers(
+        self.probes = probe_server.servers(
             health=self.settings.health_probe_bind_address, metrics=self.settings.metrics_bind_address,
             registry=self.metrics.registry, healthz={"https": self._accepting}, readyz={
                 "https": self._accepting, "certificate": self._certificate},
@@ -86,7 +87,7 @@ class Webhook:
         """Stop both; the configuration stays (pods with our annotations are refused meanwhile,
         failurePolicy Fail, and every other pod is admitted as always)."""
         for server in self.probes:
-            server.stop()
+            server.shutdown()
         self.keeper.stop()
         self.server.stop()
 

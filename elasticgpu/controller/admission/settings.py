@@ -64,7 +64,7 @@ class WebhookSettings:
     field_manager: str = "elasticgpu-webhook"
     """Field manager of the webhook's writes."""
     health_probe_bind_address: flags.BindAddress | None = None
-    """Where plain-HTTP /healthz and /readyz are served (`probes.py`); None (`0`, the default): nowhere,
+    """Where plain-HTTP /healthz and /readyz are served (`probe_server.py`); None (`0`, the default): nowhere,
     as before (the HTTPS port's /healthz still answers), so existing installs change nothing."""
     metrics_bind_address: flags.BindAddress | None = None
     """Where plain-HTTP /metrics is served; None (`0`, the default): nowhere. The same address as

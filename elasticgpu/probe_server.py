@@ -1,14 +1,13 @@
-"""The webhook's plain-HTTP endpoints beside its HTTPS server, controller-runtime's flags:
+"""Plain-HTTP `/metrics`, `/healthz` and `/readyz` of the agent and the webhook (controller-runtime's
+`--metrics-bind-address` and `--health-probe-bind-address`); every other path is a 404.
 
-    /healthz   200 `ok` while the HTTPS server's accept thread is alive, else 500 (liveness)
-    /readyz    200 `ok` once the HTTPS listener is up and a certificate is loaded, else 503
-    /metrics   Prometheus text (`metrics.WebhookMetrics`)
+    /metrics   Prometheus text from the given registry
+    /healthz   200 `ok` when every check passes, else 500 with the ones that fail (liveness)
+    /readyz    200 `ok` when every check passes, else 503 with the ones that fail (readiness)
 
-on `--health-probe-bind-address` (the two probes) and `--metrics-bind-address` (/metrics); one
-server when both name the same address; every other path is a 404. Both are off by default, so
-an install that probes `/healthz` over HTTPS on the webhook's port keeps working unchanged.
-Answers are the API server's format: `ok`, or one `[-]name failed: reason` line per failing check.
-stdlib `http.server`, one daemon thread per request (probes and scrapes are rare and small).
+Answers are the API server's format: `ok`, or one `[-]name failed: reason` line per failing
+check. Each server is stdlib `http.server`, one daemon thread per request (probes and scrapes
+are rare and small). `servers` makes one server when both flags name the same address.
 """
 
 from __future__ import annotations
@@ -25,13 +24,14 @@ from prometheus_client.exposition import choose_encoder
 
 from elasticgpu import flags
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 Check = Callable[[], str | None]
 """A probe's check: None when fine, else why not."""
 
 
-def _answer(checks: Mapping[str, Check]) -> tuple[bool, str]:
+def answer(checks: Mapping[str, Check]) -> tuple[bool, str]:
+    """Run every check (a failure does not hide the next); (all passed, the body)."""
     lines = []
     for name, check in checks.items():
         try:
@@ -43,18 +43,19 @@ def _answer(checks: Mapping[str, Check]) -> tuple[bool, str]:
     return not lines, ("\n".join(lines) if lines else "ok") + "\n"
 
 
-class ProbeServer:
-    """One plain-HTTP server with some of the paths above."""
+class Endpoints:
+    """One HTTP server with some of the paths (see the module docstring); bound when made."""
 
     def __init__(
         self,
-        address: flags.BindAddress,
         *,
+        host: str,
+        port: int,
         registry: CollectorRegistry | None = None,
         healthz: Mapping[str, Check] | None = None,
         readyz: Mapping[str, Check] | None = None,
     ) -> None:
-        """Bind at once (a taken port fails here, before the webhook starts); serve after `start`."""
+        """`registry`: serve /metrics from it; `healthz` / `readyz`: serve that probe with these checks."""
         self._registry = registry
         self._probes = {path: checks for path, checks in (("/healthz", healthz), ("/readyz", readyz)) if checks}
         outer = self
@@ -64,11 +65,16 @@ class ProbeServer:
                 outer._get(self)
 
             def log_message(self, format: str, *args: Any) -> None:
-                logger.debug("%s %s", self.address_string(), format % args)
+                log.debug("%s %s", self.address_string(), format % args)
 
-        self._server = http.server.ThreadingHTTPServer((address.host, address.port), Handler)
+        self._server = http.server.ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="webhook-probes", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+
+    @property
+    def host(self) -> str:
+        """The bound address."""
+        return str(self._server.server_address[0])
 
     @property
     def port(self) -> int:
@@ -80,12 +86,13 @@ class ProbeServer:
         """The paths this server answers."""
         return (["/metrics"] if self._registry is not None else []) + list(self._probes)
 
-    def start(self) -> None:
+    def start(self) -> Endpoints:
         """Serve on a daemon thread."""
         self._thread.start()
+        return self
 
-    def stop(self) -> None:
-        """Stop serving and release the port."""
+    def shutdown(self) -> None:
+        """Stop serving (if started) and release the port."""
         if self._thread.is_alive():
             self._server.shutdown()
             self._thread.join(timeout=5)
@@ -97,9 +104,9 @@ class ProbeServer:
             encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
             self._send(request, 200, content_type, encoder(self._registry))
         elif path in self._probes:
-            ok, body = _answer(self._probes[path])
-            self._send(request, 200 if ok else (500 if path == "/healthz" else 503),
-                       "text/plain; charset=utf-8", body.encode())  # fmt: skip
+            ok, body = answer(self._probes[path])
+            failed = 500 if path == "/healthz" else 503
+            self._send(request, 200 if ok else failed, "text/plain; charset=utf-8", body.encode())
         else:
             body = f"404 page not found: {path}; this server answers {', '.join(self.paths)}\n"
             self._send(request, 404, "text/plain; charset=utf-8", body.encode())
@@ -120,18 +127,20 @@ def servers(
     registry: CollectorRegistry,
     healthz: Mapping[str, Check],
     readyz: Mapping[str, Check],
-) -> list[ProbeServer]:
-    """The servers the two addresses ask for (none, one shared, or two), bound, not yet started."""
-    made: list[ProbeServer] = []
+) -> list[Endpoints]:
+    """The servers the two addresses ask for (none, one shared, or two), bound, not yet started;
+    raises OSError (having released what it bound) when a port is taken."""
+    wanted: dict[flags.BindAddress, dict[str, Any]] = {}  # the probes' server first
+    if health is not None:
+        wanted[health] = {"healthz": healthz, "readyz": readyz}
+    if metrics is not None:
+        wanted.setdefault(metrics, {})["registry"] = registry
+    made: list[Endpoints] = []
     try:
-        if health is not None and health == metrics:
-            return [ProbeServer(health, registry=registry, healthz=healthz, readyz=readyz)]
-        if health is not None:
-            made.append(ProbeServer(health, healthz=healthz, readyz=readyz))
-        if metrics is not None:
-            made.append(ProbeServer(metrics, registry=registry))
+        for address, paths in wanted.items():
+            made.append(Endpoints(host=address.host, port=address.port, **paths))
     except BaseException:
         for server in made:  # the first bound, the second's port taken: release the first
-            server.stop()
+            server.shutdown()
         raise
     return made
