@@ -37,6 +37,7 @@ import http.client
 import http.server
 import json
 import random
+import re
 import select
 import socket
 import socketserver
@@ -76,6 +77,9 @@ class FaultPlan:
     """Seconds a "slow" request is held before it is forwarded (uniform in this range)."""
     cut_after_s: tuple[float, float] = (0.5, 5.0)
     """Seconds a watch is relayed before "drop-after" closes it or "half-open" silences it."""
+    paths: tuple[str, ...] = ()
+    """Regular expressions (`re.search` on the path, without the query): when given, only the
+    requests to a matching path draw a fault; every other one is forwarded untouched."""
 
     def __post_init__(self) -> None:
         for scope, table in [("rates", self.rates), *((f"verbs[{k}]", v) for k, v in self.verbs.items())]:
@@ -176,7 +180,8 @@ class FaultProxy:
             self.requests[verb] += 1
             self.seen.add((verb, path))
             draw, fault = rng.random(), None
-            for name, rate in sorted(plan.rates_for(verb).items()):
+            aimed = not plan.paths or any(re.search(pattern, path.split("?")[0]) for pattern in plan.paths)
+            for name, rate in sorted(plan.rates_for(verb).items()) if aimed else ():
                 if draw < rate:
                     fault = name
                     break

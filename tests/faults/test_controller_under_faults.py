@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from elasticgpu.controller import errors
-from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.edge.kube import WATCH_READ_MARGIN_S, KubeApi
+from elasticgpu.controller.settings import WatchSettings
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster
 from tests.binding.processes import ControllerProcesses, check_invariants, eventually, room_report, wait_quiescent
@@ -149,13 +150,20 @@ def test_500_claims_with_churn_under_faults(cluster: Cluster, kube: KubeApi, kub
             cluster.klass(o.klass(new_class, parameters={"gpuModel": new_model}))
             for i in range(20):
                 cluster.claim(o.claim(f"new-{i}", cores=CORES, memory="1Gi", class_name=new_class))
-            deadline = time.monotonic() + 90
+            # A watch of claims, GPUs or classes silenced (half-open) just before these come is given
+            # up only after the server's watch timeout plus the read margin (75 s by default); then
+            # the binds follow, under the same faults. (A flat 90 s failed once: the claim watch was
+            # silent when the new claims came, and a quota list in the bind path hung on a half-open
+            # connection under the quota guard's lock, stopping every bind: test_quota_list_hangs.py.)
+            within_s = WatchSettings().timeout_s + WATCH_READ_MARGIN_S + 45
+            deadline = time.monotonic() + within_s
             while True:
                 fresh = [c for c in kube.list_claims(cluster.namespace) if c["metadata"]["name"].startswith("new-")]
                 if sum(_phase(c) == "Bound" for c in fresh) == 20:
                     break
                 assert time.monotonic() < deadline, (
-                    f"new claims not bound within 90 s: {[(c['metadata']['name'], c.get('status')) for c in fresh]}"
+                    f"new claims not bound within {within_s:g} s:"
+                    f" {[(c['metadata']['name'], c.get('status')) for c in fresh]}"
                     f"\n{proxy.summary()}\n{procs.logs()}")
                 time.sleep(0.5)
             assert proc.poll() is None, "the controller exited\n" + procs.logs()

@@ -139,9 +139,10 @@ class KubeApi(KubeRequests):
 
     def list_quotas(self, namespace: str | None) -> list[Body]:
         """The ElasticGPUQuotas of one namespace, or (None) of all (a live read: the charge that
-        follows is guarded by each one's resourceVersion)."""
+        follows is guarded by each one's resourceVersion). A few small objects read in a bind's
+        path: the ordinary request timeout, not a large list's."""
         where = f"/namespaces/{namespace}" if namespace else ""
-        return self._list(f"{_QUOTAS}{where}/{names.PLURAL_QUOTA}")[0]
+        return self._list(f"{_QUOTAS}{where}/{names.PLURAL_QUOTA}", timeout_s=self.settings.request_timeout_s)[0]
 
     def replace_quota_status(self, body: Body) -> Body:
         """PUT an ElasticGPUQuota's status; `body.metadata.resourceVersion` is the precondition

@@ -236,8 +236,10 @@ class KubeRequests:
             raise errors.Rejected(f"{kind} {name}: the API server refused {method}: {message}", status=status)
         raise errors.ApiUnavailable(f"{method} {path}: HTTP {status}: {message}", status=status)
 
-    def _list(self, path: str, *, label_selector: str | None = None,
-              field_selector: str | None = None) -> tuple[list[Body], str]:
+    def _list(self, path: str, *, label_selector: str | None = None, field_selector: str | None = None,
+              timeout_s: float = 60.0) -> tuple[list[Body], str]:
+        """Every item of a collection (pages of 500) and the list's resourceVersion; each page
+        waits at most `timeout_s` (60 s by default: a page of 500 large objects on a busy server)."""
         items: list[Body] = []
         query: dict[str, str] = {"limit": "500"}
         if label_selector:
@@ -247,7 +249,7 @@ class KubeRequests:
 
         resource_version = ""
         while True:
-            page = self._call("GET", path, query=query, timeout_s=60.0)
+            page = self._call("GET", path, query=query, timeout_s=timeout_s)
             items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
             resource_version = str(meta.get("resourceVersion") or resource_version)

@@ -65,22 +65,38 @@ class QuotaGuard:
         self.kube = kube
         self.picture = picture
         self.settings = settings
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the fields below; never held across a request
         self._limited: set[str] = set()
-        self._limited_at = -1e9  # monotonic seconds of the last list of every quota
+        self._known = False  # whether `_limited` comes from a list that worked
+        self._limited_at = -1e9  # monotonic seconds of the last list of every quota, worked or not
+        self._refreshing = False
 
     def limits(self, namespace: str) -> bool:
         """Whether `namespace` has a quota, from a list of every quota at most
-        `QuotaSettings.refresh_s` old (a failed list counts as "has one": charging reads them live)."""
+        `QuotaSettings.refresh_s` old. Never waits for another thread's list: while one is under
+        way, or after one failed (until the next try, `refresh_s` later), the answer is "has
+        one", and charging reads the namespace's quotas live. A list that hangs (a half-open
+        connection) so delays only the bind that made it, by at most the request timeout,
+        never every bind of the controller."""
         with self._lock:
-            if time.monotonic() - self._limited_at > self.settings.quota.refresh_s:
-                try:
-                    bodies = self.kube.list_quotas(None)
-                except errors.ApiError:
-                    return True
-                self._limited = {(b.get("metadata") or {}).get("namespace", "") for b in bodies}
+            if time.monotonic() - self._limited_at <= self.settings.quota.refresh_s:
+                return namespace in self._limited or not self._known
+            if self._refreshing:
+                return True
+            self._refreshing = True
+        bodies: list[Body] | None = None
+        try:
+            bodies = self.kube.list_quotas(None)
+        except errors.ApiError as err:
+            logger.debug("list of every ElasticGPUQuota failed (binds read their namespace's live): %s", err)
+        finally:
+            with self._lock:
+                self._refreshing = False
                 self._limited_at = time.monotonic()
-            return namespace in self._limited
+                self._known = bodies is not None
+                if bodies is not None:
+                    self._limited = {(b.get("metadata") or {}).get("namespace", "") for b in bodies}
+        return namespace in self._limited if bodies is not None else True
 
     def _seen(self, namespace: str, has_quota: bool) -> None:
         with self._lock:
@@ -131,8 +147,8 @@ class QuotaGuard:
 
     def give_back(self, namespace: str, uid: str, *, only: list[str] | None = None) -> None:
         """Remove the charge of claim `uid` from the namespace's quotas (`only`: from these)."""
-        if only is not None and not only:
-            return
+        if (only is not None and not only) or (only is None and not self.limits(namespace)):
+            return  # nothing written, or no quota in the namespace to hold a charge
         for _attempt in range(self.settings.binding.conflict_retries):
             try:
                 for model in (_model(b) for b in self.kube.list_quotas(namespace)):
