@@ -13,11 +13,16 @@ from elasticgpu.kubectl_plugin import cluster, plan, top, why
 ClusterHandler = Callable[[argparse.Namespace, cluster.Cluster], int]
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    """kubectl's own spelling of the connection flags (kubectl does not pass its own to plugins)."""
-    parser.add_argument("-n", "--namespace", help="namespace of the claims (default: the context's, else default)")
-    parser.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, else ~/.kube/config)")
-    parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+def _common(parser: argparse.ArgumentParser, *, default: object = None) -> None:
+    """kubectl's own spelling of the connection flags (kubectl does not pass its own to plugins).
+
+    They are taken before the subcommand (`kubectl egpu -n team why c1`, as kubectl users type
+    them) and after it; a subcommand's flags default to `argparse.SUPPRESS`, so that a value
+    given before it is not reset by the subcommand's default."""
+    parser.add_argument("-n", "--namespace", default=default,
+                        help="namespace of the claims (default: the context's, else default)")
+    parser.add_argument("--kubeconfig", default=default, help="kubeconfig (default: $KUBECONFIG, else ~/.kube/config)")
+    parser.add_argument("--context", default=default, help="kubeconfig context (default: the current one)")
 
 
 def _connected(handler: ClusterHandler) -> Callable[[argparse.Namespace], int]:
@@ -37,15 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kubectl egpu", description="See elasticgpu's GPUs and claims: top, why CLAIM, plan."
     )
     parser.add_argument("--version", action="version", version=f"kubectl-egpu {__version__}")
+    _common(parser)
     commands = parser.add_subparsers(dest="command", required=True)
 
     top_parser = commands.add_parser("top", help="per node and card: reserved, used, health, claims")
-    _common(top_parser)
+    _common(top_parser, default=argparse.SUPPRESS)
     top.add_arguments(top_parser)
     top_parser.set_defaults(handler=_connected(top.run))
 
     why_parser = commands.add_parser("why", help="why a claim is Pending (or Bound, or Lost), and what it lacks")
-    _common(why_parser)
+    _common(why_parser, default=argparse.SUPPRESS)
     why.add_arguments(why_parser)
     why_parser.set_defaults(handler=_connected(why.run))
 

@@ -141,7 +141,8 @@ def test_why_names_the_reason_and_the_closest_card_and_what_it_lacks(egpu, clust
     # The pods that use it, with the controller's word on them; not the pod of another claim.
     assert "pod big-pod: elasticgpu.io/ClaimsReady=False (ClaimPending) claim too-big is Pending" in told.stdout
     assert "other-pod" not in told.stdout
-    fits = egpu("why", "fits", "-n", namespace)
+    # kubectl's habit: the connection flags before the subcommand work as well as after it.
+    fits = egpu("-n", namespace, "why", "fits")
     assert fits.returncode == 0, fits.stderr
     assert re.search(rf"fits now: {cluster_with_claims}: GPU-{cluster_with_claims}-0 \(20%, 20Gi\)", fits.stdout)
     assert "pod other-pod: no elasticgpu.io/ClaimsReady condition yet" in fits.stdout
