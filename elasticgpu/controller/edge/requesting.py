@@ -279,13 +279,16 @@ class KubeRequests:
 
     def collection_path(self, kind: str, namespace: str | None = None) -> str:
         """REST path of the collection the controller watches for `kind` (claim, egpu, gpu,
-        class, pod); `namespace` limits claims and pods to one namespace."""
+        class, pod, node, namespace); `namespace` limits claims and pods to one namespace (nodes
+        and namespaces are cluster-scoped: always the whole collection)."""
         if kind == "claim":
             return self._claims(namespace)
         if kind == "pod":
             return f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
         if kind == "node":
             return "/api/v1/nodes"
+        if kind == "namespace":
+            return "/api/v1/namespaces"
         plural = {"egpu": names.PLURAL_ELASTIC_GPU, "gpu": names.PLURAL_GPU, "class": names.PLURAL_CLASS}[kind]
         return self._cluster(plural)
 

@@ -19,6 +19,12 @@ arrives as DELETED while it still runs. Before the picture takes a pod DELETED (
 lose that user), a GET confirms it is gone, being deleted or terminated; a pod that is still
 alive stays in the picture as last seen and is read again (GET) at every relist, which the
 label-selected list would no longer return, until it is really gone.
+
+Namespaces are watched for one annotation only, the FairShare weight
+(`bind_order.ANNOTATION_FAIR_SHARE_WEIGHT`): the picture keeps namespace -> weight, nothing else.
+A bad value leaves the namespace at weight 1 and is said once per namespace and value (a Warning
+Event on the Namespace, logged at WARNING). Namespaces are optional, like nodes: an install whose
+RBAC does not grant them (403) runs with every weight 1, said once with the fix.
 """
 
 from __future__ import annotations
@@ -30,28 +36,41 @@ from typing import TypeVar
 
 from elasticgpu.api import names
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import release
+from elasticgpu.controller.decisions import bind_order, release
 from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.flow.events import WARNING, EventRecorder
 from elasticgpu.controller.flow.liveness import Liveness
 from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.picture import versions
 from elasticgpu.controller.picture.picture import Body, Picture
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("claim", "egpu", "gpu", "class", "pod", "node")
+KINDS = ("claim", "egpu", "gpu", "class", "pod", "node", "namespace")
 T = TypeVar("T")
 RELIST_AFTER_FAILURES = 3
 """Failed attempts in a row to reopen a watch from its resourceVersion before listing again."""
+REASON_INVALID_WEIGHT = "InvalidFairShareWeight"
+"""Event reason on a Namespace whose FairShare weight annotation is not a positive number."""
+NAMESPACES_FORBIDDEN = (
+    "the controller may not list or watch namespaces (403): FairShare classes order every namespace with"
+    f" weight 1, ignoring the annotation {bind_order.ANNOTATION_FAIR_SHARE_WEIGHT}; grant the controller's"
+    " ClusterRole the verbs list and watch on namespaces (deploy/chart/templates/controller.yaml does)")
 
 
 class Informer:
     """Feeds `picture` from lists and watches of `kube`; queues what each change wakes."""
 
     def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, namespace: str | None,
-                 liveness: Liveness | None = None) -> None:
+                 liveness: Liveness | None = None, events: EventRecorder | None = None) -> None:
         """`namespace` limits claims and pods to one namespace (None: all); each watch loop
-        steps `liveness` (as `watch-<kind>`)."""
+        steps `liveness` (as `watch-<kind>`); `events` writes the Warning Event of a bad weight
+        annotation (None: it is only logged)."""
         self.liveness = liveness or Liveness()
+        self.events = events
+        self._said_lock = threading.Lock()
+        self._bad_weights: dict[str, str] = {}
+        """The bad weight annotation value said of each namespace, until it changes (said once)."""
         self._said: dict[str, str] = {}
         """The failure last said of each optional list (nodes, pods), until one works again."""
         self.kube = kube
@@ -63,7 +82,13 @@ class Informer:
         removed), by (namespace, name) -> uid: read again at every relist until they are gone."""
 
     def observe(self, kind: str, event_type: str | None, body: Body) -> None:
-        """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node)."""
+        """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node, namespace)."""
+        if kind == "namespace":
+            meta = body.get("metadata") or {}
+            weight = None if event_type == "DELETED" else self._weight_of(body)
+            # No keys: a weight frees no room; the next wake orders the waiting claims with it.
+            self.picture.weights.put(meta.get("name", ""), weight, version=versions.version_of(body))
+            return
         if kind == "pod" and event_type == "DELETED" and not self._pod_gone(body):
             return  # still alive without the label: its claims stay in use
         self.queue.add_all(self.picture.observe(kind, event_type, body))
@@ -95,6 +120,55 @@ class Informer:
                            " until it is gone (read again at every relist)", key[0], key[1], names.LABEL_USES_CLAIMS)
         self._unwatched_pods[key] = meta.get("uid", "")
         return False
+
+    def _weight_of(self, body: Body) -> float:
+        """The FairShare weight of a Namespace body; a bad value is weight 1, said once per
+        namespace and value (a Warning Event on the Namespace and its WARNING log line). Called
+        outside the picture's lock: the Event may be written inline."""
+        meta = body.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        value = (meta.get("annotations") or {}).get(bind_order.ANNOTATION_FAIR_SHARE_WEIGHT)
+        try:
+            weight = bind_order.parse_weight(value, namespace=name)
+        except bind_order.InvalidWeight as err:
+            with self._said_lock:
+                said = self._bad_weights.get(name) == value
+                self._bad_weights[name] = str(value)
+            if not said:
+                self._say_bad_weight(body, str(err))
+            return 1.0
+        with self._said_lock:
+            self._bad_weights.pop(name, None)
+        return weight
+
+    def _say_bad_weight(self, body: Body, message: str) -> None:
+        """One Warning Event on the Namespace (the recorder logs it at WARNING), or the log line alone."""
+        if self.events is None:
+            logger.warning("%s", message)
+            return
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": body.get("metadata") or {}}
+        try:
+            self.events.record(namespace, type_=WARNING, reason=REASON_INVALID_WEIGHT, message=message)
+        except errors.ElasticGPUError as err:  # an Event is a courtesy: the log line was written
+            logger.debug("event about namespace %s not written: %s", (body.get("metadata") or {}).get("name"), err)
+
+    def _merge_weights(self, listed: tuple[list[Body], str]) -> None:
+        """Replace the picture's weights with those of a namespace list."""
+        items, list_version = listed
+        weights = {str((b.get("metadata") or {}).get("name", "")): (self._weight_of(b), versions.version_of(b))
+                   for b in items}
+        self.picture.weights.merge(weights, list_version)
+
+    def _namespaces_forbidden(self, err: errors.ApiError) -> bool:
+        """Whether `err` is the 403 of an install that does not grant namespaces; if so it is said
+        once (WARNING, with the fix) until namespaces can be read again."""
+        if err.status != 403:
+            return False
+        with self._said_lock:
+            said = self._said.get("namespaces") == NAMESPACES_FORBIDDEN
+            self._said["namespaces"] = NAMESPACES_FORBIDDEN
+        (logger.debug if said else logger.warning)("%s: %s", NAMESPACES_FORBIDDEN, err)
+        return True
 
     @staticmethod
     def _gone(live: Body, uid: str) -> bool:
@@ -134,8 +208,9 @@ class Informer:
         Returns the resourceVersion each watched kind was listed at (a watch started from it
         misses nothing, so start-up lists each kind once); "" for a list that failed.
 
-        Nodes and pods may fail (RBAC may not grant them; a pod list may time out on a big
-        cluster): the picture then keeps its last good view of them."""
+        Nodes, pods and namespaces may fail (RBAC may not grant them; a pod list may time out on a
+        big cluster): the picture then keeps its last good view of them (namespaces: every weight
+        1 until one list works)."""
         kube = self.kube
         listed_nodes = self._try("nodes", lambda: kube.list_collection(kube.collection_path("node")))
         nodes, nodes_version = listed_nodes if listed_nodes is not None else (None, "")
@@ -145,16 +220,20 @@ class Informer:
         claims, claims_version = kube.list_collection(kube.collection_path("claim", self.namespace))
         listed_pods = self._try("pods", lambda: kube.list_collection(kube.collection_path("pod", self.namespace)))
         pods, pods_version = listed_pods if listed_pods is not None else (None, "")
+        listed_namespaces = self._try("namespaces", lambda: kube.list_collection(kube.collection_path("namespace")))
         if pods is not None and self._unwatched_pods:
             pods = pods + self._read_unwatched_pods(pods)
         keys = self.picture.merge_lists(nodes=nodes, gpus=gpus, gpus_version=gpus_version, egpus=egpus,
                                         egpus_version=egpus_version, classes=classes, claims=claims,
                                         claims_version=claims_version, pods=pods, pods_version=pods_version)
+        if listed_namespaces is not None:
+            self._merge_weights(listed_namespaces)
         self.queue.add_all(keys)
         for key in self.picture.all_keys():
             self.queue.add(key, background=background)
         return {"gpu": gpus_version, "egpu": egpus_version, "class": classes_version, "claim": claims_version,
-                "pod": pods_version, "node": nodes_version}
+                "pod": pods_version, "node": nodes_version,
+                "namespace": listed_namespaces[1] if listed_namespaces is not None else ""}
 
     def _try(self, what: str, call: Callable[[], T]) -> T | None:
         """`call()`, or None when it fails: said once per reason (an unreachable server at DEBUG:
@@ -162,6 +241,8 @@ class Informer:
         try:
             answer = call()
         except errors.ApiError as err:
+            if what == "namespaces" and self._namespaces_forbidden(err):
+                return None
             reason = str(err)
             if self._said.get(what) == reason or (isinstance(err, errors.ApiUnavailable) and err.status == 0):
                 logger.debug("list of %s failed again; keeping the last good view of them: %s", what, err)
@@ -211,6 +292,8 @@ class Informer:
                     if said:
                         logger.info("watch of %s works again", kind)
                         said = ""
+                        if kind == "namespace":
+                            self._said.pop("namespaces", None)
                     if kind_of_event != "BOOKMARK":
                         self.observe(kind, kind_of_event, body)
                 backoff, failures = 0.5, 0
@@ -221,7 +304,10 @@ class Informer:
                         resource_version = ""
                 else:  # a missing CRD (404) or an object that cannot be taken in: start over with a list
                     resource_version = ""
-                said = self._say(kind, err, backoff, resource_version, said)
+                if kind == "namespace" and isinstance(err, errors.ApiError) and self._namespaces_forbidden(err):
+                    said = NAMESPACES_FORBIDDEN  # said once for list and watch together
+                else:
+                    said = self._say(kind, err, backoff, resource_version, said)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
 

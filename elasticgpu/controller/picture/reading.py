@@ -14,7 +14,7 @@ from typing import Any
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
 from elasticgpu.controller.decisions import binder, capacity
-from elasticgpu.controller.picture import compact, pod_index, records, versions, waiting_order
+from elasticgpu.controller.picture import compact, namespace_weights, pod_index, records, versions, waiting_order
 from elasticgpu.controller.picture.reservations import Ledger
 
 Body = dict[str, Any]
@@ -59,6 +59,8 @@ class Reading:
         watch events of one object must not cost a scan of all of them."""
         self._egpus_on: dict[str, set[str]] = {}
         self._classes: dict[str, ElasticGPUClass] = {}
+        self.weights = namespace_weights.NamespaceWeights(self.lock)
+        """FairShare weight by namespace (the Namespace watch): the bind order reads it at each wake."""
         self.pods = pod_index.PodIndex()
         """Bodies of the pods that use claims and of the nodes, and the claims pods own (pod sync)."""
         self._pod_claims: dict[ClaimKey, set[str]] = {}
@@ -95,7 +97,7 @@ class Reading:
         return waiting_order.ordered(waiting, claim=lambda key: self._claims.get(key), classes=self._classes,
                                      default_class=self.view().default_class(),
                                      reservations=self.ledger.inventory.reservations, owners=self._egpu_owners,
-                                     cache=self._waiting_cores)
+                                     cache=self._waiting_cores, weights=self.weights.live())
 
     def pending_claim_keys(self) -> Keys:
         """The claims that wait (Pending, or no phase yet): capacity grew, or a class changed.

@@ -78,12 +78,14 @@ def ordered(
     reservations: Mapping[str, Placement],
     owners: Mapping[str, Owner],
     cache: CoresCache | None = None,
+    weights: Mapping[str, float] | None = None,
 ) -> list[ClaimKey]:
     """`waiting` (in the order the picture first saw each wait) in bind order.
 
     `reservations`: placement by ElasticGPU name (what the GPUs hold); `owners`: namespace and
     class by ElasticGPU name (`index_owner`), read only when a FairShare class has waiting claims;
-    `cache`: the picture's `CoresCache`."""
+    `cache`: the picture's `CoresCache`; `weights`: FairShare weight by namespace (absent: 1,
+    the Namespace annotation `bind_order.ANNOTATION_FAIR_SHARE_WEIGHT`)."""
     cache = cache or CoresCache()
     records: list[bind_order.Waiting] = []
     fair: set[str] = set()
@@ -100,7 +102,7 @@ def ordered(
                                           created=model.metadata.creation_timestamp or "", arrival=arrival,
                                           cores=cache.cores(key, model), class_name=class_name, order=mode))
     use = use_by_class(fair, reservations=reservations, owners=owners) if fair else {}
-    return [w.key for w in bind_order.order(records, use=use)]
+    return [w.key for w in bind_order.order(records, use=use, weights=weights)]
 
 
 def use_by_class(classes: set[str], *, reservations: Mapping[str, Placement],

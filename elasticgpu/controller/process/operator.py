@@ -32,6 +32,7 @@ WATCHED = (
     ("class", names.GROUP, names.VERSION, names.PLURAL_CLASS),
     ("pod", "", "v1", "pods"),
     ("node", "", "v1", "nodes"),  # allocatable, taints, labels: WaitForFirstConsumer placement
+    ("namespace", "", "v1", "namespaces"),  # the FairShare weight annotation
 )
 
 

@@ -83,7 +83,7 @@ class Controller:
                              commit=self.commit, hand_off=self.hand_off, events=self.events, failures=self.failures,
                              liveness=self.liveness, settings=binding, pods=self.pods, gpus=self.gpus)
         self.informer = Informer(kube=kube, picture=self.picture, queue=self.queue, namespace=namespace,
-                                 liveness=self.liveness)
+                                 liveness=self.liveness, events=self.events)
         if self.events.thread is not None:
             self.liveness.track(self.events.thread)
         self.repair = Repair(kube=kube, picture=self.picture, queue=self.queue, informer=self.informer,
@@ -105,7 +105,7 @@ class Controller:
         return self.picture.ledger
 
     def observe(self, kind: str, event_type: str | None, body: Body) -> None:
-        """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node)."""
+        """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node, namespace)."""
         self.informer.observe(kind, event_type, body)
 
     def rebuild(self, *, background: bool = False) -> dict[str, str]:
