@@ -8,6 +8,7 @@ a re-implementation: the same templates `helm install` renders.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import re
 import sys
@@ -24,6 +25,7 @@ from elasticgpu.cli import build_parser, health_address
 from elasticgpu.controller.admission import WebhookSettings
 from elasticgpu.controller.admission.commands import settings_from
 from elasticgpu.controller.admission.configuration import webhook_configuration
+from elasticgpu.flags import BindAddress
 from tests.kube_cluster import kube_request
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,7 +140,27 @@ def test_the_webhook_makes_its_own_certificate_by_default() -> None:
     objects = _objects()
     assert not [doc for doc in objects if doc["kind"] in ("Certificate", "Issuer", "MutatingWebhookConfiguration")]
     (container,) = [c for c in _containers(objects) if c["name"] == "webhook"]
-    assert settings_from(build_parser().parse_args(container["args"])) == WebhookSettings()
+    settings = settings_from(build_parser().parse_args(container["args"]))
+    probes = BindAddress(host="0.0.0.0", port=8081)
+    assert settings == dataclasses.replace(WebhookSettings(), health_probe_bind_address=probes,
+                                           metrics_bind_address=probes)
+
+
+def test_the_webhook_is_probed_and_scraped_over_its_plain_http_port() -> None:
+    objects = _objects()
+    (container,) = [c for c in _containers(objects) if c["name"] == "webhook"]
+    settings = settings_from(build_parser().parse_args(container["args"]))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert settings.health_probe_bind_address is not None
+    assert ports["http-metrics"] == settings.health_probe_bind_address.port
+    assert settings.metrics_bind_address == settings.health_probe_bind_address  # one server
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http-metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http-metrics"}
+    service = _one(objects, "Service", "elasticgpu-webhook-metrics")
+    assert service["spec"]["selector"] == {"app.kubernetes.io/name": "elasticgpu",
+                                           "app.kubernetes.io/component": "webhook"}
+    assert service["metadata"]["labels"]["app.kubernetes.io/component"] == "metrics"  # the ServiceMonitor's
+    assert service["spec"]["ports"][0]["targetPort"] == "http-metrics"
 
 
 def test_cert_manager_renders_a_certificate_and_the_configuration_to_inject() -> None:
@@ -222,7 +244,8 @@ def test_the_service_monitor_is_off_by_default_and_scrapes_the_metrics_services(
         for doc in objects
         if doc["kind"] == "Service" and selector.items() <= doc["metadata"].get("labels", {}).items()
     ]
-    assert {s["metadata"]["name"] for s in services} == {"elasticgpu-controller-metrics", "elasticgpu-agent-metrics"}
+    assert {s["metadata"]["name"] for s in services} == {
+        "elasticgpu-controller-metrics", "elasticgpu-webhook-metrics", "elasticgpu-agent-metrics"}
     (endpoint,) = monitor["spec"]["endpoints"]
     assert all(endpoint["port"] in [p["name"] for p in s["spec"]["ports"]] for s in services)
     # The controller's Service reaches the port /metrics is served on.
