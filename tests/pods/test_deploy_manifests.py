@@ -10,6 +10,7 @@ import yaml
 from elasticgpu.cli import build_parser
 from elasticgpu.controller.admission import WebhookSettings
 from elasticgpu.controller.admission.commands import settings_from
+from elasticgpu.flags import BindAddress
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "webhook.yaml"
 
@@ -23,9 +24,12 @@ def test_names_and_ports_match_the_settings() -> None:
     objects = _objects()
     container = objects["Deployment", "elasticgpu-webhook"]["spec"]["template"]["spec"]["containers"][0]
     settings = settings_from(build_parser().parse_args(container["args"]))
-    assert settings == WebhookSettings(namespace="elasticgpu-system", service_name="elasticgpu-webhook", port=8443)
-    assert container["ports"] == [{"name": "https", "containerPort": settings.port}]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    probes = BindAddress(host="0.0.0.0", port=8081)
+    assert settings == WebhookSettings(namespace="elasticgpu-system", service_name="elasticgpu-webhook", port=8443,
+                                       health_probe_bind_address=probes, metrics_bind_address=probes)
+    assert container["ports"] == [{"name": "https", "containerPort": settings.port},
+                                  {"name": "http-metrics", "containerPort": probes.port}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http-metrics"}
     service = objects["Service", settings.service_name]
     assert service["metadata"]["namespace"] == settings.namespace
     assert service["spec"]["ports"][0]["port"] == settings.service_port
