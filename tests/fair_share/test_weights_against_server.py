@@ -18,7 +18,7 @@ from kubernetes import client
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import bind_order
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow import informer
+from elasticgpu.controller.flow import informer, namespace_weight_feed
 from elasticgpu.controller.process.reconciling import Controller
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller, settle, stop_watches
@@ -155,9 +155,9 @@ def test_a_bad_weight_is_weight_one_said_once_with_a_warning_event(
         phases = _free_room(controller, kube, ns_a, ns_b)  # alive, and b counted with weight 1
     finally:
         controller.close()
-    assert [(e["type"], e["reason"]) for e in events] == [("Warning", informer.REASON_INVALID_WEIGHT)]
+    assert [(e["type"], e["reason"]) for e in events] == [("Warning", namespace_weight_feed.REASON_INVALID_WEIGHT)]
     message = events[0]["message"]
     assert ns_b in message and bind_order.ANNOTATION_FAIR_SHARE_WEIGHT in message and "positive number" in message
-    said = [r for r in caplog.records if informer.REASON_INVALID_WEIGHT in r.getMessage()]
+    said = [r for r in caplog.records if namespace_weight_feed.REASON_INVALID_WEIGHT in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "WARNING"
     assert phases == {"a3": "Bound", "b2": "Pending"}

@@ -20,11 +20,10 @@ lose that user), a GET confirms it is gone, being deleted or terminated; a pod t
 alive stays in the picture as last seen and is read again (GET) at every relist, which the
 label-selected list would no longer return, until it is really gone.
 
-Namespaces are watched for one annotation only, the FairShare weight
-(`bind_order.ANNOTATION_FAIR_SHARE_WEIGHT`): the picture keeps namespace -> weight, nothing else.
-A bad value leaves the namespace at weight 1 and is said once per namespace and value (a Warning
-Event on the Namespace, logged at WARNING). Namespaces are optional, like nodes: an install whose
-RBAC does not grant them (403) runs with every weight 1, said once with the fix.
+Namespaces are watched for one annotation only, the FairShare weight, which
+`namespace_weight_feed.py` turns into the picture's namespace -> weight. Namespaces are optional,
+like nodes: an install whose RBAC does not grant them (403) runs with every weight 1, said once
+with the fix.
 """
 
 from __future__ import annotations
@@ -38,10 +37,10 @@ from elasticgpu.api import names
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import bind_order, release
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.events import WARNING, EventRecorder
+from elasticgpu.controller.flow.events import EventRecorder
 from elasticgpu.controller.flow.liveness import Liveness
+from elasticgpu.controller.flow.namespace_weight_feed import NamespaceWeightFeed
 from elasticgpu.controller.flow.workqueue import WorkQueue
-from elasticgpu.controller.picture import versions
 from elasticgpu.controller.picture.picture import Body, Picture
 
 logger = logging.getLogger(__name__)
@@ -50,8 +49,6 @@ KINDS = ("claim", "egpu", "gpu", "class", "pod", "node", "namespace")
 T = TypeVar("T")
 RELIST_AFTER_FAILURES = 3
 """Failed attempts in a row to reopen a watch from its resourceVersion before listing again."""
-REASON_INVALID_WEIGHT = "InvalidFairShareWeight"
-"""Event reason on a Namespace whose FairShare weight annotation is not a positive number."""
 NAMESPACES_FORBIDDEN = (
     "the controller may not list or watch namespaces (403): FairShare classes order every namespace with"
     f" weight 1, ignoring the annotation {bind_order.ANNOTATION_FAIR_SHARE_WEIGHT}; grant the controller's"
@@ -67,10 +64,8 @@ class Informer:
         steps `liveness` (as `watch-<kind>`); `events` writes the Warning Event of a bad weight
         annotation (None: it is only logged)."""
         self.liveness = liveness or Liveness()
-        self.events = events
+        self.weights = NamespaceWeightFeed(picture=picture, events=events)
         self._said_lock = threading.Lock()
-        self._bad_weights: dict[str, str] = {}
-        """The bad weight annotation value said of each namespace, until it changes (said once)."""
         self._said: dict[str, str] = {}
         """The failure last said of each optional list (nodes, pods), until one works again."""
         self.kube = kube
@@ -84,10 +79,7 @@ class Informer:
     def observe(self, kind: str, event_type: str | None, body: Body) -> None:
         """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node, namespace)."""
         if kind == "namespace":
-            meta = body.get("metadata") or {}
-            weight = None if event_type == "DELETED" else self._weight_of(body)
-            # No keys: a weight frees no room; the next wake orders the waiting claims with it.
-            self.picture.weights.put(meta.get("name", ""), weight, version=versions.version_of(body))
+            self.weights.observe(event_type, body)  # no keys: a weight frees no room
             return
         if kind == "pod" and event_type == "DELETED" and not self._pod_gone(body):
             return  # still alive without the label: its claims stay in use
@@ -120,44 +112,6 @@ class Informer:
                            " until it is gone (read again at every relist)", key[0], key[1], names.LABEL_USES_CLAIMS)
         self._unwatched_pods[key] = meta.get("uid", "")
         return False
-
-    def _weight_of(self, body: Body) -> float:
-        """The FairShare weight of a Namespace body; a bad value is weight 1, said once per
-        namespace and value (a Warning Event on the Namespace and its WARNING log line). Called
-        outside the picture's lock: the Event may be written inline."""
-        meta = body.get("metadata") or {}
-        name = str(meta.get("name", ""))
-        value = (meta.get("annotations") or {}).get(bind_order.ANNOTATION_FAIR_SHARE_WEIGHT)
-        try:
-            weight = bind_order.parse_weight(value, namespace=name)
-        except bind_order.InvalidWeight as err:
-            with self._said_lock:
-                said = self._bad_weights.get(name) == value
-                self._bad_weights[name] = str(value)
-            if not said:
-                self._say_bad_weight(body, str(err))
-            return 1.0
-        with self._said_lock:
-            self._bad_weights.pop(name, None)
-        return weight
-
-    def _say_bad_weight(self, body: Body, message: str) -> None:
-        """One Warning Event on the Namespace (the recorder logs it at WARNING), or the log line alone."""
-        if self.events is None:
-            logger.warning("%s", message)
-            return
-        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": body.get("metadata") or {}}
-        try:
-            self.events.record(namespace, type_=WARNING, reason=REASON_INVALID_WEIGHT, message=message)
-        except errors.ElasticGPUError as err:  # an Event is a courtesy: the log line was written
-            logger.debug("event about namespace %s not written: %s", (body.get("metadata") or {}).get("name"), err)
-
-    def _merge_weights(self, listed: tuple[list[Body], str]) -> None:
-        """Replace the picture's weights with those of a namespace list."""
-        items, list_version = listed
-        weights = {str((b.get("metadata") or {}).get("name", "")): (self._weight_of(b), versions.version_of(b))
-                   for b in items}
-        self.picture.weights.merge(weights, list_version)
 
     def _namespaces_forbidden(self, err: errors.ApiError) -> bool:
         """Whether `err` is the 403 of an install that does not grant namespaces; if so it is said
@@ -227,7 +181,7 @@ class Informer:
                                         egpus_version=egpus_version, classes=classes, claims=claims,
                                         claims_version=claims_version, pods=pods, pods_version=pods_version)
         if listed_namespaces is not None:
-            self._merge_weights(listed_namespaces)
+            self.weights.merge(listed_namespaces)
         self.queue.add_all(keys)
         for key in self.picture.all_keys():
             self.queue.add(key, background=background)
