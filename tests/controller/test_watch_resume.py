@@ -108,7 +108,7 @@ def test_start_up_lists_each_kind_once(cluster: Cluster, relayed: tuple[KubeApi,
         cluster.claim(o.claim("new", cores=10, memory="1Gi"))
         assert _wait(lambda: controller.claim(cluster.namespace, "new") is not None)
         assert sorted(lists) == sorted(set(lists)), f"listed more than once: {sorted(lists)}"
-        assert len(lists) == 7  # claims, ElasticGPUs, GPUs, classes, pods, nodes, namespaces
+        assert len(lists) == 8  # claims, ElasticGPUs, GPUs, classes, pods, nodes, namespaces, quotas
     finally:
         stop.set()
         for thread in threads:

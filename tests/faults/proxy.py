@@ -78,8 +78,9 @@ class FaultPlan:
     cut_after_s: tuple[float, float] = (0.5, 5.0)
     """Seconds a watch is relayed before "drop-after" closes it or "half-open" silences it."""
     paths: tuple[str, ...] = ()
-    """Regular expressions (`re.search` on the path, without the query): when given, only the
-    requests to a matching path draw a fault; every other one is forwarded untouched."""
+    """Regular expressions, each searched (`re.search`) in "VERB PATH" (the path without the
+    query, e.g. "list /apis/elasticgpu.io/v1alpha1/elasticgpuquotas"): when given, only the
+    requests that match one draw a fault; every other one is forwarded untouched."""
 
     def __post_init__(self) -> None:
         for scope, table in [("rates", self.rates), *((f"verbs[{k}]", v) for k, v in self.verbs.items())]:
@@ -157,6 +158,8 @@ class FaultProxy:
         self.journal: deque[tuple[float, str, str, str]] = deque(maxlen=100_000)
         """Each fault injected: (wall time, verb, fault, path), for a failing test's diagnosis."""
         self.seen: set[tuple[str, str]] = set()
+        self.by_target: Counter[str] = Counter()
+        """Requests by "VERB PATH" (the path without its query)."""
         """Every distinct (verb, path with query) requested: what a component asked of the API
         server (tests/deploy checks it against the RBAC rules of the manifests)."""
         self.stopping = threading.Event()
@@ -180,7 +183,9 @@ class FaultProxy:
             self.requests[verb] += 1
             self.seen.add((verb, path))
             draw, fault = rng.random(), None
-            aimed = not plan.paths or any(re.search(pattern, path.split("?")[0]) for pattern in plan.paths)
+            target = f"{verb} {path.split('?')[0]}"
+            self.by_target[target] += 1
+            aimed = not plan.paths or any(re.search(pattern, target) for pattern in plan.paths)
             for name, rate in sorted(plan.rates_for(verb).items()) if aimed else ():
                 if draw < rate:
                     fault = name

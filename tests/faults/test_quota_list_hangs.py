@@ -28,7 +28,11 @@ BOUND_WITHIN_S = 15.0
 """A claim's creation to its Bound phase. The bind that happens to make the hung list waits the
 request timeout (10 s) and then reads its namespace's quotas live; the others never wait for it.
 Before the fix a claim created while the list hung waited up to its 60 s timeout."""
-CLUSTER_QUOTA_LIST = r"^/apis/[^/]+/[^/]+/elasticgpuquotas$"  # every quota; a namespace's own list still works
+CLUSTER_QUOTA_LIST = r"^list /apis/[^/]+/[^/]+/elasticgpuquotas$"  # every quota; a namespace's own list works
+QUOTA_WATCH = r"^watch .*/elasticgpuquotas$"
+"""Refused throughout: with its quota watch working the guard lists no quota at all (see
+test_quota_watch.py); refused, it falls back to listing every quota, the path tested here."""
+NO_QUOTA_WATCH = {"watch": {"500": 1.0}}
 
 
 def _bound_times(kube: KubeApi, namespace: str, stop: threading.Event, seen: dict[str, float]) -> None:
@@ -47,7 +51,8 @@ def test_a_hung_quota_list_does_not_stop_binding(cluster: Cluster, kube: KubeApi
     class_name = f"{cluster.prefix}-class"
     cluster.klass(o.klass(class_name, parameters={"gpuModel": model}))
 
-    with fault_proxy(kube_cluster, FaultPlan(seed=7), directory=tmp_path) as (proxy, kubeconfig):
+    no_watch = FaultPlan(seed=7, verbs=NO_QUOTA_WATCH, paths=(QUOTA_WATCH,))
+    with fault_proxy(kube_cluster, no_watch, directory=tmp_path) as (proxy, kubeconfig):
         procs = ControllerProcesses(kubeconfig, cluster.namespace, tmp_path)
         seen: dict[str, float] = {}
         stop = threading.Event()
@@ -62,7 +67,8 @@ def test_a_hung_quota_list_does_not_stop_binding(cluster: Cluster, kube: KubeApi
                 assert time.monotonic() < deadline, "the first claim was not bound within 60 s\n" + procs.logs()
                 time.sleep(0.1)
 
-            proxy.set_plan(FaultPlan(seed=7, verbs={"list": {"half-open": 1.0}}, paths=(CLUSTER_QUOTA_LIST,)))
+            proxy.set_plan(FaultPlan(seed=7, verbs={**NO_QUOTA_WATCH, "list": {"half-open": 1.0}},
+                                     paths=(QUOTA_WATCH, CLUSTER_QUOTA_LIST)))
             created: dict[str, float] = {}
             for i in range(CLAIMS):
                 name = f"c{i}"

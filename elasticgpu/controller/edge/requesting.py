@@ -279,7 +279,7 @@ class KubeRequests:
 
     def collection_path(self, kind: str, namespace: str | None = None) -> str:
         """REST path of the collection the controller watches for `kind` (claim, egpu, gpu,
-        class, pod, node, namespace); `namespace` limits claims and pods to one namespace (nodes
+        class, pod, node, namespace, quota); `namespace` limits claims, pods and quotas to one namespace (nodes
         and namespaces are cluster-scoped: always the whole collection)."""
         if kind == "claim":
             return self._claims(namespace)
@@ -289,6 +289,9 @@ class KubeRequests:
             return "/api/v1/nodes"
         if kind == "namespace":
             return "/api/v1/namespaces"
+        if kind == "quota":
+            where = f"/namespaces/{namespace}" if namespace else ""
+            return f"/apis/{names.GROUP}/{names.VERSION}{where}/{names.PLURAL_QUOTA}"
         plural = {"egpu": names.PLURAL_ELASTIC_GPU, "gpu": names.PLURAL_GPU, "class": names.PLURAL_CLASS}[kind]
         return self._cluster(plural)
 

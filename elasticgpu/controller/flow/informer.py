@@ -41,11 +41,12 @@ from elasticgpu.controller.flow.events import EventRecorder
 from elasticgpu.controller.flow.liveness import Liveness
 from elasticgpu.controller.flow.namespace_weight_feed import NamespaceWeightFeed
 from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.picture import versions
 from elasticgpu.controller.picture.picture import Body, Picture
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("claim", "egpu", "gpu", "class", "pod", "node", "namespace")
+KINDS = ("claim", "egpu", "gpu", "class", "pod", "node", "namespace", "quota")
 T = TypeVar("T")
 RELIST_AFTER_FAILURES = 3
 """Failed attempts in a row to reopen a watch from its resourceVersion before listing again."""
@@ -80,6 +81,11 @@ class Informer:
         """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node, namespace)."""
         if kind == "namespace":
             self.weights.observe(event_type, body)  # no keys: a weight frees no room
+            return
+        if kind == "quota":  # which namespaces have one; no keys: quota-held claims are rechecked
+            meta = body.get("metadata") or {}
+            self.picture.quotas.put((str(meta.get("namespace", "")), str(meta.get("name", ""))),
+                                    event_type != "DELETED", version=versions.version_of(body))
             return
         if kind == "pod" and event_type == "DELETED" and not self._pod_gone(body):
             return  # still alive without the label: its claims stay in use
@@ -123,6 +129,12 @@ class Informer:
             self._said["namespaces"] = NAMESPACES_FORBIDDEN
         (logger.debug if said else logger.warning)("%s: %s", NAMESPACES_FORBIDDEN, err)
         return True
+
+    def _merge_quotas(self, items: list[Body], list_version: str) -> None:
+        """Replace which namespaces have a quota with a fresh list of quotas."""
+        listed = {(str((b.get("metadata") or {}).get("namespace", "")), str((b.get("metadata") or {}).get("name", ""))):
+                  versions.version_of(b) for b in items}
+        self.picture.quotas.merge(listed, list_version)
 
     @staticmethod
     def _gone(live: Body, uid: str) -> bool:
@@ -175,6 +187,7 @@ class Informer:
         listed_pods = self._try("pods", lambda: kube.list_collection(kube.collection_path("pod", self.namespace)))
         pods, pods_version = listed_pods if listed_pods is not None else (None, "")
         listed_namespaces = self._try("namespaces", lambda: kube.list_collection(kube.collection_path("namespace")))
+        listed_quotas = self._try("quotas", lambda: kube.list_collection(kube.collection_path("quota", self.namespace)))
         if pods is not None and self._unwatched_pods:
             pods = pods + self._read_unwatched_pods(pods)
         keys = self.picture.merge_lists(nodes=nodes, gpus=gpus, gpus_version=gpus_version, egpus=egpus,
@@ -182,12 +195,15 @@ class Informer:
                                         claims_version=claims_version, pods=pods, pods_version=pods_version)
         if listed_namespaces is not None:
             self.weights.merge(listed_namespaces)
+        if listed_quotas is not None:
+            self._merge_quotas(*listed_quotas)
         self.queue.add_all(keys)
         for key in self.picture.all_keys():
             self.queue.add(key, background=background)
         return {"gpu": gpus_version, "egpu": egpus_version, "class": classes_version, "claim": claims_version,
                 "pod": pods_version, "node": nodes_version,
-                "namespace": listed_namespaces[1] if listed_namespaces is not None else ""}
+                "namespace": listed_namespaces[1] if listed_namespaces is not None else "",
+                "quota": listed_quotas[1] if listed_quotas is not None else ""}
 
     def _try(self, what: str, call: Callable[[], T]) -> T | None:
         """`call()`, or None when it fails: said once per reason (an unreachable server at DEBUG:
@@ -228,6 +244,8 @@ class Informer:
             try:
                 if not resource_version:
                     items, resource_version = kube.list_collection(path)
+                    if kind == "quota":
+                        self._merge_quotas(items, resource_version)
                     for body in items:
                         self.observe(kind, "ADDED", body)
                 for event in kube.watch(path, resource_version=resource_version, timeout_s=timeout_s,
@@ -248,11 +266,15 @@ class Informer:
                         said = ""
                         if kind == "namespace":
                             self._said.pop("namespaces", None)
+                    if kind == "quota":
+                        self.picture.quotas.mark(True)  # reopened from where it was: nothing missed
                     if kind_of_event != "BOOKMARK":
                         self.observe(kind, kind_of_event, body)
                 backoff, failures = 0.5, 0
             except Exception as err:  # nothing ends the watch; the resync repairs what it missed
                 failures += 1
+                if kind == "quota":
+                    self.picture.quotas.mark(False)  # the quota guard lists quotas itself meanwhile
                 if isinstance(err, errors.ApiError):
                     if err.status == 410 or failures >= RELIST_AFTER_FAILURES:
                         resource_version = ""

@@ -24,7 +24,9 @@ period. The reverse order could over-use: a reservation with no charge lets anot
 the room meanwhile. A deleted claim's charge is given back by the release (`give_back`).
 
 The quotas are read live at each charge (a LIST of the namespace's quotas): the charge must be
-written against their current resourceVersions anyway, and the controller keeps no watch on them.
+written against their current resourceVersions anyway. Which namespaces have a quota at all comes
+from the controller's quota watch (the picture's `quotas`), so a bind in a namespace without one
+makes no request for quotas; only while that watch is not synced does the guard list them itself.
 """
 
 from __future__ import annotations
@@ -72,12 +74,16 @@ class QuotaGuard:
         self._refreshing = False
 
     def limits(self, namespace: str) -> bool:
-        """Whether `namespace` has a quota, from a list of every quota at most
-        `QuotaSettings.refresh_s` old. Never waits for another thread's list: while one is under
-        way, or after one failed (until the next try, `refresh_s` later), the answer is "has
-        one", and charging reads the namespace's quotas live. A list that hangs (a half-open
-        connection) so delays only the bind that made it, by at most the request timeout,
-        never every bind of the controller."""
+        """Whether `namespace` has a quota: from the quota watch (the picture's `quotas`) while it
+        is synced, with no request; else (an install whose RBAC does not grant watch on quotas,
+        a watch that just failed) from a list of every quota at most `QuotaSettings.refresh_s`
+        old. Never waits for another thread's list: while one is under way, or after one failed
+        (until the next try, `refresh_s` later), the answer is "has one", and charging reads the
+        namespace's quotas live. A list that hangs (a half-open connection) so delays only the
+        bind that made it, by at most the request timeout, never every bind of the controller."""
+        watched = self.picture.quotas.limits(namespace)
+        if watched is not None:
+            return watched  # the quota watch is synced: no request at all
         with self._lock:
             if time.monotonic() - self._limited_at <= self.settings.quota.refresh_s:
                 return namespace in self._limited or not self._known

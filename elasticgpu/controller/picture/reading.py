@@ -14,7 +14,15 @@ from typing import Any
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
 from elasticgpu.controller.decisions import binder, capacity
-from elasticgpu.controller.picture import compact, namespace_weights, pod_index, records, versions, waiting_order
+from elasticgpu.controller.picture import (
+    compact,
+    namespace_weights,
+    pod_index,
+    quota_namespaces,
+    records,
+    versions,
+    waiting_order,
+)
 from elasticgpu.controller.picture.reservations import Ledger
 
 Body = dict[str, Any]
@@ -60,6 +68,7 @@ class Reading:
         self._egpus_on: dict[str, set[str]] = {}
         self._classes: dict[str, ElasticGPUClass] = {}
         self.weights = namespace_weights.NamespaceWeights(self.lock)
+        self.quotas = quota_namespaces.QuotaNamespaces(self.lock)
         """FairShare weight by namespace (the Namespace watch): the bind order reads it at each wake."""
         self.pods = pod_index.PodIndex()
         """Bodies of the pods that use claims and of the nodes, and the claims pods own (pod sync)."""

@@ -33,6 +33,7 @@ WATCHED = (
     ("pod", "", "v1", "pods"),
     ("node", "", "v1", "nodes"),  # allocatable, taints, labels: WaitForFirstConsumer placement
     ("namespace", "", "v1", "namespaces"),  # the FairShare weight annotation
+    ("quota", names.GROUP, names.VERSION, names.PLURAL_QUOTA),  # which namespaces have one
 )
 
 
