@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -186,3 +187,38 @@ def check_invariants(kube: KubeApi, namespace: str, claims: list[dict[str, Any]]
     # Every reservation belongs to an ElasticGPU of a Bound claim (no leaked capacity).
     assert set(held_by) <= set(bound_to), sorted(set(held_by) - set(bound_to))[:5]
     return phases
+
+
+class CardSampler:
+    """Reads one GPU's reservations every `every_s` on a thread of its own, keeping the sums:
+    what a racing test checks was never over the card, at any moment it could see."""
+
+    def __init__(self, kube: KubeApi, gpu: str, every_s: float = 0.02) -> None:
+        self.kube = kube
+        self.gpu = gpu
+        self.every_s = every_s
+        self.sums: list[tuple[int, int]] = []
+        """(cores, memory MiB) reserved at each reading."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name=f"sample-{gpu}", daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every_s):
+            allocations = (self.kube.get_gpu(self.gpu).get("status") or {}).get("allocations") or []
+            self.sums.append((sum(a["cores"] for a in allocations), sum(a["memory"] for a in allocations)))
+
+    def start(self) -> None:
+        """Start reading."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop reading (bounded wait)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def assert_never_over(self, memory_mib: int) -> None:
+        """Every reading within 100 cores and `memory_mib`, and at least one reading made."""
+        assert self.sums, f"no reading of {self.gpu} was made"
+        assert max(c for c, _m in self.sums) <= 100, max(self.sums)
+        assert max(m for _c, m in self.sums) <= memory_mib, max(self.sums, key=lambda s: s[1])

@@ -7,7 +7,6 @@ The controller is restarted before the release, so the claims reach its picture 
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,37 +14,18 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller, settle, stop_watches
+from tests.binding.namespaces import fresh_namespaces
 
 
 @pytest.fixture
 def namespaces(api_client: client.ApiClient, kube: KubeApi, namespace: str) -> Iterator[list[str]]:
     """Three fresh namespaces that sort as a < b < c; their claims and ElasticGPUs are removed after."""
-    core = client.CoreV1Api(api_client)
     made = [f"{namespace}-{suffix}" for suffix in "abc"]
-    for name in made:
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name,
-                                                                               labels={"elasticgpu-test": "1"})))
-    try:
+    with fresh_namespaces(api_client, kube, made):
         yield made
-    finally:
-        stop_watches()
-        for name in made:
-            for body in kube.list_claims(name):
-                with contextlib.suppress(errors.NotFound):
-                    kube.patch_claim(name, body["metadata"]["name"], {"metadata": {"finalizers": []}})
-                    kube.delete_claim(name, body["metadata"]["name"])
-        for body in kube.list_elastic_gpus():
-            if ((body.get("spec") or {}).get("claimRef") or {}).get("namespace") in made:
-                with contextlib.suppress(errors.NotFound):
-                    kube.patch_elastic_gpu(body["metadata"]["name"], {"metadata": {"finalizers": []}})
-                    kube.delete_elastic_gpu(body["metadata"]["name"])
-        for name in made:
-            with contextlib.suppress(client.ApiException):
-                core.delete_namespace(name)
 
 
 def _claim(kube: KubeApi, namespace: str, name: str, cores: int, class_name: str) -> dict[str, Any]:

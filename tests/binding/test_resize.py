@@ -19,7 +19,7 @@ from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller, settle, stop_watches
-from tests.binding.processes import ControllerProcesses, wait_quiescent
+from tests.binding.processes import CardSampler, ControllerProcesses, wait_quiescent
 from tests.binding.test_race import unguarded  # noqa: F401  (a fixture: the GPU CRD without its guard)
 
 CORE, MEMORY = names.RESOURCE_CORE, names.RESOURCE_MEMORY
@@ -239,15 +239,7 @@ def test_two_controllers_racing_random_resizes_never_oversubscribe(cluster: Clus
         cluster.claim(o.claim(f"c{i}", cores=10, memory="4Gi", class_name=class_name))
     procs = ControllerProcesses(kube_cluster.kubeconfig, cluster.namespace, tmp_path)
     procs.flags += ["--log-level", "info"]
-    stop = threading.Event()
-    worst: list[tuple[int, int]] = []
-
-    def sample() -> None:
-        while not stop.wait(0.02):
-            allocations = (kube.get_gpu(gpu).get("status") or {}).get("allocations") or []
-            worst.append((sum(a["cores"] for a in allocations), sum(a["memory"] for a in allocations)))
-
-    sampler = threading.Thread(target=sample, daemon=True)
+    sampler = CardSampler(kube, gpu)
     try:
         procs.start()
         procs.start()
@@ -285,13 +277,10 @@ def test_two_controllers_racing_random_resizes_never_oversubscribe(cluster: Clus
                 assert resizing is not None and resizing["reason"] == "NoRoomOnCard", (claim["status"], allocation)
         grown = [a for a in allocations if (a["cores"], a["memory"]) != (10, 4096)]
         assert grown, f"no resize went through: {allocations}\n{procs.logs()}"
-        stop.set()
-        sampler.join(timeout=10)
-        memory_mib = kube.get_gpu(gpu)["spec"]["memory"]
-        assert worst and max(c for c, _m in worst) <= 100, max(worst)
-        assert max(m for _c, m in worst) <= memory_mib, max(worst)
+        sampler.stop()
+        sampler.assert_never_over(kube.get_gpu(gpu)["spec"]["memory"])
     finally:
-        stop.set()
+        sampler.stop()
         procs.close()
 
 

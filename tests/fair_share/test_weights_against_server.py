@@ -7,7 +7,6 @@ value leaves b at weight 1, with one Warning Event on the Namespace, and the con
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,13 +14,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import bind_order
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow import informer, namespace_weight_feed
 from elasticgpu.controller.process.reconciling import Controller
 from tests.binding import objects as o
-from tests.binding.conftest import Cluster, new_controller, settle, stop_watches
+from tests.binding.conftest import Cluster, new_controller, settle
+from tests.binding.namespaces import fresh_namespaces
 
 DEADLINE_S = 10.0
 
@@ -29,28 +28,9 @@ DEADLINE_S = 10.0
 @pytest.fixture
 def two_namespaces(api_client: client.ApiClient, kube: KubeApi, namespace: str) -> Iterator[tuple[str, str]]:
     """Namespaces a and b (no annotation yet); their claims and ElasticGPUs are removed after."""
-    core = client.CoreV1Api(api_client)
     made = (f"{namespace}-a", f"{namespace}-b")
-    for name in made:
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name,
-                                                                               labels={"elasticgpu-test": "1"})))
-    try:
+    with fresh_namespaces(api_client, kube, made):
         yield made
-    finally:
-        stop_watches()
-        for name in made:
-            for body in kube.list_claims(name):
-                with contextlib.suppress(errors.NotFound):
-                    kube.patch_claim(name, body["metadata"]["name"], {"metadata": {"finalizers": []}})
-                    kube.delete_claim(name, body["metadata"]["name"])
-        for body in kube.list_elastic_gpus():
-            if ((body.get("spec") or {}).get("claimRef") or {}).get("namespace") in made:
-                with contextlib.suppress(errors.NotFound):
-                    kube.patch_elastic_gpu(body["metadata"]["name"], {"metadata": {"finalizers": []}})
-                    kube.delete_elastic_gpu(body["metadata"]["name"])
-        for name in made:
-            with contextlib.suppress(client.ApiException):
-                core.delete_namespace(name)
 
 
 def _annotate(api_client: client.ApiClient, namespace: str, weight: str | None) -> None:
