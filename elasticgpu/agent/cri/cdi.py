@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from elasticgpu.agent.cri import driver, injection
+from elasticgpu.agent.cri.atomic_file import write_atomically
 from elasticgpu.agent.discovery import Card
 
 CDI_VERSION = "0.6.0"
@@ -135,24 +134,7 @@ def write_spec(
     except FileNotFoundError:
         pass
     directory.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=f".{SPEC_FILE}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    # The rename itself must survive a crash of the node too.
-    directory_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(directory_fd)
-    finally:
-        os.close(directory_fd)
+    write_atomically(target, text, sync_directory=True)  # the rename must survive a crash of the node too
     return True
 
 

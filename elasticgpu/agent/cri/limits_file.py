@@ -27,13 +27,13 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elasticgpu.agent.cri.atomic_file import write_atomically
 from elasticgpu.agent.ledger.store import Allocation, LedgerStore
 
 log = logging.getLogger(__name__)
@@ -117,8 +117,8 @@ class LimitsFiles:
         generation = (known[1] + 1) if known is not None else 1
         claim = f"{namespace}/{name}"
         body = {"claim": claim, "cores": size.cores, "memoryMiB": size.memory_mib, "generation": generation}
-        _write_atomically(folder / ENV_NAME, render_env(claim, size, generation, cards))
-        _write_atomically(folder / JSON_NAME, json.dumps(body, sort_keys=True) + "\n")
+        write_atomically(folder / ENV_NAME, render_env(claim, size, generation, cards))
+        write_atomically(folder / JSON_NAME, json.dumps(body, sort_keys=True) + "\n")
         log.info("limits file of claim %s: %s%% of compute, %s MiB (generation %d)", claim, size.cores,
                  size.memory_mib, generation)  # fmt: skip
         return generation
@@ -146,21 +146,6 @@ class LimitsFiles:
                     shutil.rmtree(entry, ignore_errors=True)
                     removed.append(entry.name)
         return removed
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
 
 
 def _allocation_size(allocation: Mapping[str, Any]) -> Size:
