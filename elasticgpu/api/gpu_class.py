@@ -18,6 +18,7 @@ BindOrder = Literal["FIFO", "FairShare"]
 Policy = Literal["binpack", "spread", "fragmentation"]
 Sharing = Literal["exclusive", "timeslice", "mps"]
 ResizePolicy = Literal["Off", "Recommend", "Auto"]
+Partitioning = Literal["MIG"]
 POLICIES: tuple[Policy, ...] = ("binpack", "spread", "fragmentation")
 SHARINGS: tuple[Sharing, ...] = ("exclusive", "timeslice", "mps")
 PARAMETER_KEYS = ("policy", "gpuModel", "nodeSelector", "sharing")
@@ -103,6 +104,16 @@ def _size_rules(field: str) -> list[dict[str, str]]:
 SIZES_ORDERED = "must not be above maxSize in any dimension (cores, memory)"
 AUTO_NEEDS_RESIZE = "Auto needs allowClaimResize: true (Auto resizes claims in place); set it, or use Recommend"
 MARGIN_RANGE = "must be 0..100 (percent over the measured peak)"
+# MIG (issue 26): a claim becomes a hardware partition of one card, so the class must provision
+# slices, and its claims cannot grow or shrink in place (an instance has a fixed profile).
+MIG_NEEDS_GPUSHARE = (
+    f"MIG carves slices of one card: it needs provisioner {names.PROVISIONER_GPUSHARE}; for whole cards use a class"
+    " without partitioning"
+)
+MIG_NO_RESIZE = (
+    "MIG instances cannot resize in place (a profile is fixed when the instance is created); set allowClaimResize:"
+    " false, or leave partitioning out"
+)
 
 
 class ElasticGPUClassStatus(KubeModel):
@@ -132,6 +143,19 @@ class ElasticGPUClass(KubeModel):
             f"resizePolicy: {AUTO_NEEDS_RESIZE}",
             reason="FieldValueInvalid",
             field_path=".resizePolicy",
+        ),
+        cel.immutable("partitioning", "", "create a new class instead (claims already carved keep their instances)"),
+        rule(
+            f"!has(self.partitioning) || self.provisioner == '{names.PROVISIONER_GPUSHARE}'",
+            f"partitioning: {MIG_NEEDS_GPUSHARE}",
+            reason="FieldValueInvalid",
+            field_path=".partitioning",
+        ),
+        rule(
+            "!has(self.partitioning) || !has(self.allowClaimResize) || !self.allowClaimResize",
+            f"allowClaimResize: {MIG_NO_RESIZE}",
+            reason="FieldValueInvalid",
+            field_path=".allowClaimResize",
         ),
         rule(
             "!has(self.minSize) || !has(self.maxSize)"
@@ -236,6 +260,13 @@ class ElasticGPUClass(KubeModel):
         description="The largest size a recommendation (and an Auto resize) goes to: cores (percent), memory (MiB).",
         json_schema_extra=crd_field(**{"x-kubernetes-validations": _size_rules("maxSize")}),
     )
+    partitioning: Partitioning | None = Field(
+        default=None,
+        description="MIG: each claim gets a MIG instance of its own (hard isolation: its own compute, memory and"
+        " cache slices), of the smallest profile of the card's model that covers its cores and memory (on an"
+        " A100-80GB: 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb); needs provisioner"
+        " elasticgpu.io/gpushare and cards whose MIG mode the admin enabled. Unset: soft slices (sharing).",
+    )
     status: ElasticGPUClassStatus = Field(default_factory=ElasticGPUClassStatus)
 
     @property
@@ -243,6 +274,11 @@ class ElasticGPUClass(KubeModel):
         """The binding mode: bindingMode, else the upstream egpuBindingMode, else Immediate. Every reader of
         the mode (binder, pod gate, plan) goes through here; where both are set they agree (see `check`)."""
         return self.binding_mode or self.egpu_binding_mode or DEFAULT_BINDING_MODE
+
+    @property
+    def is_mig(self) -> bool:
+        """True when the class carves its claims as MIG instances (`partitioning: MIG`)."""
+        return self.partitioning == "MIG"
 
     @property
     def effective_reclaim_policy(self) -> ReclaimPolicy:
@@ -259,6 +295,10 @@ class ElasticGPUClass(KubeModel):
                 raise InvalidSpec(field="bindingMode", rule=BINDING_MODES_AGREE, value=self.binding_mode)
             if self.resize_policy == "Auto" and not self.allow_claim_resize:
                 raise InvalidSpec(field="resizePolicy", rule=AUTO_NEEDS_RESIZE, value="Auto")
+            if self.partitioning is not None and self.provisioner != names.PROVISIONER_GPUSHARE:
+                raise InvalidSpec(field="partitioning", rule=MIG_NEEDS_GPUSHARE, value=self.partitioning)
+            if self.partitioning is not None and self.allow_claim_resize:
+                raise InvalidSpec(field="allowClaimResize", rule=MIG_NO_RESIZE, value="true")
             if not 0 <= self.recommendation_margin <= 100:
                 raise InvalidSpec(field="recommendationMargin", rule=MARGIN_RANGE,
                                   value=str(self.recommendation_margin))

@@ -82,6 +82,8 @@ CLAIM = KindInfo(
                       "Recommended percent of one card's compute.", priority=1),
         PrinterColumn("Rec-Memory", "integer", ".status.recommendation.memory", "Recommended MiB of GPU memory.",
                       priority=1),
+        PrinterColumn("Profile", "string", ".status.partition.profile",
+                      "The MIG profile of the claim's instance (partitioning: MIG).", priority=1),
     ),
     crd_file="elasticgpuclaim.yaml",
 )

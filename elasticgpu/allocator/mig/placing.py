@@ -52,10 +52,22 @@ class MigRequest:
 
     def profile_on(self, model: MigModel, card_memory_mib: int) -> Profile | None:
         """The profile this request takes on a card (None: no profile of the model covers it)."""
+        key = (self, model.name, card_memory_mib)
+        if key in _PROFILES:
+            return _PROFILES[key]
         if self.cards > 0:
-            return model.largest
-        memory = self.memory_mib if self.memory_mib is not None else card_memory_mib * self.cores // 100
-        return profile_for(model, cores=self.cores, memory_mib=memory, card_memory_mib=card_memory_mib)
+            found: Profile | None = model.largest
+        else:
+            memory = self.memory_mib if self.memory_mib is not None else card_memory_mib * self.cores // 100
+            found = profile_for(model, cores=self.cores, memory_mib=memory, card_memory_mib=card_memory_mib)
+        if len(_PROFILES) > 100_000:  # bound memory
+            _PROFILES.clear()
+        _PROFILES[key] = found
+        return found
+
+
+# Memo of `MigRequest.profile_on` (first-fit asks it of every card it looks at).
+_PROFILES: dict[tuple[MigRequest, str, int], Profile | None] = {}
 
 
 @dataclass(frozen=True)
