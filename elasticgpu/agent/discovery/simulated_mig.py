@@ -16,12 +16,19 @@ Creating and destroying follow NVML's rules and answers:
 Each instance gets a stable `MIG-` uuid and stand-in access devices
 (`<device_dir>/nvidia-caps/nvidia-cap<N>`, as the driver's caps files), so a CDI spec that names
 them is valid for a real container runtime.
+
+Instances outlive the agent as they do on a real card: they are kept in
+`<device_dir>/mig-instances.json` (written atomically on every change) and read back when a
+backend opens the same device folder, so a test can kill -9 the agent and find them again.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import uuid as uuidlib
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from elasticgpu.agent import errors
@@ -49,6 +56,18 @@ class SimulatedMig:
         self._make_device = make_device
         self._cards: dict[str, models.Card] = {}
         self._instances: dict[str, dict[int, MigInstanceInfo]] = {}
+        self._state = device_dir / "mig-instances.json"
+        self._saved: dict[str, list[dict[str, object]]] = {}
+        if self._state.exists():
+            self._saved = json.loads(self._state.read_text())
+
+    def _save(self) -> None:
+        # Atomic: a kill -9 mid-write leaves the previous state, as a card keeps its instances.
+        state = {card: [asdict(i) for i in sorted(held.values(), key=lambda i: i.gpu_instance_id)]
+                 for card, held in self._instances.items()}
+        temporary = self._state.with_name(f".{self._state.name}.tmp")
+        temporary.write_text(json.dumps(state))
+        os.replace(temporary, self._state)
 
     def add_card(self, card: models.Card, carved: list[tuple[str, int]], *, where: str) -> None:
         """Track a card; `carved` are its instances at start (profile, start), checked like creations.
@@ -60,6 +79,13 @@ class SimulatedMig:
                                            " NVIDIA A100-SXM4-80GB, H100 or H200")
         if carved and not card.mig_enabled:
             raise errors.SimulationInvalid(f"{where}.migInstances: needs mig: true (the card is not in MIG mode)")
+        saved = self._saved.get(card.uuid)
+        if saved is not None and card.mig_enabled:
+            # The card kept its instances while no backend had it open (an agent restart).
+            for entry in saved:
+                instance = MigInstanceInfo(**{**entry, "device_paths": tuple(entry["device_paths"])})  # type: ignore[arg-type]
+                self._instances[card.uuid][instance.gpu_instance_id] = instance
+            return
         for profile, start in carved:
             try:
                 self.create(card.uuid, profile=profile, start=start)
@@ -123,6 +149,7 @@ class SimulatedMig:
             uuid=simulated_mig_uuid(card_uuid, gpu_instance_id, profile, start), device_paths=paths,
         )
         held[gpu_instance_id] = instance
+        self._save()
         return instance
 
     def destroy(self, card_uuid: str, gpu_instance_id: int) -> None:
@@ -135,3 +162,4 @@ class SimulatedMig:
             raise errors.MigInUse(f"card {card_uuid}: GPU instance {gpu_instance_id} ({held[gpu_instance_id].profile})"
                                   " has processes running; stop them first")
         del held[gpu_instance_id]
+        self._save()
