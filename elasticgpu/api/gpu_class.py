@@ -110,6 +110,10 @@ MIG_NEEDS_GPUSHARE = (
     f"MIG carves slices of one card: it needs provisioner {names.PROVISIONER_GPUSHARE}; for whole cards use a class"
     " without partitioning"
 )
+MIG_IMMEDIATE = (
+    "MIG classes bind Immediate for now (the node is chosen with the instance's card and start); leave bindingMode"
+    " and egpuBindingMode out, or set them to Immediate"
+)
 MIG_NO_RESIZE = (
     "MIG instances cannot resize in place (a profile is fixed when the instance is created); set allowClaimResize:"
     " false, or leave partitioning out"
@@ -150,6 +154,13 @@ class ElasticGPUClass(KubeModel):
             f"partitioning: {MIG_NEEDS_GPUSHARE}",
             reason="FieldValueInvalid",
             field_path=".partitioning",
+        ),
+        rule(
+            "!has(self.partitioning) || ((!has(self.bindingMode) || self.bindingMode == 'Immediate')"
+            " && (!has(self.egpuBindingMode) || self.egpuBindingMode == 'Immediate'))",
+            f"bindingMode: {MIG_IMMEDIATE}",
+            reason="FieldValueInvalid",
+            field_path=".bindingMode",
         ),
         rule(
             "!has(self.partitioning) || !has(self.allowClaimResize) || !self.allowClaimResize",
@@ -297,6 +308,8 @@ class ElasticGPUClass(KubeModel):
                 raise InvalidSpec(field="resizePolicy", rule=AUTO_NEEDS_RESIZE, value="Auto")
             if self.partitioning is not None and self.provisioner != names.PROVISIONER_GPUSHARE:
                 raise InvalidSpec(field="partitioning", rule=MIG_NEEDS_GPUSHARE, value=self.partitioning)
+            if self.partitioning is not None and self.effective_binding_mode != "Immediate":
+                raise InvalidSpec(field="bindingMode", rule=MIG_IMMEDIATE, value=self.effective_binding_mode)
             if self.partitioning is not None and self.allow_claim_resize:
                 raise InvalidSpec(field="allowClaimResize", rule=MIG_NO_RESIZE, value="true")
             if not 0 <= self.recommendation_margin <= 100:
