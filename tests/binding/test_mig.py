@@ -49,6 +49,10 @@ def test_mig_claims_get_profiles_at_starts_that_keep_room(cluster: Cluster, kube
     assert claim["status"]["capacity"] == {names.RESOURCE_CORE: 42, names.RESOURCE_MEMORY: "40Gi"}
     [allocation] = _allocations(kube, gpu)
     assert allocation["partition"] == {"profile": "3g.40gb", "start": 4}
+    # Idempotent: another round writes nothing (the request differs from what is reserved, as MIG does).
+    before = claim["metadata"]["resourceVersion"]
+    settle(controller)
+    assert cluster.get_claim("three")["metadata"]["resourceVersion"] == before
     # The 3g went to slice 4, so the card's only 4g start (0) is still free.
     cluster.claim(o.claim("four", cores=50, memory="20Gi", class_name=mig_class))
     settle(controller)
