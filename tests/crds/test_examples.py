@@ -113,7 +113,7 @@ def test_claim_columns(api_client: client.ApiClient, objects: Objects, namespace
     table = _table(api_client, f"/apis/{names.API_VERSION}/namespaces/{namespace}/{plural}")
     cells = _row(table, "notebook")
     assert list(cells) == ["Name", "Status", "EGPU", "Core", "Memory", "Node", "Class", "Reason", "Age",
-                           "Sizing", "Rec-Core", "Rec-Memory"]  # the last three: -o wide
+                           "Sizing", "Rec-Core", "Rec-Memory", "Profile"]  # the last four: -o wide
     assert (cells["Status"], cells["EGPU"], cells["Core"], cells["Memory"], cells["Node"], cells["Class"]) == (
         "Bound",
         "egpu-1234",
