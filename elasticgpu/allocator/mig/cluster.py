@@ -4,7 +4,9 @@ A GPU object is a MIG card for a class when its agent reports MIG mode (`spec.mi
 admin's choice), its model has MIG tables, it matches the class's `gpuModel` and its node the
 class's `nodeSelector`, and it is ready. Its reservations with a `partition` are its instances;
 a card holding a reservation without one (a soft share or a whole card from before MIG mode)
-is left out: its slots are unknown, so nothing is carved next to it.
+is left out: its slots are unknown, so nothing is carved next to it. So is a card whose
+partitions break a slot rule (written by hand, or a profile its model lacks): nothing new is
+carved on a card whose state cannot be trusted, and the rest of the class goes on working.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from elasticgpu.allocator.mig import slots as slot_rules
 from elasticgpu.allocator.mig.placing import MigAllocator, MigCard, MigInstance, MigPlacement, MigPolicy
-from elasticgpu.allocator.mig.profiles import model_for
+from elasticgpu.allocator.mig.profiles import MigModel, model_for
 from elasticgpu.allocator.shapes import model_matches
 from elasticgpu.api.gpu import GPU
 
@@ -45,6 +48,8 @@ def build(cards: Iterable[ClusterCard], *, models: tuple[str, ...] = (), node_se
         allocations = gpu.status.allocations
         if any(a.partition is None for a in allocations):
             continue  # a soft share or a whole card: its slots are unknown
+        if not _consistent(model, [(a.partition.profile, a.partition.start) for a in allocations if a.partition]):
+            continue
         allocator.add_card(MigCard(uuid=spec.uuid, node=spec.node_name, index=spec.index, model=model,
                                    memory_mib=spec.memory))
         for allocation in allocations:
@@ -57,3 +62,17 @@ def build(cards: Iterable[ClusterCard], *, models: tuple[str, ...] = (), node_se
         # server's own state (two writers): reported by raising, never squeezed in.
         allocator.reserve(key, MigPlacement(node, tuple(i for _, i in instances)))
     return allocator
+
+
+def _consistent(model: MigModel, partitions: list[tuple[str, int]]) -> bool:
+    """Whether these instances can all be on one card of `model` (profiles it has, allowed
+    starts, no shared slice, compute within the card)."""
+    used = slot_rules.EMPTY
+    for name, start in partitions:
+        if name not in model.names:
+            return False
+        profile = model.profile(name)
+        if not slot_rules.fits(model, used, profile, start):
+            return False
+        used = slot_rules.taking(used, profile, start)
+    return True

@@ -187,3 +187,29 @@ def test_small_instances_fill_a_started_card_before_an_empty_one() -> None:
     assert isinstance(first, MigPlacement) and isinstance(second, MigPlacement)
     assert first.instances[0].uuid == second.instances[0].uuid
     assert isinstance(allocator.place(MigRequest(cores=100)), MigPlacement)
+
+
+def test_cluster_leaves_out_cards_it_cannot_trust() -> None:
+    from elasticgpu.allocator.mig import cluster
+    from elasticgpu.api import GPU
+
+    def card(name: str, allocations: list[dict[str, object]], *, mig: bool = True) -> cluster.ClusterCard:
+        return cluster.ClusterCard(GPU.model_validate({
+            "metadata": {"name": name.lower()},
+            "spec": {"index": 0, "uuid": name, "model": "NVIDIA A100-SXM4-80GB", "memory": 81920, "nodeName": name,
+                     "mig": mig},
+            "status": {"allocations": allocations},
+        }), {})
+
+    built = cluster.build([
+        card("GPU-OK", [{"elasticGPU": "a", "cores": 42, "memory": 40960, "partition": {"profile": "3g.40gb",
+                                                                                          "start": 4}}]),
+        card("GPU-SOFT", [{"elasticGPU": "b", "cores": 30, "memory": 10240}]),
+        card("GPU-BAD", [{"elasticGPU": "c", "cores": 57, "memory": 40960, "partition": {"profile": "4g.40gb",
+                                                                                           "start": 0}},
+                         {"elasticGPU": "d", "cores": 42, "memory": 40960, "partition": {"profile": "3g.40gb",
+                                                                                           "start": 0}}]),
+        card("GPU-OFF", [], mig=False),
+    ])
+    assert [c.uuid for c in built.cards()] == ["GPU-OK"]
+    assert built.slots("GPU-OK") == Slots(0b11110000, 3)
