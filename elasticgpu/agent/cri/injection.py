@@ -133,6 +133,7 @@ class ClaimInfo:
     cores: int  # percent of each card's compute (100: whole cards)
     memory_mib: int  # MiB of each card's memory reserved (0: the whole card's)
     users: tuple[ClaimUser, ...] = ()  # status.users: the pod the claim serves (at most one)
+    partition: tuple[str, int] | None = None  # status.partition: its MIG instance (profile, start slice)
 
     @property
     def whole_cards(self) -> bool:
