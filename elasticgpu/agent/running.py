@@ -9,7 +9,9 @@ flags (a CDI form or a front that does not exist, a metrics port that cannot be 
 Threads, each a loop that never dies (failures are logged and retried with backoff):
 - inventory (and its watch of this node's GPU objects): GPU objects, heartbeat, Node labels;
 - health: waits for XID events and wakes inventory after a fatal one;
-- usage: samples per-process usage, attributes it to claims, writes claim status (rate-limited);
+- usage: samples per-process usage, attributes it to claims, writes claim status (rate-limited),
+  then polices the claims over their memory (policing/: the runtime stops the container of a claim
+  whose class says StopContainer, through the CRI proxy's runtime channel);
 - parts: opens the device backend, the ledger and the API client (starting.py), then ends;
 - starter: once they are open, makes inventory, health and usage and starts their threads;
 - http: /metrics, read at scrape time, /healthz and /readyz (elasticgpu/probe_server.py);
@@ -41,6 +43,7 @@ from elasticgpu.agent import (
     inventory,
     kube,
     metrics,
+    policing,
     service_manager,
     starting,
     usage,
@@ -165,6 +168,9 @@ class _Loops:
     sources: metrics.Sources | None = None
     limits: LimitsFiles | None = None
     """The CRI hook's claims' limits files: the holders publisher keeps them true to the allocations."""
+    runtime: Callable[[], policing.ContainerStopper | None] = lambda: None
+    """The runtime client policing stops containers through: the CRI proxy serving now (None while it is
+    down; always None with --cri-proxy false, where no claim reaches a container anyway)."""
 
 
 def _open_kube(settings: AgentSettings, node: str) -> kube.AgentKube:
@@ -189,6 +195,7 @@ def _start_loops(settings: AgentSettings, parts: starting.Parts, loops: _Loops, 
                                     watch_timeout_s=settings.kube.watch_timeout_s, ledger=ledger)
     sampler = usage.UsageLoop(backend=backend, ledger=ledger, kube=agent_kube, inventory=publisher,
                               settings=settings.usage, ledger_settings=settings.ledger)
+    sampler.policing = policing.Enforcer(kube=agent_kube, runtime=lambda: loops.runtime(), settings=settings.policing)
     while not stop.is_set():
         try:
             # The CRI hook's spec and view need the cards before inventory's first pass.
@@ -256,6 +263,8 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     if cri_settings is not None:
         hook = _cri_hook(settings, cri_settings, parts, loops)
         loops.limits = hook.limits
+        cri_hook = hook
+        loops.runtime = lambda: cri_hook.proxy  # issue 25: policing stops containers through the proxy's channel
         threads.append(threading.Thread(target=hook.run, args=(stop,), name="cri", daemon=True))
     else:
         logger.info("the CRI proxy is off (--cri-proxy false): inventory only; no claim reaches a container here")

@@ -123,6 +123,18 @@ class UsageSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PolicingSettings:
+    """What the agent does with a claim over its memory, beyond its class's policy (docs/policing.md)."""
+
+    over_limit_stops: bool = True
+    """false: this node's agent never stops a container, whatever its claim's class says (every class acts as
+    overLimitAction: Warn here; an operator's brake while a new driver or workload is being looked at)."""
+    over_limit_stop_timeout_s: int = 10
+    """Seconds the runtime gives a container it stops for its claim's memory between the stop signal and the kill
+    (kubelet's own stops use the pod's terminationGracePeriodSeconds; the card's other claims wait meanwhile)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class MetricsSettings:
     """The Prometheus endpoint."""
 
@@ -225,6 +237,7 @@ class AgentSettings:
     inventory: InventorySettings = field(default_factory=InventorySettings)
     health: HealthSettings = field(default_factory=HealthSettings)
     usage: UsageSettings = field(default_factory=UsageSettings)
+    policing: PolicingSettings = field(default_factory=PolicingSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     cri: CriSettings = field(default_factory=CriSettings)
 
