@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticgpu.agent.policing import decisions
+from elasticgpu.agent.policing import decisions, policy_of
 from elasticgpu.agent.policing.decisions import Policy, Sample, Watch
 
 CONTAINERS = ("c1", "c2", "c3", "c4")
@@ -141,3 +141,15 @@ def test_no_limit_is_never_over() -> None:
     _, stop = decisions.observe(Watch(over_since=0), Sample(at=1e6, limit_mib=0, containers={"c1": 10**6}),
                                 Policy(action="StopContainer", grace_s=0))  # fmt: skip
     assert stop is None
+
+
+def test_the_policy_is_read_from_the_claims_status_and_warn_otherwise() -> None:
+    def claim(policing: object) -> dict[str, object]:
+        return {"status": {"phase": "Bound", "policing": policing}}
+
+    assert policy_of(claim({"overLimitAction": "StopContainer", "overLimitGraceSeconds": 5})) == Policy(
+        action="StopContainer", grace_s=5.0)
+    assert policy_of(claim({"overLimitAction": "StopContainer"})) == Policy(action="StopContainer", grace_s=60.0)
+    for unknown in (None, {}, {"overLimitAction": "Kill"}, {"overLimitGraceSeconds": "soon"}):
+        assert policy_of(claim(unknown)) == decisions.WARN, unknown
+    assert policy_of(None) == decisions.WARN  # not read yet

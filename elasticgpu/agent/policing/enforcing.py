@@ -68,7 +68,8 @@ def policy_of(claim: Mapping[str, Any] | None) -> decisions.Policy:
         policing = Policing.model_validate(copied)
     except pydantic.ValidationError:
         return decisions.WARN  # a status the CRD would refuse: never stop on what cannot be read
-    return decisions.Policy(action=policing.over_limit_action, grace_s=float(policing.over_limit_grace_seconds))
+    # max: the CRD refuses a negative grace; should one get through, it is no shorter than 0.
+    return decisions.Policy(action=policing.over_limit_action, grace_s=float(max(0, policing.over_limit_grace_seconds)))
 
 
 def containers_of(rows: Iterable[Row]) -> tuple[dict[ClaimKey, dict[str, int]], dict[str, Allocation]]:
@@ -107,6 +108,7 @@ class Enforcer:
         self._wall_clock = wall_clock
         self._watches: dict[ClaimKey, decisions.Watch] = {}
         self._failures: dict[str, int] = {}  # container id -> failed stops in a row (for the log's backoff)
+        self._no_runtime = 0  # passes in a row that found no runtime to stop through (for the log's backoff)
         self._owed: list[_OwedEvent] = []
         self.stops: dict[ClaimKey, int] = {}
         """Containers stopped per claim since the agent started (the metric's counter)."""
@@ -139,9 +141,13 @@ class Enforcer:
                    now: float) -> None:  # fmt: skip
         runtime = self._runtime()
         if runtime is None:
-            logger.warning("claim %s/%s is over its memory for %.0f s, but the runtime cannot be reached (the CRI"
-                           " proxy is not serving); the next pass tries again", key[0], key[1], now - stop.over_since)
+            self._no_runtime += 1
+            if self._no_runtime & (self._no_runtime - 1) == 0:  # 1st, 2nd, 4th ...: not every pass
+                logger.warning("claim %s/%s is over its memory for %.0f s, but the runtime cannot be reached (the CRI"
+                               " proxy is not serving); the next pass tries again", key[0], key[1],
+                               now - stop.over_since)  # fmt: skip
             return
+        self._no_runtime = 0
         for container in stop.containers:
             try:
                 runtime.stop_container(container, timeout_s=self._settings.over_limit_stop_timeout_s)
