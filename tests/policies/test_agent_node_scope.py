@@ -260,6 +260,8 @@ def test_an_agent_never_changes_allocations_nor_the_controllers_fields(
                              ({"gpus": ["GPU-OTHER"]}, controllers), ({"nodeName": scene.nodes["b"]}, moved),
                              # Fields added since (resize, recommendations) are the controller's too.
                              ({"resizable": True}, controllers),
+                             # The class's over-limit policy (issue 25): an agent never relaxes its own claims'.
+                             ({"policing": {"overLimitAction": "Warn", "overLimitGraceSeconds": 60}}, controllers),
                              ({"allocatedResources": {"elasticgpu.io/gpu-core": 100}}, controllers)):
             _refused(lambda status=status: agent.patch_claim_status(
                 scene.namespace, scene.claims["a"], resource_version=claim["metadata"]["resourceVersion"],
