@@ -303,8 +303,9 @@ def _cri_hook(settings: AgentSettings, cri_settings: supervising.HookSettings, p
               loops: _Loops) -> supervising.CriHook:  # fmt: skip
     """The CRI hook, on parts that may not be open yet (gated.py): it serves at once."""
 
-    def cards() -> Sequence[Card]:
-        return loops.publisher.snapshot.cards if loops.publisher is not None else ()
+    def cards() -> Sequence[Card] | None:
+        # None until discovery's first snapshot: unknown cards, not "no cards" (issue 23.6).
+        return loops.publisher.snapshot.cards if loops.publisher is not None else None
 
     made: list[claim_view.ClaimView] = []
     lock = threading.Lock()

@@ -17,6 +17,9 @@ container's final env, CDI devices and annotations) or `hooks.Refused`.
                                            -> refused, FAILED_PRECONDITION, and a Warning Event on
                                               the pod: a privileged container sees every card
                                               (UNAVAILABLE while the label cannot be read)
+        the same while the node's cards are not known yet (the agent starting, discovery not run)
+                                           -> refused, UNAVAILABLE (kubelet retries): until the
+                                              agent knows better, the node counts as one with cards
         otherwise                          -> our CDI devices and claim annotation stripped,
            NVIDIA_VISIBLE_DEVICES=void (CUDA images set it to `all`; a setting, on by default).
            The claim part of the view is not consulted: such a container passes even while the
@@ -170,8 +173,9 @@ class AgentView(Protocol):
         """A card of this node by uuid (any case), or None."""
         ...
 
-    def has_cards(self) -> bool:
-        """True when discovery reports at least one card on this node."""
+    def has_cards(self) -> bool | None:
+        """True when discovery reports at least one card on this node, False when it reports none,
+        None while discovery has not run yet (the agent is starting: the cards are unknown)."""
         ...
 
     def node_gpu_access(self, namespace: str) -> bool | None:
@@ -292,8 +296,14 @@ def decide(
             return ContainerEdit(envs=tuple(request.envs), cdi_devices=tuple(request.cdi_devices), annotations=kept)
         if request.privileged and settings.refuse_privileged and request.pod.namespace not in (
             settings.privileged_namespaces
-        ) and view.has_cards():
-            _refuse_privileged(request, view, access)
+        ):
+            # Unknown cards (None) count as cards: a starting agent must not hand a privileged
+            # container every card only because discovery has not run yet (issue 23.6).
+            node_cards = view.has_cards()
+            if node_cards is None:
+                _refuse_privileged_unknown(request, view, access)
+            elif node_cards:
+                _refuse_privileged(request, view, access)
         # OBSERVATION: no claim. Our devices are gone; the NVIDIA hook must not see `all`.
         if settings.neutralise_unclaimed:
             envs.append((ENV_VISIBLE_DEVICES, VISIBLE_NONE))
@@ -326,6 +336,28 @@ def decide(
     )
 
 
+def _what_to_do(request: ContainerRequest) -> str:
+    container, namespace = request.container, request.pod.namespace
+    return (
+        f"Give the container a claim (annotation {names.claim_annotation(container)}: <claim>, or "
+        f"{names.inline_request_annotation(container)}), drop `privileged` (add only the capabilities it needs), "
+        f"or, for the node's own GPU tools, ask the platform team to label namespace {namespace} "
+        f"{NODE_GPU_ACCESS_LABEL}=true"
+    )
+
+
+def _refuse_privileged_unknown(request: ContainerRequest, view: AgentView, access: bool | None) -> None:
+    # Retryable and without an Event: the node may turn out to have no card at all.
+    raise hooks.Refused(
+        f"pod {request.pod}, container {request.container!r} is privileged and uses no ElasticGPUClaim; the "
+        f"elasticgpu agent on node {view.node_name} is starting and does not know the node's GPUs yet "
+        f"({view.not_ready_reason() or 'discovery has not run'}), and a privileged container would see every "
+        "card; kubelet retries this container by itself. "
+        + ("" if access is None else _what_to_do(request)),
+        code=grpc.StatusCode.UNAVAILABLE,
+    )
+
+
 def _refuse_privileged(request: ContainerRequest, view: AgentView, access: bool | None) -> None:
     pod, container = request.pod, request.container
     if access is None:
@@ -338,10 +370,7 @@ def _refuse_privileged(request: ContainerRequest, view: AgentView, access: bool 
     message = (
         f"pod {pod}, container {container!r} is privileged and uses no ElasticGPUClaim, on node {view.node_name}, "
         "which has GPUs: a privileged container sees every card of the node, those other pods' claims hold "
-        f"included. Give the container a claim (annotation {names.claim_annotation(container)}: <claim>, or "
-        f"{names.inline_request_annotation(container)}), drop `privileged` (add only the capabilities it needs), "
-        f"or, for the node's own GPU tools, ask the platform team to label namespace {pod.namespace} "
-        f"{NODE_GPU_ACCESS_LABEL}=true"
+        f"included. {_what_to_do(request)}"
     )
     view.warn(pod, PRIVILEGED_REASON, message)
     raise hooks.Refused(message)
