@@ -121,7 +121,8 @@ def _front_settings(cri: CriSettings) -> front.FrontSettings | None:
 
 
 def hook_settings(cri: CriSettings) -> supervising.HookSettings:
-    """The CRI hook's settings from the agent's; raises `AgentError` for a CDI form that does not exist."""
+    """The CRI hook's settings from the agent's; raises `AgentError` for a CDI form that does not exist or a
+    `--privileged-pods` entry that cannot be read."""
     try:
         form = injection.CdiForm(cri.cdi_form)
     except ValueError:
@@ -130,6 +131,10 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
             + ", ".join(f.value for f in injection.CdiForm)
         ) from None
     nginx_front = _front_settings(cri)
+    try:
+        privileged_pods = injection.parse_privileged_pods(cri.privileged_pods)
+    except ValueError as e:
+        raise errors.AgentError(str(e)) from None
     return supervising.HookSettings(
         # Behind the front the proxy listens on its hook socket; alone, on kubelet's.
         proxy=ProxySettings(listen=nginx_front.hook if nginx_front else Path(cri.cri_listen),
@@ -137,7 +142,8 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
         front=nginx_front,
         injection=injection.InjectionSettings(
             cdi_form=form, neutralise_unclaimed=cri.neutralise_unclaimed, refuse_privileged=cri.refuse_privileged,
-            privileged_namespaces=tuple(n.strip() for n in cri.privileged_namespaces.split(",") if n.strip())),
+            privileged_namespaces=tuple(n.strip() for n in cri.privileged_namespaces.split(",") if n.strip()),
+            privileged_pods=privileged_pods),
         cdi_dir=Path(cri.cdi_dir),
         cdi_check_interval_s=cri.cdi_check_interval_s,
         limits_dir=Path(cri.limits_dir) if cri.limits_dir else None,  # issue 17: a resize reaches running containers

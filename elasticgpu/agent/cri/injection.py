@@ -13,7 +13,8 @@ container's final env, CDI devices and annotations) or `hooks.Refused`.
                                            -> passed through untouched (only the claim annotation,
                                               which only we may set, is removed)
         privileged, on a node with cards, namespace neither labelled nor in the privileged
-        allow-list (kube-system: kube-proxy, CNI)
+        allow-list (kube-system: kube-proxy, CNI), pod not one of the privileged pods (a namespace
+        and a label: the chart's agent installer)
                                            -> refused, FAILED_PRECONDITION, and a Warning Event on
                                               the pod: a privileged container sees every card
                                               (UNAVAILABLE while the label cannot be read)
@@ -38,6 +39,7 @@ container's final env, CDI devices and annotations) or `hooks.Refused`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -81,6 +83,49 @@ class CdiForm(Enum):
     BOTH = "both"
 
 
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+PRIVILEGED_PODS_FORM = "<namespace>/<label>=<value>"
+
+
+@dataclass(frozen=True)
+class PrivilegedPods:
+    """Pods whose privileged containers pass without a claim: those of `namespace` labelled `key`=`value`.
+
+    The namespace is the boundary: only who may create pods there can run one. The label only
+    narrows within it (whoever creates a pod writes its labels), so that one privileged pod of the
+    namespace passing does not let every other through."""
+
+    namespace: str
+    key: str
+    value: str
+
+    def matches(self, pod: PodRef, labels: Mapping[str, str]) -> bool:
+        """True for a pod of this namespace that carries this label."""
+        return pod.namespace == self.namespace and labels.get(self.key) == self.value
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.key}={self.value}"
+
+
+def parse_privileged_pods(text: str) -> tuple[PrivilegedPods, ...]:
+    """The comma-separated `<namespace>/<label>=<value>` entries of `text`; raises ValueError naming the
+    setting, the entry and the form."""
+    found = []
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        namespace, _, selector = entry.partition("/")
+        key, equals, value = selector.partition("=")
+        if not (_NAMESPACE.match(namespace) and key.strip() and equals):
+            raise ValueError(
+                f"--privileged-pods / ELASTICGPU_AGENT_PRIVILEGED_PODS: entry {entry!r} is not "
+                f"{PRIVILEGED_PODS_FORM} (a namespace name, a pod label and its value, e.g. "
+                "elasticgpu-system/app.kubernetes.io/component=agent-installer); fix or remove it"
+            )
+        found.append(PrivilegedPods(namespace, key.strip(), value.strip()))
+    return tuple(found)
+
+
 @dataclass(frozen=True, kw_only=True)
 class InjectionSettings:
     """Choices of the injection, per node."""
@@ -97,6 +142,9 @@ class InjectionSettings:
     privileged_namespaces: tuple[str, ...] = ("kube-system",)
     """Namespaces whose privileged containers pass without a claim or label (kube-proxy, CNI
     agents run privileged there; only cluster admins create pods there)."""
+    privileged_pods: tuple[PrivilegedPods, ...] = ()
+    """Pods whose privileged containers pass without a claim or label: a namespace and a pod label
+    each (the chart's agent installer, re-created through this agent at every upgrade)."""
 
 
 @dataclass(frozen=True)
@@ -200,6 +248,7 @@ class ContainerRequest:
     cdi_devices: Sequence[str]
     annotations: Mapping[str, str]
     privileged: bool = False  # linux.security_context.privileged
+    pod_labels: Mapping[str, str] = field(default_factory=dict)  # the sandbox's labels: the pod's and kubelet's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,7 +345,7 @@ def decide(
             return ContainerEdit(envs=tuple(request.envs), cdi_devices=tuple(request.cdi_devices), annotations=kept)
         if request.privileged and settings.refuse_privileged and request.pod.namespace not in (
             settings.privileged_namespaces
-        ):
+        ) and not any(pods.matches(request.pod, request.pod_labels) for pods in settings.privileged_pods):
             # Unknown cards (None) count as cards: a starting agent must not hand a privileged
             # container every card only because discovery has not run yet (issue 23.6).
             node_cards = view.has_cards()
