@@ -26,6 +26,8 @@ import grpc
 import helm_python
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from elasticgpu.agent import running
 from elasticgpu.agent import settings as agent_settings
@@ -128,6 +130,24 @@ def test_the_chart_keeps_the_installer_entry_beside_the_users_own() -> None:
     (plain,) = [o for o in _plain() if o["kind"] == "ConfigMap"]
     assert environment_file(plain["data"]["agent.env"]) == {
         "ELASTICGPU_AGENT_PRIVILEGED_PODS": "elasticgpu-system/app.kubernetes.io/component=agent-installer"}
+
+
+_NAMESPACES = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,10}[a-z0-9])?\Z")
+_KEYS = st.from_regex(r"\A([a-z0-9.-]{1,12}/)?[A-Za-z0-9][-A-Za-z0-9_.]{0,10}\Z")
+_VALUES = st.from_regex(r"\A([A-Za-z0-9][-A-Za-z0-9_.]{0,10})?\Z")
+
+
+@given(entries=st.lists(st.tuples(_NAMESPACES, _KEYS, _VALUES), max_size=4), other=_NAMESPACES)
+def test_entries_read_back_and_match_only_their_namespace_and_label(
+    entries: list[tuple[str, str, str]], other: str
+) -> None:
+    written = tuple(injection.PrivilegedPods(*entry) for entry in entries)
+    assert injection.parse_privileged_pods(",".join(map(str, written))) == written
+    for pods in written:
+        pod = PodRef(pods.namespace, "p", "u")
+        assert pods.matches(pod, {pods.key: pods.value, "other": "x"})
+        assert not pods.matches(pod, {pods.key: pods.value + "x"}) and not pods.matches(pod, {})
+        assert pods.matches(PodRef(other, "p", "u"), {pods.key: pods.value}) == (other == pods.namespace)
 
 
 @pytest.mark.parametrize("text", ["ns", "ns/", "ns/key", "/k=v", "Bad_NS/k=v"])
