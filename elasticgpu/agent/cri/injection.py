@@ -397,14 +397,15 @@ def _what_to_do(request: ContainerRequest) -> str:
 
 def _refuse_privileged_unknown(request: ContainerRequest, view: AgentView, access: bool | None) -> None:
     # Retryable and without an Event: the node may turn out to have no card at all.
-    raise hooks.Refused(
+    message = (
         f"pod {request.pod}, container {request.container!r} is privileged and uses no ElasticGPUClaim; the "
-        f"elasticgpu agent on node {view.node_name} is starting and does not know the node's GPUs yet "
-        f"({view.not_ready_reason() or 'discovery has not run'}), and a privileged container would see every "
-        "card; kubelet retries this container by itself. "
-        + ("" if access is None else _what_to_do(request)),
-        code=grpc.StatusCode.UNAVAILABLE,
+        f"elasticgpu agent on node {view.node_name} is starting and does not know the node's GPUs yet (its "
+        "discovery has not run), and a privileged container would see every card; kubelet retries this container "
+        "by itself"
     )
+    if access is not None:  # the namespace could be read: say how to pass for good
+        message += f". {_what_to_do(request)}"
+    raise hooks.Refused(message, code=grpc.StatusCode.UNAVAILABLE)
 
 
 def _refuse_privileged(request: ContainerRequest, view: AgentView, access: bool | None) -> None:
