@@ -74,15 +74,19 @@ def _gated(view: injection.AgentView | None) -> gated.GatedView:
     return gated.GatedView(node_name="node-a", view=lambda: view, not_ready=lambda: "the device backend: not opened")
 
 
+# Views are made in the test, not at collection: the API view's "answered recently" is a clock.
 @pytest.mark.parametrize(
-    "view",
+    "make",
     [
-        pytest.param(_gated(None), id="no-api-client-yet"),
-        pytest.param(_gated(_api_view(lambda: None)), id="api-client-open-discovery-not-run"),
-        pytest.param(View(inventory_known=False), id="plain-view"),
+        pytest.param(lambda: _gated(None), id="no-api-client-yet"),
+        pytest.param(lambda: _gated(_api_view(lambda: None)), id="api-client-open-discovery-not-run"),
+        pytest.param(lambda: View(inventory_known=False), id="plain-view"),
     ],
 )
-def test_a_privileged_container_is_refused_while_the_cards_are_unknown(view: injection.AgentView) -> None:
+def test_a_privileged_container_is_refused_while_the_cards_are_unknown(
+    make: Callable[[], injection.AgentView],
+) -> None:
+    view = make()
     assert view.has_cards() is None  # unknown, not "no cards"
     with pytest.raises(hooks.Refused) as refused:
         injection.decide(_privileged(), view)
@@ -91,18 +95,18 @@ def test_a_privileged_container_is_refused_while_the_cards_are_unknown(view: inj
 
 
 @pytest.mark.parametrize(
-    ("namespace", "view", "settings"),
+    ("namespace", "make", "settings"),
     [
-        pytest.param("kube-system", _gated(None), InjectionSettings(), id="kube-system"),
-        pytest.param("gpu-operator", _gated(_api_view(lambda: None)), InjectionSettings(), id="labelled"),
-        pytest.param("team", _gated(None), InjectionSettings(refuse_privileged=False), id="option-off"),
-        pytest.param("team", _gated(_api_view(lambda: ())), InjectionSettings(), id="discovered-no-cards"),
+        pytest.param("kube-system", lambda: _gated(None), InjectionSettings(), id="kube-system"),
+        pytest.param("gpu-operator", lambda: _gated(_api_view(lambda: None)), InjectionSettings(), id="labelled"),
+        pytest.param("team", lambda: _gated(None), InjectionSettings(refuse_privileged=False), id="option-off"),
+        pytest.param("team", lambda: _gated(_api_view(lambda: ())), InjectionSettings(), id="discovered-no-cards"),
     ],
 )
 def test_what_a_gpu_node_lets_through_passes_while_the_cards_are_unknown(
-    namespace: str, view: injection.AgentView, settings: InjectionSettings
+    namespace: str, make: Callable[[], injection.AgentView], settings: InjectionSettings
 ) -> None:
-    edit = injection.decide(_privileged(namespace), view, settings=settings)
+    edit = injection.decide(_privileged(namespace), make(), settings=settings)
     assert edit.claim is None
 
 
