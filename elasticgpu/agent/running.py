@@ -124,7 +124,8 @@ def _front_settings(cri: CriSettings) -> front.FrontSettings | None:
 
 
 def hook_settings(cri: CriSettings) -> supervising.HookSettings:
-    """The CRI hook's settings from the agent's; raises `AgentError` for a CDI form that does not exist."""
+    """The CRI hook's settings from the agent's; raises `AgentError` for a CDI form that does not exist or a
+    `--privileged-pods` entry that cannot be read."""
     try:
         form = injection.CdiForm(cri.cdi_form)
     except ValueError:
@@ -133,6 +134,10 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
             + ", ".join(f.value for f in injection.CdiForm)
         ) from None
     nginx_front = _front_settings(cri)
+    try:
+        privileged_pods = injection.parse_privileged_pods(cri.privileged_pods)
+    except ValueError as e:
+        raise errors.AgentError(str(e)) from None
     return supervising.HookSettings(
         # Behind the front the proxy listens on its hook socket; alone, on kubelet's.
         proxy=ProxySettings(listen=nginx_front.hook if nginx_front else Path(cri.cri_listen),
@@ -140,7 +145,8 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
         front=nginx_front,
         injection=injection.InjectionSettings(
             cdi_form=form, neutralise_unclaimed=cri.neutralise_unclaimed, refuse_privileged=cri.refuse_privileged,
-            privileged_namespaces=tuple(n.strip() for n in cri.privileged_namespaces.split(",") if n.strip())),
+            privileged_namespaces=tuple(n.strip() for n in cri.privileged_namespaces.split(",") if n.strip()),
+            privileged_pods=privileged_pods),
         cdi_dir=Path(cri.cdi_dir),
         cdi_check_interval_s=cri.cdi_check_interval_s,
         limits_dir=Path(cri.limits_dir) if cri.limits_dir else None,  # issue 17: a resize reaches running containers
@@ -312,8 +318,9 @@ def _cri_hook(settings: AgentSettings, cri_settings: supervising.HookSettings, p
               loops: _Loops) -> supervising.CriHook:  # fmt: skip
     """The CRI hook, on parts that may not be open yet (gated.py): it serves at once."""
 
-    def cards() -> Sequence[Card]:
-        return loops.publisher.snapshot.cards if loops.publisher is not None else ()
+    def cards() -> Sequence[Card] | None:
+        # None until discovery's first snapshot: unknown cards, not "no cards" (issue 23.6).
+        return loops.publisher.snapshot.cards if loops.publisher is not None else None
 
     made: list[claim_view.ClaimView] = []
     lock = threading.Lock()

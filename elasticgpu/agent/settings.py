@@ -213,6 +213,11 @@ class CriSettings:
     privileged_namespaces: str = "kube-system"
     """Comma-separated namespaces whose privileged containers pass without a claim (kube-proxy and CNI agents run
     privileged in kube-system, where only cluster admins create pods)."""
+    privileged_pods: str = ""
+    """Comma-separated `<namespace>/<label>=<value>`: privileged containers without a claim pass in pods of that
+    namespace carrying that label. The chart sets `<its namespace>/app.kubernetes.io/component=agent-installer`
+    (its installer DaemonSet, re-created through this agent at every upgrade). The namespace is the boundary (who
+    may create pods there); the label only narrows within it, since whoever creates a pod writes its labels."""
     namespace_cache_ttl_s: float = 30.0
     """Seconds a namespace's elasticgpu.io/node-gpu-access label, read for a container without a claim, is reused
     (one GET per namespace per interval; a label change takes effect within it)."""

@@ -81,6 +81,7 @@ def container_request(request: Any) -> injection.ContainerRequest:
         cdi_devices=[device.name for device in config.CDI_devices],
         annotations=dict(config.annotations),
         privileged=config.linux.security_context.privileged,
+        pod_labels=dict(labels),  # kubelet copies the pod's labels into the sandbox's
     )
 
 
