@@ -217,7 +217,7 @@ class ElasticGPUSync:
                 if force:
                     return f"an admin set {names.ANNOTATION_FORCE_RELEASE}=true on ElasticGPU {name}"
                 return running_holders.expired_reason(gpu, now=now, expire_after_s=expire_s,
-                                                      node_gone_for_s=nodes.gone_for(gpu.spec.node_name))
+                                                      node_gone_for_s=nodes.gone_for(gpu))
 
             return running_holders.holders_of(name, claim_ref=egpu.spec.claim_ref,
                                               gpu_names=ledger.gpus_holding(name), gpus=ledger.gpu, expired=expired)

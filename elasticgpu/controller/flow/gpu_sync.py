@@ -28,6 +28,7 @@ from elasticgpu.controller.decisions import gpu_step
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.picture import node_presence
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.settings import GPUHealthSettings
 
@@ -61,7 +62,7 @@ class GPUSync:
             else:
                 step = gpu_step.decide(*held, now=self._clock(), grace_s=self.settings.heartbeat_grace_s,
                                        now_rfc3339=timestamps.now_rfc3339(),
-                                       node_gone_for_s=picture.nodes.gone_for(held[0].spec.node_name),
+                                       node_gone_for_s=picture.nodes.gone_for(held[0]),
                                        node_gone_grace_s=self.settings.node_gone_grace_s)
                 wake = picture.gpu_ready(name, step.ready)
         if step is None or step.delete:
@@ -78,12 +79,15 @@ class GPUSync:
     def _delete(self, name: str, gpu: GPU) -> None:
         """Delete GPU `name`, whose Node has been gone for the grace, once a live read confirms the Node
         is gone (the picture's node view may lag); only the incarnation the picture holds (its uid)."""
-        node = gpu.spec.node_name
+        owner = node_presence.owner_node(gpu)
+        node = owner[0] if owner is not None else gpu.spec.node_name
         try:
-            self.picture.observe("node", "ADDED", self.kube.get_node(node))
-            return  # it exists after all (created again, or the watch lags): nothing to collect
+            live = self.kube.get_node(node)
         except errors.NotFound:
-            pass
+            live = None
+        if live is not None and (owner is None or (live.get("metadata") or {}).get("uid") == owner[1]):
+            self.picture.observe("node", "ADDED", live)
+            return  # it exists after all (the watch lags): nothing to collect
         try:
             self.kube.delete_gpu(name, uid=gpu.metadata.uid)
         except (errors.NotFound, errors.Conflict):

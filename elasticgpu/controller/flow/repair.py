@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from elasticgpu.api import GPU
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import resync, running_holders
 from elasticgpu.controller.edge.kube import KubeApi
@@ -68,11 +69,9 @@ class Repair:
                 logger.debug("reservation %s has no ElasticGPU yet; its claim is still binding", orphan.key)
                 continue
             with self.picture.lock:
-                now, nodes, expire_s = time.time(), self.picture.nodes, self.gpu_health.running_claims_expire_s
                 holders = running_holders.running(running_holders.holders_of(
                     orphan.key, claim_ref=orphan.claim_ref, gpu_names=orphan.gpu_names, gpus=self.picture.ledger.gpu,
-                    expired=lambda gpu: running_holders.expired_reason(
-                        gpu, now=now, expire_after_s=expire_s, node_gone_for_s=nodes.gone_for(gpu.spec.node_name))))
+                    expired=self._expired))
             if holders:
                 if orphan.key not in self._kept_running:
                     self._kept_running.add(orphan.key)
@@ -92,6 +91,12 @@ class Repair:
         if self.commit.quota is not None:
             # After the orphans are freed: a quota is recomputed from the reservations that remain.
             self.commit.quota.resync()
+
+    def _expired(self, gpu: GPU) -> str:
+        """Why the running claims the agent reports on `gpu` are no longer believed, or ""."""
+        return running_holders.expired_reason(gpu, now=time.time(),
+                                              expire_after_s=self.gpu_health.running_claims_expire_s,
+                                              node_gone_for_s=self.picture.nodes.gone_for(gpu))
 
     def run(self, stop: threading.Event, *, after: Callable[[], None] = lambda: None) -> None:
         """Resync every `interval_s`, relisting every `relist_interval_s`, until `stop` is set

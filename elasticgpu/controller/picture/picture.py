@@ -82,7 +82,7 @@ class Picture(reading.Reading):
             elif kind == "pod":
                 keys += self.put_pod(body, deleted=deleted)
             elif kind == "node":
-                self.nodes.put(name, deleted=deleted)
+                self.nodes.put(body, deleted=deleted)
                 if deleted:
                     # Its agent's reports are no longer believed (the ElasticGPUs kept for a running
                     # holder there), and its GPU objects are deleted after a grace (gpu_sync).
@@ -275,7 +275,7 @@ class Picture(reading.Reading):
                 self.ledger.observe_node(node["metadata"]["name"], node["metadata"].get("labels") or {})
             if nodes is not None:
                 self.ledger.forget_nodes_except({n["metadata"]["name"] for n in nodes})
-                self.nodes.merge(n["metadata"]["name"] for n in nodes)
+                self.nodes.merge(nodes)
             listed = {g["metadata"]["name"] for g in gpus}
             for gone in set(self.ledger.gpu_names()) - listed:
                 if not versions.changed_after(self.ledger.gpu_body(gone), gpus_version):
