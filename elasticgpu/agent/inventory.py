@@ -23,7 +23,10 @@ claims whose containers run on each card, in `status.runningClaims`, written on 
 the ledger's open rows (the controller keeps a reservation while its claim is listed there).
 
 A card that discovery no longer reports is marked Unhealthy with reason `Vanished`; its object is
-never deleted (reservations may point at it, and a card that comes back is Healthy again).
+never deleted by the agent (reservations may point at it, and a card that comes back is Healthy
+again). Each object names the node's Node as its owner (an ownerReference with the Node's uid):
+when the Node is deleted, the cluster's garbage collector deletes its GPU objects, as it does for
+what a Node owns (the controller does it too where no garbage collector runs; issue 23).
 """
 
 from __future__ import annotations
@@ -86,6 +89,23 @@ def node_labels(cards: tuple[Card, ...]) -> dict[str, str | None]:
         LABEL_PRODUCT: label_value(first.model),
         LABEL_MEMORY: str(first.memory_mib),
     }
+
+
+def node_owner(node: dict[str, Any]) -> dict[str, Any] | None:
+    """The ownerReference to a Node object (None when it has no uid). Not `blockOwnerDeletion`: that
+    needs the right to set finalizers on the Node, and nothing must keep a Node from being deleted."""
+    meta = node.get("metadata") or {}
+    if not meta.get("uid") or not meta.get("name"):
+        return None
+    return {"apiVersion": "v1", "kind": "Node", "name": meta["name"], "uid": meta["uid"]}
+
+
+def owned_by(obj: dict[str, Any], owner: dict[str, Any] | None) -> bool:
+    """True when `obj` already names `owner` among its ownerReferences (or there is no owner to name)."""
+    if owner is None:
+        return True
+    return any(ref.get("uid") == owner["uid"] and ref.get("kind") == "Node"
+               for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
 
 def gpu_spec(card: Card, node_name: str) -> dict[str, Any]:
@@ -232,6 +252,8 @@ class Inventory:
         self._labels_written: dict[str, str | None] | None = None
         self._labels_checked = 0.0  # when the Node's labels were last read back
         self._restored: set[str] = set()  # cards whose health was read back from their object after a start
+        self._owner: dict[str, Any] | None = None  # the ownerReference to our Node (read again before each apply)
+        self._owner_read = False
         self.wake = threading.Event()
         """Set to write at once (a fatal XID, a large change of usage) instead of at the next interval."""
         self.snapshot = Snapshot()
@@ -351,10 +373,13 @@ class Inventory:
         for name, card in present.items():
             obj = self.objects().get(name)
             spec = gpu_spec(card, self._node)
+            if not self._owner_read:
+                self._read_owner()
             if obj is None or obj.get("spec") != spec or (obj.get("metadata", {}).get("labels") or {}).get(
                 names.LABEL_NODE
-            ) != self._node:
-                obj = self._kube.apply_gpu(name, labels=labels, spec=spec)
+            ) != self._node or not owned_by(obj, self._owner):
+                self._read_owner()  # an apply is rare: the Node may have been registered again (another uid)
+                obj = self._kube.apply_gpu(name, labels=labels, spec=spec, owner=self._owner)
                 self._remember(obj)
                 logger.info("published card %s (%s) as GPU %s", card.index, card.model, name)
                 if self.holders is not None:
@@ -376,6 +401,16 @@ class Inventory:
             self._kube.patch_node_labels(desired_labels)
             self._labels_written = desired_labels
             self._labels_checked = now
+
+    def _read_owner(self) -> None:
+        """Read our Node's uid for the GPU objects' ownerReference; without it (the Node cannot be read) the
+        objects are written without one, said once: the controller still collects them by spec.nodeName."""
+        self._owner_read = True
+        try:
+            self._owner = node_owner(self._kube.read_node())
+        except errors.KubeError as e:
+            if self._owner is None:
+                logger.warning("Node %s cannot be read (%s): its GPU objects get no ownerReference to it", self._node, e)
 
     def _restore_health(self, uuid: str, obj: dict[str, Any]) -> None:
         """After a start: a card the previous agent marked Unhealthy for an XID stays so for the rest of its quiet
