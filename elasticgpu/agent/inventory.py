@@ -410,7 +410,8 @@ class Inventory:
             self._owner = node_owner(self._kube.read_node())
         except errors.KubeError as e:
             if self._owner is None:
-                logger.warning("Node %s cannot be read (%s): its GPU objects get no ownerReference to it", self._node, e)
+                logger.warning("Node %s cannot be read (%s): its GPU objects get no ownerReference to it",
+                               self._node, e)
 
     def _restore_health(self, uuid: str, obj: dict[str, Any]) -> None:
         """After a start: a card the previous agent marked Unhealthy for an XID stays so for the rest of its quiet
