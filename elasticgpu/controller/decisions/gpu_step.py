@@ -17,6 +17,8 @@ from elasticgpu.api import GPU
 from elasticgpu.controller.decisions import gpu_health
 
 Body = dict[str, Any]
+REASON_NODE_GONE = "NodeGone"
+"""The Event when a GPU object is deleted because its Node is gone (`delete`)."""
 
 
 @dataclass(frozen=True)
