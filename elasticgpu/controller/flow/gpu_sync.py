@@ -93,9 +93,10 @@ class GPUSync:
         except (errors.NotFound, errors.Conflict):
             return  # gone already, or another incarnation now: its own sync decides
         logger.info("GPU %s: deleted, its node %s is gone (reservations on it go with it)", name, node)
-        self.events.record(self.picture.ledger.gpu_body(name) or gpu.to_dict(), type_=WARNING, reason=gpu_step.REASON_NODE_GONE,
-                           message=f"node {node} no longer exists: GPU {name} is deleted with it; the ElasticGPUs"
-                           " on it fail and their claims become Lost")
+        message = (f"node {node} no longer exists: GPU {name} is deleted with it; the ElasticGPUs on it fail and"
+                   " their claims become Lost")
+        self.events.record(self.picture.ledger.gpu_body(name) or gpu.to_dict(), type_=WARNING,
+                           reason=gpu_step.REASON_NODE_GONE, message=message)
 
     def _recheck(self, name: str, in_s: float | None) -> None:
         """Queue the GPU again in `in_s` seconds, unless an earlier key is already due for it
