@@ -22,6 +22,13 @@ With the ledger, inventory also runs `holders.RunningClaimsPublisher` (its own t
 claims whose containers run on each card, in `status.runningClaims`, written on every change of
 the ledger's open rows (the controller keeps a reservation while its claim is listed there).
 
+A card whose object already exists for another node (its name is the card's uuid, and another
+node's agent created it first, by mistake or on purpose) is not taken over: the node-scope policy
+refuses that, and only an admin can tell which node really has the card. The agent writes the one
+thing the policy lets it write there, the condition `DuplicateUUID` (reason `SeenOnAnotherNode`,
+its message starting with `node <this node>:`), publishes its other cards as usual, and says so in
+its log; the controller then takes no new reservation on that card.
+
 A card that discovery no longer reports is marked Unhealthy with reason `Vanished`; its object is
 never deleted by the agent (reservations may point at it, and a card that comes back is Healthy
 again). Each object names the node's Node as its owner (an ownerReference with the Node's uid):
@@ -31,6 +38,7 @@ what a Node owns (the controller does it too where no garbage collector runs; is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -51,6 +59,10 @@ from elasticgpu.api import names, printing, timestamps
 logger = logging.getLogger(__name__)
 
 HEARTBEAT = "Heartbeat"
+DUPLICATE_UUID = "DuplicateUUID"
+"""The condition an agent writes on another node's GPU object whose card it sees too (the one write the
+node-scope policy lets it make there); the controller takes no new reservation on such a card."""
+REASON_SEEN_ON_ANOTHER_NODE = "SeenOnAnotherNode"
 HEALTHY = "Healthy"
 APPLICATION_XID = "ApplicationXid"
 AGENT_CONDITIONS = (HEARTBEAT, HEALTHY, APPLICATION_XID)
@@ -379,7 +391,12 @@ class Inventory:
                 names.LABEL_NODE
             ) != self._node or not owned_by(obj, self._owner):
                 self._read_owner()  # an apply is rare: the Node may have been registered again (another uid)
-                obj = self._kube.apply_gpu(name, labels=labels, spec=spec, owner=self._owner)
+                try:
+                    obj = self._kube.apply_gpu(name, labels=labels, spec=spec, owner=self._owner)
+                except errors.KubeError as e:
+                    if e.status == 403 and self._report_duplicate(name, card, now):
+                        continue  # another node holds this card's object: reported there; the others go on
+                    raise
                 self._remember(obj)
                 logger.info("published card %s (%s) as GPU %s", card.index, card.model, name)
                 if self.holders is not None:
@@ -401,6 +418,35 @@ class Inventory:
             self._kube.patch_node_labels(desired_labels)
             self._labels_written = desired_labels
             self._labels_checked = now
+
+    def _report_duplicate(self, name: str, card: Card, now: float) -> bool:
+        """When GPU object `name` (of our `card`) belongs to another node: write the condition DuplicateUUID
+        on it (unless it says so already) and return True; False when it does not (the refusal is another)."""
+        try:
+            obj = self._kube.read_gpu(name)
+        except errors.KubeNotFound:
+            return False
+        other = str((obj.get("spec") or {}).get("nodeName") or "")
+        if not other or other == self._node:
+            return False
+        message = (f"node {self._node}: its driver reports card {card.uuid} (index {card.index}) too, while this"
+                   f" object says node {other}; a uuid is one card: find the node that really has it (nvidia-smi -L"
+                   f" on both) and, if it is not {other}, delete this object (kubectl delete pgpu {name}): the agent"
+                   f" of {self._node} publishes it again")
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        previous = next((c for c in conditions if c.get("type") == DUPLICATE_UUID), None)
+        if previous is None or previous.get("message") != message or previous.get("status") != "True":
+            logger.warning("card %s of node %s: its GPU object %s belongs to node %s; reported there as %s",
+                           card.uuid, self._node, name, other, DUPLICATE_UUID)
+            duplicate = {"type": DUPLICATE_UUID, "status": "True", "reason": REASON_SEEN_ON_ANOTHER_NODE,
+                         "message": message, "lastTransitionTime": rfc3339(now)}
+            kept = [c for c in conditions if c.get("type") != DUPLICATE_UUID]
+            # Changed or gone meanwhile (a 409, a 404): the next pass looks again.
+            with contextlib.suppress(errors.KubeConflict, errors.KubeNotFound):
+                self._kube.patch_gpu_status(name, resource_version=str(obj["metadata"]["resourceVersion"]),
+                                            status={"conditions": sorted([*kept, duplicate],
+                                                                         key=lambda c: str(c.get("type")))})
+        return True
 
     def _read_owner(self) -> None:
         """Read our Node's uid for the GPU objects' ownerReference; without it (the Node cannot be read) the

@@ -11,17 +11,22 @@ admin's annotation frees a reservation the agent still reports running, on purpo
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from kubernetes import client
 
-from elasticgpu.api import names
+from elasticgpu.api import GPU, names
 from elasticgpu.controller import errors
+from elasticgpu.controller.decisions import running_holders
 from elasticgpu.controller.decisions.running_holders import CONDITION_RELEASE_PENDING, REASON_CLAIM_STILL_RUNNING
 from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.picture.node_presence import NodePresence
 from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import ControllerSettings, GPUHealthSettings, ResyncSettings
 from tests.binding import objects as o
@@ -161,3 +166,52 @@ def test_an_admin_forces_the_release(cluster: Cluster, kube: KubeApi, nodes: Cal
     settle(controller)
     assert _gone(lambda: kube.get_elastic_gpu(egpu_name))
     assert kube.get_gpu(gpu_name)["status"].get("allocations") in (None, [])
+
+
+# -- the rules, pure -----------------------------------------------------------------------------
+
+_EVENTS = st.lists(st.tuples(st.sampled_from(["add", "delete", "list"]), st.sampled_from(["n1", "n2"]),
+                             st.sampled_from(["u1", "u2"])), max_size=12)
+
+
+def _gpu(node: str, owner_uid: str | None) -> GPU:
+    body = o.gpu("gpu-x", node=node)
+    if owner_uid is not None:
+        body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": owner_uid}]
+    return GPU.model_validate(body)
+
+
+@given(events=_EVENTS, owner_uid=st.sampled_from([None, "u1", "u2"]))
+def test_a_gpu_s_node_is_gone_exactly_when_the_last_word_says_so(events: list[tuple[str, str, str]],
+                                                                 owner_uid: str | None) -> None:
+    """Over any order of Node watch events and lists: nothing is gone before a complete list; a GPU
+    owned by a Node is gone when no Node of that name and uid exists (the garbage collector's rule); a GPU
+    without an owner only once its Node was seen and is missing now."""
+    presence = NodePresence(threading.RLock(), clock=lambda: 0.0)
+    present: dict[str, str] = {}
+    seen: set[str] = set()
+    complete = False
+    for kind, name, uid in events:
+        body = {"metadata": {"name": name, "uid": uid}}
+        if kind == "add":
+            presence.put(body, deleted=False)
+            present[name] = uid
+            seen.add(name)
+        elif kind == "delete":
+            presence.put(body, deleted=True)
+            if present.get(name) == uid:
+                del present[name]
+        else:  # a list of what is present now
+            presence.merge([{"metadata": {"name": n, "uid": u}} for n, u in present.items()])
+            complete = True
+            seen |= set(present)
+    gpu = _gpu("n1", owner_uid)
+    if not complete:
+        expected = False
+    elif owner_uid is not None:
+        expected = present.get("n1") != owner_uid
+    else:
+        expected = "n1" in seen and "n1" not in present
+    assert (presence.gone_for(gpu) is not None) == expected
+    why = running_holders.expired_reason(gpu, now=1000.0, expire_after_s=300.0, node_gone_for_s=presence.gone_for(gpu))
+    assert bool(why) == expected  # no heartbeat: only a gone Node expires its reports
