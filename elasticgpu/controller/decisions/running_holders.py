@@ -99,13 +99,14 @@ def holders_of(
         gpu = gpus(gpu_name)
         if gpu is None:
             continue
-        why = ""
+        why: str | None = None  # asked once per GPU, and only when an entry matches
         for entry in gpu.status.running_claims:
             if matches(entry, claim_ref=claim_ref, key=key):
-                why = why or expired(gpu) or "-"  # asked once per GPU, and only when an entry matches
+                if why is None:
+                    why = expired(gpu)
                 found.append(RunningHolder(gpu=gpu_name, node=gpu.spec.node_name,
                                            claim=f"{entry.namespace}/{entry.name}", pods=tuple(sorted(entry.pods)),
-                                           expired="" if why == "-" else why))
+                                           expired=why))
     return found
 
 
@@ -118,13 +119,15 @@ def describe(holders: Iterable[RunningHolder]) -> str:
     return "; ".join(parts)
 
 
-def release_pending_condition(egpu: ElasticGPU, holders: list[RunningHolder], *, now: str) -> dict[str, str]:
-    """The `ReleasePending` condition for `egpu` while `holders` run (lastTransitionTime kept while unchanged)."""
+def release_pending_condition(egpu: ElasticGPU, holders: list[RunningHolder], *, now: str,
+                              expire_after_s: float) -> dict[str, str]:
+    """The `ReleasePending` condition for `egpu` while `holders` run (lastTransitionTime kept while unchanged);
+    `expire_after_s`: the heartbeat age after which the agent's report is no longer believed."""
     name = egpu.metadata.name or ""
     message = (f"{describe(holders)}, as its agent reports in the GPU's status.runningClaims: the reservation is"
                " kept until those containers stop, so no other claim gets the card meanwhile (or until the"
-               " agent's reports expire: its node deleted, or no heartbeat for a few minutes). If those pods are"
-               f" gone and the agent cannot say so, an admin frees it now with: kubectl egpu release --force {name}")
+               f" agent's report expires: its node deleted, or no heartbeat for {expire_after_s:g}s). If those pods"
+               f" are gone and the agent cannot say so, an admin frees it now: kubectl egpu release --force {name}")
     previous = next((c for c in egpu.status.conditions if c.type == CONDITION_RELEASE_PENDING), None)
     since = previous.last_transition_time if previous is not None and previous.status == "True" else None
     return {"type": CONDITION_RELEASE_PENDING, "status": "True", "reason": REASON_CLAIM_STILL_RUNNING,

@@ -241,7 +241,8 @@ class ElasticGPUSync:
                 self.events.record(self.picture.egpu_body(name) or egpu.to_dict(), type_=WARNING,
                                    reason=running_holders.REASON_REPORT_EXPIRED, message=message)
             return False
-        condition = running_holders.release_pending_condition(egpu, holders, now=now_rfc3339())
+        condition = running_holders.release_pending_condition(
+            egpu, holders, now=now_rfc3339(), expire_after_s=self.settings.running_claims_expire_s)
         previous = next((c for c in egpu.status.conditions if c.type == condition["type"]), None)
         if previous is None or (previous.status, previous.reason, previous.message) != (
                 condition["status"], condition["reason"], condition["message"]):
