@@ -212,4 +212,11 @@ class ControllerSettings:
             running_claims_expire_s=float(env.get("ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S",
                                                   GPUHealthSettings.running_claims_expire_s)),
             node_gone_grace_s=float(env.get("ELASTICGPU_NODE_GONE_GRACE_S", GPUHealthSettings.node_gone_grace_s)))
+        if gpu_health.running_claims_expire_s < gpu_health.heartbeat_grace_s:
+            # A report dropped while the card still takes reservations could give it to a second claim at once.
+            raise ValueError(
+                f"ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S={gpu_health.running_claims_expire_s:g} is below"
+                f" ELASTICGPU_HEARTBEAT_GRACE_S={gpu_health.heartbeat_grace_s:g}: the agent's reports must outlive"
+                " the moment its card stops taking new reservations; raise it (default"
+                f" {GPUHealthSettings.running_claims_expire_s:g})")
         return cls(binding=binding, resync=resync, watch=watch, gpu_health=gpu_health)

@@ -215,3 +215,12 @@ def test_a_gpu_s_node_is_gone_exactly_when_the_last_word_says_so(events: list[tu
     assert (presence.gone_for(gpu) is not None) == expected
     why = running_holders.expired_reason(gpu, now=1000.0, expire_after_s=300.0, node_gone_for_s=presence.gone_for(gpu))
     assert bool(why) == expected  # no heartbeat: only a gone Node expires its reports
+
+
+def test_the_expiry_settings_come_from_the_environment_and_are_checked() -> None:
+    settings = ControllerSettings.from_env({"ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S": "600",
+                                            "ELASTICGPU_NODE_GONE_GRACE_S": "30"})
+    assert (settings.gpu_health.running_claims_expire_s, settings.gpu_health.node_gone_grace_s) == (600.0, 30.0)
+    assert "ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S (300)" in ControllerSettings.environment_help()
+    with pytest.raises(ValueError, match="ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S=60 is below ELASTICGPU_HEARTBEAT_GRACE_S"):
+        ControllerSettings.from_env({"ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S": "60"})
