@@ -27,6 +27,7 @@ A signal (SIGTERM from the kubelet, SIGINT) stops them; the agent then closes wh
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -34,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from elasticgpu import flags, probe_server
 from elasticgpu.agent import (
@@ -177,6 +179,16 @@ class _Loops:
     runtime: Callable[[], policing.ContainerStopper | None] = lambda: None
     """The runtime client policing stops containers through: the CRI proxy serving now (None while it is
     down; always None with --cri-proxy false, where no claim reaches a container anyway)."""
+    list_containers: Callable[[], Sequence[Any]] | None = None
+    """The runtime's containers through the CRI hook's proxy: the holders publisher leaves out exited ones."""
+
+
+def _containers(hook: supervising.CriHook) -> list[Any]:
+    """The runtime's containers through the proxy serving now; raises while none serves (between restarts)."""
+    proxy = hook.proxy
+    if proxy is None:
+        raise errors.AgentError("the CRI proxy is not serving: the runtime's containers cannot be listed now")
+    return proxy.list_containers()
 
 
 def _open_kube(settings: AgentSettings, node: str) -> kube.AgentKube:
@@ -219,6 +231,7 @@ def _start_loops(settings: AgentSettings, parts: starting.Parts, loops: _Loops, 
                                     kube=agent_kube)  # fmt: skip
     if publisher.holders is not None:
         publisher.holders.limits = loops.limits  # issue 17: a resize reaches running containers
+        publisher.holders.list_containers = loops.list_containers  # issue 23: an exited container holds no card
     loops.publisher = publisher
     started = [
         threading.Thread(target=publisher.run, args=(stop,), name="inventory", daemon=True),
@@ -271,6 +284,7 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
         loops.limits = hook.limits
         cri_hook = hook
         loops.runtime = lambda: cri_hook.proxy  # issue 25: policing stops containers through the proxy's channel
+        loops.list_containers = functools.partial(_containers, hook)
         threads.append(threading.Thread(target=hook.run, args=(stop,), name="cri", daemon=True))
     else:
         logger.info("the CRI proxy is off (--cri-proxy false): inventory only; no claim reaches a container here")
