@@ -18,6 +18,13 @@ BindOrder = Literal["FIFO", "FairShare"]
 Policy = Literal["binpack", "spread", "fragmentation"]
 Sharing = Literal["exclusive", "timeslice", "mps"]
 ResizePolicy = Literal["Off", "Recommend", "Auto"]
+Isolation = Literal["None", "MPS", "HAMiCore"]
+ISOLATIONS: tuple[Isolation, ...] = ("None", "MPS", "HAMiCore")
+"""What enforces a slice's size in its containers (docs/isolation.md): None (advisory: the limits reach the
+container as environment and the limits file, nothing stops it using more), MPS (NVIDIA's MPS with per-client
+limits), HAMiCore (HAMi-core's libvgpu.so, preloaded)."""
+ENFORCED_ISOLATIONS: tuple[Isolation, ...] = ("MPS", "HAMiCore")
+"""The modes a node must provide (a card publishes them in `status.isolation`); None needs nothing."""
 POLICIES: tuple[Policy, ...] = ("binpack", "spread", "fragmentation")
 SHARINGS: tuple[Sharing, ...] = ("exclusive", "timeslice", "mps")
 PARAMETER_KEYS = ("policy", "gpuModel", "nodeSelector", "sharing")
@@ -235,6 +242,15 @@ class ElasticGPUClass(KubeModel):
         default=None,
         description="The largest size a recommendation (and an Auto resize) goes to: cores (percent), memory (MiB).",
         json_schema_extra=crd_field(**{"x-kubernetes-validations": _size_rules("maxSize")}),
+    )
+    isolation: Isolation = Field(
+        default="None",
+        description="What enforces a slice's size in its containers: None (default; advisory, the container is told"
+        " its size), MPS (an MPS daemon per card, per-client compute and memory limits) or HAMiCore (HAMi-core's"
+        " libvgpu.so, installed by the admin on the node, preloaded). A slice binds only to a card whose agent"
+        " publishes the mode in status.isolation; whole cards need none. Copied to the claim's status.isolation on"
+        " bind (docs/isolation.md).",
+        json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True}),
     )
     status: ElasticGPUClassStatus = Field(default_factory=ElasticGPUClassStatus)
 

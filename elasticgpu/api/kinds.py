@@ -82,6 +82,8 @@ CLAIM = KindInfo(
                       "Recommended percent of one card's compute.", priority=1),
         PrinterColumn("Rec-Memory", "integer", ".status.recommendation.memory", "Recommended MiB of GPU memory.",
                       priority=1),
+        PrinterColumn("Isolation", "string", ".status.isolation",
+                      "What enforces the claim's size: None (advisory), MPS, HAMiCore or WholeCard.", priority=1),
     ),
     crd_file="elasticgpuclaim.yaml",
 )
@@ -125,6 +127,8 @@ CLASS = KindInfo(
             " both blank: Immediate."
         ),
         PrinterColumn("Reclaim", "string", ".reclaimPolicy", "Delete or Retain."),
+        PrinterColumn("Isolation", "string", ".isolation", "What enforces a slice's size: None (advisory), MPS or"
+                      " HAMiCore."),
         _age(),
     ),
     crd_file="egpuclass.yaml",

@@ -24,7 +24,7 @@ from elasticgpu.controller.flow.handoff import HandOff
 from elasticgpu.controller.flow.provisioner import build_elastic_gpu, capacity_of, claim_ref_of
 from elasticgpu.controller.flow.quota_guard import QuotaExceeded
 from elasticgpu.controller.flow.recommending import Recommender
-from elasticgpu.controller.flow.resizing import Resizer, resizable
+from elasticgpu.controller.flow.resizing import Resizer, class_of, resizable
 from elasticgpu.controller.flow.workqueue import Key, WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture import pod_index
@@ -211,7 +211,12 @@ class ClaimSync:
             "gpus": gpus,
             "conditions": [condition("Bound", binder.REASON_BOUND, message, claim.status.conditions)],
         }
-        if resizable(claim, egpu, self.picture.view().classes):
+        classes = self.picture.view().classes
+        whole = any(share.whole for share in placement.cards) if placement is not None else (
+            egpu.spec.physical_gpu is not None)
+        # What protects the claim, for `kubectl get egpuc -o wide` and the node's agent (docs/isolation.md).
+        status["isolation"] = binder.claim_isolation(class_of(claim, egpu, classes), whole=whole)
+        if resizable(claim, egpu, classes):
             status["resizable"] = True  # read by the claim CRD's rule on spec.resources.requests
         owner = pod_index.owner_pod(self._body(claim))
         if owner is not None and not claim.status.users:
@@ -302,6 +307,7 @@ class ClaimSync:
             gpu=decision.request,
             models=decision.parameters.gpu_model,
             node_selector=decision.parameters.node_selector,
+            isolation=decision.required_isolation,
         )
         ledger = self.picture.ledger
         for attempt in range(self.settings.binding.conflict_retries):
