@@ -131,6 +131,8 @@ def claim_info(claim: dict[str, Any], egpu: dict[str, Any] | None) -> injection.
         cores=cores,
         memory_mib=memory,
         users=users,
+        # What enforces a slice's size, from its class on bind (absent on claims bound before issue 25: None).
+        isolation=str(status.get("isolation") or "None"),
     )
 
 

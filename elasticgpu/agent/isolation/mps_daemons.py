@@ -174,15 +174,19 @@ class MpsDaemons:
             self.log_dir(uuid).mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 (self.pipe_dir(uuid) / PID_FILE).unlink()  # a dead daemon's: the new one writes its own
+            errors_file = self.log_dir(uuid) / "start.err"
             try:
-                done = subprocess.run([control, "-d"], env=self.env(uuid), stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                                      timeout=self._settings.start_timeout_s, check=False)
+                # Its output to a file, not a pipe: the daemon it forks may keep a pipe open, and a read
+                # of the pipe would wait for the daemon to end.
+                with open(errors_file, "wb") as err:
+                    done = subprocess.run([control, "-d"], env=self.env(uuid), stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                          timeout=self._settings.start_timeout_s, check=False)
             except (OSError, subprocess.TimeoutExpired) as e:
                 raise RuntimeError(f"{control} -d failed: {e}") from e
             if done.returncode != 0:
-                raise RuntimeError(f"{control} -d exited with {done.returncode}: "
-                                   f"{done.stderr.decode(errors='replace').strip()[:200]}")
+                said = errors_file.read_text(errors="replace").strip()[:200]
+                raise RuntimeError(f"{control} -d exited with {done.returncode}: {said}")
             deadline = self._clock() + self._settings.start_timeout_s
             while self.pid(uuid) is None:
                 if self._clock() >= deadline:

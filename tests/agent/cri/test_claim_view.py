@@ -166,3 +166,11 @@ def test_an_unreachable_api_server_raises_and_says_why(agent_kube: kube.AgentKub
     agent_kube.answered_at = time.monotonic() - 120  # it answered two minutes ago, then went away
     reason = view.not_ready_reason()  # no probe: the last was less than probe_interval_s ago
     assert reason is not None and reason.startswith("the API server has not answered it for 120 s (read claim ns/c")
+
+
+def test_the_isolation_mode_is_the_claim_s_status_and_none_when_absent() -> None:
+    claim: dict[str, Any] = {"metadata": {"namespace": "ns", "name": "c"}, "spec": {},
+                             "status": {"phase": "Pending", "isolation": "MPS"}}
+    assert claim_view.claim_info(claim, None).isolation == "MPS"
+    del claim["status"]["isolation"]  # bound before the field existed: advisory, as it was then
+    assert claim_view.claim_info(claim, None).isolation == "None"
