@@ -62,3 +62,25 @@ def test_a_class_without_a_mode_binds_anywhere_advisory(cluster: Cluster, kube: 
     settle(new_controller(kube, cluster.namespace))
     status = cluster.get_claim("plain")["status"]
     assert (status["phase"], status["isolation"]) == ("Bound", "None")
+
+
+def test_a_resizable_mps_claim_says_new_processes_get_a_new_size(cluster: Cluster, kube: KubeApi) -> None:
+    gpu_name, _ = _setup(cluster, isolation="None")
+    _offer(kube, gpu_name, ["MPS"])
+    model = f"I{cluster.prefix}"
+    body = o.klass(f"{cluster.prefix}-mps-resize", parameters={"gpuModel": model})
+    body.update(isolation="MPS", allowClaimResize=True)
+    cluster.klass(body)
+    cluster.claim(o.claim("grow", cores=20, memory="4Gi", class_name=f"{cluster.prefix}-mps-resize"))
+    controller = new_controller(kube, cluster.namespace)
+    settle(controller)
+    bound = cluster.get_claim("grow")["status"]
+    assert (bound["phase"], bound["isolation"]) == ("Bound", "MPS")
+    assert "processes started after the resize" in bound["message"], bound["message"]
+
+    kube.patch_claim(cluster.namespace, "grow", {"spec": {"resources": {"requests": {
+        names.RESOURCE_CORE: 40, names.RESOURCE_MEMORY: "8Gi"}}}})
+    settle(controller)
+    assert cluster.get_claim("grow")["status"]["capacity"] == {names.RESOURCE_CORE: 40, names.RESOURCE_MEMORY: "8Gi"}
+    resized = [e["message"] for e in kube.list_events(cluster.namespace) if e["reason"] == "Resized"]
+    assert resized and "processes already running keep the limits they started with" in resized[-1], resized

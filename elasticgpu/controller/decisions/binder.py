@@ -156,6 +156,15 @@ class Provision:
         return "" if self.request.is_whole or self.isolation == "None" else self.isolation
 
 
+def resize_note(isolation: str | None) -> str:
+    """What a resize means for the running processes of a claim under `isolation` ("" when nothing to say):
+    MPS and HAMi-core read a process's limits when it starts (docs/resize-node.md)."""
+    if isolation not in ("MPS", "HAMiCore"):
+        return ""
+    return (f"under {isolation} a new size applies to processes started after the resize (with the environment"
+            " of /run/elasticgpu/limits.env); processes already running keep the limits they started with")
+
+
 def claim_isolation(klass: ElasticGPUClass | None, *, whole: bool) -> str:
     """The claim's `status.isolation` on bind: WholeCard for whole cards (nobody shares them), else its
     class's mode (None without a class of ours)."""

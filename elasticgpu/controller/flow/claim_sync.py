@@ -201,6 +201,12 @@ class ClaimSync:
             node = egpu.status.node_name or egpu.spec.node_name
             gpus = list(egpu.status.gpus)
         message = f"bound to ElasticGPU {egpu_name} on {node or '?'}" + (f" ({', '.join(gpus)})" if gpus else "")
+        classes = self.picture.view().classes
+        whole = any(share.whole for share in placement.cards) if placement is not None else (
+            egpu.spec.physical_gpu is not None)
+        isolation = binder.claim_isolation(class_of(claim, egpu, classes), whole=whole)
+        if resizable(claim, egpu, classes) and (note := binder.resize_note(isolation)):
+            message += f"; {note}"  # said where the user looks before resizing (kubectl describe)
         status: Body = {
             "phase": "Bound",
             "reason": binder.REASON_BOUND,
@@ -211,11 +217,8 @@ class ClaimSync:
             "gpus": gpus,
             "conditions": [condition("Bound", binder.REASON_BOUND, message, claim.status.conditions)],
         }
-        classes = self.picture.view().classes
-        whole = any(share.whole for share in placement.cards) if placement is not None else (
-            egpu.spec.physical_gpu is not None)
         # What protects the claim, for `kubectl get egpuc -o wide` and the node's agent (docs/isolation.md).
-        status["isolation"] = binder.claim_isolation(class_of(claim, egpu, classes), whole=whole)
+        status["isolation"] = isolation
         if resizable(claim, egpu, classes):
             status["resizable"] = True  # read by the claim CRD's rule on spec.resources.requests
         owner = pod_index.owner_pod(self._body(claim))
