@@ -54,6 +54,7 @@ class HamiCoreRoom:
         self._seen = os.path.join(host_root, library.lstrip("/")) if library else ""
         self._state_dir = state_dir
         self.preload_file = state_dir / "ld.so.preload"
+        self._preload_checked = False
 
     def problem(self) -> str | None:
         """Why the node cannot offer HAMi-core, or None."""
@@ -73,16 +74,19 @@ class HamiCoreRoom:
             raise base.Unavailable(problem)
         want = f"{CONTAINER_LIBRARY}\n"
         try:
-            if not self.preload_file.is_file() or self.preload_file.read_text() != want:
+            # Checked once per agent (then only that it is still there): this runs on every create.
+            if not (self._preload_checked and self.preload_file.is_file()) and (
+                    not self.preload_file.is_file() or self.preload_file.read_text() != want):
                 self._state_dir.mkdir(parents=True, exist_ok=True)
                 temporary = self.preload_file.with_suffix(".tmp")
                 temporary.write_text(want)
                 temporary.chmod(0o644)
                 temporary.replace(self.preload_file)
+            self._preload_checked = True
             cache = self.cache_dir(slice_)
-            cache.mkdir(parents=True, exist_ok=True)
+            cache.mkdir(mode=0o777, parents=True, exist_ok=True)
+            os.chmod(cache, 0o777)  # the container's processes may run as any user (mkdir's mode obeys umask)
             os.utime(cache)  # prepared now: `sync` keeps it through the grace
-            cache.chmod(0o777)  # the container's processes may run as any user
         except OSError as e:
             raise base.Unavailable(f"cannot write HAMi-core's files under {self._state_dir}: {e}",
                                    retryable=True) from e
