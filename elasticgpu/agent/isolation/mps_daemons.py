@@ -11,6 +11,8 @@
     supervise   a thread checks every wanted card each `check_interval_s`; a daemon gone (killed,
                 crashed) is started again, after a backoff that doubles per failure (to
                 `backoff_max_s`) and resets once it has run `backoff_max_s`
+    adopt       a live daemon of the state folder that this process did not start (the agent
+                restarted) is taken over at the next sync: supervised while used, stopped once not
     stop        once no container of an MPS claim uses the card (`release_except`, from the
                 runtime's containers): `echo quit | nvidia-cuda-mps-control` with the same env,
                 then SIGKILL after `stop_timeout_s`
@@ -146,8 +148,41 @@ class MpsDaemons:
         with self._lock:
             return set(self._wanted)
 
+    def adopt(self) -> list[str]:
+        """Take over the live daemons of the state folder this process did not start (an agent that
+        restarted: its daemons outlived it): they are supervised, and stopped once unused. Returns their uuids."""
+        adopted = []
+        try:
+            folders = [entry for entry in self._state_dir.iterdir() if entry.is_dir()]
+        except FileNotFoundError:
+            return adopted
+        for folder in folders:
+            key = folder.name
+            with self._lock:
+                if key in self._wanted:
+                    continue
+            if self.pid(key) is None:
+                continue
+            try:
+                spelled = (folder / "uuid").read_text().strip() or key
+            except OSError:
+                spelled = key
+            with self._lock:
+                # As if prepared a grace ago: stopped at once when no container uses it.
+                self._wanted.setdefault(key, self._clock() - self._settings.idle_grace_s)
+                self._spelled.setdefault(key, spelled)
+                self._started_at.setdefault(key, self._clock())
+            adopted.append(key)
+            log.info("MPS control daemon of card %s (pid %s), started before this agent: adopted", spelled,
+                     self.pid(key))
+        if adopted:
+            self._start_thread()
+        return adopted
+
     def release_except(self, used: Iterable[str]) -> list[str]:
-        """Stop the daemons of wanted cards no container uses (past the idle grace); returns their uuids."""
+        """Stop the daemons of wanted cards no container uses (past the idle grace); returns their uuids.
+        Daemons left by an earlier agent are adopted first, so they are stopped too once unused."""
+        self.adopt()
         keep = {uuid.lower() for uuid in used}
         now = self._clock()
         with self._lock:
@@ -172,6 +207,7 @@ class MpsDaemons:
                 return  # started meanwhile (another thread, or an agent by mistake): never two
             self.pipe_dir(uuid).mkdir(parents=True, exist_ok=True)
             self.log_dir(uuid).mkdir(parents=True, exist_ok=True)
+            (self.folder(uuid) / "uuid").write_text(uuid + "\n")  # as the driver spells it, for a later agent
             with contextlib.suppress(FileNotFoundError):
                 (self.pipe_dir(uuid) / PID_FILE).unlink()  # a dead daemon's: the new one writes its own
             errors_file = self.log_dir(uuid) / "start.err"
@@ -246,7 +282,7 @@ class MpsDaemons:
                 wait = min(self._settings.backoff_initial_s * (2 ** failures), self._settings.backoff_max_s)
                 self._next_try[uuid] = now + wait
             log.warning("MPS control daemon of card %s is gone; starting it again (next try in %gs if it fails)",
-                        uuid, wait)
+                        self._spelled.get(uuid, uuid), wait)
             try:
                 self._start(self._spelled.get(uuid, uuid))
             except RuntimeError as e:

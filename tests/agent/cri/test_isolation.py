@@ -195,3 +195,30 @@ def test_a_mode_the_node_cannot_provide_refuses_the_container_with_the_fix(
             assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert says in str(refused.value.details()) and f"isolated by {mode}" in str(refused.value.details())
         assert node.isolation.rooms.offered() == []
+
+
+def test_a_restarted_agent_adopts_its_daemons_and_stops_them_once_unused(tmp_path: Path) -> None:
+    before = IsolationNode(tmp_path / "node")
+    before.daemons.ensure(CARD)
+    before.daemons.ensure(CARDS[1].uuid)
+    before.daemons.close()  # the agent stops; its daemons keep serving their containers
+    [first, second] = [before.daemons.pid(CARD), before.daemons.pid(CARDS[1].uuid)]
+    assert first and second and len(before.servers()) == 2
+
+    after = isolation.MpsDaemons(control=lambda: str(before.control), state_dir=before.state / "mps",
+                                 settings=isolation.DaemonSettings(check_interval_s=0.1, backoff_initial_s=0.1,
+                                                                   idle_grace_s=30.0))
+    try:
+        # The runtime still has a container on the first card only: the second card's daemon goes at once
+        # (it was not prepared by this agent: no grace), the first is kept, supervised and not restarted.
+        assert after.release_except([CARD.lower()]) == [CARDS[1].uuid.lower()]
+        assert before.servers() == [first] and before.quits() == [CARDS[1].uuid]
+        os.kill(first, signal.SIGKILL)
+        wait_until("the adopted daemon started again", lambda: after.pid(CARD) not in (None, first))
+        assert before.starts() == [CARD, CARDS[1].uuid, CARD]  # restarted with the card as the driver spells it
+        # The last container gone: stopped (a restart is no new use: the grace counts from the adoption).
+        assert after.release_except([]) == [CARD.lower()]
+        assert before.servers() == [] and before.quits() == [CARDS[1].uuid, CARD]
+    finally:
+        after.close()
+        before.close()
