@@ -151,7 +151,7 @@ class MpsDaemons:
     def adopt(self) -> list[str]:
         """Take over the live daemons of the state folder this process did not start (an agent that
         restarted: its daemons outlived it): they are supervised, and stopped once unused. Returns their uuids."""
-        adopted = []
+        adopted: list[str] = []
         try:
             folders = [entry for entry in self._state_dir.iterdir() if entry.is_dir()]
         except FileNotFoundError:
