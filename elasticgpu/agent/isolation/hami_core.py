@@ -39,6 +39,11 @@ ENV_SHARED_CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
 _CACHE_NAME = re.compile(r"^[A-Za-z0-9-]+_[A-Za-z0-9._-]+$")
 
 
+def _folder_name(pod_uid: str, container: str) -> str:
+    """`<pod uid>_<container>`, each part reduced to letters, digits, `.` and `-` (the uid has no `_`)."""
+    return f"{re.sub(r'[^A-Za-z0-9-]', '-', pod_uid)}_{re.sub(r'[^A-Za-z0-9.-]', '-', container).lstrip('.')}"
+
+
 class HamiCoreRoom:
     """base.Room of mode HAMiCore (see the module docstring)."""
 
@@ -65,8 +70,8 @@ class HamiCoreRoom:
         return None
 
     def cache_dir(self, slice_: base.Slice) -> Path:
-        """The container's own cache folder on the node."""
-        return self._state_dir / "cache" / f"{slice_.pod_uid}_{slice_.container}"
+        """The container's own cache folder on the node (names reduced to safe characters: never a path)."""
+        return self._state_dir / "cache" / _folder_name(slice_.pod_uid, slice_.container)
 
     def prepare(self, slice_: base.Slice) -> None:
         """The preload file and the container's cache folder exist; `Unavailable` without the library."""
@@ -107,7 +112,8 @@ class HamiCoreRoom:
 
     def sync(self, containers: Sequence[base.RunningContainer]) -> None:
         """Remove the cache folders of containers the runtime no longer has."""
-        keep = {f"{c.pod_uid}_{c.name}" for c in containers if c.annotations.get(base.ANNOTATION_MODE) == self.mode}
+        keep = {_folder_name(c.pod_uid, c.name) for c in containers
+                if c.annotations.get(base.ANNOTATION_MODE) == self.mode}
         folder = self._state_dir / "cache"
         try:
             entries = list(folder.iterdir())

@@ -112,12 +112,32 @@ class MpsDaemons:
                 "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir(uuid))}
 
     def pid(self, uuid: str) -> int | None:
-        """The pid of the card's live daemon, or None."""
+        """The pid of the card's live daemon, or None. The pid file first; without it (a container sees the
+        pipe folder writable and may have removed it), the process whose environment names the pipe folder."""
         try:
             pid = int((self.pipe_dir(uuid) / PID_FILE).read_text().split()[0])
         except (OSError, ValueError, IndexError):
+            return self._by_environment(uuid)
+        return pid if _alive(pid) else self._by_environment(uuid)
+
+    def _by_environment(self, uuid: str) -> int | None:
+        """The live control daemon whose CUDA_MPS_PIPE_DIRECTORY is the card's (a scan of /proc: only when the
+        pid file does not lead to one)."""
+        wanted = f"CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir(uuid)}".encode()
+        try:
+            entries = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+        except OSError:
             return None
-        return pid if _alive(pid) else None
+        for entry in entries:
+            try:
+                if CONTROL.encode() not in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    continue
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if wanted in environ and _alive(int(entry)):
+                return int(entry)
+        return None
 
     @contextlib.contextmanager
     def _card_lock(self, uuid: str) -> Iterator[None]:

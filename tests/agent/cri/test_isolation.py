@@ -222,3 +222,25 @@ def test_a_restarted_agent_adopts_its_daemons_and_stops_them_once_unused(tmp_pat
     finally:
         after.close()
         before.close()
+
+
+def test_a_container_that_removes_the_pid_file_does_not_get_a_second_daemon(node: Node) -> None:
+    """The pipe folder is writable in the container (MPS clients write to its pipes): a container may
+    remove the daemon's pid file. The agent finds the daemon by its environment then, and starts none."""
+    iso = node.isolation
+    container_id = run(node, "trainer", "train", mode="MPS")
+    [server] = iso.servers()
+    assert sh(node, container_id, "rm /run/nvidia-mps/nvidia-cuda-mps-control.pid")[0] == 0
+    assert not (iso.daemons.pipe_dir(CARD) / "nvidia-cuda-mps-control.pid").exists()
+    assert iso.daemons.pid(CARD) == server
+    iso.daemons.check()  # a supervisor pass, as its thread makes every 0.1 s here
+    iso.daemons.ensure(CARD)  # and the next container of an MPS claim on the card
+    assert iso.servers() == [server] and iso.starts() == [CARD]
+
+
+def test_a_cache_folder_is_always_one_folder_under_the_state(tmp_path: Path) -> None:
+    room = isolation.HamiCoreRoom(library="/nowhere/libvgpu.so", host_root="/", state_dir=tmp_path)
+    odd = isolation.Slice(claim="ns/c", uuids=(CARD,), cores=30, memory_mib=1024, pod_uid="../../etc",
+                          container="../x/y")
+    folder = room.cache_dir(odd)
+    assert folder.parent == tmp_path / "cache" and "/" not in folder.name and not folder.name.startswith(".")
