@@ -128,16 +128,19 @@ class MpsDaemons:
             entries = [entry for entry in os.listdir("/proc") if entry.isdigit()]
         except OSError:
             return None
+        found: dict[int, int] = {}  # pid -> parent pid
         for entry in entries:
             try:
                 if CONTROL.encode() not in Path(f"/proc/{entry}/cmdline").read_bytes():
                     continue
                 environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-            except OSError:
+                parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
             if wanted in environ and _alive(int(entry)):
-                return int(entry)
-        return None
+                found[int(entry)] = parent
+        # The daemon, not a child it forked that has not yet exec'd (it has the daemon's command line).
+        return min((pid for pid, parent in found.items() if parent not in found), default=None)
 
     @contextlib.contextmanager
     def _card_lock(self, uuid: str) -> Iterator[None]:

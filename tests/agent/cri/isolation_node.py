@@ -73,17 +73,18 @@ class IsolationNode:
         return [line.split()[1] for line in self.record.read_text().splitlines() if line.startswith("quit ")]
 
     def servers(self) -> list[int]:
-        """Pids of the stand-in's live servers (any card): never two per card."""
-        found = []
+        """Pids of the stand-in's live servers (any card): never two per card. A server's shell forks for its
+        `sleep`; until the exec the child has the server's command line: it is left out (its parent is one)."""
+        found: dict[int, int] = {}  # pid -> parent pid
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             with contextlib.suppress(OSError):
                 cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if str(self.control).encode() in cmdline and b"serve" in cmdline and state != "Z":
-                    found.append(int(entry.name))
-        return sorted(found)
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if str(self.control).encode() in cmdline and b"serve" in cmdline and fields[0] != "Z":
+                    found[int(entry.name)] = int(fields[1])
+        return sorted(pid for pid, parent in found.items() if parent not in found)
 
     def close(self) -> None:
         """Stop supervising and end every server the test started."""
