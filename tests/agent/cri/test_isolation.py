@@ -244,3 +244,24 @@ def test_a_cache_folder_is_always_one_folder_under_the_state(tmp_path: Path) -> 
                           container="../x/y")
     folder = room.cache_dir(odd)
     assert folder.parent == tmp_path / "cache" and "/" not in folder.name and not folder.name.startswith(".")
+
+
+def test_the_benchmark_runs_and_reports_each_mode_against_none(
+    capsys: pytest.CaptureFixture[str], containerd: TestRuntime
+) -> None:
+    """bench/isolation_create.py, a few creates (on a containerd of its own; `containerd` here only skips
+    the test where no runtime can run): every mode reported, and what it adds to None."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("isolation_bench", Path(__file__).resolve().parents[3] / "bench"
+                                                  / "isolation_create.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    lines = bench.report({"None": [10.0, 12.0, 20.0], "MPS": [10.5, 12.5, 21.0], "HAMiCore": [11.0, 13.0, 28.0]})
+    assert [line.split()[0] for line in lines[1:4]] == ["None", "MPS", "HAMiCore"]
+    assert lines[3].split()[-2:] == ["+1.00", "+8.00"]
+    assert lines[-1] == "worst mode adds +8.00 ms at p99 over None: OVER the 5 ms target"
+    assert bench.main(["--creates", "2", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "MPS daemons started: 1" in out and "HAMiCore" in out
