@@ -72,7 +72,7 @@ class IsolationNode:
     def quits(self) -> list[str]:
         return [line.split()[1] for line in self.record.read_text().splitlines() if line.startswith("quit ")]
 
-    def servers(self) -> list[int]:
+    def servers(self, *, children: bool = False) -> list[int]:
         """Pids of the stand-in's live servers (any card): never two per card. A server's shell forks for its
         `sleep`; until the exec the child has the server's command line: it is left out (its parent is one)."""
         found: dict[int, int] = {}  # pid -> parent pid
@@ -84,12 +84,12 @@ class IsolationNode:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
                 if str(self.control).encode() in cmdline and b"serve" in cmdline and fields[0] != "Z":
                     found[int(entry.name)] = int(fields[1])
-        return sorted(pid for pid, parent in found.items() if parent not in found)
+        return sorted(pid for pid, parent in found.items() if children or parent not in found)
 
     def close(self) -> None:
         """Stop supervising and end every server the test started."""
         self.rooms.close()
-        for pid in self.servers():
+        for pid in self.servers(children=True):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 

@@ -169,7 +169,7 @@ def test_never_two_daemons_for_one_card(tmp_path: Path) -> None:
     first = IsolationNode(tmp_path / "one")
     # The second agent shares the first one's state folder (the same node).
     second = isolation.MpsDaemons(control=lambda: str(first.control), state_dir=first.state / "mps")
-    try:
+    try:  # from here on, whatever fails, the servers started are ended (first.close)
         threads = [threading.Thread(target=(first.daemons if i % 2 else second).ensure, args=(CARD,))
                    for i in range(8)]
         for thread in threads:
@@ -199,16 +199,16 @@ def test_a_mode_the_node_cannot_provide_refuses_the_container_with_the_fix(
 
 def test_a_restarted_agent_adopts_its_daemons_and_stops_them_once_unused(tmp_path: Path) -> None:
     before = IsolationNode(tmp_path / "node")
-    before.daemons.ensure(CARD)
-    before.daemons.ensure(CARDS[1].uuid)
-    before.daemons.close()  # the agent stops; its daemons keep serving their containers
-    [first, second] = [before.daemons.pid(CARD), before.daemons.pid(CARDS[1].uuid)]
-    assert first and second and len(before.servers()) == 2
-
     after = isolation.MpsDaemons(control=lambda: str(before.control), state_dir=before.state / "mps",
                                  settings=isolation.DaemonSettings(check_interval_s=0.1, backoff_initial_s=0.1,
                                                                    idle_grace_s=30.0))
     try:
+        before.daemons.ensure(CARD)
+        before.daemons.ensure(CARDS[1].uuid)
+        before.daemons.close()  # the agent stops; its daemons keep serving their containers
+        [first, second] = [before.daemons.pid(CARD), before.daemons.pid(CARDS[1].uuid)]
+        assert first and second and len(before.servers()) == 2
+
         # The runtime still has a container on the first card only: the second card's daemon goes at once
         # (it was not prepared by this agent: no grace), the first is kept, supervised and not restarted.
         assert after.release_except([CARD.lower()]) == [CARDS[1].uuid.lower()]
