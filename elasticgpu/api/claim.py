@@ -14,6 +14,9 @@ from elasticgpu.api.resources import GpuRequest, parse_claim_resources
 from elasticgpu.api.schema import KubeModel, ResourceValue, crd_field, rule
 
 ClaimPhase = Literal["Pending", "Bound", "Lost"]
+ClaimIsolation = Literal["None", "MPS", "HAMiCore", "WholeCard"]
+WHOLE_CARD = "WholeCard"
+"""status.isolation of a claim that holds its cards whole: nobody shares them, no mechanism is needed."""
 ELASTIC_GPU_NAME = validation.NameRule("spec.elasticGPUName")
 CLASS_NAME = validation.NameRule("spec.elasticGPUClassName")
 EGPU_CLASS_NAME = validation.NameRule("spec.egpuClassName")
@@ -187,6 +190,11 @@ class ElasticGPUClaimStatus(KubeModel):
     )
     recommendation: ClaimRecommendation | None = Field(
         default=None, description="The size recommended from the measured use (the class's resizePolicy).",
+    )
+    isolation: ClaimIsolation | None = Field(
+        default=None,
+        description="What enforces the claim's size in its containers, from its class on bind: None (advisory),"
+        " MPS, HAMiCore, or WholeCard (the cards are the claim's alone). docs/isolation.md.",
     )
     users: list[ClaimUser] = Field(
         default_factory=list, max_length=1,

@@ -16,6 +16,9 @@ MAX_ALLOCATIONS = 256
 NAMED_BY_UUID = "must be spec.uuid in lower case (GPU objects are named by their card's uuid)"
 
 
+CardIsolation = Literal["MPS", "HAMiCore"]
+
+
 class GPUSpec(KubeModel):
     """Inventory of one card, as its node's agent discovered it."""
 
@@ -132,6 +135,14 @@ class GPUStatus(KubeModel):
     )
     conditions: list[Condition] = Field(default_factory=list, description="Conditions of the card.")
     usage: GPUUsage | None = Field(default=None, description="Measured usage of the card.")
+    isolation: list[CardIsolation] = Field(
+        default_factory=list,
+        max_length=2,
+        description="The isolation modes the node's agent can provide on the card (besides None, always there):"
+        " MPS when the driver's nvidia-cuda-mps-control is installed, HAMiCore when the admin's libvgpu.so is."
+        " A slice of a class that asks for a mode binds only to a card that lists it.",
+        json_schema_extra=crd_field(**{"x-kubernetes-list-type": "set"}),
+    )
     running_claims: list[GPURunningClaim] = Field(
         default_factory=list,
         description="Claims whose containers run on the card, written by the node's agent; the controller"

@@ -19,6 +19,13 @@ Policy = Literal["binpack", "spread", "fragmentation"]
 Sharing = Literal["exclusive", "timeslice", "mps"]
 ResizePolicy = Literal["Off", "Recommend", "Auto"]
 Partitioning = Literal["MIG"]
+Isolation = Literal["None", "MPS", "HAMiCore"]
+ISOLATIONS: tuple[Isolation, ...] = ("None", "MPS", "HAMiCore")
+"""What enforces a slice's size in its containers (docs/isolation.md): None (advisory: the limits reach the
+container as environment and the limits file, nothing stops it using more), MPS (NVIDIA's MPS with per-client
+limits), HAMiCore (HAMi-core's libvgpu.so, preloaded)."""
+ENFORCED_ISOLATIONS: tuple[Isolation, ...] = ("MPS", "HAMiCore")
+"""The modes a node must provide (a card publishes them in `status.isolation`); None needs nothing."""
 POLICIES: tuple[Policy, ...] = ("binpack", "spread", "fragmentation")
 SHARINGS: tuple[Sharing, ...] = ("exclusive", "timeslice", "mps")
 PARAMETER_KEYS = ("policy", "gpuModel", "nodeSelector", "sharing")
@@ -114,6 +121,10 @@ MIG_IMMEDIATE = (
     "MIG classes bind Immediate for now (the node is chosen with the instance's card and start); leave bindingMode"
     " and egpuBindingMode out, or set them to Immediate"
 )
+MIG_OR_ISOLATION = (
+    "MIG instances are isolated by the hardware: partitioning and an isolation mode are one or the other; leave"
+    " isolation out (or None), or leave partitioning out"
+)
 MIG_NO_RESIZE = (
     "MIG instances cannot resize in place (a profile is fixed when the instance is created); set allowClaimResize:"
     " false, or leave partitioning out"
@@ -161,6 +172,12 @@ class ElasticGPUClass(KubeModel):
             f"bindingMode: {MIG_IMMEDIATE}",
             reason="FieldValueInvalid",
             field_path=".bindingMode",
+        ),
+        rule(
+            "!has(self.partitioning) || !has(self.isolation) || self.isolation == 'None'",
+            f"isolation: {MIG_OR_ISOLATION}",
+            reason="FieldValueInvalid",
+            field_path=".isolation",
         ),
         rule(
             "!has(self.partitioning) || !has(self.allowClaimResize) || !self.allowClaimResize",
@@ -289,6 +306,15 @@ class ElasticGPUClass(KubeModel):
         json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True,
                                        "x-kubernetes-validations": policing.grace_rules("overLimitGraceSeconds")}),
     )
+    isolation: Isolation = Field(
+        default="None",
+        description="What enforces a slice's size in its containers: None (default; advisory, the container is told"
+        " its size), MPS (an MPS daemon per card, per-client compute and memory limits) or HAMiCore (HAMi-core's"
+        " libvgpu.so, installed by the admin on the node, preloaded). A slice binds only to a card whose agent"
+        " publishes the mode in status.isolation; whole cards need none. Copied to the claim's status.isolation on"
+        " bind (docs/isolation.md).",
+        json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True}),
+    )
     status: ElasticGPUClassStatus = Field(default_factory=ElasticGPUClassStatus)
 
     @property
@@ -327,6 +353,8 @@ class ElasticGPUClass(KubeModel):
                 raise InvalidSpec(field="partitioning", rule=MIG_NEEDS_GPUSHARE, value=self.partitioning)
             if self.partitioning is not None and self.effective_binding_mode != "Immediate":
                 raise InvalidSpec(field="bindingMode", rule=MIG_IMMEDIATE, value=self.effective_binding_mode)
+            if self.partitioning is not None and self.isolation != "None":
+                raise InvalidSpec(field="isolation", rule=MIG_OR_ISOLATION, value=self.isolation)
             if self.partitioning is not None and self.allow_claim_resize:
                 raise InvalidSpec(field="allowClaimResize", rule=MIG_NO_RESIZE, value="true")
             if not 0 <= self.recommendation_margin <= 100:

@@ -134,6 +134,8 @@ def claim_info(claim: dict[str, Any], egpu: dict[str, Any] | None) -> injection.
         memory_mib=memory,
         users=users,
         partition=partition,
+        # What enforces a slice's size, from its class on bind (absent on claims bound before issue 25: None).
+        isolation=str(status.get("isolation") or "None"),
     )
 
 

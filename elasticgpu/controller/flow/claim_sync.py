@@ -25,7 +25,7 @@ from elasticgpu.controller.flow.handoff import HandOff
 from elasticgpu.controller.flow.provisioner import build_elastic_gpu, capacity_of, claim_ref_of
 from elasticgpu.controller.flow.quota_guard import QuotaExceeded
 from elasticgpu.controller.flow.recommending import Recommender
-from elasticgpu.controller.flow.resizing import Resizer, resizable
+from elasticgpu.controller.flow.resizing import Resizer, class_of, resizable
 from elasticgpu.controller.flow.workqueue import Key, WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture import pod_index
@@ -205,6 +205,12 @@ class ClaimSync:
             node = egpu.status.node_name or egpu.spec.node_name
             gpus = list(egpu.status.gpus)
         message = f"bound to ElasticGPU {egpu_name} on {node or '?'}" + (f" ({', '.join(gpus)})" if gpus else "")
+        classes = self.picture.view().classes
+        whole = any(share.whole for share in placement.cards) if placement is not None else (
+            egpu.spec.physical_gpu is not None)
+        isolation = binder.claim_isolation(class_of(claim, egpu, classes), whole=whole)
+        if resizable(claim, egpu, classes) and (note := binder.resize_note(isolation)):
+            message += f"; {note}"  # said where the user looks before resizing (kubectl describe)
         status: Body = {
             "phase": "Bound",
             "reason": binder.REASON_BOUND,
@@ -215,7 +221,9 @@ class ClaimSync:
             "gpus": gpus,
             "conditions": [condition("Bound", binder.REASON_BOUND, message, claim.status.conditions)],
         }
-        if resizable(claim, egpu, self.picture.view().classes):
+        # What protects the claim, for `kubectl get egpuc -o wide` and the node's agent (docs/isolation.md).
+        status["isolation"] = isolation
+        if resizable(claim, egpu, classes):
             status["resizable"] = True  # read by the claim CRD's rule on spec.resources.requests
         partition = self._partition(egpu_name)
         if partition is not None:
@@ -314,6 +322,7 @@ class ClaimSync:
             gpu=decision.request,
             models=decision.parameters.gpu_model,
             node_selector=decision.parameters.node_selector,
+            isolation=decision.required_isolation,
         )
         ledger = self.picture.ledger
         for attempt in range(self.settings.binding.conflict_retries):

@@ -197,7 +197,8 @@ class Commit:
             if picture.ledger.held(egpu_name) is not None or egpu_name in picture.ledger.inventory.reservations:
                 return None  # held, or its last tentative reservation is still being undone
             request = PlacementRequest(gpu=decision.request, models=decision.parameters.gpu_model,
-                                       node_selector=decision.parameters.node_selector)
+                                       node_selector=decision.parameters.node_selector,
+                                       isolation=decision.required_isolation)
             result = picture.ledger.place(request, policy=decision.parameters.policy)
             if not isinstance(result, Placement) or len(result.cards) != 1:
                 return None

@@ -163,7 +163,8 @@ class Ledger:
             return  # older than the copy held, or a copy from before its deletion
         body, model = compact.kept(body, GPU)
         previous = self._models.get(name)
-        if previous is not None and (previous.spec != model.spec or _health(previous) != _health(model)):
+        if previous is not None and (previous.spec != model.spec or _health(previous) != _health(model)
+                                     or previous.status.isolation != model.status.isolation):
             self.forget_gpu(name)
             previous = None
         self._gpus[name] = body

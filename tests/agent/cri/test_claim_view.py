@@ -176,3 +176,11 @@ def test_a_mig_claims_partition_is_read_from_its_status() -> None:
     assert claim_view.claim_info(claim, egpu).partition == ("3g.40gb", 4)
     claim["status"].pop("partition")
     assert claim_view.claim_info(claim, egpu).partition is None
+
+
+def test_the_isolation_mode_is_the_claim_s_status_and_none_when_absent() -> None:
+    claim: dict[str, Any] = {"metadata": {"namespace": "ns", "name": "c"}, "spec": {},
+                             "status": {"phase": "Pending", "isolation": "MPS"}}
+    assert claim_view.claim_info(claim, None).isolation == "MPS"
+    del claim["status"]["isolation"]  # bound before the field existed: advisory, as it was then
+    assert claim_view.claim_info(claim, None).isolation == "None"
