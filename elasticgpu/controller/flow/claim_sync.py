@@ -203,7 +203,9 @@ class ClaimSync:
         message = f"bound to ElasticGPU {egpu_name} on {node or '?'}" + (f" ({', '.join(gpus)})" if gpus else "")
         status: Body = {
             "phase": "Bound",
-            "reason": binder.REASON_BOUND,
+            # No reason: REASON says why a claim is not Bound, so a Bound one shows it empty
+            # (null removes a Pending reason); its condition and Event keep `Bound`.
+            "reason": None,
             "message": message,
             "capacity": capacity,
             "allocatedResources": capacity,  # what is reserved; differs from capacity only during a resize
