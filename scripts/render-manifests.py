@@ -225,9 +225,8 @@ def write_out(files: dict[Path, str], out: Path) -> None:
         print(f"wrote {out / 'crds' / crd.name}")
 
 
-def main() -> int:
-    """Rewrite deploy/ from the chart, or (--check) say which files differ; exit 1 then. With
-    -f/--set/--out: render your values into --out; exit 2 for values it cannot use."""
+def build_parser() -> argparse.ArgumentParser:
+    """The script's flags (tests/docs reads them: every flag the docs name must exist)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 if a file differs")
     parser.add_argument("-f", "--values", action="append", default=[], metavar="FILE",
@@ -235,6 +234,13 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a value over the files (repeatable; a.b=1,c=x; a\\.b for a dot in a key); needs --out")
     parser.add_argument("--out", metavar="DIR", help="write the manifests and CRDs into DIR instead of deploy/")
+    return parser
+
+
+def main() -> int:
+    """Rewrite deploy/ from the chart, or (--check) say which files differ; exit 1 then. With
+    -f/--set/--out: render your values into --out; exit 2 for values it cannot use."""
+    parser = build_parser()
     args = parser.parse_args()
     refusal = (
         "-f and --set need --out DIR: deploy/ holds the chart's defaults (tests check it)"
