@@ -163,50 +163,61 @@ def _documents(path: Path) -> list[Any]:
 def read_inputs(paths: Iterable[str]) -> PlanInput:
     """Parse every document of every file into the kinds `plan` understands."""
     found = PlanInput([], [], [], [])
+    for where, doc in _objects(paths):
+        if not isinstance(doc, dict):
+            raise user_errors.InputFileInvalid(
+                f"{where}: not an object; {NODE_LIST_FORMAT}, or a GPU, ElasticGPUClass, ElasticGPUClaim"
+                " or ElasticGPUQuota")
+        kind = doc.get("kind")
+        if kind is not None and kind not in USED_KINDS:
+            print(f"note: {where}: kind {kind} is not used by plan; skipped", file=sys.stderr)
+            continue
+        if kind is not None:
+            name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
+            where += f" ({kind} {name})" if name else f" ({kind})"
+            unknown = strict.unknown_fields(doc)
+            if unknown:
+                raise user_errors.InputFileInvalid(f"{where}: {', '.join(unknown)}")
+        try:
+            if kind is None and "nodes" in doc:
+                found.node_list.extend(_node_list(doc, where))
+            elif kind == names.KIND_GPU:
+                found.gpus.append(GPU.model_validate(doc))
+            elif kind == names.KIND_CLASS:
+                found.classes.append(ElasticGPUClass.model_validate(doc))
+            elif kind == names.KIND_CLAIM:
+                found.claims.append(ElasticGPUClaim.model_validate(doc))
+            elif kind == names.KIND_QUOTA:
+                model = ElasticGPUQuota.model_validate(doc)
+                model.check()
+                # Charges in the file are the cluster's, not this plan's: plan starts from none.
+                model.status.charges = []
+                found.quotas.append(model)
+            else:
+                raise ValueError(
+                    f"a document without a kind must be a node list: {NODE_LIST_FORMAT}; plan also reads GPU,"
+                    " ElasticGPUClass, ElasticGPUClaim and ElasticGPUQuota objects"
+                )
+        except ValidationError as err:  # pydantic's: told as field and rule, without its text
+            raise user_errors.InputFileInvalid(f"{where}: {strict.readable(err)}") from None
+        except (ValueError, ElasticGPUError) as err:
+            raise user_errors.InputFileInvalid(f"{where}: {err}") from None
+    return found
+
+
+def _objects(paths: Iterable[str]) -> Iterable[tuple[str, Any]]:
+    """(where, object) for every document of every file; a `kind: List` (what `kubectl get
+    -o yaml` writes) gives each of its items."""
     for path in _files(paths):
         for number, doc in enumerate(_documents(path), start=1):
             if not doc:
                 continue
             where = f"{path} document {number}"
-            if not isinstance(doc, dict):
-                raise user_errors.InputFileInvalid(
-                    f"{where}: not an object; {NODE_LIST_FORMAT}, or a GPU, ElasticGPUClass, ElasticGPUClaim"
-                    " or ElasticGPUQuota")
-            kind = doc.get("kind")
-            if kind is not None and kind not in USED_KINDS:
-                print(f"note: {where}: kind {kind} is not used by plan; skipped", file=sys.stderr)
-                continue
-            if kind is not None:
-                name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
-                where += f" ({kind} {name})" if name else f" ({kind})"
-                unknown = strict.unknown_fields(doc)
-                if unknown:
-                    raise user_errors.InputFileInvalid(f"{where}: {', '.join(unknown)}")
-            try:
-                if kind is None and "nodes" in doc:
-                    found.node_list.extend(_node_list(doc, where))
-                elif kind == names.KIND_GPU:
-                    found.gpus.append(GPU.model_validate(doc))
-                elif kind == names.KIND_CLASS:
-                    found.classes.append(ElasticGPUClass.model_validate(doc))
-                elif kind == names.KIND_CLAIM:
-                    found.claims.append(ElasticGPUClaim.model_validate(doc))
-                elif kind == names.KIND_QUOTA:
-                    model = ElasticGPUQuota.model_validate(doc)
-                    model.check()
-                    # Charges in the file are the cluster's, not this plan's: plan starts from none.
-                    model.status.charges = []
-                    found.quotas.append(model)
-                else:
-                    raise ValueError(
-                        f"a document without a kind must be a node list: {NODE_LIST_FORMAT}; plan also reads GPU,"
-                        " ElasticGPUClass, ElasticGPUClaim and ElasticGPUQuota objects"
-                    )
-            except ValidationError as err:  # pydantic's: told as field and rule, without its text
-                raise user_errors.InputFileInvalid(f"{where}: {strict.readable(err)}") from None
-            except (ValueError, ElasticGPUError) as err:
-                raise user_errors.InputFileInvalid(f"{where}: {err}") from None
-    return found
+            if isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list):
+                for index, item in enumerate(doc["items"]):
+                    yield f"{where} items[{index}]", item
+            else:
+                yield where, doc
 
 
 def _node_list(doc: dict[str, Any], where: str) -> list[dict[str, Any]]:

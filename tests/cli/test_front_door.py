@@ -3,11 +3,13 @@ subprocess), with the exact one line each mistake gets (issue 29)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "examples" / "plan"
@@ -141,3 +143,19 @@ def test_help_has_a_description(command: str) -> None:
     # argparse prints the description between the usage and the options.
     between = result.stdout.split("\n\n")[1]
     assert not between.startswith("options:") and len(between.split()) >= 5, result.stdout
+
+
+def test_the_output_of_kubectl_get_is_plan_input(tmp_path: Path) -> None:
+    """`kubectl get pgpu -o yaml` writes a `kind: List`; plan reads its items (the user guide says so)."""
+    gpu = {
+        "apiVersion": "elasticgpu.io/v1alpha1", "kind": "GPU",
+        "metadata": {"name": "gpu-node-x-0", "resourceVersion": "7", "managedFields": [{"manager": "agent"}]},
+        "spec": {"index": 0, "uuid": "GPU-node-x-0", "model": "NVIDIA A100-SXM4-80GB", "memory": 81920,
+                 "nodeName": "node-x"},
+    }
+    listed = tmp_path / "gpus.yaml"
+    listed.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [gpu], "metadata": {}}))
+    claim = _claim(tmp_path, "  resources:\n    requests: {elasticgpu.io/gpu-core: 30}\n")
+    result = _elasticgpu("plan", "--strict", "-f", str(listed), "-f", str(CLASSES), "-f", str(claim))
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^ml\s+notebook\s+Bound\s+gpushare\s+.*node-x\s+GPU-node-x-0", result.stdout, re.M), result.stdout
