@@ -9,6 +9,7 @@ from pydantic import Field
 from elasticgpu.api import cel, names, validation
 from elasticgpu.api.errors import InvalidSpec
 from elasticgpu.api.meta import Condition, LabelSelector, ObjectMeta
+from elasticgpu.api.policing import Policing
 from elasticgpu.api.resources import GpuRequest, parse_claim_resources
 from elasticgpu.api.schema import KubeModel, ResourceValue, crd_field, rule
 
@@ -121,6 +122,17 @@ class ClaimUsage(KubeModel):
     update_time: str | None = Field(default=None, description="When the agent measured it (RFC 3339).")
 
 
+class ClaimPartition(KubeModel):
+    """The MIG instance a claim of a `partitioning: MIG` class received (issue 26)."""
+
+    profile: str = Field(description="The MIG profile, e.g. 3g.40gb: the smallest of the card's model that covers"
+                         " the request.")
+    cores: int = Field(ge=0, description="Percent of the card's compute the instance has (its compute slices of 7);"
+                       " more than asked is normal for MIG.")
+    memory: int = Field(ge=0, description="MiB of the card's memory the instance has (its memory slices of 8).")
+    start: int | None = Field(default=None, ge=0, description="The first memory slice of the instance on its card.")
+
+
 class ClaimRecommendation(KubeModel):
     """The size the controller recommends from the claim's measured use (`docs/recommendations.md`)."""
 
@@ -170,12 +182,21 @@ class ElasticGPUClaimStatus(KubeModel):
         description="Bound, or Pending with the reason; Resizing and ResizePending during a resize.",
     )
     usage: ClaimUsage | None = Field(default=None, description="Measured usage of the claim.")
+    partition: ClaimPartition | None = Field(
+        default=None, description="The MIG instance the claim received (a class with partitioning: MIG).",
+    )
     recommendation: ClaimRecommendation | None = Field(
         default=None, description="The size recommended from the measured use (the class's resizePolicy).",
     )
     users: list[ClaimUser] = Field(
         default_factory=list, max_length=1,
         description="The pod the claim serves, written by the controller before it lets the pod start.",
+    )
+    policing: Policing | None = Field(
+        default=None,
+        description="What the node agent does when the claim uses more GPU memory than it reserved: the class's"
+        " overLimitAction and overLimitGraceSeconds, copied by the controller on bind and kept true to the class."
+        " Absent: Warn.",
     )
 
 

@@ -36,6 +36,13 @@ class GPULimit(KubeModel):
     memory: int = Field(ge=0, description="MiB of the card's memory.")
 
 
+class GPUPartition(KubeModel):
+    """Where a reservation's MIG instance sits on the card (a class with partitioning: MIG)."""
+
+    profile: str = Field(min_length=1, description="The MIG profile, e.g. 3g.40gb.")
+    start: int = Field(ge=0, le=7, description="The first memory slice of the instance (of 8).")
+
+
 class GPUAllocation(KubeModel):
     """One reservation on the card. Writing it (with a resourceVersion precondition) is the commit point."""
 
@@ -51,6 +58,11 @@ class GPUAllocation(KubeModel):
         default=None,
         description="The size the node's agent enforces on the claim's containers while a resize is under way"
         " (a shrink: the smaller size, before the reservation shrinks); absent: cores and memory.",
+    )
+    partition: GPUPartition | None = Field(
+        default=None,
+        description="The MIG instance of the reservation (profile and start slice), committed with it; the node's"
+        " agent creates the instance there. Absent: a soft share or a whole card.",
     )
 
 

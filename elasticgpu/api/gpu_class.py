@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from elasticgpu.api import cel, names, validation
+from elasticgpu.api import cel, names, policing, validation
 from elasticgpu.api.errors import InvalidClassParameters, InvalidSpec
 from elasticgpu.api.meta import Condition, ObjectMeta
 from elasticgpu.api.schema import SCHEMA_DEFAULT, KubeModel, crd_field, rule
@@ -18,6 +18,7 @@ BindOrder = Literal["FIFO", "FairShare"]
 Policy = Literal["binpack", "spread", "fragmentation"]
 Sharing = Literal["exclusive", "timeslice", "mps"]
 ResizePolicy = Literal["Off", "Recommend", "Auto"]
+Partitioning = Literal["MIG"]
 POLICIES: tuple[Policy, ...] = ("binpack", "spread", "fragmentation")
 SHARINGS: tuple[Sharing, ...] = ("exclusive", "timeslice", "mps")
 PARAMETER_KEYS = ("policy", "gpuModel", "nodeSelector", "sharing")
@@ -103,6 +104,20 @@ def _size_rules(field: str) -> list[dict[str, str]]:
 SIZES_ORDERED = "must not be above maxSize in any dimension (cores, memory)"
 AUTO_NEEDS_RESIZE = "Auto needs allowClaimResize: true (Auto resizes claims in place); set it, or use Recommend"
 MARGIN_RANGE = "must be 0..100 (percent over the measured peak)"
+# MIG (issue 26): a claim becomes a hardware partition of one card, so the class must provision
+# slices, and its claims cannot grow or shrink in place (an instance has a fixed profile).
+MIG_NEEDS_GPUSHARE = (
+    f"MIG carves slices of one card: it needs provisioner {names.PROVISIONER_GPUSHARE}; for whole cards use a class"
+    " without partitioning"
+)
+MIG_IMMEDIATE = (
+    "MIG classes bind Immediate for now (the node is chosen with the instance's card and start); leave bindingMode"
+    " and egpuBindingMode out, or set them to Immediate"
+)
+MIG_NO_RESIZE = (
+    "MIG instances cannot resize in place (a profile is fixed when the instance is created); set allowClaimResize:"
+    " false, or leave partitioning out"
+)
 
 
 class ElasticGPUClassStatus(KubeModel):
@@ -132,6 +147,26 @@ class ElasticGPUClass(KubeModel):
             f"resizePolicy: {AUTO_NEEDS_RESIZE}",
             reason="FieldValueInvalid",
             field_path=".resizePolicy",
+        ),
+        cel.immutable("partitioning", "", "create a new class instead (claims already carved keep their instances)"),
+        rule(
+            f"!has(self.partitioning) || self.provisioner == '{names.PROVISIONER_GPUSHARE}'",
+            f"partitioning: {MIG_NEEDS_GPUSHARE}",
+            reason="FieldValueInvalid",
+            field_path=".partitioning",
+        ),
+        rule(
+            "!has(self.partitioning) || ((!has(self.bindingMode) || self.bindingMode == 'Immediate')"
+            " && (!has(self.egpuBindingMode) || self.egpuBindingMode == 'Immediate'))",
+            f"bindingMode: {MIG_IMMEDIATE}",
+            reason="FieldValueInvalid",
+            field_path=".bindingMode",
+        ),
+        rule(
+            "!has(self.partitioning) || !has(self.allowClaimResize) || !self.allowClaimResize",
+            f"allowClaimResize: {MIG_NO_RESIZE}",
+            reason="FieldValueInvalid",
+            field_path=".allowClaimResize",
         ),
         rule(
             "!has(self.minSize) || !has(self.maxSize)"
@@ -236,13 +271,42 @@ class ElasticGPUClass(KubeModel):
         description="The largest size a recommendation (and an Auto resize) goes to: cores (percent), memory (MiB).",
         json_schema_extra=crd_field(**{"x-kubernetes-validations": _size_rules("maxSize")}),
     )
+    partitioning: Partitioning | None = Field(
+        default=None,
+        description="MIG: each claim gets a MIG instance of its own (hard isolation: its own compute, memory and"
+        " cache slices), of the smallest profile of the card's model that covers its cores and memory (on an"
+        " A100-80GB: 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb); needs provisioner"
+        " elasticgpu.io/gpushare and cards whose MIG mode the admin enabled. Unset: soft slices (sharing).",
+    )
+    # Issue 25: what the node agent does with a claim over its memory (policing.py); the controller
+    # copies both into each Bound claim's status.policing, where the agent reads them.
+    over_limit_action: policing.OverLimitAction = Field(
+        default=policing.DEFAULT_OVER_LIMIT_ACTION, description=policing.ACTION_DESCRIPTION,
+        json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True}),
+    )
+    over_limit_grace_seconds: int = Field(
+        default=policing.DEFAULT_OVER_LIMIT_GRACE_S, description=policing.GRACE_DESCRIPTION,
+        json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True,
+                                       "x-kubernetes-validations": policing.grace_rules("overLimitGraceSeconds")}),
+    )
     status: ElasticGPUClassStatus = Field(default_factory=ElasticGPUClassStatus)
+
+    @property
+    def over_limit_policy(self) -> policing.Policing:
+        """The over-limit policy the controller copies into the status of the class's Bound claims."""
+        return policing.Policing(over_limit_action=self.over_limit_action,
+                                 over_limit_grace_seconds=self.over_limit_grace_seconds)
 
     @property
     def effective_binding_mode(self) -> BindingMode:
         """The binding mode: bindingMode, else the upstream egpuBindingMode, else Immediate. Every reader of
         the mode (binder, pod gate, plan) goes through here; where both are set they agree (see `check`)."""
         return self.binding_mode or self.egpu_binding_mode or DEFAULT_BINDING_MODE
+
+    @property
+    def is_mig(self) -> bool:
+        """True when the class carves its claims as MIG instances (`partitioning: MIG`)."""
+        return self.partitioning == "MIG"
 
     @property
     def effective_reclaim_policy(self) -> ReclaimPolicy:
@@ -259,9 +323,18 @@ class ElasticGPUClass(KubeModel):
                 raise InvalidSpec(field="bindingMode", rule=BINDING_MODES_AGREE, value=self.binding_mode)
             if self.resize_policy == "Auto" and not self.allow_claim_resize:
                 raise InvalidSpec(field="resizePolicy", rule=AUTO_NEEDS_RESIZE, value="Auto")
+            if self.partitioning is not None and self.provisioner != names.PROVISIONER_GPUSHARE:
+                raise InvalidSpec(field="partitioning", rule=MIG_NEEDS_GPUSHARE, value=self.partitioning)
+            if self.partitioning is not None and self.effective_binding_mode != "Immediate":
+                raise InvalidSpec(field="bindingMode", rule=MIG_IMMEDIATE, value=self.effective_binding_mode)
+            if self.partitioning is not None and self.allow_claim_resize:
+                raise InvalidSpec(field="allowClaimResize", rule=MIG_NO_RESIZE, value="true")
             if not 0 <= self.recommendation_margin <= 100:
                 raise InvalidSpec(field="recommendationMargin", rule=MARGIN_RANGE,
                                   value=str(self.recommendation_margin))
+            if self.over_limit_grace_seconds < 0:
+                raise InvalidSpec(field="overLimitGraceSeconds", rule=policing.GRACE_RANGE,
+                                  value=str(self.over_limit_grace_seconds))
             self._check_sizes()
         except InvalidSpec as err:
             raise InvalidSpec(field=where + err.field, rule=err.rule, value=err.value, fix=err.fix) from None

@@ -17,6 +17,7 @@ from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, names, timest
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, capacity, pod_gate, release
 from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.flow import mig_binding, policing_copy
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
@@ -62,6 +63,8 @@ class ClaimSync:
         """Resizes Bound claims in place (issue 17): called when the binder finds a claim in sync."""
         self.recommender = Recommender(kube=kube, picture=picture, events=events, settings=settings)
         """Recommends sizes from measured use (issue 17), after the resizer, for claims in sync."""
+        self.policing = policing_copy.PolicingCopy(kube=kube, picture=picture)
+        """Keeps a Bound claim's status.policing true to its class (issue 25), for claims in sync."""
 
     def sync(self, namespace: str, name: str) -> None:
         """Decide and carry out the next step of one claim."""
@@ -73,6 +76,7 @@ class ClaimSync:
         if isinstance(decision, binder.InSync):
             self.resizer.sync(namespace, name, decision.elastic_gpu)
             self.recommender.sync(namespace, name, decision.elastic_gpu)
+            self.policing.sync(namespace, name, decision.elastic_gpu)
             return
         if isinstance(decision, binder.Ignore):
             return
@@ -215,6 +219,11 @@ class ClaimSync:
         }
         if resizable(claim, egpu, self.picture.view().classes):
             status["resizable"] = True  # read by the claim CRD's rule on spec.resources.requests
+        partition = self._partition(egpu_name)
+        if partition is not None:
+            status["partition"] = partition  # the MIG instance it received (more than asked is normal)
+        if (policing := policing_copy.wanted(claim, egpu, self.picture.view().classes)) is not None:
+            status["policing"] = policing  # the agent reads it there: it may not read classes (issue 25)
         owner = pod_index.owner_pod(self._body(claim))
         if owner is not None and not claim.status.users:
             # An inline claim serves the pod that owns it: said with the bind, not in a write of its own.
@@ -300,6 +309,9 @@ class ClaimSync:
 
     def _reserve(self, claim: ElasticGPUClaim, key: str, decision: binder.Provision) -> Placement | None:
         """Step 1: plan and commit the reservation; None when the claim must wait (status written)."""
+        klass = self.picture.view().classes.get(decision.class_name)
+        if klass is not None and klass.is_mig:
+            return self._reserve_mig(claim, key, decision)
         request = PlacementRequest(
             gpu=decision.request,
             models=decision.parameters.gpu_model,
@@ -348,6 +360,46 @@ class ClaimSync:
                 self.commit.backoff(attempt)
                 continue
             return result
+        raise errors.BindingError(f"claim {claim.metadata.namespace}/{claim.metadata.name}: too many conflicts on"
+                                  " the GPUs; retrying later")
+
+    def _partition(self, egpu_name: str) -> dict[str, Any] | None:
+        """The claim's MIG instance as `status.partition` (profile, cores, memory, start), or None."""
+        ledger = self.picture.ledger
+        with self.picture.lock:
+            for gpu_name in ledger.gpus_holding(egpu_name):
+                allocation = ledger.allocation(gpu_name, egpu_name)
+                if allocation is not None and allocation.partition is not None:
+                    return {"profile": allocation.partition.profile, "cores": allocation.cores,
+                            "memory": allocation.memory, "start": allocation.partition.start}
+        return None
+
+    def _reserve_mig(self, claim: ElasticGPUClaim, key: str, decision: binder.Provision) -> Placement | None:
+        """Step 1 for a `partitioning: MIG` class: a MIG instance's card and start, committed with
+        the reservation (`flow/mig_binding.py`); None when the claim must wait (status written)."""
+        ledger = self.picture.ledger
+        for attempt in range(self.settings.binding.conflict_retries):
+            with self.picture.lock:
+                held = ledger.held(key)
+                if held is not None:
+                    return held  # committed before a crash, or by the other controller
+                planned = mig_binding.plan(ledger, decision.request, decision.parameters)
+            if isinstance(planned, mig_binding.MigWait):
+                reason = capacity.REASON_NEVER_FITS if planned.never else binder.REASON_NO_CAPACITY
+                self._pending(claim, reason, planned.message)
+                return None
+            try:
+                self.commit.commit(key, planned.placement, claim_ref_of(claim), planned.partitions)
+            except QuotaExceeded as err:
+                self._pending(claim, err.reason, err.message)
+                self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
+                               delay_s=self.settings.quota.recheck_s, recheck=True)
+                return None
+            except (errors.Conflict, errors.Rejected) as err:
+                logger.debug("MIG reservation lost a race, re-planning: %s", err)
+                self.commit.backoff(attempt)
+                continue
+            return planned.placement
         raise errors.BindingError(f"claim {claim.metadata.namespace}/{claim.metadata.name}: too many conflicts on"
                                   " the GPUs; retrying later")
 

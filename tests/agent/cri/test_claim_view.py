@@ -166,3 +166,13 @@ def test_an_unreachable_api_server_raises_and_says_why(agent_kube: kube.AgentKub
     agent_kube.answered_at = time.monotonic() - 120  # it answered two minutes ago, then went away
     reason = view.not_ready_reason()  # no probe: the last was less than probe_interval_s ago
     assert reason is not None and reason.startswith("the API server has not answered it for 120 s (read claim ns/c")
+
+
+def test_a_mig_claims_partition_is_read_from_its_status() -> None:
+    claim = {"metadata": {"namespace": "ns", "name": "c", "uid": "u"}, "spec": {"elasticGPUName": "egpu-u"},
+             "status": {"phase": "Bound", "gpus": ["GPU-1"], "capacity": {"elasticgpu.io/gpu-core": 42},
+                        "partition": {"profile": "3g.40gb", "cores": 42, "memory": 40960, "start": 4}}}
+    egpu = {"spec": {"claimRef": {"namespace": "ns", "name": "c", "uid": "u"}}, "status": {"gpus": ["GPU-1"]}}
+    assert claim_view.claim_info(claim, egpu).partition == ("3g.40gb", 4)
+    claim["status"].pop("partition")
+    assert claim_view.claim_info(claim, egpu).partition is None
