@@ -34,7 +34,8 @@ def _class_files() -> list[Path]:
     found = []
     for path in sorted([*(ROOT / "examples").rglob("*.yaml"), *(ROOT / "deploy").glob("*.yaml")]):
         # Slices only: a whole card is the container's alone, whatever runs on the node.
-        if any(isinstance(d, dict) and d.get("kind") == "ElasticGPUClass" and not d.get("isolation")
+        # `isolation: None` (the field's advisory value, issue 29's enforcement change) counts as unset.
+        if any(isinstance(d, dict) and d.get("kind") == "ElasticGPUClass" and d.get("isolation") in (None, "", "None")
                and d.get("provisioner") == "elasticgpu.io/gpushare" for d in yaml.safe_load_all(path.read_text())):
             found.append(path)
     return found
