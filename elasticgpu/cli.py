@@ -87,8 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     crds.add_argument("--context", help="kubeconfig context for --apply")
     crds.set_defaults(handler=_crds)
 
+    plan_text = "bind claims to GPUs offline, with no cluster, and show the result and the reasons"
     plan_parser = commands.add_parser(
-        "plan", help="bind claims to GPUs offline, with no cluster, and show the result and the reasons"
+        "plan", help=plan_text,
+        description=f"{plan_text[0].upper()}{plan_text[1:]}: the same allocator, classes and quotas as the"
+        " controller, on GPU objects or a short node list; unknown fields are refused as `kubectl apply` does.",
     )
     plan.add_arguments(plan_parser)
     plan_parser.set_defaults(handler=plan.run)
@@ -126,8 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from elasticgpu import demo
 
+    demo_text = "see it work: a local API server, the controller, webhook and simulated agents, a few claims"
     demo.add_arguments(commands.add_parser(
-        "demo", help="see it work: a local API server, the controller, webhook and simulated agents, a few claims"))
+        "demo", help=demo_text,
+        description="See it work, on this machine, in one command: the project's local API server (or"
+        " --kubeconfig's cluster), the controller, the webhook and two simulated node agents; a slice claim,"
+        " a whole card, an inline request and one that cannot fit; what each container sees; all cleaned up"
+        " after. Exit 0 when every claim reached its container."))
     return parser
 
 

@@ -6,7 +6,12 @@ with the allocator under each claim's class and within the quotas of its namespa
 controller's own check, `allocator.quota`); and prints a kubectl-style table (or, with `-o yaml`, the
 ElasticGPUs the controller would create). A claim that stays Pending shows why.
 
-A short node list is a YAML document without `kind`:
+Input is read as strictly as `kubectl apply` with strict field validation reads it: a field the
+kind's CRD does not know is an error that names it and what was probably meant
+(`api.strict`), never dropped. A claim naming a class that does not exist stays Pending with
+reason ClassNotFound, as on a cluster, and the message names the classes there are.
+
+A short node list is a YAML document without `kind` (NODE_LIST_FORMAT; examples/plan/nodes.yaml):
 
     nodes:
       - {name: node-1, cards: 8, model: A100-SXM4-80GB, memory: 80Gi, cpu: 96, labels: {zone: a}, isolation: [MPS]}
@@ -15,6 +20,7 @@ A short node list is a YAML document without `kind`:
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
+from pydantic import ValidationError
 
 from elasticgpu import plan_resize, user_errors
 from elasticgpu.allocator import (
@@ -46,10 +53,22 @@ from elasticgpu.api import (
     format_memory,
     names,
     parse_memory_mib,
+    strict,
+)
+from elasticgpu.api import (
+    gpu_class as class_rules,
 )
 
 # The sample a newcomer sees first (`elasticgpu plan` with no -f), shipped in the repository.
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plan"
+
+NODE_LIST_FIELDS = ("name", "cards", "model", "memory", "cpu", "hostMemory", "labels")
+"""The keys of one entry of a short node list; `name` is required."""
+NODE_LIST_FORMAT = (
+    "a node list is a YAML document `nodes: [{name: node-a, cards: 8, model: NVIDIA A100-SXM4-80GB,"
+    " memory: 80Gi, cpu: 96}]` (example: examples/plan/nodes.yaml)"
+)
+"""How to write a node list, in one line: for the error of an input without cards, and --help."""
 
 
 @dataclass
@@ -84,8 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--filename",
         action="append",
         metavar="PATH",
-        help="YAML file or directory of GPUs / node list, classes and claims (repeatable);"
-        " default: the bundled sample in examples/plan",
+        help="YAML file or directory of GPUs (or a node list), classes and claims (repeatable);"
+        " default: the bundled sample in examples/plan. A node list is a document"
+        " `nodes: [{name: node-a, cards: 8, model: NVIDIA A100-SXM4-80GB, memory: 80Gi, cpu: 96}]`"
+        " (examples/plan/nodes.yaml); GPU objects are those of `kubectl get pgpu -o yaml`",
     )
     parser.add_argument(
         "--strict",
@@ -142,38 +163,81 @@ def _documents(path: Path) -> list[Any]:
 def read_inputs(paths: Iterable[str]) -> PlanInput:
     """Parse every document of every file into the kinds `plan` understands."""
     found = PlanInput([], [], [], [])
+    for where, doc in _objects(paths):
+        if not isinstance(doc, dict):
+            raise user_errors.InputFileInvalid(
+                f"{where}: not an object; {NODE_LIST_FORMAT}, or a GPU, ElasticGPUClass, ElasticGPUClaim"
+                " or ElasticGPUQuota")
+        kind = doc.get("kind")
+        if kind is not None and kind not in USED_KINDS:
+            print(f"note: {where}: kind {kind} is not used by plan; skipped", file=sys.stderr)
+            continue
+        if kind is not None:
+            name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
+            where += f" ({kind} {name})" if name else f" ({kind})"
+            unknown = strict.unknown_fields(doc)
+            if unknown:
+                raise user_errors.InputFileInvalid(f"{where}: {', '.join(unknown)}")
+        try:
+            if kind is None and "nodes" in doc:
+                found.node_list.extend(_node_list(doc, where))
+            elif kind == names.KIND_GPU:
+                found.gpus.append(GPU.model_validate(doc))
+            elif kind == names.KIND_CLASS:
+                found.classes.append(ElasticGPUClass.model_validate(doc))
+            elif kind == names.KIND_CLAIM:
+                found.claims.append(ElasticGPUClaim.model_validate(doc))
+            elif kind == names.KIND_QUOTA:
+                model = ElasticGPUQuota.model_validate(doc)
+                model.check()
+                # Charges in the file are the cluster's, not this plan's: plan starts from none.
+                model.status.charges = []
+                found.quotas.append(model)
+            else:
+                raise ValueError(
+                    f"a document without a kind must be a node list: {NODE_LIST_FORMAT}; plan also reads GPU,"
+                    " ElasticGPUClass, ElasticGPUClaim and ElasticGPUQuota objects"
+                )
+        except ValidationError as err:  # pydantic's: told as field and rule, without its text
+            raise user_errors.InputFileInvalid(f"{where}: {strict.readable(err)}") from None
+        except (ValueError, ElasticGPUError) as err:
+            raise user_errors.InputFileInvalid(f"{where}: {err}") from None
+    return found
+
+
+def _objects(paths: Iterable[str]) -> Iterable[tuple[str, Any]]:
+    """(where, object) for every document of every file; a `kind: List` (what `kubectl get
+    -o yaml` writes) gives each of its items."""
     for path in _files(paths):
         for number, doc in enumerate(_documents(path), start=1):
             if not doc:
                 continue
             where = f"{path} document {number}"
-            kind = doc.get("kind")
-            if kind is not None and kind not in USED_KINDS:
-                print(f"note: {where}: kind {kind} is not used by plan; skipped", file=sys.stderr)
-                continue
-            try:
-                if kind is None and "nodes" in doc:
-                    found.node_list.extend(doc["nodes"])
-                elif kind == names.KIND_GPU:
-                    found.gpus.append(GPU.model_validate(doc))
-                elif kind == names.KIND_CLASS:
-                    found.classes.append(ElasticGPUClass.model_validate(doc))
-                elif kind == names.KIND_CLAIM:
-                    found.claims.append(ElasticGPUClaim.model_validate(doc))
-                elif kind == names.KIND_QUOTA:
-                    model = ElasticGPUQuota.model_validate(doc)
-                    model.check()
-                    # Charges in the file are the cluster's, not this plan's: plan starts from none.
-                    model.status.charges = []
-                    found.quotas.append(model)
-                else:
-                    raise ValueError(
-                        "a document without a kind must be a node list (`nodes:`); plan reads GPU,"
-                        " ElasticGPUClass, ElasticGPUClaim and ElasticGPUQuota objects"
-                    )
-            except (ValueError, ElasticGPUError) as err:
-                raise user_errors.InputFileInvalid(f"{where}: {err}") from None
-    return found
+            if isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list):
+                for index, item in enumerate(doc["items"]):
+                    yield f"{where} items[{index}]", item
+            else:
+                yield where, doc
+
+
+def _node_list(doc: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """The entries of a node list, each checked as strictly as an object's fields."""
+    entries = doc.get("nodes")
+    extra = sorted(str(k) for k in doc if k != "nodes")
+    if extra:
+        raise ValueError(f"unknown field {extra[0]} in a node list; {NODE_LIST_FORMAT}")
+    if not isinstance(entries, list):
+        raise ValueError(f"nodes: must be a list; {NODE_LIST_FORMAT}")
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "name" not in entry:
+            raise ValueError(f"nodes[{index}].name: required; {NODE_LIST_FORMAT}")
+        for key in entry:
+            if key not in NODE_LIST_FIELDS:
+                close = difflib.get_close_matches(str(key), NODE_LIST_FIELDS, n=1)
+                known = ", ".join(NODE_LIST_FIELDS)
+                meant = f"; did you mean nodes[{index}].{close[0]}?" if close else f" (known: {known})"
+                raise ValueError(f"unknown field nodes[{index}].{key}{meant}")
+    return entries
 
 
 def build_inventory(found: PlanInput) -> Inventory:
@@ -261,10 +325,12 @@ def plan(found: PlanInput, *, seed: int = 0, inventory: Inventory | None = None)
             results.append(ClaimResult(claim, class_name, "-", None, str(err)))
             continue
         if gpu_class is None:
-            why = (
-                f"ElasticGPUClass {class_name} not found"
+            # As the controller: Pending with ClassNotFound (api.gpu_class.class_not_found_message).
+            why = "ClassNotFound: " + (
+                class_rules.class_not_found_message(class_name, classes)
                 if class_name
-                else 'no class named and no default class (annotate one elasticgpu.io/is-default-class: "true")'
+                else "spec.elasticGPUClassName is empty and no ElasticGPUClass is annotated"
+                f" {names.ANNOTATION_DEFAULT_CLASS}=true; name a class or mark one default"
             )
             results.append(ClaimResult(claim, class_name, request.describe(), None, why))
             continue
@@ -407,8 +473,10 @@ def run(args: argparse.Namespace) -> int:
     """Run `elasticgpu plan`; exit 0, or with `--strict` 1 when some claim stays Pending."""
     found = read_inputs(args.filename or [str(SAMPLE)])
     if not found.gpus and not found.node_list:
-        print("error: no GPU objects and no node list in the files given with -f", file=sys.stderr)
-        return 2
+        raise user_errors.InputFileInvalid(
+            f"no GPU objects and no node list in {', '.join(args.filename or [str(SAMPLE)])}: add one;"
+            f" {NODE_LIST_FORMAT}, or pass the output of `kubectl get pgpu -o yaml` with -f"
+        )
     asks = [plan_resize.parse(text) for text in args.resize or []]  # a typo is told before any work
     inventory = build_inventory(found)
     results = plan(found, seed=args.seed, inventory=inventory)

@@ -1,7 +1,19 @@
-"""Renders the plain manifests of deploy/ from the Helm chart deploy/chart.
+"""Renders the plain manifests of deploy/ from the Helm chart deploy/chart, or your own.
 
     .venv/bin/python scripts/render-manifests.py          # rewrite deploy/*.yaml and deploy/policies/
     .venv/bin/python scripts/render-manifests.py --check  # exit 1 if they differ from the chart
+
+Your values, without helm (as `helm template` would render them, into a folder of your own):
+
+    .venv/bin/python scripts/render-manifests.py -f my-values.yaml \
+        --set image.repository=registry.example.com/elasticgpu --set image.tag=0.1.0 --out my-manifests
+    kubectl apply --server-side -f my-manifests/crds/ && kubectl apply -f my-manifests/ -f my-manifests/policies/
+
+`-f FILE` (repeatable) and `--set key=value` (repeatable; `a.b=1,c=x`, `a\\.b` for a dot in a key,
+`{x,y}` for a list; true/false/null and integers are typed as Helm types them) are merged over the
+chart's defaults in the order given, `--set` last, as Helm does; a key the chart's values.yaml
+does not have is told on stderr (Helm would ignore it silently). `--out DIR` gets the same files as
+deploy/ plus the CRDs in DIR/crds/; deploy/ itself only ever holds the defaults.
 
 The chart is the source: edit deploy/chart/templates/, then run this. Helm renders the chart with its
 default values plus `namespace.create=true` (each plain file carries the Namespace, so it applies on
@@ -21,11 +33,13 @@ import elasticgpu.
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import sys
 from pathlib import Path
 
 import helm_python
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "chart"
@@ -79,12 +93,177 @@ def plain_manifests() -> list[Path]:
     return sorted([*DEPLOY.glob("*.yaml"), *(DEPLOY / "policies").glob("*.yaml")])
 
 
-def main() -> int:
-    """Rewrite deploy/ from the chart, or (--check) say which files differ; exit 1 then."""
+FREE_MAPS = frozenset({"nodeSelector", "env", "labels", "issuerRef", "resources", "requests", "limits"})
+"""Maps of values.yaml whose keys are the user's (a node label, an environment variable)."""
+
+
+class ValuesError(Exception):
+    """A --set or -f the renderer cannot use; str() is the one-line message with the fix."""
+
+
+def _split(text: str, separator: str) -> list[str]:
+    """`text` split at each `separator` not escaped by a backslash (and not inside `{...}` for a comma)."""
+    parts, current, depth, escaped = [], "", 0, False
+    for char in text:
+        if escaped:
+            current += char if char == separator else "\\" + char
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "{":
+            depth += 1
+            current += char
+        elif char == "}":
+            depth -= 1
+            current += char
+        elif char == separator and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [*parts, current]
+
+
+def _typed(text: str) -> object:
+    """A --set value as Helm types it: true/false, null, an integer, `{a,b}` a list, else text."""
+    if text in ("true", "false"):
+        return text == "true"
+    if text == "null":
+        return None
+    if re.fullmatch(r"-?[0-9]+", text) and not (len(text) > 1 and text.lstrip("-").startswith("0")):
+        return int(text)
+    if text.startswith("{") and text.endswith("}"):
+        return [_typed(item) for item in _split(text[1:-1], ",") if item != ""]
+    return text
+
+
+def parse_set(text: str) -> list[tuple[list[str], object]]:
+    """`a.b=1,c=x` -> [(["a", "b"], 1), (["c"], "x")]; raises ValuesError naming what is wrong."""
+    out = []
+    for assignment in _split(text, ","):
+        if "=" not in assignment:
+            raise ValuesError(f"--set {text!r}: {assignment!r} is not key=value; e.g. --set image.tag=0.1.0")
+        key, value = assignment.split("=", 1)
+        path = [part.replace("\\.", ".") for part in _split(key, ".")]
+        if not all(path):
+            raise ValuesError(f"--set {text!r}: {key!r} has an empty part; write keys as a.b.c")
+        out.append((path, _typed(value)))
+    return out
+
+
+def merged(base: dict[str, object], over: dict[str, object]) -> dict[str, object]:
+    """`over` merged into `base` as Helm merges values: maps key by key, anything else replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        old = out.get(key)
+        out[key] = merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    return out
+
+
+def _unknown(path: list[str], defaults: object) -> str | None:
+    """Why `path` is no key of the chart's values (with the key probably meant), or None when it
+    is one, or lies under a map the chart leaves to the user (nodeSelector, env, labels: empty or
+    of free keys)."""
+    here = defaults
+    for depth, part in enumerate(path):
+        if not isinstance(here, dict) or not here or (depth and path[depth - 1] in FREE_MAPS):
+            return None
+        if part not in here:
+            close = difflib.get_close_matches(part, [str(k) for k in here], n=1)
+            meant = f"; did you mean {'.'.join([*path[:depth], close[0]])}?" if close else ""
+            return f"the chart's values.yaml has no {'.'.join(path[:depth + 1])}{meant}"
+        here = here[part]
+    return None
+
+
+def user_values(files: list[str], sets: list[str]) -> dict[str, object]:
+    """The values of -f files and --set, in that order, merged over PLAIN_VALUES; a key the chart
+    does not know is told on stderr."""
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    values: dict[str, object] = dict(PLAIN_VALUES)
+    for name in files:
+        try:
+            loaded = yaml.safe_load(Path(name).read_text()) or {}
+        except OSError as err:
+            raise ValuesError(f"-f {name}: cannot be read ({err.strerror})") from None
+        except yaml.YAMLError as err:
+            raise ValuesError(f"-f {name}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
+        if not isinstance(loaded, dict):
+            raise ValuesError(f"-f {name}: must be a map of values, as deploy/chart/values.yaml is")
+        values = merged(values, loaded)
+    for text in sets:
+        for path, value in parse_set(text):
+            nested: object = value
+            for part in reversed(path):
+                nested = {part: nested}
+            assert isinstance(nested, dict)
+            values = merged(values, nested)
+    for path in _leaves(values):
+        why = _unknown(path, defaults)
+        if why:
+            print(f"note: {'.'.join(path)}: {why} (Helm ignores it)", file=sys.stderr)
+    return values
+
+
+def _leaves(values: object, prefix: list[str] | None = None) -> list[list[str]]:
+    prefix = prefix or []
+    if not isinstance(values, dict) or not values:
+        return [prefix] if prefix else []
+    return [leaf for key, value in values.items() for leaf in _leaves(value, [*prefix, str(key)])]
+
+
+def write_out(files: dict[Path, str], out: Path) -> None:
+    """The rendered files and the chart's CRDs into `out` (deploy/'s layout, CRDs in crds/)."""
+    for path, text in files.items():
+        target = out / path.relative_to(DEPLOY)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        print(f"wrote {target}")
+    (out / "crds").mkdir(parents=True, exist_ok=True)
+    for crd in sorted((CHART / "crds").glob("*.yaml")):
+        (out / "crds" / crd.name).write_text(crd.read_text())
+        print(f"wrote {out / 'crds' / crd.name}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The script's flags (tests/docs reads them: every flag the docs name must exist)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 if a file differs")
+    parser.add_argument("-f", "--values", action="append", default=[], metavar="FILE",
+                        help="a values file over the chart's defaults (repeatable, in order); needs --out")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a value over the files (repeatable; a.b=1,c=x; a\\.b for a dot in a key); needs --out")
+    parser.add_argument("--out", metavar="DIR", help="write the manifests and CRDs into DIR instead of deploy/")
+    return parser
+
+
+def main() -> int:
+    """Rewrite deploy/ from the chart, or (--check) say which files differ; exit 1 then. With
+    -f/--set/--out: render your values into --out; exit 2 for values it cannot use."""
+    parser = build_parser()
     args = parser.parse_args()
+    refusal = (
+        "-f and --set need --out DIR: deploy/ holds the chart's defaults (tests check it)"
+        if (args.values or args.set) and not args.out
+        else "--check compares deploy/ with the chart's defaults; it takes no --out" if args.out and args.check
+        else None
+    )
+    if refusal:
+        print(f"render-manifests.py: error: {refusal}", file=sys.stderr)
+        return 2
     helm_python.disable_logging()  # its INFO lines about the chart's links into deploy/
+    if args.out:
+        try:
+            files = render(user_values(args.values, args.set))
+        except ValuesError as err:
+            print(f"render-manifests.py: error: {err}", file=sys.stderr)
+            return 2
+        except Exception as err:  # Helm's own refusal (a template's `fail`, a wrong type): one line
+            print(f"render-manifests.py: error: the chart does not render with these values: {err}",
+                  file=sys.stderr)
+            return 2
+        write_out(files, Path(args.out))
+        return 0
     files = render()
     stale = [path for path in plain_manifests() if path not in files]
     differ = [path for path, text in files.items()

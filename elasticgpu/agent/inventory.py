@@ -8,7 +8,9 @@ For each card the agent owns:
   modes the node can provide: MPS, HAMiCore; docs/isolation.md), `health`,
   `usage` and the conditions `Heartbeat`, `Healthy` and `ApplicationXid` (the controller owns
   `allocations`, `allocatable`, `allocatableSummary` and its own conditions; the agent keeps
-  those as they are). One status write per card per heartbeat interval in steady
+  those as they are, except that it fills in the whole card's `allocatable` and
+  `allocatableSummary`, `100%/80Gi`, on a card whose status has no allocations and no summary
+  yet, so that ALLOCATABLE is never blank). One status write per card per heartbeat interval in steady
   state; a change of health, capacity or a large change of usage is written at once.
 
 Conditions the controller reads:
@@ -191,6 +193,13 @@ def desired_status(
         result["capacity"] = printing.gpu_capacity(card.memory_mib)
         # The isolation modes this node's agent can provide (the allocator binds a class's slices only here).
         result["isolation"] = sorted(isolation or [])
+        if not status.get("allocations") and not status.get("allocatableSummary"):
+            # A card nothing was ever reserved on offers all of itself: without this its ALLOCATABLE
+            # column stays blank until the controller's first reservation. Only while the status
+            # holds neither: the write's resourceVersion precondition keeps it from ever covering
+            # a summary the controller wrote meanwhile, and from then on the controller keeps it.
+            result["allocatable"] = printing.gpu_capacity(card.memory_mib)
+            result["allocatableSummary"] = printing.allocatable_summary(names.CORES_PER_CARD, card.memory_mib)
         if usage is not None:
             result["usage"] = {"memoryUsed": usage.memory_mib, "coresUsed": usage.sm_percent,
                                "updateTime": rfc3339(usage.measured_at)}

@@ -389,3 +389,14 @@ class ElasticGPUClass(KubeModel):
     def parsed_parameters(self) -> ClassParameters:
         """The parameters parsed; raises `InvalidClassParameters` naming the class and the key."""
         return parse_class_parameters(self.parameters, class_name=self.metadata.name or "")
+
+
+def class_not_found_message(name: str, known: Mapping[str, object]) -> str:
+    """The message of a claim whose class `name` does not exist (reason ClassNotFound), naming
+    the classes that do (`known`: by name), so a typo shows next to what was meant. The
+    controller writes it on the claim and `elasticgpu plan` prints it: the two say the same."""
+    names_known = sorted(known)
+    shown = ", ".join(names_known[:10]) + (f" and {len(names_known) - 10} more" if len(names_known) > 10 else "")
+    there = f"the classes are {shown}" if names_known else "there is no ElasticGPUClass"
+    return (f"spec.elasticGPUClassName: ElasticGPUClass {name} does not exist ({there});"
+            " create it or name an existing class")

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -28,6 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from elasticgpu import user_errors
 from elasticgpu.api import names
 from elasticgpu.demo import components, containers, kube, local_cluster, local_runtime, processes, scenario, showing
 from elasticgpu.demo.processes import DemoError
@@ -425,6 +427,7 @@ def run(args: argparse.Namespace) -> int:
     phases = Phases()
     demo = Demo(args, say)
     failure: str | None = None
+    told: user_errors.UserError | None = None
     try:
         with phases.phase("cluster"):
             where = f"({args.kubeconfig})" if demo.external else "(the project's local test server, cached build)"
@@ -445,10 +448,16 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         failure = "interrupted"
     except Exception as error:  # a bug or an answer nobody foresaw: still one line, still cleaned up
+        # A mistake of the user's (a missing kubeconfig, a server that does not answer) gets the
+        # same one line and exit 2 as every other command, once everything is cleaned up (below).
+        told = user_errors.translate(error, args)
         failure = f"{type(error).__name__}: {error} (run again with --keep to keep every component's log)"
     finally:
         with phases.phase("cleanup"):
             demo.cleanup()
+    if told is not None:
+        print(f"elasticgpu demo: error: {told}", file=sys.stderr)
+        return user_errors.EXIT_USAGE
     total = time.monotonic() - phases.started
     out.print()
     out.print(showing.timings_table(phases.done, total))

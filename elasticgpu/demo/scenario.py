@@ -1,6 +1,6 @@
 """What the demo applies: two simulated nodes, two classes, claims and the pods that use them.
 
-- `slice`: 30% of a card's compute and 10 GiB of its memory (class `<prefix>shared`, gpushare);
+- `slice`: 30% of a card's compute and 10 GiB of its memory (class `<prefix>gpushare`, provisioner gpushare);
 - `whole`: one whole card (class `<prefix>whole`, physical);
 - `too-big`: 96 GiB on cards of 80 GiB, which can never fit: it stays Pending and says why;
 - pod `trainer` uses `slice` in container `main` (annotation `egpuc.elasticgpu.io/main`);
@@ -60,7 +60,7 @@ class Scenario:
     @property
     def shared_class(self) -> str:
         """Class of slices."""
-        return f"{self.prefix}shared"
+        return f"{self.prefix}gpushare"
 
     @property
     def whole_class(self) -> str:

@@ -6,6 +6,7 @@ exactly the columns kubectl prints; `rich` draws them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +14,17 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from elasticgpu.api import format_memory
 from elasticgpu.demo.containers import Sight
+
+_HAMI_MIB = re.compile(r"^(\d+)m$")
+
+
+def memory_limit(value: str | None) -> str:
+    """A container's memory limit as people read memory (`10Gi`): HAMi-core's variable holds MiB
+    with its own suffix (`10240m`), which would read as milli-units. Anything else as it is."""
+    found = _HAMI_MIB.match(value or "")
+    return format_memory(int(found.group(1))) if found else (value or "-")
 
 
 def console() -> Console:
@@ -64,7 +75,7 @@ def sights_table(sights: Sequence[Sight]) -> Table:
                     s.node,
                     s.env.get("NVIDIA_VISIBLE_DEVICES", "-"),
                     s.env.get("CUDA_DEVICE_SM_LIMIT", "-"),
-                    s.env.get("CUDA_DEVICE_MEMORY_LIMIT_0", "-"),
+                    memory_limit(s.env.get("CUDA_DEVICE_MEMORY_LIMIT_0")),
                     " ".join(s.devices) or "-",
                 ),
             )

@@ -47,6 +47,8 @@ def test_gpu_objects_labels_health_and_recovery(
     columns = [c["name"] for c in table.json()["columnDefinitions"]]
     row = dict(zip(columns, table.json()["rows"][0]["cells"], strict=True))
     assert (row["Memory"], row["Node"], row["Health"]) == ("80Gi", node_name, "Healthy")
+    # An unused card shows what it offers, not a blank ALLOCATABLE (issue 29).
+    assert row["Allocatable"] == "100%/80Gi"
     managers = {m["manager"] for m in gpus[gpu_names[0]]["metadata"]["managedFields"]}
     assert managers == {"elasticgpu-agent"}
 

@@ -129,6 +129,15 @@ def test_wait_messages_name_the_field() -> None:
     assert "spec.resources.requests[elasticgpu.io/gpu-core]" in decision.message
 
 
+def test_an_unknown_class_names_the_classes_there_are() -> None:
+    """The controller and `elasticgpu plan` say the same (issue 29): a typo shows next to what exists."""
+    decision = binder.decide_claim(ElasticGPUClaim.model_validate(o.claim("c", class_name="shrae")),
+                                   _picture([], [SHARE, WHOLE]))
+    assert decision == binder.Wait(binder.REASON_CLASS_NOT_FOUND,
+                                   "spec.elasticGPUClassName: ElasticGPUClass shrae does not exist (the classes are"
+                                   " share, whole); create it or name an existing class")
+
+
 def _egpu_decision(body: dict[str, Any], *, held: Placement | None = None, claim: dict[str, Any] | None = None,
                    conflict: str = "") -> binder.ElasticGPUDecision:
     return binder.decide_elastic_gpu(

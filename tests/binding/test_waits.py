@@ -84,7 +84,7 @@ def test_a_claim_that_can_never_fit_says_so_apart_from_no_room_now(cluster: Clus
 
     def said(name: str) -> tuple[str, str, str]:
         status = cluster.get_claim(name)["status"]
-        return status["phase"], status["reason"], status["message"]
+        return status["phase"], status.get("reason", ""), status["message"]
 
     phase, reason, message = said("huge")
     assert (phase, reason) == ("Pending", "NeverFits")

@@ -67,8 +67,8 @@ def assert_each_claim_reached_its_card(output: str, *, prefix: str, where: str) 
         uuid, node, seen = line.groups()
         assert cards.get(uuid) == node, f"claim {claim}: {uuid} is not a card of {node}"
         assert where in seen, line.group(0)
-    assert re.search(r"^\s*trainer/main\s+slice\s+\S+\s+GPU-\S+\s+30\s+10240m", output, re.M), output
-    assert re.search(r"^\s*notebook/main\s+notebook-main\s+\S+\s+GPU-\S+\s+20\s+8192m", output, re.M), output
+    assert re.search(r"^\s*trainer/main\s+slice\s+\S+\s+GPU-\S+\s+30\s+10Gi\s", output, re.M), output
+    assert re.search(r"^\s*notebook/main\s+notebook-main\s+\S+\s+GPU-\S+\s+20\s+8Gi\s", output, re.M), output
     assert re.search(r"^\s*renderer/main\s+whole\s+\S+\s+GPU-\S+\s+-\s+-", output, re.M), output
     # Pending with a reason (one CamelCase word) and a message that names the memory it asks for.
     assert re.search(r"^as expected, claim too-big is Pending \([A-Z][A-Za-z]+: .*96Gi", output, re.M), output

@@ -17,7 +17,7 @@
 # It restarts elasticgpu-agent only when one of them changed, starts it once /etc/elasticgpu/kubeconfig
 # exists (deploy/agent-kubeconfig.sh NODE writes it), and never touches kubelet: pointing kubelet
 # at the agent's socket (--container-runtime-endpoint unix:///var/run/elasticgpu/cri.sock) and
-# restarting kubelet is the administrator's step, once, per node (README, "Install the node agent").
+# restarting kubelet is the administrator's step, once, per node (docs/admin-guide.md, "The node agent").
 #
 # Tests run it against a scratch directory: every path and the systemctl command are settings.
 set -eu

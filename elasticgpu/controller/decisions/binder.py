@@ -82,6 +82,7 @@ from elasticgpu.api import (
     InvalidClassParameters,
     InvalidRequest,
     LabelSelector,
+    gpu_class,
     names,
     parse_count,
     parse_memory_mib,
@@ -409,8 +410,7 @@ def _decide_unnamed(claim: ElasticGPUClaim, picture: Picture) -> ClaimDecision:
     if class_name:
         klass = picture.classes.get(class_name)
         if klass is None:
-            return Wait(REASON_CLASS_NOT_FOUND, f"spec.elasticGPUClassName: ElasticGPUClass {class_name} does not"
-                        " exist; create it or name an existing class")
+            return Wait(REASON_CLASS_NOT_FOUND, gpu_class.class_not_found_message(class_name, picture.classes))
     else:
         klass = picture.default_class()
     if klass is not None and klass.provisioner not in names.OWN_PROVISIONERS:

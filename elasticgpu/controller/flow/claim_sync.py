@@ -213,7 +213,9 @@ class ClaimSync:
             message += f"; {note}"  # said where the user looks before resizing (kubectl describe)
         status: Body = {
             "phase": "Bound",
-            "reason": binder.REASON_BOUND,
+            # No reason: REASON says why a claim is not Bound, so a Bound one shows it empty
+            # (null removes a Pending reason); its condition and Event keep `Bound`.
+            "reason": None,
             "message": message,
             "capacity": capacity,
             "allocatedResources": capacity,  # what is reserved; differs from capacity only during a resize

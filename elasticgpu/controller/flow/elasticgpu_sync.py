@@ -60,7 +60,9 @@ class ElasticGPUSync:
         The write carries the resourceVersion `egpu` was read at: a controller with a stale
         picture must never turn a Released or Failed ElasticGPU back into Bound. A 409 re-reads
         it into the picture and raises Conflict (the next sync decides from what it finds)."""
-        status: Body = {"phase": phase, "reason": reason, "message": message}
+        # A reason that only repeats the phase (Bound, Available, Released) is not written: the
+        # REASON column stays empty unless it says something; the Event keeps the reason.
+        status: Body = {"phase": phase, "reason": None if reason == phase else reason, "message": message}
         if placement is not None:
             status["capacity"] = capacity_of(placement)
             status["nodeName"] = placement.node

@@ -180,8 +180,9 @@ class Resizer:
             return
         capacity: Body = dict(capacity_of(placement))
         if dict(egpu.status.capacity) != capacity:
-            self.elastic_gpus.set_phase(egpu, egpu.status.phase or "Bound", egpu.status.reason or binder.REASON_BOUND,
-                                        egpu.status.message or "bound")
+            phase = egpu.status.phase or "Bound"
+            # No reason written means the phase is the reason (set_status writes none then either).
+            self.elastic_gpus.set_phase(egpu, phase, egpu.status.reason or phase, egpu.status.message or "bound")
         current = claim.status.conditions
         kept = [c.to_dict() for c in current if c.type not in _RESIZE_CONDITIONS]
         wanted = [] if said is None else [_condition(said[0], said[1], said[2], said[3], current)]

@@ -1,0 +1,161 @@
+"""What a new user types first, run as they type it (the real `elasticgpu` command in a
+subprocess), with the exact one line each mistake gets (issue 29)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "examples" / "plan"
+NODES = SAMPLE / "nodes.yaml"
+CLASSES = SAMPLE / "classes.yaml"
+
+
+def _elasticgpu(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "elasticgpu", *args], capture_output=True, text=True, timeout=120)
+
+
+def _one_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr and "pydantic" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def _claim(tmp_path: Path, spec: str, name: str = "my-claim.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(
+        "apiVersion: elasticgpu.io/v1alpha1\nkind: ElasticGPUClaim\nmetadata: {name: notebook, namespace: ml}\n"
+        f"spec:\n{spec}"
+    )
+    return path
+
+
+def test_a_misspelt_field_is_refused_with_what_was_meant(tmp_path: Path) -> None:
+    claim = _claim(tmp_path, "  resouces:\n    requests: {elasticgpu.io/gpu-core: 30}\n")
+    assert _one_line(_elasticgpu("plan", "-f", str(NODES), "-f", str(claim))) == (
+        f"elasticgpu plan: error: {claim} document 1 (ElasticGPUClaim notebook):"
+        " unknown field spec.resouces; did you mean spec.resources?"
+    )
+
+
+def test_a_field_in_the_wrong_case_does_not_bind_to_the_default_class(tmp_path: Path) -> None:
+    claim = _claim(tmp_path, "  elasticGpuClassName: h100-only\n  resources:\n    requests: {nvidia.com/gpu: 1}\n")
+    assert _one_line(_elasticgpu("plan", "-f", str(SAMPLE), "-f", str(claim))) == (
+        f"elasticgpu plan: error: {claim} document 1 (ElasticGPUClaim notebook):"
+        " unknown field spec.elasticGpuClassName; did you mean spec.elasticGPUClassName?"
+    )
+
+
+def test_an_unknown_field_of_a_class_and_of_metadata(tmp_path: Path) -> None:
+    klass = tmp_path / "class.yaml"
+    klass.write_text(
+        "apiVersion: elasticgpu.io/v1alpha1\nkind: ElasticGPUClass\nmetadata: {name: fast, labelz: {a: b}}\n"
+        "provisioner: elasticgpu.io/gpushare\nreclaimpolicy: Delete\n"
+    )
+    assert _one_line(_elasticgpu("plan", "-f", str(NODES), "-f", str(klass))) == (
+        f"elasticgpu plan: error: {klass} document 1 (ElasticGPUClass fast): unknown field metadata.labelz;"
+        " did you mean metadata.labels?, unknown field reclaimpolicy; did you mean reclaimPolicy?"
+    )
+
+
+def test_a_wrong_value_names_the_field_without_pydantic_text(tmp_path: Path) -> None:
+    klass = tmp_path / "class.yaml"
+    klass.write_text(
+        "apiVersion: elasticgpu.io/v1alpha1\nkind: ElasticGPUClass\nmetadata: {name: fast}\n"
+        "provisioner: elasticgpu.io/gpushare\nreclaimPolicy: delete\n"
+    )
+    assert _one_line(_elasticgpu("plan", "-f", str(NODES), "-f", str(klass))) == (
+        f"elasticgpu plan: error: {klass} document 1 (ElasticGPUClass fast):"
+        " reclaimPolicy: must be 'Delete' or 'Retain' (got 'delete')"
+    )
+
+
+def test_a_claim_without_resources_names_the_field(tmp_path: Path) -> None:
+    claim = _claim(tmp_path, "  elasticGPUClassName: gpushare\n")
+    assert _one_line(_elasticgpu("plan", "-f", str(NODES), "-f", str(claim))) == (
+        f"elasticgpu plan: error: {claim} document 1 (ElasticGPUClaim notebook): spec.resources: required"
+    )
+
+
+def test_a_class_that_does_not_exist_stays_pending_naming_the_classes_there_are(tmp_path: Path) -> None:
+    # As on a cluster: the claim is accepted and stays Pending with ClassNotFound; --strict fails.
+    claim = _claim(tmp_path, "  elasticGPUClassName: h100-only\n  resources:\n    requests: {nvidia.com/gpu: 1}\n")
+    result = _elasticgpu("plan", "--strict", "-f", str(NODES), "-f", str(CLASSES), "-f", str(claim))
+    assert result.returncode == 1, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("ml "))
+    assert row.split("   ")[-1].strip() == (
+        "ClassNotFound: spec.elasticGPUClassName: ElasticGPUClass h100-only does not exist (the classes are"
+        " a100-whole, gpushare, h100); create it or name an existing class"
+    )
+
+
+def test_claims_without_cards_show_the_node_list_format(tmp_path: Path) -> None:
+    claim = _claim(tmp_path, "  resources:\n    requests: {elasticgpu.io/gpu-core: 30}\n")
+    assert _one_line(_elasticgpu("plan", "-f", str(claim))) == (
+        f"elasticgpu plan: error: no GPU objects and no node list in {claim}: add one; a node list is a YAML"
+        " document `nodes: [{name: node-a, cards: 8, model: NVIDIA A100-SXM4-80GB, memory: 80Gi, cpu: 96}]`"
+        " (example: examples/plan/nodes.yaml), or pass the output of `kubectl get pgpu -o yaml` with -f"
+    )
+
+
+def test_a_misspelt_key_of_the_node_list(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text("nodes:\n  - {name: a, card: 2, memory: 80Gi}\n")
+    assert _one_line(_elasticgpu("plan", "-f", str(nodes), "-f", str(CLASSES))) == (
+        f"elasticgpu plan: error: {nodes} document 1: unknown field nodes[0].card; did you mean nodes[0].cards?"
+    )
+
+
+def test_plan_help_shows_the_node_list_format() -> None:
+    result = _elasticgpu("plan", "--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    assert "nodes: [{name: node-a, cards: 8, model: NVIDIA A100-SXM4-80GB, memory: 80Gi, cpu: 96}]" in text
+    assert "examples/plan/nodes.yaml" in text
+
+
+def test_the_sample_default_class_is_the_charts() -> None:
+    result = _elasticgpu("plan")
+    assert result.returncode == 0, result.stderr
+    assert " gpushare " in result.stdout and " shared " not in result.stdout
+
+
+def test_demo_with_a_missing_kubeconfig(tmp_path: Path) -> None:
+    missing = tmp_path / "nonexistent"
+    assert _one_line(_elasticgpu("demo", "--kubeconfig", str(missing))) == (
+        f"elasticgpu demo: error: no kubeconfig at {missing} and not running in a cluster:"
+        " pass --kubeconfig PATH or set KUBECONFIG"
+    )
+
+
+@pytest.mark.parametrize("command", ["demo", "plan"])
+def test_help_has_a_description(command: str) -> None:
+    result = _elasticgpu(command, "--help")
+    assert result.returncode == 0
+    # argparse prints the description between the usage and the options.
+    between = result.stdout.split("\n\n")[1]
+    assert not between.startswith("options:") and len(between.split()) >= 5, result.stdout
+
+
+def test_the_output_of_kubectl_get_is_plan_input(tmp_path: Path) -> None:
+    """`kubectl get pgpu -o yaml` writes a `kind: List`; plan reads its items (the user guide says so)."""
+    gpu = {
+        "apiVersion": "elasticgpu.io/v1alpha1", "kind": "GPU",
+        "metadata": {"name": "gpu-node-x-0", "resourceVersion": "7", "managedFields": [{"manager": "agent"}]},
+        "spec": {"index": 0, "uuid": "GPU-node-x-0", "model": "NVIDIA A100-SXM4-80GB", "memory": 81920,
+                 "nodeName": "node-x"},
+    }
+    listed = tmp_path / "gpus.yaml"
+    listed.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [gpu], "metadata": {}}))
+    claim = _claim(tmp_path, "  resources:\n    requests: {elasticgpu.io/gpu-core: 30}\n")
+    result = _elasticgpu("plan", "--strict", "-f", str(listed), "-f", str(CLASSES), "-f", str(claim))
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^ml\s+notebook\s+Bound\s+gpushare\s+.*node-x\s+GPU-node-x-0", result.stdout, re.M), result.stdout
