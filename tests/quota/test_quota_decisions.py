@@ -81,9 +81,21 @@ def test_recompute_charges_reservations_and_drops_stale_charges_after_the_grace(
     young = (now - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
     model = _quota({CORE: 400}, [_charge("held", 30, since=old), _charge("crashed", 50, since=old),
                                  _charge("binding", 20, since=young), _charge("deleted", 10, since=old)])
-    holding = {"held": _charge("held", 30), "before-quota": _charge("before-quota", 40),
-               "retained": _charge("retained", 60)}
-    alive = {"held": "c-held", "before-quota": "c-before-quota", "crashed": "c-crashed", "binding": "c-binding"}
-    kept = quota.recompute(model, holding=holding, alive=alive, now=now, grace_s=60)
+    holding = {"held": _charge("held", 30), "before-quota": _charge("before-quota", 40)}
+    kept = quota.recompute(model, holding=holding, now=now, grace_s=60)
     assert sorted(c.uid for c in kept) == ["before-quota", "binding", "held"]
     assert next(c for c in kept if c.uid == "held").since == old  # unchanged charges keep their time
+    assert quota.lowers(model.status.charges, kept) and not quota.lowers(kept, kept)
+
+
+def test_recompute_never_lowers_a_young_charge_below_its_reservation_nor_below_what_it_was() -> None:
+    """Issue 23, item 1: an expand charged 50 and has not written its GPU yet (the reservation
+    read says 30): the charge stays 50 for the grace; after it, it follows the reservation."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    young = (now - timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    model = _quota({CORE: 60}, [_charge("a", 50, memory=1024, since=young)])
+    kept = quota.recompute(model, holding={"a": _charge("a", 30, memory=4096)}, now=now, grace_s=60)
+    assert [(c.cores, c.memory, c.since) for c in kept] == [(50, 4096, young)]  # each resource at least held
+    later = quota.recompute(model, holding={"a": _charge("a", 30, memory=4096)}, now=now + timedelta(seconds=90),
+                            grace_s=60)
+    assert [(c.cores, c.memory) for c in later] == [(30, 4096)]
