@@ -241,14 +241,17 @@ def sandbox_config(
     uid: str,
     annotations: dict[str, str] | None = None,
     attempt: int = 0,
+    labels: dict[str, str] | None = None,
 ) -> Any:
-    """A PodSandboxConfig as kubelet writes it: host network, no hostname, the pod's labels."""
+    """A PodSandboxConfig as kubelet writes it: host network, no hostname, the pod's labels (`labels`,
+    the pod's own, beside kubelet's io.kubernetes.pod.* ones)."""
     from elasticgpu.agent.cri import api
 
     pb = api.pb
     return pb.PodSandboxConfig(
         metadata=pb.PodSandboxMetadata(name=name, namespace=namespace, uid=uid, attempt=attempt),
         labels={
+            **(labels or {}),
             "io.kubernetes.pod.name": name,
             "io.kubernetes.pod.namespace": namespace,
             "io.kubernetes.pod.uid": uid,

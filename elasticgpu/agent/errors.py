@@ -1,4 +1,4 @@
-"""The agent's own exceptions; third-party errors (NVML, SQLAlchemy, Alembic) become these at the edge.
+"""The agent's own exceptions; third-party errors (NVML, SQLAlchemy, Alembic, grpc) become these at the edge.
 
 ::
 
@@ -9,10 +9,12 @@
     ├── LedgerError                 the ledger database cannot be used
     │   ├── LedgerNewerThanCode     the database was migrated by a newer agent
     │   └── LedgerStateError        a ledger call does not fit the row's state (a caller's bug)
-    └── KubeError                   an API call failed (the loops retry it with backoff)
-        ├── KubeNotFound            404: the object does not exist (any more)
-        ├── KubeConflict            409: the resourceVersion precondition failed; re-read and retry
-        └── KubeUnavailable         anything else: connection refused, timeout, 5xx, 403
+    ├── KubeError                   an API call failed (the loops retry it with backoff)
+    │   ├── KubeNotFound            404: the object does not exist (any more)
+    │   ├── KubeConflict            409: the resourceVersion precondition failed; re-read and retry
+    │   └── KubeUnavailable         anything else: connection refused, timeout, 5xx, 403
+    └── RuntimeCallFailed           a call of the agent's own to the container runtime (CRI) failed
+        └── ContainerNotFound       the runtime does not know the container (removed meanwhile)
 
 Every message names the object, the field and the fix, because the operator reads it in a
 DaemonSet's log, far from the code.
@@ -68,3 +70,16 @@ class KubeConflict(KubeError):
 
 class KubeUnavailable(KubeError):
     """The API server did not answer, or answered with an error that is not ours to fix here."""
+
+
+class RuntimeCallFailed(AgentError):
+    """A call the agent itself made to the container runtime (not one of kubelet's it forwards) failed."""
+
+    def __init__(self, message: str, *, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        """The gRPC status code's name (UNAVAILABLE, DEADLINE_EXCEEDED, ...); '' when there was none."""
+
+
+class ContainerNotFound(RuntimeCallFailed):
+    """The runtime does not know the container: it was removed meanwhile."""

@@ -14,8 +14,13 @@ bound to another claim while the first one's containers still use it.
                   only for a card whose published list differs from the wanted one, compared
                   with the objects inventory's watch delivered
 
-A container that has exited but is not removed still counts (its row is open): the controller
-waits a little longer, never too little. A failed write is retried with backoff; the loop never dies.
+Only a container that can still run holds a card, the rule the CRI hook's card check applies
+(cri/card_sharing.holds_card): with the runtime's containers (`list_containers`, the CRI proxy's
+ListContainers, set by the agent's start-up) an open row whose container exited (a finished Job's
+container, kept by kubelet until its pod is deleted) or is gone is not published; the controller
+already lets a claim go when its pods Succeeded or Failed, and it would otherwise keep a deleted
+claim's reservation for as long as such a pod object stays. Without an answer from the runtime
+every open row counts (never too little). A failed write is retried with backoff; the loop never dies.
 
 Resize (docs/resize-node.md): with the claims' limits files (`limits`, set by the agent's start-up)
 each pass first makes every claim's file say the size its allocation asks for (cri/limits_file.sync:
@@ -30,12 +35,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from elasticgpu.agent import errors
-from elasticgpu.agent.cri import limits_file
+from elasticgpu.agent.cri import card_sharing, limits_file
 from elasticgpu.agent.kube import AgentKube
 from elasticgpu.agent.ledger.store import Allocation, LedgerStore
 
@@ -94,6 +99,9 @@ class RunningClaimsPublisher:
         """runningClaims writes made (for tests and metrics)."""
         self.limits: limits_file.LimitsFiles | None = None
         """The claims' limits files, kept true to the allocations on every pass (None: no CRI hook here)."""
+        self.list_containers: Callable[[], Sequence[Any]] | None = None
+        """The runtime's containers (CRI `Container`s: id, state), to leave out the rows of containers that
+        cannot run any more (None: no CRI hook here, every open row counts)."""
 
     def run(self, stop: threading.Event, *, ready: threading.Event | None = None) -> None:
         """Publish now (once `ready` is set: inventory listed the objects), then on every change of the
@@ -118,6 +126,17 @@ class RunningClaimsPublisher:
             else:
                 self.wake.wait(delay)
 
+    def _holding(self, rows: list[Allocation]) -> list[Allocation]:
+        """The rows whose containers can still run (`card_sharing.holds_card`); the runtime is asked after
+        the rows were read, so a container created since is in its answer or in no row."""
+        states = None
+        if self.list_containers is not None and any(row.container_id for row in rows):
+            try:
+                states = {container.id: container.state for container in self.list_containers()}
+            except Exception as e:  # no answer: every open row counts (never too little)
+                logger.debug("listing the runtime's containers failed (%s); every open ledger row counts", e)
+        return [row for row in rows if card_sharing.holds_card(row.container_id, states)]
+
     def publish_once(self) -> int:
         """Write every card whose published list differs from the ledger's; returns how many were written."""
         objects = self._objects()
@@ -130,7 +149,7 @@ class RunningClaimsPublisher:
                                self.limits.directory, e, exc_info=not isinstance(e, (OSError, errors.AgentError)))
         if rows is None:
             rows = self._ledger.open_allocations()
-        wanted = running_claims(rows)
+        wanted = running_claims(self._holding(rows))
         written = 0
         for name, obj in sorted(objects.items()):
             uuid = str((obj.get("spec") or {}).get("uuid") or "").lower()

@@ -22,12 +22,23 @@ With the ledger, inventory also runs `holders.RunningClaimsPublisher` (its own t
 claims whose containers run on each card, in `status.runningClaims`, written on every change of
 the ledger's open rows (the controller keeps a reservation while its claim is listed there).
 
+A card whose object already exists for another node (its name is the card's uuid, and another
+node's agent created it first, by mistake or on purpose) is not taken over: the node-scope policy
+refuses that, and only an admin can tell which node really has the card. The agent writes the one
+thing the policy lets it write there, the condition `DuplicateUUID` (reason `SeenOnAnotherNode`,
+its message starting with `node <this node>:`), publishes its other cards as usual, and says so in
+its log; the controller then takes no new reservation on that card.
+
 A card that discovery no longer reports is marked Unhealthy with reason `Vanished`; its object is
-never deleted (reservations may point at it, and a card that comes back is Healthy again).
+never deleted by the agent (reservations may point at it, and a card that comes back is Healthy
+again). Each object names the node's Node as its owner (an ownerReference with the Node's uid):
+when the Node is deleted, the cluster's garbage collector deletes its GPU objects, as it does for
+what a Node owns (the controller does it too where no garbage collector runs; issue 23).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -48,6 +59,10 @@ from elasticgpu.api import names, printing, timestamps
 logger = logging.getLogger(__name__)
 
 HEARTBEAT = "Heartbeat"
+DUPLICATE_UUID = "DuplicateUUID"
+"""The condition an agent writes on another node's GPU object whose card it sees too (the one write the
+node-scope policy lets it make there); the controller takes no new reservation on such a card."""
+REASON_SEEN_ON_ANOTHER_NODE = "SeenOnAnotherNode"
 HEALTHY = "Healthy"
 APPLICATION_XID = "ApplicationXid"
 AGENT_CONDITIONS = (HEARTBEAT, HEALTHY, APPLICATION_XID)
@@ -86,6 +101,23 @@ def node_labels(cards: tuple[Card, ...]) -> dict[str, str | None]:
         LABEL_PRODUCT: label_value(first.model),
         LABEL_MEMORY: str(first.memory_mib),
     }
+
+
+def node_owner(node: dict[str, Any]) -> dict[str, Any] | None:
+    """The ownerReference to a Node object (None when it has no uid). Not `blockOwnerDeletion`: that
+    needs the right to set finalizers on the Node, and nothing must keep a Node from being deleted."""
+    meta = node.get("metadata") or {}
+    if not meta.get("uid") or not meta.get("name"):
+        return None
+    return {"apiVersion": "v1", "kind": "Node", "name": meta["name"], "uid": meta["uid"]}
+
+
+def owned_by(obj: dict[str, Any], owner: dict[str, Any] | None) -> bool:
+    """True when `obj` already names `owner` among its ownerReferences (or there is no owner to name)."""
+    if owner is None:
+        return True
+    return any(ref.get("uid") == owner["uid"] and ref.get("kind") == "Node"
+               for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
 
 def gpu_spec(card: Card, node_name: str) -> dict[str, Any]:
@@ -232,6 +264,8 @@ class Inventory:
         self._labels_written: dict[str, str | None] | None = None
         self._labels_checked = 0.0  # when the Node's labels were last read back
         self._restored: set[str] = set()  # cards whose health was read back from their object after a start
+        self._owner: dict[str, Any] | None = None  # the ownerReference to our Node (read again before each apply)
+        self._owner_read = False
         self.wake = threading.Event()
         """Set to write at once (a fatal XID, a large change of usage) instead of at the next interval."""
         self.snapshot = Snapshot()
@@ -351,10 +385,18 @@ class Inventory:
         for name, card in present.items():
             obj = self.objects().get(name)
             spec = gpu_spec(card, self._node)
+            if not self._owner_read:
+                self._read_owner()
             if obj is None or obj.get("spec") != spec or (obj.get("metadata", {}).get("labels") or {}).get(
                 names.LABEL_NODE
-            ) != self._node:
-                obj = self._kube.apply_gpu(name, labels=labels, spec=spec)
+            ) != self._node or not owned_by(obj, self._owner):
+                self._read_owner()  # an apply is rare: the Node may have been registered again (another uid)
+                try:
+                    obj = self._kube.apply_gpu(name, labels=labels, spec=spec, owner=self._owner)
+                except errors.KubeError as e:
+                    if e.status == 403 and self._report_duplicate(name, card, now):
+                        continue  # another node holds this card's object: reported there; the others go on
+                    raise
                 self._remember(obj)
                 logger.info("published card %s (%s) as GPU %s", card.index, card.model, name)
                 if self.holders is not None:
@@ -376,6 +418,46 @@ class Inventory:
             self._kube.patch_node_labels(desired_labels)
             self._labels_written = desired_labels
             self._labels_checked = now
+
+    def _report_duplicate(self, name: str, card: Card, now: float) -> bool:
+        """When GPU object `name` (of our `card`) belongs to another node: write the condition DuplicateUUID
+        on it (unless it says so already) and return True; False when it does not (the refusal is another)."""
+        try:
+            obj = self._kube.read_gpu(name)
+        except errors.KubeNotFound:
+            return False
+        other = str((obj.get("spec") or {}).get("nodeName") or "")
+        if not other or other == self._node:
+            return False
+        message = (f"node {self._node}: its driver reports card {card.uuid} (index {card.index}) too, while this"
+                   f" object says node {other}; a uuid is one card: find the node that really has it (nvidia-smi -L"
+                   f" on both) and, if it is not {other}, delete this object (kubectl delete pgpu {name}): the agent"
+                   f" of {self._node} publishes it again")
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        previous = next((c for c in conditions if c.get("type") == DUPLICATE_UUID), None)
+        if previous is None or previous.get("message") != message or previous.get("status") != "True":
+            logger.warning("card %s of node %s: its GPU object %s belongs to node %s; reported there as %s",
+                           card.uuid, self._node, name, other, DUPLICATE_UUID)
+            duplicate = {"type": DUPLICATE_UUID, "status": "True", "reason": REASON_SEEN_ON_ANOTHER_NODE,
+                         "message": message, "lastTransitionTime": rfc3339(now)}
+            kept = [c for c in conditions if c.get("type") != DUPLICATE_UUID]
+            # Changed or gone meanwhile (a 409, a 404): the next pass looks again.
+            with contextlib.suppress(errors.KubeConflict, errors.KubeNotFound):
+                self._kube.patch_gpu_status(name, resource_version=str(obj["metadata"]["resourceVersion"]),
+                                            status={"conditions": sorted([*kept, duplicate],
+                                                                         key=lambda c: str(c.get("type")))})
+        return True
+
+    def _read_owner(self) -> None:
+        """Read our Node's uid for the GPU objects' ownerReference; without it (the Node cannot be read) the
+        objects are written without one, said once: the controller still collects them by spec.nodeName."""
+        self._owner_read = True
+        try:
+            self._owner = node_owner(self._kube.read_node())
+        except errors.KubeError as e:
+            if self._owner is None:
+                logger.warning("Node %s cannot be read (%s): its GPU objects get no ownerReference to it",
+                               self._node, e)
 
     def _restore_health(self, uuid: str, obj: dict[str, Any]) -> None:
         """After a start: a card the previous agent marked Unhealthy for an XID stays so for the rest of its quiet

@@ -221,12 +221,13 @@ class AgentKube:
         """One GPU object; raises `KubeNotFound`."""
         return self._request("GET", f"{GPUS_PATH}/{name}", what=f"read GPU {name}")
 
-    def apply_gpu(self, name: str, *, labels: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply of the GPU's labels and spec (creates the object when absent)."""
-        body = {
-            "apiVersion": names.API_VERSION, "kind": names.KIND_GPU,
-            "metadata": {"name": name, "labels": labels}, "spec": spec,
-        }
+    def apply_gpu(self, name: str, *, labels: dict[str, str], spec: dict[str, Any],
+                  owner: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Server-side apply of the GPU's labels, spec and `owner` reference (creates the object when absent)."""
+        metadata: dict[str, Any] = {"name": name, "labels": labels}
+        if owner is not None:
+            metadata["ownerReferences"] = [owner]
+        body = {"apiVersion": names.API_VERSION, "kind": names.KIND_GPU, "metadata": metadata, "spec": spec}
         return self._request(
             "PATCH", f"{GPUS_PATH}/{name}", body=body, content_type="application/apply-patch+yaml",
             query={"fieldManager": self._field_manager, "force": "true"}, what=f"apply GPU {name}", write="gpu_apply",

@@ -120,6 +120,25 @@ class AgentCollector(Collector):
             claim_over.add_metric([namespace, name], 1.0 if claim.over_limit else 0.0)
         yield from (claim_used, claim_limit, claim_sm, claim_cores, claim_over)
 
+        # Issue 25: containers stopped for their claim's memory, and processes on a card no claim holds.
+        stops = CounterMetricFamily(PREFIX + "over_limit_stops",
+                                    "Containers the agent stopped because their claim stayed over its GPU memory.",
+                                    labels=claim_labels)
+        policing = s.usage.policing
+        for (namespace, name), count in sorted((policing.stops if policing is not None else {}).items()):
+            stops.add_metric([namespace, name], count)
+        yield stops
+        strays = GaugeMetricFamily(PREFIX + "gpu_unattributed_processes",
+                                   "Processes on the card that belong to no claim's container (never stopped).",
+                                   labels=["node", "gpu"])
+        stray_memory = GaugeMetricFamily(PREFIX + "gpu_unattributed_memory_bytes",
+                                         "GPU memory those processes use.", labels=["node", "gpu"])
+        for uuid in sorted(set(present) | set(s.usage.unattributed_by_gpu)):
+            count, mib = s.usage.unattributed_by_gpu.get(uuid, (0, 0))
+            strays.add_metric([node, uuid], count)
+            stray_memory.add_metric([node, uuid], mib * MIB)
+        yield from (strays, stray_memory)
+
         ledger = CounterMetricFamily(PREFIX + "ledger_writes", "Transactions committed to the ledger.")
         ledger.add_metric([], s.ledger.writes)
         yield ledger

@@ -9,7 +9,9 @@ flags (a CDI form or a front that does not exist, a metrics port that cannot be 
 Threads, each a loop that never dies (failures are logged and retried with backoff):
 - inventory (and its watch of this node's GPU objects): GPU objects, heartbeat, Node labels;
 - health: waits for XID events and wakes inventory after a fatal one;
-- usage: samples per-process usage, attributes it to claims, writes claim status (rate-limited);
+- usage: samples per-process usage, attributes it to claims, writes claim status (rate-limited),
+  then polices the claims over their memory (policing/: the runtime stops the container of a claim
+  whose class says StopContainer, through the CRI proxy's runtime channel);
 - parts: opens the device backend, the ledger and the API client (starting.py), then ends;
 - starter: once they are open, makes inventory, health and usage and starts their threads;
 - http: /metrics, read at scrape time, /healthz and /readyz (elasticgpu/probe_server.py);
@@ -25,6 +27,7 @@ A signal (SIGTERM from the kubelet, SIGINT) stops them; the agent then closes wh
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -32,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from elasticgpu import flags, probe_server
 from elasticgpu.agent import (
@@ -41,6 +45,7 @@ from elasticgpu.agent import (
     inventory,
     kube,
     metrics,
+    policing,
     service_manager,
     starting,
     usage,
@@ -121,7 +126,8 @@ def _front_settings(cri: CriSettings) -> front.FrontSettings | None:
 
 
 def hook_settings(cri: CriSettings) -> supervising.HookSettings:
-    """The CRI hook's settings from the agent's; raises `AgentError` for a CDI form that does not exist."""
+    """The CRI hook's settings from the agent's; raises `AgentError` for a CDI form that does not exist or a
+    `--privileged-pods` entry that cannot be read."""
     try:
         form = injection.CdiForm(cri.cdi_form)
     except ValueError:
@@ -130,6 +136,10 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
             + ", ".join(f.value for f in injection.CdiForm)
         ) from None
     nginx_front = _front_settings(cri)
+    try:
+        privileged_pods = injection.parse_privileged_pods(cri.privileged_pods)
+    except ValueError as e:
+        raise errors.AgentError(str(e)) from None
     return supervising.HookSettings(
         # Behind the front the proxy listens on its hook socket; alone, on kubelet's.
         proxy=ProxySettings(listen=nginx_front.hook if nginx_front else Path(cri.cri_listen),
@@ -137,7 +147,8 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
         front=nginx_front,
         injection=injection.InjectionSettings(
             cdi_form=form, neutralise_unclaimed=cri.neutralise_unclaimed, refuse_privileged=cri.refuse_privileged,
-            privileged_namespaces=tuple(n.strip() for n in cri.privileged_namespaces.split(",") if n.strip())),
+            privileged_namespaces=tuple(n.strip() for n in cri.privileged_namespaces.split(",") if n.strip()),
+            privileged_pods=privileged_pods),
         cdi_dir=Path(cri.cdi_dir),
         cdi_check_interval_s=cri.cdi_check_interval_s,
         limits_dir=Path(cri.limits_dir) if cri.limits_dir else None,  # issue 17: a resize reaches running containers
@@ -165,6 +176,19 @@ class _Loops:
     sources: metrics.Sources | None = None
     limits: LimitsFiles | None = None
     """The CRI hook's claims' limits files: the holders publisher keeps them true to the allocations."""
+    runtime: Callable[[], policing.ContainerStopper | None] = lambda: None
+    """The runtime client policing stops containers through: the CRI proxy serving now (None while it is
+    down; always None with --cri-proxy false, where no claim reaches a container anyway)."""
+    list_containers: Callable[[], Sequence[Any]] | None = None
+    """The runtime's containers through the CRI hook's proxy: the holders publisher leaves out exited ones."""
+
+
+def _containers(hook: supervising.CriHook) -> list[Any]:
+    """The runtime's containers through the proxy serving now; raises while none serves (between restarts)."""
+    proxy = hook.proxy
+    if proxy is None:
+        raise errors.AgentError("the CRI proxy is not serving: the runtime's containers cannot be listed now")
+    return proxy.list_containers()
 
 
 def _open_kube(settings: AgentSettings, node: str) -> kube.AgentKube:
@@ -189,6 +213,7 @@ def _start_loops(settings: AgentSettings, parts: starting.Parts, loops: _Loops, 
                                     watch_timeout_s=settings.kube.watch_timeout_s, ledger=ledger)
     sampler = usage.UsageLoop(backend=backend, ledger=ledger, kube=agent_kube, inventory=publisher,
                               settings=settings.usage, ledger_settings=settings.ledger)
+    sampler.policing = policing.Enforcer(kube=agent_kube, runtime=lambda: loops.runtime(), settings=settings.policing)
     while not stop.is_set():
         try:
             # The CRI hook's spec and view need the cards before inventory's first pass.
@@ -206,6 +231,7 @@ def _start_loops(settings: AgentSettings, parts: starting.Parts, loops: _Loops, 
                                     kube=agent_kube)  # fmt: skip
     if publisher.holders is not None:
         publisher.holders.limits = loops.limits  # issue 17: a resize reaches running containers
+        publisher.holders.list_containers = loops.list_containers  # issue 23: an exited container holds no card
     loops.publisher = publisher
     started = [
         threading.Thread(target=publisher.run, args=(stop,), name="inventory", daemon=True),
@@ -256,6 +282,9 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     if cri_settings is not None:
         hook = _cri_hook(settings, cri_settings, parts, loops)
         loops.limits = hook.limits
+        cri_hook = hook
+        loops.runtime = lambda: cri_hook.proxy  # issue 25: policing stops containers through the proxy's channel
+        loops.list_containers = functools.partial(_containers, hook)
         threads.append(threading.Thread(target=hook.run, args=(stop,), name="cri", daemon=True))
     else:
         logger.info("the CRI proxy is off (--cri-proxy false): inventory only; no claim reaches a container here")
@@ -303,8 +332,9 @@ def _cri_hook(settings: AgentSettings, cri_settings: supervising.HookSettings, p
               loops: _Loops) -> supervising.CriHook:  # fmt: skip
     """The CRI hook, on parts that may not be open yet (gated.py): it serves at once."""
 
-    def cards() -> Sequence[Card]:
-        return loops.publisher.snapshot.cards if loops.publisher is not None else ()
+    def cards() -> Sequence[Card] | None:
+        # None until discovery's first snapshot: unknown cards, not "no cards" (issue 23.6).
+        return loops.publisher.snapshot.cards if loops.publisher is not None else None
 
     made: list[claim_view.ClaimView] = []
     lock = threading.Lock()

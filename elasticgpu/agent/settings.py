@@ -123,6 +123,18 @@ class UsageSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PolicingSettings:
+    """What the agent does with a claim over its memory, beyond its class's policy (docs/policing.md)."""
+
+    over_limit_stops: bool = True
+    """false: this node's agent never stops a container, whatever its claim's class says (every class acts as
+    overLimitAction: Warn here; an operator's brake while a new driver or workload is being looked at)."""
+    over_limit_stop_timeout_s: int = 10
+    """Seconds the runtime gives a container it stops for its claim's memory between the stop signal and the kill
+    (kubelet's own stops use the pod's terminationGracePeriodSeconds; the card's other claims wait meanwhile)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class MetricsSettings:
     """The Prometheus endpoint."""
 
@@ -201,6 +213,11 @@ class CriSettings:
     privileged_namespaces: str = "kube-system"
     """Comma-separated namespaces whose privileged containers pass without a claim (kube-proxy and CNI agents run
     privileged in kube-system, where only cluster admins create pods)."""
+    privileged_pods: str = ""
+    """Comma-separated `<namespace>/<label>=<value>`: privileged containers without a claim pass in pods of that
+    namespace carrying that label. The chart sets `<its namespace>/app.kubernetes.io/component=agent-installer`
+    (its installer DaemonSet, re-created through this agent at every upgrade). The namespace is the boundary (who
+    may create pods there); the label only narrows within it, since whoever creates a pod writes its labels."""
     namespace_cache_ttl_s: float = 30.0
     """Seconds a namespace's elasticgpu.io/node-gpu-access label, read for a container without a claim, is reused
     (one GET per namespace per interval; a label change takes effect within it)."""
@@ -225,6 +242,7 @@ class AgentSettings:
     inventory: InventorySettings = field(default_factory=InventorySettings)
     health: HealthSettings = field(default_factory=HealthSettings)
     usage: UsageSettings = field(default_factory=UsageSettings)
+    policing: PolicingSettings = field(default_factory=PolicingSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     cri: CriSettings = field(default_factory=CriSettings)
 

@@ -16,7 +16,10 @@ container of each pid from `/proc/<pid>/cgroup`, and the claim of each container
   claim's container holds (a host process, a privileged container, another device plugin's
   container), naming the pid and what procfs told of its cgroup and container: once per process
   (pid and start time), at most `unattributed_events_per_minute` for the node (a node full of
-  them still writes a few Events, not a storm; the rest are told in later minutes).
+  them still writes a few Events, not a storm; the rest are told in later minutes), and counts
+  them per card for the metrics; such a process is never stopped (no claim says what it may use);
+- hands the pass to over-limit policing (policing/, issue 25) when it is wired: a claim that stays
+  over its memory for its class's grace has its container stopped through the runtime.
 
 cgroup path forms (the container id is the 64-hex-digit component, deepest first):
     cgroup v2, systemd driver   0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<uid>.slice/
@@ -46,6 +49,7 @@ from elasticgpu.agent.discovery import DiscoveryBackend, ProcessUsage
 from elasticgpu.agent.inventory import GpuUsage, Inventory, rfc3339
 from elasticgpu.agent.kube import AgentKube
 from elasticgpu.agent.ledger.store import Allocation, LedgerStore, UsageSample
+from elasticgpu.agent.policing import Enforcer
 from elasticgpu.agent.settings import LedgerSettings, UsageSettings
 from elasticgpu.api import names
 
@@ -206,6 +210,10 @@ class UsageLoop:
         self._warnings: list[float] = []  # when the recent ones were written (the rate limit's window)
         self.unattributed: dict[int, str] = {}
         """pid -> what was found of it, for the processes no claim held in the last pass (tests, logs)."""
+        self.unattributed_by_gpu: dict[str, tuple[int, int]] = {}
+        """Card uuid -> (processes, MiB) of the last pass's processes no claim held (for the metrics)."""
+        self.policing: Enforcer | None = None
+        """Over-limit policing, handed every pass (issue 25); None: the agent only warns."""
         self.claims: dict[tuple[str, str], ClaimUsage] = {}
         """Per-claim usage of the last pass (for the metrics)."""
         self.gpus: dict[str, GpuUsage] = {}
@@ -248,10 +256,21 @@ class UsageLoop:
         self._tell_unattributed(rows, now)
         self.claims = claims
         self._write_claims(claims, now)
+        if self.policing is not None:
+            try:
+                self.policing.police({k: c.reserved_mib for k, c in claims.items()}, rows, self.claim_seen)
+            except Exception:
+                # Policing's own failures are retried by it; this guards the usage writes from a bug of it.
+                logger.exception("over-limit policing failed in this pass; the next pass tries again")
+
+    def claim_seen(self, key: tuple[str, str]) -> dict[str, Any] | None:
+        """The claim as the loop last read or wrote it (None: not yet), refreshed every `usage_verify_s`."""
+        return self._claims_seen.get(key)
 
     def _tell_unattributed(self, rows: list[tuple[ProcessUsage, Allocation | None, str | None]], now: float) -> None:
         """A Warning Event per process that uses a card but belongs to no claim's container (see the docstring)."""
         unattributed: dict[int, str] = {}
+        by_gpu: dict[str, tuple[int, int]] = {}
         alive: set[tuple[int, str]] = set()
         for process, owner, container in rows:
             key = self._finder.process_key(process.pid)
@@ -259,6 +278,8 @@ class UsageLoop:
                 alive.add(key)
             if owner is not None or key is None:
                 continue  # attributed, or gone since NVML listed it (nothing left to tell)
+            count, mib = by_gpu.get(process.gpu_uuid, (0, 0))
+            by_gpu[process.gpu_uuid] = (count + 1, mib + process.memory_mib)
             cgroup = self._finder.cgroup_of(process.pid) or "/"
             found = (
                 f"container {container} (cgroup {cgroup}), which got no card through a claim: a privileged container,"
@@ -274,6 +295,7 @@ class UsageLoop:
             self._warn_unattributed(process, found, now)
         self._warned &= alive  # forget processes that ended: the set stays as small as the process list
         self.unattributed = unattributed
+        self.unattributed_by_gpu = by_gpu
 
     def _warn_unattributed(self, process: ProcessUsage, found: str, now: float) -> None:
         name = names.gpu_object_name(process.gpu_uuid)

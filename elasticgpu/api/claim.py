@@ -9,6 +9,7 @@ from pydantic import Field
 from elasticgpu.api import cel, names, validation
 from elasticgpu.api.errors import InvalidSpec
 from elasticgpu.api.meta import Condition, LabelSelector, ObjectMeta
+from elasticgpu.api.policing import Policing
 from elasticgpu.api.resources import GpuRequest, parse_claim_resources
 from elasticgpu.api.schema import KubeModel, ResourceValue, crd_field, rule
 
@@ -176,6 +177,12 @@ class ElasticGPUClaimStatus(KubeModel):
     users: list[ClaimUser] = Field(
         default_factory=list, max_length=1,
         description="The pod the claim serves, written by the controller before it lets the pod start.",
+    )
+    policing: Policing | None = Field(
+        default=None,
+        description="What the node agent does when the claim uses more GPU memory than it reserved: the class's"
+        " overLimitAction and overLimitGraceSeconds, copied by the controller on bind and kept true to the class."
+        " Absent: Warn.",
     )
 
 

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from elasticgpu.api import cel, names, validation
+from elasticgpu.api import cel, names, policing, validation
 from elasticgpu.api.errors import InvalidClassParameters, InvalidSpec
 from elasticgpu.api.meta import Condition, ObjectMeta
 from elasticgpu.api.schema import SCHEMA_DEFAULT, KubeModel, crd_field, rule
@@ -236,7 +236,24 @@ class ElasticGPUClass(KubeModel):
         description="The largest size a recommendation (and an Auto resize) goes to: cores (percent), memory (MiB).",
         json_schema_extra=crd_field(**{"x-kubernetes-validations": _size_rules("maxSize")}),
     )
+    # Issue 25: what the node agent does with a claim over its memory (policing.py); the controller
+    # copies both into each Bound claim's status.policing, where the agent reads them.
+    over_limit_action: policing.OverLimitAction = Field(
+        default=policing.DEFAULT_OVER_LIMIT_ACTION, description=policing.ACTION_DESCRIPTION,
+        json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True}),
+    )
+    over_limit_grace_seconds: int = Field(
+        default=policing.DEFAULT_OVER_LIMIT_GRACE_S, description=policing.GRACE_DESCRIPTION,
+        json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True,
+                                       "x-kubernetes-validations": policing.grace_rules("overLimitGraceSeconds")}),
+    )
     status: ElasticGPUClassStatus = Field(default_factory=ElasticGPUClassStatus)
+
+    @property
+    def over_limit_policy(self) -> policing.Policing:
+        """The over-limit policy the controller copies into the status of the class's Bound claims."""
+        return policing.Policing(over_limit_action=self.over_limit_action,
+                                 over_limit_grace_seconds=self.over_limit_grace_seconds)
 
     @property
     def effective_binding_mode(self) -> BindingMode:
@@ -262,6 +279,9 @@ class ElasticGPUClass(KubeModel):
             if not 0 <= self.recommendation_margin <= 100:
                 raise InvalidSpec(field="recommendationMargin", rule=MARGIN_RANGE,
                                   value=str(self.recommendation_margin))
+            if self.over_limit_grace_seconds < 0:
+                raise InvalidSpec(field="overLimitGraceSeconds", rule=policing.GRACE_RANGE,
+                                  value=str(self.over_limit_grace_seconds))
             self._check_sizes()
         except InvalidSpec as err:
             raise InvalidSpec(field=where + err.field, rule=err.rule, value=err.value, fix=err.fix) from None

@@ -82,6 +82,9 @@ CLAIM = KindInfo(
                       "Recommended percent of one card's compute.", priority=1),
         PrinterColumn("Rec-Memory", "integer", ".status.recommendation.memory", "Recommended MiB of GPU memory.",
                       priority=1),
+        # -o wide: what the node agent does when the claim uses more memory than it reserved (docs/policing.md).
+        PrinterColumn("Over-Limit", "string", ".status.policing.overLimitAction",
+                      "Warn or StopContainer: the class's overLimitAction, copied on bind; blank: Warn.", priority=1),
     ),
     crd_file="elasticgpuclaim.yaml",
 )
@@ -126,6 +129,10 @@ CLASS = KindInfo(
         ),
         PrinterColumn("Reclaim", "string", ".reclaimPolicy", "Delete or Retain."),
         _age(),
+        PrinterColumn("Over-Limit", "string", ".overLimitAction",
+                      "Warn or StopContainer: what the node agent does with a claim over its memory.", priority=1),
+        PrinterColumn("Grace", "integer", ".overLimitGraceSeconds",
+                      "Seconds over the limit before StopContainer acts.", priority=1),
     ),
     crd_file="egpuclass.yaml",
 )

@@ -129,6 +129,18 @@ class GPUHealthSettings:
     """Seconds without a heartbeat after which a GPU takes no new reservations (`Ready=False`,
     `HeartbeatExpired`). The agent beats every 30 s: four beats may be lost (an agent restart,
     a slow API server) before its cards are set aside."""
+    running_claims_expire_s: float = 300.0
+    """Seconds without a heartbeat after which the GPU's `status.runningClaims` (the claims its
+    agent last reported running) are no longer believed: a released claim's reservation is
+    freed instead of being kept for containers nobody can see any more. Five minutes, as the
+    node lifecycle controller's eviction of a NotReady node's pods: far above an agent restart
+    (the heartbeat is every 30 s), far below "for ever". The card takes no new reservations
+    meanwhile anyway (`heartbeat_grace_s`). A GPU that never had a heartbeat is believed as it is."""
+    node_gone_grace_s: float = 60.0
+    """Seconds a GPU's Node may be missing (deleted) before the controller deletes the GPU object,
+    as the pod garbage collector deletes the pods of a deleted Node (the agent also sets an
+    ownerReference to its Node, which the cluster's garbage collector follows). A GPU of a missing
+    Node has its `status.runningClaims` disbelieved at once."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,14 +186,17 @@ class ControllerSettings:
             f"ELASTICGPU_RELIST_INTERVAL_S ({ResyncSettings.relist_interval_s:g}), "
             f"ELASTICGPU_ORPHAN_GRACE_S ({ResyncSettings.orphan_grace_s:g}), "
             f"ELASTICGPU_HEARTBEAT_GRACE_S ({GPUHealthSettings.heartbeat_grace_s:g}), "
+            f"ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S ({GPUHealthSettings.running_claims_expire_s:g}), "
+            f"ELASTICGPU_NODE_GONE_GRACE_S ({GPUHealthSettings.node_gone_grace_s:g}), "
             f"ELASTICGPU_WATCH ({WatchSettings.engine}; or kopf)"
         )
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ControllerSettings:
         """Settings with `ELASTICGPU_RESYNC_INTERVAL_S`, `ELASTICGPU_RELIST_INTERVAL_S`,
-        `ELASTICGPU_ORPHAN_GRACE_S`, `ELASTICGPU_HEARTBEAT_GRACE_S`, `ELASTICGPU_BINDING_WORKERS`
-        and `ELASTICGPU_WATCH` read from the environment where set."""
+        `ELASTICGPU_ORPHAN_GRACE_S`, `ELASTICGPU_HEARTBEAT_GRACE_S`, `ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S`,
+        `ELASTICGPU_NODE_GONE_GRACE_S`, `ELASTICGPU_BINDING_WORKERS` and `ELASTICGPU_WATCH` read from the
+        environment where set."""
         env = os.environ if environ is None else environ
         resync = ResyncSettings(
             interval_s=float(env.get("ELASTICGPU_RESYNC_INTERVAL_S", ResyncSettings.interval_s)),
@@ -192,6 +207,16 @@ class ControllerSettings:
         watch = WatchSettings(engine=env.get("ELASTICGPU_WATCH", WatchSettings.engine))
         if watch.engine not in ("client", "kopf"):
             raise ValueError(f"ELASTICGPU_WATCH={watch.engine!r}: use client or kopf")
-        gpu_health = GPUHealthSettings(heartbeat_grace_s=float(
-            env.get("ELASTICGPU_HEARTBEAT_GRACE_S", GPUHealthSettings.heartbeat_grace_s)))
+        gpu_health = GPUHealthSettings(
+            heartbeat_grace_s=float(env.get("ELASTICGPU_HEARTBEAT_GRACE_S", GPUHealthSettings.heartbeat_grace_s)),
+            running_claims_expire_s=float(env.get("ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S",
+                                                  GPUHealthSettings.running_claims_expire_s)),
+            node_gone_grace_s=float(env.get("ELASTICGPU_NODE_GONE_GRACE_S", GPUHealthSettings.node_gone_grace_s)))
+        if gpu_health.running_claims_expire_s < gpu_health.heartbeat_grace_s:
+            # A report dropped while the card still takes reservations could give it to a second claim at once.
+            raise ValueError(
+                f"ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S={gpu_health.running_claims_expire_s:g} is below"
+                f" ELASTICGPU_HEARTBEAT_GRACE_S={gpu_health.heartbeat_grace_s:g}: the agent's reports must outlive"
+                " the moment its card stops taking new reservations; raise it (default"
+                f" {GPUHealthSettings.running_claims_expire_s:g})")
         return cls(binding=binding, resync=resync, watch=watch, gpu_health=gpu_health)

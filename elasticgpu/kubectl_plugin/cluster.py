@@ -2,7 +2,8 @@
 
 It loads the kubeconfig as kubectl does (`--kubeconfig`, else $KUBECONFIG, else ~/.kube/config;
 `--context`; the context's namespace unless `-n` is given) and returns the objects as the
-models of `elasticgpu.api`. Reading is all it does: the plugin never writes.
+models of `elasticgpu.api`. Reading is all it does, but for one write: `release --force` sets one
+annotation on one ElasticGPU (`annotate_elastic_gpu`).
 """
 
 from __future__ import annotations
@@ -93,6 +94,22 @@ class Cluster:
                 return None
             raise _api_error(err, f"elasticgpus.{names.GROUP}") from None
         return ElasticGPU.model_validate(body)
+
+    def annotate_elastic_gpu(self, name: str, annotations: dict[str, str]) -> None:
+        """Merge `annotations` into the ElasticGPU `name`'s (a merge patch of metadata.annotations only)."""
+        try:
+            self._custom().patch_cluster_custom_object(
+                names.GROUP, names.VERSION, names.PLURAL_ELASTIC_GPU, name,
+                {"metadata": {"annotations": annotations}}, _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        except ApiException as err:
+            if err.status == 404:
+                raise user_errors.UserError(f"ElasticGPU {name} not found: check the name (kubectl get egpu)") from None
+            if err.status in (401, 403):
+                raise user_errors.UserError(
+                    f"the API server refused to annotate ElasticGPU {name} ({err.status} {err.reason}): the"
+                    " kubeconfig's user needs patch on elasticgpus (an admin's command)") from None
+            raise _api_error(err, f"elasticgpus.{names.GROUP}") from None
 
     def pods_using_claims(self) -> list[dict[str, Any]]:
         """The pods of this namespace that use claims (the webhook labels them), as API bodies."""

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from elasticgpu import __version__, user_errors
-from elasticgpu.kubectl_plugin import cluster, plan, top, why
+from elasticgpu.kubectl_plugin import cluster, plan, release, top, why
 
 ClusterHandler = Callable[[argparse.Namespace, cluster.Cluster], int]
 
@@ -39,7 +39,8 @@ def _connected(handler: ClusterHandler) -> Callable[[argparse.Namespace], int]:
 def build_parser() -> argparse.ArgumentParser:
     """The parser of `kubectl egpu` and its subcommands."""
     parser = argparse.ArgumentParser(
-        prog="kubectl egpu", description="See elasticgpu's GPUs and claims: top, why CLAIM, plan."
+        prog="kubectl egpu",
+        description="See elasticgpu's GPUs and claims: top, why CLAIM, plan; release --force EGPU (admin).",
     )
     parser.add_argument("--version", action="version", version=f"kubectl-egpu {__version__}")
     _common(parser)
@@ -54,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(why_parser, default=argparse.SUPPRESS)
     why.add_arguments(why_parser)
     why_parser.set_defaults(handler=_connected(why.run))
+
+    release_parser = commands.add_parser(
+        "release", help="--force: free an ElasticGPU's reservation its node's agent still reports in use (admin)")
+    _common(release_parser, default=argparse.SUPPRESS)
+    release.add_arguments(release_parser)
+    release_parser.set_defaults(handler=_connected(release.run))
 
     plan_parser = commands.add_parser("plan", help="bind claims offline, with no cluster (elasticgpu plan)")
     plan.add_arguments(plan_parser)

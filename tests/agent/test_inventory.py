@@ -35,6 +35,10 @@ def test_gpu_objects_labels_health_and_recovery(
     assert (first.spec.uuid, first.spec.index, first.spec.memory, first.spec.numa) == (uuids[0], 0, 81920, 0)
     assert first.spec.node_name == node_name and first.spec.links == [uuids[1]]
     assert first.status.health == "Healthy"
+    # Owned by its Node (issue 23, item 3): a cluster's garbage collector deletes the cards of a deleted Node.
+    node_uid = client.CoreV1Api(api_client).read_node(node_name).metadata.uid
+    assert [(r["apiVersion"], r["kind"], r["name"], r["uid"]) for r in first.metadata.owner_references] == [
+        ("v1", "Node", node_name, node_uid)]
     # What `kubectl get pgpu` shows in its MEMORY column: 80Gi, as claims and ElasticGPUs show memory.
     assert first.status.capacity == {names.RESOURCE_CORE: 100, names.RESOURCE_MEMORY: "80Gi"}
     table = kube_request(api_client, "GET", f"{GPUS}/{gpu_names[0]}",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elasticgpu.agent import discovery, ledger
+from elasticgpu.agent import discovery, ledger, policing
 
 
 def test_discovery_exports() -> None:
@@ -18,3 +18,11 @@ def test_ledger_exports_the_interface_the_cri_hook_calls() -> None:
     for method in ("open", "record_started", "mark_created", "mark_released", "roll_back", "open_allocations",
                    "allocation_for_container"):
         assert callable(getattr(ledger.LedgerStore, method)), method
+
+
+def test_policing_exports_the_decision_and_the_enforcer() -> None:
+    assert sorted(policing.__all__) == [
+        "ContainerStopper", "Enforcer", "Policy", "REASON_STOPPED", "Sample", "Stop", "Watch", "choose", "confirm",
+        "observe", "policy_of",
+    ]
+    assert all(hasattr(policing, name) for name in policing.__all__)

@@ -265,6 +265,26 @@ def test_an_unhealthy_card_takes_no_new_reservations(cluster: Cluster, kube: Kub
     assert _phase(cluster, "c1") == "Bound"
 
 
+def test_a_card_another_node_reports_too_takes_no_new_reservations(cluster: Cluster, kube: KubeApi) -> None:
+    """Two nodes say they have one uuid (issue 23, item 8): the object's node may not be the card's
+    node (an agent can create another node's card first), so nothing new is placed on it until an
+    admin settles it (Ready=False, DuplicateUUID); what it holds is kept."""
+    gpu, class_name = _setup(cluster)
+    body = kube.get_gpu(gpu)
+    body["status"] = {"conditions": [{
+        "type": "DuplicateUUID", "status": "True", "reason": "SeenOnAnotherNode", "lastTransitionTime": _stamp(NOW),
+        "message": f"node other: its driver reports card {body['spec']['uuid']} (index 0) too"}]}
+    kube.replace_gpu_status(body)
+    cluster.claim(o.claim("c1", cores=30, memory="10Gi", class_name=class_name))
+    controller = _controller(kube, cluster.namespace)
+    controller.rebuild()
+    _work(controller)
+    assert _phase(cluster, "c1") == "Pending"
+    assert _ready(kube, gpu) == ("False", "DuplicateUUID")
+    ready = next(c for c in kube.get_gpu(gpu)["status"]["conditions"] if c["type"] == "Ready")
+    assert "node other" in ready["message"] and "kubectl delete pgpu" in ready["message"]
+
+
 def test_a_fatal_xid_fails_the_elastic_gpu_and_loses_its_claim(
         cluster: Cluster, kube: KubeApi, agent: Agent) -> None:
     gpu, class_name = _setup(cluster)

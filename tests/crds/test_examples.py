@@ -107,13 +107,14 @@ def test_claim_columns(api_client: client.ApiClient, objects: Objects, namespace
             "capacity": {names.RESOURCE_CORE: 30, names.RESOURCE_MEMORY: "10Gi"},
             "nodeName": "gpu-node-1",
             "gpus": ["GPU-1"],
+            "policing": {"overLimitAction": "StopContainer", "overLimitGraceSeconds": 30},
         },
     )
     plural = BY_KIND[names.KIND_CLAIM].plural
     table = _table(api_client, f"/apis/{names.API_VERSION}/namespaces/{namespace}/{plural}")
     cells = _row(table, "notebook")
     assert list(cells) == ["Name", "Status", "EGPU", "Core", "Memory", "Node", "Class", "Reason", "Age",
-                           "Sizing", "Rec-Core", "Rec-Memory"]  # the last three: -o wide
+                           "Sizing", "Rec-Core", "Rec-Memory", "Over-Limit"]  # the last four: -o wide
     assert (cells["Status"], cells["EGPU"], cells["Core"], cells["Memory"], cells["Node"], cells["Class"]) == (
         "Bound",
         "egpu-1234",
@@ -122,6 +123,7 @@ def test_claim_columns(api_client: client.ApiClient, objects: Objects, namespace
         "gpu-node-1",
         "gpushare",
     )
+    assert cells["Over-Limit"] == "StopContainer"  # the class's policy, copied on bind (issue 25)
 
 
 def test_elastic_gpu_columns(api_client: client.ApiClient, objects: Objects) -> None:
@@ -194,11 +196,13 @@ def test_gpu_columns(api_client: client.ApiClient, objects: Objects) -> None:
     ("fields", "expected"),
     [
         # Neither spelling: both mode columns blank (None in the Table; their descriptions say: Immediate).
-        ({}, {"BindingMode": None, "EgpuBindingMode": None, "Reclaim": "Delete"}),
+        ({}, {"BindingMode": None, "EgpuBindingMode": None, "Reclaim": "Delete", "Over-Limit": "Warn", "Grace": 60}),
         ({"egpuBindingMode": "WaitForFirstConsumer"},
          {"BindingMode": None, "EgpuBindingMode": "WaitForFirstConsumer", "Reclaim": "Delete"}),
-        ({"bindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Retain"},
-         {"BindingMode": "WaitForFirstConsumer", "EgpuBindingMode": None, "Reclaim": "Retain"}),
+        ({"bindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Retain", "overLimitAction": "StopContainer",
+          "overLimitGraceSeconds": 0},
+         {"BindingMode": "WaitForFirstConsumer", "EgpuBindingMode": None, "Reclaim": "Retain",
+          "Over-Limit": "StopContainer", "Grace": 0}),
     ],
     ids=["nothing-set", "upstream-spelling", "ours-set"],
 )
@@ -216,7 +220,8 @@ def test_class_columns_show_the_mode_as_written(
     try:
         objects.create(manifest)
         cells = _row(_table(api_client, f"/apis/{names.API_VERSION}/{names.PLURAL_CLASS}"), "columns-class")
-        assert list(cells) == ["Name", "Provisioner", "BindingMode", "EgpuBindingMode", "Reclaim", "Age"]
+        assert list(cells) == ["Name", "Provisioner", "BindingMode", "EgpuBindingMode", "Reclaim", "Age",
+                               "Over-Limit", "Grace"]  # the last two: -o wide
         assert {key: cells[key] for key in expected} == expected
         assert cells["Provisioner"] == names.PROVISIONER_GPUSHARE
     finally:

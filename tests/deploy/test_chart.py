@@ -343,7 +343,9 @@ def test_the_agent_installer_runs_on_gpu_nodes_and_never_as_the_agent() -> None:
         "pool": "gpu"
     }
     env = _one(objects, "ConfigMap", "elasticgpu-agent-installer")["data"]["agent.env"]
-    assert env == "ELASTICGPU_AGENT_CRI_UPSTREAM=unix:///run/crio/crio.sock\n"
+    # The chart's own line lets its installer through the agent (issue 23.2, tests/agent/cri/test_installer_pods.py).
+    assert env == ("ELASTICGPU_AGENT_CRI_UPSTREAM=unix:///run/crio/crio.sock\n"
+                   "ELASTICGPU_AGENT_PRIVILEGED_PODS=elasticgpu-system/app.kubernetes.io/component=agent-installer\n")
 
 
 # --- The API server's word -------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from kubernetes.client.rest import ApiException
 
 from elasticgpu.agent import kube as agent_api
 from elasticgpu.api import names
+from elasticgpu.controller import errors
 from tests.binding import objects as o
 from tests.binding.processes import ControllerProcesses
 from tests.deploy.rbac import Permissions, request_of
@@ -93,6 +94,14 @@ def _gate_lifted(world: World, pod: str) -> bool:
     return names.SCHEDULING_GATE not in gates
 
 
+def _gpu_gone(world: World, name: str) -> bool:
+    try:
+        world.kube.get_gpu(name)
+    except errors.NotFound:
+        return True
+    return False
+
+
 def _claim_gone(world: World, name: str) -> bool:
     try:
         world.get_claim(name)
@@ -116,7 +125,8 @@ def test_the_controller_needs_no_permission_its_manifest_lacks(
 
     with fault_proxy(kube_cluster, directory=tmp_path) as (proxy, kubeconfig):
         procs = ControllerProcesses(
-            kubeconfig, None, tmp_path, env={"POD_NAMESPACE": system_namespace}, flags=["--health-port", "0"]
+            kubeconfig, None, tmp_path, env={"POD_NAMESPACE": system_namespace, "ELASTICGPU_NODE_GONE_GRACE_S": "0"},
+            flags=["--health-port", "0"],
         )  # leader election on, as deployed
         try:
             procs.start()
@@ -142,6 +152,11 @@ def test_the_controller_needs_no_permission_its_manifest_lacks(
             world.kube.delete_claim(world.namespace, "kept")
             for claim in ("dyn", "kept"):
                 wait_for(lambda c=claim: _claim_gone(world, c), f"claim {claim} released and gone", logs=procs.logs)
+            # A deleted Node: its GPU object is garbage-collected after a live read of the Node.
+            gone = world.node(f"{p}-gone")
+            world.gpu(o.gpu(f"gpu-{p}-gone", node=gone, model=model))
+            world.core.delete_node(gone)
+            wait_for(lambda: _gpu_gone(world, f"gpu-{p}-gone"), "GPU of a deleted node deleted", logs=procs.logs)
         finally:
             procs.close()
 
@@ -154,6 +169,7 @@ def test_the_controller_needs_no_permission_its_manifest_lacks(
         ("watch", "elasticgpuclaims"), ("create", "elasticgpus"), ("patch", "elasticgpuclaims/status"),
         ("update", "gpus/status"), ("patch", "pods"), ("patch", "pods/status"), ("create", "elasticgpuclaims"),
         ("delete", "elasticgpuclaims"), ("create", "events"), ("create", "leases"), ("list", "nodes"),
+        ("get", "nodes"), ("delete", "gpus"),
     }  # fmt: skip
     assert expected <= made, (sorted(expected - made), sorted(made))
 

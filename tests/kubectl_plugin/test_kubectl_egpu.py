@@ -159,3 +159,26 @@ def test_mistakes_are_one_line_and_exit_2(egpu, objects: Objects, namespace: str
     bad = egpu("top", kubeconfig=str(garbage))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and str(garbage) in bad.stderr
+
+
+def test_release_force_sets_the_annotation_and_says_the_risk(egpu, objects: Objects, namespace: str) -> None:  # type: ignore[no-untyped-def]
+    """`kubectl egpu release --force EGPU`: the admin's way out for a reservation kept for a claim its
+    node's agent still reports running (issue 23, item 3). Without --force it only says what it would do."""
+    name = f"{namespace}-kept"
+    manifest = {"apiVersion": names.API_VERSION, "kind": names.KIND_ELASTIC_GPU, "metadata": {"name": name},
+                "spec": {"capacity": {names.RESOURCE_CORE: 30, names.RESOURCE_MEMORY: "1Gi"},
+                         "gpuShare": {"gpuName": f"gpu-{namespace}-0"}}}
+    objects.create(manifest)
+    try:
+        dry = egpu("release", name)
+        assert dry.returncode == 1, dry.stderr
+        assert "nothing done: add --force" in dry.stdout and "risk:" in dry.stdout
+        assert names.ANNOTATION_FORCE_RELEASE not in (objects.get(manifest)["metadata"].get("annotations") or {})
+        done = egpu("release", "--force", name)
+        assert done.returncode == 0, done.stderr
+        assert f"{names.ANNOTATION_FORCE_RELEASE}=true set" in done.stdout and "risk:" in done.stdout
+        assert objects.get(manifest)["metadata"]["annotations"][names.ANNOTATION_FORCE_RELEASE] == "true"
+        missing = egpu("release", "--force", f"{namespace}-nope")
+        assert missing.returncode == 2 and "not found" in missing.stderr
+    finally:
+        objects.delete(manifest)

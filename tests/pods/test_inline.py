@@ -45,8 +45,11 @@ def test_inline_claim_is_made_bound_and_removed_with_its_pod(world: World, defau
     pod = world.pod("web-0", inline={"main": "gpu-core=30,gpu-memory=10Gi"})
     settle(controller)
     claim = world.get_claim("web-0-main")
+    # As a generic ephemeral volume's claim: controller, and blockOwnerDeletion (foreground deletion
+    # of the pod waits for its claim; issue 28.1, tests/pods/test_inline_foreground.py).
     assert claim["metadata"]["ownerReferences"] == [
-        {"apiVersion": "v1", "kind": "Pod", "name": "web-0", "uid": pod["metadata"]["uid"], "controller": True}]
+        {"apiVersion": "v1", "kind": "Pod", "name": "web-0", "uid": pod["metadata"]["uid"], "controller": True,
+         "blockOwnerDeletion": True}]
     assert claim["spec"]["resources"]["requests"] == {names.RESOURCE_CORE: 30, names.RESOURCE_MEMORY: "10Gi"}
     assert claim["status"]["phase"] == "Bound"
     assert claim["status"]["users"] == [{"name": "web-0", "uid": pod["metadata"]["uid"]}]

@@ -260,6 +260,8 @@ def test_an_agent_never_changes_allocations_nor_the_controllers_fields(
                              ({"gpus": ["GPU-OTHER"]}, controllers), ({"nodeName": scene.nodes["b"]}, moved),
                              # Fields added since (resize, recommendations) are the controller's too.
                              ({"resizable": True}, controllers),
+                             # The class's over-limit policy (issue 25): an agent never relaxes its own claims'.
+                             ({"policing": {"overLimitAction": "Warn", "overLimitGraceSeconds": 60}}, controllers),
                              ({"allocatedResources": {"elasticgpu.io/gpu-core": 100}}, controllers)):
             _refused(lambda status=status: agent.patch_claim_status(
                 scene.namespace, scene.claims["a"], resource_version=claim["metadata"]["resourceVersion"],
@@ -280,3 +282,59 @@ def test_a_token_bound_to_no_node_writes_nothing(
         _refused(lambda: unbound.patch_node_labels({"nvidia.com/gpu.count": "1"}), NOT_BOUND)
         # Reading stays allowed (RBAC decides reads; the policies judge writes only).
         assert unbound.read_gpu(scene.gpus["a"])["spec"]["nodeName"] == scene.nodes["a"]
+
+
+def test_a_card_squatted_by_another_node_is_marked_duplicate(
+    kube_cluster: TestCluster, api_client: client.ApiClient, scene: Scene, agent_policies: list[str], tmp_path: Path
+) -> None:
+    """Node A's agent creates the GPU object of a card of node B before B publishes it (issue 23, item 8).
+
+    A name is a uuid: no policy can know which node really has the card, so A's create passes (its
+    spec.nodeName is A, as the policy requires). B's agent then sees its card's object held by A: it
+    may not take it over, but it reports the conflict, the one write the policy lets an agent make
+    on another node's GPU (condition DuplicateUUID naming B); the controller then sets the card aside,
+    and A's agent can neither remove that condition nor point its object's owner at another Node."""
+    import yaml as _yaml
+
+    from elasticgpu.agent import discovery, health, inventory
+    from elasticgpu.agent.discovery import simulated
+    from elasticgpu.agent.settings import InventorySettings
+    from tests.agent.objects import DESCRIPTION
+
+    a, b = scene.nodes["a"], scene.nodes["b"]
+    uuid_b = simulated.simulated_uuid(b, 0)
+    squatted = names.gpu_object_name(uuid_b)
+    spec = {"index": 0, "uuid": uuid_b, "model": "NVIDIA A100-SXM4-80GB", "memory": 81920, "nodeName": a}
+    try:
+        with _agent(kube_cluster, a, a) as squatter:
+            squatter.apply_gpu(squatted, labels={names.LABEL_NODE: a}, spec=spec)
+        simulation = tmp_path / "sim.yaml"
+        simulation.write_text(_yaml.safe_dump(DESCRIPTION))
+        backend = discovery.open_backend("simulated", node_name=b, simulation_file=simulation,
+                                         device_dir=tmp_path / "devices", inject_dir=tmp_path / "inject")
+        with _agent(kube_cluster, b, b) as agent_b:
+            inv = inventory.Inventory(kube=agent_b, backend=backend, health=health.HealthTracker(recovery_quiet_s=300),
+                                      settings=InventorySettings())
+            inv.reconcile()  # its other card is published all the same
+            backend.close()
+        obj = kube_request(api_client, "GET", f"{GPUS}/{squatted}").json()
+        assert obj["spec"]["nodeName"] == a, "B never takes A's object over"
+        duplicate = next((c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == "DuplicateUUID"),
+                         None)
+        assert duplicate is not None and duplicate["status"] == "True", obj.get("status")
+        assert duplicate["message"].startswith(f"node {b}:"), duplicate
+        other = names.gpu_object_name(simulated.simulated_uuid(b, 1))
+        assert kube_request(api_client, "GET", f"{GPUS}/{other}").json()["spec"]["nodeName"] == b
+        with _agent(kube_cluster, a, a) as squatter:
+            version = squatter.read_gpu(squatted)["metadata"]["resourceVersion"]
+            _refused(lambda: squatter.patch_gpu_status(squatted, resource_version=version,
+                                                       status={"conditions": []}), "DuplicateUUID")
+            node_b = client.CoreV1Api(api_client).read_node(b).metadata
+            _refused(lambda: squatter.apply_gpu(squatted, labels={names.LABEL_NODE: a}, spec=spec, owner={
+                "apiVersion": "v1", "kind": "Node", "name": b, "uid": node_b.uid}), "ownerReferences")
+        with _agent(kube_cluster, b, b) as agent_b:
+            # B may only report the conflict: nothing else of A's object.
+            _refused(_usage_of(agent_b, squatted, 5), f"GPU {squatted}: spec.nodeName is {a}")
+    finally:
+        for name in (squatted, names.gpu_object_name(simulated.simulated_uuid(b, 1))):
+            kube_request(api_client, "DELETE", f"{GPUS}/{name}")

@@ -23,3 +23,19 @@ metadata:
 {{- define "elasticgpu.certManager" -}}
 {{- if eq .Values.webhook.certificates "cert-manager" }}true{{ else if ne .Values.webhook.certificates "self-signed" }}{{ fail (printf "webhook.certificates is %q: use self-signed or cert-manager" .Values.webhook.certificates) }}{{ end }}
 {{- end -}}
+
+{{/* The agent's settings file (/etc/elasticgpu/agent.env, written by the installer): agent.env of the values,
+plus the installer's own pods in ELASTICGPU_AGENT_PRIVILEGED_PODS (kept beside the user's entries). The installer
+is privileged and uses no claim; once kubelet talks to the agent's socket, each upgrade, reboot or restart
+re-creates it through the agent, which refuses such containers on a GPU node elsewhere. The narrowest rule that
+lets it through: pods of the install namespace with the installer's label (the namespace is the boundary: who
+may create pods there; the label keeps the namespace's other privileged pods out), not the whole namespace. */}}
+{{- define "elasticgpu.agentEnv" -}}
+{{- $installer := printf "%s/app.kubernetes.io/component=agent-installer" (include "elasticgpu.namespace" .) }}
+{{- $env := deepCopy (.Values.agent.env | default dict) }}
+{{- $users := get $env "ELASTICGPU_AGENT_PRIVILEGED_PODS" | toString }}
+{{- $_ := set $env "ELASTICGPU_AGENT_PRIVILEGED_PODS" (ternary (printf "%s,%s" $installer $users) $installer (ne $users "")) }}
+{{- range $name, $value := $env }}
+{{ $name }}={{ $value }}
+{{- end }}
+{{- end -}}

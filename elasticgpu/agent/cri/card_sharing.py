@@ -10,6 +10,12 @@ the card itself before it gives it to a container:
     a slice                           -> the cores and the memory of every distinct claim running on
                                          the card, plus the new one, fit the card (100 %, its MiB)
 
+Who holds a card at all is one rule, `holds_card`, which the publisher of `status.runningClaims`
+(agent/holders.py) applies too: only a container that can still run holds its card. A row whose
+container the runtime reports exited (a finished Job's container, kept until its pod is deleted)
+or no longer lists holds nothing; a row without a container yet (`started`: the runtime's create
+is in flight), or one the runtime could not be asked about, holds it (refusing is safe).
+
 Rows of the claim being created are not counted (its own containers share its reservation; the
 claim-level check in injection.py keeps it to one pod). A refusal names each holder (claim and
 pods) and says that kubelet retries once they have stopped.
@@ -20,8 +26,19 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from elasticgpu.agent.cri import hooks, injection
+from elasticgpu.agent.cri import api, hooks, injection
 from elasticgpu.api import names
+
+
+def holds_card(container_id: str | None, states: Mapping[str, int] | None) -> bool:
+    """Whether a ledger row holds its cards: its container can still run (see the module docstring).
+
+    `states`: the runtime's containers by id with their CRI state (`ListContainers`), or None when the
+    runtime was not (or could not be) asked."""
+    if container_id is None or states is None:
+        return True  # being created, or nobody can tell: it holds
+    state = states.get(container_id)
+    return state is not None and state != api.pb.CONTAINER_EXITED
 
 
 @dataclass(frozen=True, kw_only=True)

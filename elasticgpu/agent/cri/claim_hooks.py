@@ -81,6 +81,7 @@ def container_request(request: Any) -> injection.ContainerRequest:
         cdi_devices=[device.name for device in config.CDI_devices],
         annotations=dict(config.annotations),
         privileged=config.linux.security_context.privileged,
+        pod_labels=dict(labels),  # kubelet copies the pod's labels into the sandbox's
     )
 
 
@@ -366,14 +367,10 @@ class ClaimHooks:
                 log.warning("could not list containers to check the holders of claims and cards")
         live = []
         for row in rows:
-            if states is not None and row.container_id is not None:
-                state = states.get(row.container_id)
-                if state is None:
-                    self.removed(row.container_id)  # gone: its sandbox took it
-                    continue
-                if state == api.pb.CONTAINER_EXITED:
-                    continue  # stopped: it holds no card (kubelet removes it later)
-            live.append(row)
+            if card_sharing.holds_card(row.container_id, states):
+                live.append(row)
+            elif states is not None and row.container_id is not None and row.container_id not in states:
+                self.removed(row.container_id)  # gone: its sandbox took it (an exited one waits for kubelet)
         return live, states
 
     def _check_cards(self, plain: injection.ContainerRequest, claim: injection.ClaimInfo,

@@ -142,7 +142,7 @@ class ClaimView:
         *,
         kube: ClaimReader,
         node_name: str,
-        cards: Callable[[], Sequence[Card]],
+        cards: Callable[[], Sequence[Card] | None],
         ttl_s: float = 5.0,
         ready_window_s: float = 60.0,
         probe_interval_s: float = 2.0,
@@ -150,8 +150,8 @@ class ClaimView:
         clock: Callable[[], float] = time.monotonic,
         namespace_ttl_s: float = 30.0,
     ) -> None:
-        """`cards`: the cards discovery reports now; `not_ready`: another reason to refuse claims
-        (the CDI spec not written), or None."""
+        """`cards`: the cards discovery reports now (None before its first snapshot); `not_ready`: another
+        reason to refuse claims (the CDI spec not written), or None."""
         self._kube = kube
         self._node_name = node_name
         self._cards = cards
@@ -235,14 +235,15 @@ class ClaimView:
     def card(self, uuid: str) -> injection.CardInfo | None:
         """A card discovery reports now, by uuid (any case)."""
         wanted = uuid.lower()
-        for card in self._cards():
+        for card in self._cards() or ():
             if card.uuid.lower() == wanted:
                 return injection.CardInfo(uuid=card.uuid, index=card.index, memory_mib=card.memory_mib)
         return None
 
-    def has_cards(self) -> bool:
-        """True when discovery reports a card now."""
-        return bool(self._cards())
+    def has_cards(self) -> bool | None:
+        """True when discovery reports a card now, None before discovery's first snapshot."""
+        cards = self._cards()
+        return None if cards is None else bool(cards)
 
     def node_gpu_access(self, namespace: str) -> bool | None:
         """Whether the namespace carries elasticgpu.io/node-gpu-access=true (None: cannot tell now)."""

@@ -6,9 +6,12 @@ API client (starting.py), because kubelet reaches the runtime of every pod throu
     GatedView    injection.AgentView: the API server's `claim_view.ClaimView` once the API client
                  is open; before, `not_ready_reason` names what is missing (a claim container is
                  refused with it, retryable), `node_gpu_access` cannot tell (None) and
-                 `has_cards` is False, so a container without a claim starts as always (with
-                 NVIDIA_VISIBLE_DEVICES=void) and a privileged one, such as the driver's own
-                 pod that NVML is waiting for, is not refused for cards nobody has seen yet.
+                 `has_cards` is unknown (None), so a container without a claim starts as always
+                 (with NVIDIA_VISIBLE_DEVICES=void) and a privileged one is refused, retryably,
+                 as on a node with cards, until discovery has run (issue 23.6): the node's own
+                 privileged GPU pods (the driver's, which NVML may be waiting for) pass in
+                 kube-system or a namespace labelled elasticgpu.io/node-gpu-access, once the
+                 API client can read the label.
     GatedHooks   hooks.ContainerHooks: `claim_hooks.ClaimHooks` on the ledger once it is open;
                  before, containers without a claim get injection.decide's edit (no ledger row:
                  they hold nothing), a claim container is refused UNAVAILABLE with what is not
@@ -83,10 +86,10 @@ class GatedView:
         view = self._view()
         return None if view is None else view.card(uuid)
 
-    def has_cards(self) -> bool:
-        """False until a card has been discovered (see the module docstring)."""
+    def has_cards(self) -> bool | None:
+        """None (unknown) until discovery has run and the API view exists (see the module docstring)."""
         view = self._view()
-        return view is not None and view.has_cards()
+        return None if view is None else view.has_cards()
 
     def node_gpu_access(self, namespace: str) -> bool | None:
         """The namespace's label, or None (cannot tell) while the API client is not open."""

@@ -13,10 +13,14 @@ container's final env, CDI devices and annotations) or `hooks.Refused`.
                                            -> passed through untouched (only the claim annotation,
                                               which only we may set, is removed)
         privileged, on a node with cards, namespace neither labelled nor in the privileged
-        allow-list (kube-system: kube-proxy, CNI)
+        allow-list (kube-system: kube-proxy, CNI), pod not one of the privileged pods (a namespace
+        and a label: the chart's agent installer)
                                            -> refused, FAILED_PRECONDITION, and a Warning Event on
                                               the pod: a privileged container sees every card
                                               (UNAVAILABLE while the label cannot be read)
+        the same while the node's cards are not known yet (the agent starting, discovery not run)
+                                           -> refused, UNAVAILABLE (kubelet retries): until the
+                                              agent knows better, the node counts as one with cards
         otherwise                          -> our CDI devices and claim annotation stripped,
            NVIDIA_VISIBLE_DEVICES=void (CUDA images set it to `all`; a setting, on by default).
            The claim part of the view is not consulted: such a container passes even while the
@@ -35,6 +39,7 @@ container's final env, CDI devices and annotations) or `hooks.Refused`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -78,6 +83,49 @@ class CdiForm(Enum):
     BOTH = "both"
 
 
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+PRIVILEGED_PODS_FORM = "<namespace>/<label>=<value>"
+
+
+@dataclass(frozen=True)
+class PrivilegedPods:
+    """Pods whose privileged containers pass without a claim: those of `namespace` labelled `key`=`value`.
+
+    The namespace is the boundary: only who may create pods there can run one. The label only
+    narrows within it (whoever creates a pod writes its labels), so that one privileged pod of the
+    namespace passing does not let every other through."""
+
+    namespace: str
+    key: str
+    value: str
+
+    def matches(self, pod: PodRef, labels: Mapping[str, str]) -> bool:
+        """True for a pod of this namespace that carries this label."""
+        return pod.namespace == self.namespace and labels.get(self.key) == self.value
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.key}={self.value}"
+
+
+def parse_privileged_pods(text: str) -> tuple[PrivilegedPods, ...]:
+    """The comma-separated `<namespace>/<label>=<value>` entries of `text`; raises ValueError naming the
+    setting, the entry and the form."""
+    found = []
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        namespace, _, selector = entry.partition("/")
+        key, equals, value = selector.partition("=")
+        if not (_NAMESPACE.match(namespace) and key.strip() and equals):
+            raise ValueError(
+                f"--privileged-pods / ELASTICGPU_AGENT_PRIVILEGED_PODS: entry {entry!r} is not "
+                f"{PRIVILEGED_PODS_FORM} (a namespace name, a pod label and its value, e.g. "
+                "elasticgpu-system/app.kubernetes.io/component=agent-installer); fix or remove it"
+            )
+        found.append(PrivilegedPods(namespace, key.strip(), value.strip()))
+    return tuple(found)
+
+
 @dataclass(frozen=True, kw_only=True)
 class InjectionSettings:
     """Choices of the injection, per node."""
@@ -94,6 +142,9 @@ class InjectionSettings:
     privileged_namespaces: tuple[str, ...] = ("kube-system",)
     """Namespaces whose privileged containers pass without a claim or label (kube-proxy, CNI
     agents run privileged there; only cluster admins create pods there)."""
+    privileged_pods: tuple[PrivilegedPods, ...] = ()
+    """Pods whose privileged containers pass without a claim or label: a namespace and a pod label
+    each (the chart's agent installer, re-created through this agent at every upgrade)."""
 
 
 @dataclass(frozen=True)
@@ -170,8 +221,9 @@ class AgentView(Protocol):
         """A card of this node by uuid (any case), or None."""
         ...
 
-    def has_cards(self) -> bool:
-        """True when discovery reports at least one card on this node."""
+    def has_cards(self) -> bool | None:
+        """True when discovery reports at least one card on this node, False when it reports none,
+        None while discovery has not run yet (the agent is starting: the cards are unknown)."""
         ...
 
     def node_gpu_access(self, namespace: str) -> bool | None:
@@ -196,6 +248,7 @@ class ContainerRequest:
     cdi_devices: Sequence[str]
     annotations: Mapping[str, str]
     privileged: bool = False  # linux.security_context.privileged
+    pod_labels: Mapping[str, str] = field(default_factory=dict)  # the sandbox's labels: the pod's and kubelet's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -292,8 +345,14 @@ def decide(
             return ContainerEdit(envs=tuple(request.envs), cdi_devices=tuple(request.cdi_devices), annotations=kept)
         if request.privileged and settings.refuse_privileged and request.pod.namespace not in (
             settings.privileged_namespaces
-        ) and view.has_cards():
-            _refuse_privileged(request, view, access)
+        ) and not any(pods.matches(request.pod, request.pod_labels) for pods in settings.privileged_pods):
+            # Unknown cards (None) count as cards: a starting agent must not hand a privileged
+            # container every card only because discovery has not run yet (issue 23.6).
+            node_cards = view.has_cards()
+            if node_cards is None:
+                _refuse_privileged_unknown(request, view, access)
+            elif node_cards:
+                _refuse_privileged(request, view, access)
         # OBSERVATION: no claim. Our devices are gone; the NVIDIA hook must not see `all`.
         if settings.neutralise_unclaimed:
             envs.append((ENV_VISIBLE_DEVICES, VISIBLE_NONE))
@@ -326,6 +385,29 @@ def decide(
     )
 
 
+def _what_to_do(request: ContainerRequest) -> str:
+    container, namespace = request.container, request.pod.namespace
+    return (
+        f"Give the container a claim (annotation {names.claim_annotation(container)}: <claim>, or "
+        f"{names.inline_request_annotation(container)}), drop `privileged` (add only the capabilities it needs), "
+        f"or, for the node's own GPU tools, ask the platform team to label namespace {namespace} "
+        f"{NODE_GPU_ACCESS_LABEL}=true"
+    )
+
+
+def _refuse_privileged_unknown(request: ContainerRequest, view: AgentView, access: bool | None) -> None:
+    # Retryable and without an Event: the node may turn out to have no card at all.
+    message = (
+        f"pod {request.pod}, container {request.container!r} is privileged and uses no ElasticGPUClaim; the "
+        f"elasticgpu agent on node {view.node_name} is starting and does not know the node's GPUs yet (its "
+        "discovery has not run), and a privileged container would see every card; kubelet retries this container "
+        "by itself"
+    )
+    if access is not None:  # the namespace could be read: say how to pass for good
+        message += f". {_what_to_do(request)}"
+    raise hooks.Refused(message, code=grpc.StatusCode.UNAVAILABLE)
+
+
 def _refuse_privileged(request: ContainerRequest, view: AgentView, access: bool | None) -> None:
     pod, container = request.pod, request.container
     if access is None:
@@ -338,10 +420,7 @@ def _refuse_privileged(request: ContainerRequest, view: AgentView, access: bool 
     message = (
         f"pod {pod}, container {container!r} is privileged and uses no ElasticGPUClaim, on node {view.node_name}, "
         "which has GPUs: a privileged container sees every card of the node, those other pods' claims hold "
-        f"included. Give the container a claim (annotation {names.claim_annotation(container)}: <claim>, or "
-        f"{names.inline_request_annotation(container)}), drop `privileged` (add only the capabilities it needs), "
-        f"or, for the node's own GPU tools, ask the platform team to label namespace {pod.namespace} "
-        f"{NODE_GPU_ACCESS_LABEL}=true"
+        f"included. {_what_to_do(request)}"
     )
     view.warn(pod, PRIVILEGED_REASON, message)
     raise hooks.Refused(message)

@@ -49,6 +49,7 @@ from typing import Any
 
 import grpc
 
+from elasticgpu.agent import errors
 from elasticgpu.agent.cri import api, hooks
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ REMOVE_CONTAINER = api.method_path(api.RUNTIME_SERVICE, "RemoveContainer")
 REMOVE_POD_SANDBOX = api.method_path(api.RUNTIME_SERVICE, "RemovePodSandbox")
 LIST_CONTAINERS = api.method_path(api.RUNTIME_SERVICE, "ListContainers")
 CONTAINER_STATUS = api.method_path(api.RUNTIME_SERVICE, "ContainerStatus")
+STOP_CONTAINER = api.method_path(api.RUNTIME_SERVICE, "StopContainer")
 INTERCEPTED_METHODS = frozenset({CREATE_CONTAINER, REMOVE_CONTAINER, REMOVE_POD_SANDBOX})
 LONG_METHODS = frozenset(
     {api.method_path(api.RUNTIME_SERVICE, name) for name in (
@@ -132,6 +134,7 @@ class _Forwarder(grpc.GenericRpcHandler):
         self._handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {}
         self._list: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(LIST_CONTAINERS)
         self._status: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(CONTAINER_STATUS)
+        self._stop: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(STOP_CONTAINER)
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[bytes, bytes] | None:
         method = handler_call_details.method
@@ -312,6 +315,22 @@ class _Forwarder(grpc.GenericRpcHandler):
                     info.update(parsed)
         return info
 
+    def stop_container(self, container_id: str, *, timeout_s: int) -> None:
+        """Stop one container as kubelet would (issue 25, over-limit policing): the runtime sends
+        the stop signal, waits `timeout_s`, then kills; kubelet sees it exit and applies the pod's
+        restart policy. Raises `ContainerNotFound` (removed meanwhile) or `RuntimeCallFailed`."""
+        request = api.pb.StopContainerRequest(container_id=container_id, timeout=timeout_s).SerializeToString()
+        try:
+            # The runtime answers once the container exited: its timeout plus the call's own.
+            self._stop(request, timeout=timeout_s + self._settings.list_timeout_s)
+        except grpc.RpcError as e:
+            code = e.code() if isinstance(e, grpc.Call) else None
+            name = code.name if code is not None else ""
+            text = e.details() if isinstance(e, grpc.Call) else str(e)
+            kind = errors.ContainerNotFound if code == grpc.StatusCode.NOT_FOUND else errors.RuntimeCallFailed
+            raise kind(f"StopContainer {container_id} at {self._settings.upstream}: {name} {text}; the runtime did"
+                       " not stop it (the next pass tries again)", code=name) from None
+
     @staticmethod
     def _after(step: Callable[[Any], None], prepared: Any) -> None:
         # The runtime already acted: a failure to record it must not turn its answer into an
@@ -453,6 +472,10 @@ class CriProxy:
     def container_info(self, container_id: str) -> dict[str, Any]:
         """The runtime's verbose status of one container (see `_Forwarder.container_info`)."""
         return self._forwarder.container_info(container_id)
+
+    def stop_container(self, container_id: str, *, timeout_s: int) -> None:
+        """Stop one container through the runtime (see `_Forwarder.stop_container`)."""
+        self._forwarder.stop_container(container_id, timeout_s=timeout_s)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop serving (calls in flight get grace_s to finish), close the upstream channel."""

@@ -112,7 +112,7 @@ class CriHook:
         settings: HookSettings,
         view: injection.AgentView,
         ledger: LedgerStore | Callable[[], LedgerStore | None],
-        cards: Callable[[], Sequence[Card]],
+        cards: Callable[[], Sequence[Card] | None],
         control_paths: Callable[[], Sequence[str]],
         driver_files: Callable[[], driver.DriverFiles] | None = None,
         devices_problem: Callable[[], str | None] = lambda: None,
@@ -236,7 +236,7 @@ class CriHook:
     # --- the CDI spec ---
 
     def _keep_spec(self, now: float) -> None:
-        cards = tuple(self._cards())
+        cards = tuple(self._cards() or ())  # None: discovery has not run (the spec waits on devices_problem)
         control = tuple(self._control_paths())
         files = self._driver_files() if self._driver_files is not None else None
         inputs = (tuple((c.uuid, c.minor, c.device_path) for c in cards), control, files)

@@ -6,7 +6,9 @@ MutatingWebhookConfiguration's caBundle current. In this mode the webhook makes 
 and writes nothing to the API: it serves the files and follows them when they change.
 
 The files are checked before every TLS handshake (two `stat` calls, microseconds): a rotated
-certificate is served from the very next connection, with no poll interval to wait out.
+certificate is served from the very next connection, with no poll interval to wait out. Until the
+first one is loaded nothing listens (serving.py), so a background check every `first_poll_s`
+loads it, then ends.
 kubelet swaps a Secret volume atomically (a `..data` symlink), but someone copying files by hand
 may leave a moment where the new certificate sits beside the old key: loading fails then, the
 previous certificate stays in use, and the next handshake tries again.
@@ -32,8 +34,12 @@ _Signature = tuple[tuple[int, int, int], tuple[int, int, int]]
 class MountedCertificate:
     """Keeps `server` serving `directory`/tls.crt and tls.key, reloading them when they change."""
 
-    def __init__(self, *, server: HttpsServer, directory: str) -> None:
+    def __init__(self, *, server: HttpsServer, directory: str, first_poll_s: float = 0.5) -> None:
+        """`first_poll_s`: seconds between checks for the files until the first certificate is loaded."""
         self._server = server
+        self._first_poll_s = first_poll_s
+        self._stopping = threading.Event()
+        self._poller: threading.Thread | None = None
         self._cert = Path(directory) / CERT_FILE
         self._key = Path(directory) / KEY_FILE
         self._lock = threading.Lock()
@@ -80,10 +86,24 @@ class MountedCertificate:
             self.ready.set()
 
     def start(self) -> None:
-        """Load the certificate now (if there) and check the files before every handshake."""
+        """Load the certificate now, or as soon as it is there, and check the files before every handshake."""
         self._server.before_handshake = self.refresh
         self.refresh()
+        if not self.ready.is_set():
+            self._poller = threading.Thread(target=self._wait_for_files, name="webhook-cert-files", daemon=True)
+            self._poller.start()
+
+    def _wait_for_files(self) -> None:
+        # No connection can trigger a check before the first certificate (nothing listens yet).
+        while not self.ready.is_set() and not self._stopping.wait(self._first_poll_s):
+            try:
+                self.refresh()
+            except Exception:  # a bug of ours: keep trying, the webhook must come up
+                logger.exception("loading the mounted webhook certificate failed")
 
     def stop(self) -> None:
-        """Nothing runs in the background: the checks ride on the connections."""
+        """Stop waiting for the first certificate; after it, the checks ride on the connections."""
+        self._stopping.set()
+        if self._poller is not None:
+            self._poller.join(timeout=5)
         self._server.before_handshake = None

@@ -52,9 +52,9 @@ class Webhook:
         return self.server.port
 
     def start(self) -> None:
-        """Listen at once (connections are closed until a certificate is served) and keep the
-        certificate in the background. The probe servers bind first: a taken port fails before
-        anything runs."""
+        """Keep the certificate in the background and listen once it is loaded (connections are
+        refused until then; the port was bound at construction). The probe servers bind first: a
+        taken port fails before anything runs."""
         self.probes = probe_server.servers(
             health=self.settings.health_probe_bind_address, metrics=self.settings.metrics_bind_address,
             registry=self.metrics.registry, healthz={"https": self._accepting}, readyz={
@@ -74,7 +74,8 @@ class Webhook:
         )
 
     def _accepting(self) -> str | None:
-        return None if self.server.accepting else "the HTTPS server's accept thread is not running"
+        # Waiting for the first certificate is alive (readyz's `certificate` says it is not ready).
+        return self.server.problem()
 
     def _certificate(self) -> str | None:
         return None if self.server.serial is not None else "no serving certificate loaded yet"

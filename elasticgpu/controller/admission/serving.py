@@ -6,6 +6,11 @@ connection opens: `use()` swaps it for the next connections without a restart. H
 keep-alive: the API server reuses its connections; an idle one is closed after
 `IDLE_TIMEOUT_S`, longer than the 90 s after which Go's client drops idle connections itself,
 so that the client, not we, closes them (a close racing a new request would fail that pod).
+
+The port is bound at construction (a taken port fails at once) but listened on only once a
+certificate is loaded and `start()` was called: before, a connection is refused, which the API
+server reports as such, instead of accepted and closed unanswered (an EOF that looks like a
+broken webhook).
 """
 
 from __future__ import annotations
@@ -41,7 +46,12 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False
 
     def __init__(self, address: tuple[str, int], reviewer: Reviewer, path: str, metrics: WebhookMetrics) -> None:
-        super().__init__(address, _Handler)
+        super().__init__(address, _Handler, bind_and_activate=False)
+        try:
+            self.server_bind()  # the port is ours now; listen() waits for the certificate
+        except BaseException:
+            self.server_close()
+            raise
         self.reviewer = reviewer
         self.metrics = metrics
         self.review_path = path
@@ -55,8 +65,8 @@ class _Server(ThreadingHTTPServer):
         if refresh is not None:
             refresh()  # a certificate kept in files (`mounting`): reloaded here when they changed
         context = self.context
-        if context is None:
-            return  # no certificate yet: the connection is closed unanswered, as if we were down
+        if context is None:  # cannot happen: nothing listens before the first certificate
+            return
         request.settimeout(IDLE_TIMEOUT_S)
         try:
             tls = context.wrap_socket(request, server_side=True)
@@ -160,6 +170,9 @@ class HttpsServer:
         self.metrics = metrics or WebhookMetrics()
         self._server = _Server((host, port), reviewer, path, self.metrics)
         self._thread: threading.Thread | None = None
+        self._started = False
+        self._listen_lock = threading.Lock()
+        self._listen_error: str | None = None
         self.serial: int | None = None
         """Serial number of the certificate being served (None before the first)."""
 
@@ -170,13 +183,25 @@ class HttpsServer:
 
     @property
     def accepting(self) -> bool:
-        """True while the accept thread runs (started and not stopped or dead)."""
+        """True while the accept thread runs (listening, not stopped or dead)."""
         return self._thread is not None and self._thread.is_alive()
 
+    def problem(self) -> str | None:
+        """Why the server is not serving as it should, or None: started and listening, or started and
+        waiting for its first certificate (alive: the certificate's keeper says why it is late)."""
+        if self._listen_error is not None:
+            return self._listen_error
+        if not self._started:
+            return "the HTTPS server is not started (or stopped)"
+        if self._thread is None:
+            return None  # waiting for the first certificate: connections are refused meanwhile
+        return None if self._thread.is_alive() else "the HTTPS server's accept thread is not running"
+
     def use(self, material: certificates.Material) -> None:
-        """Serve `material`'s certificate on every connection opened from now on."""
+        """Serve `material`'s certificate on every connection opened from now on (listening from the first)."""
         self._server.context = tls_context(material)
         self.serial = material.serial()
+        self._listen()
 
     def use_files(self, *, cert: str, key: str) -> None:
         """Serve the PEM certificate (chain) and key in these files on every connection opened from
@@ -188,6 +213,7 @@ class HttpsServer:
             serial = int(x509.load_pem_x509_certificate(handle.read()).serial_number)
         self._server.context = context
         self.serial = serial
+        self._listen()
 
     @property
     def before_handshake(self) -> Callable[[], None] | None:
@@ -199,12 +225,28 @@ class HttpsServer:
         self._server.before_handshake = hook
 
     def start(self) -> None:
-        """Accept connections in a background thread."""
-        self._thread = threading.Thread(target=self._server.serve_forever, name="webhook-https", daemon=True)
-        self._thread.start()
+        """Accept connections in a background thread, from the moment a certificate is loaded (now, if one is)."""
+        self._started = True
+        self._listen()
+
+    def _listen(self) -> None:
+        """Listen and accept once both started and a certificate is loaded; once."""
+        with self._listen_lock:
+            if not self._started or self._server.context is None or self._thread is not None:
+                return
+            try:
+                self._server.server_activate()
+            except OSError as error:  # another process listens on the port since we bound it
+                self._listen_error = f"cannot listen on port {self.port}: {error}"
+                logger.error("webhook: %s; restart it once the port is free", self._listen_error)
+                return
+            self._thread = threading.Thread(target=self._server.serve_forever, name="webhook-https", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
         """Stop accepting, close open connections, release the port."""
+        with self._listen_lock:
+            self._started = False
         if self._thread is not None:
             self._server.shutdown()
             self._thread.join(timeout=5)

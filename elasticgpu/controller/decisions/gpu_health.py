@@ -10,6 +10,12 @@ condition, `Ready`:
   ready (`Ready=False`, reason `HeartbeatExpired`). The allocator places nothing new on it;
   reservations it holds are kept (the card may well still run them; only its agent is silent);
 - a GPU that never had a heartbeat (written by hand or by another tool) is taken as it is;
+- a GPU with the condition `DuplicateUUID` (True) is not ready either (`Ready=False`, reason
+  `DuplicateUUID`): another node's agent reports the same card uuid. A GPU object is named by its
+  uuid and any agent can create the object of another node's card first; which node really has
+  it only an admin can tell (the node-scope policy lets an agent write nothing else on another
+  node's object), so nothing new is placed there until the condition is gone (the reservations it
+  holds are kept, as for an expired heartbeat). When it goes, `Ready=True` (`DuplicateUUIDResolved`);
 - a GPU whose heartbeat is fresh again gets `Ready=True` (`HeartbeatRenewed`) only when it
   had been marked not ready: a GPU never marked carries no `Ready` condition, so a healthy
   cluster costs no writes.
@@ -42,6 +48,9 @@ READY = "Ready"
 """The controller's own condition on a GPU (the agent keeps it as it is)."""
 REASON_HEARTBEAT_EXPIRED = "HeartbeatExpired"
 REASON_HEARTBEAT_RENEWED = "HeartbeatRenewed"
+DUPLICATE_UUID = "DuplicateUUID"
+"""The condition (written by another node's agent) and the `Ready` reason of a card two nodes report."""
+REASON_DUPLICATE_RESOLVED = "DuplicateUUIDResolved"
 REASON_VANISHED = "Vanished"
 XID_PREFIX = "Xid"
 
@@ -79,6 +88,17 @@ def heartbeat_at(gpu: GPU) -> float | None:
 
 def readiness(gpu: GPU, *, now: float, grace_s: float) -> Readiness:
     """Whether `gpu` takes new reservations at `now` with a heartbeat grace of `grace_s`."""
+    duplicate = next((c for c in gpu.status.conditions if c.type == DUPLICATE_UUID and c.status == "True"), None)
+    if duplicate is not None:
+        # OBSERVATION: another node's agent reports this card too: which node has it is the admin's call.
+        name, node = gpu.metadata.name or "", gpu.spec.node_name
+        return Readiness(
+            ready=False,
+            reason=DUPLICATE_UUID,
+            message=f"two nodes report this card: this object says node {node}, and {duplicate.message}; no new"
+            f" reservations until an admin finds the node that really has it (nvidia-smi -L on both): if it is"
+            f" not {node}, kubectl delete pgpu {name}; else remove the condition DuplicateUUID from its status",
+        )
     beat = heartbeat_at(gpu)
     if beat is None:
         # OBSERVATION: no heartbeat ever: written by hand or by another tool, taken as it is.
@@ -116,6 +136,10 @@ def condition_to_write(gpu: GPU, state: Readiness, *, now_rfc3339: str) -> Body 
                 "lastTransitionTime": now_rfc3339}
     if current is None or current[0] == "True":
         return None
+    if current[1] == DUPLICATE_UUID:
+        return {"type": READY, "status": "True", "reason": REASON_DUPLICATE_RESOLVED,
+                "message": "no other node reports this card any more: it takes new reservations",
+                "lastTransitionTime": now_rfc3339}
     return {"type": READY, "status": "True", "reason": REASON_HEARTBEAT_RENEWED,
             "message": "the agent's heartbeat is fresh again: the card takes new reservations",
             "lastTransitionTime": now_rfc3339}

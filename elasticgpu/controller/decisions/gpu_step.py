@@ -17,6 +17,8 @@ from elasticgpu.api import GPU
 from elasticgpu.controller.decisions import gpu_health
 
 Body = dict[str, Any]
+REASON_NODE_GONE = "NodeGone"
+"""The Event when a GPU object is deleted because its Node is gone (`delete`)."""
 
 
 @dataclass(frozen=True)
@@ -32,11 +34,23 @@ class GPUStep:
     body: Body | None = None
     """The GPU body to PUT when `condition` is set: the picture's copy (its resourceVersion is
     the precondition) with `condition` in its status and everything else as it was read."""
+    delete: bool = False
+    """Delete the GPU object: its Node has been gone for longer than the grace (the garbage
+    collection of a deleted Node's cards, as the pod GC does for its pods)."""
 
 
-def decide(gpu: GPU, body: Body, *, now: float, grace_s: float, now_rfc3339: str) -> GPUStep:
+def decide(gpu: GPU, body: Body, *, now: float, grace_s: float, now_rfc3339: str,
+           node_gone_for_s: float | None = None, node_gone_grace_s: float = 60.0) -> GPUStep:
     """The step for GPU `gpu` (whose body as read is `body`) at `now` (seconds since the epoch),
-    with heartbeats older than `grace_s` expired; `now_rfc3339` stamps a condition written."""
+    with heartbeats older than `grace_s` expired; `now_rfc3339` stamps a condition written.
+    `node_gone_for_s`: seconds its Node has been missing (None: it exists, or nobody can tell);
+    past `node_gone_grace_s` the object is deleted, before that it is looked at again then."""
+    if node_gone_for_s is not None:
+        if node_gone_for_s >= node_gone_grace_s:
+            # OBSERVATION: its Node is gone for good: the card and its reports went with it.
+            return GPUStep(ready=False, recheck_in_s=None, delete=True)
+        # OBSERVATION: its Node went missing a moment ago: no new reservations; delete it after the grace.
+        return GPUStep(ready=False, recheck_in_s=node_gone_grace_s - node_gone_for_s + 0.1)
     state = gpu_health.readiness(gpu, now=now, grace_s=grace_s)
     condition = gpu_health.condition_to_write(gpu, state, now_rfc3339=now_rfc3339)
     if condition is None:

@@ -60,8 +60,17 @@ def claims_of_pod(pod: Mapping[str, Any]) -> set[str]:
 
 
 def pod_is_running(pod: Mapping[str, Any]) -> bool:
-    """True while the pod is not terminated (it may still run a container that uses the GPU)."""
-    return (pod.get("status") or {}).get("phase") not in TERMINATED_POD_PHASES
+    """True while the pod is not terminated (it may still run a container that uses the GPU) nor shut down."""
+    return (pod.get("status") or {}).get("phase") not in TERMINATED_POD_PHASES and not pod_is_shut_down(pod)
+
+
+def pod_is_shut_down(pod: Mapping[str, Any]) -> bool:
+    """True for a pod being deleted with grace 0: kubelet is done with it, it was never scheduled, or it was
+    force-deleted; only finalizers keep its object. It runs no container, so it holds no claim: with foreground
+    deletion its inline claims (blockOwnerDeletion) must go first, and waiting for the pod would be a cycle
+    (Kubernetes' PVC protection controller breaks the same one with its `podIsShutDown`)."""
+    meta = pod.get("metadata") or {}
+    return bool(meta.get("deletionTimestamp")) and meta.get("deletionGracePeriodSeconds") == 0
 
 
 def decide_release(

@@ -78,9 +78,10 @@ class KubeApi(KubeRequests):
         """Create a GPU object (tests and the simulated agent)."""
         return self._call("POST", self._cluster(names.PLURAL_GPU), body=body, query=self._write_query())
 
-    def delete_gpu(self, name: str) -> None:
-        """Delete a GPU object."""
-        self._call("DELETE", self._cluster(names.PLURAL_GPU, name))
+    def delete_gpu(self, name: str, *, uid: str | None = None) -> None:
+        """Delete a GPU object; with `uid`, only that incarnation of the name (Conflict otherwise)."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}} if uid else None
+        self._call("DELETE", self._cluster(names.PLURAL_GPU, name), body=body)
 
     # -- ElasticGPUs ---------------------------------------------------------------------------
 
@@ -174,6 +175,10 @@ class KubeApi(KubeRequests):
         """Pods of one namespace or of all."""
         path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
         return self._list(path)[0]
+
+    def get_node(self, name: str) -> Body:
+        """One Node; raises NotFound (the GPU garbage collection confirms a Node is gone with it)."""
+        return self._call("GET", f"/api/v1/nodes/{name}")
 
     def list_nodes(self) -> list[Body]:
         """Every Node; an empty list where the caller may not read them."""

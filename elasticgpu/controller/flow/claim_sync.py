@@ -17,6 +17,7 @@ from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, names, timest
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, capacity, pod_gate, release
 from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.flow import policing_copy
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
@@ -62,6 +63,8 @@ class ClaimSync:
         """Resizes Bound claims in place (issue 17): called when the binder finds a claim in sync."""
         self.recommender = Recommender(kube=kube, picture=picture, events=events, settings=settings)
         """Recommends sizes from measured use (issue 17), after the resizer, for claims in sync."""
+        self.policing = policing_copy.PolicingCopy(kube=kube, picture=picture)
+        """Keeps a Bound claim's status.policing true to its class (issue 25), for claims in sync."""
 
     def sync(self, namespace: str, name: str) -> None:
         """Decide and carry out the next step of one claim."""
@@ -73,6 +76,7 @@ class ClaimSync:
         if isinstance(decision, binder.InSync):
             self.resizer.sync(namespace, name, decision.elastic_gpu)
             self.recommender.sync(namespace, name, decision.elastic_gpu)
+            self.policing.sync(namespace, name, decision.elastic_gpu)
             return
         if isinstance(decision, binder.Ignore):
             return
@@ -216,6 +220,8 @@ class ClaimSync:
         }
         if resizable(claim, egpu, self.picture.view().classes):
             status["resizable"] = True  # read by the claim CRD's rule on spec.resources.requests
+        if (policing := policing_copy.wanted(claim, egpu, self.picture.view().classes)) is not None:
+            status["policing"] = policing  # the agent reads it there: it may not read classes (issue 25)
         owner = pod_index.owner_pod(self._body(claim))
         if owner is not None and not claim.status.users:
             # An inline claim serves the pod that owns it: said with the bind, not in a write of its own.

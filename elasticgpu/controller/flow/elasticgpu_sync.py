@@ -12,7 +12,7 @@ import threading
 import time
 
 from elasticgpu.allocator import Placement
-from elasticgpu.api import ElasticGPU, ElasticGPUClaim, names
+from elasticgpu.api import GPU, ElasticGPU, ElasticGPUClaim, names
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, running_holders
 from elasticgpu.controller.edge.kube import KubeApi
@@ -23,14 +23,17 @@ from elasticgpu.controller.flow.workqueue import WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.picture.reservations import now_rfc3339
+from elasticgpu.controller.settings import GPUHealthSettings
 
 
 class ElasticGPUSync:
     """Syncs one ElasticGPU at a time; also writes ElasticGPU status for the claim sync."""
 
     def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, events: EventRecorder,
-                 commit: Commit) -> None:
+                 commit: Commit, settings: GPUHealthSettings | None = None) -> None:
+        """`settings`: when the agents' running-claims reports expire (`running_holders`)."""
         self.kube = kube
+        self.settings = settings or GPUHealthSettings()
         self.picture = picture
         self.queue = queue
         self.events = events
@@ -201,25 +204,45 @@ class ElasticGPUSync:
         self.queue.add(("egpu", egpu.metadata.name or ""))
 
     def _running_holders(self, egpu: ElasticGPU) -> list[running_holders.RunningHolder]:
-        """The claims the agents report running on the cards of `egpu`'s reservation."""
+        """The claims the agents report running on the cards of `egpu`'s reservation (those whose report
+        expired, or every one when an admin forced the release, carry why they keep nothing)."""
         name = egpu.metadata.name or ""
+        now = time.time()
+        expire_s = self.settings.running_claims_expire_s
+        force = running_holders.forced(egpu)
         with self.picture.lock:
-            ledger = self.picture.ledger
+            ledger, nodes = self.picture.ledger, self.picture.nodes
+
+            def expired(gpu: GPU) -> str:
+                if force:
+                    return f"an admin set {names.ANNOTATION_FORCE_RELEASE}=true on ElasticGPU {name}"
+                return running_holders.expired_reason(gpu, now=now, expire_after_s=expire_s,
+                                                      node_gone_for_s=nodes.gone_for(gpu))
+
             return running_holders.holders_of(name, claim_ref=egpu.spec.claim_ref,
-                                              gpu_names=ledger.gpus_holding(name), gpus=ledger.gpu)
+                                              gpu_names=ledger.gpus_holding(name), gpus=ledger.gpu, expired=expired)
 
     def _keep_while_running(self, egpu: ElasticGPU) -> bool:
         """True while the node's agent reports `egpu`'s claim running on a card of its reservation: the
         reservation must stay (freeing it would give the card to a second claim while the first runs).
         Says so once (condition `ReleasePending`, an Event) and rechecks after a delay; the agent's GPU
-        write when the containers stop wakes it sooner."""
-        holders = self._running_holders(egpu)
+        write when the containers stop wakes it sooner. A report no longer believed (its node gone, its
+        agent silent too long, an admin's annotation) keeps nothing, and a Warning Event says why."""
+        reported = self._running_holders(egpu)
+        holders = running_holders.running(reported)
         name = egpu.metadata.name or ""
         if not holders:
             with self._lock:
                 self._rechecks_due.pop(name, None)
+            expired = [holder for holder in reported if holder.expired]
+            if expired:
+                message = (f"{running_holders.describe(expired)} by the agent's last report, which is no longer"
+                           f" believed: {expired[0].expired}; the reservation is freed")
+                self.events.record(self.picture.egpu_body(name) or egpu.to_dict(), type_=WARNING,
+                                   reason=running_holders.REASON_REPORT_EXPIRED, message=message)
             return False
-        condition = running_holders.release_pending_condition(egpu, holders, now=now_rfc3339())
+        condition = running_holders.release_pending_condition(
+            egpu, holders, now=now_rfc3339(), expire_after_s=self.settings.running_claims_expire_s)
         previous = next((c for c in egpu.status.conditions if c.type == condition["type"]), None)
         if previous is None or (previous.status, previous.reason, previous.message) != (
                 condition["status"], condition["reason"], condition["message"]):

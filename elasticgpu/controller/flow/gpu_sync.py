@@ -22,12 +22,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from elasticgpu.api import timestamps
+from elasticgpu.api import GPU, timestamps
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import gpu_step
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.picture import node_presence
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.settings import GPUHealthSettings
 
@@ -60,16 +61,42 @@ class GPUSync:
                 step, wake = None, []
             else:
                 step = gpu_step.decide(*held, now=self._clock(), grace_s=self.settings.heartbeat_grace_s,
-                                       now_rfc3339=timestamps.now_rfc3339())
+                                       now_rfc3339=timestamps.now_rfc3339(),
+                                       node_gone_for_s=picture.nodes.gone_for(held[0]),
+                                       node_gone_grace_s=self.settings.node_gone_grace_s)
                 wake = picture.gpu_ready(name, step.ready)
-        if step is None:
+        if step is None or step.delete:
             with self._lock:
                 self._due.pop(name, None)
+            if step is not None and held is not None:
+                self._delete(name, held[0])
             return
         self.queue.add_all(wake)  # capacity came back: the waiting claims may fit now
         self._recheck(name, step.recheck_in_s)
         if step.condition is not None and step.body is not None:
             self._write(name, step.body, step.condition)
+
+    def _delete(self, name: str, gpu: GPU) -> None:
+        """Delete GPU `name`, whose Node has been gone for the grace, once a live read confirms the Node
+        is gone (the picture's node view may lag); only the incarnation the picture holds (its uid)."""
+        owner = node_presence.owner_node(gpu)
+        node = owner[0] if owner is not None else gpu.spec.node_name
+        try:
+            live = self.kube.get_node(node)
+        except errors.NotFound:
+            live = None
+        if live is not None and (owner is None or (live.get("metadata") or {}).get("uid") == owner[1]):
+            self.picture.observe("node", "ADDED", live)
+            return  # it exists after all (the watch lags): nothing to collect
+        try:
+            self.kube.delete_gpu(name, uid=gpu.metadata.uid)
+        except (errors.NotFound, errors.Conflict):
+            return  # gone already, or another incarnation now: its own sync decides
+        logger.info("GPU %s: deleted, its node %s is gone (reservations on it go with it)", name, node)
+        message = (f"node {node} no longer exists: GPU {name} is deleted with it; the ElasticGPUs on it fail and"
+                   " their claims become Lost")
+        self.events.record(self.picture.ledger.gpu_body(name) or gpu.to_dict(), type_=WARNING,
+                           reason=gpu_step.REASON_NODE_GONE, message=message)
 
     def _recheck(self, name: str, in_s: float | None) -> None:
         """Queue the GPU again in `in_s` seconds, unless an earlier key is already due for it

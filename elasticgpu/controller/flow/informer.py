@@ -246,6 +246,8 @@ class Informer:
                     items, resource_version = kube.list_collection(path)
                     if kind == "quota":
                         self._merge_quotas(items, resource_version)
+                    elif kind == "node":  # a complete view: a node missing from it is gone
+                        self.picture.nodes.merge(items)
                     for body in items:
                         self.observe(kind, "ADDED", body)
                 for event in kube.watch(path, resource_version=resource_version, timeout_s=timeout_s,

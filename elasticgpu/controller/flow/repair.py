@@ -6,7 +6,8 @@ merged into the picture first (what repairs a deletion no watch delivered). Rese
 ElasticGPU does not exist, older than the grace period, are freed after a live read confirms
 the ElasticGPU is gone (`resync.find_orphans` decides which), unless their claim is still
 binding (`resync.still_binding`) or the node's agent reports the claim running on the card
-(`running_holders`: freeing it would give the card to a second claim while the first runs).
+(`running_holders`: freeing it would give the card to a second claim while the first runs), while
+that report is believed (its node exists, its heartbeat is fresh enough).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from elasticgpu.api import GPU
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import resync, running_holders
 from elasticgpu.controller.edge.kube import KubeApi
@@ -24,7 +26,7 @@ from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.informer import Informer
 from elasticgpu.controller.flow.workqueue import WorkQueue
 from elasticgpu.controller.picture.picture import Picture
-from elasticgpu.controller.settings import ResyncSettings
+from elasticgpu.controller.settings import GPUHealthSettings, ResyncSettings
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +35,15 @@ class Repair:
     """The resync (see the module docstring)."""
 
     def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, informer: Informer, commit: Commit,
-                 settings: ResyncSettings) -> None:
+                 settings: ResyncSettings, gpu_health: GPUHealthSettings | None = None) -> None:
+        """`gpu_health`: when the agents' running-claims reports expire (`running_holders`)."""
         self.kube = kube
         self.picture = picture
         self.queue = queue
         self.informer = informer
         self.commit = commit
         self.settings = settings
+        self.gpu_health = gpu_health or GPUHealthSettings()
         self._kept_running: set[str] = set()  # orphans kept for a running holder, said once each
 
     def resync(self, *, relist: bool = True) -> None:
@@ -65,8 +69,9 @@ class Repair:
                 logger.debug("reservation %s has no ElasticGPU yet; its claim is still binding", orphan.key)
                 continue
             with self.picture.lock:
-                holders = running_holders.holders_of(orphan.key, claim_ref=orphan.claim_ref,
-                                                     gpu_names=orphan.gpu_names, gpus=self.picture.ledger.gpu)
+                holders = running_holders.running(running_holders.holders_of(
+                    orphan.key, claim_ref=orphan.claim_ref, gpu_names=orphan.gpu_names, gpus=self.picture.ledger.gpu,
+                    expired=self._expired))
             if holders:
                 if orphan.key not in self._kept_running:
                     self._kept_running.add(orphan.key)
@@ -86,6 +91,12 @@ class Repair:
         if self.commit.quota is not None:
             # After the orphans are freed: a quota is recomputed from the reservations that remain.
             self.commit.quota.resync()
+
+    def _expired(self, gpu: GPU) -> str:
+        """Why the running claims the agent reports on `gpu` are no longer believed, or ""."""
+        return running_holders.expired_reason(gpu, now=time.time(),
+                                              expire_after_s=self.gpu_health.running_claims_expire_s,
+                                              node_gone_for_s=self.picture.nodes.gone_for(gpu))
 
     def run(self, stop: threading.Event, *, after: Callable[[], None] = lambda: None) -> None:
         """Resync every `interval_s`, relisting every `relist_interval_s`, until `stop` is set

@@ -81,12 +81,20 @@ class Picture(reading.Reading):
                 keys += self.pending_claim_keys()
             elif kind == "pod":
                 keys += self.put_pod(body, deleted=deleted)
-            elif kind == "node" and self.pods.put_node(body, deleted=deleted):
-                # A node's status changes often (conditions, images): only a change that can
-                # alter a placement wakes the waiting claims and the gated pods.
-                self.ledger.observe_node(name, meta.get("labels") or {})
-                keys += self.pending_claim_keys()
-                keys += self.pods.gated_keys()
+            elif kind == "node":
+                self.nodes.put(body, deleted=deleted)
+                if deleted:
+                    # Its agent's reports are no longer believed (the ElasticGPUs kept for a running
+                    # holder there), and its GPU objects are deleted after a grace (gpu_sync).
+                    for gpu_name in self.ledger.gpus_on_node(name):
+                        keys.append(("gpu", gpu_name))
+                        keys += [("egpu", egpu_name) for egpu_name in self._egpus_on_gpu(gpu_name)]
+                if self.pods.put_node(body, deleted=deleted):
+                    # A node's status changes often (conditions, images): only a change that can
+                    # alter a placement wakes the waiting claims and the gated pods.
+                    self.ledger.observe_node(name, meta.get("labels") or {})
+                    keys += self.pending_claim_keys()
+                    keys += self.pods.gated_keys()
         return keys
 
     def put_claim(self, body: Body) -> ElasticGPUClaim:
@@ -267,6 +275,7 @@ class Picture(reading.Reading):
                 self.ledger.observe_node(node["metadata"]["name"], node["metadata"].get("labels") or {})
             if nodes is not None:
                 self.ledger.forget_nodes_except({n["metadata"]["name"] for n in nodes})
+                self.nodes.merge(nodes)
             listed = {g["metadata"]["name"] for g in gpus}
             for gone in set(self.ledger.gpu_names()) - listed:
                 if not versions.changed_after(self.ledger.gpu_body(gone), gpus_version):

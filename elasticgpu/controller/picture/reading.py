@@ -17,6 +17,7 @@ from elasticgpu.controller.decisions import binder, capacity
 from elasticgpu.controller.picture import (
     compact,
     namespace_weights,
+    node_presence,
     pod_index,
     quota_namespaces,
     records,
@@ -71,6 +72,8 @@ class Reading:
         self.quotas = quota_namespaces.QuotaNamespaces(self.lock)
         """FairShare weight by namespace (the Namespace watch): the bind order reads it at each wake."""
         self.pods = pod_index.PodIndex()
+        self.nodes = node_presence.NodePresence(self.lock)
+        """Which Nodes exist and since when a missing one is missing (dead nodes' cards, GPU GC)."""
         """Bodies of the pods that use claims and of the nodes, and the claims pods own (pod sync)."""
         self._pod_claims: dict[ClaimKey, set[str]] = {}
         """Names of the running pods that use each claim, and (below) the claims of each such pod

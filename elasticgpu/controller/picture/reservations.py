@@ -90,6 +90,10 @@ class Ledger:
         """Names of every GPU object seen."""
         return list(self._gpus)
 
+    def gpus_on_node(self, node: str) -> list[str]:
+        """Names of the GPU objects whose spec.nodeName is `node`, sorted."""
+        return sorted(name for name, model in self._models.items() if model.spec.node_name == node)
+
     def name_of_uuid(self, uuid: str) -> str:
         """GPU object name of a card uuid."""
         return self._uuid_to_name.get(uuid, names.gpu_object_name(uuid))

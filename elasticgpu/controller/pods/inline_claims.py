@@ -1,8 +1,8 @@
 """Inline claims: the claim a pod's `elasticgpu.io/request.<container>` annotation asks for.
 
 The controller makes it, named `<pod>-<container>` (`pod_claims.inline_claim_name`: hashed when
-too long), owned by the pod (an ownerReference with `controller: true`, as a generic ephemeral
-volume's claim is), and deletes it once that pod is gone. On a real cluster the garbage
+too long), owned by the pod (an ownerReference with `controller: true` and `blockOwnerDeletion:
+true`, as a generic ephemeral volume's claim is), and deletes it once that pod is gone. On a real cluster the garbage
 collector deletes it too; both deletions carry the claim's uid as a precondition, so whichever
 comes second finds nothing (404) or a newer claim of the same name (409) and leaves it alone.
 
@@ -27,10 +27,15 @@ Body = dict[str, Any]
 
 
 def owner_reference(pod: Mapping[str, Any]) -> Body:
-    """The ownerReference that makes a claim the pod's own."""
+    """The ownerReference that makes a claim the pod's own.
+
+    `blockOwnerDeletion` as a generic ephemeral volume's claim: with foreground deletion the pod
+    object stays until its claim is gone. Clusters that enforce owner-reference permissions
+    (OwnerReferencesPermissionEnforcement) require `update` on pods/finalizers for it (the
+    controller's RBAC, deploy/chart/templates/controller.yaml)."""
     meta = pod.get("metadata") or {}
     return {"apiVersion": "v1", "kind": "Pod", "name": meta.get("name", ""), "uid": meta.get("uid", ""),
-            "controller": True}
+            "controller": True, "blockOwnerDeletion": True}
 
 
 def build_claim(pod: Mapping[str, Any], request: InlineRequest) -> Body:

@@ -71,7 +71,7 @@ class Controller:
         self.quota = QuotaGuard(kube=kube, picture=self.picture, settings=self.settings)
         self.commit.quota = self.quota
         self.elastic_gpus = ElasticGPUSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
-                                           commit=self.commit)
+                                           commit=self.commit, settings=self.settings.gpu_health)
         self.claims = ClaimSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
                                 commit=self.commit, elastic_gpus=self.elastic_gpus, hand_off=self.hand_off,
                                 settings=self.settings)
@@ -87,7 +87,8 @@ class Controller:
         if self.events.thread is not None:
             self.liveness.track(self.events.thread)
         self.repair = Repair(kube=kube, picture=self.picture, queue=self.queue, informer=self.informer,
-                             commit=self.commit, settings=self.settings.resync)
+                             commit=self.commit, settings=self.settings.resync,
+                             gpu_health=self.settings.gpu_health)
 
     def attach_metrics(self, metrics: ControllerMetrics) -> None:
         """Count binds, provisions, releases, conflicts, API errors and sync latency into `metrics`;

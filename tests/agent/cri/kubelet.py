@@ -50,8 +50,10 @@ class Kubelet:
         annotations: dict[str, str] | None = None,
         uid: str | None = None,
         privileged: bool = False,
+        labels: dict[str, str] | None = None,
     ) -> Pod:
-        config = sandbox_config(name=name, namespace=namespace, uid=uid or str(uuid.uuid4()), annotations=annotations)
+        config = sandbox_config(name=name, namespace=namespace, uid=uid or str(uuid.uuid4()), annotations=annotations,
+                                labels=labels)  # fmt: skip
         config.linux.security_context.privileged = privileged  # a privileged container needs a privileged sandbox
         answer = self.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=30)
         return Pod(id=answer.pod_sandbox_id, config=config)

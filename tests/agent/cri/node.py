@@ -30,6 +30,7 @@ class View:
     cards: dict[str, CardInfo] = field(default_factory=lambda: {c.uuid.lower(): c for c in CARDS})
     gpu_access: dict[str, bool | None] = field(default_factory=dict)  # namespace -> label (absent: False)
     warnings: list[tuple[PodRef, str, str]] = field(default_factory=list)
+    inventory_known: bool = True  # False: discovery has not run yet (has_cards is None)
 
     def not_ready_reason(self) -> str | None:
         return self.reason
@@ -40,8 +41,8 @@ class View:
     def card(self, uuid: str) -> CardInfo | None:
         return self.cards.get(uuid.lower())
 
-    def has_cards(self) -> bool:
-        return bool(self.cards)
+    def has_cards(self) -> bool | None:
+        return bool(self.cards) if self.inventory_known else None
 
     def node_gpu_access(self, namespace: str) -> bool | None:
         return self.gpu_access.get(namespace, False)

@@ -111,3 +111,39 @@ def test_running_claims_follow_the_claim_containers(
     hooks.close()
     kept = node_gpus(api_client, node_name)[gpus[0]]["status"]
     assert kept["allocations"] == reservation  # the agent never wrote the controller's field
+
+
+def test_an_exited_container_is_not_a_running_claim(
+    api_client: client.ApiClient, node_name: str, containerd: TestRuntime, proxy_socket: Path,
+    agent_inventory: tuple[inventory.Inventory, store.LedgerStore],
+) -> None:
+    """A Job's container that finished (its pod Succeeded, not deleted) holds no card (issue 23, item 4):
+    the card check already let the next claim in; the published runningClaims must agree, or the
+    controller keeps the deleted claim's reservation for as long as the pod object stays."""
+    publisher, ledger = agent_inventory
+    assert publisher.holders is not None
+    uuid = simulated.simulated_uuid(node_name, 0)
+    gpu = names.gpu_object_name(uuid)
+    wait_for("the GPU object", lambda: gpu in node_gpus(api_client, node_name))
+    cards, control = stand_ins(containerd.directory / "dev")
+    cdi.write_spec(containerd.cdi_dir, [replace(cards[0], uuid=uuid)], control)
+    view = View(node_name=node_name, cards={uuid.lower(): CardInfo(uuid=uuid, index=0, memory_mib=81920)})
+    view.add(slice_claim(NS, "job", user="job", node_name=node_name, gpus=(uuid,)))
+    hooks = claim_hooks.ClaimHooks(view=view, ledger=ledger)
+    settings = ProxySettings(listen=proxy_socket, upstream=str(containerd.socket))
+    with CriProxy(settings, container_hooks=hooks) as proxy, Kubelet(f"unix://{proxy_socket}", containerd.image) as k:
+        assert proxy.reconciled.wait(10)
+        publisher.holders.list_containers = proxy.list_containers  # what the agent wires (running.py)
+        pod = k.run_pod("job", NS, annotations={"egpuc.elasticgpu.io/main": "job"})
+        container_id = k.create_container(pod, "main")
+        k.start(container_id)
+        hooks.flush()
+        publisher.holders.publish_once()
+        assert [e["name"] for e in running(api_client, node_name, gpu) or []] == ["job"]
+        # The container exits (the Job is done); kubelet keeps it until the pod is deleted.
+        k.runtime.StopContainer(k.pb.StopContainerRequest(container_id=container_id, timeout=5), timeout=30)
+        assert container_id in k.container_ids()
+        publisher.holders.publish_once()
+        assert running(api_client, node_name, gpu) == [], "an exited container is published as running"
+        assert len(ledger.open_allocations()) == 1, "its ledger row stays open until the container is removed"
+    hooks.close()
