@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from elasticgpu.allocator import Placement, quota
 from elasticgpu.api import GPU, ElasticGPU, ElasticGPUQuota, ObjectReference, QuotaCharge
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import quota_holding
+from elasticgpu.controller.decisions import quota_holding, running_holders
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.settings import ControllerSettings
@@ -247,11 +247,20 @@ class QuotaGuard:
                 if claim is not None and claim.metadata.uid and claim.metadata.uid not in gone:
                     alive.add(claim.metadata.uid)
 
+            nodes = self.picture.nodes
+            now = time.time()
+
             def handed(egpu_name: str) -> bool:
                 egpu = self.picture.egpu(egpu_name)
                 return egpu is not None and quota_holding.handed_to_admin(egpu)
 
-            return quota_holding.held_by(namespace, gpus=gpus, alive=alive, handed=handed, gpu=lookup)
+            def expired(gpu: GPU) -> str:
+                return running_holders.expired_reason(
+                    gpu, now=now, expire_after_s=self.settings.gpu_health.running_claims_expire_s,
+                    node_gone_for_s=nodes.gone_for(gpu))
+
+            return quota_holding.held_by(namespace, gpus=gpus, alive=alive, handed=handed, gpu=lookup,
+                                         expired=expired)
 
     def _put(self, model: ElasticGPUQuota, status: dict[str, object]) -> None:
         body = model.to_dict()
