@@ -191,3 +191,34 @@ def test_a_deleted_claim_stays_charged_while_its_pods_hold_the_card(
     _write_gpu_status(kube, gpu_name, runningClaims=[])
     _until(controller, lambda: _status(cluster, "second").get("phase") == "Bound")
     assert _held(kube, gpu_name, cluster.namespace) == 30 == _used(api_client, cluster.namespace, "team")
+
+
+def test_the_resync_reads_the_gpus_live_before_it_lowers_a_charge(
+        cluster: Cluster, kube: KubeApi, api_client: client.ApiClient) -> None:
+    """Item 1, with a lagging GPU watch: another controller expanded claim a to 50 (charge, then
+    GPU write) long ago, and this controller's picture still shows 30. Its resync must not lower
+    the charge to 30: the API server's GPU object reserves 50."""
+    gpu_name, class_name = _setup(cluster, resize=True)
+    quotas.create(api_client, cluster.namespace, quotas.quota("team", {CORE: 60}))
+    created = cluster.claim(o.claim("a", cores=30, memory="10Gi", class_name=class_name))
+    controller = _controller(kube, cluster.namespace)
+    controller.rebuild()  # one list, no watch: the picture sees only this controller's own writes
+    _until(controller, lambda: _status(cluster, "a").get("phase") == "Bound")
+    assert _used(api_client, cluster.namespace, "team") == 30
+
+    # The other controller's expand, as the API server holds it; this one's picture never hears of it.
+    body = quotas.get(api_client, cluster.namespace, "team")
+    [charge] = body["status"]["charges"]
+    charge.update(cores=50, since="2020-01-01T00:00:00Z")
+    body["status"]["used"] = {CORE: 50}
+    client.CustomObjectsApi(api_client).replace_namespaced_custom_object_status(
+        names.GROUP, names.VERSION, cluster.namespace, names.PLURAL_QUOTA, "team", body)
+    gpu = kube.get_gpu(gpu_name)
+    [allocation] = gpu["status"]["allocations"]
+    assert allocation["claimRef"]["uid"] == created["metadata"]["uid"]
+    allocation["cores"] = 50
+    kube.replace_gpu_status(gpu)
+
+    controller.quota.resync()
+    assert _held(kube, gpu_name, cluster.namespace) == 50
+    assert _used(api_client, cluster.namespace, "team") == 50, "the charge was lowered below the reservation"
