@@ -241,11 +241,15 @@ class QuotaGuard:
             gpu_names = (ledger.gpus_holding(only) if only is not None
                          else list(live) if live is not None else ledger.gpu_names())
             gpus = [g for name in gpu_names if (g := lookup(name)) is not None]
-            alive = set()
-            for ns, name in self.picture.claim_keys():
-                claim = self.picture.claim(ns, name) if ns == namespace else None
-                if claim is not None and claim.metadata.uid and claim.metadata.uid not in gone:
-                    alive.add(claim.metadata.uid)
+            alive = set()  # the claims the reservations name that exist (looked up one by one, not all claims)
+            for model in gpus:
+                for allocation in model.status.allocations:
+                    ref = allocation.claim_ref
+                    if ref is None or ref.namespace != namespace or not ref.uid or ref.uid in gone:
+                        continue
+                    claim = self.picture.claim(namespace, ref.name or "")
+                    if claim is not None and claim.metadata.uid == ref.uid:
+                        alive.add(ref.uid)
 
             nodes = self.picture.nodes
             now = time.time()
