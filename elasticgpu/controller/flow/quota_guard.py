@@ -21,7 +21,10 @@ caught exactly that: 350 cores held under a quota of 300.) So charges only ever 
 the reservations. A charge with no reservation (a failed reservation, a crash between 1 and 2)
 is an over-charge, never an over-use: the resync drops it once it is older than the grace
 period. The reverse order could over-use: a reservation with no charge lets another claim take
-the room meanwhile. A deleted claim's charge is given back by the release (`give_back`).
+the room meanwhile. A deleted claim's charge is given back once its reservation is freed
+(`release`, `freed`): while its pods still run on the card the reservation stays, and so does
+the charge (`decisions.quota_holding` says what a namespace holds). The resync never lowers a
+charge within the grace period, nor below what the GPU objects reserve (read live first).
 
 The quotas are read live at each charge (a LIST of the namespace's quotas): the charge must be
 written against their current resourceVersions anyway. Which namespaces have a quota at all comes
