@@ -9,7 +9,7 @@ ElasticGPUs the controller would create). A claim that stays Pending shows why.
 A short node list is a YAML document without `kind`:
 
     nodes:
-      - {name: node-1, cards: 8, model: A100-SXM4-80GB, memory: 80Gi, cpu: 96, labels: {zone: a}}
+      - {name: node-1, cards: 8, model: A100-SXM4-80GB, memory: 80Gi, cpu: 96, labels: {zone: a}, isolation: [MPS]}
 """
 
 from __future__ import annotations
@@ -201,6 +201,7 @@ def build_inventory(found: PlanInput) -> Inventory:
                     model=str(entry.get("model", "")),
                     memory_mib=memory,
                     numa=i * 2 // max(int(entry.get("cards", 1)), 1),
+                    isolation=frozenset(str(mode) for mode in entry.get("isolation") or []),
                 )
             )
     for gpu in found.gpus:
@@ -287,7 +288,8 @@ def plan(found: PlanInput, *, seed: int = 0, inventory: Inventory | None = None)
         if allocator is None:
             allocator = allocators[params.policy] = Allocator(inventory, policy=params.policy, seed=seed)
         placement_request = PlacementRequest(
-            gpu=request, models=tuple(params.gpu_model), node_selector=params.node_selector
+            gpu=request, models=tuple(params.gpu_model), node_selector=params.node_selector,
+            isolation="" if request.is_whole else gpu_class.isolation,  # whole cards need no isolation mode
         )
         key = claim_key(claim)
         result = allocator.allocate(key, placement_request)

@@ -5,7 +5,13 @@
     AgentError                      anything the agent reports to its operator (at start-up: and stops on)
     ├── DiscoveryError              the cards could not be discovered
     │   ├── NvmlUnavailable         NVML (libnvidia-ml.so.1) cannot be loaded or initialised
-    │   └── SimulationInvalid       the simulated backend's YAML file is wrong (names file, field, fix)
+    │   ├── SimulationInvalid       the simulated backend's YAML file is wrong (names file, field, fix)
+    │   └── MigError                a MIG instance call failed (NVML's errors, the simulated ones alike)
+    │       ├── MigNotEnabled       the card is not in MIG mode (NVML_ERROR_NOT_SUPPORTED): the admin's choice
+    │       ├── MigInvalidPlacement the profile or start is not one the card allows (NVML_ERROR_INVALID_ARGUMENT)
+    │       ├── MigInsufficientResources  the slices are taken (NVML_ERROR_INSUFFICIENT_RESOURCES)
+    │       ├── MigInUse            a process runs on the instance (NVML_ERROR_IN_USE)
+    │       └── MigNotFound         no such instance (NVML_ERROR_NOT_FOUND)
     ├── LedgerError                 the ledger database cannot be used
     │   ├── LedgerNewerThanCode     the database was migrated by a newer agent
     │   └── LedgerStateError        a ledger call does not fit the row's state (a caller's bug)
@@ -37,6 +43,30 @@ class NvmlUnavailable(DiscoveryError):
 
 class SimulationInvalid(DiscoveryError):
     """The simulated backend's description (YAML file or injected event) is invalid."""
+
+
+class MigError(DiscoveryError):
+    """A MIG instance could not be listed, created or destroyed."""
+
+
+class MigNotEnabled(MigError):
+    """The card is not in MIG mode; enabling it is the admin's choice (it needs a reset)."""
+
+
+class MigInvalidPlacement(MigError):
+    """The card's model has no such profile, or the profile may not start there."""
+
+
+class MigInsufficientResources(MigError):
+    """The instance's memory or compute slices are taken by other instances."""
+
+
+class MigInUse(MigError):
+    """A process still runs on the instance, so it cannot be destroyed."""
+
+
+class MigNotFound(MigError):
+    """The card has no instance of that id."""
 
 
 class LedgerError(AgentError):

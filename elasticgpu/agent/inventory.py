@@ -4,7 +4,8 @@ For each card the agent owns:
 - the object's labels (`elasticgpu.io/node=<node>`, which its watch selects on) and its spec
   (index, uuid, model, memory, nodeName, numa, links, mig), by server-side apply, written only
   when they differ from what the watch last delivered;
-- in status: `capacity` (`{gpu-core: 100, gpu-memory: 80Gi}`, api.printing.gpu_capacity), `health`,
+- in status: `capacity` (`{gpu-core: 100, gpu-memory: 80Gi}`, api.printing.gpu_capacity), `isolation` (the
+  modes the node can provide: MPS, HAMiCore; docs/isolation.md), `health`,
   `usage` and the conditions `Heartbeat`, `Healthy` and `ApplicationXid` (the controller owns
   `allocations`, `allocatable`, `allocatableSummary` and its own conditions; the agent keeps
   those as they are). One status write per card per heartbeat interval in steady
@@ -157,6 +158,7 @@ def desired_status(
     usage: GpuUsage | None,
     node_name: str,
     now: float,
+    isolation: list[str] | None = None,
 ) -> dict[str, Any]:
     """The status fields the agent owns, for a card that is present (`card`) or vanished (None).
 
@@ -187,6 +189,8 @@ def desired_status(
         result["health"] = "Healthy" if health.healthy else "Unhealthy"
         # `80Gi`, not 81920: the MEMORY column of `kubectl get pgpu` prints this value as it is.
         result["capacity"] = printing.gpu_capacity(card.memory_mib)
+        # The isolation modes this node's agent can provide (the allocator binds a class's slices only here).
+        result["isolation"] = sorted(isolation or [])
         if usage is not None:
             result["usage"] = {"memoryUsed": usage.memory_mib, "coresUsed": usage.sm_percent,
                                "updateTime": rfc3339(usage.measured_at)}
@@ -247,8 +251,11 @@ class Inventory:
         watch_timeout_s: int = 60,
         clock: Callable[[], float] = time.time,
         ledger: LedgerStore | None = None,
+        isolation: Callable[[], list[str]] = list,
     ) -> None:
-        """`ledger`: publish the running claims of its open rows (None: no `status.runningClaims`)."""
+        """`ledger`: publish the running claims of its open rows (None: no `status.runningClaims`);
+        `isolation`: the isolation modes the node can provide now (MPS, HAMiCore), in each card's status."""
+        self._isolation = isolation
         self._kube = kube
         self._backend = backend
         self._health = health
@@ -497,6 +504,11 @@ class Inventory:
             logger.warning("Event about GPU %s not written: %s", metadata.get("name"), e)
 
     def _write_status(self, name: str, card: Card | None, now: float) -> None:
+        try:
+            modes = self._isolation()
+        except Exception:  # a check of the node's files failed: offer nothing rather than too much
+            logger.exception("could not tell which isolation modes this node provides")
+            modes = []
         uuid = card.uuid if card is not None else str((self.objects().get(name, {}).get("spec") or {}).get("uuid", ""))
         for attempt in range(5):
             obj = self.objects().get(name)
@@ -506,7 +518,7 @@ class Inventory:
                 usage = self._usage.get(uuid) if card is not None else None
                 usage_due = uuid in self._urgent
             desired = desired_status(obj, card=card, health=self._health.health(uuid), usage=usage,
-                                     node_name=self._node, now=now)
+                                     node_name=self._node, now=now, isolation=modes)
             current = obj.get("status") or {}
             keys = tuple(key for key in desired if key != "usage")
             changed = _comparable(desired, keys) != _comparable(current, keys)

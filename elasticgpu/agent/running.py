@@ -43,6 +43,7 @@ from elasticgpu.agent import (
     errors,
     health,
     inventory,
+    isolation,
     kube,
     metrics,
     policing,
@@ -181,6 +182,8 @@ class _Loops:
     down; always None with --cri-proxy false, where no claim reaches a container anyway)."""
     list_containers: Callable[[], Sequence[Any]] | None = None
     """The runtime's containers through the CRI hook's proxy: the holders publisher leaves out exited ones."""
+    rooms: isolation.IsolationRooms | None = None
+    """The node's isolation modes (the CRI hook's); inventory publishes those the node can provide."""
 
 
 def _containers(hook: supervising.CriHook) -> list[Any]:
@@ -189,6 +192,26 @@ def _containers(hook: supervising.CriHook) -> list[Any]:
     if proxy is None:
         raise errors.AgentError("the CRI proxy is not serving: the runtime's containers cannot be listed now")
     return proxy.list_containers()
+
+
+def _isolation_rooms(settings: AgentSettings, driver_root: Callable[[], str]) -> isolation.IsolationRooms:
+    """The node's isolation modes from the settings (docs/isolation.md)."""
+    iso = settings.isolation
+    state = Path(iso.isolation_dir)
+    rooms: list[isolation.Room] = []
+    if iso.mps:
+        def control() -> str | None:
+            return driver.find_binary(isolation.mps_daemons.CONTROL, driver_root=driver_root(),
+                                      host_root=settings.cri.host_root)
+
+        daemons = isolation.MpsDaemons(control=control, state_dir=state / "mps", settings=isolation.DaemonSettings(
+            stop_timeout_s=iso.mps_stop_timeout_s, check_interval_s=iso.mps_check_interval_s,
+            idle_grace_s=iso.isolation_idle_grace_s))
+        rooms.append(isolation.MpsRoom(daemons, control=control,
+                                       control_setting="looked for under the driver root, --driver-root"))
+    rooms.append(isolation.HamiCoreRoom(library=iso.hami_core_library, host_root=settings.cri.host_root,
+                                        state_dir=state / "hami-core", idle_grace_s=iso.isolation_idle_grace_s))
+    return isolation.IsolationRooms(rooms)
 
 
 def _open_kube(settings: AgentSettings, node: str) -> kube.AgentKube:
@@ -209,8 +232,10 @@ def _start_loops(settings: AgentSettings, parts: starting.Parts, loops: _Loops, 
             return
     backend, ledger, agent_kube = parts.backend, parts.ledger, parts.kube
     tracker = health.HealthTracker(recovery_quiet_s=settings.health.recovery_quiet_s)
+    rooms = loops.rooms
     publisher = inventory.Inventory(kube=agent_kube, backend=backend, health=tracker, settings=settings.inventory,
-                                    watch_timeout_s=settings.kube.watch_timeout_s, ledger=ledger)
+                                    watch_timeout_s=settings.kube.watch_timeout_s, ledger=ledger,
+                                    isolation=rooms.offered if rooms is not None else list)
     sampler = usage.UsageLoop(backend=backend, ledger=ledger, kube=agent_kube, inventory=publisher,
                               settings=settings.usage, ledger_settings=settings.ledger)
     sampler.policing = policing.Enforcer(kube=agent_kube, runtime=lambda: loops.runtime(), settings=settings.policing)
@@ -268,6 +293,13 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
         kube=starting.Part("the API client", lambda: _open_kube(settings, node)),
     )  # fmt: skip
     loops = _Loops()
+    if cri_settings is not None:  # without the proxy no claim reaches a container: no mode is offered
+
+        def driver_root() -> str:
+            found = parts.backend.driver_root() if parts.backend is not None else None
+            return str(found or settings.cri.driver_root)
+
+        loops.rooms = _isolation_rooms(settings, driver_root)
     stop = threading.Event()
 
     def on_signal(*_: object) -> None:
@@ -324,6 +356,8 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     finally:
         for server in servers:
             server.shutdown()
+        if loops.rooms is not None:
+            loops.rooms.close()  # supervision stops; MPS daemons keep serving their containers
         parts.close()
     return 0
 
@@ -377,6 +411,6 @@ def _cri_hook(settings: AgentSettings, cri_settings: supervising.HookSettings, p
         settings=cri_settings, view=view, ledger=lambda: parts.ledger, cards=cards,
         control_paths=lambda: parts.backend.control_device_paths() if parts.backend is not None else (),
         driver_files=lambda: locator.files(driver_version()), devices_problem=devices_problem,
-        owed_rebuild=lambda: parts.set_aside is not None, rebuilt=rebuilt,
+        owed_rebuild=lambda: parts.set_aside is not None, rebuilt=rebuilt, rooms=loops.rooms,
     )  # fmt: skip
     return hook

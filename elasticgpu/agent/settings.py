@@ -29,6 +29,7 @@ SIMULATED_STATE = {
     "cdi_dir": "cdi",
     "cri_front_dir": "front",
     "limits_dir": "limits",
+    "isolation_dir": "isolation",
     "cri_listen": "cri.sock",
 }
 """The state paths that `--backend simulated` puts under `simulated_state_dir` when they are not given: the
@@ -233,6 +234,28 @@ class CriSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class IsolationSettings:
+    """What enforces a slice's size in its containers, per class (docs/isolation.md)."""
+
+    isolation_dir: str = "/var/run/elasticgpu/isolation"
+    """Folder of the isolation modes' state on the node: MPS pipe and log folders per card (mps/<uuid>/), HAMi-core's
+    preload file and per-container caches (hami-core/). The runtime mounts from it: a node path, as limits_dir."""
+    mps: bool = True
+    """Offer MPS where the driver's nvidia-cuda-mps-control is found under the driver root (false: never)."""
+    hami_core_library: str = ""
+    """Node path of HAMi-core's libvgpu.so, installed by the node's admin (elasticgpu never ships or fetches it);
+    offered as HAMiCore while the file exists; empty: not offered."""
+    mps_stop_timeout_s: float = 10.0
+    """Seconds an MPS control daemon has to quit (`quit`) once no MPS claim uses its card, before it is killed."""
+    mps_check_interval_s: float = 2.0
+    """Seconds between checks that each MPS control daemon in use still runs (one that died is restarted, with
+    a backoff doubling from 1 s to 60 s)."""
+    isolation_idle_grace_s: float = 30.0
+    """Seconds a card's MPS daemon and a container's HAMi-core cache are kept after a container was prepared,
+    while the runtime does not list the container yet."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentSettings:
     """Every setting of the agent, one dataclass per concern."""
 
@@ -245,6 +268,7 @@ class AgentSettings:
     policing: PolicingSettings = field(default_factory=PolicingSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     cri: CriSettings = field(default_factory=CriSettings)
+    isolation: IsolationSettings = field(default_factory=IsolationSettings)
 
 
 _CONCERNS: dict[str, type[Any]] = {

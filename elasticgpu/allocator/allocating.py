@@ -55,6 +55,13 @@ class _Table:
     """Per slot, the allocator's change count that `slot_scores` reflects (-1: never)."""
 
 
+def node_isolation(node: NodeState) -> frozenset[str]:
+    """The isolation modes a node provides: those every card of it lists (none without cards)."""
+    if not node.cards:
+        return frozenset()
+    return frozenset.intersection(*(card.record.isolation for card in node.cards))
+
+
 class Allocator:
     """Places requests on an `Inventory` under a policy.
 
@@ -77,6 +84,7 @@ class Allocator:
         self._index: dict[str, int] = {}
         self._names: list[str | None] = []
         self._labels: list[Mapping[str, str]] = []
+        self._isolation: list[frozenset[str]] = []  # per slot: the modes every card of the node provides
         capacity = 64
         self._sig_of = np.zeros(capacity, dtype=np.intp)  # interned signature id per slot; 0: no node
         # What each slot has free, for a vectorised test of what can fit at all (most nodes
@@ -144,12 +152,17 @@ class Allocator:
             self._index[name] = slot
             self._names.append(name)
             self._labels.append(node.record.labels)
+            self._isolation.append(node_isolation(node))
             self._rank[slot] = self._rank_rng.random()
             self._half_rank[slot] = 0.5 * self._rank[slot]
             self._masks.clear()
-        elif self._labels[slot] != node.record.labels:
-            self._labels[slot] = node.record.labels
-            self._masks.clear()
+        else:
+            if self._labels[slot] != node.record.labels:
+                self._labels[slot] = node.record.labels
+                self._masks.clear()
+            if self._isolation[slot] != (modes := node_isolation(node)):
+                self._isolation[slot] = modes
+                self._masks.clear()
         if len(self._sigs) >= _MAX_SIGS:
             self._reset_sigs()
             for other, other_name in enumerate(self._names):
@@ -224,9 +237,10 @@ class Allocator:
 
     def _mask(self, request: PlacementRequest) -> np.ndarray | None:
         """Node slots the request's filters allow, or None when it has no filters."""
-        if not request.node_selector and not request.nodes:
+        mode = request.needs_isolation if request.gpu is not None and not request.gpu.is_whole else ""
+        if not request.node_selector and not request.nodes and not mode:
             return None
-        key = (tuple(sorted(request.node_selector.items())), request.nodes)
+        key = (tuple(sorted(request.node_selector.items())), request.nodes, mode)
         mask = self._masks.get(key)
         if mask is None:
             mask = np.zeros(len(self._sig_of), dtype=bool)
@@ -234,7 +248,8 @@ class Allocator:
                 if name is None or (request.nodes and name not in request.nodes):
                     continue
                 labels = self._labels[slot]
-                mask[slot] = all(labels.get(k) == v for k, v in request.node_selector.items())
+                mask[slot] = all(labels.get(k) == v for k, v in request.node_selector.items()) and (
+                    not mode or mode in self._isolation[slot])
             self._masks[key] = mask
         return mask
 

@@ -13,6 +13,12 @@ from elasticgpu.allocator.shapes import Shape, model_matches, share_memory
 from elasticgpu.api import names
 from elasticgpu.api.quantities import format_memory
 
+ISOLATION_HINT = {
+    "MPS": "a node's agent offers MPS where it finds the driver's nvidia-cuda-mps-control under its driver root",
+    "HAMiCore": "a node's agent offers HAMiCore where the admin installed libvgpu.so at its --hami-core-library path",
+}
+"""What makes a node offer each mode, for the reason a user reads (docs/isolation.md)."""
+
 
 def _labels_match(node: NodeState, request: PlacementRequest) -> bool:
     labels = node.record.labels
@@ -76,6 +82,14 @@ def explain(inventory: Inventory, request: PlacementRequest, shape: Shape) -> Un
                 return Unplaceable(reason=f"no node has a {globs} card (models here: {', '.join(have) or 'none'})")
             return Unplaceable(reason="no node that matches has any GPU card")
         nodes = with_model
+    mode = request.needs_isolation if shape.cards == 0 else ""  # whole cards need no isolation
+    if mode:
+        isolated = [n for n in nodes if n.cards and all(mode in c.record.isolation for c in n.cards)]
+        if not isolated:
+            where = "any node" if len(nodes) == len(list(inventory.nodes())) else "the nodes that match"
+            hint = ISOLATION_HINT.get(mode, "no agent offers it")
+            return Unplaceable(reason=f"no card on {where} supports isolation {mode} ({hint})")
+        nodes = isolated
     # CPU and memory of the pod (delayed binding).
     roomy = [n for n in nodes if n.cpu_free >= request.cpu_milli and n.memory_free >= request.memory_mib]
     if not roomy:

@@ -68,6 +68,8 @@ class CardRecord:
     links: frozenset[str] = frozenset()
     """uuids of the cards this one reaches over NVLink."""
     health: Health = Health.HEALTHY
+    isolation: frozenset[str] = frozenset()
+    """Isolation modes its node's agent provides on the card (MPS, HAMiCore; None is always there)."""
 
     def describe(self) -> str:
         """Short human name: `node-7 card 2`."""
@@ -86,6 +88,7 @@ class CardRecord:
             numa=spec.numa or 0,
             links=frozenset(spec.links),
             health=Health.UNHEALTHY if gpu.status.health == "Unhealthy" else Health.HEALTHY,
+            isolation=frozenset(gpu.status.isolation),
         )
 
 
@@ -98,6 +101,10 @@ class PlacementRequest:
     match the node's labels exactly. `cpu_milli` / `memory_mib` are the pod's own needs, used
     with delayed binding; 0 means they do not constrain the choice. `nodes` restricts the
     choice to these node names (a pod already bound to a node); empty means any node.
+    `isolation` is a mode the cards must provide (MPS, HAMiCore); empty (or None) asks for nothing.
+    A node provides a mode when every card of it lists it (its agent's settings are per node, so
+    its cards agree; a node whose cards disagree is not used for the mode, rather than risk the
+    card that lacks it).
     """
 
     gpu: GpuRequest | None
@@ -106,9 +113,15 @@ class PlacementRequest:
     cpu_milli: int = 0
     memory_mib: int = 0
     nodes: frozenset[str] = frozenset()
+    isolation: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "node_selector", _frozen_labels(self.node_selector))
+
+    @property
+    def needs_isolation(self) -> str:
+        """The mode the cards must provide, or "" for none."""
+        return "" if self.isolation in ("", "None") else self.isolation
 
     def __hash__(self) -> int:
         return hash(
@@ -119,6 +132,7 @@ class PlacementRequest:
                 self.cpu_milli,
                 self.memory_mib,
                 self.nodes,
+                self.isolation,
             )
         )
 
@@ -129,6 +143,8 @@ class PlacementRequest:
             parts.append("model " + "|".join(self.models))
         if self.node_selector:
             parts.append("nodes " + ",".join(f"{k}={v}" for k, v in sorted(self.node_selector.items())))
+        if self.needs_isolation:
+            parts.append(f"isolation {self.needs_isolation}")
         if self.cpu_milli:
             parts.append(f"{self.cpu_milli / 1000:g} CPU")
         if self.memory_mib:

@@ -27,6 +27,11 @@ Whole cards: a change in the number of cards of a Bound claim (or between a shar
 cards) is refused with `WholeCardResize`: a running container cannot take a new card (its device
 list is fixed when it is created), so a new claim is the way.
 
+MIG: a claim that holds a MIG instance (`status.partition`, a `partitioning: MIG` class) is
+refused with `MIGResize` whenever its request leaves what the instance has: an instance's
+profile is fixed when it is created, and another profile is another instance, so a new claim
+is the way here too. A request that still maps to the instance's profile settles at its size.
+
 # Crash cases
 
 Each step is one write, and every decision starts from what the GPU holds: a crash after the
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from elasticgpu.allocator.mig import claims as mig_claims
 from elasticgpu.api import GPU, ElasticGPUClaim, GPUAllocation, GpuRequest, InvalidRequest, names
 from elasticgpu.api.gpu import GPULimit
 
@@ -46,6 +52,7 @@ REASON_RESIZED = "Resized"
 REASON_NO_ROOM = "NoRoomOnCard"
 REASON_SHRINK_BLOCKED = "ShrinkBlocked"
 REASON_WHOLE_CARD = "WholeCardResize"
+REASON_MIG = "MIGResize"
 REASON_INVALID = "InvalidResize"
 REASON_WAITING_FOR_NODE = "WaitingForNode"
 REASON_NOT_RESIZABLE = "NotResizable"  # what `plan --resize` says of a claim whose class forbids it
@@ -155,6 +162,17 @@ def decide_resize(claim: ElasticGPUClaim, *, gpus: list[GPU], allocations: list[
         request, _limit = claim.spec.gpu_request()
     except InvalidRequest as err:
         return Refuse(REASON_INVALID, f"{name}: {err}")
+    partition = claim.status.partition
+    if partition is not None:
+        held = Size(partition.cores, partition.memory)
+        size = mig_claims.size_on(request, card_model=gpus[0].spec.model, card_memory_mib=gpus[0].spec.memory) \
+            if gpus else None
+        if isinstance(size, mig_claims.MigSize) and size.profile.name == partition.profile:
+            # OBSERVATION: the request still maps to the instance's profile: nothing to change.
+            return Settle(Size(sum(a.cores for a in allocations), sum(a.memory for a in allocations)))
+        return Refuse(REASON_MIG, f"{name}: holds MIG instance {partition.profile} ({held.describe()}), asks for"
+                      f" {request.describe()}: a MIG instance cannot resize in place (its profile is fixed when it"
+                      " is created); create a new claim and delete this one")
     whole = any(a.exclusive for a in allocations)
     if whole or request.is_whole or len(allocations) != 1:
         return _decide_whole(name, request, allocations)

@@ -14,6 +14,9 @@ from elasticgpu.api.resources import GpuRequest, parse_claim_resources
 from elasticgpu.api.schema import KubeModel, ResourceValue, crd_field, rule
 
 ClaimPhase = Literal["Pending", "Bound", "Lost"]
+ClaimIsolation = Literal["None", "MPS", "HAMiCore", "WholeCard"]
+WHOLE_CARD = "WholeCard"
+"""status.isolation of a claim that holds its cards whole: nobody shares them, no mechanism is needed."""
 ELASTIC_GPU_NAME = validation.NameRule("spec.elasticGPUName")
 CLASS_NAME = validation.NameRule("spec.elasticGPUClassName")
 EGPU_CLASS_NAME = validation.NameRule("spec.egpuClassName")
@@ -122,6 +125,17 @@ class ClaimUsage(KubeModel):
     update_time: str | None = Field(default=None, description="When the agent measured it (RFC 3339).")
 
 
+class ClaimPartition(KubeModel):
+    """The MIG instance a claim of a `partitioning: MIG` class received (issue 26)."""
+
+    profile: str = Field(description="The MIG profile, e.g. 3g.40gb: the smallest of the card's model that covers"
+                         " the request.")
+    cores: int = Field(ge=0, description="Percent of the card's compute the instance has (its compute slices of 7);"
+                       " more than asked is normal for MIG.")
+    memory: int = Field(ge=0, description="MiB of the card's memory the instance has (its memory slices of 8).")
+    start: int | None = Field(default=None, ge=0, description="The first memory slice of the instance on its card.")
+
+
 class ClaimRecommendation(KubeModel):
     """The size the controller recommends from the claim's measured use (`docs/recommendations.md`)."""
 
@@ -171,8 +185,16 @@ class ElasticGPUClaimStatus(KubeModel):
         description="Bound, or Pending with the reason; Resizing and ResizePending during a resize.",
     )
     usage: ClaimUsage | None = Field(default=None, description="Measured usage of the claim.")
+    partition: ClaimPartition | None = Field(
+        default=None, description="The MIG instance the claim received (a class with partitioning: MIG).",
+    )
     recommendation: ClaimRecommendation | None = Field(
         default=None, description="The size recommended from the measured use (the class's resizePolicy).",
+    )
+    isolation: ClaimIsolation | None = Field(
+        default=None,
+        description="What enforces the claim's size in its containers, from its class on bind: None (advisory),"
+        " MPS, HAMiCore, or WholeCard (the cards are the claim's alone). docs/isolation.md.",
     )
     users: list[ClaimUser] = Field(
         default_factory=list, max_length=1,

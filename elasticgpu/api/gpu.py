@@ -16,6 +16,9 @@ MAX_ALLOCATIONS = 256
 NAMED_BY_UUID = "must be spec.uuid in lower case (GPU objects are named by their card's uuid)"
 
 
+CardIsolation = Literal["MPS", "HAMiCore"]
+
+
 class GPUSpec(KubeModel):
     """Inventory of one card, as its node's agent discovered it."""
 
@@ -36,6 +39,13 @@ class GPULimit(KubeModel):
     memory: int = Field(ge=0, description="MiB of the card's memory.")
 
 
+class GPUPartition(KubeModel):
+    """Where a reservation's MIG instance sits on the card (a class with partitioning: MIG)."""
+
+    profile: str = Field(min_length=1, description="The MIG profile, e.g. 3g.40gb.")
+    start: int = Field(ge=0, le=7, description="The first memory slice of the instance (of 8).")
+
+
 class GPUAllocation(KubeModel):
     """One reservation on the card. Writing it (with a resourceVersion precondition) is the commit point."""
 
@@ -51,6 +61,11 @@ class GPUAllocation(KubeModel):
         default=None,
         description="The size the node's agent enforces on the claim's containers while a resize is under way"
         " (a shrink: the smaller size, before the reservation shrinks); absent: cores and memory.",
+    )
+    partition: GPUPartition | None = Field(
+        default=None,
+        description="The MIG instance of the reservation (profile and start slice), committed with it; the node's"
+        " agent creates the instance there. Absent: a soft share or a whole card.",
     )
 
 
@@ -120,6 +135,14 @@ class GPUStatus(KubeModel):
     )
     conditions: list[Condition] = Field(default_factory=list, description="Conditions of the card.")
     usage: GPUUsage | None = Field(default=None, description="Measured usage of the card.")
+    isolation: list[CardIsolation] = Field(
+        default_factory=list,
+        max_length=2,
+        description="The isolation modes the node's agent can provide on the card (besides None, always there):"
+        " MPS when the driver's nvidia-cuda-mps-control is installed, HAMiCore when the admin's libvgpu.so is."
+        " A slice of a class that asks for a mode binds only to a card that lists it.",
+        json_schema_extra=crd_field(**{"x-kubernetes-list-type": "set"}),
+    )
     running_claims: list[GPURunningClaim] = Field(
         default_factory=list,
         description="Claims whose containers run on the card, written by the node's agent; the controller"

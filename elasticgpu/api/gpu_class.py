@@ -18,6 +18,14 @@ BindOrder = Literal["FIFO", "FairShare"]
 Policy = Literal["binpack", "spread", "fragmentation"]
 Sharing = Literal["exclusive", "timeslice", "mps"]
 ResizePolicy = Literal["Off", "Recommend", "Auto"]
+Partitioning = Literal["MIG"]
+Isolation = Literal["None", "MPS", "HAMiCore"]
+ISOLATIONS: tuple[Isolation, ...] = ("None", "MPS", "HAMiCore")
+"""What enforces a slice's size in its containers (docs/isolation.md): None (advisory: the limits reach the
+container as environment and the limits file, nothing stops it using more), MPS (NVIDIA's MPS with per-client
+limits), HAMiCore (HAMi-core's libvgpu.so, preloaded)."""
+ENFORCED_ISOLATIONS: tuple[Isolation, ...] = ("MPS", "HAMiCore")
+"""The modes a node must provide (a card publishes them in `status.isolation`); None needs nothing."""
 POLICIES: tuple[Policy, ...] = ("binpack", "spread", "fragmentation")
 SHARINGS: tuple[Sharing, ...] = ("exclusive", "timeslice", "mps")
 PARAMETER_KEYS = ("policy", "gpuModel", "nodeSelector", "sharing")
@@ -103,6 +111,24 @@ def _size_rules(field: str) -> list[dict[str, str]]:
 SIZES_ORDERED = "must not be above maxSize in any dimension (cores, memory)"
 AUTO_NEEDS_RESIZE = "Auto needs allowClaimResize: true (Auto resizes claims in place); set it, or use Recommend"
 MARGIN_RANGE = "must be 0..100 (percent over the measured peak)"
+# MIG (issue 26): a claim becomes a hardware partition of one card, so the class must provision
+# slices, and its claims cannot grow or shrink in place (an instance has a fixed profile).
+MIG_NEEDS_GPUSHARE = (
+    f"MIG carves slices of one card: it needs provisioner {names.PROVISIONER_GPUSHARE}; for whole cards use a class"
+    " without partitioning"
+)
+MIG_IMMEDIATE = (
+    "MIG classes bind Immediate for now (the node is chosen with the instance's card and start); leave bindingMode"
+    " and egpuBindingMode out, or set them to Immediate"
+)
+MIG_OR_ISOLATION = (
+    "MIG instances are isolated by the hardware: partitioning and an isolation mode are one or the other; leave"
+    " isolation out (or None), or leave partitioning out"
+)
+MIG_NO_RESIZE = (
+    "MIG instances cannot resize in place (a profile is fixed when the instance is created); set allowClaimResize:"
+    " false, or leave partitioning out"
+)
 
 
 class ElasticGPUClassStatus(KubeModel):
@@ -132,6 +158,32 @@ class ElasticGPUClass(KubeModel):
             f"resizePolicy: {AUTO_NEEDS_RESIZE}",
             reason="FieldValueInvalid",
             field_path=".resizePolicy",
+        ),
+        cel.immutable("partitioning", "", "create a new class instead (claims already carved keep their instances)"),
+        rule(
+            f"!has(self.partitioning) || self.provisioner == '{names.PROVISIONER_GPUSHARE}'",
+            f"partitioning: {MIG_NEEDS_GPUSHARE}",
+            reason="FieldValueInvalid",
+            field_path=".partitioning",
+        ),
+        rule(
+            "!has(self.partitioning) || ((!has(self.bindingMode) || self.bindingMode == 'Immediate')"
+            " && (!has(self.egpuBindingMode) || self.egpuBindingMode == 'Immediate'))",
+            f"bindingMode: {MIG_IMMEDIATE}",
+            reason="FieldValueInvalid",
+            field_path=".bindingMode",
+        ),
+        rule(
+            "!has(self.partitioning) || !has(self.isolation) || self.isolation == 'None'",
+            f"isolation: {MIG_OR_ISOLATION}",
+            reason="FieldValueInvalid",
+            field_path=".isolation",
+        ),
+        rule(
+            "!has(self.partitioning) || !has(self.allowClaimResize) || !self.allowClaimResize",
+            f"allowClaimResize: {MIG_NO_RESIZE}",
+            reason="FieldValueInvalid",
+            field_path=".allowClaimResize",
         ),
         rule(
             "!has(self.minSize) || !has(self.maxSize)"
@@ -236,6 +288,13 @@ class ElasticGPUClass(KubeModel):
         description="The largest size a recommendation (and an Auto resize) goes to: cores (percent), memory (MiB).",
         json_schema_extra=crd_field(**{"x-kubernetes-validations": _size_rules("maxSize")}),
     )
+    partitioning: Partitioning | None = Field(
+        default=None,
+        description="MIG: each claim gets a MIG instance of its own (hard isolation: its own compute, memory and"
+        " cache slices), of the smallest profile of the card's model that covers its cores and memory (on an"
+        " A100-80GB: 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb); needs provisioner"
+        " elasticgpu.io/gpushare and cards whose MIG mode the admin enabled. Unset: soft slices (sharing).",
+    )
     # Issue 25: what the node agent does with a claim over its memory (policing.py); the controller
     # copies both into each Bound claim's status.policing, where the agent reads them.
     over_limit_action: policing.OverLimitAction = Field(
@@ -246,6 +305,15 @@ class ElasticGPUClass(KubeModel):
         default=policing.DEFAULT_OVER_LIMIT_GRACE_S, description=policing.GRACE_DESCRIPTION,
         json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True,
                                        "x-kubernetes-validations": policing.grace_rules("overLimitGraceSeconds")}),
+    )
+    isolation: Isolation = Field(
+        default="None",
+        description="What enforces a slice's size in its containers: None (default; advisory, the container is told"
+        " its size), MPS (an MPS daemon per card, per-client compute and memory limits) or HAMiCore (HAMi-core's"
+        " libvgpu.so, installed by the admin on the node, preloaded). A slice binds only to a card whose agent"
+        " publishes the mode in status.isolation; whole cards need none. Copied to the claim's status.isolation on"
+        " bind (docs/isolation.md).",
+        json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True}),
     )
     status: ElasticGPUClassStatus = Field(default_factory=ElasticGPUClassStatus)
 
@@ -262,6 +330,11 @@ class ElasticGPUClass(KubeModel):
         return self.binding_mode or self.egpu_binding_mode or DEFAULT_BINDING_MODE
 
     @property
+    def is_mig(self) -> bool:
+        """True when the class carves its claims as MIG instances (`partitioning: MIG`)."""
+        return self.partitioning == "MIG"
+
+    @property
     def effective_reclaim_policy(self) -> ReclaimPolicy:
         """Reclaim policy of ElasticGPUs provisioned for this class."""
         return self.reclaim_policy
@@ -276,6 +349,14 @@ class ElasticGPUClass(KubeModel):
                 raise InvalidSpec(field="bindingMode", rule=BINDING_MODES_AGREE, value=self.binding_mode)
             if self.resize_policy == "Auto" and not self.allow_claim_resize:
                 raise InvalidSpec(field="resizePolicy", rule=AUTO_NEEDS_RESIZE, value="Auto")
+            if self.partitioning is not None and self.provisioner != names.PROVISIONER_GPUSHARE:
+                raise InvalidSpec(field="partitioning", rule=MIG_NEEDS_GPUSHARE, value=self.partitioning)
+            if self.partitioning is not None and self.effective_binding_mode != "Immediate":
+                raise InvalidSpec(field="bindingMode", rule=MIG_IMMEDIATE, value=self.effective_binding_mode)
+            if self.partitioning is not None and self.isolation != "None":
+                raise InvalidSpec(field="isolation", rule=MIG_OR_ISOLATION, value=self.isolation)
+            if self.partitioning is not None and self.allow_claim_resize:
+                raise InvalidSpec(field="allowClaimResize", rule=MIG_NO_RESIZE, value="true")
             if not 0 <= self.recommendation_margin <= 100:
                 raise InvalidSpec(field="recommendationMargin", rule=MARGIN_RANGE,
                                   value=str(self.recommendation_margin))

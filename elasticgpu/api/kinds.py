@@ -82,9 +82,13 @@ CLAIM = KindInfo(
                       "Recommended percent of one card's compute.", priority=1),
         PrinterColumn("Rec-Memory", "integer", ".status.recommendation.memory", "Recommended MiB of GPU memory.",
                       priority=1),
+        PrinterColumn("Isolation", "string", ".status.isolation",
+                      "What enforces the claim's size: None (advisory), MPS, HAMiCore or WholeCard.", priority=1),
         # -o wide: what the node agent does when the claim uses more memory than it reserved (docs/policing.md).
         PrinterColumn("Over-Limit", "string", ".status.policing.overLimitAction",
                       "Warn or StopContainer: the class's overLimitAction, copied on bind; blank: Warn.", priority=1),
+        PrinterColumn("Profile", "string", ".status.partition.profile",
+                      "The MIG profile of the claim's instance (partitioning: MIG).", priority=1),
     ),
     crd_file="elasticgpuclaim.yaml",
 )
@@ -128,6 +132,8 @@ CLASS = KindInfo(
             " both blank: Immediate."
         ),
         PrinterColumn("Reclaim", "string", ".reclaimPolicy", "Delete or Retain."),
+        PrinterColumn("Isolation", "string", ".isolation", "What enforces a slice's size: None (advisory), MPS or"
+                      " HAMiCore."),
         _age(),
         PrinterColumn("Over-Limit", "string", ".overLimitAction",
                       "Warn or StopContainer: what the node agent does with a claim over its memory.", priority=1),

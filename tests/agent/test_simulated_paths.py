@@ -17,6 +17,7 @@ STATE = {
     "ledger": ("ledger_url",),
     "discovery": ("device_dir",),
     "cri": ("cdi_dir", "cri_front_dir", "limits_dir", "cri_listen"),
+    "isolation": ("isolation_dir",),
 }
 
 

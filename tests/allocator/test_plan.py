@@ -97,3 +97,25 @@ def test_plan_subcommand_defaults_to_the_sample(capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[:3] == ["NAMESPACE", "NAME", "STATUS"]
     assert "Pending" in out and "Bound" in out
+
+
+def test_plan_places_a_class_s_slices_only_where_its_isolation_mode_is(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    docs = [
+        {"nodes": [{"name": "plain", "cards": 1, "model": "A100", "memory": "80Gi"},
+                   {"name": "mps", "cards": 1, "model": "A100", "memory": "80Gi", "isolation": ["MPS"]}]},
+        {"apiVersion": "elasticgpu.io/v1alpha1", "kind": "ElasticGPUClass", "metadata": {"name": "c"},
+         "provisioner": "elasticgpu.io/gpushare", "isolation": "HAMiCore"},
+        {"apiVersion": "elasticgpu.io/v1alpha1", "kind": "ElasticGPUClass", "metadata": {"name": "m"},
+         "provisioner": "elasticgpu.io/gpushare", "isolation": "MPS"},
+        *({"apiVersion": "elasticgpu.io/v1alpha1", "kind": "ElasticGPUClaim",
+           "metadata": {"name": name, "namespace": "ns"},
+           "spec": {"elasticGPUClassName": klass, "resources": {"requests": {"elasticgpu.io/gpu-core": 30}}}}
+          for name, klass in (("hami", "c"), ("mps-slice", "m"))),
+    ]
+    (tmp_path / "input.yaml").write_text(yaml.safe_dump_all(docs))
+    _code, out, _ = run(capsys, "-f", str(tmp_path / "input.yaml"))
+    lines = {line.split()[1]: line for line in out.splitlines()[1:]}
+    assert "Pending" in lines["hami"] and lines["hami"].count("no card on any node supports isolation HAMiCore")
+    assert "Bound" in lines["mps-slice"] and "GPU-mps-0" in lines["mps-slice"]

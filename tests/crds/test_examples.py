@@ -108,13 +108,16 @@ def test_claim_columns(api_client: client.ApiClient, objects: Objects, namespace
             "nodeName": "gpu-node-1",
             "gpus": ["GPU-1"],
             "policing": {"overLimitAction": "StopContainer", "overLimitGraceSeconds": 30},
+            "isolation": "MPS",
         },
     )
     plural = BY_KIND[names.KIND_CLAIM].plural
     table = _table(api_client, f"/apis/{names.API_VERSION}/namespaces/{namespace}/{plural}")
     cells = _row(table, "notebook")
     assert list(cells) == ["Name", "Status", "EGPU", "Core", "Memory", "Node", "Class", "Reason", "Age",
-                           "Sizing", "Rec-Core", "Rec-Memory", "Over-Limit"]  # the last four: -o wide
+                           "Sizing", "Rec-Core", "Rec-Memory", "Isolation", "Over-Limit",
+                           "Profile"]  # the last six: -o wide
+    assert cells["Isolation"] == "MPS"  # what protects the claim, from its class (docs/isolation.md)
     assert (cells["Status"], cells["EGPU"], cells["Core"], cells["Memory"], cells["Node"], cells["Class"]) == (
         "Bound",
         "egpu-1234",
@@ -196,7 +199,9 @@ def test_gpu_columns(api_client: client.ApiClient, objects: Objects) -> None:
     ("fields", "expected"),
     [
         # Neither spelling: both mode columns blank (None in the Table; their descriptions say: Immediate).
-        ({}, {"BindingMode": None, "EgpuBindingMode": None, "Reclaim": "Delete", "Over-Limit": "Warn", "Grace": 60}),
+        ({}, {"BindingMode": None, "EgpuBindingMode": None, "Reclaim": "Delete", "Isolation": "None",
+              "Over-Limit": "Warn", "Grace": 60}),
+        ({"isolation": "HAMiCore"}, {"Isolation": "HAMiCore"}),
         ({"egpuBindingMode": "WaitForFirstConsumer"},
          {"BindingMode": None, "EgpuBindingMode": "WaitForFirstConsumer", "Reclaim": "Delete"}),
         ({"bindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Retain", "overLimitAction": "StopContainer",
@@ -204,7 +209,7 @@ def test_gpu_columns(api_client: client.ApiClient, objects: Objects) -> None:
          {"BindingMode": "WaitForFirstConsumer", "EgpuBindingMode": None, "Reclaim": "Retain",
           "Over-Limit": "StopContainer", "Grace": 0}),
     ],
-    ids=["nothing-set", "upstream-spelling", "ours-set"],
+    ids=["nothing-set", "isolation", "upstream-spelling", "ours-set"],
 )
 def test_class_columns_show_the_mode_as_written(
     api_client: client.ApiClient, objects: Objects, fields: dict[str, str], expected: dict[str, str | None]
@@ -220,7 +225,7 @@ def test_class_columns_show_the_mode_as_written(
     try:
         objects.create(manifest)
         cells = _row(_table(api_client, f"/apis/{names.API_VERSION}/{names.PLURAL_CLASS}"), "columns-class")
-        assert list(cells) == ["Name", "Provisioner", "BindingMode", "EgpuBindingMode", "Reclaim", "Age",
+        assert list(cells) == ["Name", "Provisioner", "BindingMode", "EgpuBindingMode", "Reclaim", "Isolation", "Age",
                                "Over-Limit", "Grace"]  # the last two: -o wide
         assert {key: cells[key] for key in expected} == expected
         assert cells["Provisioner"] == names.PROVISIONER_GPUSHARE

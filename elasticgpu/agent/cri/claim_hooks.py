@@ -51,6 +51,7 @@ from typing import Any
 
 import grpc
 
+from elasticgpu.agent import isolation
 from elasticgpu.agent.cri import api, card_sharing, hooks, injection, limits_file
 from elasticgpu.agent.ledger import store
 
@@ -93,8 +94,18 @@ def apply(edit: injection.ContainerEdit, request: Any) -> bool:
         tuple(before.envs) == edit.envs
         and tuple(before.cdi_devices) == edit.cdi_devices
         and dict(before.annotations) == edit.annotations
+        and not edit.mounts
     ):
         return False
+    if edit.mounts:
+        # The isolation mode's mounts replace any of the spec at the same place (only the agent says
+        # what enforces a claim).
+        paths = {mount.container_path.rstrip("/") for mount in edit.mounts}
+        kept = [m for m in config.mounts if m.container_path.rstrip("/") not in paths]
+        del config.mounts[:]
+        config.mounts.extend(kept)
+        config.mounts.extend(api.pb.Mount(container_path=m.container_path, host_path=m.host_path, readonly=m.readonly)
+                             for m in edit.mounts)
     del config.envs[:]
     config.envs.extend(api.pb.KeyValue(key=k, value=v.encode("utf-8", "surrogateescape")) for k, v in edit.envs)
     del config.CDI_devices[:]
@@ -129,12 +140,15 @@ class ClaimHooks:
         settings: injection.InjectionSettings | None = None,
         settle_after_s: float = 30.0,
         limits: limits_file.LimitsFiles | None = None,
+        rooms: isolation.IsolationRooms | None = None,
     ) -> None:
         """`settle_after_s`: how long a row left open by an unanswered CreateContainer waits
         before a reconcile decides it (the runtime may still be creating the container);
         `limits`: the claims' limits files, mounted into every claim container (None: none, a
-        running container then keeps the size it was created with)."""
+        running container then keeps the size it was created with); `rooms`: the node's isolation
+        modes (None: only mode None, advisory)."""
         self._limits = limits
+        self.rooms = rooms or isolation.IsolationRooms()
         self._view = view
         self._ledger = ledger
         self._settings = settings or injection.InjectionSettings()
@@ -176,10 +190,12 @@ class ClaimHooks:
         with self._claim_lock:
             states: dict[str, int] | None = None
             rows, states = self._live([row for row in self._open_rows() if row.claim == key], states)
-            edit = injection.decide(plain, self._view, holders=[row.pod for row in rows], settings=self._settings)
+            edit = injection.decide(plain, self._view, holders=[row.pod for row in rows], settings=self._settings,
+                                    rooms=self.rooms)
             claim = edit.claim
             assert claim is not None  # decide gives a claim container its claim or refuses
             self._check_cards(plain, claim, states)
+            self._prepare_isolation(plain, claim)
             files_lock = self._limits.lock if self._limits is not None else contextlib.nullcontext()
             with files_lock:  # the publisher must not remove the folder before the row names the claim
                 limits = self._prepare_limits(plain, claim)
@@ -198,6 +214,30 @@ class ClaimHooks:
             changed=True,
             details={"claim": f"{claim.namespace}/{claim.name}", "devices": ",".join(edit.devices)},
         )
+
+    def _prepare_isolation(self, plain: injection.ContainerRequest, claim: injection.ClaimInfo) -> None:
+        """The node-side work of the claim's isolation mode (MPS: its card's daemon runs), before the row
+        is recorded: a mode that cannot serve refuses the container with nothing to undo."""
+        if (slice_ := injection.slice_of(claim, plain.pod, plain.container)) is None:
+            return
+        try:
+            self.rooms.room(claim.isolation).prepare(slice_)
+        except isolation.Unavailable as e:
+            raise injection.unavailable(plain, claim, e) from e
+
+    def _sync_isolation(self, containers: Sequence[Any] | None = None) -> None:
+        """Tell the isolation modes which containers the runtime has (they undo what none needs)."""
+        if containers is None:
+            if self._list_containers is None:
+                return
+            try:
+                containers = self._list_containers()
+            except Exception:  # the runtime did not answer: the next removal or reconcile syncs
+                log.info("could not list containers for the isolation modes; the next reconcile syncs them")
+                return
+        self.rooms.sync([isolation.RunningContainer(
+            id=c.id, pod_uid=c.labels.get(injection.LABEL_POD_UID, ""), name=c.metadata.name,
+            annotations=dict(c.annotations)) for c in containers])
 
     def _prepare_limits(self, plain: injection.ContainerRequest, claim: injection.ClaimInfo) -> tuple[int, int] | None:
         """The size the claim's limits file says, written if it has none (None: no file for this container)."""
@@ -264,6 +304,7 @@ class ClaimHooks:
         with self._memory_lock:
             self._forget_container(container_id)
             self._after.submit(self._write, self._ledger.mark_released, container_id)
+            self._after.submit(self._sync_isolation)  # e.g. the card's last MPS container: its daemon stops
 
     def flush(self) -> None:
         """Wait until every queued ledger write is done."""
@@ -323,6 +364,8 @@ class ClaimHooks:
                 )
                 for row in self._ledger.open_allocations()
             }
+            containers_now = containers
+        self._sync_isolation(containers_now)
         if starting:
             self.reconciled.set()
 

@@ -121,6 +121,8 @@ def claim_info(claim: dict[str, Any], egpu: dict[str, Any] | None) -> injection.
             physical = egpu["spec"].get("physicalGPU") is not None
     gpus = tuple(str(g) for g in source.get("gpus") or [])
     cores, memory = limits(dict(source.get("capacity") or {}), cards=len(gpus), physical=physical)
+    mig = status.get("partition") or {}
+    partition = (str(mig["profile"]), int(mig.get("start") or 0)) if phase == "Bound" and mig.get("profile") else None
     return injection.ClaimInfo(
         namespace=namespace,
         name=name,
@@ -131,6 +133,9 @@ def claim_info(claim: dict[str, Any], egpu: dict[str, Any] | None) -> injection.
         cores=cores,
         memory_mib=memory,
         users=users,
+        partition=partition,
+        # What enforces a slice's size, from its class on bind (absent on claims bound before issue 25: None).
+        isolation=str(status.get("isolation") or "None"),
     )
 
 

@@ -187,6 +187,17 @@ def find(*, version: str, driver_root: str = "/", host_root: str = "/",
                        missing=missing)
 
 
+def find_binary(name: str, *, driver_root: str = "/", host_root: str = "/") -> str | None:
+    """The driver's binary `name` (e.g. nvidia-cuda-mps-control) as the agent sees it under host_root +
+    driver_root, looked for in the folders the spec's binaries come from; None when absent."""
+    seen = _join(host_root, driver_root)
+    for folder in BINARY_DIRS:
+        path = _join(seen, f"{folder}/{name}")
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
 class DriverLocator:
     """`find`, cached per driver version for `rescan_s` seconds, logging what it could not find once."""
 

@@ -38,6 +38,7 @@ from typing import Any
 
 import grpc
 
+from elasticgpu.agent import isolation
 from elasticgpu.agent.cri import claim_hooks, hooks, injection, limits_file
 from elasticgpu.agent.ledger.store import LedgerStore
 
@@ -118,10 +119,13 @@ class GatedHooks:
         rebuilt: Callable[[], None] = lambda: None,
         container_info: Callable[[str], dict[str, Any]] | None = None,
         limits: limits_file.LimitsFiles | None = None,
+        rooms: isolation.IsolationRooms | None = None,
     ) -> None:
         """`ledger`: the ledger once open, else None; `owed_rebuild`: True while the ledger is new
         because a corrupt one was moved aside (`rebuilt` is called once it has been rebuilt);
-        `container_info`: the runtime's verbose status of a container (for the rebuild)."""
+        `container_info`: the runtime's verbose status of a container (for the rebuild); `rooms`: the
+        node's isolation modes (kept by the agent across proxy restarts)."""
+        self._rooms = rooms
         self._view = view
         self._ledger = ledger
         self._settings = settings
@@ -143,7 +147,7 @@ class GatedHooks:
         with self._lock:
             if self.inner is None:
                 inner = claim_hooks.ClaimHooks(view=self._view, ledger=ledger, settings=self._settings,
-                                               limits=self._limits)
+                                               limits=self._limits, rooms=self._rooms)
                 if self._list_containers is not None:
                     inner.attach_runtime(self._list_containers)
                 self.inner = inner
@@ -259,7 +263,7 @@ def rebuild(ledger: LedgerStore, containers: Sequence[Any], container_info: Call
         namespace, name = claim.split("/", 1)
         env = _env(container_info(container.id))
         gpus = [uuid for uuid in env.get(injection.ENV_VISIBLE_DEVICES, "").split(",") if uuid.startswith("GPU-")]
-        threads = env.get(injection.ENV_MPS_THREADS)
+        threads = env.get(injection.ENV_MPS_THREADS) or env.get(injection.ENV_HAMI_SM)  # MPS, HAMiCore or None
         memory = _mib(env.get(f"{injection.ENV_HAMI_MEMORY_PREFIX}_0") or env.get(injection.ENV_MPS_MEMORY))
         # A whole card has neither limit; a slice of memory only has no compute limit (0 cores).
         cores = int(threads) if threads and threads.isdigit() else (0 if memory else 100)

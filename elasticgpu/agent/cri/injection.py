@@ -32,9 +32,12 @@ container's final env, CDI devices and annotations) or `hooks.Refused`.
         ledger)                            -> refused, FAILED_PRECONDITION, saying what to fix
         its cards unknown to the agent     -> refused, UNAVAILABLE (kubelet retries)
         otherwise                          -> CDI devices `elasticgpu.io/gpu=<uuid>` (CDI field,
-           and the `cdi.k8s.io/` annotation if asked), NVIDIA_VISIBLE_DEVICES, the MPS and
-           HAMi-core limits for a slice, the claim annotation. Env the spec set under these
-           names is replaced, CDI devices of ours it named are dropped (only the claim's stay).
+           and the `cdi.k8s.io/` annotation if asked), NVIDIA_VISIBLE_DEVICES, the claim
+           annotation, and for a slice what the room of its isolation mode contributes
+           (elasticgpu/agent/isolation: None gives the MPS and HAMi-core limits as advice, MPS the
+           card's pipe folder and per-client limits, HAMiCore the preloaded library and its limits).
+           Env the spec set under these names is replaced, CDI devices of ours it named are dropped
+           (only the claim's stay).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from typing import Protocol
 
 import grpc
 
+from elasticgpu.agent import isolation
 from elasticgpu.agent.cri import hooks
 from elasticgpu.api import names, pod_claims
 
@@ -61,7 +65,9 @@ ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 ENV_MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 ENV_MPS_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 ENV_HAMI_MEMORY_PREFIX = "CUDA_DEVICE_MEMORY_LIMIT"  # _<i>, and the bare name (all devices)
-ENV_HAMI_SM = "CUDA_DEVICE_SM_LIMIT"
+ENV_HAMI_SM = "CUDA_DEVICE_SM_LIMIT"  # and _<i>
+ENV_MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
+ENV_HAMI_CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
 VISIBLE_NONE = "void"  # the NVIDIA container toolkit's value for "no GPU"
 
 NODE_GPU_ACCESS_LABEL = "elasticgpu.io/node-gpu-access"
@@ -184,6 +190,8 @@ class ClaimInfo:
     cores: int  # percent of each card's compute (100: whole cards)
     memory_mib: int  # MiB of each card's memory reserved (0: the whole card's)
     users: tuple[ClaimUser, ...] = ()  # status.users: the pod the claim serves (at most one)
+    partition: tuple[str, int] | None = None  # status.partition: its MIG instance (profile, start slice)
+    isolation: str = "None"  # status.isolation: what enforces a slice's size (None, MPS, HAMiCore, WholeCard)
 
     @property
     def whole_cards(self) -> bool:
@@ -260,6 +268,7 @@ class ContainerEdit:
     annotations: dict[str, str]
     claim: ClaimInfo | None = None
     devices: tuple[str, ...] = field(default=())  # our CDI device names given to the container
+    mounts: tuple[isolation.Mount, ...] = ()  # the isolation mode's mounts (a mount of the spec at the same path goes)
 
 
 def cdi_device(uuid: str) -> str:
@@ -273,8 +282,28 @@ def is_ours(device: str) -> bool:
 
 
 def _our_env(key: str) -> bool:
-    return key in (ENV_VISIBLE_DEVICES, ENV_MPS_THREADS, ENV_MPS_MEMORY, ENV_HAMI_SM) or key.startswith(
-        ENV_HAMI_MEMORY_PREFIX
+    exact = (ENV_VISIBLE_DEVICES, ENV_MPS_THREADS, ENV_MPS_MEMORY, ENV_MPS_PIPE, ENV_HAMI_CACHE)
+    return key in exact or key.startswith((ENV_HAMI_MEMORY_PREFIX, ENV_HAMI_SM))
+
+
+def slice_of(claim: ClaimInfo, pod: PodRef, container: str) -> isolation.Slice | None:
+    """The container of a slice claim as the isolation modes see it; None for whole cards (no mode applies)."""
+    if claim.whole_cards:
+        return None
+    return isolation.Slice(claim=f"{claim.namespace}/{claim.name}", uuids=claim.gpus, cores=claim.cores,
+                           memory_mib=claim.memory_mib, pod_uid=pod.uid, container=container)
+
+
+def unavailable(request: ContainerRequest, claim: ClaimInfo, error: isolation.Unavailable) -> hooks.Refused:
+    """The refusal of a container whose claim's isolation mode cannot serve it on this node."""
+    subject = f"pod {request.pod}, container {request.container!r}: ElasticGPUClaim {claim.namespace}/{claim.name}"
+    if error.retryable:
+        return hooks.Refused(f"{subject} is isolated by {claim.isolation}: {error.message}; kubelet retries this "
+                             "container by itself", code=grpc.StatusCode.UNAVAILABLE)
+    return hooks.Refused(
+        f"{subject} is isolated by {claim.isolation} (status.isolation, from its class), which this node cannot "
+        f"provide: {error.message}. The node's GPUs do not list it in status.isolation, so the claim should not "
+        "have bound here: delete the claim and the pod to bind again elsewhere, or ask the node's admin to install it"
     )
 
 
@@ -313,8 +342,8 @@ def _without_ours(request: ContainerRequest) -> tuple[list[tuple[str, str]], lis
     devices = [d for d in request.cdi_devices if not is_ours(d)]
     annotations = {}
     for key, value in request.annotations.items():
-        if key == CLAIM_ANNOTATION:
-            continue  # only we may say which claim a container uses
+        if key in (CLAIM_ANNOTATION, isolation.ANNOTATION_MODE, isolation.ANNOTATION_CARDS):
+            continue  # only we may say which claim a container uses, and what isolates it
         if key.startswith(CDI_ANNOTATION_PREFIX):
             kept = [d.strip() for d in value.split(",") if d.strip() and not is_ours(d.strip())]
             if not kept:
@@ -324,16 +353,22 @@ def _without_ours(request: ContainerRequest) -> tuple[list[tuple[str, str]], lis
     return envs, devices, annotations
 
 
+_ADVISORY_ONLY = isolation.IsolationRooms()
+
+
 def decide(
     request: ContainerRequest,
     view: AgentView,
     *,
     holders: Collection[PodRef] = (),
     settings: InjectionSettings = InjectionSettings(),
+    rooms: isolation.IsolationRooms = _ADVISORY_ONLY,
 ) -> ContainerEdit:
     """The edit for this container, or raise Refused (see the module docstring).
 
-    `holders`: pods with a live or starting container on the claim (the ledger's open rows).
+    `holders`: pods with a live or starting container on the claim (the ledger's open rows); `rooms`:
+    the isolation modes of the node, whose room for the claim's mode contributes a slice's limits
+    (only mode None by default). Pure: the room's `prepare` (its node-side work) is the caller's.
     """
     key = claim_of(request)
     envs, devices, annotations = _without_ours(request)
@@ -341,7 +376,8 @@ def decide(
         access = view.node_gpu_access(request.pod.namespace)
         if access:
             # OBSERVATION: no claim, in a namespace the platform team gave the node's GPUs.
-            kept = {k: v for k, v in request.annotations.items() if k != CLAIM_ANNOTATION}
+            kept = {k: v for k, v in request.annotations.items()
+                    if k not in (CLAIM_ANNOTATION, isolation.ANNOTATION_MODE, isolation.ANNOTATION_CARDS)}
             return ContainerEdit(envs=tuple(request.envs), cdi_devices=tuple(request.cdi_devices), annotations=kept)
         if request.privileged and settings.refuse_privileged and request.pod.namespace not in (
             settings.privileged_namespaces
@@ -370,18 +406,20 @@ def decide(
         annotations[CDI_ANNOTATION_KEY] = ",".join(ours)
     annotations[CLAIM_ANNOTATION] = f"{claim.namespace}/{claim.name}"
     envs.append((ENV_VISIBLE_DEVICES, ",".join(card.uuid for card in cards)))
-    if not claim.whole_cards:
-        # A slice: the same limits for MPS (if the node runs an MPS daemon) and HAMi-core (if
-        # the image preloads it). Device ordinals are the container's: 0..n-1 in our order.
-        # A slice of memory only (0 cores) reserved no compute: no compute limit (0 would starve it).
-        if claim.cores > 0:
-            envs.append((ENV_MPS_THREADS, str(claim.cores)))
-            envs.append((ENV_HAMI_SM, str(claim.cores)))
-        if claim.memory_mib > 0:
-            envs.append((ENV_MPS_MEMORY, ",".join(f"{i}={claim.memory_mib}M" for i in range(len(cards)))))
-            envs.extend((f"{ENV_HAMI_MEMORY_PREFIX}_{i}", f"{claim.memory_mib}m") for i in range(len(cards)))
+    mounts: tuple[isolation.Mount, ...] = ()
+    if (slice_ := slice_of(claim, request.pod, request.container)) is not None:
+        # A slice: its claim's isolation mode says how its size is enforced (isolation/, one room per
+        # mode). Device ordinals are the container's: 0..n-1 in our order.
+        try:
+            contribution = rooms.room(claim.isolation).contribute(slice_)
+        except isolation.Unavailable as e:
+            raise unavailable(request, claim, e) from e
+        envs.extend(contribution.envs)
+        annotations.update(contribution.annotations)
+        mounts = contribution.mounts
     return ContainerEdit(
-        envs=tuple(envs), cdi_devices=tuple(devices), annotations=annotations, claim=claim, devices=ours
+        envs=tuple(envs), cdi_devices=tuple(devices), annotations=annotations, claim=claim, devices=ours,
+        mounts=mounts,
     )
 
 

@@ -7,7 +7,9 @@
                 showing the replaced inode); ELASTICGPU_LIMITS_FILE=/run/elasticgpu/limits.json
     format      limits.json  {"claim": "ns/name", "cores": 30, "memoryMiB": 10240, "generation": 2}
                 limits.env   KEY=VALUE lines for shells: ELASTICGPU_CORES=30, ELASTICGPU_MEMORY_MIB=10240,
-                             ELASTICGPU_GENERATION=2, CUDA_DEVICE_SM_LIMIT=30, CUDA_DEVICE_MEMORY_LIMIT_<i>=10240m
+                             ELASTICGPU_GENERATION=2, CUDA_DEVICE_SM_LIMIT(_<i>)=30,
+                             CUDA_DEVICE_MEMORY_LIMIT_<i>=10240m, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30,
+                             CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M
                 `generation` grows by one on every change: a limiter that polls compares it.
     writes      each file to a temporary name in the folder, fsync, rename over the old one: a
                 reader sees the old content or the new, never a part.
@@ -75,10 +77,16 @@ def render_env(claim: str, size: Size, generation: int, cards: int) -> str:
         f"ELASTICGPU_CORES={size.cores}",
         f"ELASTICGPU_MEMORY_MIB={size.memory_mib}",
     ]
+    # The names of every isolation mode (MPS's and HAMi-core's read when a process starts): a process
+    # started after a resize with this file sourced gets the new size, whichever mode the claim has.
+    ordinals = range(max(cards, 1))
     if 0 < size.cores < 100:
         lines.append(f"CUDA_DEVICE_SM_LIMIT={size.cores}")
+        lines.extend(f"CUDA_DEVICE_SM_LIMIT_{i}={size.cores}" for i in ordinals)
+        lines.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={size.cores}")
     if size.memory_mib > 0:
-        lines.extend(f"CUDA_DEVICE_MEMORY_LIMIT_{i}={size.memory_mib}m" for i in range(max(cards, 1)))
+        lines.extend(f"CUDA_DEVICE_MEMORY_LIMIT_{i}={size.memory_mib}m" for i in ordinals)
+        lines.append("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=" + ",".join(f"{i}={size.memory_mib}M" for i in ordinals))
     return "\n".join(lines) + "\n"
 
 

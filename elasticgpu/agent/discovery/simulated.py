@@ -11,9 +11,10 @@ The file::
         count: 2                # optional: this many identical cards (links then name indices)
         # uuid: GPU-...         # optional; default derived from node name and index (stable, unique per node)
         # minor: 0              # optional; default: the index
-        # mig: false
+        # mig: false            # true: MIG mode enabled (the admin's choice); see simulated_mig.py
+        # migInstances: [{profile: 3g.40gb, start: 4}]   # optional: instances carved at start
     timeline:                   # optional; `at` is seconds after the backend started
-      - {at: 5, process: {card: 0, pid: 4242, memory: 2Gi, sm: 30}}
+      - {at: 5, process: {card: 0, pid: 4242, memory: 2Gi, sm: 30}}   # `instance: 1`: on MIG instance 1
       - {at: 9, xid: {card: 0, code: 79, message: fell off the bus}}
       - {at: 20, process: {card: 0, pid: 4242, gone: true}}
       - {at: 30, vanish: {card: 1}}
@@ -59,6 +60,8 @@ import yaml
 
 from elasticgpu.agent import errors
 from elasticgpu.agent.discovery import models
+from elasticgpu.agent.discovery.mig import MigInstanceInfo, MigProfileInfo
+from elasticgpu.agent.discovery.simulated_mig import SimulatedMig
 from elasticgpu.api import quantities
 from elasticgpu.api.errors import InvalidQuantity
 
@@ -177,6 +180,7 @@ class SimulatedBackend:
         self._cards: dict[int, _CardState] = {card.index: _CardState(card) for card in cards}
         self._timeline = self._parse_timeline(description.get("timeline") or [])
         self._processes: dict[tuple[str, int], models.ProcessUsage] = {}
+        self._process_instances: dict[tuple[str, int], int] = {}  # (card, pid) -> MIG GPU instance id
         self._xids: list[models.XidEvent] = []
         self._resets: list[models.CardReset] = []
         for card in cards:
@@ -185,6 +189,10 @@ class SimulatedBackend:
             make_stand_in_device(self._device_dir / control)
         self._driver_root = self._device_dir / "driver-root"
         make_stand_in_driver_root(self._driver_root, self._driver)
+        self._mig = SimulatedMig(device_dir=self._device_dir, in_use=self._runs_on_instance,
+                                 make_device=make_stand_in_device)
+        for card, carved in zip(cards, self._carved, strict=True):
+            self._mig.add_card(card, carved, where=f"{source}: cards[{card.index}]")
 
     @classmethod
     def from_file(
@@ -227,6 +235,7 @@ class SimulatedBackend:
             count = _int(entry.get("count", 1), source=source, where=f"{where}.count", minimum=1)
             raw_cards.extend((entry, where) for _ in range(count))
         cards: list[models.Card] = []
+        self._carved: list[list[tuple[str, int]]] = []
         for index, (entry, where) in enumerate(raw_cards):
             if "memory" not in entry:
                 raise _fail(source, f"{where}.memory", "is required (MiB, or a quantity such as 80Gi)")
@@ -238,6 +247,12 @@ class SimulatedBackend:
                 raise _fail(source, f"{where}.memory", "must be at least 1 MiB")
             minor = _int(entry.get("minor", index), source=source, where=f"{where}.minor")
             numa = entry.get("numa")
+            carved = entry.get("migInstances") or []
+            if not isinstance(carved, list) or not all(
+                    isinstance(c, dict) and isinstance(c.get("profile"), str) for c in carved):
+                raise _fail(source, f"{where}.migInstances", "must be a list of {profile: 3g.40gb, start: 4}")
+            self._carved.append([(c["profile"], _int(c.get("start", 0), source=source,
+                                                     where=f"{where}.migInstances.start")) for c in carved])
             if entry.get("uuid") and entry.get("count", 1) != 1:
                 raise _fail(source, f"{where}.uuid", "cannot be given with count > 1 (each card needs its own uuid)")
             cards.append(
@@ -307,7 +322,11 @@ class SimulatedBackend:
             pid = _int(body.get("pid"), source=self._source, where=f"{where}.process.pid", minimum=1)
             if body.get("gone"):
                 self._processes.pop((card.uuid, pid), None)
+                self._process_instances.pop((card.uuid, pid), None)
                 return
+            if "instance" in body:
+                self._process_instances[(card.uuid, pid)] = _int(
+                    body["instance"], source=self._source, where=f"{where}.process.instance")
             try:
                 memory = quantities.parse_memory_mib(body.get("memory", 0), field=f"{where}.process.memory")
             except InvalidQuantity as e:
@@ -404,6 +423,35 @@ class SimulatedBackend:
     def driver_root(self) -> str | None:
         """The stand-in driver root made for the file's driver version."""
         return str(self._driver_root)
+
+    # MIG (discovery.mig.MigControl) ----------------------------------------------------------------------
+
+    def _runs_on_instance(self, card_uuid: str, gpu_instance_id: int) -> bool:
+        return any(card == card_uuid and gi == gpu_instance_id
+                   for (card, _pid), gi in self._process_instances.items())
+
+    def mig_profiles(self, card_uuid: str) -> list[MigProfileInfo]:
+        """The card's MIG profiles and starts; `MigNotEnabled` when not in MIG mode."""
+        with self._lock:
+            return self._mig.profiles(card_uuid)
+
+    def mig_instances(self, card_uuid: str) -> list[MigInstanceInfo]:
+        """The card's MIG instances."""
+        with self._lock:
+            self._advance()
+            return self._mig.instances(card_uuid)
+
+    def create_mig_instance(self, card_uuid: str, *, profile: str, start: int) -> MigInstanceInfo:
+        """Create a MIG instance, with NVML's errors (`simulated_mig`)."""
+        with self._lock:
+            self._advance()
+            return self._mig.create(card_uuid, profile=profile, start=start)
+
+    def destroy_mig_instance(self, card_uuid: str, gpu_instance_id: int) -> None:
+        """Destroy a MIG instance; `MigInUse` while a scripted process runs on it."""
+        with self._lock:
+            self._advance()
+            self._mig.destroy(card_uuid, gpu_instance_id)
 
     def close(self) -> None:
         """Nothing to release; the stand-in devices stay for the CDI spec that may still name them."""

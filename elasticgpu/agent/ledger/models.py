@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, Boolean, DateTime, Index, Integer, String, false
+from sqlalchemy import JSON, Boolean, DateTime, Index, Integer, String, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # The states of an allocation, in the order a container lives them.
@@ -72,3 +72,26 @@ class UsageSampleRow(Base):
     container_id: Mapped[str | None] = mapped_column(String(128))
     claim_namespace: Mapped[str | None] = mapped_column(String(253))
     claim_name: Mapped[str | None] = mapped_column(String(253))
+
+
+# The states of a MIG instance row (agent/mig/): recorded before NVML creates it, then created.
+MIG_CREATING = "creating"
+MIG_CREATED = "created"
+
+
+class MigInstanceRow(Base):
+    """One MIG instance the agent created for a claim (its ElasticGPU), at a start slice of a card."""
+
+    __tablename__ = "mig_instances"
+    __table_args__ = (UniqueConstraint("card_uuid", "start", name="uq_mig_instances_card_start"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    state: Mapped[str] = mapped_column(String(16))
+    card_uuid: Mapped[str] = mapped_column(String(64))
+    elastic_gpu: Mapped[str] = mapped_column(String(253), unique=True)
+    profile: Mapped[str] = mapped_column(String(32))
+    start: Mapped[int] = mapped_column(Integer)
+    gpu_instance_id: Mapped[int | None] = mapped_column(Integer)
+    mig_uuid: Mapped[str | None] = mapped_column(String(64))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

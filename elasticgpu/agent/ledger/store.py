@@ -90,6 +90,26 @@ def _now() -> datetime:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MigRecord:
+    """One MIG instance row, as a plain value (agent/mig/)."""
+
+    id: int
+    state: str
+    card_uuid: str
+    elastic_gpu: str
+    profile: str
+    start: int
+    gpu_instance_id: int | None
+    mig_uuid: str | None
+
+    @classmethod
+    def from_row(cls, row: models.MigInstanceRow) -> MigRecord:
+        """The value of an ORM row."""
+        return cls(id=row.id, state=row.state, card_uuid=row.card_uuid, elastic_gpu=row.elastic_gpu,
+                   profile=row.profile, start=row.start, gpu_instance_id=row.gpu_instance_id, mig_uuid=row.mig_uuid)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Allocation:
     """One ledger row, as a plain value."""
 
@@ -500,6 +520,47 @@ class LedgerStore:
         if changed:
             self._changed()
         return changed
+
+    # -- MIG instances (agent/mig/): "creating" before NVML is called, "created" after ---------------
+
+    def record_mig_creating(self, *, card_uuid: str, elastic_gpu: str, profile: str, start: int) -> MigRecord:
+        """Record that an instance is about to be created for `elastic_gpu`; the row already there
+        when one is (idempotent). `LedgerStateError` when another claim's row holds that start."""
+        with self._writing() as session:
+            row = session.scalars(select(models.MigInstanceRow).where(
+                models.MigInstanceRow.elastic_gpu == elastic_gpu)).one_or_none()
+            if row is None:
+                taken = session.scalars(select(models.MigInstanceRow).where(
+                    models.MigInstanceRow.card_uuid == card_uuid, models.MigInstanceRow.start == start)).one_or_none()
+                if taken is not None:
+                    raise errors.LedgerStateError(
+                        f"MIG slice {start} of card {card_uuid} is recorded for {taken.elastic_gpu}, not {elastic_gpu};"
+                        " release that claim's instance first")
+                row = models.MigInstanceRow(state=models.MIG_CREATING, card_uuid=card_uuid, elastic_gpu=elastic_gpu,
+                                            profile=profile, start=start, started_at=_now())
+                session.add(row)
+                session.flush()
+            return MigRecord.from_row(row)
+
+    def mark_mig_created(self, row_id: int, *, gpu_instance_id: int, mig_uuid: str) -> None:
+        """NVML created the row's instance: record its id and uuid."""
+        with self._writing() as session:
+            row = session.get(models.MigInstanceRow, row_id)
+            if row is None:
+                raise errors.LedgerStateError(f"MIG instance row {row_id} does not exist")
+            row.state, row.gpu_instance_id, row.mig_uuid = models.MIG_CREATED, gpu_instance_id, mig_uuid
+            row.created_at = _now()
+
+    def forget_mig(self, row_id: int) -> None:
+        """The row's instance is destroyed (or was never created): delete the row (idempotent)."""
+        with self._writing() as session:
+            session.execute(delete(models.MigInstanceRow).where(models.MigInstanceRow.id == row_id))
+
+    def mig_records(self) -> list[MigRecord]:
+        """Every MIG instance row, oldest first."""
+        with self._sessions() as session:
+            rows = session.scalars(select(models.MigInstanceRow).order_by(models.MigInstanceRow.id))
+            return [MigRecord.from_row(row) for row in rows]
 
     def prune_released(self, *, before: datetime) -> int:
         """Delete released rows released before `before`; returns how many."""

@@ -86,6 +86,7 @@ from elasticgpu.api import (
     parse_count,
     parse_memory_mib,
 )
+from elasticgpu.api.claim import WHOLE_CARD
 from elasticgpu.api.errors import InvalidSpec
 from elasticgpu.controller.decisions import gpu_health
 
@@ -146,6 +147,30 @@ class Provision:
     request: GpuRequest
     parameters: ClassParameters
     reclaim_policy: str
+    isolation: str = "None"
+    """The class's isolation mode (MPS, HAMiCore, None)."""
+
+    @property
+    def required_isolation(self) -> str:
+        """The mode the card must provide: the class's for a slice, none for whole cards (nobody shares them)."""
+        return "" if self.request.is_whole or self.isolation == "None" else self.isolation
+
+
+def resize_note(isolation: str | None) -> str:
+    """What a resize means for the running processes of a claim under `isolation` ("" when nothing to say):
+    MPS and HAMi-core read a process's limits when it starts (docs/resize-node.md)."""
+    if isolation not in ("MPS", "HAMiCore"):
+        return ""
+    return (f"under {isolation} a new size applies to processes started after the resize (with the environment"
+            " of /run/elasticgpu/limits.env); processes already running keep the limits they started with")
+
+
+def claim_isolation(klass: ElasticGPUClass | None, *, whole: bool) -> str:
+    """The claim's `status.isolation` on bind: WholeCard for whole cards (nobody shares them), else its
+    class's mode (None without a class of ours)."""
+    if whole:
+        return WHOLE_CARD
+    return klass.isolation if klass is not None else "None"
 
 
 @dataclass(frozen=True)
@@ -425,6 +450,7 @@ def _decide_unnamed(claim: ElasticGPUClaim, picture: Picture) -> ClaimDecision:
         request=request,
         parameters=parameters,
         reclaim_policy=klass.effective_reclaim_policy,
+        isolation=klass.isolation,
     )
 
 

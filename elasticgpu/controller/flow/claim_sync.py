@@ -17,7 +17,7 @@ from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, names, timest
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, capacity, pod_gate, release
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow import policing_copy
+from elasticgpu.controller.flow import mig_binding, policing_copy
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
@@ -25,7 +25,7 @@ from elasticgpu.controller.flow.handoff import HandOff
 from elasticgpu.controller.flow.provisioner import build_elastic_gpu, capacity_of, claim_ref_of
 from elasticgpu.controller.flow.quota_guard import QuotaExceeded
 from elasticgpu.controller.flow.recommending import Recommender
-from elasticgpu.controller.flow.resizing import Resizer, resizable
+from elasticgpu.controller.flow.resizing import Resizer, class_of, resizable
 from elasticgpu.controller.flow.workqueue import Key, WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture import pod_index
@@ -208,6 +208,12 @@ class ClaimSync:
             node = egpu.status.node_name or egpu.spec.node_name
             gpus = list(egpu.status.gpus)
         message = f"bound to ElasticGPU {egpu_name} on {node or '?'}" + (f" ({', '.join(gpus)})" if gpus else "")
+        classes = self.picture.view().classes
+        whole = any(share.whole for share in placement.cards) if placement is not None else (
+            egpu.spec.physical_gpu is not None)
+        isolation = binder.claim_isolation(class_of(claim, egpu, classes), whole=whole)
+        if resizable(claim, egpu, classes) and (note := binder.resize_note(isolation)):
+            message += f"; {note}"  # said where the user looks before resizing (kubectl describe)
         status: Body = {
             "phase": "Bound",
             "reason": binder.REASON_BOUND,
@@ -218,8 +224,13 @@ class ClaimSync:
             "gpus": gpus,
             "conditions": [condition("Bound", binder.REASON_BOUND, message, claim.status.conditions)],
         }
-        if resizable(claim, egpu, self.picture.view().classes):
+        # What protects the claim, for `kubectl get egpuc -o wide` and the node's agent (docs/isolation.md).
+        status["isolation"] = isolation
+        if resizable(claim, egpu, classes):
             status["resizable"] = True  # read by the claim CRD's rule on spec.resources.requests
+        partition = self._partition(egpu_name)
+        if partition is not None:
+            status["partition"] = partition  # the MIG instance it received (more than asked is normal)
         if (policing := policing_copy.wanted(claim, egpu, self.picture.view().classes)) is not None:
             status["policing"] = policing  # the agent reads it there: it may not read classes (issue 25)
         owner = pod_index.owner_pod(self._body(claim))
@@ -332,10 +343,14 @@ class ClaimSync:
 
     def _reserve(self, claim: ElasticGPUClaim, key: str, decision: binder.Provision) -> Placement | None:
         """Step 1: plan and commit the reservation; None when the claim must wait (status written)."""
+        klass = self.picture.view().classes.get(decision.class_name)
+        if klass is not None and klass.is_mig:
+            return self._reserve_mig(claim, key, decision)
         request = PlacementRequest(
             gpu=decision.request,
             models=decision.parameters.gpu_model,
             node_selector=decision.parameters.node_selector,
+            isolation=decision.required_isolation,
         )
         ledger = self.picture.ledger
         for attempt in range(self.settings.binding.conflict_retries):
@@ -380,6 +395,46 @@ class ClaimSync:
                 self.commit.backoff(attempt)
                 continue
             return result
+        raise errors.BindingError(f"claim {claim.metadata.namespace}/{claim.metadata.name}: too many conflicts on"
+                                  " the GPUs; retrying later")
+
+    def _partition(self, egpu_name: str) -> dict[str, Any] | None:
+        """The claim's MIG instance as `status.partition` (profile, cores, memory, start), or None."""
+        ledger = self.picture.ledger
+        with self.picture.lock:
+            for gpu_name in ledger.gpus_holding(egpu_name):
+                allocation = ledger.allocation(gpu_name, egpu_name)
+                if allocation is not None and allocation.partition is not None:
+                    return {"profile": allocation.partition.profile, "cores": allocation.cores,
+                            "memory": allocation.memory, "start": allocation.partition.start}
+        return None
+
+    def _reserve_mig(self, claim: ElasticGPUClaim, key: str, decision: binder.Provision) -> Placement | None:
+        """Step 1 for a `partitioning: MIG` class: a MIG instance's card and start, committed with
+        the reservation (`flow/mig_binding.py`); None when the claim must wait (status written)."""
+        ledger = self.picture.ledger
+        for attempt in range(self.settings.binding.conflict_retries):
+            with self.picture.lock:
+                held = ledger.held(key)
+                if held is not None:
+                    return held  # committed before a crash, or by the other controller
+                planned = mig_binding.plan(ledger, decision.request, decision.parameters)
+            if isinstance(planned, mig_binding.MigWait):
+                reason = capacity.REASON_NEVER_FITS if planned.never else binder.REASON_NO_CAPACITY
+                self._pending(claim, reason, planned.message)
+                return None
+            try:
+                self.commit.commit(key, planned.placement, claim_ref_of(claim), planned.partitions)
+            except QuotaExceeded as err:
+                self._pending(claim, err.reason, err.message)
+                self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
+                               delay_s=self.settings.quota.recheck_s, recheck=True)
+                return None
+            except (errors.Conflict, errors.Rejected) as err:
+                logger.debug("MIG reservation lost a race, re-planning: %s", err)
+                self.commit.backoff(attempt)
+                continue
+            return planned.placement
         raise errors.BindingError(f"claim {claim.metadata.namespace}/{claim.metadata.name}: too many conflicts on"
                                   " the GPUs; retrying later")
 

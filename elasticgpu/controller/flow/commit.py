@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from elasticgpu.allocator import Placement, PlacementRequest
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ObjectReference, names
+from elasticgpu.api.gpu import GPUPartition
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder
 from elasticgpu.controller.edge.kube import KubeApi
@@ -54,7 +56,8 @@ class Commit:
         self.quota: QuotaGuard | None = None
         """Charges each claim's reservation to its namespace's quotas first, when set."""
 
-    def commit(self, key: str, placement: Placement, claim_ref: ObjectReference | None) -> None:
+    def commit(self, key: str, placement: Placement, claim_ref: ObjectReference | None,
+               partitions: Mapping[str, GPUPartition] | None = None) -> None:
         """Write the reservation into each card's allocations (PUT with its resourceVersion).
         On a conflict the cards already written are freed again and the conflict is raised.
         With a quota guard, the claim is charged first (raises `QuotaExceeded`, nothing reserved).
@@ -67,7 +70,8 @@ class Commit:
         for share in placement.cards:
             gpu_name = ledger.name_of_uuid(share.uuid)
             with self.picture.lock:
-                body = ledger.with_allocation(gpu_name, allocation_for(key, share, claim_ref))
+                partition = (partitions or {}).get(share.uuid)
+                body = ledger.with_allocation(gpu_name, allocation_for(key, share, claim_ref, partition))
             try:
                 answer = self.kube.replace_gpu_status(body)
             except (errors.Conflict, errors.Rejected):
@@ -182,14 +186,19 @@ class Commit:
             claim = picture.claim(key[1], key[2])
             if claim is None:
                 return None
-            decision = binder.decide_claim(claim, picture.view())
+            view = picture.view()
+            decision = binder.decide_claim(claim, view)
             if not isinstance(decision, binder.Provision) or decision.request.cards > 1:
                 return None
+            klass = view.classes.get(decision.class_name)
+            if klass is not None and klass.is_mig:
+                return None  # a MIG instance is planned by the ordinary sync (flow/mig_binding.py)
             egpu_name = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
             if picture.ledger.held(egpu_name) is not None or egpu_name in picture.ledger.inventory.reservations:
                 return None  # held, or its last tentative reservation is still being undone
             request = PlacementRequest(gpu=decision.request, models=decision.parameters.gpu_model,
-                                       node_selector=decision.parameters.node_selector)
+                                       node_selector=decision.parameters.node_selector,
+                                       isolation=decision.required_isolation)
             result = picture.ledger.place(request, policy=decision.parameters.policy)
             if not isinstance(result, Placement) or len(result.cards) != 1:
                 return None

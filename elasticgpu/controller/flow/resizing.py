@@ -201,6 +201,8 @@ class Resizer:
         elif said is None and (size_changed or now_said):
             message = done or (f"claim {claim.metadata.namespace}/{claim.metadata.name}: resized to"
                                f" {placement.describe()}")
+            if note := binder.resize_note(claim.status.isolation):
+                message += f"; {note}"
             self.events.record(self._body(written), type_=NORMAL, reason=resize.REASON_RESIZED, message=message)
 
     def _body(self, claim: ElasticGPUClaim) -> Body:

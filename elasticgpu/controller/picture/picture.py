@@ -61,6 +61,7 @@ class Picture(reading.Reading):
                 keys += self._claims_of_egpu(name, body)
             elif kind == "gpu":
                 before = self._free_of(name)
+                modes = self._isolation_of(name)
                 sizes = self._allocation_sizes(name)
                 if deleted:
                     self.ledger.delete_gpu(body)
@@ -69,7 +70,9 @@ class Picture(reading.Reading):
                     keys.append(("gpu", name))  # its readiness (heartbeat, gpu_sync)
                 keys += [("egpu", egpu_name) for egpu_name in self._egpus_on_gpu(name)]
                 freed = deleted or self._free_of(name) > before
-                if freed:
+                # A card that now offers an isolation mode (its agent found the mechanism) may take
+                # the claims waiting for that mode, as freed capacity may.
+                if freed or (not deleted and self._isolation_of(name) - modes):
                     keys += self.pending_claim_keys()
                 if not deleted:
                     keys += self._resizing_claims_on(name, freed=freed, sizes=sizes)
@@ -96,6 +99,11 @@ class Picture(reading.Reading):
                     keys += self.pending_claim_keys()
                     keys += self.pods.gated_keys()
         return keys
+
+    def _isolation_of(self, gpu_name: str) -> frozenset[str]:
+        """The isolation modes GPU `gpu_name` offers in the picture (none when unknown)."""
+        model = self.ledger.gpu(gpu_name)
+        return frozenset(model.status.isolation) if model is not None else frozenset()
 
     def put_claim(self, body: Body) -> ElasticGPUClaim:
         """Take in a claim (newer than the picture's, else ignored); its model either way."""

@@ -33,6 +33,7 @@ from elasticgpu.allocator import (
     Unplaceable,
 )
 from elasticgpu.api import GPU, GPUAllocation, ObjectReference, allocatable_summary, format_memory, names, timestamps
+from elasticgpu.api.gpu import GPUPartition
 from elasticgpu.controller.picture import compact, versions
 
 logger = logging.getLogger(__name__)
@@ -162,7 +163,8 @@ class Ledger:
             return  # older than the copy held, or a copy from before its deletion
         body, model = compact.kept(body, GPU)
         previous = self._models.get(name)
-        if previous is not None and (previous.spec != model.spec or _health(previous) != _health(model)):
+        if previous is not None and (previous.spec != model.spec or _health(previous) != _health(model)
+                                     or previous.status.isolation != model.status.isolation):
             self.forget_gpu(name)
             previous = None
         self._gpus[name] = body
@@ -174,7 +176,9 @@ class Ledger:
             if node not in self.inventory:
                 self.inventory.add_node(NodeRecord(name=node, labels=self._node_labels.get(node, {})))
             self.inventory.add_card(CardRecord.from_gpu(model))
-            if name in self._not_ready:
+            if name in self._not_ready or model.spec.mig:
+                # A card in MIG mode serves MIG classes only (`allocator.mig.cluster`): soft slices
+                # never land on it; what it holds stays counted.
                 self.inventory.set_health(model.spec.uuid, Health.UNHEALTHY)
         after = {a.elastic_gpu for a in model.status.allocations}
         before = self._holders.set_keys_on(name, after)
@@ -199,8 +203,17 @@ class Ledger:
             self._not_ready.add(name)
         model = self._models.get(name)
         if model is not None:
-            self.inventory.set_health(model.spec.uuid, _health(model) if ready else Health.UNHEALTHY)
+            healthy = ready and not model.spec.mig
+            self.inventory.set_health(model.spec.uuid, _health(model) if healthy else Health.UNHEALTHY)
         return True
+
+    def is_ready(self, name: str) -> bool:
+        """Whether GPU `name` takes new reservations (its heartbeat is fresh)."""
+        return name not in self._not_ready
+
+    def node_labels(self, node: str) -> dict[str, str]:
+        """The labels of a node as last seen (for class nodeSelectors)."""
+        return dict(self._node_labels.get(node, {}))
 
     def prune_tombstones(self, list_version: str) -> None:
         """Forget the deletions a list taken at `list_version` has seen."""
@@ -411,8 +424,10 @@ class Holders:
             del self._gpus_of[key]
 
 
-def allocation_for(key: str, share: CardShare, claim_ref: ObjectReference | None) -> GPUAllocation:
-    """The `status.allocations` entry of one card of a placement."""
+def allocation_for(key: str, share: CardShare, claim_ref: ObjectReference | None,
+                   partition: GPUPartition | None = None) -> GPUAllocation:
+    """The `status.allocations` entry of one card of a placement (with its MIG instance's
+    `partition` for a class with partitioning: MIG)."""
     return GPUAllocation.model_validate(
         {
             "elasticGPU": key,
@@ -421,6 +436,7 @@ def allocation_for(key: str, share: CardShare, claim_ref: ObjectReference | None
             "memory": share.memory_mib,
             "exclusive": share.whole,
             "reservedAt": timestamps.now_rfc3339(),
+            "partition": partition.to_dict() if partition is not None else None,
         }
     )
 

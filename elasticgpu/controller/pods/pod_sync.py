@@ -308,7 +308,8 @@ class PodSync:
                     return
                 key = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
                 request = PlacementRequest(gpu=provision.request, models=provision.parameters.gpu_model,
-                                           node_selector=provision.parameters.node_selector)
+                                           node_selector=provision.parameters.node_selector,
+                                           isolation=provision.required_isolation)
                 wanted.append(pod_placement.Wanted(claim=claim_name, key=key, request=request,
                                                    policy=provision.parameters.policy))
                 provisions[key] = (claim, provision)

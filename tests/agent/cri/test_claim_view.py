@@ -166,3 +166,21 @@ def test_an_unreachable_api_server_raises_and_says_why(agent_kube: kube.AgentKub
     agent_kube.answered_at = time.monotonic() - 120  # it answered two minutes ago, then went away
     reason = view.not_ready_reason()  # no probe: the last was less than probe_interval_s ago
     assert reason is not None and reason.startswith("the API server has not answered it for 120 s (read claim ns/c")
+
+
+def test_a_mig_claims_partition_is_read_from_its_status() -> None:
+    claim = {"metadata": {"namespace": "ns", "name": "c", "uid": "u"}, "spec": {"elasticGPUName": "egpu-u"},
+             "status": {"phase": "Bound", "gpus": ["GPU-1"], "capacity": {"elasticgpu.io/gpu-core": 42},
+                        "partition": {"profile": "3g.40gb", "cores": 42, "memory": 40960, "start": 4}}}
+    egpu = {"spec": {"claimRef": {"namespace": "ns", "name": "c", "uid": "u"}}, "status": {"gpus": ["GPU-1"]}}
+    assert claim_view.claim_info(claim, egpu).partition == ("3g.40gb", 4)
+    claim["status"].pop("partition")
+    assert claim_view.claim_info(claim, egpu).partition is None
+
+
+def test_the_isolation_mode_is_the_claim_s_status_and_none_when_absent() -> None:
+    claim: dict[str, Any] = {"metadata": {"namespace": "ns", "name": "c"}, "spec": {},
+                             "status": {"phase": "Pending", "isolation": "MPS"}}
+    assert claim_view.claim_info(claim, None).isolation == "MPS"
+    del claim["status"]["isolation"]  # bound before the field existed: advisory, as it was then
+    assert claim_view.claim_info(claim, None).isolation == "None"

@@ -50,6 +50,9 @@ def test_files_are_replaced_whole_and_count_generations(tmp_path: Path) -> None:
     env = (folder / "limits.env").read_text().splitlines()
     assert {"ELASTICGPU_CORES=20", "ELASTICGPU_MEMORY_MIB=4096", "ELASTICGPU_GENERATION=2", "CUDA_DEVICE_SM_LIMIT=20",
             "CUDA_DEVICE_MEMORY_LIMIT_0=4096m", "CUDA_DEVICE_MEMORY_LIMIT_1=4096m"} <= set(env)  # fmt: skip
+    # MPS's names too (issue 25): a process started after a resize with the file sourced gets the new size.
+    assert {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M,1=4096M",
+            "CUDA_DEVICE_SM_LIMIT_1=20"} <= set(env)  # fmt: skip
     assert sorted(p.name for p in folder.iterdir()) == ["limits.env", "limits.json"]  # no temporary file left
     assert stat.S_IMODE((folder / "limits.json").stat().st_mode) == 0o644
     assert files.mount("ns", "train") == (str(folder), "/run/elasticgpu")

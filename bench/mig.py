@@ -1,0 +1,303 @@
+"""MIG placement on a trace derived from Alibaba's openb GPU trace: how many requests fit.
+
+Data: ../shared/traces/openb/ (cluster-trace-gpu-v2023, Weng et al., "Beware of
+Fragmentation", USENIX ATC'23; research use, cite the paper; nothing is copied here).
+
+The MIG trace, derived on the fly:
+- the cluster of `openb_node_list_gpu_node.csv` (1213 nodes, 6212 cards), every card taken as
+  a MIG card of `--model` (A100-80GB by default; the trace's own models are undisclosed or not
+  MIG-capable);
+- each GPU pod of the pod list becomes a MIG request: a fractional GPU (gpu_milli < 1000) the
+  smallest profile covering its cores and memory in proportion (0.32 GPU -> 3g.40gb, 0.47 ->
+  4g.40gb, 0.81 -> 7g.80gb), N whole GPUs N cards of the largest profile (7g) on one node;
+  CPU-only pods are left out (MIG does not see them), CPU and main memory are not counted;
+- the requests sampled with replacement, shuffled per seed, until the memory slices they ask
+  for reach 100% of the cluster's slices; each is tried once, in order, and fails if it fits
+  nowhere (no departures).
+
+Policies, each on the same sequence per seed:
+- `first-fit`: the first node, card and start where the profile fits (an admin carving by hand,
+  or a plugin creating instances on demand without a placement model);
+- `fixed <layout>`: every card pre-carved into one of NVIDIA's standard layouts (as
+  nvidia-mig-parted configures them); a request takes a free pre-carved instance of the
+  smallest profile that covers it (larger ones allowed, which favours this baseline);
+  `fixed mixed` carves the cards of each node in turn as all-7g, 4g+3g and 3g+2g+1g+1g;
+- `fragmentation`: ours (`elasticgpu.allocator.mig`), with the trace's request mix as workload.
+
+Prints, per policy and averaged over the seeds, the share of requests that fit and the share
+of memory slices in use when 100% of capacity has arrived.
+
+    python bench/mig.py                     # default trace, 3 seeds
+    python bench/mig.py --trace gpushare100 --seeds 5 --model H200-141GB
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import heapq
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from elasticgpu.allocator.mig import (  # noqa: E402
+    MigAllocator,
+    MigCard,
+    MigModel,
+    MigPlacement,
+    MigRequest,
+    Profile,
+    by_name,
+)
+
+# NVIDIA's standard layouts, by profile size (the names of each model follow its memory).
+LAYOUTS: dict[str, tuple[tuple[int, int], ...]] = {
+    # (compute slices, memory slices) of each instance, first to last slice
+    "all-7g": ((7, 8),),
+    "4g+3g": ((4, 4), (3, 4)),
+    "3g+2g+1g+1g": ((3, 4), (2, 2), (1, 1), (1, 1)),
+    "all-2g+1g": ((2, 2), (2, 2), (2, 2), (1, 1)),
+    "all-1g": ((1, 1),) * 7,
+}
+MIXED = ("all-7g", "4g+3g", "3g+2g+1g+1g")
+FIXED = (*LAYOUTS, "mixed")
+POLICIES = ("first-fit", *(f"fixed {name}" for name in FIXED), "fragmentation")
+
+
+@dataclass(frozen=True)
+class Request:
+    name: str
+    request: MigRequest
+    slices: int
+    """Memory slices the request takes (its profile's size, times its cards)."""
+    seconds: int
+    """How long the pod ran in the trace (deletion - creation), capped (see `load_requests`)."""
+
+
+def load_nodes(path: Path) -> list[tuple[str, int]]:
+    """(node name, cards) of the nodes with GPUs."""
+    with path.open() as f:
+        return [(row["sn"], int(row["gpu"])) for row in csv.DictReader(f) if int(row["gpu"]) > 0]
+
+
+def load_requests(path: Path, model: MigModel, memory_mib: int) -> list[Request]:
+    """The GPU pods of a pod list as MIG requests (CPU-only pods left out). Durations are capped
+    at the trace's 90th percentile so that the churn replay reaches a steady state in a few
+    cluster lifetimes (a handful of pods ran for months); pods without times get the median."""
+    rows = []
+    with path.open() as f:
+        for row in csv.DictReader(f):
+            num_gpu, milli = int(row["num_gpu"]), int(row["gpu_milli"])
+            if num_gpu == 0:
+                continue
+            if num_gpu == 1 and milli < 1000:
+                request = MigRequest(cores=max(milli // 10, 1))
+            else:
+                request = MigRequest(cores=100, cards=num_gpu)
+            profile = request.profile_on(model, memory_mib)
+            assert profile is not None  # every share of one card is covered by 7g at worst
+            created, deleted = row.get("creation_time") or "", row.get("deletion_time") or ""
+            seconds = int(deleted) - int(created) if created and deleted else -1
+            rows.append((row["name"], request, profile.size * max(request.cards, 1), seconds))
+    known = sorted(r[3] for r in rows if r[3] > 0) or [1]
+    cap, median = known[int(0.90 * (len(known) - 1))], known[len(known) // 2]
+    return [Request(n, r, s, min(d, cap) if d > 0 else median) for n, r, s, d in rows]
+
+
+def inflate(requests: list[Request], capacity: int, *, seed: int, share: float = 1.0) -> list[Request]:
+    """Sample with replacement until the requests' slices reach `share` x the cluster's slices."""
+    rng = random.Random(seed)
+    out: list[Request] = []
+    total = 0
+    while total < share * capacity:
+        pick = requests[rng.randrange(len(requests))]
+        out.append(pick)
+        total += pick.slices
+    return out
+
+
+class Placer(Protocol):
+    def allocate(self, key: str, item: Request) -> int:
+        """Slices taken (0: it did not fit)."""
+
+    def release(self, key: str) -> None:
+        """Free what `key` holds."""
+
+
+class Ours:
+    """`MigAllocator` under one of its policies."""
+
+    def __init__(self, policy: str, nodes: list[tuple[str, int]], model: MigModel, memory_mib: int,
+                 workload: dict[MigRequest, float]) -> None:
+        self.allocator = MigAllocator(policy=policy, workload=workload)  # type: ignore[arg-type]
+        for node, count in nodes:
+            for i in range(count):
+                card = MigCard(uuid=f"{node}-gpu{i}", node=node, index=i, model=model, memory_mib=memory_mib)
+                self.allocator.add_card(card)
+
+    def allocate(self, key: str, item: Request) -> int:
+        return item.slices if isinstance(self.allocator.allocate(key, item.request), MigPlacement) else 0
+
+    def release(self, key: str) -> None:
+        self.allocator.release(key)
+
+
+def _carve(model: MigModel, layout: str) -> list[Profile]:
+    by_shape = {(p.compute, p.size): p for p in model.profiles}
+    return [by_shape[shape] for shape in LAYOUTS[layout]]
+
+
+class Fixed:
+    """Every card pre-carved (`layout`, or `mixed`); a request takes the smallest free
+    pre-carved instance that covers it, the first in node and card order."""
+
+    def __init__(self, layout: str, nodes: list[tuple[str, int]], model: MigModel, memory_mib: int) -> None:
+        self.model, self.memory_mib, self.full = model, memory_mib, model.largest
+        # Free instances per profile as heaps of (node, instance id); whole-card requests need
+        # k free 7g on one node, counted per node.
+        self.free: dict[Profile, list[tuple[int, int]]] = {p: [] for p in model.profiles}
+        self.whole = [0] * len(nodes)
+        for n, (_, count) in enumerate(nodes):
+            for c in range(count):
+                name = MIXED[c % len(MIXED)] if layout == "mixed" else layout
+                for slot, profile in enumerate(_carve(model, name)):
+                    self.free[profile].append((n, c * 8 + slot))
+                    self.whole[n] += profile is self.full
+        for heap in self.free.values():
+            heapq.heapify(heap)
+        self.held: dict[str, list[tuple[Profile, tuple[int, int]]]] = {}
+        self.order = sorted(model.profiles, key=lambda p: (p.size, p.compute))
+
+    def allocate(self, key: str, item: Request) -> int:
+        request = item.request
+        if request.cards > 0:
+            node = next((n for n, free in enumerate(self.whole) if free >= request.cards), None)
+            if node is None:
+                return 0
+            heap = self.free[self.full]
+            mine = [w for w in heap if w[0] == node][: request.cards]
+            for where in mine:
+                heap.remove(where)
+            heapq.heapify(heap)
+            self.whole[node] -= request.cards
+            self.held[key] = [(self.full, w) for w in mine]
+            return item.slices
+        need = request.profile_on(self.model, self.memory_mib)
+        assert need is not None
+        for profile in self.order:
+            if profile.compute >= need.compute and profile.size >= need.size and self.free[profile]:
+                where = heapq.heappop(self.free[profile])
+                if profile is self.full:
+                    self.whole[where[0]] -= 1
+                self.held[key] = [(profile, where)]
+                return profile.size  # a larger instance holds all its slices
+        return 0
+
+    def release(self, key: str) -> None:
+        for profile, where in self.held.pop(key, []):
+            heapq.heappush(self.free[profile], where)
+            if profile is self.full:
+                self.whole[where[0]] += 1
+
+
+def make(policy: str, nodes: list[tuple[str, int]], model: MigModel, memory_mib: int,
+         workload: dict[MigRequest, float]) -> Placer:
+    """The placer a policy name stands for."""
+    if policy.startswith("fixed "):
+        return Fixed(policy.removeprefix("fixed "), nodes, model, memory_mib)
+    return Ours(policy, nodes, model, memory_mib, workload)
+
+
+def fill(placer: Placer, sequence: list[Request]) -> tuple[int, int]:
+    """No departures: (requests that fit, slices in use at the end)."""
+    placed = used = 0
+    for i, item in enumerate(sequence):
+        taken = placer.allocate(f"{item.name}#{i}", item)
+        placed += taken > 0
+        used += taken
+    return placed, used
+
+
+def churn(placer: Placer, sequence: list[Request], capacity: int, *, seed: int) -> tuple[int, int]:
+    """Departures at 100% offered load: requests arrive as a Poisson stream whose rate times the
+    mean (slices x seconds) equals the cluster's slices, each holds its trace duration, and one
+    that does not fit at arrival is lost. Returns (requests that fit, requests counted): the
+    first half of the stream warms the cluster up and is not counted."""
+    rng = random.Random(seed)
+    rate = capacity / statistics.fmean(r.slices * r.seconds for r in sequence)
+    now = 0.0
+    leaving: list[tuple[float, str]] = []
+    placed = counted = 0
+    warm = len(sequence) // 2
+    for i, item in enumerate(sequence):
+        now += rng.expovariate(rate)
+        while leaving and leaving[0][0] <= now:
+            placer.release(heapq.heappop(leaving)[1])
+        key = f"{item.name}#{i}"
+        fits = placer.allocate(key, item) > 0
+        if fits:
+            heapq.heappush(leaving, (now + item.seconds, key))
+        if i >= warm:
+            counted += 1
+            placed += fits
+    return placed, counted
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trace-dir", default="../shared/traces/openb", help="relative to the repository root")
+    parser.add_argument("--trace", default="default", help="pod list NAME of openb_pod_list_NAME.csv")
+    parser.add_argument("--node-list", default="openb_node_list_gpu_node.csv")
+    parser.add_argument("--model", default="A100-80GB", help="MIG model of every card (A100-80GB, H200-141GB, ...)")
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES))
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--churn", type=float, default=4.0, help="arrivals of the churn run, x the cluster's slices")
+    parser.add_argument("--max-nodes", type=int, default=None, help="use the first N nodes only (smoke)")
+    args = parser.parse_args(argv)
+    traces = (REPO / args.trace_dir).resolve()
+    model = by_name(args.model)
+    memory_mib = model.memory_gb * 1024
+    nodes = load_nodes(traces / args.node_list)[: args.max_nodes]
+    requests = load_requests(traces / f"openb_pod_list_{args.trace}.csv", model, memory_mib)
+    capacity = sum(count for _, count in nodes) * model.memory_slices
+    mix = Counter(r.request for r in requests)
+    workload = {request: float(count * max(request.cards, 1)) for request, count in mix.items()}
+    profiles = Counter(
+        (r.request.profile_on(model, memory_mib).name, max(r.request.cards, 1)) for r in requests  # type: ignore[union-attr]
+    )
+    shares = ", ".join(f"{name} x{k}: {100 * n / len(requests):.1f}%" for (name, k), n in profiles.most_common())
+    cards = sum(c for _, c in nodes)
+    print(f"MIG trace from openb {args.trace}: {len(requests)} GPU pods on {cards} {model.name} cards;"
+          f" profiles: {shares}")
+    results: dict[str, list[tuple[float, float, float, float]]] = {p: [] for p in args.policies}
+    for seed in range(args.seed, args.seed + args.seeds):
+        sequence = inflate(requests, capacity, seed=seed)
+        stream = inflate(requests, capacity, seed=seed, share=args.churn)
+        for policy in args.policies:
+            start = time.perf_counter()
+            placed, used = fill(make(policy, nodes, model, memory_mib, workload), sequence)
+            churned, counted = churn(make(policy, nodes, model, memory_mib, workload), stream, capacity, seed=seed)
+            results[policy].append((100.0 * placed / len(sequence), 100.0 * used / capacity,
+                                    100.0 * churned / counted, time.perf_counter() - start))
+    print(f"\n{args.seeds} seed(s) from {args.seed}, mean. fill: no departures, at 100% arrivals (the"
+          f" requests' slices reach the cluster's); churn: departures, 100% offered load, {args.churn:g}x the"
+          " cluster's slices arriving in all (the first half warms up):\n")
+    print("| policy | fill: requests fit % | fill: slices in use % | churn: requests fit % | seconds |")
+    print("|---|---|---|---|---|")
+    for policy, rows in results.items():
+        fit, used, churned, secs = (statistics.fmean(r[k] for r in rows) for k in range(4))
+        print(f"| {policy} | {fit:.2f} | {used:.2f} | {churned:.2f} | {secs:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,43 @@
+"""Isolation modes of a slice's container: None (advisory), MPS, HAMiCore, each a room of its own
+behind one seam (`base.Room`); the CRI hook asks `IsolationRooms` and never branches on a mode."""
+
+from elasticgpu.agent.isolation import mps_daemons
+from elasticgpu.agent.isolation.base import (
+    ANNOTATION_CARDS,
+    ANNOTATION_MODE,
+    MODE_HAMI_CORE,
+    MODE_MPS,
+    MODE_NONE,
+    Contribution,
+    Mount,
+    Room,
+    RunningContainer,
+    Slice,
+    Unavailable,
+)
+from elasticgpu.agent.isolation.hami_core import HamiCoreRoom
+from elasticgpu.agent.isolation.mps import MpsRoom
+from elasticgpu.agent.isolation.mps_daemons import DaemonSettings, MpsDaemons
+from elasticgpu.agent.isolation.none import NoneRoom
+from elasticgpu.agent.isolation.rooms import IsolationRooms
+
+__all__ = [
+    "ANNOTATION_CARDS",
+    "ANNOTATION_MODE",
+    "MODE_HAMI_CORE",
+    "MODE_MPS",
+    "MODE_NONE",
+    "Contribution",
+    "DaemonSettings",
+    "HamiCoreRoom",
+    "IsolationRooms",
+    "Mount",
+    "MpsDaemons",
+    "MpsRoom",
+    "NoneRoom",
+    "Room",
+    "RunningContainer",
+    "Slice",
+    "Unavailable",
+    "mps_daemons",
+]

@@ -1,0 +1,326 @@
+"""MPS control daemons, one per card that serves MPS claims: started, supervised, stopped.
+
+    folders     <state>/<card uuid>/pipe (CUDA_MPS_PIPE_DIRECTORY; mounted into the card's MPS
+                containers) and <state>/<card uuid>/log (CUDA_MPS_LOG_DIRECTORY); <state>/<uuid>/lock
+    start       `nvidia-cuda-mps-control -d` with CUDA_VISIBLE_DEVICES=<uuid> and both folders; it
+                daemonises and writes <pipe>/nvidia-cuda-mps-control.pid, which is how it is found
+                again (also after the agent restarts: the daemon outlives it, its clients need it)
+    never two   every start and stop holds the card's lock file (flock; two agents by mistake, or
+                two threads, wait for each other) and first reads the pid file: a live daemon whose
+                command line is the control binary's is adopted, never started twice
+    supervise   a thread checks every wanted card each `check_interval_s`; a daemon gone (killed,
+                crashed) is started again, after a backoff that doubles per failure (to
+                `backoff_max_s`) and resets once it has run `backoff_max_s`
+    adopt       a live daemon of the state folder that this process did not start (the agent
+                restarted) is taken over at the next sync: supervised while used, stopped once not
+    stop        once no container of an MPS claim uses the card (`release_except`, from the
+                runtime's containers): `echo quit | nvidia-cuda-mps-control` with the same env,
+                then SIGKILL after `stop_timeout_s`
+
+Processes are started with `start_new_session` (no preexec_fn: the agent has loaded grpc, whose
+threads make a fork with Python code before exec unsafe).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CONTROL = "nvidia-cuda-mps-control"
+PID_FILE = "nvidia-cuda-mps-control.pid"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DaemonSettings:
+    """How the daemons are run."""
+
+    stop_timeout_s: float = 10.0
+    """Seconds a daemon has to quit after `quit` before it is killed."""
+    start_timeout_s: float = 10.0
+    """Seconds `nvidia-cuda-mps-control -d` has to daemonise and write its pid file."""
+    check_interval_s: float = 2.0
+    """Seconds between checks that each wanted daemon still runs."""
+    backoff_initial_s: float = 1.0
+    """Seconds before the first restart of a daemon that died; doubled per failure."""
+    backoff_max_s: float = 60.0
+    """Longest wait between restarts; a daemon that ran this long starts the count again."""
+    idle_grace_s: float = 30.0
+    """Seconds a card's daemon is kept after a container was prepared for it, even when no container of
+    the runtime names the card yet (the runtime may still be creating it)."""
+
+
+def _alive(pid: int) -> bool:
+    """True for a running (not zombie) process whose command line is the control binary's."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
+    return state not in ("Z", "X") and CONTROL.encode() in cmdline
+
+
+class MpsDaemons:
+    """The node's MPS control daemons (see the module docstring). Thread-safe."""
+
+    def __init__(self, *, control: Callable[[], str | None], state_dir: Path,
+                 settings: DaemonSettings = DaemonSettings(), clock: Callable[[], float] = time.monotonic) -> None:
+        """`control`: the control binary as the agent sees it, None when the node has none (asked at each start)."""
+        self._control = control
+        self._state_dir = state_dir
+        self._settings = settings
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._wanted: dict[str, float] = {}  # lowercased uuid -> when a container was last prepared for it
+        self._spelled: dict[str, str] = {}  # lowercased uuid -> as the driver spells it (CUDA_VISIBLE_DEVICES)
+        self._failures: dict[str, int] = {}
+        self._next_try: dict[str, float] = {}
+        self._started_at: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.starts = 0
+        """Daemons started by this process (for tests and logs)."""
+
+    # -- paths ---------------------------------------------------------------------------------
+
+    def folder(self, uuid: str) -> Path:
+        """The card's folder under the state dir."""
+        return self._state_dir / uuid.lower()
+
+    def pipe_dir(self, uuid: str) -> Path:
+        """The card's CUDA_MPS_PIPE_DIRECTORY."""
+        return self.folder(uuid) / "pipe"
+
+    def log_dir(self, uuid: str) -> Path:
+        """The card's CUDA_MPS_LOG_DIRECTORY."""
+        return self.folder(uuid) / "log"
+
+    def env(self, uuid: str) -> dict[str, str]:
+        """The environment of the card's control daemon and of `quit`."""
+        return {**os.environ, "CUDA_VISIBLE_DEVICES": uuid, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(uuid)),
+                "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir(uuid))}
+
+    def pid(self, uuid: str) -> int | None:
+        """The pid of the card's live daemon, or None. The pid file first; without it (a container sees the
+        pipe folder writable and may have removed it), the process whose environment names the pipe folder."""
+        try:
+            pid = int((self.pipe_dir(uuid) / PID_FILE).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return self._by_environment(uuid)
+        return pid if _alive(pid) else self._by_environment(uuid)
+
+    def _by_environment(self, uuid: str) -> int | None:
+        """The live control daemon whose CUDA_MPS_PIPE_DIRECTORY is the card's (a scan of /proc: only when the
+        pid file does not lead to one)."""
+        wanted = f"CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir(uuid)}".encode()
+        try:
+            entries = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+        except OSError:
+            return None
+        found: dict[int, int] = {}  # pid -> parent pid
+        for entry in entries:
+            try:
+                if CONTROL.encode() not in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    continue
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if wanted in environ and _alive(int(entry)):
+                found[int(entry)] = parent
+        # The daemon, not a child it forked that has not yet exec'd (it has the daemon's command line).
+        return min((pid for pid, parent in found.items() if parent not in found), default=None)
+
+    @contextlib.contextmanager
+    def _card_lock(self, uuid: str) -> Iterator[None]:
+        folder = self.folder(uuid)
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    # -- the CRI hook's side -------------------------------------------------------------------
+
+    def ensure(self, uuid: str) -> None:
+        """The card's daemon runs (started now if it does not); raises RuntimeError saying why it cannot."""
+        key = uuid.lower()
+        with self._lock:
+            self._wanted[key] = self._clock()
+            self._spelled[key] = uuid
+        if self.pid(uuid) is not None:
+            return
+        self._start(uuid)
+        self._start_thread()
+
+    def wanted(self) -> set[str]:
+        """Lowercased uuids of the cards whose daemons are kept running."""
+        with self._lock:
+            return set(self._wanted)
+
+    def adopt(self) -> list[str]:
+        """Take over the live daemons of the state folder this process did not start (an agent that
+        restarted: its daemons outlived it): they are supervised, and stopped once unused. Returns their uuids."""
+        adopted: list[str] = []
+        try:
+            folders = [entry for entry in self._state_dir.iterdir() if entry.is_dir()]
+        except FileNotFoundError:
+            return adopted
+        for folder in folders:
+            key = folder.name
+            with self._lock:
+                if key in self._wanted:
+                    continue
+            if self.pid(key) is None:
+                continue
+            try:
+                spelled = (folder / "uuid").read_text().strip() or key
+            except OSError:
+                spelled = key
+            with self._lock:
+                # As if prepared a grace ago: stopped at once when no container uses it.
+                self._wanted.setdefault(key, self._clock() - self._settings.idle_grace_s)
+                self._spelled.setdefault(key, spelled)
+                self._started_at.setdefault(key, self._clock())
+            adopted.append(key)
+            log.info("MPS control daemon of card %s (pid %s), started before this agent: adopted", spelled,
+                     self.pid(key))
+        if adopted:
+            self._start_thread()
+        return adopted
+
+    def release_except(self, used: Iterable[str]) -> list[str]:
+        """Stop the daemons of wanted cards no container uses (past the idle grace); returns their uuids.
+        Daemons left by an earlier agent are adopted first, so they are stopped too once unused."""
+        self.adopt()
+        keep = {uuid.lower() for uuid in used}
+        now = self._clock()
+        with self._lock:
+            idle = [uuid for uuid, since in self._wanted.items()
+                    if uuid not in keep and now - since >= self._settings.idle_grace_s]
+            for uuid in idle:
+                del self._wanted[uuid]
+                self._failures.pop(uuid, None)
+                self._next_try.pop(uuid, None)
+        for uuid in idle:
+            self.stop(self._spelled.pop(uuid, uuid))
+        return idle
+
+    # -- starting and stopping -----------------------------------------------------------------
+
+    def _start(self, uuid: str) -> None:
+        control = self._control()
+        if control is None:
+            raise RuntimeError(f"{CONTROL} is not installed under the driver root")
+        with self._card_lock(uuid):
+            if self.pid(uuid) is not None:
+                return  # started meanwhile (another thread, or an agent by mistake): never two
+            self.pipe_dir(uuid).mkdir(parents=True, exist_ok=True)
+            self.log_dir(uuid).mkdir(parents=True, exist_ok=True)
+            (self.folder(uuid) / "uuid").write_text(uuid + "\n")  # as the driver spells it, for a later agent
+            with contextlib.suppress(FileNotFoundError):
+                (self.pipe_dir(uuid) / PID_FILE).unlink()  # a dead daemon's: the new one writes its own
+            errors_file = self.log_dir(uuid) / "start.err"
+            try:
+                # Its output to a file, not a pipe: the daemon it forks may keep a pipe open, and a read
+                # of the pipe would wait for the daemon to end.
+                with open(errors_file, "wb") as err:
+                    done = subprocess.run([control, "-d"], env=self.env(uuid), stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                          timeout=self._settings.start_timeout_s, check=False)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise RuntimeError(f"{control} -d failed: {e}") from e
+            if done.returncode != 0:
+                said = errors_file.read_text(errors="replace").strip()[:200]
+                raise RuntimeError(f"{control} -d exited with {done.returncode}: {said}")
+            deadline = self._clock() + self._settings.start_timeout_s
+            while self.pid(uuid) is None:
+                if self._clock() >= deadline:
+                    raise RuntimeError(f"{control} -d wrote no live pid in {self.pipe_dir(uuid) / PID_FILE}")
+                time.sleep(0.01)
+            self.starts += 1
+            with self._lock:
+                self._started_at[uuid.lower()] = self._clock()
+        log.info("MPS control daemon of card %s started (pid %s)", uuid, self.pid(uuid))
+
+    def stop(self, uuid: str) -> None:
+        """Quit the card's daemon (`quit`, then SIGKILL after the timeout)."""
+        control = self._control()
+        with self._card_lock(uuid):
+            pid = self.pid(uuid)
+            if pid is None:
+                return
+            if control is not None:
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    subprocess.run([control], input=b"quit\n", env=self.env(uuid), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True,
+                                   timeout=self._settings.stop_timeout_s, check=False)
+            deadline = self._clock() + self._settings.stop_timeout_s
+            while _alive(pid) and self._clock() < deadline:
+                time.sleep(0.02)
+            if _alive(pid):
+                log.warning("MPS control daemon of card %s (pid %d) did not quit in %gs: killed", uuid, pid,
+                            self._settings.stop_timeout_s)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        log.info("MPS control daemon of card %s stopped: no MPS claim uses the card", uuid)
+
+    # -- supervising ---------------------------------------------------------------------------
+
+    def _start_thread(self) -> None:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._supervise, name="mps-daemons", daemon=True)
+            self._thread.start()
+
+    def check(self) -> None:
+        """One pass: start the wanted daemons that are gone, each after its backoff."""
+        now = self._clock()
+        for uuid in sorted(self.wanted()):
+            if self.pid(uuid) is not None:
+                with self._lock:
+                    if now - self._started_at.get(uuid, now) >= self._settings.backoff_max_s:
+                        self._failures.pop(uuid, None)  # ran long enough: the next failure starts over
+                continue
+            with self._lock:
+                if now < self._next_try.get(uuid, 0.0):
+                    continue
+                failures = self._failures.get(uuid, 0)
+                self._failures[uuid] = failures + 1
+                wait = min(self._settings.backoff_initial_s * (2 ** failures), self._settings.backoff_max_s)
+                self._next_try[uuid] = now + wait
+            log.warning("MPS control daemon of card %s is gone; starting it again (next try in %gs if it fails)",
+                        self._spelled.get(uuid, uuid), wait)
+            try:
+                self._start(self._spelled.get(uuid, uuid))
+            except RuntimeError as e:
+                log.warning("MPS control daemon of card %s: %s", uuid, e)
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(self._settings.check_interval_s):
+            try:
+                self.check()
+            except Exception:  # the supervisor never dies: the next pass tries again
+                log.exception("checking the MPS control daemons failed")
+
+    def close(self) -> None:
+        """Stop supervising (the daemons keep running: containers use them; the next agent adopts them)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=5)

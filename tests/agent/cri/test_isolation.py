@@ -1,0 +1,267 @@
+"""Isolation modes in real containers (issue 25): kubelet (our CRI client) -> proxy with claim hooks ->
+real containerd. What each mode puts into the container is read back from inside it (ExecSync); the MPS
+daemon's life is followed with a stand-in control binary at the driver-root path."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from elasticgpu.agent import isolation
+from elasticgpu.agent.cri import claim_hooks
+from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
+from elasticgpu.agent.ledger import store
+from tests.agent.cri.isolation_node import IsolationNode, wait_until
+from tests.agent.cri.kubelet import Kubelet
+from tests.agent.cri.node import CARDS, View, publish_cards, slice_claim, whole_claim
+from tests.containerd_runtime import TestRuntime
+
+NS = "team"
+CARD = CARDS[0].uuid
+
+
+@dataclass
+class Node:
+    view: View
+    kubelet: Kubelet
+    hooks: claim_hooks.ClaimHooks
+    isolation: IsolationNode
+
+
+def make_node(containerd: TestRuntime, proxy_socket: Path, tmp_path: Path, **stand_ins: bool) -> Iterator[Node]:
+    publish_cards(containerd.cdi_dir, containerd.directory / "dev")
+    view = View()
+    ledger = store.LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
+    node = IsolationNode(tmp_path, **stand_ins)
+    hooks = claim_hooks.ClaimHooks(view=view, ledger=ledger, rooms=node.rooms)
+    settings = ProxySettings(listen=proxy_socket, upstream=str(containerd.socket))
+    try:
+        with CriProxy(settings, container_hooks=hooks) as proxy, Kubelet(f"unix://{proxy_socket}",
+                                                                         containerd.image) as k:
+            assert proxy.reconciled.wait(10)
+            yield Node(view=view, kubelet=k, hooks=hooks, isolation=node)
+    finally:
+        hooks.close()
+        ledger.close()
+        node.close()
+
+
+@pytest.fixture
+def node(containerd: TestRuntime, proxy_socket: Path, tmp_path: Path) -> Iterator[Node]:
+    yield from make_node(containerd, proxy_socket, tmp_path)
+
+
+def uses(claim: str, container: str = "main") -> dict[str, str]:
+    return {f"egpuc.elasticgpu.io/{container}": claim}
+
+
+def run(node: Node, pod_name: str, claim: str, *, mode: str, container: str = "main", **changes: object) -> str:
+    """A pod `pod_name` whose container uses a Bound slice claim `claim` of isolation `mode`; its id."""
+    node.view.add(slice_claim(NS, claim, user=pod_name, isolation=mode, **changes))
+    pod = node.kubelet.run_pod(pod_name, NS, annotations=uses(claim, container))
+    container_id = node.kubelet.create_container(pod, container)
+    node.kubelet.start(container_id)
+    return container_id
+
+
+def sh(node: Node, container_id: str, script: str) -> tuple[int, str]:
+    return node.kubelet.exec(container_id, "sh", "-c", script)
+
+
+def test_hami_core_preloads_the_library_with_the_slice_and_a_cache_of_its_own(node: Node) -> None:
+    first = run(node, "trainer", "train", mode="HAMiCore")
+    env = node.kubelet.env(first)
+    assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT"]) == (
+        "10240m", "30", "30")
+    assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == "/tmp/vgpu/vgpu.cache"
+    assert not any(key.startswith("CUDA_MPS") for key in env)  # MPS's names belong to mode MPS
+    assert sh(node, first, "cat /etc/ld.so.preload") == (0, "/usr/local/vgpu/libvgpu.so\n")
+    assert sh(node, first, "cat /usr/local/vgpu/libvgpu.so") == (0, "stand-in for HAMi-core's libvgpu.so\n")
+    # Both read-only: a process of the container cannot unload the limiter or change it.
+    assert sh(node, first, "echo > /etc/ld.so.preload")[0] != 0
+    assert sh(node, first, "echo > /usr/local/vgpu/libvgpu.so")[0] != 0
+    # The shared cache is the container's own: another container's limits never leak into it.
+    assert sh(node, first, "echo first > /tmp/vgpu/vgpu.cache")[0] == 0
+    second = run(node, "other", "other", mode="HAMiCore", memory_mib=2048)
+    assert node.kubelet.env(second)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2048m"
+    assert sh(node, second, "cat /tmp/vgpu/vgpu.cache")[0] != 0
+    caches = node.isolation.state / "hami-core/cache"
+    assert len(list(caches.iterdir())) == 2
+    # A removed container's cache goes with it.
+    node.kubelet.remove_container(second)
+    node.hooks.flush()
+    wait_until("the second cache removed", lambda: len(list(caches.iterdir())) == 1)
+    assert sh(node, first, "cat /tmp/vgpu/vgpu.cache") == (0, "first\n")
+
+
+def test_mode_none_is_advisory_and_mounts_nothing(node: Node) -> None:
+    container_id = run(node, "trainer", "train", mode="None")
+    env = node.kubelet.env(container_id)
+    assert (env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_DEVICE_MEMORY_LIMIT_0"]) == ("30", "10240m")
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in env and "CUDA_DEVICE_MEMORY_SHARED_CACHE" not in env
+    assert sh(node, container_id, "test -e /etc/ld.so.preload || test -e /run/nvidia-mps")[0] != 0
+    assert node.isolation.starts() == []
+
+
+def test_whole_cards_get_no_mode_whatever_the_claim_says(node: Node) -> None:
+    node.view.add(whole_claim(NS, "card", user="renderer"))
+    pod = node.kubelet.run_pod("renderer", NS, annotations=uses("card"))
+    container_id = node.kubelet.create_container(pod, "main")
+    node.kubelet.start(container_id)
+    env = node.kubelet.env(container_id)
+    assert not any(key.startswith(("CUDA_MPS", "CUDA_DEVICE")) for key in env)
+
+
+def test_mps_gives_the_card_s_pipe_folder_and_the_claim_s_own_limits(node: Node) -> None:
+    container_id = run(node, "trainer", "train", mode="MPS")
+    env = node.kubelet.env(container_id)
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia-mps"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
+    assert not any(key.startswith("CUDA_DEVICE_") for key in env)  # HAMi-core's names belong to HAMiCore
+    # The pipe folder is the card's daemon's: the container sees the pid file the daemon wrote there.
+    code, out = sh(node, container_id, "cat /run/nvidia-mps/nvidia-cuda-mps-control.pid")
+    assert code == 0 and int(out) == node.isolation.daemons.pid(CARD)
+    assert sh(node, container_id, "test -e /etc/ld.so.preload")[0] != 0
+
+
+def test_mps_daemon_once_per_card_restarted_after_kill_9_and_stopped_when_unused(node: Node) -> None:
+    iso = node.isolation
+    first = run(node, "a", "a", mode="MPS")
+    run(node, "b", "b", mode="MPS", memory_mib=2048)  # another claim on the same card: the same daemon
+    assert iso.starts() == [CARD]
+    [pid] = iso.servers()
+    assert iso.daemons.pid(CARD) == pid
+    started = iso.record.read_text().splitlines()[0].split()
+    assert started[2:] == [str(iso.daemons.pipe_dir(CARD)), str(iso.daemons.log_dir(CARD))]
+
+    # kill -9: the supervisor starts it again (once), with the same card and folders.
+    os.kill(pid, signal.SIGKILL)
+    wait_until("the daemon started again", lambda: iso.starts() == [CARD, CARD] and len(iso.servers()) == 1)
+    [again] = iso.servers()
+    assert again != pid and iso.daemons.pid(CARD) == again
+    assert node.kubelet.env(first)["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia-mps"
+
+    # One claim's containers gone: the other still uses the card, the daemon stays.
+    for container_id in list(node.kubelet.container_ids()):
+        if container_id == first:
+            node.kubelet.remove_container(container_id)
+    node.hooks.flush()
+    assert iso.servers() == [again] and iso.quits() == []
+    # The last one gone: `quit`, and no server is left.
+    for container_id in list(node.kubelet.container_ids()):
+        node.kubelet.remove_container(container_id)
+    node.hooks.flush()
+    wait_until("the daemon stopped", lambda: iso.servers() == [])
+    assert iso.quits() == [CARD]
+    assert iso.starts() == [CARD, CARD]  # and not started again: nothing wants it
+
+
+def test_never_two_daemons_for_one_card(tmp_path: Path) -> None:
+    """Many threads and a second supervisor (an agent started twice by mistake) ensure one card at once."""
+    first = IsolationNode(tmp_path / "one")
+    # The second agent shares the first one's state folder (the same node).
+    second = isolation.MpsDaemons(control=lambda: str(first.control), state_dir=first.state / "mps")
+    try:  # from here on, whatever fails, the servers started are ended (first.close)
+        threads = [threading.Thread(target=(first.daemons if i % 2 else second).ensure, args=(CARD,))
+                   for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert len(first.servers()) == 1
+        assert first.starts() == [CARD]
+    finally:
+        second.close()
+        first.close()
+
+
+def test_a_mode_the_node_cannot_provide_refuses_the_container_with_the_fix(
+    containerd: TestRuntime, proxy_socket: Path, tmp_path: Path
+) -> None:
+    for node in make_node(containerd, proxy_socket, tmp_path, with_mps=False, with_library=False):
+        for mode, says in (("HAMiCore", "--hami-core-library"), ("MPS", "nvidia-cuda-mps-control")):
+            node.view.add(slice_claim(NS, mode.lower(), user=f"pod-{mode.lower()}", isolation=mode))
+            pod = node.kubelet.run_pod(f"pod-{mode.lower()}", NS, annotations=uses(mode.lower()))
+            with pytest.raises(grpc.RpcError) as refused:
+                node.kubelet.create_container(pod, "main")
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert says in str(refused.value.details()) and f"isolated by {mode}" in str(refused.value.details())
+        assert node.isolation.rooms.offered() == []
+
+
+def test_a_restarted_agent_adopts_its_daemons_and_stops_them_once_unused(tmp_path: Path) -> None:
+    before = IsolationNode(tmp_path / "node")
+    after = isolation.MpsDaemons(control=lambda: str(before.control), state_dir=before.state / "mps",
+                                 settings=isolation.DaemonSettings(check_interval_s=0.1, backoff_initial_s=0.1,
+                                                                   idle_grace_s=30.0))
+    try:
+        before.daemons.ensure(CARD)
+        before.daemons.ensure(CARDS[1].uuid)
+        before.daemons.close()  # the agent stops; its daemons keep serving their containers
+        [first, second] = [before.daemons.pid(CARD), before.daemons.pid(CARDS[1].uuid)]
+        assert first and second and len(before.servers()) == 2
+
+        # The runtime still has a container on the first card only: the second card's daemon goes at once
+        # (it was not prepared by this agent: no grace), the first is kept, supervised and not restarted.
+        assert after.release_except([CARD.lower()]) == [CARDS[1].uuid.lower()]
+        assert before.servers() == [first] and before.quits() == [CARDS[1].uuid]
+        os.kill(first, signal.SIGKILL)
+        wait_until("the adopted daemon started again", lambda: after.pid(CARD) not in (None, first))
+        assert before.starts() == [CARD, CARDS[1].uuid, CARD]  # restarted with the card as the driver spells it
+        # The last container gone: stopped (a restart is no new use: the grace counts from the adoption).
+        assert after.release_except([]) == [CARD.lower()]
+        assert before.servers() == [] and before.quits() == [CARDS[1].uuid, CARD]
+    finally:
+        after.close()
+        before.close()
+
+
+def test_a_container_that_removes_the_pid_file_does_not_get_a_second_daemon(node: Node) -> None:
+    """The pipe folder is writable in the container (MPS clients write to its pipes): a container may
+    remove the daemon's pid file. The agent finds the daemon by its environment then, and starts none."""
+    iso = node.isolation
+    container_id = run(node, "trainer", "train", mode="MPS")
+    [server] = iso.servers()
+    assert sh(node, container_id, "rm /run/nvidia-mps/nvidia-cuda-mps-control.pid")[0] == 0
+    assert not (iso.daemons.pipe_dir(CARD) / "nvidia-cuda-mps-control.pid").exists()
+    assert iso.daemons.pid(CARD) == server
+    iso.daemons.check()  # a supervisor pass, as its thread makes every 0.1 s here
+    iso.daemons.ensure(CARD)  # and the next container of an MPS claim on the card
+    assert iso.servers() == [server] and iso.starts() == [CARD]
+
+
+def test_a_cache_folder_is_always_one_folder_under_the_state(tmp_path: Path) -> None:
+    room = isolation.HamiCoreRoom(library="/nowhere/libvgpu.so", host_root="/", state_dir=tmp_path)
+    odd = isolation.Slice(claim="ns/c", uuids=(CARD,), cores=30, memory_mib=1024, pod_uid="../../etc",
+                          container="../x/y")
+    folder = room.cache_dir(odd)
+    assert folder.parent == tmp_path / "cache" and "/" not in folder.name and not folder.name.startswith(".")
+
+
+def test_the_benchmark_runs_and_reports_each_mode_against_none(
+    capsys: pytest.CaptureFixture[str], containerd: TestRuntime
+) -> None:
+    """bench/isolation_create.py, a few creates (on a containerd of its own; `containerd` here only skips
+    the test where no runtime can run): every mode reported, and what it adds to None."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("isolation_bench", Path(__file__).resolve().parents[3] / "bench"
+                                                  / "isolation_create.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    lines = bench.report({"None": [10.0, 12.0, 20.0], "MPS": [10.5, 12.5, 21.0], "HAMiCore": [11.0, 13.0, 28.0]})
+    assert [line.split()[0] for line in lines[1:4]] == ["None", "MPS", "HAMiCore"]
+    assert lines[3].split()[-2:] == ["+1.00", "+8.00"]
+    assert lines[-1] == "worst mode adds +8.00 ms at p99 over None: OVER the 5 ms target"
+    assert bench.main(["--creates", "2", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "MPS daemons started: 1" in out and "HAMiCore" in out
