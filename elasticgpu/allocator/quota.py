@@ -171,26 +171,56 @@ def status_without(quota: ElasticGPUQuota, uid: str) -> dict[str, object]:
     return status_of(quota, [c for c in quota.status.charges if c.uid != uid])
 
 
-def recompute(quota: ElasticGPUQuota, *, holding: Mapping[str, QuotaCharge], alive: Mapping[str, str],
-              now: datetime, grace_s: float) -> list[QuotaCharge]:
+def _covering(previous: QuotaCharge, fresh: QuotaCharge) -> QuotaCharge:
+    """`previous` raised, resource by resource, to at least what `fresh` holds (its time kept)."""
+    if (previous.cores >= fresh.cores and previous.memory >= fresh.memory and previous.cards >= fresh.cards
+            and previous.class_name == fresh.class_name):
+        return previous
+    return previous.model_copy(update={"class_name": fresh.class_name, "cores": max(previous.cores, fresh.cores),
+                                       "memory": max(previous.memory, fresh.memory),
+                                       "cards": max(previous.cards, fresh.cards)})
+
+
+def recompute(quota: ElasticGPUQuota, *, holding: Mapping[str, QuotaCharge], now: datetime,
+              grace_s: float) -> list[QuotaCharge]:
     """The charges the quota should hold, from what the cluster shows (the resync's repair).
 
-    `holding`: the charge each claim of the namespace that holds a reservation should have, by
-    uid; `alive`: uid -> name of the namespace's claims in the picture. A reservation of a live
-    claim is charged (also one bound before the quota existed). Any other charge is kept only
-    for `grace_s` after it was written: its bind may be between the charge and the reservation,
-    on this controller or another, and a claim just created may not be in this picture yet.
-    After that it is dropped (a crash between charge and reservation, a claim deleted).
+    `holding`: by claim uid, the charge each reservation of the namespace that the namespace
+    still holds should have (`decisions.quota_holding` says which). Such a reservation is
+    charged at least what it holds, at once (also one bound before the quota existed). A charge
+    is never lowered or dropped within `grace_s` of being written: a bind or an expand charges
+    first and writes the GPU after, on this controller or another, and the reservations read
+    here may be older than the charge (issue 23: a resync between an expand's charge and its
+    GPU write lowered the charge, and the next claim took the quota over its limit). After the
+    grace a charge follows the reservation (a shrink, a crash between charge and reservation,
+    a claim gone: dropped).
     """
     old = {c.uid: c for c in quota.status.charges}
     kept: list[QuotaCharge] = []
     for uid in sorted(set(old) | set(holding)):
         previous = old.get(uid)
-        if uid in holding and uid in alive:
-            fresh = holding[uid]
-            kept.append(previous if previous is not None and _same(previous, fresh) else fresh)
+        written = timestamps.parse(previous.since) if previous is not None and previous.since else None
+        young = written is not None and (now - written).total_seconds() < grace_s
+        fresh = holding.get(uid)
+        if fresh is None:
+            if previous is not None and young:
+                kept.append(previous)
             continue
-        written = timestamps.parse(previous.since) if previous is not None else None
-        if previous is not None and written is not None and (now - written).total_seconds() < grace_s:
+        if previous is not None and _same(previous, fresh):
             kept.append(previous)
+        elif previous is not None and young:
+            kept.append(_covering(previous, fresh))
+        else:
+            kept.append(fresh)
     return sorted(kept, key=lambda c: (c.claim, c.uid))
+
+
+def lowers(before: Iterable[QuotaCharge], after: Iterable[QuotaCharge]) -> bool:
+    """True when `after` drops a charge of `before` or lowers one of its amounts (the resync then
+    confirms what the cards reserve with a live read before it writes)."""
+    now = {c.uid: c for c in after}
+    for charge in before:
+        new = now.get(charge.uid)
+        if new is None or new.cores < charge.cores or new.memory < charge.memory or new.cards < charge.cards:
+            return True
+    return False

@@ -58,12 +58,14 @@ class QuotaSettings:
     """How ElasticGPUQuotas are enforced (docs/quota.md)."""
 
     refresh_s: float = 2.0
-    """Seconds the list of namespaces that have a quota is trusted: a claim of a namespace with
-    none is bound without reading quotas, so a new quota applies within this time (the resync
-    then charges what was bound before it)."""
+    """Only while the quota watch is not working (no RBAC to watch quotas, a watch that just
+    failed): seconds a list of every quota, which says which namespaces have one, is trusted.
+    A claim of a namespace with none is bound without reading quotas, so a new quota applies
+    within this time (the resync then charges what was bound before it)."""
     recheck_s: float = 2.0
-    """Seconds before a claim kept Pending by a quota is checked again (the controller does not
-    watch quotas: a raised quota or a freed charge is found by this check)."""
+    """Seconds before a claim kept Pending by a quota is checked again. The quota watch says only
+    which namespaces have a quota and wakes no claim: a raised quota or a freed charge is found
+    by this check."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from elasticgpu.allocator import CardShare, Placement, quota
-from elasticgpu.api import ElasticGPUQuota, QuotaCharge, names
+from elasticgpu.api import GPU, ElasticGPUQuota, QuotaCharge, names
+from elasticgpu.controller.decisions import quota_holding
 
 CORE, MEMORY, CARDS = names.RESOURCE_CORE, names.RESOURCE_MEMORY, names.RESOURCE_NVIDIA_GPU
 
@@ -81,9 +82,51 @@ def test_recompute_charges_reservations_and_drops_stale_charges_after_the_grace(
     young = (now - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
     model = _quota({CORE: 400}, [_charge("held", 30, since=old), _charge("crashed", 50, since=old),
                                  _charge("binding", 20, since=young), _charge("deleted", 10, since=old)])
-    holding = {"held": _charge("held", 30), "before-quota": _charge("before-quota", 40),
-               "retained": _charge("retained", 60)}
-    alive = {"held": "c-held", "before-quota": "c-before-quota", "crashed": "c-crashed", "binding": "c-binding"}
-    kept = quota.recompute(model, holding=holding, alive=alive, now=now, grace_s=60)
+    holding = {"held": _charge("held", 30), "before-quota": _charge("before-quota", 40)}
+    kept = quota.recompute(model, holding=holding, now=now, grace_s=60)
     assert sorted(c.uid for c in kept) == ["before-quota", "binding", "held"]
     assert next(c for c in kept if c.uid == "held").since == old  # unchanged charges keep their time
+    assert quota.lowers(model.status.charges, kept) and not quota.lowers(kept, kept)
+
+
+def test_recompute_never_lowers_a_young_charge_below_its_reservation_nor_below_what_it_was() -> None:
+    """Issue 23, item 1: an expand charged 50 and has not written its GPU yet (the reservation
+    read says 30): the charge stays 50 for the grace; after it, it follows the reservation."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    young = (now - timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    model = _quota({CORE: 60}, [_charge("a", 50, memory=1024, since=young)])
+    kept = quota.recompute(model, holding={"a": _charge("a", 30, memory=4096)}, now=now, grace_s=60)
+    assert [(c.cores, c.memory, c.since) for c in kept] == [(50, 4096, young)]  # each resource at least held
+    later = quota.recompute(model, holding={"a": _charge("a", 30, memory=4096)}, now=now + timedelta(seconds=90),
+                            grace_s=60)
+    assert [(c.cores, c.memory) for c in later] == [(30, 4096)]
+
+
+def _gpu(allocations: list[dict[str, object]], running: list[dict[str, object]] | None = None,
+         node: str = "n1") -> GPU:
+    return GPU.model_validate({"metadata": {"name": "gpu-a"}, "spec": {
+        "index": 0, "uuid": "GPU-A", "model": "A100", "memory": 81920, "nodeName": node},
+        "status": {"allocations": allocations, "runningClaims": running or []}})
+
+
+def _allocation(uid: str, cores: int, namespace: str = "ns") -> dict[str, object]:
+    return {"elasticGPU": f"egpu-{uid}", "cores": cores, "memory": 1024,
+            "claimRef": {"namespace": namespace, "name": f"c-{uid}", "uid": uid}}
+
+
+def test_a_namespace_holds_its_reservations_until_freed_unless_handed_to_an_admin() -> None:
+    """Issue 23, item 7: a gone claim's reservation is charged while its pods run on the card (and
+    while it is not yet freed); a Released-Retain one that nothing runs on is the admin's."""
+    running = [{"namespace": "ns", "name": "c-ran", "uid": "ran", "pods": ["ns/p"]}]
+    gpu = _gpu([_allocation("live", 30), _allocation("ran", 20), _allocation("retained", 10),
+                _allocation("reclaiming", 5), _allocation("other", 40, namespace="other")], running)
+
+    def held(expired: str = "") -> dict[str, int]:
+        found = quota_holding.held_by("ns", gpus=[gpu], alive={"live"},
+                                      handed=lambda egpu: egpu in {"egpu-ran", "egpu-retained"},
+                                      gpu=lambda _name: gpu, expired=lambda _gpu: expired)
+        return {uid: h.cores for uid, h in found.items()}
+
+    assert held() == {"live": 30, "ran": 20, "reclaiming": 5}
+    # The agent's report is no longer believed (node gone, heartbeat too old): it keeps nothing.
+    assert held(expired="node n1 no longer exists") == {"live": 30, "reclaiming": 5}

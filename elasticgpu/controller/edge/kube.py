@@ -57,6 +57,11 @@ class KubeApi(KubeRequests):
 
     # -- GPUs ----------------------------------------------------------------------------------
 
+    def list_gpus(self) -> list[Body]:
+        """Every GPU object (a live read: the quota resync confirms what the cards reserve before
+        it lowers a charge)."""
+        return self._list(self._cluster(names.PLURAL_GPU))[0]
+
     def get_gpu(self, name: str) -> Body:
         """One GPU object; raises NotFound."""
         return self._call("GET", self._cluster(names.PLURAL_GPU, name))

@@ -162,6 +162,9 @@ class ClaimSync:
         egpu = self.picture.egpu(egpu_name)
         if egpu is None:
             raise errors.BindingError(f"ElasticGPU {egpu_name} left the picture; the next sync re-decides")
+        if egpu_name != names.elastic_gpu_name_for_claim(claim.metadata.uid or "") and not self._charge_static(
+                claim, egpu):
+            return  # an admin pre-bound it: charged like any static bind (a dynamic one was at its commit)
         if egpu.status.phase != "Bound":
             egpu = self.elastic_gpus.set_phase(egpu, "Bound", binder.REASON_BOUND,
                                                f"bound to claim {claim.metadata.namespace}/{claim.metadata.name}")
@@ -254,6 +257,8 @@ class ClaimSync:
         egpu = self.picture.egpu(egpu_name)
         if egpu is None:
             raise errors.BindingError(f"ElasticGPU {egpu_name} left the picture; the next sync re-decides")
+        if not self._charge_static(claim, egpu):
+            return
         patch = {
             "metadata": {"resourceVersion": egpu.metadata.resource_version},
             "spec": {"claimRef": claim_ref_of(claim).to_dict()},
@@ -270,6 +275,29 @@ class ClaimSync:
                                            f"bound to claim {claim.metadata.namespace}/{claim.metadata.name}")
         self.commit.stamp_claim_ref(egpu)
         self._bind_claim(claim, egpu)
+
+    def _charge_static(self, claim: ElasticGPUClaim, egpu: ElasticGPU) -> bool:
+        """Charge the claim, before it is bound to the admin's ElasticGPU `egpu`, what that
+        ElasticGPU reserves on its cards (as a ResourceQuota counts every PVC, static or
+        dynamic: issue 23). False, with the claim Pending and rechecked later, when a quota of
+        its namespace has no room."""
+        if self.commit.quota is None or not claim.metadata.uid:
+            return True
+        with self.picture.lock:
+            placement = self.picture.ledger.held(egpu.metadata.name or "")
+            if placement is None:
+                planned = binder.placement_of(egpu, self.picture.ledger.gpu)
+                placement = planned if isinstance(planned, Placement) else None
+        if placement is None:
+            return True  # it cannot be served: its own sync fails it, and the claim waits for that
+        try:
+            self.commit.quota.charge(claim_ref_of(claim), placement)
+        except QuotaExceeded as err:
+            self._pending(claim, err.reason, err.message)
+            self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
+                           delay_s=self.settings.quota.recheck_s, recheck=True)
+            return False
+        return True
 
     # -- provisioning --------------------------------------------------------------------------
 
@@ -462,5 +490,8 @@ class ClaimSync:
         except errors.NotFound:
             return
         if self.commit.quota is not None:
-            # The claim is gone: its quota charge goes at once (the resync would, after its grace).
-            self.commit.quota.give_back(namespace, claim.metadata.uid or "")
+            # The claim is gone: its quota charge goes now, unless the namespace still holds its
+            # reservation (its pods still run on the card, or it is being reclaimed): then once
+            # the ElasticGPU's sync frees it (docs/quota.md).
+            uid = claim.metadata.uid or ""
+            self.commit.quota.release(namespace, uid, decision.elastic_gpu or names.elastic_gpu_name_for_claim(uid))

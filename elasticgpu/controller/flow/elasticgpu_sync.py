@@ -286,6 +286,8 @@ class ElasticGPUSync:
         if self._keep_while_running(egpu):
             return
         self.commit.free_reservation(egpu.metadata.name or "")
+        if self.commit.quota is not None:
+            self.commit.quota.freed(egpu)  # the charge follows the reservation, not the claim
         pending = next((c for c in egpu.status.conditions if c.type == running_holders.CONDITION_RELEASE_PENDING
                         and c.status == "True"), None)
         if pending is not None:
@@ -299,6 +301,8 @@ class ElasticGPUSync:
         if self._keep_while_running(egpu):
             return  # the finalizer stays too: a reservation with no ElasticGPU would look like an orphan
         self.commit.free_reservation(name)
+        if self.commit.quota is not None:
+            self.commit.quota.freed(egpu)  # the charge follows the reservation, not the claim
         if names.FINALIZER_EGPU_PROTECTION in egpu.metadata.finalizers:
             kept = [f for f in egpu.metadata.finalizers if f != names.FINALIZER_EGPU_PROTECTION]
             try:

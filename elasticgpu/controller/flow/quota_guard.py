@@ -21,7 +21,10 @@ caught exactly that: 350 cores held under a quota of 300.) So charges only ever 
 the reservations. A charge with no reservation (a failed reservation, a crash between 1 and 2)
 is an over-charge, never an over-use: the resync drops it once it is older than the grace
 period. The reverse order could over-use: a reservation with no charge lets another claim take
-the room meanwhile. A deleted claim's charge is given back by the release (`give_back`).
+the room meanwhile. A deleted claim's charge is given back once its reservation is freed
+(`release`, `freed`): while its pods still run on the card the reservation stays, and so does
+the charge (`decisions.quota_holding` says what a namespace holds). The resync never lowers a
+charge within the grace period, nor below what the GPU objects reserve (read live first).
 
 The quotas are read live at each charge (a LIST of the namespace's quotas): the charge must be
 written against their current resourceVersions anyway. Which namespaces have a quota at all comes
@@ -34,11 +37,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Set
 from datetime import UTC, datetime
 
 from elasticgpu.allocator import Placement, quota
-from elasticgpu.api import ElasticGPUQuota, ObjectReference, QuotaCharge
+from elasticgpu.api import GPU, ElasticGPU, ElasticGPUQuota, ObjectReference, QuotaCharge
 from elasticgpu.controller import errors
+from elasticgpu.controller.decisions import quota_holding, running_holders
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.settings import ControllerSettings
@@ -168,56 +173,101 @@ class QuotaGuard:
         # Left to the resync, which drops a charge with no reservation after the grace period.
         logger.warning("could not give back the quota charge of claim uid %s in %s; the resync will", uid, namespace)
 
+    def release(self, namespace: str, uid: str, egpu_name: str) -> None:
+        """The claim `uid` is gone (its finalizer removed): give its charge back now unless the
+        namespace still holds its reservation (`quota_holding`: its pods still run on the card,
+        or its ElasticGPU is being reclaimed). Then `freed` gives it back once the ElasticGPU's
+        sync has freed the reservation, or the resync does."""
+        if uid in self._held(namespace, gone={uid}, only=egpu_name):
+            return
+        self.give_back(namespace, uid)
+
+    def freed(self, egpu: ElasticGPU) -> None:
+        """`egpu`'s reservation was freed: give back its claim's charge (the claim holds one
+        ElasticGPU, so it holds nothing now)."""
+        ref = egpu.spec.claim_ref
+        if ref is not None and ref.uid and ref.namespace:
+            self.give_back(ref.namespace, ref.uid)
+
     def resync(self) -> None:
-        """Recompute every quota from the reservations in the picture (guarded writes; a conflict
-        leaves that quota to the next resync)."""
+        """Recompute every quota from the reservations (guarded writes; a conflict leaves that
+        quota to the next resync). The reservations come from the picture; where that would lower
+        or drop a charge they are read again live first: a charge never drops below what the
+        API server's GPU objects reserve, even while the GPU watch lags."""
         try:
             bodies = self.kube.list_quotas(None)
         except errors.ApiError as err:
             logger.debug("quota resync: list failed: %s", err)
             return
         now = datetime.now(UTC)
+        live: dict[str, GPU] | None = None
         for model in (_model(b) for b in bodies):
             namespace = model.metadata.namespace or ""
-            holding, alive = self._holding(namespace)
-            charges = quota.recompute(model, holding=holding, alive=alive, now=now,
-                                      grace_s=self.settings.resync.orphan_grace_s)
+            charges = self._recompute(model, now, None)
+            if quota.lowers(model.status.charges, charges):
+                if live is None:
+                    try:
+                        live = {(b.get("metadata") or {}).get("name", ""): GPU.model_validate(b)
+                                for b in self.kube.list_gpus()}
+                    except errors.ApiError as err:
+                        logger.debug("quota resync: GPU list failed, no charge lowered: %s", err)
+                        return
+                charges = self._recompute(model, now, live)
             status = quota.status_of(model, charges)
             if status == quota.status_of(model, list(model.status.charges)) and model.status.summary.cores:
                 continue
             try:
                 self._put(model, status)
             except (errors.Conflict, errors.NotFound):
+                logger.debug("quota %s/%s changed during the resync; the next one repairs it", namespace,
+                             model.metadata.name)
                 continue
 
-    def _holding(self, namespace: str) -> tuple[dict[str, QuotaCharge], dict[str, str]]:
-        """(charge by claim uid of each reservation of the namespace, uid -> name of its live claims)."""
-        amounts: dict[str, dict[str, int]] = {}
-        names: dict[str, str] = {}
+    def _recompute(self, model: ElasticGPUQuota, now: datetime, live: dict[str, GPU] | None) -> list[QuotaCharge]:
+        """The charges `model` should hold, from the picture's GPUs or (`live`) those read live."""
+        namespace = model.metadata.namespace or ""
+        holding = {}
+        for uid, held in self._held(namespace, live=live).items():
+            ref = ObjectReference(namespace=namespace, name=held.name, uid=uid)
+            amount = quota.Amount(cores=held.cores, memory_mib=held.memory, cards=held.cards)
+            holding[uid] = quota.charge_for(claim=held.name, uid=uid, class_name=self.class_of(ref), amount=amount)
+        return quota.recompute(model, holding=holding, now=now, grace_s=self.settings.resync.orphan_grace_s)
+
+    def _held(self, namespace: str, *, live: dict[str, GPU] | None = None, gone: Set[str] = frozenset(),
+              only: str | None = None) -> dict[str, quota_holding.Held]:
+        """By claim uid, what the namespace holds on the cards (`quota_holding.held_by`): from the
+        picture, or from `live` GPUs; `gone`: claims to count as gone whatever the picture says;
+        `only`: just the cards that hold that ElasticGPU."""
         with self.picture.lock:
             ledger = self.picture.ledger
-            for gpu_name in ledger.gpu_names():
-                gpu = ledger.gpu(gpu_name)
-                for allocation in gpu.status.allocations if gpu is not None else []:
+            lookup = live.get if live is not None else ledger.gpu
+            gpu_names = (ledger.gpus_holding(only) if only is not None
+                         else list(live) if live is not None else ledger.gpu_names())
+            gpus = [g for name in gpu_names if (g := lookup(name)) is not None]
+            alive = set()  # the claims the reservations name that exist (looked up one by one, not all claims)
+            for model in gpus:
+                for allocation in model.status.allocations:
                     ref = allocation.claim_ref
-                    if ref is None or ref.namespace != namespace or not ref.uid:
+                    if ref is None or ref.namespace != namespace or not ref.uid or ref.uid in gone:
                         continue
-                    total = amounts.setdefault(ref.uid, {"cores": 0, "memory": 0, "cards": 0})
-                    total["cores"] += allocation.cores
-                    total["memory"] += allocation.memory
-                    total["cards"] += 1 if allocation.exclusive else 0
-                    names[ref.uid] = ref.name or ""
-            alive = {}
-            for ns, name in self.picture.claim_keys():
-                claim = self.picture.claim(ns, name) if ns == namespace else None
-                if claim is not None and claim.metadata.uid:
-                    alive[claim.metadata.uid] = name
-        holding = {}
-        for uid, total in amounts.items():
-            ref = ObjectReference(namespace=namespace, name=names[uid], uid=uid)
-            amount = quota.Amount(cores=total["cores"], memory_mib=total["memory"], cards=total["cards"])
-            holding[uid] = quota.charge_for(claim=names[uid], uid=uid, class_name=self.class_of(ref), amount=amount)
-        return holding, alive
+                    claim = self.picture.claim(namespace, ref.name or "")
+                    if claim is not None and claim.metadata.uid == ref.uid:
+                        alive.add(ref.uid)
+
+            nodes = self.picture.nodes
+            now = time.time()
+
+            def handed(egpu_name: str) -> bool:
+                egpu = self.picture.egpu(egpu_name)
+                return egpu is not None and quota_holding.handed_to_admin(egpu)
+
+            def expired(gpu: GPU) -> str:
+                return running_holders.expired_reason(
+                    gpu, now=now, expire_after_s=self.settings.gpu_health.running_claims_expire_s,
+                    node_gone_for_s=nodes.gone_for(gpu))
+
+            return quota_holding.held_by(namespace, gpus=gpus, alive=alive, handed=handed, gpu=lookup,
+                                         expired=expired)
 
     def _put(self, model: ElasticGPUQuota, status: dict[str, object]) -> None:
         body = model.to_dict()
