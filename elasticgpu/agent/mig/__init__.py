@@ -9,5 +9,6 @@ from elasticgpu.agent.mig.cdi import mig_device
 from elasticgpu.agent.mig.hooks import MigHooks
 from elasticgpu.agent.mig.instances import MigInstances
 from elasticgpu.agent.mig.room import MigRoom
+from elasticgpu.agent.mig.unsupported import MigUnsupported
 
-__all__ = ["MigHooks", "MigInstances", "MigRoom", "mig_device"]
+__all__ = ["MigHooks", "MigInstances", "MigRoom", "MigUnsupported", "mig_device"]

@@ -6,7 +6,8 @@ open, to wrap the claim hooks it made. The answer depends only on the device bac
 
     not open yet            None: the gate waits (claims are refused, retryable, until the
                             backend is open anyway), so a MIG claim never slips past the wrap
-    without `MigControl`    the claim hooks as they are (NVML has no MIG calls yet)
+    without `MigControl`    `MigUnsupported` around them (NVML has no MIG calls yet): a MIG
+                            claim's container is refused with why, never given the whole card
     with `MigControl`       `MigHooks` around them (the simulated backend): MIG claims get
                             their instance; its start-up reconciliation converges the instances
 
@@ -24,6 +25,7 @@ from elasticgpu.agent.discovery.models import Card
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.mig.hooks import MigHooks
 from elasticgpu.agent.mig.instances import MigInstances
+from elasticgpu.agent.mig.unsupported import MigUnsupported
 
 
 class MigRoom:
@@ -44,6 +46,6 @@ class MigRoom:
         if backend is None:
             return None
         if not isinstance(backend, MigControl):
-            return inner
+            return MigUnsupported(inner=inner, view=view, backend=str(getattr(backend, "name", type(backend).__name__)))
         return MigHooks(inner=inner, view=view, instances=MigInstances(store=ledger, backend=backend),
                         cards=lambda: self._cards() or (), cdi_dir=self._cdi_dir)
