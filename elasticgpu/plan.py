@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -30,7 +30,7 @@ from typing import Any, TextIO
 import yaml
 from pydantic import ValidationError
 
-from elasticgpu import plan_resize, user_errors
+from elasticgpu import plan_mig, plan_resize, user_errors
 from elasticgpu.allocator import (
     Allocator,
     CardRecord,
@@ -40,6 +40,7 @@ from elasticgpu.allocator import (
     Placement,
     PlacementRequest,
     ReservationConflict,
+    Unplaceable,
     quota,
 )
 from elasticgpu.api import (
@@ -272,7 +273,7 @@ def build_inventory(found: PlanInput) -> Inventory:
         spec = gpu.spec
         if spec.node_name not in inventory:
             inventory.add_node(NodeRecord(name=spec.node_name, labels=found.node_labels.get(spec.node_name, {})))
-        inventory.add_card(CardRecord.from_gpu(gpu))
+        inventory.add_card(plan_mig.soft_record(gpu))  # a card in MIG mode takes MIG claims only
     # Reservations already written into GPU status (the controller's commit point) are kept.
     held: dict[str, list[tuple[GPU, Any]]] = {}
     for gpu in found.gpus:
@@ -315,6 +316,7 @@ def plan(found: PlanInput, *, seed: int = 0, inventory: Inventory | None = None)
     inventory = build_inventory(found) if inventory is None else inventory
     classes = {c.metadata.name: c for c in found.classes if c.metadata.name}
     allocators: dict[str, Allocator] = {}
+    migs = plan_mig.MigPlanner(found.gpus, found.node_labels)  # `partitioning: MIG` classes (plan_mig.py)
     results: list[ClaimResult] = []
     for claim in found.claims:
         gpu_class = class_for(claim, classes)
@@ -350,22 +352,26 @@ def plan(found: PlanInput, *, seed: int = 0, inventory: Inventory | None = None)
         except ElasticGPUError as err:
             results.append(ClaimResult(claim, class_name, request.describe(), None, str(err)))
             continue
-        allocator = allocators.get(params.policy)
-        if allocator is None:
-            allocator = allocators[params.policy] = Allocator(inventory, policy=params.policy, seed=seed)
-        placement_request = PlacementRequest(
-            gpu=request, models=tuple(params.gpu_model), node_selector=params.node_selector,
-            isolation="" if request.is_whole else gpu_class.isolation,  # whole cards need no isolation mode
-        )
         key = claim_key(claim)
-        result = allocator.allocate(key, placement_request)
+        if gpu_class.is_mig:
+            result: Placement | plan_mig.MigPending | Unplaceable = migs.allocate(key, request, params)
+            release: Callable[[str], object] = migs.release
+        else:
+            allocator = allocators.get(params.policy)
+            if allocator is None:
+                allocator = allocators[params.policy] = Allocator(inventory, policy=params.policy, seed=seed)
+            placement_request = PlacementRequest(
+                gpu=request, models=tuple(params.gpu_model), node_selector=params.node_selector,
+                isolation="" if request.is_whole else gpu_class.isolation,  # whole cards need no isolation mode
+            )
+            result, release = allocator.allocate(key, placement_request), allocator.release
         if isinstance(result, Placement):
             over = _charge(found.quotas, claim, key, class_name, result)
             if over:
-                allocator.release(key)
+                release(key)
                 results.append(ClaimResult(claim, class_name, request.describe(), None, over))
                 continue
-            results.append(ClaimResult(claim, class_name, request.describe(), result, ""))
+            results.append(ClaimResult(claim, class_name, request.describe(), result, migs.describe(key)))
         else:
             results.append(ClaimResult(claim, class_name, request.describe(), None, result.reason))
     return results

@@ -46,6 +46,7 @@ from elasticgpu.agent import (
     isolation,
     kube,
     metrics,
+    mig,
     policing,
     service_manager,
     starting,
@@ -412,5 +413,6 @@ def _cri_hook(settings: AgentSettings, cri_settings: supervising.HookSettings, p
         control_paths=lambda: parts.backend.control_device_paths() if parts.backend is not None else (),
         driver_files=lambda: locator.files(driver_version()), devices_problem=devices_problem,
         owed_rebuild=lambda: parts.set_aside is not None, rebuilt=rebuilt, rooms=loops.rooms,
+        wrap=mig.MigRoom(backend=lambda: parts.backend, cards=cards, cdi_dir=cri_settings.cdi_dir).wrap,
     )  # fmt: skip
     return hook

@@ -19,6 +19,9 @@ API client (starting.py), because kubelet reaches the runtime of every pod throu
                  rows of containers gone meanwhile). Once the ledger opens, the start-up
                  reconciliation runs (`settle`, from the CRI hook's loop or the proxy's own
                  reconciler, whichever comes first) and claims are taken after it.
+                 `wrap` (the agent's MIG room, agent/mig/room.py) may put hooks around the
+                 claim hooks; the proxy's calls go through what it returns (None: not yet,
+                 the gate stays closed), so nothing here knows about MIG.
 
 A ledger that was moved aside as corrupt (`owed_rebuild`) is rebuilt before that first
 reconciliation, from the runtime's containers (`rebuild`): every container the agent gave a
@@ -43,6 +46,9 @@ from elasticgpu.agent.cri import claim_hooks, hooks, injection, limits_file
 from elasticgpu.agent.ledger.store import LedgerStore
 
 log = logging.getLogger(__name__)
+
+Wrap = Callable[[claim_hooks.ClaimHooks, injection.AgentView, LedgerStore], hooks.ContainerHooks | None]
+"""Hooks around the claim hooks, given the view and the ledger (None: cannot be made yet)."""
 
 
 class GatedView:
@@ -120,12 +126,15 @@ class GatedHooks:
         container_info: Callable[[str], dict[str, Any]] | None = None,
         limits: limits_file.LimitsFiles | None = None,
         rooms: isolation.IsolationRooms | None = None,
+        wrap: Wrap | None = None,
     ) -> None:
-        """`ledger`: the ledger once open, else None; `owed_rebuild`: True while the ledger is new
+        """`wrap`: hooks around the claim hooks (see the module docstring; None: the claim hooks alone);
+        `ledger`: the ledger once open, else None; `owed_rebuild`: True while the ledger is new
         because a corrupt one was moved aside (`rebuilt` is called once it has been rebuilt);
         `container_info`: the runtime's verbose status of a container (for the rebuild); `rooms`: the
         node's isolation modes (kept by the agent across proxy restarts)."""
         self._rooms = rooms
+        self._wrap = wrap
         self._view = view
         self._ledger = ledger
         self._settings = settings
@@ -137,6 +146,9 @@ class GatedHooks:
         self._lock = threading.Lock()  # one ClaimHooks, one rebuild
         self.inner: claim_hooks.ClaimHooks | None = None
         """The claim hooks on the ledger, once it is open."""
+        self._made: claim_hooks.ClaimHooks | None = None  # made, waiting for the wrap
+        self.outer: hooks.ContainerHooks | None = None
+        """What the proxy's calls go through once `inner` exists: `wrap`'s hooks around it, or it."""
 
     def _hooks(self) -> claim_hooks.ClaimHooks | None:
         if self.inner is not None:
@@ -146,12 +158,21 @@ class GatedHooks:
             return None
         with self._lock:
             if self.inner is None:
-                inner = claim_hooks.ClaimHooks(view=self._view, ledger=ledger, settings=self._settings,
-                                               limits=self._limits, rooms=self._rooms)
+                if self._made is None:
+                    self._made = claim_hooks.ClaimHooks(view=self._view, ledger=ledger, settings=self._settings,
+                                                        limits=self._limits, rooms=self._rooms)
+                inner = self._made
+                outer = inner if self._wrap is None else self._wrap(inner, self._view, ledger)
+                if outer is None:
+                    return None  # the wrap cannot be made yet (the device backend is not open)
                 if self._list_containers is not None:
-                    inner.attach_runtime(self._list_containers)
-                self.inner = inner
+                    outer.attach_runtime(self._list_containers)
+                self.outer, self.inner = outer, inner
             return self.inner
+
+    def _outer(self) -> hooks.ContainerHooks:
+        assert self.outer is not None  # set with `inner`, which the callers checked
+        return self.outer
 
     def reconciled(self) -> bool:
         """True once the claim hooks exist and their start-up reconciliation is done (claims are taken)."""
@@ -163,7 +184,7 @@ class GatedHooks:
         """The claim hooks' decision; before the ledger is open, the pass-through or a retryable refusal."""
         inner = self._hooks()
         if inner is not None and inner.reconciled.is_set():
-            return inner.prepare_create(request)
+            return self._outer().prepare_create(request)
         plain = claim_hooks.container_request(request)
         if injection.claim_of(plain) is None:
             edit = injection.decide(plain, self._view, settings=self._settings)
@@ -181,24 +202,24 @@ class GatedHooks:
     def created(self, prepared: hooks.PreparedCreate, container_id: str) -> None:
         """Complete the claim hooks' row (a container passed before the ledger opened has none)."""
         if prepared.token is not None and self.inner is not None:
-            self.inner.created(prepared, container_id)
+            self._outer().created(prepared, container_id)
 
     def create_failed(self, prepared: hooks.PreparedCreate, code: grpc.StatusCode) -> None:
         """Undo the claim hooks' row, if it has one."""
         if prepared.token is not None and self.inner is not None:
-            self.inner.create_failed(prepared, code)
+            self._outer().create_failed(prepared, code)
 
     def removed(self, container_id: str) -> None:
         """Release the container's row; before the ledger is open, the start-up reconciliation will."""
         inner = self._hooks()
         if inner is not None:
-            inner.removed(container_id)
+            self._outer().removed(container_id)
 
     def attach_runtime(self, list_containers: Callable[[], Sequence[Any]]) -> None:
         """Keep the proxy's ListContainers for the claim hooks (now or once they exist)."""
         self._list_containers = list_containers
         if self.inner is not None:
-            self.inner.attach_runtime(list_containers)
+            self._outer().attach_runtime(list_containers)
 
     def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
         """The claim hooks' reconciliation (their start-up one first); nothing while the ledger is not open."""
@@ -229,12 +250,12 @@ class GatedHooks:
                 log.info("the ledger %s was rebuilt from the runtime's containers: %d claim container(s)",
                          ledger.url, count)  # fmt: skip
                 self._rebuilt()
-            inner.reconcile(containers, starting=starting)
+            self._outer().reconcile(containers, starting=starting)  # the wrap's too (MIG: converge)
 
     def close(self) -> None:
         """Finish the claim hooks' queued writes."""
-        if self.inner is not None:
-            self.inner.close()
+        if self._made is not None:
+            self._made.close()
 
 
 def _env(info: dict[str, Any]) -> dict[str, str]:

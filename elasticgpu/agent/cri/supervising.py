@@ -120,14 +120,17 @@ class CriHook:
         owed_rebuild: Callable[[], bool] = lambda: False,
         rebuilt: Callable[[], None] = lambda: None,
         rooms: isolation.IsolationRooms | None = None,
+        wrap: gated.Wrap | None = None,
     ) -> None:
-        """`rooms`: the node's isolation modes (None: mode None only; the agent owns and closes them);
+        """`wrap`: hooks around the claim hooks (the agent's MIG room; see gated.GatedHooks);
+        `rooms`: the node's isolation modes (None: mode None only; the agent owns and closes them);
         `ledger`: the ledger, or how to get it once it is open (None before); `driver_files`: the
         driver's files for the spec's mounts (None: device nodes only); `devices_problem`: why the
         cards are not known yet (the spec is not written meanwhile: an empty one would replace a
         good one), or None; `owed_rebuild` and `rebuilt`: see gated.GatedHooks."""
         self.settings = settings
         self.rooms = rooms
+        self._wrap = wrap
         self._driver_files = driver_files
         self._view = view
         self._ledger: Callable[[], LedgerStore | None] = (
@@ -264,7 +267,7 @@ class CriHook:
         started: list[CriProxy] = []
         hooks = gated.GatedHooks(view=self._view, ledger=self._ledger, settings=self.settings.injection,
                                  owed_rebuild=self._owed_rebuild, rebuilt=self._rebuilt, limits=self.limits,
-                                 rooms=self.rooms,
+                                 rooms=self.rooms, wrap=self._wrap,
                                  container_info=lambda container_id: started[0].container_info(container_id))
         proxy = CriProxy(self.settings.proxy, container_hooks=hooks)
         started.append(proxy)

@@ -11,7 +11,7 @@ NVML error it got: insufficient resources, in use, not found, invalid placement,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 NVML_PROFILE_IDS = (19, 15, 14, 9, 5, 0)
 """NVML's GPU instance profile ids (`nvidia-smi mig -lgip`, column ID) of the profiles of
@@ -50,6 +50,7 @@ class MigInstanceInfo:
     """Device nodes a container needs for it besides the card's (the nvidia-caps access files)."""
 
 
+@runtime_checkable  # the agent installs its MIG hooks where the backend has these calls (agent/mig/room.py)
 class MigControl(Protocol):
     """The MIG calls of a discovery backend (the only place the agent carves cards)."""
 

@@ -17,6 +17,8 @@ from typing import Any
 
 from elasticgpu.agent import errors
 from elasticgpu.agent.discovery import models
+from elasticgpu.agent.discovery.mig import MigInstanceInfo, MigProfileInfo
+from elasticgpu.agent.discovery.nvml_mig import NvmlMig, mig_error
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +71,7 @@ class NvmlBackend:
         # recovery action / row remap was seen pending (its clearing is the reset).
         self._lost: set[str] = set()
         self._pending: dict[str, set[str]] = {}
+        self._mig = NvmlMig(nvml)
 
     @classmethod
     def open(cls) -> NvmlBackend:
@@ -315,6 +318,41 @@ class NvmlBackend:
         if remapped and remapped[2]:
             flags.add("row remap")
         return flags
+
+    # MIG (discovery.mig.MigControl; the calls are in nvml_mig.py) ------------------------------------------
+
+    def _card(self, card_uuid: str) -> Any:
+        try:
+            return self._nvml.nvmlDeviceGetHandleByUUID(card_uuid)
+        except self._nvml.NVMLError as e:
+            raise mig_error(e, f"card {card_uuid}", self._nvml) from None
+
+    def mig_profiles(self, card_uuid: str) -> list[MigProfileInfo]:
+        """The card's MIG profiles and starts; `MigNotEnabled` when not in MIG mode."""
+        with self._lock:
+            return self._mig.profiles(self._card(card_uuid), card_uuid)
+
+    def mig_instances(self, card_uuid: str) -> list[MigInstanceInfo]:
+        """The card's MIG instances."""
+        with self._lock:
+            handle = self._card(card_uuid)
+            return self._mig.instances(handle, card_uuid, int(self._nvml.nvmlDeviceGetMinorNumber(handle)))
+
+    def create_mig_instance(self, card_uuid: str, *, profile: str, start: int) -> MigInstanceInfo:
+        """Create a MIG instance (and its compute instance), with NVML's errors as the agent's."""
+        with self._lock:
+            handle = self._card(card_uuid)
+            gpu_instance_id = self._mig.create(handle, card_uuid, profile=profile, start=start)
+            minor = int(self._nvml.nvmlDeviceGetMinorNumber(handle))
+            for instance in self._mig.instances(handle, card_uuid, minor):
+                if instance.gpu_instance_id == gpu_instance_id:
+                    return instance
+        raise errors.MigNotFound(f"card {card_uuid}: GPU instance {gpu_instance_id} vanished right after its creation")
+
+    def destroy_mig_instance(self, card_uuid: str, gpu_instance_id: int) -> None:
+        """Destroy a MIG instance; `MigInUse` while a process runs on it."""
+        with self._lock:
+            self._mig.destroy(self._card(card_uuid), card_uuid, gpu_instance_id)
 
     def driver_root(self) -> str | None:
         """None: the driver is where the agent's --driver-root says (NVML does not tell)."""

@@ -8,5 +8,7 @@ step, two-phase like the CRI hook's injections; `cdi` names an instance as a CDI
 from elasticgpu.agent.mig.cdi import mig_device
 from elasticgpu.agent.mig.hooks import MigHooks
 from elasticgpu.agent.mig.instances import MigInstances
+from elasticgpu.agent.mig.room import MigRoom
+from elasticgpu.agent.mig.unsupported import MigUnsupported
 
-__all__ = ["MigHooks", "MigInstances", "mig_device"]
+__all__ = ["MigHooks", "MigInstances", "MigRoom", "MigUnsupported", "mig_device"]

@@ -75,8 +75,9 @@ def agent_factory(kube_cluster: TestCluster, containerd: TestRuntime, proxy_sock
                   tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:  # fmt: skip
     made: list[AgentProcess] = []
 
-    def make(node: str, model: str, *extra: str, env: dict[str, str] | None = None) -> AgentProcess:
-        description = {"cards": [{"model": model, "memory": "80Gi", "numa": 0}]}
+    def make(node: str, model: str, *extra: str, env: dict[str, str] | None = None,
+             card: dict[str, Any] | None = None) -> AgentProcess:
+        description = {"cards": [{"model": model, "memory": "80Gi", "numa": 0, **(card or {})}]}
         (tmp_path / "sim.yaml").write_text(yaml.safe_dump(description))
         command = [
             sys.executable, "-m", "elasticgpu.agent", "run", "--log-level", "debug", "--node-name", node,
