@@ -1,0 +1,48 @@
+"""The real-cluster tier: the same fixtures as the rest of the suite (`api_client`,
+`crds_installed`, `namespace`, ...), but `kube_cluster` is Kubernetes' own control plane
+(tests/realcluster/control_plane.py: kube-apiserver with Node,RBAC authorization, NodeRestriction,
+ValidatingAdmissionPolicy and bound service-account tokens; kube-controller-manager; kube-scheduler).
+
+Every test here is marked `realcluster` and skips, naming the command, when testcluster/build.sh
+has not built the binary (a cold build takes tens of minutes; the normal suite does not build it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from elasticgpu.demo import processes
+from tests.kube_cluster import TestCluster, find_kubectl
+from tests.realcluster import control_plane
+
+
+@pytest.fixture(scope="session")
+def real_control_plane() -> Iterator[control_plane.ControlPlane]:
+    """The running control plane (started once per session), or a skip when it is not built."""
+    try:
+        control_plane.find_k8s_binary()
+        control_plane.find_etcd()
+    except control_plane.ControlPlaneUnavailable as e:
+        pytest.skip(str(e))
+    try:
+        with control_plane.running_control_plane() as plane:
+            yield plane
+    except processes.DemoError as e:  # built but not starting: a failure, not a skip
+        pytest.fail(f"the real control plane did not start: {e}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(real_control_plane: control_plane.ControlPlane) -> TestCluster:
+    """The suite's cluster fixture, on the real control plane (admin: system:masters)."""
+    cert, key = real_control_plane.pki.client(control_plane.ADMIN)
+    return TestCluster(
+        kubeconfig=real_control_plane.kubeconfig,
+        server=real_control_plane.server,
+        ca_file=real_control_plane.pki.ca_file,
+        client_cert_file=cert,
+        client_key_file=key,
+        log_dir=real_control_plane.directory,
+        kubectl=find_kubectl(),
+    )
