@@ -63,6 +63,27 @@ fallback() { # $1 = reason
   exit 1
 }
 
+# --regen-gomod v1.X.Y: move to another Kubernetes release. Rewrites go.mod's replace lines from
+# that release's own go.mod (each `k8s.io/foo => ./staging/src/k8s.io/foo` becomes
+# `k8s.io/foo => k8s.io/foo v0.X.Y`) and lets `go mod tidy` pin the rest in go.mod and go.sum.
+if [ "${1:-}" = "--regen-gomod" ]; then
+  want=${2:?usage: build.sh --regen-gomod v1.X.Y}
+  staging=v0.${want#v1.}
+  modfile=$(nice -n 19 "$GO" mod download -json "k8s.io/kubernetes@$want" | awk -F'"' '$2=="GoMod"{print $4}')
+  {
+    sed -n '1,/^module /p' "$HERE/go.mod" | sed '$d'
+    printf 'module elasticgpu.local/testcluster\n\ngo %s\n\n' "$(awk '$1=="go"{print $2; exit}' "$modfile")"
+    grep '^godebug' "$modfile" && echo
+    printf 'require k8s.io/kubernetes %s\n\nreplace (\n' "$want"
+    awk -v v="$staging" '$2=="=>" && $3 ~ /^\.\/staging\// {print "\t"$1" => "$1" "v}' "$modfile"
+    echo ")"
+  } >"$HERE/go.mod.new"
+  mv "$HERE/go.mod.new" "$HERE/go.mod"
+  (cd "$HERE" && GOFLAGS=-mod=mod nice -n 19 "$GO" mod tidy)
+  log "go.mod and go.sum now pin Kubernetes $want (staging modules $staging); build with: bash $0"
+  exit 0
+fi
+
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"
 flock 9
@@ -75,8 +96,8 @@ for t in "$GO" sha256sum flock nice; do
 done
 
 gover=$("$GO" env GOVERSION)
-kver=$(awk '$1=="require" && $2=="k8s.io/kubernetes"{print $3}' "$HERE/go.mod")
-[ -n "$kver" ] || fallback "go.mod has no 'require k8s.io/kubernetes vX.Y.Z' line"
+kver=$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v1\./ {print $2; exit}' "$HERE/go.mod")
+[ -n "$kver" ] || fallback "go.mod requires no k8s.io/kubernetes v1.X.Y"
 key=$( (cat "$HERE/main.go" "$HERE/go.mod" "$HERE/go.sum" "$HERE/build.sh"; echo "$gover") | sha256sum | cut -c1-16)
 if [ -x "$CACHE/$key/$BIN_NAME" ]; then
   log "up to date: $CACHE/$key"

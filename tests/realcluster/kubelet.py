@@ -1,0 +1,121 @@
+"""Kubernetes' own kubelet (elasticgpu-k8s kubelet) as one node of the real control plane, on a
+container runtime given by its CRI socket (the test containerd, or the agent's CRI proxy in front
+of it).
+
+What it needs on these machines (testcluster/README.md, "kubelet", says what was found):
+
+* root (mounts of volumes, cgroups, the runtime's sockets);
+* cgroups: the machines run cgroup v1 (hybrid: v1 controllers, an empty v2 `unified`); kubelet
+  1.35+ refuses v1 unless ``failCgroupV1: false``. ``cgroupDriver: cgroupfs`` (runc of the test
+  containerd uses cgroupfs, ``SystemdCgroup = false``). Each kubelet gets its own
+  ``cgroupRoot`` so that two on one machine do not manage each other's pods;
+* a node IP that is not loopback (kubelet refuses one): kubelet picks the address of the default
+  route; it listens on 127.0.0.1 only, and nothing in the tests asks the API server to reach it
+  (no logs/exec through the API server);
+* one kubelet per containerd: a kubelet removes every pod sandbox it does not know.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from elasticgpu.demo import local_cluster, processes
+from tests.realcluster.control_plane import ControlPlane
+
+START_TIMEOUT_S = 180.0
+
+
+@dataclass
+class Kubelet:
+    """A running kubelet and its node."""
+
+    node: str
+    directory: Path
+    child: processes.Child
+    config: dict[str, Any]
+
+
+def kubelet_config(plane: ControlPlane, node: str, runtime_endpoint: str, directory: Path) -> dict[str, Any]:
+    """The KubeletConfiguration of one test node (see the module's docstring for why each setting)."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": "127.0.0.1",
+        "port": local_cluster.free_port(),
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": local_cluster.free_port(),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(plane.pki.ca_file)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "containerRuntimeEndpoint": runtime_endpoint,
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": f"/elasticgpu-{node}",
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        "registerNode": True,
+        "nodeStatusUpdateFrequency": "5s",
+        "syncFrequency": "10s",
+        "fileCheckFrequency": "10s",
+        "resolvConf": "",
+        "clusterDomain": "cluster.local",
+        # The shared test machines are always short of something: no eviction in the tests.
+        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                         "nodefs.inodesFree": "1%"},  # fmt: skip
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "serializeImagePulls": False,
+        "tlsCertFile": "",
+        "rotateCertificates": False,
+        "serverTLSBootstrap": False,
+    }
+
+
+def start(plane: ControlPlane, node: str, runtime_endpoint: str, *, directory: Path,
+          verbosity: str = "1") -> Kubelet:  # fmt: skip
+    """Start kubelet for `node` on `runtime_endpoint` (``unix:///...``) under `directory`; it
+    registers its Node with the node's own credentials (Node authorizer, NodeRestriction)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = kubelet_config(plane, node, runtime_endpoint, directory)
+    config_file = directory / "kubelet.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    child = plane.children.start(f"kubelet {node}", [
+        str(plane.binary), "kubelet", "--config", str(config_file), "--kubeconfig", str(plane.node_kubeconfig(node)),
+        "--root-dir", str(directory / "root"), "--cert-dir", str(directory / "pki"),
+        "--hostname-override", node, "-v", verbosity,
+    ], log=directory / "kubelet.log")  # fmt: skip
+    return Kubelet(node, directory, child, config)
+
+
+@contextlib.contextmanager
+def running_kubelet(plane: ControlPlane, node: str, runtime_endpoint: str) -> Iterator[Kubelet]:
+    """A kubelet for `node` (stopped, its folder removed, on exit)."""
+    directory = Path(tempfile.mkdtemp(prefix=f"egkl-{node}-", dir="/tmp"))
+    kubelet = start(plane, node, runtime_endpoint, directory=directory)
+    try:
+        yield kubelet
+    finally:
+        kubelet.child.stop()
+        _unmount_below(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _unmount_below(directory: Path) -> None:
+    import subprocess
+
+    prefix = str(directory) + "/"
+    with open("/proc/self/mounts") as mounts:
+        points = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, stderr=subprocess.DEVNULL)
