@@ -18,6 +18,7 @@ What it needs on these machines (testcluster/README.md, "kubelet", says what was
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -82,11 +83,29 @@ def kubelet_config(plane: ControlPlane, node: str, runtime_endpoint: str, direct
     }
 
 
+HOST_NETWORK_ONLY = {
+    "cniVersion": "1.0.0",
+    "name": "elasticgpu-host-network-only",
+    "plugins": [{"type": "loopback"}],
+}
+"""The CNI configuration given to the test containerd: containerd reports NetworkReady=false, and
+so kubelet keeps its Node NotReady (and the scheduler away), until its CNI folder holds a
+configuration; nothing here installs CNI plugins (pods of this tier use the host's network, for
+which the runtime calls no plugin), so a pod without hostNetwork fails at its sandbox, plainly."""
+
+
+def give_network_config(cni_conf_dir: Path) -> None:
+    """Write HOST_NETWORK_ONLY into the runtime's CNI configuration folder (containerd watches it)."""
+    cni_conf_dir.mkdir(parents=True, exist_ok=True)
+    (cni_conf_dir / "10-elasticgpu.conflist").write_text(json.dumps(HOST_NETWORK_ONLY))
+
+
 def start(plane: ControlPlane, node: str, runtime_endpoint: str, *, directory: Path,
           verbosity: str = "1") -> Kubelet:  # fmt: skip
     """Start kubelet for `node` on `runtime_endpoint` (``unix:///...``) under `directory`; it
     registers its Node with the node's own credentials (Node authorizer, NodeRestriction)."""
     directory.mkdir(parents=True, exist_ok=True)
+    make_cgroup_root(f"/elasticgpu-{node}")
     config = kubelet_config(plane, node, runtime_endpoint, directory)
     config_file = directory / "kubelet.yaml"
     config_file.write_text(yaml.safe_dump(config))
@@ -109,6 +128,42 @@ def running_kubelet(plane: ControlPlane, node: str, runtime_endpoint: str) -> It
         kubelet.child.stop()
         _unmount_below(directory)
         shutil.rmtree(directory, ignore_errors=True)
+        remove_cgroup_root(kubelet.config["cgroupRoot"])
+
+
+CGROUP_MOUNT = Path("/sys/fs/cgroup")
+
+
+def _hierarchies() -> list[Path]:
+    """The mounted cgroup v1 hierarchies (cpu, memory, ..., name=systemd), or the v2 root."""
+    if (CGROUP_MOUNT / "cgroup.controllers").exists():
+        return [CGROUP_MOUNT]
+    return [d for d in sorted(CGROUP_MOUNT.iterdir()) if d.is_dir() and not d.is_symlink() and d.name != "unified"]
+
+
+def make_cgroup_root(root: str) -> None:
+    """kubelet refuses a cgroupRoot missing in any hierarchy ("cgroup [...] has some missing
+    paths"): make it in each, the cpuset one with its parent's cpus and memory nodes (an empty
+    cpuset takes no task)."""
+    for hierarchy in _hierarchies():
+        folder = hierarchy / root.strip("/")
+        folder.mkdir(exist_ok=True)
+        for knob in ("cpuset.cpus", "cpuset.mems"):
+            if (folder / knob).exists() and not (folder / knob).read_text().strip():
+                (folder / knob).write_text((hierarchy / knob).read_text())
+
+
+def remove_cgroup_root(root: str) -> None:
+    """Remove the cgroupRoot's folders, deepest first (kubelet leaves kubepods/... behind)."""
+    for hierarchy in _hierarchies():
+        top = hierarchy / root.strip("/")
+        if not top.exists():
+            continue
+        for folder in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
 
 
 def _unmount_below(directory: Path) -> None:
