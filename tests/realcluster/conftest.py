@@ -46,3 +46,37 @@ def kube_cluster(real_control_plane: control_plane.ControlPlane) -> TestCluster:
         log_dir=real_control_plane.directory,
         kubectl=find_kubectl(),
     )
+
+
+@pytest.fixture(scope="session")
+def kubelet_node(real_control_plane: control_plane.ControlPlane) -> Iterator[str]:
+    """One node: the test containerd and Kubernetes' kubelet on it, Ready; yields the node's name.
+    Skips when the test runtime is not built (tests/containerd_runtime.py)."""
+    from kubernetes import client, config
+
+    from tests.containerd_runtime import RuntimeUnavailable, running_containerd
+    from tests.realcluster import kubelet
+
+    node = "realcluster-node-a"
+    try:
+        runtime_context = running_containerd()
+        runtime = runtime_context.__enter__()
+    except RuntimeUnavailable as e:
+        pytest.skip(str(e))
+    try:
+        kubelet.give_network_config(runtime.directory / "cni" / "conf")
+        with kubelet.running_kubelet(real_control_plane, node, runtime.endpoint) as running:
+            core = client.CoreV1Api(config.new_client_from_config(config_file=str(real_control_plane.kubeconfig)))
+
+            def ready() -> bool:
+                conditions = core.read_node(node).status.conditions or []
+                return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+            try:
+                processes.wait_until(ready, f"Node {node} Ready", timeout_s=kubelet.START_TIMEOUT_S,
+                                     children=[running.child])  # fmt: skip
+            except processes.DemoError as e:
+                pytest.fail(f"kubelet did not make its node Ready: {e}\n{running.child.tail(40)}", pytrace=False)
+            yield node
+    finally:
+        runtime_context.__exit__(None, None, None)

@@ -80,8 +80,8 @@ def find_k8s_binary() -> Path:
     if candidate and os.access(candidate, os.X_OK):
         return Path(candidate)
     raise ControlPlaneUnavailable(
-        f"Kubernetes' own components are not built: run `bash {BUILD_SCRIPT.relative_to(REPO_ROOT)}` (a cold build takes tens of "
-        "minutes; see testcluster/README.md) or set ELASTICGPU_K8S_BIN"
+        f"Kubernetes' own components are not built: run `bash {BUILD_SCRIPT.relative_to(REPO_ROOT)}` (a cold "
+        "build takes tens of minutes; see testcluster/README.md) or set ELASTICGPU_K8S_BIN"
     )
 
 

@@ -72,8 +72,12 @@ def kubelet_config(plane: ControlPlane, node: str, runtime_endpoint: str, direct
         "resolvConf": "",
         "clusterDomain": "cluster.local",
         # The shared test machines are always short of something: no eviction in the tests.
-        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                         "nodefs.inodesFree": "1%"},  # fmt: skip
+        "evictionHard": {
+            "memory.available": "1Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "serializeImagePulls": False,
@@ -126,6 +130,10 @@ def running_kubelet(plane: ControlPlane, node: str, runtime_endpoint: str) -> It
         yield kubelet
     finally:
         kubelet.child.stop()
+        # The pods' cgroups live under the cgroupRoot: they go with the pods (a stopped kubelet
+        # leaves them running in the runtime).
+        with contextlib.suppress(Exception):
+            _remove_all_pods(runtime_endpoint)
         _unmount_below(directory)
         shutil.rmtree(directory, ignore_errors=True)
         remove_cgroup_root(kubelet.config["cgroupRoot"])
@@ -164,6 +172,14 @@ def remove_cgroup_root(root: str) -> None:
                 folder.rmdir()
         with contextlib.suppress(OSError):
             top.rmdir()
+
+
+def _remove_all_pods(runtime_endpoint: str) -> None:
+    from types import SimpleNamespace
+
+    from tests.containerd_runtime import remove_all_pods
+
+    remove_all_pods(SimpleNamespace(endpoint=runtime_endpoint))  # type: ignore[arg-type]
 
 
 def _unmount_below(directory: Path) -> None:
