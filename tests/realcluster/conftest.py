@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from kubernetes import client, config
 
 from elasticgpu.demo import processes
-from tests.kube_cluster import TestCluster, find_kubectl
+from tests.conftest import crd_documents
+from tests.kube_cluster import TestCluster, find_kubectl, server_side_apply, wait_established
 from tests.realcluster import control_plane
 
 
@@ -49,11 +51,33 @@ def kube_cluster(real_control_plane: control_plane.ControlPlane) -> TestCluster:
 
 
 @pytest.fixture(scope="session")
+def api_client(kube_cluster: TestCluster) -> Iterator[client.ApiClient]:
+    """The admin's client of the real control plane. Overridden here, not only `kube_cluster`: the
+    suite's session-scoped `api_client` is cached once per run, so in a run that starts with the
+    fixture server's tests it would still point there."""
+    api = config.new_client_from_config(config_file=str(kube_cluster.kubeconfig))
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture(scope="session")
+def crds_installed(api_client: client.ApiClient) -> list[str]:
+    """crds/*.yaml applied on the real control plane and Established (the suite's is cached per run)."""
+    names = []
+    for doc in crd_documents():
+        name = doc["metadata"]["name"]
+        server_side_apply(api_client, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", doc)
+        names.append(name)
+    wait_established(api_client, names)
+    return names
+
+
+@pytest.fixture(scope="session")
 def kubelet_node(real_control_plane: control_plane.ControlPlane) -> Iterator[str]:
     """One node: the test containerd and Kubernetes' kubelet on it, Ready; yields the node's name.
     Skips when the test runtime is not built (tests/containerd_runtime.py)."""
-    from kubernetes import client, config
-
     from tests.containerd_runtime import RuntimeUnavailable, running_containerd
     from tests.realcluster import kubelet
 
