@@ -27,52 +27,22 @@ from elasticgpu.agent import errors
 from elasticgpu.agent import kube as agent_api
 from elasticgpu.api import names
 from tests.binding import objects as o
-from tests.kube_cluster import TestCluster, kube_request, server_side_apply
+from tests.kube_cluster import TestCluster, kube_request
+from tests.realcluster import install
 from tests.realcluster.control_plane import ControlPlane
 
 pytestmark = pytest.mark.realcluster
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 GPUS = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL_GPU}"
 NOT_BOUND = "the elasticgpu agent writes with a token bound to its Node"
 ENFORCED_WITHIN_S = 60.0
 
 
-def _path(doc: dict[str, Any]) -> str:
-    """The REST path of a manifest document (the kinds deploy/agent.yaml and the policies hold)."""
-    kind, name = doc["kind"], doc["metadata"]["name"]
-    plural = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles",
-              "ClusterRoleBinding": "clusterrolebindings",
-              "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
-              "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}[kind]  # fmt: skip
-    group = doc["apiVersion"]
-    base = "/api/v1" if group == "v1" else f"/apis/{group}"
-    namespace = doc["metadata"].get("namespace")
-    return f"{base}/namespaces/{namespace}/{plural}/{name}" if namespace else f"{base}/{plural}/{name}"
-
-
-def _apply_file(api: client.ApiClient, path: Path) -> None:
-    for doc in yaml.safe_load_all(path.read_text()):
-        if doc:
-            server_side_apply(api, _path(doc), doc)
-
-
 @pytest.fixture(scope="module")
 def agent_installed(api_client: client.ApiClient, crds_installed: list[str]) -> None:
     """The agent's identity and RBAC (deploy/agent.yaml) and its policies, applied as a user does."""
-    _apply_file(api_client, DEPLOY / "agent.yaml")
-    _apply_file(api_client, DEPLOY / "policies" / "agent-node-scope.yaml")
-
-
-def _agent_kubeconfig(cluster: TestCluster, node: str, directory: Path) -> Path:
-    """deploy/agent-kubeconfig.sh NODE FILE, run as the admin with the build's kubectl."""
-    assert cluster.kubectl is not None, "kubectl not found (testserver/build.sh unpacks one)"
-    out = directory / f"agent-{node}.kubeconfig"
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "KUBECTL": str(cluster.kubectl)}
-    done = subprocess.run(["bash", str(DEPLOY / "agent-kubeconfig.sh"), node, str(out)], env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return out
+    install.apply_file(api_client, install.DEPLOY / "agent.yaml")
+    install.apply_file(api_client, install.DEPLOY / "policies" / "agent-node-scope.yaml")
 
 
 @contextlib.contextmanager
@@ -158,7 +128,7 @@ def test_a_node_bound_token_writes_its_own_gpu_and_not_another_nodes(
     kube_cluster: TestCluster, real_control_plane: ControlPlane, scene: Nodes, tmp_path: Path
 ) -> None:
     a, b = scene.nodes["a"], scene.nodes["b"]
-    token_a = _agent_kubeconfig(kube_cluster, a, tmp_path)
+    token_a = install.agent_kubeconfig(kube_cluster, a, tmp_path)
     with _agent(token_a, a) as agent_a:
         # The refusal below must come from the policy, not from a policy not yet loaded: wait
         # until node A's agent is refused node B's card once, then check every write.
@@ -197,7 +167,7 @@ def test_a_token_bound_to_no_node_reads_but_writes_nothing(
 def test_the_token_dies_with_its_node(kube_cluster: TestCluster, api_client: client.ApiClient, scene: Nodes,
                                       tmp_path: Path) -> None:  # fmt: skip
     a = scene.nodes["a"]
-    token_a = _agent_kubeconfig(kube_cluster, a, tmp_path)
+    token_a = install.agent_kubeconfig(kube_cluster, a, tmp_path)
     with _agent(token_a, a) as agent:
         assert agent.read_gpu(scene.gpus["a"])["spec"]["nodeName"] == a
         client.CoreV1Api(api_client).delete_node(a)
