@@ -20,7 +20,7 @@ def manifest_path(doc: dict[str, Any]) -> str:
     """The REST path of a manifest document (the kinds deploy/agent.yaml and the policies hold)."""
     kind, name = doc["kind"], doc["metadata"]["name"]
     plural = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles",
-              "ClusterRoleBinding": "clusterrolebindings",
+              "ClusterRoleBinding": "clusterrolebindings", "Role": "roles", "RoleBinding": "rolebindings",
               "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
               "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}[kind]  # fmt: skip
     group = doc["apiVersion"]
@@ -29,11 +29,32 @@ def manifest_path(doc: dict[str, Any]) -> str:
     return f"{base}/namespaces/{namespace}/{plural}/{name}" if namespace else f"{base}/{plural}/{name}"
 
 
-def apply_file(api: client.ApiClient, path: Path) -> None:
-    """Server-side apply of every document of a manifest file, as the admin."""
+IDENTITY_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+"""What of a component's manifest a test applies when it runs the component as a process here (the
+Deployment, Service and PodDisruptionBudget stay out: no pod of the product runs on this cluster)."""
+
+
+def apply_file(api: client.ApiClient, path: Path, kinds: tuple[str, ...] | None = None) -> None:
+    """Server-side apply of every document of a manifest file (only `kinds` when given), as the admin."""
     for doc in yaml.safe_load_all(path.read_text()):
-        if doc:
+        if doc and (kinds is None or doc["kind"] in kinds):
             server_side_apply(api, manifest_path(doc), doc)
+
+
+def service_account_kubeconfig(cluster: TestCluster, account: str, namespace: str, directory: Path) -> Path:
+    """A kubeconfig with a token of `namespace/account` (`kubectl create token`, 1 h): the identity
+    the chart's Deployment gives that component, with the chart's RBAC and nothing wider."""
+    assert cluster.kubectl is not None, "kubectl not found (testserver/build.sh unpacks one)"
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    token = subprocess.run([str(cluster.kubectl), "create", "token", account, "-n", namespace, "--duration", "1h"],
+                           env=env, capture_output=True, text=True, timeout=60, check=True).stdout.strip()  # fmt: skip
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    config["users"] = [{"name": account, "user": {"token": token}}]
+    config["contexts"][0]["context"]["user"] = account
+    out = directory / f"{account}.kubeconfig"
+    out.write_text(yaml.safe_dump(config))
+    out.chmod(0o600)
+    return out
 
 
 def agent_kubeconfig(cluster: TestCluster, node: str, directory: Path) -> Path:
