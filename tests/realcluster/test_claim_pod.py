@@ -132,3 +132,49 @@ def test_a_pod_with_a_claim_is_gated_then_scheduled_to_the_claims_node_and_start
     core.delete_namespaced_pod("user", namespace)
     kube_request(api_client, "DELETE", f"{claims}/slice")
     kube_request(api_client, "DELETE", f"{CUSTOM}/{names.PLURAL_CLASS}/{klass['metadata']['name']}")
+
+
+def test_an_inline_claim_and_its_elasticgpu_go_with_the_pod(
+    api_client: client.ApiClient,
+    product: None,
+    gpu_node: GpuNode,
+    namespace: str,
+) -> None:
+    """The claim made for a pod's inline request is owned by the pod: once the pod is gone the claim
+    goes (the real garbage collector follows the ownerReference; the controller also deletes claims
+    of pods that are gone, whichever is first), the real kubelet stops the containers through the
+    agent, and the controller releases and deletes the ElasticGPU (reclaim Delete): nothing is left."""
+    core = client.CoreV1Api(api_client)
+    tag = uuid.uuid4().hex[:8]
+    klass = {"apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": f"inline-{tag}"},
+             "provisioner": names.PROVISIONER_GPUSHARE, "parameters": {"gpuModel": "A100"},
+             "reclaimPolicy": "Delete", "bindingMode": "Immediate"}  # fmt: skip
+    assert kube_request(api_client, "POST", f"{CUSTOM}/{names.PLURAL_CLASS}", body=klass).status == 201
+    body = _pod("inline", "", gpu_node.image)
+    body["metadata"]["annotations"] = {
+        names.inline_request_annotation("main"): f"gpu-core=20,gpu-memory=8Gi,class={klass['metadata']['name']}"
+    }
+    pod = core.create_namespaced_pod(namespace, body)
+    claims = f"{CUSTOM}/namespaces/{namespace}/{names.PLURAL_CLAIM}"
+    egpus = [("labelSelector", f"{names.LABEL_CLAIM_NAMESPACE}={namespace}")]
+    deadline = time.monotonic() + WITHIN_S
+    while core.read_namespaced_pod("inline", namespace).status.phase != "Running":
+        assert time.monotonic() < deadline, "the pod with an inline request is not Running"
+        time.sleep(0.5)
+    made = kube_request(api_client, "GET", claims).json()["items"]
+    assert [ref["uid"] for c in made for ref in c["metadata"].get("ownerReferences") or []] == [pod.metadata.uid]
+    bound = kube_request(api_client, "GET", f"{CUSTOM}/{names.PLURAL_ELASTIC_GPU}", query=egpus).json()["items"]
+    assert [e["status"]["phase"] for e in bound] == ["Bound"]
+    core.delete_namespaced_pod("inline", namespace)
+    deadline = time.monotonic() + WITHIN_S
+    while True:
+        left_claims = kube_request(api_client, "GET", claims).json()["items"]
+        left = kube_request(api_client, "GET", f"{CUSTOM}/{names.PLURAL_ELASTIC_GPU}", query=egpus).json()["items"]
+        if not left_claims and not left:
+            break
+        assert time.monotonic() < deadline, (
+            f"after the pod: claims {[c['metadata']['name'] for c in left_claims]}, "
+            f"ElasticGPUs {[(e['metadata']['name'], e.get('status')) for e in left]}"
+        )
+        time.sleep(1)
+    kube_request(api_client, "DELETE", f"{CUSTOM}/{names.PLURAL_CLASS}/{klass['metadata']['name']}")
