@@ -38,6 +38,7 @@ class GpuNode:
     agent: processes.Child
     kubelet: kubelet.Kubelet
     image: str
+    runtime_endpoint: str  # the node's containerd (behind the agent)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def gpu_node(
 
         processes.wait_until(ready, f"Node {NODE} Ready through the agent's CRI proxy", timeout_s=WITHIN_S,
                              children=[agent, running.child])  # fmt: skip
-        yield GpuNode(NODE, agent, running, runtime.image)
+        yield GpuNode(NODE, agent, running, runtime.image, runtime.endpoint)
     with contextlib.suppress(client.ApiException):
         core.delete_node(NODE)
 
@@ -118,6 +119,10 @@ def test_kubelet_runs_a_pod_without_a_claim_through_the_agent(
             f"{namespace}/{name} not Running: {pod.status}\n{gpu_node.kubelet.child.tail(20)}"
         )
         time.sleep(0.5)
+    from tests.realcluster.test_claim_pod import _container_env
+
+    env = _container_env(gpu_node.runtime_endpoint, namespace, name)
+    assert "NVIDIA_VISIBLE_DEVICES" not in env, env  # a pod without a claim sees no card
     core.delete_namespaced_pod(name, namespace)
     deadline = time.monotonic() + WITHIN_S
     while name in [p.metadata.name for p in core.list_namespaced_pod(namespace).items]:

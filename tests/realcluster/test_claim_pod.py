@@ -89,6 +89,26 @@ def _pod(name: str, claim: str, image: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _container_env(endpoint: str, namespace: str, pod: str) -> dict[str, str]:
+    """The environment of the pod's container `main` in its OCI spec (CRI ContainerStatus, verbose)."""
+    import json
+
+    import grpc
+
+    from elasticgpu.agent.cri import api
+
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = api.services.RuntimeServiceStub(channel)
+        wanted = {"io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": pod,
+                  "io.kubernetes.container.name": "main"}  # fmt: skip
+        found = stub.ListContainers(api.pb.ListContainersRequest(
+            filter=api.pb.ContainerFilter(label_selector=wanted)), timeout=10).containers  # fmt: skip
+        assert found, f"no container of {namespace}/{pod} in the node's runtime"
+        status = stub.ContainerStatus(api.pb.ContainerStatusRequest(container_id=found[0].id, verbose=True), timeout=10)
+    spec = json.loads(status.info["info"])["runtimeSpec"]
+    return dict(item.split("=", 1) for item in spec["process"]["env"])
+
+
 def test_a_pod_with_a_claim_is_gated_then_scheduled_to_the_claims_node_and_started(
     api_client: client.ApiClient,
     product: None,
@@ -129,6 +149,9 @@ def test_a_pod_with_a_claim_is_gated_then_scheduled_to_the_claims_node_and_start
     assert bound["status"]["nodeName"] == gpu_node.name
     assert pod.spec.node_name == gpu_node.name  # placed by kube-scheduler, from the affinity the gate lift wrote
     assert not pod.spec.scheduling_gates
+    # What the container was created with, as containerd holds it (the OCI spec after CDI).
+    env = _container_env(gpu_node.runtime_endpoint, namespace, "user")
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == ",".join(bound["status"]["gpus"]), env
     core.delete_namespaced_pod("user", namespace)
     kube_request(api_client, "DELETE", f"{claims}/slice")
     kube_request(api_client, "DELETE", f"{CUSTOM}/{names.PLURAL_CLASS}/{klass['metadata']['name']}")
