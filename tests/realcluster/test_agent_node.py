@@ -122,7 +122,8 @@ def test_kubelet_runs_a_pod_without_a_claim_through_the_agent(
     from tests.realcluster.test_claim_pod import _container_env
 
     env = _container_env(gpu_node.runtime_endpoint, namespace, name)
-    assert "NVIDIA_VISIBLE_DEVICES" not in env, env  # a pod without a claim sees no card
+    # A pod without a claim sees no card: the agent sets `void` (a CUDA image's `all` would see every card).
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == "void", {k: v for k, v in env.items() if "NVIDIA" in k}
     core.delete_namespaced_pod(name, namespace)
     deadline = time.monotonic() + WITHIN_S
     while name in [p.metadata.name for p in core.list_namespaced_pod(namespace).items]:
