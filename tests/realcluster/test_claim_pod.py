@@ -1,0 +1,203 @@
+"""A pod that uses a claim, on Kubernetes' own control plane and kubelet, with the product running
+as the chart runs it: the controller and the webhook each with its ServiceAccount's token and the
+chart's RBAC (deploy/controller.yaml, deploy/webhook.yaml; the controller's leader election on a
+Lease in elasticgpu-system), the agent of a GPU node with its Node-bound token in front of
+containerd (tests/realcluster/test_agent_node.py's `gpu_node`).
+
+The real API server calls the webhook, which gates the pod; the controller binds the claim and
+lifts the gate with the claim's node as required affinity; the real scheduler places the pod; the
+real kubelet starts it through the agent's CRI proxy."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from elasticgpu.api import names
+from elasticgpu.demo import local_cluster, processes
+from tests.kube_cluster import TestCluster, kube_request
+from tests.realcluster import install
+from tests.realcluster.control_plane import ControlPlane
+from tests.realcluster.test_agent_node import GpuNode
+from tests.realcluster.test_agent_node import gpu_node as gpu_node  # the module fixture, shared
+
+pytestmark = pytest.mark.realcluster
+
+SYSTEM = "elasticgpu-system"
+CONFIGURATION = "elasticgpu-pods"  # the name the chart's RBAC lets the webhook manage (resourceNames)
+WITHIN_S = 120.0
+CUSTOM = f"/apis/{names.GROUP}/{names.VERSION}"
+
+
+def _elasticgpu(*arguments: str) -> list[str]:
+    return [sys.executable, "-m", "elasticgpu", *arguments]
+
+
+@pytest.fixture(scope="module")
+def product(kube_cluster: TestCluster, real_control_plane: ControlPlane, api_client: client.ApiClient,
+            crds_installed: list[str]) -> Iterator[None]:  # fmt: skip
+    """Controller and webhook as processes, with the chart's identities and RBAC."""
+    for manifest in ("controller.yaml", "webhook.yaml"):
+        install.apply_file(api_client, install.DEPLOY / manifest, install.IDENTITY_KINDS)
+    with contextlib.ExitStack() as stack:
+        home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="egpr-", dir="/tmp")))
+        controller_config = install.service_account_kubeconfig(kube_cluster, "elasticgpu-controller", SYSTEM, home)
+        webhook_config = install.service_account_kubeconfig(kube_cluster, "elasticgpu-webhook", SYSTEM, home)
+        children = real_control_plane.children
+        controller = children.start("controller", _elasticgpu(
+            "controller", "--kubeconfig", str(controller_config), "--health-probe-bind-address", "0",
+            "--metrics-bind-address", "0"), log=home / "controller.log",
+            env={"POD_NAMESPACE": SYSTEM, "ELASTICGPU_RESYNC_INTERVAL_S": "10"})  # fmt: skip
+        stack.callback(controller.stop)
+        port = local_cluster.free_port()
+        webhook = children.start("webhook", _elasticgpu(
+            "webhook", "--kubeconfig", str(webhook_config), "--namespace", SYSTEM,
+            "--configuration-name", CONFIGURATION, "--url", f"https://127.0.0.1:{port}",
+            "--listen-host", "127.0.0.1", "--port", str(port), "--health-probe-bind-address", "0",
+            "--metrics-bind-address", "0"), log=home / "webhook.log")  # fmt: skip
+        stack.callback(webhook.stop)
+        configuration = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{CONFIGURATION}"
+        stack.callback(kube_request, api_client, "DELETE", configuration)
+
+        def lease() -> bool:
+            answer = kube_request(api_client, "GET", f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM}/leases")
+            return answer.status == 200 and bool(answer.json()["items"])
+
+        processes.wait_until(lease, f"the controller's leader Lease in {SYSTEM}", timeout_s=WITHIN_S,
+                             children=[controller, webhook])  # fmt: skip
+        yield
+        for child in (controller, webhook):
+            refused = [line for line in child.log.read_text(errors="replace").splitlines() if " 403" in line]
+            assert not refused, f"{child.name} was refused under the chart's RBAC:\n" + "\n".join(refused[:10])
+
+
+def _pod(name: str, claim: str, image: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "annotations": {names.claim_annotation("main"): claim}},
+        "spec": {"hostNetwork": True, "terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "main", "image": image, "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]}]},
+    }  # fmt: skip
+
+
+def _container_env(endpoint: str, namespace: str, pod: str) -> dict[str, str]:
+    """The environment of the pod's container `main` in its OCI spec (CRI ContainerStatus, verbose)."""
+    import json
+
+    import grpc
+
+    from elasticgpu.agent.cri import api
+
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = api.services.RuntimeServiceStub(channel)
+        wanted = {"io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": pod,
+                  "io.kubernetes.container.name": "main"}  # fmt: skip
+        found = stub.ListContainers(api.pb.ListContainersRequest(
+            filter=api.pb.ContainerFilter(label_selector=wanted)), timeout=10).containers  # fmt: skip
+        assert found, f"no container of {namespace}/{pod} in the node's runtime"
+        status = stub.ContainerStatus(api.pb.ContainerStatusRequest(container_id=found[0].id, verbose=True), timeout=10)
+    spec = json.loads(status.info["info"])["runtimeSpec"]
+    return dict(item.split("=", 1) for item in spec["process"]["env"])
+
+
+def test_a_pod_with_a_claim_is_gated_then_scheduled_to_the_claims_node_and_started(
+    api_client: client.ApiClient,
+    product: None,
+    gpu_node: GpuNode,
+    kubelet_node: str,  # a second Ready node (without cards) the scheduler could pick without the affinity
+    namespace: str,
+) -> None:
+    core = client.CoreV1Api(api_client)
+    tag = uuid.uuid4().hex[:8]
+    klass = {"apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": f"real-{tag}"},
+             "provisioner": names.PROVISIONER_GPUSHARE, "parameters": {"gpuModel": "A100"},
+             "reclaimPolicy": "Delete", "bindingMode": "Immediate"}  # fmt: skip
+    assert kube_request(api_client, "POST", f"{CUSTOM}/{names.PLURAL_CLASS}", body=klass).status == 201
+    claim = {"apiVersion": names.API_VERSION, "kind": names.KIND_CLAIM, "metadata": {"name": "slice"},
+             "spec": {"elasticGPUClassName": klass["metadata"]["name"],
+                      "resources": {"requests": {names.RESOURCE_CORE: 30, names.RESOURCE_MEMORY: "10Gi"}}}}  # fmt: skip
+    claims = f"{CUSTOM}/namespaces/{namespace}/{names.PLURAL_CLAIM}"
+    answer = kube_request(api_client, "POST", claims, body=claim)
+    assert answer.status == 201, answer.body
+    # The webhook gates the pod at creation (the real API server calls it; no retry hides a miss).
+    deadline = time.monotonic() + WITHIN_S
+    while True:
+        created = kube_request(api_client, "POST", f"/api/v1/namespaces/{namespace}/pods", body=_pod("probe", "slice",
+                               gpu_node.image), query=[("dryRun", "All")]).json()  # fmt: skip
+        if any(g.get("name") == names.SCHEDULING_GATE for g in created["spec"].get("schedulingGates") or []):
+            break
+        assert time.monotonic() < deadline, f"the API server does not call the webhook: {created}"
+        time.sleep(0.5)
+    created = core.create_namespaced_pod(namespace, _pod("user", "slice", gpu_node.image))
+    assert [g.name for g in created.spec.scheduling_gates or []] == [names.SCHEDULING_GATE]
+    assert created.spec.node_name is None
+    deadline = time.monotonic() + WITHIN_S
+    while (pod := core.read_namespaced_pod("user", namespace)).status.phase != "Running":
+        assert time.monotonic() < deadline, f"pod not Running: {pod.spec.node_name} {pod.status}"
+        time.sleep(0.5)
+    bound = kube_request(api_client, "GET", f"{claims}/slice").json()
+    assert bound["status"]["phase"] == "Bound", bound["status"]
+    assert bound["status"]["nodeName"] == gpu_node.name
+    assert pod.spec.node_name == gpu_node.name  # placed by kube-scheduler, from the affinity the gate lift wrote
+    assert not pod.spec.scheduling_gates
+    # What the container was created with, as containerd holds it (the OCI spec after CDI).
+    env = _container_env(gpu_node.runtime_endpoint, namespace, "user")
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == ",".join(bound["status"]["gpus"]), env
+    core.delete_namespaced_pod("user", namespace)
+    kube_request(api_client, "DELETE", f"{claims}/slice")
+    kube_request(api_client, "DELETE", f"{CUSTOM}/{names.PLURAL_CLASS}/{klass['metadata']['name']}")
+
+
+def test_an_inline_claim_and_its_elasticgpu_go_with_the_pod(
+    api_client: client.ApiClient,
+    product: None,
+    gpu_node: GpuNode,
+    namespace: str,
+) -> None:
+    """The claim made for a pod's inline request is owned by the pod: once the pod is gone the claim
+    goes (the real garbage collector follows the ownerReference; the controller also deletes claims
+    of pods that are gone, whichever is first), the real kubelet stops the containers through the
+    agent, and the controller releases and deletes the ElasticGPU (reclaim Delete): nothing is left."""
+    core = client.CoreV1Api(api_client)
+    tag = uuid.uuid4().hex[:8]
+    klass = {"apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": f"inline-{tag}"},
+             "provisioner": names.PROVISIONER_GPUSHARE, "parameters": {"gpuModel": "A100"},
+             "reclaimPolicy": "Delete", "bindingMode": "Immediate"}  # fmt: skip
+    assert kube_request(api_client, "POST", f"{CUSTOM}/{names.PLURAL_CLASS}", body=klass).status == 201
+    body = _pod("inline", "", gpu_node.image)
+    body["metadata"]["annotations"] = {
+        names.inline_request_annotation("main"): f"gpu-core=20,gpu-memory=8Gi,class={klass['metadata']['name']}"
+    }
+    pod = core.create_namespaced_pod(namespace, body)
+    claims = f"{CUSTOM}/namespaces/{namespace}/{names.PLURAL_CLAIM}"
+    egpus = [("labelSelector", f"{names.LABEL_CLAIM_NAMESPACE}={namespace}")]
+    deadline = time.monotonic() + WITHIN_S
+    while core.read_namespaced_pod("inline", namespace).status.phase != "Running":
+        assert time.monotonic() < deadline, "the pod with an inline request is not Running"
+        time.sleep(0.5)
+    made = kube_request(api_client, "GET", claims).json()["items"]
+    assert [ref["uid"] for c in made for ref in c["metadata"].get("ownerReferences") or []] == [pod.metadata.uid]
+    bound = kube_request(api_client, "GET", f"{CUSTOM}/{names.PLURAL_ELASTIC_GPU}", query=egpus).json()["items"]
+    assert [e["status"]["phase"] for e in bound] == ["Bound"]
+    core.delete_namespaced_pod("inline", namespace)
+    deadline = time.monotonic() + WITHIN_S
+    while True:
+        left_claims = kube_request(api_client, "GET", claims).json()["items"]
+        left = kube_request(api_client, "GET", f"{CUSTOM}/{names.PLURAL_ELASTIC_GPU}", query=egpus).json()["items"]
+        if not left_claims and not left:
+            break
+        assert time.monotonic() < deadline, (
+            f"after the pod: claims {[c['metadata']['name'] for c in left_claims]}, "
+            f"ElasticGPUs {[(e['metadata']['name'], e.get('status')) for e in left]}"
+        )
+        time.sleep(1)
+    kube_request(api_client, "DELETE", f"{CUSTOM}/{names.PLURAL_CLASS}/{klass['metadata']['name']}")
