@@ -18,7 +18,7 @@ from elasticgpu.agent import isolation
 from elasticgpu.agent.cri import claim_hooks
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.ledger import store
-from tests.agent.cri.isolation_node import IsolationNode, wait_until
+from tests.agent.cri.isolation_node import SHM_FILE, IsolationNode, mounts_under, wait_until
 from tests.agent.cri.kubelet import Kubelet
 from tests.agent.cri.node import CARDS, View, publish_cards, slice_claim, whole_claim
 from tests.containerd_runtime import TestRuntime
@@ -130,6 +130,52 @@ def test_mps_gives_the_card_s_pipe_folder_and_the_claim_s_own_limits(node: Node)
     code, out = sh(node, container_id, "cat /run/nvidia-mps/nvidia-cuda-mps-control.pid")
     assert code == 0 and int(out) == node.isolation.daemons.pid(CARD)
     assert sh(node, container_id, "test -e /etc/ld.so.preload")[0] != 0
+
+
+def test_mps_clients_of_a_card_share_its_daemon_s_dev_shm_and_nobody_else_does(node: Node) -> None:
+    """The MPS server and its clients share POSIX shared memory: the daemon runs with the card's tmpfs as its
+    /dev/shm, and every MPS container of the card gets the same tmpfs at /dev/shm (not its own)."""
+    iso = node.isolation
+    first = run(node, "a", "a", mode="MPS")
+    shm = iso.daemons.folder(CARD) / "shm"  # the card's folder under the agent's isolation state
+    # What the daemon wrote into its /dev/shm is in the card's folder on the node (a tmpfs of the set size),
+    # not in the node's /dev/shm.
+    wait_until("the stand-in server wrote into its /dev/shm", lambda: (shm / SHM_FILE).exists())
+    assert (shm / SHM_FILE).read_text() == f"{CARD}\n"
+    assert mounts_under(shm) == [str(shm)]
+    stat = os.statvfs(shm)
+    assert stat.f_blocks * stat.f_frsize == 8 * 2**20
+    # A client container of the card sees it, and what the client writes there, the daemon's side sees.
+    assert sh(node, first, f"cat /dev/shm/{SHM_FILE}") == (0, f"{CARD}\n")
+    assert sh(node, first, "echo client > /dev/shm/from-client")[0] == 0
+    assert (shm / "from-client").read_text() == "client\n"
+    second = run(node, "b", "b", mode="MPS", memory_mib=2048)  # another claim of the card: the same memory
+    assert sh(node, second, "cat /dev/shm/from-client") == (0, "client\n")
+
+    # An MPS container of another card has that card's own; a container of mode None keeps its own.
+    other_card = CARDS[1].uuid
+    other = run(node, "c", "c", mode="MPS", gpus=(other_card,))
+    assert sh(node, other, f"cat /dev/shm/{SHM_FILE}") == (0, f"{other_card}\n")
+    assert sh(node, other, "test -e /dev/shm/from-client")[0] != 0
+    plain = run(node, "d", "d", mode="None")
+    assert sh(node, plain, f"test -e /dev/shm/{SHM_FILE} || test -e /dev/shm/from-client")[0] != 0
+    assert sh(node, plain, "echo plain > /dev/shm/plain")[0] == 0
+    assert not (shm / "plain").exists() and not iso.daemons.shm_dir(other_card).joinpath("plain").exists()
+
+    # The daemon killed: started again on the same tmpfs (the card's containers hold it).
+    [pid, _] = [iso.daemons.pid(CARD), iso.daemons.pid(other_card)]
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_until("the daemon started again", lambda: iso.daemons.pid(CARD) not in (None, pid))
+    assert mounts_under(shm) == [str(shm)] and (shm / "from-client").exists()
+
+    # No MPS container of the card left: the daemon stops for good and its /dev/shm goes.
+    for container_id in (first, second):
+        node.kubelet.remove_container(container_id)
+    node.hooks.flush()
+    wait_until("the card's /dev/shm removed", lambda: not shm.exists())
+    assert mounts_under(shm) == [] and iso.daemons.pid(CARD) is None
+    assert mounts_under(iso.daemons.shm_dir(other_card)) == [str(iso.daemons.shm_dir(other_card))]
 
 
 def test_mps_daemon_once_per_card_restarted_after_kill_9_and_stopped_when_unused(node: Node) -> None:
