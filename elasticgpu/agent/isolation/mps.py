@@ -3,11 +3,12 @@
 The card's MPS control daemon (mps_daemons.py) runs while a container of an MPS claim uses the card.
 Each container gets the card's pipe folder mounted at /run/nvidia-mps (CUDA_MPS_PIPE_DIRECTORY), the
 card's shared-memory tmpfs at /dev/shm (replacing the container's own: the MPS server and its clients
-share POSIX shared memory; the daemon has the same tmpfs as its /dev/shm), and its own limits: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (the claim's cores) and
-CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (`0=<MiB>M`: device 0 of the container, its one card). The MPS
-server enforces them for every process of the container, children included: they are the driver's
-limits, not the container's goodwill. They are read when a process starts: after a resize, new
-processes get the new size (from limits.env, docs/resize-node.md); running ones keep theirs.
+share POSIX shared memory; the daemon has the same tmpfs as its /dev/shm), and its own limits:
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (the claim's cores) and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (`0=<MiB>M`:
+device 0 of the container, its one card). The MPS server enforces them for every process of the
+container, children included: they are the driver's limits, not the container's goodwill. They are
+read when a process starts: after a resize, new processes get the new size (from limits.env,
+docs/resize-node.md); running ones keep theirs.
 """
 
 from __future__ import annotations

@@ -360,9 +360,10 @@ class MpsDaemons:
                 # Its output to a file, not a pipe: the daemon it forks may keep a pipe open, and a read
                 # of the pipe would wait for the daemon to end.
                 with open(errors_file, "wb") as err:
-                    done = subprocess.run(self._wrapped(uuid, [control, "-d"]), env=self.env(uuid), stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-                                          timeout=self._settings.start_timeout_s, check=False)
+                    done = subprocess.run(self._wrapped(uuid, [control, "-d"]), env=self.env(uuid),
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                          start_new_session=True, timeout=self._settings.start_timeout_s,
+                                          check=False)
             except (OSError, subprocess.TimeoutExpired) as e:
                 raise RuntimeError(f"{control} -d failed: {e}") from e
             if done.returncode != 0:
@@ -388,8 +389,8 @@ class MpsDaemons:
                 return
             if control is not None:
                 with contextlib.suppress(OSError, subprocess.TimeoutExpired, RuntimeError):
-                    subprocess.run(self._wrapped(uuid, [control]), input=b"quit\n", env=self.env(uuid), stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, start_new_session=True,
+                    subprocess.run(self._wrapped(uuid, [control]), input=b"quit\n", env=self.env(uuid),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                    timeout=self._settings.stop_timeout_s, check=False)
             deadline = self._clock() + self._settings.stop_timeout_s
             while _alive(pid) and self._clock() < deadline:

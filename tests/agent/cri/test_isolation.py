@@ -224,6 +224,7 @@ def test_never_two_daemons_for_one_card(tmp_path: Path) -> None:
             thread.join(30)
         assert len(first.servers()) == 1
         assert first.starts() == [CARD]
+        assert mounts_under(first.daemons.shm_dir(CARD)) == [str(first.daemons.shm_dir(CARD))]  # one tmpfs
     finally:
         second.close()
         first.close()
@@ -248,23 +249,34 @@ def test_a_restarted_agent_adopts_its_daemons_and_stops_them_once_unused(tmp_pat
     after = isolation.MpsDaemons(control=lambda: str(before.control), state_dir=before.state / "mps",
                                  settings=isolation.DaemonSettings(check_interval_s=0.1, backoff_initial_s=0.1,
                                                                    idle_grace_s=30.0))
+    gone = "GPU-00000000-dead-0000-0000-000000000000"  # a card whose daemon died while no agent ran
     try:
         before.daemons.ensure(CARD)
         before.daemons.ensure(CARDS[1].uuid)
-        before.daemons.close()  # the agent stops; its daemons keep serving their containers
-        [first, second] = [before.daemons.pid(CARD), before.daemons.pid(CARDS[1].uuid)]
-        assert first and second and len(before.servers()) == 2
+        before.daemons.ensure(gone)
+        before.daemons.close()  # the agent stops (kill -9: nothing cleaned); its daemons keep serving
+        [first, second, dead] = [before.daemons.pid(u) for u in (CARD, CARDS[1].uuid, gone)]
+        assert first and second and dead and len(before.servers()) == 3
+        os.kill(dead, signal.SIGKILL)
+        wait_until("the third daemon gone", lambda: before.daemons.pid(gone) is None)
+        shm = {uuid: after.shm_dir(uuid) for uuid in (CARD, CARDS[1].uuid, gone)}
+        assert all(mounts_under(folder) == [str(folder)] for folder in shm.values())
 
         # The runtime still has a container on the first card only: the second card's daemon goes at once
         # (it was not prepared by this agent: no grace), the first is kept, supervised and not restarted.
+        # The stale /dev/shm of the card without a daemon nor a container goes too; the first card's stays.
         assert after.release_except([CARD.lower()]) == [CARDS[1].uuid.lower()]
         assert before.servers() == [first] and before.quits() == [CARDS[1].uuid]
+        assert not shm[CARDS[1].uuid].exists() and not shm[gone].exists()
+        assert mounts_under(after.shm_dir(CARDS[1].uuid)) == mounts_under(shm[gone]) == []
+        assert mounts_under(shm[CARD]) == [str(shm[CARD])] and (shm[CARD] / SHM_FILE).exists()
         os.kill(first, signal.SIGKILL)
         wait_until("the adopted daemon started again", lambda: after.pid(CARD) not in (None, first))
-        assert before.starts() == [CARD, CARDS[1].uuid, CARD]  # restarted with the card as the driver spells it
+        assert before.starts() == [CARD, CARDS[1].uuid, gone, CARD]  # restarted with the card as the driver spells it
         # The last container gone: stopped (a restart is no new use: the grace counts from the adoption).
         assert after.release_except([]) == [CARD.lower()]
         assert before.servers() == [] and before.quits() == [CARDS[1].uuid, CARD]
+        assert mounts_under(before.state) == []
     finally:
         after.close()
         before.close()
