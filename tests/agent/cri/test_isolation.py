@@ -323,3 +323,25 @@ def test_the_benchmark_runs_and_reports_each_mode_against_none(
     assert bench.main(["--creates", "2", "--warmup", "1"]) == 0
     out = capsys.readouterr().out
     assert "MPS daemons started: 1" in out and "HAMiCore" in out
+
+
+def test_a_daemon_without_its_dev_shm_is_refused_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No fallback to an unbounded folder: a size of 0 (tmpfs: no limit) is refused naming the setting, and a
+    node without util-linux's unshare does not offer MPS, saying what is missing."""
+    node = IsolationNode(tmp_path / "node", shm_size_mib=0)
+    try:
+        room = node.rooms.room("MPS")
+        with pytest.raises(isolation.Unavailable) as refused:
+            room.prepare(isolation.Slice(claim="ns/c", uuids=(CARD,), cores=30, memory_mib=1024, pod_uid="u",
+                                         container="main"))
+        assert "--mps-shm-size-mib" in refused.value.message and node.servers() == []
+        assert mounts_under(node.state) == []
+        only_sh = tmp_path / "bin"
+        only_sh.mkdir()
+        (only_sh / "sh").symlink_to("/bin/sh")
+        monkeypatch.setenv("PATH", str(only_sh))
+        assert "unshare" in (room.problem() or "") and "MPS" not in node.rooms.offered()
+    finally:
+        node.close()
