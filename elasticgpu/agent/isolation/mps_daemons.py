@@ -59,6 +59,8 @@ TOOLS = ("unshare", "mount", "umount", "sh")
 # The wrapper the control binary is exec'd through, inside `unshare --mount`: the card's shm folder at
 # /dev/shm of the new namespace only (propagation private: the host's /dev/shm is untouched), then exec.
 _BIND_AND_EXEC = 'mount=$1 shm=$2; shift 2; "$mount" --bind "$shm" /dev/shm && exec "$@"'
+_WRAPPER_NAME = "elasticgpu-mps-shm-wrapper"
+"""The wrapper's $0: in the command lines of `unshare` and `sh` until the exec (never taken for the daemon)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,14 +86,16 @@ class DaemonSettings:
 
 
 def _alive(pid: int) -> bool:
-    """True for a running (not zombie) process whose command line is the control binary's."""
+    """True for a running (not zombie) process whose command line is the control binary's (not the wrapper's
+    before its exec: its command line names the binary too)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
     state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
-    return state not in ("Z", "X") and CONTROL.encode() in cmdline
+    return (state not in ("Z", "X") and CONTROL.encode() in cmdline
+            and _WRAPPER_NAME.encode() not in cmdline.split(b"\0"))
 
 
 class MpsDaemons:
@@ -200,7 +204,7 @@ class MpsDaemons:
         """`argv` run in a mount namespace of its own with the card's shm folder at /dev/shm (an exec chain:
         nothing runs in the agent's process between fork and exec)."""
         return [self._tool("unshare"), "--mount", "--propagation", "private", "--", self._tool("sh"), "-c",
-                _BIND_AND_EXEC, "elasticgpu-mps-shm", self._tool("mount"), str(self.shm_dir(uuid)), *argv]
+                _BIND_AND_EXEC, _WRAPPER_NAME, self._tool("mount"), str(self.shm_dir(uuid)), *argv]
 
     def _mount_shm(self, uuid: str) -> None:
         """The card's shm folder is a tmpfs of `shm_size_mib` (kept when it already is one: the card's
