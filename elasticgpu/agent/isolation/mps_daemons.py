@@ -285,7 +285,14 @@ class MpsDaemons:
         with self._lock:
             self._wanted[key] = self._clock()
             self._spelled[key] = uuid
-        if self.pid(uuid) is not None:
+        if (pid := self.pid(uuid)) is not None:
+            if not os.path.ismount(self.shm_dir(uuid)):
+                # A daemon started before the agent gave daemons a /dev/shm of their own (an upgrade): a client
+                # in a container would not reach it. Stopping it would end its clients' work: it goes once no
+                # container uses the card (release_except), and the next container gets a new one.
+                raise RuntimeError(f"its daemon (pid {pid}) runs without the card's /dev/shm at "
+                                   f"{self.shm_dir(uuid)} (started by an earlier agent version); it is replaced "
+                                   f"once no MPS container uses the card")
             return
         self._start(uuid)
         self._start_thread()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -271,7 +272,9 @@ def test_a_restarted_agent_adopts_its_daemons_and_stops_them_once_unused(tmp_pat
         assert mounts_under(after.shm_dir(CARDS[1].uuid)) == mounts_under(shm[gone]) == []
         assert mounts_under(shm[CARD]) == [str(shm[CARD])] and (shm[CARD] / SHM_FILE).exists()
         os.kill(first, signal.SIGKILL)
-        wait_until("the adopted daemon started again", lambda: after.pid(CARD) not in (None, first))
+        # (The stand-in's `-d` is found by its environment a moment before it records its start: wait for both.)
+        wait_until("the adopted daemon started again",
+                   lambda: before.starts().count(CARD) == 2 and after.pid(CARD) not in (None, first))
         assert before.starts() == [CARD, CARDS[1].uuid, gone, CARD]  # restarted with the card as the driver spells it
         # The last container gone: stopped (a restart is no new use: the grace counts from the adoption).
         assert after.release_except([]) == [CARD.lower()]
@@ -343,5 +346,29 @@ def test_a_daemon_without_its_dev_shm_is_refused_with_the_reason(
         (only_sh / "sh").symlink_to("/bin/sh")
         monkeypatch.setenv("PATH", str(only_sh))
         assert "unshare" in (room.problem() or "") and "MPS" not in node.rooms.offered()
+    finally:
+        node.close()
+
+
+def test_a_daemon_from_before_the_shared_dev_shm_is_replaced_once_unused(tmp_path: Path) -> None:
+    """An agent upgrade finds a daemon that uses the node's /dev/shm: clients in containers would not reach it.
+    New MPS containers of the card are refused (retryable) until no container uses it; then it is stopped
+    and the next container gets a daemon with the card's /dev/shm."""
+    node = IsolationNode(tmp_path / "node")
+    slice_ = isolation.Slice(claim="ns/c", uuids=(CARD,), cores=30, memory_mib=1024, pod_uid="u", container="main")
+    try:
+        room = node.rooms.room("MPS")
+        room.prepare(slice_)
+        [old] = node.servers()
+        shm = node.daemons.shm_dir(CARD)
+        subprocess.run(["umount", str(shm)], check=True)  # as a daemon of the earlier agent: no tmpfs
+        with pytest.raises(isolation.Unavailable) as refused:
+            room.prepare(slice_)
+        assert refused.value.retryable and "replaced once no MPS container uses the card" in refused.value.message
+        assert node.servers() == [old]
+        assert node.daemons.release_except([]) == [CARD.lower()]  # no container of the card any more
+        assert node.servers() == []
+        room.prepare(slice_)
+        assert node.servers() != [old] and len(node.servers()) == 1 and mounts_under(shm) == [str(shm)]
     finally:
         node.close()
