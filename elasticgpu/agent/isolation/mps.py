@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from elasticgpu.agent.isolation import base, none
+from elasticgpu.agent.isolation import base, mps_daemons, none
 from elasticgpu.agent.isolation.mps_daemons import MpsDaemons
 
 CONTAINER_PIPE_DIR = "/run/nvidia-mps"
@@ -50,9 +50,9 @@ class MpsRoom:
         for uuid in slice_.uuids:
             try:
                 self.daemons.ensure(uuid)
-            except RuntimeError as e:
+            except RuntimeError as e:  # NeedsAdmin: it will not pass by itself
                 raise base.Unavailable(f"the MPS control daemon of card {uuid} does not start: {e}",
-                                       retryable=True) from e
+                                       retryable=not isinstance(e, mps_daemons.NeedsAdmin)) from e
 
     def contribute(self, slice_: base.Slice) -> base.Contribution:
         """The pipe folder and shared memory of the card, and the claim's per-client limits."""

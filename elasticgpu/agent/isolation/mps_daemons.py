@@ -85,6 +85,10 @@ class DaemonSettings:
     64 MiB for its daemons); bounds the node memory the card's MPS clients can pin there."""
 
 
+class NeedsAdmin(RuntimeError):
+    """A daemon cannot start until the node's admin acts (a tool missing, a tmpfs that cannot be mounted)."""
+
+
 def _alive(pid: int) -> bool:
     """True for a running (not zombie) process whose command line is the control binary's (not the wrapper's
     before its exec: its command line names the binary too)."""
@@ -197,7 +201,7 @@ class MpsDaemons:
     def _tool(self, name: str) -> str:
         found = shutil.which(name)
         if found is None:
-            raise RuntimeError(self.problem() or f"{name} not found in the agent's PATH")
+            raise NeedsAdmin(self.problem() or f"{name} not found in the agent's PATH")
         return found
 
     def _wrapped(self, uuid: str, argv: list[str]) -> list[str]:
@@ -214,7 +218,7 @@ class MpsDaemons:
             return
         size = self._settings.shm_size_mib
         if size < 1:  # tmpfs takes size=0 as no limit at all
-            raise RuntimeError(f"the MPS /dev/shm size is {size} MiB: set --mps-shm-size-mib to 1 or more")
+            raise NeedsAdmin(f"the MPS /dev/shm size is {size} MiB: set --mps-shm-size-mib to 1 or more")
         shm.mkdir(parents=True, exist_ok=True)
         try:
             done = subprocess.run([self._tool("mount"), "-t", "tmpfs", "-o",
@@ -227,7 +231,7 @@ class MpsDaemons:
             said = done.stderr.decode(errors="replace").strip()[:200]
             # No fallback to a plain folder: its memory would be unbounded (or on disk), and the clients'
             # shared memory would outlive the daemon in the node's state folder.
-            raise RuntimeError(f"mounting a tmpfs of {size} MiB at {shm} failed ({said}): the agent needs "
+            raise NeedsAdmin(f"mounting a tmpfs of {size} MiB at {shm} failed ({said}): the agent needs "
                                f"CAP_SYS_ADMIN in the host's mount namespace (it runs as root on the host) "
                                f"to give the card's MPS daemon and clients their shared /dev/shm")
 

@@ -339,7 +339,8 @@ def test_a_daemon_without_its_dev_shm_is_refused_with_the_reason(
         with pytest.raises(isolation.Unavailable) as refused:
             room.prepare(isolation.Slice(claim="ns/c", uuids=(CARD,), cores=30, memory_mib=1024, pod_uid="u",
                                          container="main"))
-        assert "--mps-shm-size-mib" in refused.value.message and node.servers() == []
+        assert "--mps-shm-size-mib" in refused.value.message and not refused.value.retryable
+        assert node.servers() == []
         assert mounts_under(node.state) == []
         only_sh = tmp_path / "bin"
         only_sh.mkdir()
