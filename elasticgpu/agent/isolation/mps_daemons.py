@@ -232,8 +232,8 @@ class MpsDaemons:
             # No fallback to a plain folder: its memory would be unbounded (or on disk), and the clients'
             # shared memory would outlive the daemon in the node's state folder.
             raise NeedsAdmin(f"mounting a tmpfs of {size} MiB at {shm} failed ({said}): the agent needs "
-                               f"CAP_SYS_ADMIN in the host's mount namespace (it runs as root on the host) "
-                               f"to give the card's MPS daemon and clients their shared /dev/shm")
+                             f"CAP_SYS_ADMIN in the host's mount namespace (it runs as root on the host) "
+                             f"to give the card's MPS daemon and clients their shared /dev/shm")
 
     def _unmount_shm(self, uuid: str) -> None:
         """Unmount and remove the card's shm folder (a mount a container still holds stays alive there:
@@ -243,11 +243,14 @@ class MpsDaemons:
             if not os.path.ismount(shm):
                 break
             umount = shutil.which("umount") or "umount"
-            done = subprocess.run([umount, str(shm)], stdin=subprocess.DEVNULL, capture_output=True,
-                                  start_new_session=True, check=False)
-            if done.returncode != 0:
-                subprocess.run([umount, "-l", str(shm)], stdin=subprocess.DEVNULL, capture_output=True,
-                               start_new_session=True, check=False)
+            try:
+                done = subprocess.run([umount, str(shm)], stdin=subprocess.DEVNULL, capture_output=True,
+                                      start_new_session=True, timeout=self._settings.stop_timeout_s, check=False)
+                if done.returncode != 0:
+                    subprocess.run([umount, "-l", str(shm)], stdin=subprocess.DEVNULL, capture_output=True,
+                                   start_new_session=True, timeout=self._settings.stop_timeout_s, check=False)
+            except (OSError, subprocess.TimeoutExpired):
+                break
         if os.path.ismount(shm):
             log.warning("the MPS /dev/shm of card %s at %s could not be unmounted; the next sync tries again",
                         uuid, shm)
@@ -278,7 +281,8 @@ class MpsDaemons:
                     continue
                 self._unmount_shm(key)
             cleaned.append(key)
-            log.info("MPS /dev/shm of card %s left by an earlier agent (no daemon, no container): removed", key)
+            log.info("MPS /dev/shm of card %s removed: no daemon and no MPS container uses the card (an agent "
+                     "stopped before it cleaned up)", key)
         return cleaned
 
     # -- the CRI hook's side -------------------------------------------------------------------
