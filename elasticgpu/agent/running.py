@@ -207,7 +207,7 @@ def _isolation_rooms(settings: AgentSettings, driver_root: Callable[[], str]) ->
 
         daemons = isolation.MpsDaemons(control=control, state_dir=state / "mps", settings=isolation.DaemonSettings(
             stop_timeout_s=iso.mps_stop_timeout_s, check_interval_s=iso.mps_check_interval_s,
-            idle_grace_s=iso.isolation_idle_grace_s))
+            idle_grace_s=iso.isolation_idle_grace_s, shm_size_mib=iso.mps_shm_size_mib))
         rooms.append(isolation.MpsRoom(daemons, control=control,
                                        control_setting="looked for under the driver root, --driver-root"))
     rooms.append(isolation.HamiCoreRoom(library=iso.hami_core_library, host_root=settings.cri.host_root,

@@ -250,6 +250,9 @@ class IsolationSettings:
     mps_check_interval_s: float = 2.0
     """Seconds between checks that each MPS control daemon in use still runs (one that died is restarted, with
     a backoff doubling from 1 s to 60 s)."""
+    mps_shm_size_mib: int = 64
+    """MiB of the tmpfs each card's MPS daemon and its MPS containers share as /dev/shm (mounted by the agent at
+    <isolation_dir>/mps/<uuid>/shm; NVIDIA's device plugin mounts 64 MiB for its daemons)."""
     isolation_idle_grace_s: float = 30.0
     """Seconds a card's MPS daemon and a container's HAMi-core cache are kept after a container was prepared,
     while the runtime does not list the container yet."""

@@ -16,7 +16,10 @@ ceiling it reached against the slice:
 
     none      CUDA_VISIBLE_DEVICES=<card>; the limits are advice: expect about the card's free memory
     mps       the card's own MPS control daemon, CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
-              "0=<MiB>M", CUDA_MPS_ACTIVE_THREAD_PERCENTAGE: expect the slice
+              "0=<MiB>M", CUDA_MPS_ACTIVE_THREAD_PERCENTAGE: expect the slice. As root, run as the agent
+              runs them: a 64 MiB tmpfs is the daemon's /dev/shm (own mount namespace) and the child's
+              (own mount and IPC namespaces, as a container); so a pass also says the clients of a
+              container reach the daemon. Not root: both share the host's /dev/shm (extra.shm says which)
     hami      LD_PRELOAD of the given libvgpu.so (as /etc/ld.so.preload would), CUDA_DEVICE_MEMORY_LIMIT_0,
               CUDA_DEVICE_SM_LIMIT, CUDA_DEVICE_MEMORY_SHARED_CACHE: expect the slice (skipped without it)
 
@@ -38,6 +41,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 MODES = ("none", "mps", "hami")
+SHM_MIB = 64  # the agent's default --mps-shm-size-mib
+# The agent's wrapper (elasticgpu/agent/isolation/mps_daemons.py): the shared tmpfs at /dev/shm of a new
+# mount namespace only, then exec.
+BIND_AND_EXEC = 'shm=$1; shift; mount --bind "$shm" /dev/shm && exec "$@"'
 ENFORCING = ("mps", "hami")
 MIB = 1 << 20
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -181,9 +188,18 @@ def child_env(mode: str, *, uuid: str, memory_mib: int, cores: int, pipe_dir: st
     return env
 
 
-def _measure(env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+def with_shm(argv: list[str], shm: str, *, container: bool = False) -> list[str]:
+    """`argv` in a mount namespace of its own with `shm` at /dev/shm, as the agent runs an MPS daemon; with
+    `container`, also an IPC namespace of its own, as a container of the card (needs root and util-linux)."""
+    return ["unshare", "--mount", *(["--ipc"] if container else []), "--propagation", "private", "--", "sh", "-c",
+            BIND_AND_EXEC, "isolation-check", shm, *argv]
+
+
+def _measure(env: dict[str, str], args: argparse.Namespace, shm: str = "") -> dict[str, Any]:
     command = [sys.executable, os.path.abspath(__file__), "ceiling", "--chunk-mib", str(args.chunk_mib),
                "--limit-mib", str(args.limit_mib)]
+    if shm:
+        command = with_shm(command, shm, container=True)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout_s, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the ceiling child exited with {done.returncode}: {done.stderr.strip()[-500:]}")
@@ -195,6 +211,7 @@ def run_mode(mode: str, uuid: str, args: argparse.Namespace, work: str) -> Outco
     outcome = Outcome(mode=mode, slice_mib=args.memory_mib)
     daemon_env: dict[str, str] | None = None
     control = shutil.which(MPS_CONTROL) or ""
+    shm = ""  # the daemon's and the child's /dev/shm when run as the agent runs them
     try:
         if mode == "mps":
             if not control:
@@ -203,9 +220,18 @@ def run_mode(mode: str, uuid: str, args: argparse.Namespace, work: str) -> Outco
             pipe, logs = os.path.join(work, "mps-pipe"), os.path.join(work, "mps-log")
             os.makedirs(pipe, exist_ok=True)
             os.makedirs(logs, exist_ok=True)
+            if os.geteuid() == 0 and shutil.which("unshare"):
+                shm = os.path.join(work, "mps-shm")
+                os.makedirs(shm, exist_ok=True)
+                subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SHM_MIB}m,mode=1777,nosuid,nodev,noexec",
+                                "isolation-check-shm", shm], check=True, timeout=30)
+                outcome.extra["shm"] = f"a {SHM_MIB} MiB tmpfs shared by the daemon and the child (own namespaces)"
+            else:
+                outcome.extra["shm"] = "the host's /dev/shm (not root: daemon and child in one namespace)"
             daemon_env = {**os.environ, "CUDA_VISIBLE_DEVICES": uuid, "CUDA_MPS_PIPE_DIRECTORY": pipe,
                           "CUDA_MPS_LOG_DIRECTORY": logs}
-            subprocess.run([control, "-d"], env=daemon_env, check=True, timeout=30, start_new_session=True,
+            daemon = with_shm([control, "-d"], shm) if shm else [control, "-d"]
+            subprocess.run(daemon, env=daemon_env, check=True, timeout=30, start_new_session=True,
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             env = child_env(mode, uuid=uuid, memory_mib=args.memory_mib, cores=args.cores, pipe_dir=pipe)
         elif mode == "hami":
@@ -217,17 +243,19 @@ def run_mode(mode: str, uuid: str, args: argparse.Namespace, work: str) -> Outco
                             library=args.hami_core_library, cache=cache)
         else:
             env = child_env(mode, uuid=uuid, memory_mib=args.memory_mib, cores=args.cores)
-        measured = _measure(env, args)
+        measured = _measure(env, args, shm)
         outcome.ceiling_mib = int(measured["allocated_mib"])
         outcome.stopped_by = str(measured["stopped_by"])
-        outcome.extra = {k: measured.get(k) for k in ("free_mib", "total_mib")}
+        outcome.extra.update({k: measured.get(k) for k in ("free_mib", "total_mib")})
         outcome.verdict = verdict(mode, args.memory_mib, outcome.ceiling_mib, args.chunk_mib)
     except Exception as e:  # one mode failing must not hide the others' results
         outcome.verdict, outcome.detail = "FAILED", f"{type(e).__name__}: {e}"
     finally:
         if daemon_env is not None:
-            subprocess.run([control], input="quit\n", env=daemon_env, text=True, timeout=30, check=False,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(with_shm([control], shm) if shm else [control], input="quit\n", env=daemon_env,
+                           text=True, timeout=30, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if shm:
+            subprocess.run(["umount", "-l", shm], check=False, timeout=30)
     return outcome
 
 

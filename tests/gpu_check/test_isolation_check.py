@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +101,21 @@ def test_without_a_driver_it_says_so_and_exits_2() -> None:
     if done.returncode == 0:
         pytest.skip("this machine has an NVIDIA driver: the check runs for real here")
     assert done.returncode == 2 and "no NVIDIA driver here" in done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and util-linux's unshare")
+def test_the_mps_daemon_and_its_client_share_one_dev_shm_as_the_agent_runs_them(tmp_path: Path) -> None:
+    """with_shm runs a command as the agent runs a card's MPS daemon (and, with `container`, as a container of the
+    card): what one writes into its /dev/shm the other reads; the host's /dev/shm is untouched."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "isolation-check-test", str(shm)], check=True)
+    try:
+        name = f"isolation-check-{os.getpid()}"
+        subprocess.run(check.with_shm(["sh", "-c", f"echo daemon > /dev/shm/{name}"], str(shm)), check=True)
+        read = subprocess.run(check.with_shm(["cat", f"/dev/shm/{name}"], str(shm), container=True),
+                              capture_output=True, text=True, check=True)
+        assert read.stdout == "daemon\n" and (shm / name).read_text() == "daemon\n"
+        assert not Path("/dev/shm", name).exists()
+    finally:
+        subprocess.run(["umount", "-l", str(shm)], check=False)

@@ -2,9 +2,19 @@
 
     folders     <state>/<card uuid>/pipe (CUDA_MPS_PIPE_DIRECTORY; mounted into the card's MPS
                 containers) and <state>/<card uuid>/log (CUDA_MPS_LOG_DIRECTORY); <state>/<uuid>/lock
-    start       `nvidia-cuda-mps-control -d` with CUDA_VISIBLE_DEVICES=<uuid> and both folders; it
-                daemonises and writes <pipe>/nvidia-cuda-mps-control.pid, which is how it is found
-                again (also after the agent restarts: the daemon outlives it, its clients need it)
+    shm         <state>/<card uuid>/shm: a tmpfs of `shm_size_mib` the agent mounts before the card's
+                first start. The MPS server and its clients share POSIX shared memory (/dev/shm), and a
+                container has a /dev/shm of its own: the daemon runs in a mount namespace of its own with
+                this folder bound at /dev/shm, and each MPS container of the card gets it at /dev/shm too
+                (as NVIDIA's device plugin does, one tmpfs per card here). It stays mounted while the
+                card's containers may use it (across daemon restarts: containers hold the mount they got),
+                and is unmounted and removed when the daemon stops for good, or found stale at a sync (no
+                daemon, no container of the card: an agent killed before it cleaned up)
+    start       `nvidia-cuda-mps-control -d` with CUDA_VISIBLE_DEVICES=<uuid> and both folders, through
+                `unshare --mount --propagation private` and `mount --bind <shm> /dev/shm` (util-linux:
+                a command line that execs the control binary); it daemonises and writes
+                <pipe>/nvidia-cuda-mps-control.pid, which is how it is found again (also after the agent
+                restarts: the daemon outlives it, its clients need it)
     never two   every start and stop holds the card's lock file (flock; two agents by mistake, or
                 two threads, wait for each other) and first reads the pid file: a live daemon whose
                 command line is the control binary's is adopted, never started twice
@@ -14,11 +24,13 @@
     adopt       a live daemon of the state folder that this process did not start (the agent
                 restarted) is taken over at the next sync: supervised while used, stopped once not
     stop        once no container of an MPS claim uses the card (`release_except`, from the
-                runtime's containers): `echo quit | nvidia-cuda-mps-control` with the same env,
-                then SIGKILL after `stop_timeout_s`
+                runtime's containers): `echo quit | nvidia-cuda-mps-control` with the same env and
+                namespace, then SIGKILL after `stop_timeout_s`; then the shm folder is unmounted
 
 Processes are started with `start_new_session` (no preexec_fn: the agent has loaded grpc, whose
-threads make a fork with Python code before exec unsafe).
+threads make a fork with Python code before exec unsafe; the namespace is made by the `unshare` the
+agent execs, never in the agent's own process). The agent must run in the host's mount namespace: the
+runtime mounts the shm folder into containers, so it must see the tmpfs the agent mounted there.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -39,6 +52,15 @@ log = logging.getLogger(__name__)
 
 CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
+SHM_SOURCE = "elasticgpu-mps-shm"
+"""The source name of the agent's shm tmpfs mounts (in /proc/mounts: tells them from others)."""
+TOOLS = ("unshare", "mount", "umount", "sh")
+"""What the daemon's own /dev/shm takes on the node (util-linux and a shell)."""
+# The wrapper the control binary is exec'd through, inside `unshare --mount`: the card's shm folder at
+# /dev/shm of the new namespace only (propagation private: the host's /dev/shm is untouched), then exec.
+_BIND_AND_EXEC = 'mount=$1 shm=$2; shift 2; "$mount" --bind "$shm" /dev/shm && exec "$@"'
+_WRAPPER_NAME = "elasticgpu-mps-shm-wrapper"
+"""The wrapper's $0: in the command lines of `unshare` and `sh` until the exec (never taken for the daemon)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,17 +80,26 @@ class DaemonSettings:
     idle_grace_s: float = 30.0
     """Seconds a card's daemon is kept after a container was prepared for it, even when no container of
     the runtime names the card yet (the runtime may still be creating it)."""
+    shm_size_mib: int = 64
+    """MiB of the tmpfs a card's daemon and its containers share as /dev/shm (NVIDIA's device plugin mounts
+    64 MiB for its daemons); bounds the node memory the card's MPS clients can pin there."""
+
+
+class NeedsAdmin(RuntimeError):
+    """A daemon cannot start until the node's admin acts (a tool missing, a tmpfs that cannot be mounted)."""
 
 
 def _alive(pid: int) -> bool:
-    """True for a running (not zombie) process whose command line is the control binary's."""
+    """True for a running (not zombie) process whose command line is the control binary's (not the wrapper's
+    before its exec: its command line names the binary too)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
     state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
-    return state not in ("Z", "X") and CONTROL.encode() in cmdline
+    return (state not in ("Z", "X") and CONTROL.encode() in cmdline
+            and _WRAPPER_NAME.encode() not in cmdline.split(b"\0"))
 
 
 class MpsDaemons:
@@ -105,6 +136,10 @@ class MpsDaemons:
     def log_dir(self, uuid: str) -> Path:
         """The card's CUDA_MPS_LOG_DIRECTORY."""
         return self.folder(uuid) / "log"
+
+    def shm_dir(self, uuid: str) -> Path:
+        """The card's shared /dev/shm: a tmpfs the daemon and the card's MPS containers mount at /dev/shm."""
+        return self.folder(uuid) / "shm"
 
     def env(self, uuid: str) -> dict[str, str]:
         """The environment of the card's control daemon and of `quit`."""
@@ -153,6 +188,103 @@ class MpsDaemons:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
+    # -- the daemon's /dev/shm -----------------------------------------------------------------
+
+    def problem(self) -> str | None:
+        """Why the node cannot give a daemon its own /dev/shm (a tool missing from the agent's PATH), or None."""
+        missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+        if missing:
+            return (f"{', '.join(missing)} not found in the agent's PATH: the MPS daemon's /dev/shm needs "
+                    f"util-linux (unshare, mount, umount) and sh on the node")
+        return None
+
+    def _tool(self, name: str) -> str:
+        found = shutil.which(name)
+        if found is None:
+            raise NeedsAdmin(self.problem() or f"{name} not found in the agent's PATH")
+        return found
+
+    def _wrapped(self, uuid: str, argv: list[str]) -> list[str]:
+        """`argv` run in a mount namespace of its own with the card's shm folder at /dev/shm (an exec chain:
+        nothing runs in the agent's process between fork and exec)."""
+        return [self._tool("unshare"), "--mount", "--propagation", "private", "--", self._tool("sh"), "-c",
+                _BIND_AND_EXEC, _WRAPPER_NAME, self._tool("mount"), str(self.shm_dir(uuid)), *argv]
+
+    def _mount_shm(self, uuid: str) -> None:
+        """The card's shm folder is a tmpfs of `shm_size_mib` (kept when it already is one: the card's
+        containers hold it). Raises RuntimeError saying why it cannot be mounted."""
+        shm = self.shm_dir(uuid)
+        if os.path.ismount(shm):
+            return
+        size = self._settings.shm_size_mib
+        if size < 1:  # tmpfs takes size=0 as no limit at all
+            raise NeedsAdmin(f"the MPS /dev/shm size is {size} MiB: set --mps-shm-size-mib to 1 or more")
+        shm.mkdir(parents=True, exist_ok=True)
+        try:
+            done = subprocess.run([self._tool("mount"), "-t", "tmpfs", "-o",
+                                   f"size={size}m,mode=1777,nosuid,nodev,noexec", SHM_SOURCE, str(shm)],
+                                  stdin=subprocess.DEVNULL, capture_output=True, start_new_session=True,
+                                  timeout=self._settings.start_timeout_s, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise RuntimeError(f"mounting a tmpfs of {size} MiB at {shm} failed: {e}") from e
+        if done.returncode != 0:
+            said = done.stderr.decode(errors="replace").strip()[:200]
+            # No fallback to a plain folder: its memory would be unbounded (or on disk), and the clients'
+            # shared memory would outlive the daemon in the node's state folder.
+            raise NeedsAdmin(f"mounting a tmpfs of {size} MiB at {shm} failed ({said}): the agent needs "
+                             f"CAP_SYS_ADMIN in the host's mount namespace (it runs as root on the host) "
+                             f"to give the card's MPS daemon and clients their shared /dev/shm")
+
+    def _unmount_shm(self, uuid: str) -> None:
+        """Unmount and remove the card's shm folder (a mount a container still holds stays alive there:
+        lazily unmounted when busy)."""
+        shm = self.shm_dir(uuid)
+        for _ in range(4):  # a mount stacked on another (two agents by mistake) comes off one at a time
+            if not os.path.ismount(shm):
+                break
+            umount = shutil.which("umount") or "umount"
+            try:
+                done = subprocess.run([umount, str(shm)], stdin=subprocess.DEVNULL, capture_output=True,
+                                      start_new_session=True, timeout=self._settings.stop_timeout_s, check=False)
+                if done.returncode != 0:
+                    subprocess.run([umount, "-l", str(shm)], stdin=subprocess.DEVNULL, capture_output=True,
+                                   start_new_session=True, timeout=self._settings.stop_timeout_s, check=False)
+            except (OSError, subprocess.TimeoutExpired):
+                break
+        if os.path.ismount(shm):
+            log.warning("the MPS /dev/shm of card %s at %s could not be unmounted; the next sync tries again",
+                        uuid, shm)
+            return
+        with contextlib.suppress(FileNotFoundError, OSError):
+            shm.rmdir()
+
+    def _clean_stale(self, keep: set[str]) -> list[str]:
+        """Unmount the shm folders of cards without a daemon that nobody wants or uses (an agent killed
+        before it cleaned up). Returns their uuids."""
+        cleaned: list[str] = []
+        try:
+            folders = [entry for entry in self._state_dir.iterdir() if entry.is_dir()]
+        except FileNotFoundError:
+            return cleaned
+        for folder in folders:
+            key = folder.name
+            if key in keep or not (folder / "shm").exists():
+                continue
+            with self._lock:
+                if key in self._wanted:
+                    continue
+            with self._card_lock(key):
+                with self._lock:
+                    if key in self._wanted:
+                        continue
+                if self.pid(key) is not None:
+                    continue
+                self._unmount_shm(key)
+            cleaned.append(key)
+            log.info("MPS /dev/shm of card %s removed: no daemon and no MPS container uses the card (an agent "
+                     "stopped before it cleaned up)", key)
+        return cleaned
+
     # -- the CRI hook's side -------------------------------------------------------------------
 
     def ensure(self, uuid: str) -> None:
@@ -161,7 +293,14 @@ class MpsDaemons:
         with self._lock:
             self._wanted[key] = self._clock()
             self._spelled[key] = uuid
-        if self.pid(uuid) is not None:
+        if (pid := self.pid(uuid)) is not None:
+            if not os.path.ismount(self.shm_dir(uuid)):
+                # A daemon started before the agent gave daemons a /dev/shm of their own (an upgrade): a client
+                # in a container would not reach it. Stopping it would end its clients' work: it goes once no
+                # container uses the card (release_except), and the next container gets a new one.
+                raise RuntimeError(f"its daemon (pid {pid}) runs without the card's /dev/shm at "
+                                   f"{self.shm_dir(uuid)} (started by an earlier agent version); it is replaced "
+                                   f"once no MPS container uses the card")
             return
         self._start(uuid)
         self._start_thread()
@@ -217,6 +356,7 @@ class MpsDaemons:
                 self._next_try.pop(uuid, None)
         for uuid in idle:
             self.stop(self._spelled.pop(uuid, uuid))
+        self._clean_stale(keep)
         return idle
 
     # -- starting and stopping -----------------------------------------------------------------
@@ -230,6 +370,7 @@ class MpsDaemons:
                 return  # started meanwhile (another thread, or an agent by mistake): never two
             self.pipe_dir(uuid).mkdir(parents=True, exist_ok=True)
             self.log_dir(uuid).mkdir(parents=True, exist_ok=True)
+            self._mount_shm(uuid)
             (self.folder(uuid) / "uuid").write_text(uuid + "\n")  # as the driver spells it, for a later agent
             with contextlib.suppress(FileNotFoundError):
                 (self.pipe_dir(uuid) / PID_FILE).unlink()  # a dead daemon's: the new one writes its own
@@ -238,9 +379,10 @@ class MpsDaemons:
                 # Its output to a file, not a pipe: the daemon it forks may keep a pipe open, and a read
                 # of the pipe would wait for the daemon to end.
                 with open(errors_file, "wb") as err:
-                    done = subprocess.run([control, "-d"], env=self.env(uuid), stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-                                          timeout=self._settings.start_timeout_s, check=False)
+                    done = subprocess.run(self._wrapped(uuid, [control, "-d"]), env=self.env(uuid),
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                          start_new_session=True, timeout=self._settings.start_timeout_s,
+                                          check=False)
             except (OSError, subprocess.TimeoutExpired) as e:
                 raise RuntimeError(f"{control} -d failed: {e}") from e
             if done.returncode != 0:
@@ -257,16 +399,17 @@ class MpsDaemons:
         log.info("MPS control daemon of card %s started (pid %s)", uuid, self.pid(uuid))
 
     def stop(self, uuid: str) -> None:
-        """Quit the card's daemon (`quit`, then SIGKILL after the timeout)."""
+        """Quit the card's daemon (`quit`, then SIGKILL after the timeout) and remove its /dev/shm."""
         control = self._control()
         with self._card_lock(uuid):
             pid = self.pid(uuid)
             if pid is None:
+                self._unmount_shm(uuid)
                 return
             if control is not None:
-                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                    subprocess.run([control], input=b"quit\n", env=self.env(uuid), stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, start_new_session=True,
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired, RuntimeError):
+                    subprocess.run(self._wrapped(uuid, [control]), input=b"quit\n", env=self.env(uuid),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                    timeout=self._settings.stop_timeout_s, check=False)
             deadline = self._clock() + self._settings.stop_timeout_s
             while _alive(pid) and self._clock() < deadline:
@@ -276,6 +419,10 @@ class MpsDaemons:
                             self._settings.stop_timeout_s)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+                deadline = self._clock() + self._settings.stop_timeout_s
+                while _alive(pid) and self._clock() < deadline:
+                    time.sleep(0.02)
+            self._unmount_shm(uuid)
         log.info("MPS control daemon of card %s stopped: no MPS claim uses the card", uuid)
 
     # -- supervising ---------------------------------------------------------------------------

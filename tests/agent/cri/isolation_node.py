@@ -6,13 +6,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 from elasticgpu.agent import isolation
 
 # The stand-in control binary: `-d` records the start and forks a server that writes the pid file in the
-# pipe folder and stays alive (its command line names the binary, as the real daemon's does); with no
+# pipe folder, its card's uuid into its /dev/shm (SHM_FILE: where the real server's shared memory with its
+# clients goes) and stays alive (its command line names the binary, as the real daemon's does); with no
 # argument it reads a command from stdin, as the real one, and `quit` ends the server and is recorded.
 STAND_IN_CONTROL = """#!/bin/sh
 record={record}
@@ -22,6 +24,7 @@ case "$1" in
     "$0" serve </dev/null >/dev/null 2>&1 &
     exit 0 ;;
 serve)
+    echo "$CUDA_VISIBLE_DEVICES" > /dev/shm/{shm_file}
     echo $$ > "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
     trap 'exit 0' TERM
     while :; do sleep 0.1; done ;;
@@ -34,11 +37,25 @@ esac
 """
 
 
+SHM_FILE = "elasticgpu-stand-in-server"
+"""The file the stand-in server writes into its /dev/shm."""
+
+
+def mounts_under(folder: Path) -> list[str]:
+    """The mount points at or under `folder` (this process's mount namespace), one line per mount."""
+    found = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        point = line.split()[1].replace("\\040", " ")
+        if point == str(folder) or point.startswith(f"{folder}/"):
+            found.append(point)
+    return found
+
+
 class IsolationNode:
     """The stand-ins and the rooms over them."""
 
     def __init__(self, directory: Path, *, with_mps: bool = True, with_library: bool = True,
-                 idle_grace_s: float = 0.0, check_interval_s: float = 0.1) -> None:
+                 idle_grace_s: float = 0.0, check_interval_s: float = 0.1, shm_size_mib: int = 8) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.driver_root = directory / "driver-root"
@@ -47,7 +64,7 @@ class IsolationNode:
         self.record.touch()
         if with_mps:
             self.control.parent.mkdir(parents=True)
-            self.control.write_text(STAND_IN_CONTROL.format(record=self.record))
+            self.control.write_text(STAND_IN_CONTROL.format(record=self.record, shm_file=SHM_FILE))
             self.control.chmod(0o755)
         self.library = directory / "hami/libvgpu.so"
         if with_library:
@@ -57,7 +74,8 @@ class IsolationNode:
         self.daemons = isolation.MpsDaemons(
             control=lambda: str(self.control) if self.control.exists() else None, state_dir=self.state / "mps",
             settings=isolation.DaemonSettings(stop_timeout_s=5, check_interval_s=check_interval_s,
-                                              backoff_initial_s=0.1, backoff_max_s=1, idle_grace_s=idle_grace_s))
+                                              backoff_initial_s=0.1, backoff_max_s=1, idle_grace_s=idle_grace_s,
+                                              shm_size_mib=shm_size_mib))
         self.rooms = isolation.IsolationRooms([
             isolation.MpsRoom(self.daemons, control=lambda: str(self.control) if self.control.exists() else None,
                               control_setting=f"under {self.driver_root}"),
@@ -87,11 +105,13 @@ class IsolationNode:
         return sorted(pid for pid, parent in found.items() if children or parent not in found)
 
     def close(self) -> None:
-        """Stop supervising and end every server the test started."""
+        """Stop supervising, end every server the test started and unmount the shm folders it left."""
         self.rooms.close()
         for pid in self.servers(children=True):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        for point in reversed(mounts_under(self.state)):
+            subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
 def wait_until(what: str, check: object, timeout: float = 15.0) -> None:

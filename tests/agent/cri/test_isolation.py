@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from elasticgpu.agent import isolation
 from elasticgpu.agent.cri import claim_hooks
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.ledger import store
-from tests.agent.cri.isolation_node import IsolationNode, wait_until
+from tests.agent.cri.isolation_node import SHM_FILE, IsolationNode, mounts_under, wait_until
 from tests.agent.cri.kubelet import Kubelet
 from tests.agent.cri.node import CARDS, View, publish_cards, slice_claim, whole_claim
 from tests.containerd_runtime import TestRuntime
@@ -132,6 +133,52 @@ def test_mps_gives_the_card_s_pipe_folder_and_the_claim_s_own_limits(node: Node)
     assert sh(node, container_id, "test -e /etc/ld.so.preload")[0] != 0
 
 
+def test_mps_clients_of_a_card_share_its_daemon_s_dev_shm_and_nobody_else_does(node: Node) -> None:
+    """The MPS server and its clients share POSIX shared memory: the daemon runs with the card's tmpfs as its
+    /dev/shm, and every MPS container of the card gets the same tmpfs at /dev/shm (not its own)."""
+    iso = node.isolation
+    first = run(node, "a", "a", mode="MPS")
+    shm = iso.daemons.folder(CARD) / "shm"  # the card's folder under the agent's isolation state
+    # What the daemon wrote into its /dev/shm is in the card's folder on the node (a tmpfs of the set size),
+    # not in the node's /dev/shm.
+    wait_until("the stand-in server wrote into its /dev/shm", lambda: (shm / SHM_FILE).exists())
+    assert (shm / SHM_FILE).read_text() == f"{CARD}\n"
+    assert mounts_under(shm) == [str(shm)]
+    stat = os.statvfs(shm)
+    assert stat.f_blocks * stat.f_frsize == 8 * 2**20
+    # A client container of the card sees it, and what the client writes there, the daemon's side sees.
+    assert sh(node, first, f"cat /dev/shm/{SHM_FILE}") == (0, f"{CARD}\n")
+    assert sh(node, first, "echo client > /dev/shm/from-client")[0] == 0
+    assert (shm / "from-client").read_text() == "client\n"
+    second = run(node, "b", "b", mode="MPS", memory_mib=2048)  # another claim of the card: the same memory
+    assert sh(node, second, "cat /dev/shm/from-client") == (0, "client\n")
+
+    # An MPS container of another card has that card's own; a container of mode None keeps its own.
+    other_card = CARDS[1].uuid
+    other = run(node, "c", "c", mode="MPS", gpus=(other_card,))
+    assert sh(node, other, f"cat /dev/shm/{SHM_FILE}") == (0, f"{other_card}\n")
+    assert sh(node, other, "test -e /dev/shm/from-client")[0] != 0
+    plain = run(node, "d", "d", mode="None")
+    assert sh(node, plain, f"test -e /dev/shm/{SHM_FILE} || test -e /dev/shm/from-client")[0] != 0
+    assert sh(node, plain, "echo plain > /dev/shm/plain")[0] == 0
+    assert not (shm / "plain").exists() and not iso.daemons.shm_dir(other_card).joinpath("plain").exists()
+
+    # The daemon killed: started again on the same tmpfs (the card's containers hold it).
+    [pid, _] = [iso.daemons.pid(CARD), iso.daemons.pid(other_card)]
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_until("the daemon started again", lambda: iso.daemons.pid(CARD) not in (None, pid))
+    assert mounts_under(shm) == [str(shm)] and (shm / "from-client").exists()
+
+    # No MPS container of the card left: the daemon stops for good and its /dev/shm goes.
+    for container_id in (first, second):
+        node.kubelet.remove_container(container_id)
+    node.hooks.flush()
+    wait_until("the card's /dev/shm removed", lambda: not shm.exists())
+    assert mounts_under(shm) == [] and iso.daemons.pid(CARD) is None
+    assert mounts_under(iso.daemons.shm_dir(other_card)) == [str(iso.daemons.shm_dir(other_card))]
+
+
 def test_mps_daemon_once_per_card_restarted_after_kill_9_and_stopped_when_unused(node: Node) -> None:
     iso = node.isolation
     first = run(node, "a", "a", mode="MPS")
@@ -178,6 +225,7 @@ def test_never_two_daemons_for_one_card(tmp_path: Path) -> None:
             thread.join(30)
         assert len(first.servers()) == 1
         assert first.starts() == [CARD]
+        assert mounts_under(first.daemons.shm_dir(CARD)) == [str(first.daemons.shm_dir(CARD))]  # one tmpfs
     finally:
         second.close()
         first.close()
@@ -202,23 +250,36 @@ def test_a_restarted_agent_adopts_its_daemons_and_stops_them_once_unused(tmp_pat
     after = isolation.MpsDaemons(control=lambda: str(before.control), state_dir=before.state / "mps",
                                  settings=isolation.DaemonSettings(check_interval_s=0.1, backoff_initial_s=0.1,
                                                                    idle_grace_s=30.0))
+    gone = "GPU-00000000-dead-0000-0000-000000000000"  # a card whose daemon died while no agent ran
     try:
         before.daemons.ensure(CARD)
         before.daemons.ensure(CARDS[1].uuid)
-        before.daemons.close()  # the agent stops; its daemons keep serving their containers
-        [first, second] = [before.daemons.pid(CARD), before.daemons.pid(CARDS[1].uuid)]
-        assert first and second and len(before.servers()) == 2
+        before.daemons.ensure(gone)
+        before.daemons.close()  # the agent stops (kill -9: nothing cleaned); its daemons keep serving
+        [first, second, dead] = [before.daemons.pid(u) for u in (CARD, CARDS[1].uuid, gone)]
+        assert first and second and dead and len(before.servers()) == 3
+        os.kill(dead, signal.SIGKILL)
+        wait_until("the third daemon gone", lambda: before.daemons.pid(gone) is None)
+        shm = {uuid: after.shm_dir(uuid) for uuid in (CARD, CARDS[1].uuid, gone)}
+        assert all(mounts_under(folder) == [str(folder)] for folder in shm.values())
 
         # The runtime still has a container on the first card only: the second card's daemon goes at once
         # (it was not prepared by this agent: no grace), the first is kept, supervised and not restarted.
+        # The stale /dev/shm of the card without a daemon nor a container goes too; the first card's stays.
         assert after.release_except([CARD.lower()]) == [CARDS[1].uuid.lower()]
         assert before.servers() == [first] and before.quits() == [CARDS[1].uuid]
+        assert not shm[CARDS[1].uuid].exists() and not shm[gone].exists()
+        assert mounts_under(after.shm_dir(CARDS[1].uuid)) == mounts_under(shm[gone]) == []
+        assert mounts_under(shm[CARD]) == [str(shm[CARD])] and (shm[CARD] / SHM_FILE).exists()
         os.kill(first, signal.SIGKILL)
-        wait_until("the adopted daemon started again", lambda: after.pid(CARD) not in (None, first))
-        assert before.starts() == [CARD, CARDS[1].uuid, CARD]  # restarted with the card as the driver spells it
+        # (The stand-in's `-d` is found by its environment a moment before it records its start: wait for both.)
+        wait_until("the adopted daemon started again",
+                   lambda: before.starts().count(CARD) == 2 and after.pid(CARD) not in (None, first))
+        assert before.starts() == [CARD, CARDS[1].uuid, gone, CARD]  # restarted with the card as the driver spells it
         # The last container gone: stopped (a restart is no new use: the grace counts from the adoption).
         assert after.release_except([]) == [CARD.lower()]
         assert before.servers() == [] and before.quits() == [CARDS[1].uuid, CARD]
+        assert mounts_under(before.state) == []
     finally:
         after.close()
         before.close()
@@ -265,3 +326,50 @@ def test_the_benchmark_runs_and_reports_each_mode_against_none(
     assert bench.main(["--creates", "2", "--warmup", "1"]) == 0
     out = capsys.readouterr().out
     assert "MPS daemons started: 1" in out and "HAMiCore" in out
+
+
+def test_a_daemon_without_its_dev_shm_is_refused_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No fallback to an unbounded folder: a size of 0 (tmpfs: no limit) is refused naming the setting, and a
+    node without util-linux's unshare does not offer MPS, saying what is missing."""
+    node = IsolationNode(tmp_path / "node", shm_size_mib=0)
+    try:
+        room = node.rooms.room("MPS")
+        with pytest.raises(isolation.Unavailable) as refused:
+            room.prepare(isolation.Slice(claim="ns/c", uuids=(CARD,), cores=30, memory_mib=1024, pod_uid="u",
+                                         container="main"))
+        assert "--mps-shm-size-mib" in refused.value.message and not refused.value.retryable
+        assert node.servers() == []
+        assert mounts_under(node.state) == []
+        only_sh = tmp_path / "bin"
+        only_sh.mkdir()
+        (only_sh / "sh").symlink_to("/bin/sh")
+        monkeypatch.setenv("PATH", str(only_sh))
+        assert "unshare" in (room.problem() or "") and "MPS" not in node.rooms.offered()
+    finally:
+        node.close()
+
+
+def test_a_daemon_from_before_the_shared_dev_shm_is_replaced_once_unused(tmp_path: Path) -> None:
+    """An agent upgrade finds a daemon that uses the node's /dev/shm: clients in containers would not reach it.
+    New MPS containers of the card are refused (retryable) until no container uses it; then it is stopped
+    and the next container gets a daemon with the card's /dev/shm."""
+    node = IsolationNode(tmp_path / "node")
+    slice_ = isolation.Slice(claim="ns/c", uuids=(CARD,), cores=30, memory_mib=1024, pod_uid="u", container="main")
+    try:
+        room = node.rooms.room("MPS")
+        room.prepare(slice_)
+        [old] = node.servers()
+        shm = node.daemons.shm_dir(CARD)
+        subprocess.run(["umount", str(shm)], check=True)  # as a daemon of the earlier agent: no tmpfs
+        with pytest.raises(isolation.Unavailable) as refused:
+            room.prepare(slice_)
+        assert refused.value.retryable and "replaced once no MPS container uses the card" in refused.value.message
+        assert node.servers() == [old]
+        assert node.daemons.release_except([]) == [CARD.lower()]  # no container of the card any more
+        assert node.servers() == []
+        room.prepare(slice_)
+        assert node.servers() != [old] and len(node.servers()) == 1 and mounts_under(shm) == [str(shm)]
+    finally:
+        node.close()
