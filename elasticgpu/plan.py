@@ -63,7 +63,7 @@ from elasticgpu.api import (
 # The sample a newcomer sees first (`elasticgpu plan` with no -f), shipped in the repository.
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plan"
 
-NODE_LIST_FIELDS = ("name", "cards", "model", "memory", "cpu", "hostMemory", "labels")
+NODE_LIST_FIELDS = ("name", "cards", "model", "memory", "cpu", "hostMemory", "labels", "isolation")
 """The keys of one entry of a short node list; `name` is required."""
 NODE_LIST_FORMAT = (
     "a node list is a YAML document `nodes: [{name: node-a, cards: 8, model: NVIDIA A100-SXM4-80GB,"

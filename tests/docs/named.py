@@ -45,7 +45,7 @@ FOREIGN = {
 OURS = ("elasticgpu", "kubectl egpu", "kubectl-egpu", "python -m elasticgpu", "bash scripts/run.sh", "scripts/run.sh")
 FOREIGN_COMMANDS = (
     "kubectl", "helm", "podman", "docker", "pip", "python3 -m venv", "systemctl", "nvidia-smi", "apt-get",
-    "journalctl", "setpriv", "ctr", "git", "curl", "cp", "nvidia-ctk",
+    "journalctl", "setpriv", "ctr", "git", "curl", "cp", "nvidia-ctk", "unshare",
 )
 SCRIPT = re.compile(r"^(?:\.venv/bin/)?(?:python3?|bash)\s+(\S+\.(?:py|sh))\b")
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9])")
