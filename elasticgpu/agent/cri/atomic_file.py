@@ -31,3 +31,17 @@ def write_atomically(path: Path, text: str, *, sync_directory: bool = False) -> 
             os.fsync(directory_fd)
         finally:
             os.close(directory_fd)
+
+
+def replace_if_changed(path: Path, text: str) -> bool:
+    """Write `text` to `path` atomically, its folder made and fsynced (the rename must survive a
+    crash of the node), unless the file already holds exactly `text`: True when it was written.
+    Readers such as containerd re-read the file on every call, so an unchanged one is left as it is."""
+    try:
+        if path.read_text() == text:
+            return False
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, text, sync_directory=True)
+    return True

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticgpu.agent.cri import driver, injection
-from elasticgpu.agent.cri.atomic_file import write_atomically
+from elasticgpu.agent.cri.atomic_file import replace_if_changed
 from elasticgpu.agent.discovery import Card
 
 CDI_VERSION = "0.6.0"
@@ -127,15 +127,7 @@ def write_spec(
         if not card.uuid or any(not (ch.isalnum() or ch in "_.:-") for ch in card.uuid):
             raise ValueError(f"card uuid {card.uuid!r} cannot be a CDI device name; discovery reported it wrong")
     text = json.dumps(build_spec(cards, control_nodes, driver_files), indent=2, sort_keys=True) + "\n"
-    target = directory / SPEC_FILE
-    try:
-        if target.read_text() == text:
-            return False
-    except FileNotFoundError:
-        pass
-    directory.mkdir(parents=True, exist_ok=True)
-    write_atomically(target, text, sync_directory=True)  # the rename must survive a crash of the node too
-    return True
+    return replace_if_changed(directory / SPEC_FILE, text)
 
 
 def remove_spec(directory: Path) -> None:

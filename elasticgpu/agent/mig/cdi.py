@@ -16,7 +16,7 @@ from typing import Any
 
 from elasticgpu.agent.cri import cdi as cards_cdi
 from elasticgpu.agent.cri import injection
-from elasticgpu.agent.cri.atomic_file import write_atomically
+from elasticgpu.agent.cri.atomic_file import replace_if_changed
 from elasticgpu.agent.discovery.mig import MigInstanceInfo
 from elasticgpu.agent.discovery.models import Card
 
@@ -43,12 +43,4 @@ def write_spec(directory: Path, devices: Iterable[dict[str, Any]]) -> bool:
     spec = {"cdiVersion": cards_cdi.CDI_VERSION, "kind": injection.CDI_KIND,
             "devices": sorted(devices, key=lambda d: str(d["name"]))}
     text = json.dumps(spec, indent=2, sort_keys=True) + "\n"
-    target = directory / SPEC_FILE
-    try:
-        if target.read_text() == text:
-            return False
-    except FileNotFoundError:
-        pass
-    directory.mkdir(parents=True, exist_ok=True)
-    write_atomically(target, text, sync_directory=True)
-    return True
+    return replace_if_changed(directory / SPEC_FILE, text)
