@@ -60,6 +60,26 @@ def _sandbox_config(pb: Any, pod: dict[str, Any]) -> Any:
     )
 
 
+def remove_pod_sandboxes(socket: Path, namespace: str) -> int:
+    """Stop and remove, through the agent socket, every pod sandbox (with its containers) of
+    `namespace`, as kubelet does for a deleted pod; how many there were. The agent sees the
+    containers go, so its GPUs' runningClaims no longer hold the claims."""
+    from elasticgpu.agent.cri import api
+
+    pb = api.pb
+    try:
+        with grpc.insecure_channel(f"unix://{socket}") as channel:
+            runtime = api.services.RuntimeServiceStub(channel)
+            answer = runtime.ListPodSandbox(pb.ListPodSandboxRequest(
+                filter=pb.PodSandboxFilter(label_selector={"io.kubernetes.pod.namespace": namespace})), timeout=30)
+            for sandbox in answer.items:
+                runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sandbox.id), timeout=30)
+                runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id), timeout=30)
+    except grpc.RpcError as error:
+        raise DemoError(f"removing the pods of namespace {namespace} through {socket}: {error.details()}") from None
+    return len(answer.items)
+
+
 def run_container(socket: Path, image: str, pod: dict[str, Any], container: str, *, claim: str, node: str) -> Sight:
     """Run `container` of `pod` through the agent socket as kubelet would; what it sees inside."""
     from elasticgpu.agent.cri import api

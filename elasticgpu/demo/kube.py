@@ -93,10 +93,14 @@ class DemoKube:
         """GET one object or list."""
         return self.request("GET", path)
 
-    def delete(self, path: str) -> None:
-        """DELETE, foreground-free; absent is fine."""
+    def delete(self, path: str, *, grace_period_s: int | None = None) -> None:
+        """DELETE, foreground-free; absent is fine. `grace_period_s=0` for a pod: what its kubelet
+        confirms once the containers are gone (a real API server keeps a bound pod until then)."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
         with contextlib.suppress(NotFound):
-            self.request("DELETE", path, body={"propagationPolicy": "Background"})
+            self.request("DELETE", path, body=body)
 
     def patch_status(self, path: str, status: dict[str, Any]) -> dict[str, Any]:
         """Merge-patch the status subresource (a Node's allocatable, as kubelet writes it)."""

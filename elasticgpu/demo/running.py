@@ -373,19 +373,29 @@ class Demo:
 
     def _delete_scenario(self, k: kube.DemoKube) -> None:
         """Pods and claims first, while the controller still runs: it lifts the claims' finalizers once
-        their pods are gone and deletes their ElasticGPUs (reclaim Delete). Then the namespace."""
+        their pods are gone and deletes their ElasticGPUs (reclaim Delete). Then the namespace.
+
+        The demo is the kubelet of its nodes: it removes its pods' sandboxes through each agent (so
+        the agents stop reporting the claims as running) and then confirms the pods' deletion
+        (grace 0), as kubelet does; a real API server keeps a bound pod until its kubelet has."""
         s = self.scenario
         claims = f"{kube.CUSTOM}/namespaces/{s.namespace}/{names.PLURAL_CLAIM}"
         egpus = f"{kube.CUSTOM}/{names.PLURAL_ELASTIC_GPU}?labelSelector={names.LABEL_CLAIM_NAMESPACE}%3D{s.namespace}"
+        if self.runtime is not None:
+            for node, paths in self.agent_paths.items():
+                try:
+                    containers.remove_pod_sandboxes(paths.cri_socket, s.namespace)
+                except DemoError as error:  # the agent or containerd already gone: nothing left to report
+                    self.say(f"node {node}: {error}")
         with contextlib.suppress(DemoError):
             for use in s.uses:
-                k.delete(f"/api/v1/namespaces/{s.namespace}/pods/{use.pod}")
+                k.delete(f"/api/v1/namespaces/{s.namespace}/pods/{use.pod}", grace_period_s=0)
             for claim in k.get(claims).get("items") or []:
                 k.delete(f"{claims}/{claim['metadata']['name']}")
             processes.wait_until(
                 lambda: not k.get(claims).get("items") and not k.get(egpus).get("items"),
                 "the demo's claims and ElasticGPUs to go",
-                timeout_s=30,
+                timeout_s=60,
             )
         with contextlib.suppress(DemoError):
             k.delete(f"/api/v1/namespaces/{s.namespace}")

@@ -44,11 +44,6 @@ def _items(api: client.ApiClient, plural: str) -> list[dict[str, Any]]:
     return list(answer.json()["items"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect found here: the demo deletes its pods and waits 30 s for the controller to release the claims, "
-    "but on a real API server a pod bound to a node is deleted gracefully and its containers keep running in the "
-    "demo's containerd, so the agent reports them (ReleasePending/ClaimStillRunning) and the ElasticGPUs stay "
-    "Released with their egpu-protection finalizer after the controller is stopped"))  # fmt: skip
 def test_nothing_is_left_behind(api_client: client.ApiClient, demo_run: subprocess.CompletedProcess[str]) -> None:
     left = {
         "ElasticGPUs": [e["metadata"]["name"] for e in _items(api_client, names.PLURAL_ELASTIC_GPU)
