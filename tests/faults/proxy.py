@@ -57,8 +57,8 @@ import yaml
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
 GROUPS = {"read": ("get", "list"), "write": ("create", "update", "patch", "delete"), "watch": ("watch",)}
 """Verb groups a plan may give rates for; a verb's own entry wins over its group's."""
-STATUS_REASONS = {404: "NotFound", 409: "Conflict", 410: "Expired", 422: "Invalid", 429: "TooManyRequests",
-                  500: "InternalError", 503: "ServiceUnavailable"}
+STATUS_REASONS = {403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Expired", 422: "Invalid",
+                  429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
 FAULTS = (*(str(code) for code in STATUS_REASONS), "500-after", "slow", "drop", "drop-after", "half-open")
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection", "te",
                "trailer", "upgrade"}

@@ -2,6 +2,7 @@
 
     WebhookError         base of what the webhook raises on purpose
     ├── Conflict         a write lost a race (409): re-read and decide again
+    ├── Forbidden        RBAC refused (403): the message names the Role rule and the fix
     └── ApiUnavailable   the API server did not answer, or refused for another reason
 
 `publishing` translates every failure of the Kubernetes client into one of these, so the rest
@@ -21,3 +22,8 @@ class Conflict(WebhookError):
 
 class ApiUnavailable(WebhookError):
     """The API server could not be reached or answered with an error."""
+
+
+class Forbidden(WebhookError):
+    """RBAC refused a call (403): the webhook's ServiceAccount lacks a rule; retried, since an admin
+    may grant it while the webhook runs, and said once with the rule that is missing."""

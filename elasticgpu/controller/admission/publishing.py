@@ -119,6 +119,13 @@ class AdmissionApi:
         message = f"{what}: HTTP {status}: {body.get('message', body)}"
         if status == 409:
             raise errors.Conflict(message)
+        if status == 403:
+            chart = WebhookSettings()
+            raise errors.Forbidden(
+                f"{message}; the chart's Roles let the webhook's ServiceAccount read and update only the Secret"
+                f" {chart.secret_name} and the MutatingWebhookConfiguration {chart.configuration_name} (resourceNames"
+                " in deploy/chart/templates/webhook.yaml; the defaults of --secret-name and --configuration-name):"
+                " run the webhook with those names, or add yours to the Roles")
         raise errors.ApiUnavailable(message)
 
     def _request(
