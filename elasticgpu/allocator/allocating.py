@@ -301,9 +301,7 @@ class Allocator:
             if request.nodes and name not in request.nodes:
                 continue
             fitting = [c for c in node.cards if c.healthy and not c.whole and card_fits(shape, card_sig(c))]
-            if len(fitting) < gpu.cards or not has_fit(fitting, gpu.cards, topology):
-                continue
-            if request.rdma and not self._whole_cards(fitting, shape, (), topology, request.rdma)[1]:
+            if len(fitting) < gpu.cards or not has_fit(fitting, gpu.cards, topology, request.rdma):
                 continue
             found.add(name)
         return frozenset(found)
@@ -408,7 +406,7 @@ class Allocator:
         for pool in (preferred, fitting):
             if len(pool) < shape.cards:
                 continue
-            chosen = pick_linked(pool, shape.cards, topology) or []
+            chosen = pick_linked(pool, shape.cards, topology, rdma) or []
             nics = pick_nics(chosen, rdma) if chosen else None
             if chosen and nics is not None:
                 break

@@ -69,15 +69,18 @@ def _greedy(cards: list[CardState], count: int) -> Iterable[list[CardState]]:
         yield group
 
 
-def pick_linked(cards: list[CardState], count: int, topology: Topology = "Any") -> list[CardState] | None:
+def pick_linked(
+    cards: list[CardState], count: int, topology: Topology = "Any", nics: int = 0
+) -> list[CardState] | None:
     """`count` cards out of `cards` (all usable), sorted by index: the best set by `_key`
-    among those meeting `topology`; None when no set meets it (or there are too few cards).
+    among those meeting `topology` whose PCIe roots hold `nics` RDMA NICs; None when no set
+    does (or there are too few cards).
 
     Exhaustive over the subsets for the usual nodes (8 or 16 cards), so a fully linked set is
     found whenever one exists; greedy from each seed beyond that."""
     if count > len(cards) or count <= 0:
         return None
-    if count == 1:
+    if count == 1 and not nics:
         return [min(cards, key=lambda c: c.record.index)]
     ordered = sorted(cards, key=lambda c: c.record.index)
     if comb(len(ordered), count) <= _EXHAUSTIVE:
@@ -87,7 +90,7 @@ def pick_linked(cards: list[CardState], count: int, topology: Topology = "Any") 
     best: Sequence[CardState] | None = None
     best_key: tuple[int, int, int, int] | None = None
     for group in candidates:
-        if not satisfies(group, topology):
+        if not satisfies(group, topology) or (nics and pick_nics(group, nics) is None):
             continue
         key = _key(group)
         if best_key is None or key > best_key:
@@ -95,10 +98,13 @@ def pick_linked(cards: list[CardState], count: int, topology: Topology = "Any") 
     return None if best is None else sorted(best, key=lambda c: c.record.index)
 
 
-def has_fit(cards: list[CardState], count: int, topology: Topology) -> bool:
-    """Whether some `count` of `cards` meet `topology` (a node filter for required topologies)."""
+def has_fit(cards: list[CardState], count: int, topology: Topology, nics: int = 0) -> bool:
+    """Whether some `count` of `cards` meet `topology` with `nics` RDMA NICs on their roots
+    (a node filter for required topologies and NICs)."""
     if count > len(cards):
         return False
+    if nics:
+        return pick_linked(cards, count, topology, nics) is not None
     if topology == "SameNUMA":
         numas: dict[int, int] = {}
         for card in cards:
