@@ -8,6 +8,8 @@ The file::
         memory: 80Gi            # MiB as a number, or a quantity
         numa: 0
         links: [1]              # other cards of this node, by index or uuid
+        # pcieRoot: "0000:00:01.0"   # optional: the PCIe root port above the card
+        # nics: [mlx5_0]        # optional: RDMA NICs under that root (their stand-in uverbs nodes are made)
         count: 2                # optional: this many identical cards (links then name indices)
         # uuid: GPU-...         # optional; default derived from node name and index (stable, unique per node)
         # minor: 0              # optional; default: the index
@@ -107,6 +109,14 @@ def _int(value: object, *, source: str, where: str, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise _fail(source, where, f"must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+def _nics(value: object, *, source: str, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _fail(source, where, f"must be a list of RDMA device names (e.g. [mlx5_0]), got {value!r}")
+    return tuple(sorted(set(value)))
 
 
 def make_stand_in_device(path: Path) -> None:
@@ -266,6 +276,8 @@ class SimulatedBackend:
                     numa=None if numa is None else _int(numa, source=source, where=f"{where}.numa"),
                     pci_bus_id=str(entry.get("pciBusId", "")),
                     mig_enabled=bool(entry.get("mig", False)),
+                    pcie_root=str(entry.get("pcieRoot") or ""),
+                    nics=_nics(entry.get("nics"), source=source, where=f"{where}.nics"),
                 )
             )
         # Links name other cards by index or uuid; resolve them now that every uuid is known.
