@@ -445,6 +445,8 @@ def elastic_gpus(results: list[ClaimResult], classes: list[ElasticGPUClass]) -> 
         }
         if request.is_whole:
             spec["physicalGPU"] = {"gpuNames": gpu_names}
+            if r.placement.nics:
+                spec["physicalGPU"]["rdmaNics"] = list(r.placement.nics)
         else:
             spec["gpuShare"] = {"gpuName": gpu_names[0]}
         out.append(

@@ -265,15 +265,15 @@ class Allocator:
         has one (the policy chooses among those), else wherever the policy says.
         """
         gpu = request.gpu
-        if gpu is None or not gpu.is_whole or (gpu.cards < 2 and not request.rdma):
+        if gpu is None or not gpu.is_whole or (gpu.cards < 2 and not request.nics):
             return self._place(request, None, explain=explain)
         topology = _topology(request.topology)
-        if topology != "Any" or request.rdma:
+        if topology != "Any" or request.nics:
             allowed = self._topology_nodes(request, topology)
             result = self._place(request, allowed, explain=explain)
             if isinstance(result, Unplaceable) and not allowed:
                 wanted = [f"topology {topology}"] if topology != "Any" else []
-                wanted += [f"{request.rdma} RDMA NIC(s) on the cards' PCIe roots"] if request.rdma else []
+                wanted += [f"{request.nics} RDMA NIC(s) on the cards' PCIe roots"] if request.nics else []
                 return Unplaceable(
                     reason=f"no node has {gpu.cards} free card(s) with {' and '.join(wanted)}"
                     f" (the claim's class asks for it; use topology: Any, or fewer NICs, to relax it)",
@@ -301,7 +301,7 @@ class Allocator:
             if request.nodes and name not in request.nodes:
                 continue
             fitting = [c for c in node.cards if c.healthy and not c.whole and card_fits(shape, card_sig(c))]
-            if len(fitting) < gpu.cards or not has_fit(fitting, gpu.cards, topology, request.rdma):
+            if len(fitting) < gpu.cards or not has_fit(fitting, gpu.cards, topology, request.nics):
                 continue
             found.add(name)
         return frozenset(found)
@@ -374,7 +374,7 @@ class Allocator:
         else:
             usable = [c for c in node.cards if c.healthy and not c.whole]
             chosen, nics = self._whole_cards(
-                usable, shape, taken, _topology(request.topology), request.rdma
+                usable, shape, taken, _topology(request.topology), request.nics
             )
             shares = tuple(
                 CardShare(uuid=c.record.uuid, cores=names.CORES_PER_CARD, memory_mib=c.record.memory_mib, whole=True)

@@ -130,6 +130,11 @@ class PlacementRequest:
         object.__setattr__(self, "node_selector", _frozen_labels(self.node_selector))
 
     @property
+    def nics(self) -> int:
+        """RDMA NICs wanted: the request's own count, else the claim's (`elasticgpu.io/rdma`)."""
+        return self.rdma or (self.gpu.rdma if self.gpu is not None else 0)
+
+    @property
     def needs_isolation(self) -> str:
         """The mode the cards must provide, or "" for none."""
         return "" if self.isolation in ("", "None") else self.isolation
@@ -160,7 +165,7 @@ class PlacementRequest:
             parts.append(f"isolation {self.needs_isolation}")
         if self.topology != "Any":
             parts.append(f"topology {self.topology}")
-        if self.rdma:
+        if self.rdma and (self.gpu is None or self.gpu.rdma != self.rdma):
             parts.append(f"{self.rdma} RDMA NIC(s)")
         if self.cpu_milli:
             parts.append(f"{self.cpu_milli / 1000:g} CPU")

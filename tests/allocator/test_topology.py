@@ -155,3 +155,19 @@ def test_pick_linked_agrees_with_brute_force(data: st.DataObject, count: int, to
         assert ok(tuple(picked))
         if any(fully_linked(g) and ok(g) for g in itertools.combinations(cards, count)):
             assert fully_linked(picked)
+
+
+def test_a_claims_rdma_nics_come_from_its_cards_roots() -> None:
+    """`elasticgpu.io/rdma` on the claim (GpuRequest.rdma) is what the allocator honours: the node
+    whose cards' roots hold the NICs is chosen, and the NICs named are on those roots."""
+    inventory = Inventory()
+    for node, nics in (("plain", frozenset[str]()), ("rdma", frozenset({"mlx5_0"}))):
+        inventory.add_node(NodeRecord(name=node))
+        for i in range(2):
+            inventory.add_card(CardRecord(uuid=f"{node}-{i}", node=node, index=i, model="A100", memory_mib=1,
+                                          pcie_root=f"root-{i}", nics=nics if i == 1 else frozenset()))
+    allocator = Allocator(inventory, policy="binpack")
+    placed = allocator.place(PlacementRequest(gpu=GpuRequest.whole(2, rdma=1)))
+    assert isinstance(placed, Placement) and placed.node == "rdma" and placed.nics == ("mlx5_0",)
+    missing = allocator.place(PlacementRequest(gpu=GpuRequest.whole(2, rdma=2)))
+    assert isinstance(missing, Unplaceable) and "2 RDMA NIC(s) on the cards' PCIe roots" in missing.reason
