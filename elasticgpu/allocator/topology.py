@@ -137,16 +137,16 @@ def pick_nics(cards: Sequence[CardState], wanted: int) -> tuple[str, ...] | None
 
 
 def describe(cards: Sequence[CardState], nics: Sequence[str] = ()) -> str:
-    """The topology of a chosen set, for `elasticgpu plan`: `NVLink (all 6 pairs), NUMA 0, NICs mlx5_0`."""
+    """The topology of a chosen set, for `elasticgpu plan`: `NVLink: all linked (6 pairs), NUMA 0, NICs mlx5_0`."""
     ordered = sorted(cards, key=lambda c: c.record.index)
     pairs = list(itertools.combinations(ordered, 2))
     linked = sum(_linked(a, b) for a, b in pairs)
     if not pairs:
         parts = []
     elif linked == len(pairs):
-        parts = [f"NVLink (all {len(pairs)} pairs)"]
+        parts = [f"NVLink: all linked ({len(pairs)} pair{'s' if len(pairs) > 1 else ''})"]
     else:
-        parts = [f"NVLink {linked}/{len(pairs)} pairs"]
+        parts = [f"NVLink: {linked} of {len(pairs)} pairs linked"]
     parts.append("NUMA " + ",".join(str(n) for n in sorted({c.record.numa for c in ordered})))
     roots = sorted({c.record.pcie_root for c in ordered if c.record.pcie_root})
     if roots:
