@@ -70,3 +70,14 @@ def test_bad_nics_name_the_field(tmp_path: Path) -> None:
 def test_card_defaults_have_no_topology() -> None:
     card = Card(index=0, uuid="GPU-1", model="m", memory_mib=1, minor=0, device_path="/dev/nvidia0")
     assert card.pcie_root == "" and card.nics == ()
+
+
+def test_simulated_nics_get_stand_in_verbs_devices(tmp_path: Path) -> None:
+    backend = open_sim(tmp_path, {"cards": [
+        {"memory": 1024, "pcieRoot": "r0", "nics": ["mlx5_1"]}, {"memory": 1024, "pcieRoot": "r1", "nics": ["mlx5_0"]},
+    ]})
+    nodes = backend.rdma_device_nodes("mlx5_1")
+    assert [path for path, _ in nodes] == ["/dev/infiniband/uverbs1", "/dev/infiniband/rdma_cm"]
+    for _, host in nodes:
+        assert Path(host).is_relative_to(tmp_path / "dev") and (Path(host).is_symlink() or Path(host).exists())
+    assert backend.rdma_device_nodes("mlx5_9") == []

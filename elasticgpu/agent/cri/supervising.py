@@ -116,6 +116,7 @@ class CriHook:
         ledger: LedgerStore | Callable[[], LedgerStore | None],
         cards: Callable[[], Sequence[Card] | None],
         control_paths: Callable[[], Sequence[str]],
+        nic_nodes: Callable[[str], Sequence[tuple[str, str]]] = lambda nic: (),
         driver_files: Callable[[], driver.DriverFiles] | None = None,
         devices_problem: Callable[[], str | None] = lambda: None,
         owed_rebuild: Callable[[], bool] = lambda: False,
@@ -143,6 +144,7 @@ class CriHook:
         self._cards = cards
         # RDMA NICs (agent/rdma): those under the cards' PCIe roots that have a verbs device node.
         self._nic_devices: tuple[rdma.NicDevices, ...] = ()
+        self._nic_nodes = nic_nodes
         self.nics = rdma.NodeNics(lambda: (n.name for n in self._nic_devices), node=view.node_name)
         self._control_paths = control_paths
         first, longest = settings.backoff_s
@@ -250,11 +252,11 @@ class CriHook:
         cards = tuple(self._cards() or ())  # None: discovery has not run (the spec waits on devices_problem)
         control = tuple(self._control_paths())
         files = self._driver_files() if self._driver_files is not None else None
-        inputs = (tuple((c.uuid, c.minor, c.device_path) for c in cards), control, files)
+        inputs = (tuple((c.uuid, c.minor, c.device_path, c.nics) for c in cards), control, files)
         if inputs == self._spec_inputs and now - self._spec_checked < self.settings.cdi_check_interval_s:
             return
         written = cdi.write_spec(self.settings.cdi_dir, cdi.card_devices(cards), cdi.control_nodes(control), files)
-        self._nic_devices = rdma_spec.nic_devices(cards)
+        self._nic_devices = rdma_spec.nic_devices(cards, self._nic_nodes)
         if rdma_spec.write_spec(self.settings.cdi_dir, self._nic_devices):
             log.info("RDMA CDI spec written into %s: %s", self.settings.cdi_dir,
                      ", ".join(n.name for n in self._nic_devices) or "no NIC")

@@ -362,6 +362,10 @@ class NvmlBackend:
         """None: the driver is where the agent's --driver-root says (NVML does not tell)."""
         return None
 
+    def rdma_device_nodes(self, nic: str) -> list[tuple[str, str]]:
+        """The NIC's verbs device and rdma_cm, found through sysfs (the same paths inside the container)."""
+        return [(path, path) for path in pci.verbs_devices(nic)]
+
     def control_device_paths(self) -> list[str]:
         """The driver's control device nodes present on this host."""
         return [path for path in _CONTROL_DEVICES if os.path.exists(path)]

@@ -197,6 +197,16 @@ class SimulatedBackend:
             make_stand_in_device(Path(card.device_path))
         for control in _CONTROL_DEVICES:
             make_stand_in_device(self._device_dir / control)
+        # RDMA NICs of the file: stand-in uverbs devices, numbered in name order, and one rdma_cm.
+        nics = sorted({nic for card in cards for nic in card.nics})
+        self._nic_nodes = {
+            nic: [(f"/dev/infiniband/uverbs{k}", str(self._device_dir / "infiniband" / f"uverbs{k}")),
+                  ("/dev/infiniband/rdma_cm", str(self._device_dir / "infiniband" / "rdma_cm"))]
+            for k, nic in enumerate(nics)
+        }
+        for nodes in self._nic_nodes.values():
+            for _, host in nodes:
+                make_stand_in_device(Path(host))
         self._driver_root = self._device_dir / "driver-root"
         make_stand_in_driver_root(self._driver_root, self._driver)
         self._mig = SimulatedMig(device_dir=self._device_dir, in_use=self._runs_on_instance,
@@ -427,6 +437,10 @@ class SimulatedBackend:
             self._advance()
             resets, self._resets = self._resets, []
         return [reset for reset in resets if reset.gpu_uuid in waiting]
+
+    def rdma_device_nodes(self, nic: str) -> list[tuple[str, str]]:
+        """Stand-ins of the NIC's uverbs device and rdma_cm (character devices of /dev/null)."""
+        return list(self._nic_nodes.get(nic, []))
 
     def control_device_paths(self) -> list[str]:
         """Stand-ins of the driver's control devices."""

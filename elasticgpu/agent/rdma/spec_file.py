@@ -4,23 +4,25 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from elasticgpu.agent.cri.atomic_file import replace_if_changed
-from elasticgpu.agent.discovery import Card, pci
+from elasticgpu.agent.discovery import Card
 from elasticgpu.agent.rdma.devices import SPEC_FILE, NicDevices, build_spec
 
 
-def nic_devices(cards: Iterable[Card], sysfs_root: Path = Path("/sys")) -> tuple[NicDevices, ...]:
-    """The NICs under `cards`' PCIe roots that have verbs device nodes (found in sysfs), with
-    those nodes at the same path inside the container; a NIC without one is left out (a claim
-    that names it is then refused with the reason)."""
+def nic_devices(
+    cards: Iterable[Card], device_nodes: Callable[[str], Sequence[tuple[str, str]]]
+) -> tuple[NicDevices, ...]:
+    """The NICs under `cards`' PCIe roots that have device nodes (`device_nodes`: the discovery
+    backend's, sysfs on a real node); a NIC without one is left out (a claim that names it is
+    then refused with the reason)."""
     found = []
     for name in sorted({n for card in cards for n in card.nics}):
-        paths = pci.verbs_devices(name, sysfs_root)
-        if paths:
-            found.append(NicDevices(name=name, nodes=tuple((p, p) for p in paths)))
+        nodes = tuple(device_nodes(name))
+        if nodes:
+            found.append(NicDevices(name=name, nodes=nodes))
     return tuple(found)
 
 

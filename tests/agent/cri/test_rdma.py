@@ -12,6 +12,7 @@ import pytest
 
 from elasticgpu.agent import rdma
 from elasticgpu.agent.cri import claim_view, hooks, injection
+from elasticgpu.agent.discovery import pci
 from elasticgpu.agent.discovery.models import Card
 from elasticgpu.agent.rdma import spec_file
 from tests.agent.cri.test_injection import CARD_A, CARD_B, claim, request, view
@@ -55,7 +56,7 @@ def test_the_cdi_spec_names_each_nics_verbs_device(tmp_path: Path) -> None:
     sysfs = fake_sysfs(tmp_path / "sys")
     card = Card(index=0, uuid="GPU-1", model="m", memory_mib=1, minor=0, device_path="/dev/nvidia0",
                 pcie_root="0000:00:01.0", nics=("mlx5_0", "mlx5_gone"))
-    nics = spec_file.nic_devices([card], sysfs)
+    nics = spec_file.nic_devices([card], lambda nic: [(p, p) for p in pci.verbs_devices(nic, sysfs)])
     assert [n.name for n in nics] == ["mlx5_0"]  # mlx5_gone has no verbs device: left out
     cdi = tmp_path / "cdi"
     cdi.mkdir()
