@@ -42,6 +42,7 @@ from elasticgpu.allocator import (
     ReservationConflict,
     Unplaceable,
     quota,
+    topology,
 )
 from elasticgpu.api import (
     GPU,
@@ -363,6 +364,7 @@ def plan(found: PlanInput, *, seed: int = 0, inventory: Inventory | None = None)
             placement_request = PlacementRequest(
                 gpu=request, models=tuple(params.gpu_model), node_selector=params.node_selector,
                 isolation="" if request.is_whole else gpu_class.isolation,  # whole cards need no isolation mode
+                topology=gpu_class.topology,
             )
             result, release = allocator.allocate(key, placement_request), allocator.release
         if isinstance(result, Placement):
@@ -371,7 +373,11 @@ def plan(found: PlanInput, *, seed: int = 0, inventory: Inventory | None = None)
                 release(key)
                 results.append(ClaimResult(claim, class_name, request.describe(), None, over))
                 continue
-            results.append(ClaimResult(claim, class_name, request.describe(), result, migs.describe(key)))
+            note = migs.describe(key)
+            if not note and (len(result.cards) > 1 or result.nics):
+                # Several whole cards (or NICs): say how they are joined, what the class's topology is about.
+                note = topology.describe([inventory.card(u) for u in result.uuids], result.nics)
+            results.append(ClaimResult(claim, class_name, request.describe(), result, note))
         else:
             results.append(ClaimResult(claim, class_name, request.describe(), None, result.reason))
     return results
@@ -439,6 +445,8 @@ def elastic_gpus(results: list[ClaimResult], classes: list[ElasticGPUClass]) -> 
         }
         if request.is_whole:
             spec["physicalGPU"] = {"gpuNames": gpu_names}
+            if r.placement.nics:
+                spec["physicalGPU"]["rdmaNics"] = list(r.placement.nics)
         else:
             spec["gpuShare"] = {"gpuName": gpu_names[0]}
         out.append(

@@ -2,7 +2,7 @@
 
 For each card the agent owns:
 - the object's labels (`elasticgpu.io/node=<node>`, which its watch selects on) and its spec
-  (index, uuid, model, memory, nodeName, numa, links, mig), by server-side apply, written only
+  (index, uuid, model, memory, nodeName, numa, links, pcieRoot, nics, mig), by server-side apply, written only
   when they differ from what the watch last delivered;
 - in status: `capacity` (`{gpu-core: 100, gpu-memory: 80Gi}`, api.printing.gpu_capacity), `isolation` (the
   modes the node can provide: MPS, HAMiCore; docs/isolation.md), `health`,
@@ -131,6 +131,10 @@ def gpu_spec(card: Card, node_name: str) -> dict[str, Any]:
     }
     if card.numa is not None:
         spec["numa"] = card.numa
+    if card.pcie_root:
+        spec["pcieRoot"] = card.pcie_root
+    if card.nics:
+        spec["nics"] = list(card.nics)
     return spec
 
 

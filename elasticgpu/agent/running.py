@@ -411,6 +411,7 @@ def _cri_hook(settings: AgentSettings, cri_settings: supervising.HookSettings, p
     hook = supervising.CriHook(
         settings=cri_settings, view=view, ledger=lambda: parts.ledger, cards=cards,
         control_paths=lambda: parts.backend.control_device_paths() if parts.backend is not None else (),
+        nic_nodes=lambda nic: parts.backend.rdma_device_nodes(nic) if parts.backend is not None else (),
         driver_files=lambda: locator.files(driver_version()), devices_problem=devices_problem,
         owed_rebuild=lambda: parts.set_aside is not None, rebuilt=rebuilt, rooms=loops.rooms,
         wrap=mig.MigRoom(backend=lambda: parts.backend, cards=cards, cdi_dir=cri_settings.cdi_dir).wrap,

@@ -29,6 +29,7 @@ from elasticgpu.allocator.inventory import CardState, Inventory, NodeState
 from elasticgpu.allocator.policies import DEFAULT_POLICY, Policy, make_policy, moves
 from elasticgpu.allocator.records import CardShare, Placement, PlacementRequest, Unplaceable
 from elasticgpu.allocator.shapes import CardSig, NodeSig, Shape, card_fits, card_sig, node_sig, shape_of, share_memory
+from elasticgpu.allocator.topology import TOPOLOGIES, Topology
 from elasticgpu.allocator.workloads import Workload
 from elasticgpu.api import names
 
@@ -258,7 +259,57 @@ class Allocator:
 
         `explain=False` skips building the explanation (a generic reason is returned), for
         callers that only count failures.
+
+        Whole cards with a required topology (or RDMA NICs) go only to nodes that can meet it;
+        several whole cards without one go to a node with a fully NVLinked set when some node
+        has one (the policy chooses among those), else wherever the policy says.
         """
+        gpu = request.gpu
+        if gpu is None or not gpu.is_whole or (gpu.cards < 2 and not request.nics):
+            return self._place(request, None, explain=explain)
+        topology = _topology(request.topology)
+        if topology != "Any" or request.nics:
+            allowed = self._topology_nodes(request, topology)
+            result = self._place(request, allowed, explain=explain)
+            if isinstance(result, Unplaceable) and not allowed:
+                wanted = [f"topology {topology}"] if topology != "Any" else []
+                wanted += [f"{request.nics} RDMA NIC(s) on the cards' PCIe roots"] if request.nics else []
+                return Unplaceable(
+                    reason=f"no node has {gpu.cards} free card(s) with {' and '.join(wanted)}"
+                    f" (the claim's class asks for it; use topology: Any, or fewer NICs, to relax it)",
+                    closest=result.closest,
+                )
+            return result
+        linked = self._topology_nodes(request, "NVLink")
+        if linked:
+            preferred = self._place(request, linked, explain=False)
+            if isinstance(preferred, Placement):
+                return preferred
+        return self._place(request, None, explain=explain)
+
+    def _topology_nodes(self, request: PlacementRequest, topology: Topology) -> frozenset[str]:
+        """Nodes with enough free cards for the request that meet `topology` (and have the
+        request's RDMA NICs on the chosen cards' roots)."""
+        from elasticgpu.allocator.topology import has_fit
+
+        gpu = request.gpu
+        assert gpu is not None
+        shape = shape_of(request)
+        found: set[str] = set()
+        for node in self.inventory.nodes():
+            name = node.record.name
+            if request.nodes and name not in request.nodes:
+                continue
+            fitting = [c for c in node.cards if c.healthy and not c.whole and card_fits(shape, card_sig(c))]
+            if len(fitting) < gpu.cards or not has_fit(fitting, gpu.cards, topology, request.nics):
+                continue
+            found.add(name)
+        return frozenset(found)
+
+    def _place(
+        self, request: PlacementRequest, allowed: frozenset[str] | None, *, explain: bool
+    ) -> Placement | Unplaceable:
+        """`place` on the nodes of `allowed` only (None: any node)."""
         shape = self.policy.table_shape(shape_of(request))
         n = len(self._names)
         slot = -1
@@ -270,6 +321,10 @@ class Allocator:
             mask = self._mask(request)
             if mask is not None:
                 candidates = np.where(mask[:n], candidates, _INF)
+            if allowed is not None:
+                # Not cached (as _mask is): the set changes with every reservation.
+                ok = np.fromiter((name in allowed for name in self._names[:n]), dtype=bool, count=n)
+                candidates = np.where(ok, candidates, _INF)
             if self.policy.integral:
                 # Whole-number scores: half the per-seed node rank breaks ties in one argmin.
                 candidates = candidates + self._half_rank[:n]
@@ -318,25 +373,47 @@ class Allocator:
             shares = (CardShare(uuid=card.record.uuid, cores=shape.cores, memory_mib=mem),)
         else:
             usable = [c for c in node.cards if c.healthy and not c.whole]
+            chosen, nics = self._whole_cards(
+                usable, shape, taken, _topology(request.topology), request.nics
+            )
             shares = tuple(
                 CardShare(uuid=c.record.uuid, cores=names.CORES_PER_CARD, memory_mib=c.record.memory_mib, whole=True)
-                for c in self._whole_cards(usable, shape, taken)
+                for c in chosen
+            )
+            return Placement(
+                node=node.record.name, cards=shares, cpu_milli=request.cpu_milli, memory_mib=request.memory_mib,
+                nics=nics or (),
             )
         return Placement(
             node=node.record.name, cards=shares, cpu_milli=request.cpu_milli, memory_mib=request.memory_mib
         )
 
     @staticmethod
-    def _whole_cards(usable: list[CardState], shape: Shape, taken: tuple[object, ...]) -> list[CardState]:
-        from elasticgpu.allocator.topology import pick_linked
+    def _whole_cards(
+        usable: list[CardState], shape: Shape, taken: tuple[object, ...], topology: Topology, rdma: int
+    ) -> tuple[list[CardState], tuple[str, ...] | None]:
+        """The cards (and RDMA NICs) of a whole-card placement on one node: the memory sizes the
+        policy chose (smallest that fit) when they meet the topology and NICs, else any that fit.
+        The NICs are None when the node cannot give them (the node filter has ruled that out)."""
+        from elasticgpu.allocator.topology import pick_linked, pick_nics
 
         fitting = [c for c in usable if card_fits(shape, card_sig(c))]
-        # Keep the memory sizes the policy chose (smallest that fit), then prefer NVLink/NUMA.
         sizes = sorted(getattr(t, "memory", 0) for t in taken)
         limit = sizes[-1] if sizes else 0
         preferred = [c for c in fitting if c.record.memory_mib <= limit]
-        pool = preferred if len(preferred) >= shape.cards else fitting
-        return pick_linked(pool, shape.cards)
+        chosen: list[CardState] = []
+        nics: tuple[str, ...] | None = None
+        for pool in (preferred, fitting):
+            if len(pool) < shape.cards:
+                continue
+            chosen = pick_linked(pool, shape.cards, topology, rdma) or []
+            nics = pick_nics(chosen, rdma) if chosen else None
+            if chosen and nics is not None:
+                break
+        if not chosen:
+            # Only reachable without a node filter (topology Any): take the policy's count anyway.
+            chosen = pick_linked(fitting, shape.cards) or fitting[: shape.cards]
+        return chosen, nics
 
     # -- committing ----------------------------------------------------------------------------
 
@@ -358,3 +435,12 @@ class Allocator:
         if isinstance(result, Placement):
             self.inventory.reserve(key, result)
         return result
+
+
+def _topology(value: str) -> Topology:
+    """A request's topology as the allocator's literal; an unknown one reads as Any (the API
+    validates it, so this only guards callers that build requests by hand)."""
+    for known in TOPOLOGIES:
+        if value == known:
+            return known
+    return "Any"

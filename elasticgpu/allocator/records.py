@@ -67,6 +67,10 @@ class CardRecord:
     numa: int = 0
     links: frozenset[str] = frozenset()
     """uuids of the cards this one reaches over NVLink."""
+    pcie_root: str = ""
+    """PCI bus id of the root port above the card; empty when unknown."""
+    nics: frozenset[str] = frozenset()
+    """RDMA NICs (ibverbs names) under the card's PCIe root."""
     health: Health = Health.HEALTHY
     isolation: frozenset[str] = frozenset()
     """Isolation modes its node's agent provides on the card (MPS, HAMiCore; None is always there)."""
@@ -87,6 +91,8 @@ class CardRecord:
             memory_mib=spec.memory,
             numa=spec.numa or 0,
             links=frozenset(spec.links),
+            pcie_root=spec.pcie_root or "",
+            nics=frozenset(spec.nics),
             health=Health.UNHEALTHY if gpu.status.health == "Unhealthy" else Health.HEALTHY,
             isolation=frozenset(gpu.status.isolation),
         )
@@ -105,6 +111,9 @@ class PlacementRequest:
     A node provides a mode when every card of it lists it (its agent's settings are per node, so
     its cards agree; a node whose cards disagree is not used for the mode, rather than risk the
     card that lacks it).
+    `topology` is what a multi-card request requires of its cards (NVLink: one NVLink domain;
+    SameNUMA: one NUMA node); Any requires nothing but still prefers them. `rdma` is how many
+    RDMA NICs the placement needs on its cards' PCIe roots.
     """
 
     gpu: GpuRequest | None
@@ -114,9 +123,16 @@ class PlacementRequest:
     memory_mib: int = 0
     nodes: frozenset[str] = frozenset()
     isolation: str = ""
+    topology: str = "Any"
+    rdma: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "node_selector", _frozen_labels(self.node_selector))
+
+    @property
+    def nics(self) -> int:
+        """RDMA NICs wanted: the request's own count, else the claim's (`elasticgpu.io/rdma`)."""
+        return self.rdma or (self.gpu.rdma if self.gpu is not None else 0)
 
     @property
     def needs_isolation(self) -> str:
@@ -133,6 +149,8 @@ class PlacementRequest:
                 self.memory_mib,
                 self.nodes,
                 self.isolation,
+                self.topology,
+                self.rdma,
             )
         )
 
@@ -145,6 +163,10 @@ class PlacementRequest:
             parts.append("nodes " + ",".join(f"{k}={v}" for k, v in sorted(self.node_selector.items())))
         if self.needs_isolation:
             parts.append(f"isolation {self.needs_isolation}")
+        if self.topology != "Any":
+            parts.append(f"topology {self.topology}")
+        if self.rdma and (self.gpu is None or self.gpu.rdma != self.rdma):
+            parts.append(f"{self.rdma} RDMA NIC(s)")
         if self.cpu_milli:
             parts.append(f"{self.cpu_milli / 1000:g} CPU")
         if self.memory_mib:
@@ -171,6 +193,8 @@ class Placement:
     cards: tuple[CardShare, ...]
     cpu_milli: int = 0
     memory_mib: int = 0
+    nics: tuple[str, ...] = ()
+    """RDMA NICs (ibverbs names) the claim gets, on its cards' PCIe roots."""
 
     @property
     def uuids(self) -> tuple[str, ...]:

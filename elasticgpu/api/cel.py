@@ -12,6 +12,7 @@ from elasticgpu.api.schema import rule
 _CORE = names.RESOURCE_CORE
 _MEMORY = names.RESOURCE_MEMORY
 _NVIDIA = names.RESOURCE_NVIDIA_GPU
+_RDMA = names.RESOURCE_RDMA
 _KNOWN = ", ".join(f"'{name}'" for name in names.KNOWN_RESOURCES)
 # A quantity that `parse_memory_mib` accepts (no milli, no exponent) with a non-zero digit: a
 # bare number is whole MiB (`10`, `10.0`), a fraction needs a suffix (`1.5Gi`).
@@ -62,6 +63,12 @@ def resource_map_rules(field: str) -> list[dict[str, str]]:
         rule(
             f"!('{_NVIDIA}' in self) || ({nvidia}.matches('^[0-9]+$') && int({nvidia}) >= 1)",
             f"{field}[{_NVIDIA}]: must be a whole number of cards, at least 1",
+            reason="FieldValueInvalid",
+        ),
+        rule(
+            f"!('{_RDMA}' in self) || ({_as_text(_RDMA)}.matches('^[0-9]+$') && int({_as_text(_RDMA)}) >= 1"
+            f" && ('{_NVIDIA}' in self || ('{_CORE}' in self && int({core}) >= 100)))",
+            f"{field}[{_RDMA}]: must be a whole number of NICs, at least 1, with whole cards",
             reason="FieldValueInvalid",
         ),
         rule(

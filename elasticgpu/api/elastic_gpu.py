@@ -83,6 +83,15 @@ class PhysicalGPUSource(KubeModel):
             }
         ),
     )
+    rdma_nics: list[str] = Field(
+        default_factory=list,
+        alias="rdmaNics",
+        max_length=16,
+        description="RDMA NICs (ibverbs names, e.g. mlx5_0) on the cards' PCIe roots, chosen for a claim that asks"
+        " for elasticgpu.io/rdma; the node's agent hands their device nodes (/dev/infiniband/uverbsN, rdma_cm) to"
+        " the claim's containers. A NIC is not exclusive: claims on cards of one root may share it.",
+        json_schema_extra=crd_field(**{"x-kubernetes-list-type": "set"}),
+    )
 
 
 class GPUShareSource(KubeModel):

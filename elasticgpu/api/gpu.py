@@ -29,6 +29,16 @@ class GPUSpec(KubeModel):
     node_name: str = Field(min_length=1, description="Node that holds the card.")
     numa: int | None = Field(default=None, ge=0, description="NUMA node of the card; absent when unknown.")
     links: list[str] = Field(default_factory=list, description="Uuids of the cards linked to this one by NVLink.")
+    pcie_root: str | None = Field(
+        default=None,
+        description="PCI bus id of the root port (or root complex) above the card, e.g. 0000:00:01.0; absent when"
+        " unknown. Cards and NICs under one root talk without crossing the CPU (GPUDirect RDMA).",
+    )
+    nics: list[str] = Field(
+        default_factory=list,
+        description="RDMA NICs (ibverbs device names, e.g. mlx5_0) under the card's PCIe root, as the node's agent"
+        " found them in /sys/class/infiniband; a claim asking for elasticgpu.io/rdma gets NICs from this list.",
+    )
     mig: bool = Field(default=False, description="True when MIG mode is enabled on the card.")
 
 

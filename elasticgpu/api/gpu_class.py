@@ -20,6 +20,10 @@ Sharing = Literal["exclusive", "timeslice", "mps"]
 ResizePolicy = Literal["Off", "Recommend", "Auto"]
 Partitioning = Literal["MIG"]
 Isolation = Literal["None", "MPS", "HAMiCore"]
+Topology = Literal["NVLink", "SameNUMA", "Any"]
+TOPOLOGIES: tuple[Topology, ...] = ("NVLink", "SameNUMA", "Any")
+"""What a multi-card claim requires of its cards (docs/topology.md): NVLink (every card linked to every other,
+one NVLink domain), SameNUMA (one NUMA node) or Any (nothing required; such sets are still preferred)."""
 ISOLATIONS: tuple[Isolation, ...] = ("None", "MPS", "HAMiCore")
 """What enforces a slice's size in its containers (docs/isolation.md): None (advisory: the limits reach the
 container as environment and the limits file, nothing stops it using more), MPS (NVIDIA's MPS with per-client
@@ -313,6 +317,14 @@ class ElasticGPUClass(KubeModel):
         " libvgpu.so, installed by the admin on the node, preloaded). A slice binds only to a card whose agent"
         " publishes the mode in status.isolation; whole cards need none. Copied to the claim's status.isolation on"
         " bind (docs/isolation.md).",
+        json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True}),
+    )
+    topology: Topology = Field(
+        default="Any",
+        description="What a claim of several whole cards requires of them: NVLink (every card linked to every other"
+        " by NVLink, one NVLink domain), SameNUMA (all on one NUMA node) or Any (default: nothing required, but"
+        " NVLinked cards on one NUMA node are still preferred). A claim waits (Pending) until a node has such a"
+        " set free (docs/topology.md).",
         json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True}),
     )
     status: ElasticGPUClassStatus = Field(default_factory=ElasticGPUClassStatus)

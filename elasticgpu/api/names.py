@@ -29,7 +29,9 @@ PLURAL_QUOTA: Final = "elasticgpuquotas"
 RESOURCE_CORE: Final = "elasticgpu.io/gpu-core"
 RESOURCE_MEMORY: Final = "elasticgpu.io/gpu-memory"
 RESOURCE_NVIDIA_GPU: Final = "nvidia.com/gpu"
-KNOWN_RESOURCES: Final = (RESOURCE_CORE, RESOURCE_MEMORY, RESOURCE_NVIDIA_GPU)
+RESOURCE_RDMA: Final = "elasticgpu.io/rdma"
+"""RDMA NICs on the PCIe roots of a claim's whole cards (docs/topology.md)."""
+KNOWN_RESOURCES: Final = (RESOURCE_CORE, RESOURCE_MEMORY, RESOURCE_NVIDIA_GPU, RESOURCE_RDMA)
 CORES_PER_CARD: Final = 100
 
 # Provisioners this project implements; any other name belongs to someone else.

@@ -23,7 +23,7 @@ from elasticgpu.api.meta import ObjectMeta
 from elasticgpu.api.quantities import parse_count, parse_memory_mib
 from elasticgpu.api.schema import KubeModel, ResourceValue, crd_field, rule
 
-QUOTA_RESOURCES = names.KNOWN_RESOURCES
+QUOTA_RESOURCES = (names.RESOURCE_CORE, names.RESOURCE_MEMORY, names.RESOURCE_NVIDIA_GPU)
 """Cores (percent, 100 per whole card), memory (MiB or a quantity), whole cards."""
 MAX_KEYS = 64
 """Bounds `spec.hard` (and the CEL cost of its rules): 3 namespace-wide keys and 3 per class."""

@@ -39,6 +39,7 @@ class GpuRequest(BaseModel):
         ge=1,
         description="Share: MiB on the card (None: in proportion to cores). Whole cards: least MiB per card.",
     )
+    rdma: int = Field(default=0, ge=0, description="RDMA NICs on the PCIe roots of the whole cards (0: none).")
 
     @model_validator(mode="after")
     def _asks_for_something(self) -> GpuRequest:
@@ -47,6 +48,8 @@ class GpuRequest(BaseModel):
             raise ValueError("a share of one card needs cores, memory or both")
         if self.cards == 0 and self.cores > names.CORES_PER_CARD:
             raise ValueError("a share of one card has at most 100 cores; ask for whole cards instead")
+        if self.cards == 0 and self.rdma:
+            raise ValueError("RDMA NICs go with whole cards; ask for nvidia.com/gpu")
         return self
 
     @property
@@ -71,7 +74,8 @@ class GpuRequest(BaseModel):
         if self.is_whole:
             plural = "s" if self.cards > 1 else ""
             least = f" with at least {format_memory(self.memory_mib)} each" if self.memory_mib else ""
-            return f"{self.cards} whole card{plural}{least}"
+            nics = f" and {self.rdma} RDMA NIC{'s' if self.rdma > 1 else ''}" if self.rdma else ""
+            return f"{self.cards} whole card{plural}{least}{nics}"
         memory = format_memory(self.memory_mib) if self.memory_mib is not None else "memory in proportion"
         return f"{self.cores}% cores, {memory}"
 
@@ -81,9 +85,9 @@ class GpuRequest(BaseModel):
         return cls(cards=0, cores=cores, memory_mib=memory_mib)
 
     @classmethod
-    def whole(cls, cards: int, memory_mib: int | None = None) -> GpuRequest:
-        """`cards` whole cards on one node."""
-        return cls(cards=cards, cores=names.CORES_PER_CARD * cards, memory_mib=memory_mib)
+    def whole(cls, cards: int, memory_mib: int | None = None, *, rdma: int = 0) -> GpuRequest:
+        """`cards` whole cards on one node (and `rdma` NICs on their PCIe roots)."""
+        return cls(cards=cards, cores=names.CORES_PER_CARD * cards, memory_mib=memory_mib, rdma=rdma)
 
 
 def parse_resource_map(resources: Mapping[str, object], *, field: str) -> GpuRequest:
@@ -107,6 +111,12 @@ def parse_resource_map(resources: Mapping[str, object], *, field: str) -> GpuReq
     core_field = f"{field}[{names.RESOURCE_CORE}]"
     memory_field = f"{field}[{names.RESOURCE_MEMORY}]"
     nvidia_field = f"{field}[{names.RESOURCE_NVIDIA_GPU}]"
+    rdma_field = f"{field}[{names.RESOURCE_RDMA}]"
+    rdma = 0
+    if names.RESOURCE_RDMA in resources:
+        rdma = parse_count(resources[names.RESOURCE_RDMA], field=rdma_field)
+        if rdma <= 0:
+            raise InvalidRequest(field=rdma_field, rule="must be at least 1 NIC (or left out)", value=rdma)
 
     cores: int | None = None
     if names.RESOURCE_CORE in resources:
@@ -139,10 +149,13 @@ def parse_resource_map(resources: Mapping[str, object], *, field: str) -> GpuReq
                 value=cores,
                 fix="set only one of them",
             )
-        return GpuRequest.whole(whole, memory)
+        return GpuRequest.whole(whole, memory, rdma=rdma)
     if cores is not None and cores >= names.CORES_PER_CARD:
         # 100 cores is one whole card: nobody else may share it.
-        return GpuRequest.whole(cores // names.CORES_PER_CARD, memory)
+        return GpuRequest.whole(cores // names.CORES_PER_CARD, memory, rdma=rdma)
+    if rdma:
+        raise InvalidRequest(field=rdma_field, rule="goes with whole cards only (a NIC is not shared)",
+                             value=rdma, fix=f"ask for {names.RESOURCE_NVIDIA_GPU} too, or drop {names.RESOURCE_RDMA}")
     return GpuRequest.share(cores or 0, memory)
 
 
@@ -167,10 +180,11 @@ def parse_claim_resources(
     if not limits:
         return request, request
     limit = parse_resource_map(limits, field=f"{field}.limits")
-    if limit.is_whole != request.is_whole or (limit.is_whole and limit.cards != request.cards):
+    same_whole = (limit.cards, limit.rdma) == (request.cards, request.rdma)
+    if limit.is_whole != request.is_whole or (limit.is_whole and not same_whole):
         raise InvalidRequest(
             field=f"{field}.limits",
-            rule="must ask for the same shape as requests (the same whole cards, or a share of one card)",
+            rule="must ask for the same shape as requests (the same whole cards and NICs, or a share of one card)",
             fix="make limits equal to requests, or drop limits",
         )
     if limit.cores < request.cores:

@@ -26,3 +26,17 @@ def test_bench_replays_a_few_hundred_pods(tmp_path: Path, capsys: pytest.Capture
     out = capsys.readouterr().out
     assert "fragmentation" in out and "random" in out
     assert (tmp_path / "openb-default.png").stat().st_size > 1000
+
+
+@pytest.mark.skipif(not (TRACES / "openb_pod_list_multigpu50.csv").exists(), reason="openb trace not present")
+def test_topology_bench_runs_and_ours_beats_blind(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("topology_bench", REPO / "bench" / "topology.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["topology_bench"] = bench
+    spec.loader.exec_module(bench)
+    assert bench.main(["--nodes", "16", "--arrivals", "2000", "--seeds", "1"]) == 0
+    rows = {(cols[0], cols[1]): cols for cols in (line.split() for line in capsys.readouterr().out.splitlines())
+            if len(cols) == 6 and cols[1].isdigit()}
+    share = {v: float(rows[(v, "8")][4].rstrip("%")) for v in ("blind", "ours", "required")}
+    assert share["required"] == 100.0 and share["ours"] > share["blind"], share

@@ -119,3 +119,29 @@ def test_plan_places_a_class_s_slices_only_where_its_isolation_mode_is(
     lines = {line.split()[1]: line for line in out.splitlines()[1:]}
     assert "Pending" in lines["hami"] and lines["hami"].count("no card on any node supports isolation HAMiCore")
     assert "Bound" in lines["mps-slice"] and "GPU-mps-0" in lines["mps-slice"]
+
+
+def test_plan_shows_the_chosen_cards_topology(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 27: four cards, 2 and 3 an NVLink pair under a root with a NIC: a pair with a NIC goes
+    there and the message says how the cards are joined; a required NVLink trio stays Pending."""
+    docs: list[dict[str, object]] = []
+    for i in range(4):
+        spec: dict[str, object] = {"index": i, "uuid": f"GPU-{i}", "model": "A100", "memory": 40960,
+                                   "nodeName": "n1", "numa": i // 2}
+        if i >= 2:
+            spec.update(links=[f"GPU-{5 - i}"], pcieRoot="0000:00:03.0", nics=["mlx5_0"])
+        docs.append({"apiVersion": "elasticgpu.io/v1alpha1", "kind": "GPU", "metadata": {"name": f"gpu-{i}"},
+                     "spec": spec})
+    docs.append({"apiVersion": "elasticgpu.io/v1alpha1", "kind": "ElasticGPUClass", "topology": "NVLink",
+                 "metadata": {"name": "train", "annotations": {"elasticgpu.io/is-default-class": "true"}},
+                 "provisioner": "elasticgpu.io/physical"})
+    for name, requests in (("pair", {"nvidia.com/gpu": 2, "elasticgpu.io/rdma": 1}), ("trio", {"nvidia.com/gpu": 3})):
+        docs.append({"apiVersion": "elasticgpu.io/v1alpha1", "kind": "ElasticGPUClaim",
+                     "metadata": {"name": name, "namespace": "ns"}, "spec": {"resources": {"requests": requests}}})
+    (tmp_path / "in.yaml").write_text(yaml.safe_dump_all(docs))
+    _, out, _ = run(capsys, "-f", str(tmp_path / "in.yaml"))
+    lines = {line.split()[1]: line for line in out.splitlines()[1:]}
+    assert lines["pair"].endswith(
+        "GPU-2,GPU-3   NVLink: all linked (1 pair), NUMA 1, PCIe root 0000:00:03.0, NICs mlx5_0")
+    assert "2 whole cards and 1 RDMA NIC" in lines["pair"]
+    assert "Pending" in lines["trio"] and "topology NVLink" in lines["trio"]

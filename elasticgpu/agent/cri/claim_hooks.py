@@ -51,7 +51,7 @@ from typing import Any
 
 import grpc
 
-from elasticgpu.agent import isolation
+from elasticgpu.agent import isolation, rdma
 from elasticgpu.agent.cri import api, card_sharing, hooks, injection, limits_file
 from elasticgpu.agent.ledger import store
 
@@ -141,12 +141,14 @@ class ClaimHooks:
         settle_after_s: float = 30.0,
         limits: limits_file.LimitsFiles | None = None,
         rooms: isolation.IsolationRooms | None = None,
+        nics: rdma.RdmaRoom = rdma.NO_RDMA,
     ) -> None:
         """`settle_after_s`: how long a row left open by an unanswered CreateContainer waits
         before a reconcile decides it (the runtime may still be creating the container);
         `limits`: the claims' limits files, mounted into every claim container (None: none, a
         running container then keeps the size it was created with); `rooms`: the node's isolation
-        modes (None: only mode None, advisory)."""
+        modes (None: only mode None, advisory); `nics`: the node's RDMA NICs (agent/rdma; default none)."""
+        self._nics = nics
         self._limits = limits
         self.rooms = rooms or isolation.IsolationRooms()
         self._view = view
@@ -191,7 +193,7 @@ class ClaimHooks:
             states: dict[str, int] | None = None
             rows, states = self._live([row for row in self._open_rows() if row.claim == key], states)
             edit = injection.decide(plain, self._view, holders=[row.pod for row in rows], settings=self._settings,
-                                    rooms=self.rooms)
+                                    rooms=self.rooms, nics=self._nics)
             claim = edit.claim
             assert claim is not None  # decide gives a claim container its claim or refuses
             self._check_cards(plain, claim, states)

@@ -102,6 +102,7 @@ def claim_info(claim: dict[str, Any], egpu: dict[str, Any] | None) -> injection.
     users = tuple(injection.ClaimUser(str(u.get("name", "")), str(u.get("uid", ""))) for u in status.get("users") or [])
     source: dict[str, Any] = status
     physical = False
+    nics: tuple[str, ...] = ()
     if phase == "Bound":
         ref = ((egpu or {}).get("spec") or {}).get("claimRef") or {}
         uid = str(metadata.get("uid", ""))
@@ -119,6 +120,7 @@ def claim_info(claim: dict[str, Any], egpu: dict[str, Any] | None) -> injection.
                 "capacity": egpu_status.get("capacity") or status.get("capacity") or egpu["spec"].get("capacity"),
             }
             physical = egpu["spec"].get("physicalGPU") is not None
+            nics = tuple(str(n) for n in (egpu["spec"].get("physicalGPU") or {}).get("rdmaNics") or [])
     gpus = tuple(str(g) for g in source.get("gpus") or [])
     cores, memory = limits(dict(source.get("capacity") or {}), cards=len(gpus), physical=physical)
     mig = status.get("partition") or {}
@@ -136,6 +138,7 @@ def claim_info(claim: dict[str, Any], egpu: dict[str, Any] | None) -> injection.
         partition=partition,
         # What enforces a slice's size, from its class on bind (absent on claims bound before issue 25: None).
         isolation=str(status.get("isolation") or "None"),
+        nics=nics,
     )
 
 

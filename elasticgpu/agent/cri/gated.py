@@ -41,7 +41,7 @@ from typing import Any
 
 import grpc
 
-from elasticgpu.agent import isolation
+from elasticgpu.agent import isolation, rdma
 from elasticgpu.agent.cri import claim_hooks, hooks, injection, limits_file
 from elasticgpu.agent.ledger.store import LedgerStore
 
@@ -127,13 +127,15 @@ class GatedHooks:
         limits: limits_file.LimitsFiles | None = None,
         rooms: isolation.IsolationRooms | None = None,
         wrap: Wrap | None = None,
+        nics: rdma.RdmaRoom = rdma.NO_RDMA,
     ) -> None:
         """`wrap`: hooks around the claim hooks (see the module docstring; None: the claim hooks alone);
         `ledger`: the ledger once open, else None; `owed_rebuild`: True while the ledger is new
         because a corrupt one was moved aside (`rebuilt` is called once it has been rebuilt);
         `container_info`: the runtime's verbose status of a container (for the rebuild); `rooms`: the
-        node's isolation modes (kept by the agent across proxy restarts)."""
+        node's isolation modes (kept by the agent across proxy restarts); `nics`: its RDMA NICs."""
         self._rooms = rooms
+        self._nics = nics
         self._wrap = wrap
         self._view = view
         self._ledger = ledger
@@ -160,7 +162,8 @@ class GatedHooks:
             if self.inner is None:
                 if self._made is None:
                     self._made = claim_hooks.ClaimHooks(view=self._view, ledger=ledger, settings=self._settings,
-                                                        limits=self._limits, rooms=self._rooms)
+                                                        limits=self._limits, rooms=self._rooms,
+                                                        nics=self._nics)
                 inner = self._made
                 outer = inner if self._wrap is None else self._wrap(inner, self._view, ledger)
                 if outer is None:

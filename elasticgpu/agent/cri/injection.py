@@ -50,7 +50,7 @@ from typing import Protocol
 
 import grpc
 
-from elasticgpu.agent import isolation
+from elasticgpu.agent import isolation, rdma
 from elasticgpu.agent.cri import hooks
 from elasticgpu.api import names, pod_claims
 
@@ -192,6 +192,7 @@ class ClaimInfo:
     users: tuple[ClaimUser, ...] = ()  # status.users: the pod the claim serves (at most one)
     partition: tuple[str, int] | None = None  # status.partition: its MIG instance (profile, start slice)
     isolation: str = "None"  # status.isolation: what enforces a slice's size (None, MPS, HAMiCore, WholeCard)
+    nics: tuple[str, ...] = ()  # RDMA NICs of its ElasticGPU (spec.physicalGPU.rdmaNics), given through agent/rdma
 
     @property
     def whole_cards(self) -> bool:
@@ -277,8 +278,8 @@ def cdi_device(uuid: str) -> str:
 
 
 def is_ours(device: str) -> bool:
-    """True for a CDI device name of our kind."""
-    return device.split("=", 1)[0] == CDI_KIND
+    """True for a CDI device name of our kinds (cards, and RDMA NICs: agent/rdma)."""
+    return device.split("=", 1)[0] == CDI_KIND or rdma.is_ours(device)
 
 
 def _our_env(key: str) -> bool:
@@ -363,6 +364,7 @@ def decide(
     holders: Collection[PodRef] = (),
     settings: InjectionSettings = InjectionSettings(),
     rooms: isolation.IsolationRooms = _ADVISORY_ONLY,
+    nics: rdma.RdmaRoom = rdma.NO_RDMA,
 ) -> ContainerEdit:
     """The edit for this container, or raise Refused (see the module docstring).
 
@@ -400,6 +402,12 @@ def decide(
     claim = _checked_claim(request, view, namespace, name, holders)
     cards = _cards(request, view, claim)
     ours = tuple(cdi_device(card.uuid) for card in cards)
+    try:
+        # RDMA NICs (issue 27) come from their own room, as a slice's limits come from its mode's.
+        ours += nics.devices(claim.nics)
+    except rdma.MissingNic as e:
+        raise hooks.Refused(f"pod {request.pod}, container {request.container!r}, claim {claim.namespace}/"
+                            f"{claim.name}: {e.message}") from e
     if settings.cdi_form in (CdiForm.FIELD, CdiForm.BOTH):
         devices.extend(ours)
     if settings.cdi_form in (CdiForm.ANNOTATION, CdiForm.BOTH):

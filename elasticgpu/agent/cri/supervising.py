@@ -42,11 +42,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elasticgpu.agent import isolation
+from elasticgpu.agent import isolation, rdma
 from elasticgpu.agent.cri import cdi, driver, front, gated, injection, limits_file
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import Card
 from elasticgpu.agent.ledger.store import LedgerStore
+from elasticgpu.agent.rdma import spec_file as rdma_spec
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ class CriHook:
         ledger: LedgerStore | Callable[[], LedgerStore | None],
         cards: Callable[[], Sequence[Card] | None],
         control_paths: Callable[[], Sequence[str]],
+        nic_nodes: Callable[[str], Sequence[tuple[str, str]]] = lambda nic: (),
         driver_files: Callable[[], driver.DriverFiles] | None = None,
         devices_problem: Callable[[], str | None] = lambda: None,
         owed_rebuild: Callable[[], bool] = lambda: False,
@@ -140,6 +142,10 @@ class CriHook:
         self._owed_rebuild = owed_rebuild
         self._rebuilt = rebuilt
         self._cards = cards
+        # RDMA NICs (agent/rdma): those under the cards' PCIe roots that have a verbs device node.
+        self._nic_devices: tuple[rdma.NicDevices, ...] = ()
+        self._nic_nodes = nic_nodes
+        self.nics = rdma.NodeNics(lambda: (n.name for n in self._nic_devices), node=view.node_name)
         self._control_paths = control_paths
         first, longest = settings.backoff_s
         self._spec_retry = _Retry("writing the CDI spec into " + str(settings.cdi_dir), first, longest)
@@ -246,10 +252,14 @@ class CriHook:
         cards = tuple(self._cards() or ())  # None: discovery has not run (the spec waits on devices_problem)
         control = tuple(self._control_paths())
         files = self._driver_files() if self._driver_files is not None else None
-        inputs = (tuple((c.uuid, c.minor, c.device_path) for c in cards), control, files)
+        inputs = (tuple((c.uuid, c.minor, c.device_path, c.nics) for c in cards), control, files)
         if inputs == self._spec_inputs and now - self._spec_checked < self.settings.cdi_check_interval_s:
             return
         written = cdi.write_spec(self.settings.cdi_dir, cdi.card_devices(cards), cdi.control_nodes(control), files)
+        self._nic_devices = rdma_spec.nic_devices(cards, self._nic_nodes)
+        if rdma_spec.write_spec(self.settings.cdi_dir, self._nic_devices):
+            log.info("RDMA CDI spec written into %s: %s", self.settings.cdi_dir,
+                     ", ".join(n.name for n in self._nic_devices) or "no NIC")
         if written:
             log.info("CDI spec written into %s: %d card(s) (%s), control devices %s", self.settings.cdi_dir,
                      len(cards), ", ".join(c.uuid for c in cards) or "none", ", ".join(control) or "none")
@@ -267,7 +277,7 @@ class CriHook:
         started: list[CriProxy] = []
         hooks = gated.GatedHooks(view=self._view, ledger=self._ledger, settings=self.settings.injection,
                                  owed_rebuild=self._owed_rebuild, rebuilt=self._rebuilt, limits=self.limits,
-                                 rooms=self.rooms, wrap=self._wrap,
+                                 rooms=self.rooms, wrap=self._wrap, nics=self.nics,
                                  container_info=lambda container_id: started[0].container_info(container_id))
         proxy = CriProxy(self.settings.proxy, container_hooks=hooks)
         started.append(proxy)

@@ -43,6 +43,11 @@ class DiscoveryBackend(Protocol):
         """Device nodes every GPU container needs besides its cards (`/dev/nvidiactl`, `/dev/nvidia-uvm`, ...)."""
         ...
 
+    def rdma_device_nodes(self, nic: str) -> list[tuple[str, str]]:
+        """The device nodes a container needs for RDMA NIC `nic` (issue 27), as (path in the container,
+        path on the node): its uverbs node and rdma_cm; [] when the NIC has none."""
+        ...
+
     def driver_root(self) -> str | None:
         """Where the driver's user-space files are on the node (the simulated backend's stand-in),
         or None: the agent's `--driver-root` setting says."""

@@ -41,6 +41,10 @@ class Card:
     """True when MIG mode is enabled (current mode, not pending)."""
     links: tuple[str, ...] = ()
     """Uuids of the cards of this node linked to this one by NVLink, sorted, without duplicates."""
+    pcie_root: str = ""
+    """PCI bus id of the root port above the card (sysfs, `pci.py`); empty when unknown."""
+    nics: tuple[str, ...] = ()
+    """RDMA NICs (ibverbs names, e.g. mlx5_0) under the card's PCIe root, sorted."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticgpu.agent import errors
-from elasticgpu.agent.discovery import models
+from elasticgpu.agent.discovery import models, pci
 from elasticgpu.agent.discovery.mig import MigInstanceInfo, MigProfileInfo
 from elasticgpu.agent.discovery.nvml_mig import NvmlMig, mig_error
 
@@ -152,6 +152,8 @@ class NvmlBackend:
                 }
             )
         by_bus = {entry["bus_id"]: entry["uuid"] for entry in raw}
+        nics = pci.rdma_nics_by_root()
+        roots = {entry["bus_id"]: pci.pcie_root_of(entry["bus_id"]) for entry in raw}
         cards = tuple(
             models.Card(
                 index=entry["index"],
@@ -164,6 +166,8 @@ class NvmlBackend:
                 pci_bus_id=entry["bus_id"],
                 mig_enabled=entry["mig"],
                 links=self._nvlink_peers(entry["handle"], by_bus, own=entry["uuid"]),
+                pcie_root=roots[entry["bus_id"]],
+                nics=nics.get(roots[entry["bus_id"]], ()) if roots[entry["bus_id"]] else (),
             )
             for entry in raw
         )
@@ -357,6 +361,10 @@ class NvmlBackend:
     def driver_root(self) -> str | None:
         """None: the driver is where the agent's --driver-root says (NVML does not tell)."""
         return None
+
+    def rdma_device_nodes(self, nic: str) -> list[tuple[str, str]]:
+        """The NIC's verbs device and rdma_cm, found through sysfs (the same paths inside the container)."""
+        return [(path, path) for path in pci.verbs_devices(nic)]
 
     def control_device_paths(self) -> list[str]:
         """The driver's control device nodes present on this host."""

@@ -8,6 +8,8 @@ The file::
         memory: 80Gi            # MiB as a number, or a quantity
         numa: 0
         links: [1]              # other cards of this node, by index or uuid
+        # pcieRoot: "0000:00:01.0"   # optional: the PCIe root port above the card
+        # nics: [mlx5_0]        # optional: RDMA NICs under that root (their stand-in uverbs nodes are made)
         count: 2                # optional: this many identical cards (links then name indices)
         # uuid: GPU-...         # optional; default derived from node name and index (stable, unique per node)
         # minor: 0              # optional; default: the index
@@ -109,6 +111,14 @@ def _int(value: object, *, source: str, where: str, minimum: int = 0) -> int:
     return value
 
 
+def _nics(value: object, *, source: str, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _fail(source, where, f"must be a list of RDMA device names (e.g. [mlx5_0]), got {value!r}")
+    return tuple(sorted(set(value)))
+
+
 def make_stand_in_device(path: Path) -> None:
     """A character device at `path` with /dev/null's major/minor (a symlink to /dev/null without CAP_MKNOD)."""
     if path.exists() or path.is_symlink():
@@ -187,6 +197,16 @@ class SimulatedBackend:
             make_stand_in_device(Path(card.device_path))
         for control in _CONTROL_DEVICES:
             make_stand_in_device(self._device_dir / control)
+        # RDMA NICs of the file: stand-in uverbs devices, numbered in name order, and one rdma_cm.
+        nics = sorted({nic for card in cards for nic in card.nics})
+        self._nic_nodes = {
+            nic: [(f"/dev/infiniband/uverbs{k}", str(self._device_dir / "infiniband" / f"uverbs{k}")),
+                  ("/dev/infiniband/rdma_cm", str(self._device_dir / "infiniband" / "rdma_cm"))]
+            for k, nic in enumerate(nics)
+        }
+        for nodes in self._nic_nodes.values():
+            for _, host in nodes:
+                make_stand_in_device(Path(host))
         self._driver_root = self._device_dir / "driver-root"
         make_stand_in_driver_root(self._driver_root, self._driver)
         self._mig = SimulatedMig(device_dir=self._device_dir, in_use=self._runs_on_instance,
@@ -266,6 +286,8 @@ class SimulatedBackend:
                     numa=None if numa is None else _int(numa, source=source, where=f"{where}.numa"),
                     pci_bus_id=str(entry.get("pciBusId", "")),
                     mig_enabled=bool(entry.get("mig", False)),
+                    pcie_root=str(entry.get("pcieRoot") or ""),
+                    nics=_nics(entry.get("nics"), source=source, where=f"{where}.nics"),
                 )
             )
         # Links name other cards by index or uuid; resolve them now that every uuid is known.
@@ -415,6 +437,10 @@ class SimulatedBackend:
             self._advance()
             resets, self._resets = self._resets, []
         return [reset for reset in resets if reset.gpu_uuid in waiting]
+
+    def rdma_device_nodes(self, nic: str) -> list[tuple[str, str]]:
+        """Stand-ins of the NIC's uverbs device and rdma_cm (character devices of /dev/null)."""
+        return list(self._nic_nodes.get(nic, []))
 
     def control_device_paths(self) -> list[str]:
         """Stand-ins of the driver's control devices."""

@@ -150,6 +150,8 @@ class Provision:
     reclaim_policy: str
     isolation: str = "None"
     """The class's isolation mode (MPS, HAMiCore, None)."""
+    topology: str = "Any"
+    """The class's topology requirement for several whole cards (NVLink, SameNUMA, Any)."""
 
     @property
     def required_isolation(self) -> str:
@@ -451,6 +453,7 @@ def _decide_unnamed(claim: ElasticGPUClaim, picture: Picture) -> ClaimDecision:
         parameters=parameters,
         reclaim_policy=klass.effective_reclaim_policy,
         isolation=klass.isolation,
+        topology=klass.topology,
     )
 
 

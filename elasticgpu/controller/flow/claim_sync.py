@@ -353,6 +353,7 @@ class ClaimSync:
             models=decision.parameters.gpu_model,
             node_selector=decision.parameters.node_selector,
             isolation=decision.required_isolation,
+            topology=decision.topology,
         )
         ledger = self.picture.ledger
         for attempt in range(self.settings.binding.conflict_retries):

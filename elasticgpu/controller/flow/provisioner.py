@@ -88,6 +88,8 @@ def build_elastic_gpu(
     }
     if placement.cards and all(share.whole for share in placement.cards):
         spec["physicalGPU"] = {"gpuNames": gpu_names}
+        if placement.nics:
+            spec["physicalGPU"]["rdmaNics"] = list(placement.nics)
     else:
         spec["gpuShare"] = {"gpuName": gpu_names[0]}
     return {

@@ -309,7 +309,8 @@ class PodSync:
                 key = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
                 request = PlacementRequest(gpu=provision.request, models=provision.parameters.gpu_model,
                                            node_selector=provision.parameters.node_selector,
-                                           isolation=provision.required_isolation)
+                                           isolation=provision.required_isolation,
+                                           topology=provision.topology)
                 wanted.append(pod_placement.Wanted(claim=claim_name, key=key, request=request,
                                                    policy=provision.parameters.policy))
                 provisions[key] = (claim, provision)
