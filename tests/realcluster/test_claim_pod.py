@@ -296,15 +296,17 @@ def test_foreground_deletion_of_a_pod_removes_its_inline_claim_first(
     assert seen_waiting, "the garbage collector never held the pod (foregroundDeletion) for its claim"
     deadline = time.monotonic() + WITHIN_S
     while left := kube_request(api_client, "GET", f"{CUSTOM}/{names.PLURAL_ELASTIC_GPU}", query=egpus).json()["items"]:
-        assert time.monotonic() < deadline, f"ElasticGPUs left: {[(e['metadata']['name'], e.get('status')) for e in left]}"
+        assert time.monotonic() < deadline, (
+            f"ElasticGPUs left: {[(e['metadata']['name'], e.get('status')) for e in left]}"
+        )
         time.sleep(1)
     kube_request(api_client, "DELETE", f"{CUSTOM}/{names.PLURAL_CLASS}/{klass['metadata']['name']}")
 
 
 def _claim_body(name: str, klass: str, cores: int, memory: str) -> dict[str, Any]:
+    requests = {names.RESOURCE_CORE: cores, names.RESOURCE_MEMORY: memory}
     return {"apiVersion": names.API_VERSION, "kind": names.KIND_CLAIM, "metadata": {"name": name},
-            "spec": {"elasticGPUClassName": klass,
-                     "resources": {"requests": {names.RESOURCE_CORE: cores, names.RESOURCE_MEMORY: memory}}}}  # fmt: skip
+            "spec": {"elasticGPUClassName": klass, "resources": {"requests": requests}}}  # fmt: skip
 
 
 def _wait_status(api_client: client.ApiClient, path: str, done: Any, what: str) -> dict[str, Any]:
@@ -349,12 +351,12 @@ def test_a_quota_holds_a_claim_over_it_and_a_resize_within_it_under_the_charts_r
     answer = kube_request(api_client, "PATCH", f"{claims}/within", body=grow,
                           headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
     assert answer.status == 200, answer.body
-    grown = _wait_status(api_client, f"{claims}/within",
-                         lambda s: int((s.get("capacity") or {}).get(names.RESOURCE_CORE, 0)) == 30, "the resize")  # fmt: skip
+    grown = _wait_status(api_client, f"{claims}/within", lambda s: int((s.get("capacity") or {}).get(
+        names.RESOURCE_CORE, 0)) == 30, "the resize")  # fmt: skip
     assert grown["phase"] == "Bound", grown
     used = _wait_status(api_client, f"{CUSTOM}/namespaces/{namespace}/{names.PLURAL_QUOTA}/team",
                         lambda s: (s.get("used") or {}).get(names.RESOURCE_CORE) == 30, "the quota's use")  # fmt: skip
-    assert [c["name"] for c in used["charges"]] == ["within"], used
+    assert [(c["claim"], c["cores"]) for c in used["charges"]] == [("within", 30)], used
     assert kube_request(api_client, "GET", f"{claims}/over").json()["status"]["phase"] == "Pending"
     kube_request(api_client, "DELETE", f"{claims}/within")
     _wait_status(api_client, f"{claims}/over", lambda s: s.get("phase") == "Bound", "the held claim after room freed")

@@ -86,7 +86,8 @@ def test_one_replica_leads_and_the_standby_takes_over_after_a_kill(
     deadline = time.monotonic() + WITHIN_S
     while not (leaders := _leading(replicas, holder := _holder(api_client))):
         assert time.monotonic() < deadline, f"no replica leads (holder {holder!r}):\n" + "\n".join(
-            c.tail(10) for c in replicas)
+            c.tail(10) for c in replicas
+        )
         assert all(c.running() for c in replicas), "\n".join(c.tail(10) for c in replicas)
         time.sleep(0.5)
     assert len(leaders) == 1, f"both replicas lead under {holder}"
