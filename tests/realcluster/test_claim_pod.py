@@ -279,10 +279,12 @@ def test_foreground_deletion_of_a_pod_removes_its_inline_claim_first(
     seen_waiting = False  # the pod object kept by the collector (finalizer foregroundDeletion) for its claim
     deadline = time.monotonic() + WITHIN_S
     while True:
-        # The claim first, then the pod: a pod read as gone after its claim was read as present
-        # would be the pod gone first.
-        claim_there = kube_request(api_client, "GET", claim_path).status == 200
+        # The pod first, then the claim: with the claim gone first (as it must be), a pod read as
+        # gone means the claim was gone before that read, so the later read finds no claim either;
+        # a claim read after its pod was gone is the pod gone first. (The other order races: the
+        # collector may let the pod go in the milliseconds between the two reads.)
         pod = kube_request(api_client, "GET", pods)
+        claim_there = kube_request(api_client, "GET", claim_path).status == 200
         assert not (claim_there and pod.status == 404), "the pod object went before its inline claim"
         if pod.status == 200 and "foregroundDeletion" in (pod.json()["metadata"].get("finalizers") or []):
             seen_waiting = True
