@@ -242,6 +242,26 @@ def test_an_inline_claim_and_its_elasticgpu_go_with_the_pod(
     kube_request(api_client, "DELETE", f"{CUSTOM}/{names.PLURAL_CLASS}/{klass['metadata']['name']}")
 
 
+def _wait_for_collector_to_know_claims(api_client: client.ApiClient, namespace: str) -> None:
+    """Wait until the garbage collector watches ElasticGPUClaims: it learns a CRD's resource only at
+    its next discovery (kube-controller-manager: every 30 s), and until then it sees no dependent of
+    that kind, so a foreground delete of their owner does not wait (the pod went first in 2 runs of 3
+    when this test ran 20 s after the CRDs were applied). The same holds on any cluster right after
+    the CRDs are installed. Probe by behaviour: a claim owned by a deleted ConfigMap must go."""
+    core = client.CoreV1Api(api_client)
+    claims = f"{CUSTOM}/namespaces/{namespace}/{names.PLURAL_CLAIM}"
+    owner = core.create_namespaced_config_map(namespace, {"metadata": {"name": "gc-probe"}})
+    probe = _claim_body("gc-probe", "gc-probe-no-such-class", 1, "1Mi")  # stays Pending: nothing else touches it
+    probe["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "gc-probe",
+                                             "uid": owner.metadata.uid}]  # fmt: skip
+    assert kube_request(api_client, "POST", claims, body=probe).status == 201
+    core.delete_namespaced_config_map("gc-probe", namespace)
+    deadline = time.monotonic() + 90.0  # three discovery periods
+    while kube_request(api_client, "GET", f"{claims}/gc-probe").status != 404:
+        assert time.monotonic() < deadline, "the garbage collector does not delete an orphaned ElasticGPUClaim"
+        time.sleep(0.5)
+
+
 def test_foreground_deletion_of_a_pod_removes_its_inline_claim_first(
     api_client: client.ApiClient,
     product: None,
@@ -255,6 +275,7 @@ def test_foreground_deletion_of_a_pod_removes_its_inline_claim_first(
     claim go (a shut-down pod uses nothing, no cycle), the collector then lets the pod go, and the
     controller deletes the ElasticGPU."""
     core = client.CoreV1Api(api_client)
+    _wait_for_collector_to_know_claims(api_client, namespace)
     tag = uuid.uuid4().hex[:8]
     klass = {"apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": f"fg-{tag}"},
              "provisioner": names.PROVISIONER_GPUSHARE, "parameters": {"gpuModel": "A100"},
@@ -284,8 +305,11 @@ def test_foreground_deletion_of_a_pod_removes_its_inline_claim_first(
         # a claim read after its pod was gone is the pod gone first. (The other order races: the
         # collector may let the pod go in the milliseconds between the two reads.)
         pod = kube_request(api_client, "GET", pods)
-        claim_there = kube_request(api_client, "GET", claim_path).status == 200
-        assert not (claim_there and pod.status == 404), "the pod object went before its inline claim"
+        now = kube_request(api_client, "GET", claim_path)
+        claim_there = now.status == 200
+        assert not (claim_there and pod.status == 404), (
+            f"the pod object went before its inline claim: the claim is {now.json()['metadata']}"
+        )
         if pod.status == 200 and "foregroundDeletion" in (pod.json()["metadata"].get("finalizers") or []):
             seen_waiting = True
         if not claim_there and pod.status == 404:
