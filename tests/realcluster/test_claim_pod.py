@@ -262,18 +262,25 @@ def _wait_for_collector_to_know_claims(api_client: client.ApiClient, namespace: 
         time.sleep(0.5)
 
 
+@pytest.mark.parametrize("grace", [None, 0], ids=["graceful", "forced"])
 def test_foreground_deletion_of_a_pod_removes_its_inline_claim_first(
     api_client: client.ApiClient,
     product: None,
     gpu_node: GpuNode,
     namespace: str,
+    grace: int | None,
 ) -> None:
     """Issue 28.1 on the real garbage collector (tests/pods/test_inline_foreground.py skips without
     one): the inline claim blocks its owner's deletion (`blockOwnerDeletion`, as a generic ephemeral
     volume's claim), so with `propagationPolicy: Foreground` the pod object is never gone while its
     claim is there; and nothing is left: kubelet shuts the pod down (grace 0), the controller lets the
     claim go (a shut-down pod uses nothing, no cycle), the collector then lets the pod go, and the
-    controller deletes the ElasticGPU."""
+    controller deletes the ElasticGPU.
+
+    `forced` (grace 0, as `kubectl delete --force --grace-period=0`) is the case only
+    blockOwnerDeletion orders: the pod is shut down at once and would be gone at once, while its
+    claim waits for the controller. (With `graceful`, kubelet's final delete comes seconds after the
+    containers stopped, and the controller has released the claim by then even without it.)"""
     core = client.CoreV1Api(api_client)
     _wait_for_collector_to_know_claims(api_client, namespace)
     tag = uuid.uuid4().hex[:8]
@@ -294,7 +301,7 @@ def test_foreground_deletion_of_a_pod_removes_its_inline_claim_first(
         time.sleep(0.5)
     (claim,) = kube_request(api_client, "GET", claims).json()["items"]
     assert [r["blockOwnerDeletion"] for r in claim["metadata"]["ownerReferences"]] == [True]
-    core.delete_namespaced_pod("fg", namespace, propagation_policy="Foreground")
+    core.delete_namespaced_pod("fg", namespace, propagation_policy="Foreground", grace_period_seconds=grace)
     pods = f"/api/v1/namespaces/{namespace}/pods/fg"
     claim_path = f"{claims}/{claim['metadata']['name']}"
     seen_waiting = False  # the pod object kept by the collector (finalizer foregroundDeletion) for its claim
