@@ -111,10 +111,12 @@ def _has_garbage_collector(core: client.CoreV1Api, namespace: str) -> bool:
 
 def test_foreground_deletion_removes_the_inline_claim_before_its_pod(world: World, default_class: str) -> None:
     if not _has_garbage_collector(world.core, world.namespace):
-        pytest.skip("this API server runs no garbage collector (an orphaned ConfigMap stayed "
-                    f"{GC_PROBE_S:.0f} s): foreground deletion needs kube-controller-manager; its real-cluster "
-                    "variant is tests/realcluster/test_claim_pod.py::"
-                    "test_foreground_deletion_of_a_pod_removes_its_inline_claim_first")
+        pytest.skip(
+            "this API server runs no garbage collector (an orphaned ConfigMap stayed "
+            f"{GC_PROBE_S:.0f} s): foreground deletion needs kube-controller-manager; its real-cluster "
+            "variant is tests/realcluster/test_claim_pod.py::"
+            "test_foreground_deletion_of_a_pod_removes_its_inline_claim_first"
+        )
     controller = controller_for(world)
     world.pod("fg-1", inline={"main": "gpu-core=10"})
     settle(controller)
