@@ -10,8 +10,11 @@ or it was never scheduled, or force-deleted) uses nothing: the first test holds 
 server, with a finalizer standing in for the collector's.
 
 The second needs a real garbage collector, which the test API server does not run: it probes for
-one by behaviour (an object owned by a deleted one must go) and is skipped, naming issue 24, on a
-server without; it runs on a cluster given by a kubeconfig where kube-controller-manager runs.
+one by behaviour (an object owned by a deleted one must go) and is skipped on a server without.
+Its real-cluster variant runs in the tier `tests/realcluster` (kube-controller-manager's collector,
+kubelet, the controller under the chart's RBAC):
+`tests/realcluster/test_claim_pod.py::test_foreground_deletion_of_a_pod_removes_its_inline_claim_first`,
+a graceful and a forced (grace 0) foreground delete of a Running pod.
 """
 
 from __future__ import annotations
@@ -108,9 +111,12 @@ def _has_garbage_collector(core: client.CoreV1Api, namespace: str) -> bool:
 
 def test_foreground_deletion_removes_the_inline_claim_before_its_pod(world: World, default_class: str) -> None:
     if not _has_garbage_collector(world.core, world.namespace):
-        pytest.skip("this API server runs no garbage collector (an orphaned ConfigMap stayed "
-                    f"{GC_PROBE_S:.0f} s): foreground deletion needs kube-controller-manager; this test runs on "
-                    "the real cluster of issue 24 (a kubeconfig given to the test fixtures)")
+        pytest.skip(
+            "this API server runs no garbage collector (an orphaned ConfigMap stayed "
+            f"{GC_PROBE_S:.0f} s): foreground deletion needs kube-controller-manager; its real-cluster "
+            "variant is tests/realcluster/test_claim_pod.py::"
+            "test_foreground_deletion_of_a_pod_removes_its_inline_claim_first"
+        )
     controller = controller_for(world)
     world.pod("fg-1", inline={"main": "gpu-core=10"})
     settle(controller)

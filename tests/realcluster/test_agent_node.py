@@ -119,11 +119,15 @@ def test_kubelet_runs_a_pod_without_a_claim_through_the_agent(
             f"{namespace}/{name} not Running: {pod.status}\n{gpu_node.kubelet.child.tail(20)}"
         )
         time.sleep(0.5)
-    from tests.realcluster.test_claim_pod import _container_env
+    from tests.realcluster.test_claim_pod import _container_env, container_env
 
     env = _container_env(gpu_node.runtime_endpoint, namespace, name)
     # A pod without a claim sees no card: the agent sets `void` (a CUDA image's `all` would see every card).
     assert env.get("NVIDIA_VISIBLE_DEVICES") == "void", {k: v for k, v in env.items() if "NVIDIA" in k}
+    # ... as the process inside sees it (env run in the container), and no limits file of a claim.
+    inside = container_env(gpu_node.runtime_endpoint, namespace, name)
+    assert inside.get("NVIDIA_VISIBLE_DEVICES") == "void", inside
+    assert "ELASTICGPU_LIMITS_FILE" not in inside, inside
     core.delete_namespaced_pod(name, namespace)
     deadline = time.monotonic() + WITHIN_S
     while name in [p.metadata.name for p in core.list_namespaced_pod(namespace).items]:

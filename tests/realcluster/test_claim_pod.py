@@ -11,6 +11,7 @@ real kubelet starts it through the agent's CRI proxy."""
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import tempfile
 import time
@@ -109,6 +110,33 @@ def _container_env(endpoint: str, namespace: str, pod: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in spec["process"]["env"])
 
 
+def container_exec(endpoint: str, namespace: str, pod: str, command: list[str]) -> str:
+    """Run `command` inside the pod's running container `main` through the runtime (CRI ExecSync, as
+    `kubectl exec` ends up doing: the API server cannot reach kubelet here); its stdout. What the
+    process inside sees, not what the container was created with."""
+    import grpc
+
+    from elasticgpu.agent.cri import api
+
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = api.services.RuntimeServiceStub(channel)
+        wanted = {"io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": pod,
+                  "io.kubernetes.container.name": "main"}  # fmt: skip
+        found = stub.ListContainers(api.pb.ListContainersRequest(filter=api.pb.ContainerFilter(
+            label_selector=wanted, state=api.pb.ContainerStateValue(state=api.pb.CONTAINER_RUNNING))),
+            timeout=10).containers  # fmt: skip
+        assert len(found) == 1, f"running containers of {namespace}/{pod}: {found}"
+        done = stub.ExecSync(api.pb.ExecSyncRequest(container_id=found[0].id, cmd=command, timeout=10), timeout=20)
+    assert done.exit_code == 0, f"{command} in {namespace}/{pod}: {done.exit_code} {done.stderr.decode()}"
+    return str(done.stdout.decode())
+
+
+def container_env(endpoint: str, namespace: str, pod: str) -> dict[str, str]:
+    """The environment the process in the pod's container `main` sees (`env`, run inside it)."""
+    lines = container_exec(endpoint, namespace, pod, ["env"]).splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
 def test_a_pod_with_a_claim_is_gated_then_scheduled_to_the_claims_node_and_started(
     api_client: client.ApiClient,
     product: None,
@@ -152,6 +180,17 @@ def test_a_pod_with_a_claim_is_gated_then_scheduled_to_the_claims_node_and_start
     # What the container was created with, as containerd holds it (the OCI spec after CDI).
     env = _container_env(gpu_node.runtime_endpoint, namespace, "user")
     assert env.get("NVIDIA_VISIBLE_DEVICES") == ",".join(bound["status"]["gpus"]), env
+    # What the process inside sees (issue 24 item 2): exactly its card, and its slice's limits in
+    # the limits file the agent mounts at /run/elasticgpu (docs/resize-node.md).
+    inside = container_env(gpu_node.runtime_endpoint, namespace, "user")
+    assert inside.get("NVIDIA_VISIBLE_DEVICES") == bound["status"]["gpus"][0], inside
+    assert len(bound["status"]["gpus"]) == 1
+    limits_file = inside.get("ELASTICGPU_LIMITS_FILE")
+    assert limits_file == "/run/elasticgpu/limits.json", inside
+    limits = json.loads(container_exec(gpu_node.runtime_endpoint, namespace, "user", ["cat", limits_file]))
+    assert (limits["claim"], limits["cores"], limits["memoryMiB"]) == (f"{namespace}/slice", 30, 10240), limits
+    shell = container_exec(gpu_node.runtime_endpoint, namespace, "user", ["cat", "/run/elasticgpu/limits.env"])
+    assert {"ELASTICGPU_CORES=30", "ELASTICGPU_MEMORY_MIB=10240"} <= set(shell.splitlines()), shell
     core.delete_namespaced_pod("user", namespace)
     kube_request(api_client, "DELETE", f"{claims}/slice")
     kube_request(api_client, "DELETE", f"{CUSTOM}/{names.PLURAL_CLASS}/{klass['metadata']['name']}")
@@ -201,3 +240,158 @@ def test_an_inline_claim_and_its_elasticgpu_go_with_the_pod(
         )
         time.sleep(1)
     kube_request(api_client, "DELETE", f"{CUSTOM}/{names.PLURAL_CLASS}/{klass['metadata']['name']}")
+
+
+def _wait_for_collector_to_know_claims(api_client: client.ApiClient, namespace: str) -> None:
+    """Wait until the garbage collector watches ElasticGPUClaims: it learns a CRD's resource only at
+    its next discovery (kube-controller-manager: every 30 s), and until then it sees no dependent of
+    that kind, so a foreground delete of their owner does not wait (the pod went first in 2 runs of 3
+    when this test ran 20 s after the CRDs were applied). The same holds on any cluster right after
+    the CRDs are installed. Probe by behaviour: a claim owned by a deleted ConfigMap must go."""
+    core = client.CoreV1Api(api_client)
+    claims = f"{CUSTOM}/namespaces/{namespace}/{names.PLURAL_CLAIM}"
+    owner = core.create_namespaced_config_map(namespace, {"metadata": {"name": "gc-probe"}})
+    probe = _claim_body("gc-probe", "gc-probe-no-such-class", 1, "1Mi")  # stays Pending: nothing else touches it
+    probe["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "gc-probe",
+                                             "uid": owner.metadata.uid}]  # fmt: skip
+    assert kube_request(api_client, "POST", claims, body=probe).status == 201
+    core.delete_namespaced_config_map("gc-probe", namespace)
+    deadline = time.monotonic() + 90.0  # three discovery periods
+    while kube_request(api_client, "GET", f"{claims}/gc-probe").status != 404:
+        assert time.monotonic() < deadline, "the garbage collector does not delete an orphaned ElasticGPUClaim"
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("grace", [None, 0], ids=["graceful", "forced"])
+def test_foreground_deletion_of_a_pod_removes_its_inline_claim_first(
+    api_client: client.ApiClient,
+    product: None,
+    gpu_node: GpuNode,
+    namespace: str,
+    grace: int | None,
+) -> None:
+    """Issue 28.1 on the real garbage collector (tests/pods/test_inline_foreground.py skips without
+    one): the inline claim blocks its owner's deletion (`blockOwnerDeletion`, as a generic ephemeral
+    volume's claim), so with `propagationPolicy: Foreground` the pod object is never gone while its
+    claim is there; and nothing is left: kubelet shuts the pod down (grace 0), the controller lets the
+    claim go (a shut-down pod uses nothing, no cycle), the collector then lets the pod go, and the
+    controller deletes the ElasticGPU.
+
+    `forced` (grace 0, as `kubectl delete --force --grace-period=0`) is the case only
+    blockOwnerDeletion orders: the pod is shut down at once and would be gone at once, while its
+    claim waits for the controller. (With `graceful`, kubelet's final delete comes seconds after the
+    containers stopped, and the controller has released the claim by then even without it.)"""
+    core = client.CoreV1Api(api_client)
+    _wait_for_collector_to_know_claims(api_client, namespace)
+    tag = uuid.uuid4().hex[:8]
+    klass = {"apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": f"fg-{tag}"},
+             "provisioner": names.PROVISIONER_GPUSHARE, "parameters": {"gpuModel": "A100"},
+             "reclaimPolicy": "Delete", "bindingMode": "Immediate"}  # fmt: skip
+    assert kube_request(api_client, "POST", f"{CUSTOM}/{names.PLURAL_CLASS}", body=klass).status == 201
+    body = _pod("fg", "", gpu_node.image)
+    body["metadata"]["annotations"] = {
+        names.inline_request_annotation("main"): f"gpu-core=10,gpu-memory=4Gi,class={klass['metadata']['name']}"
+    }
+    core.create_namespaced_pod(namespace, body)
+    claims = f"{CUSTOM}/namespaces/{namespace}/{names.PLURAL_CLAIM}"
+    egpus = [("labelSelector", f"{names.LABEL_CLAIM_NAMESPACE}={namespace}")]
+    deadline = time.monotonic() + WITHIN_S
+    while core.read_namespaced_pod("fg", namespace).status.phase != "Running":
+        assert time.monotonic() < deadline, "the pod with an inline request is not Running"
+        time.sleep(0.5)
+    (claim,) = kube_request(api_client, "GET", claims).json()["items"]
+    assert [r["blockOwnerDeletion"] for r in claim["metadata"]["ownerReferences"]] == [True]
+    core.delete_namespaced_pod("fg", namespace, propagation_policy="Foreground", grace_period_seconds=grace)
+    pods = f"/api/v1/namespaces/{namespace}/pods/fg"
+    claim_path = f"{claims}/{claim['metadata']['name']}"
+    seen_waiting = False  # the pod object kept by the collector (finalizer foregroundDeletion) for its claim
+    deadline = time.monotonic() + WITHIN_S
+    while True:
+        # The pod first, then the claim: with the claim gone first (as it must be), a pod read as
+        # gone means the claim was gone before that read, so the later read finds no claim either;
+        # a claim read after its pod was gone is the pod gone first. (The other order races: the
+        # collector may let the pod go in the milliseconds between the two reads.)
+        pod = kube_request(api_client, "GET", pods)
+        now = kube_request(api_client, "GET", claim_path)
+        claim_there = now.status == 200
+        assert not (claim_there and pod.status == 404), (
+            f"the pod object went before its inline claim: the claim is {now.json()['metadata']}"
+        )
+        if pod.status == 200 and "foregroundDeletion" in (pod.json()["metadata"].get("finalizers") or []):
+            seen_waiting = True
+        if not claim_there and pod.status == 404:
+            break
+        assert time.monotonic() < deadline, (
+            f"after a foreground delete: claim there {claim_there}, pod {pod.status} "
+            f"{pod.json()['metadata'] if pod.status == 200 else ''}"
+        )
+        time.sleep(0.1)
+    assert seen_waiting, "the garbage collector never held the pod (foregroundDeletion) for its claim"
+    deadline = time.monotonic() + WITHIN_S
+    while left := kube_request(api_client, "GET", f"{CUSTOM}/{names.PLURAL_ELASTIC_GPU}", query=egpus).json()["items"]:
+        assert time.monotonic() < deadline, (
+            f"ElasticGPUs left: {[(e['metadata']['name'], e.get('status')) for e in left]}"
+        )
+        time.sleep(1)
+    kube_request(api_client, "DELETE", f"{CUSTOM}/{names.PLURAL_CLASS}/{klass['metadata']['name']}")
+
+
+def _claim_body(name: str, klass: str, cores: int, memory: str) -> dict[str, Any]:
+    requests = {names.RESOURCE_CORE: cores, names.RESOURCE_MEMORY: memory}
+    return {"apiVersion": names.API_VERSION, "kind": names.KIND_CLAIM, "metadata": {"name": name},
+            "spec": {"elasticGPUClassName": klass, "resources": {"requests": requests}}}  # fmt: skip
+
+
+def _wait_status(api_client: client.ApiClient, path: str, done: Any, what: str) -> dict[str, Any]:
+    deadline = time.monotonic() + WITHIN_S
+    while True:
+        status: dict[str, Any] = kube_request(api_client, "GET", path).json().get("status") or {}
+        if done(status):
+            return status
+        assert time.monotonic() < deadline, f"{what}: {status}"
+        time.sleep(0.5)
+
+
+def test_a_quota_holds_a_claim_over_it_and_a_resize_within_it_under_the_charts_rbac(
+    api_client: client.ApiClient,
+    product: None,
+    gpu_node: GpuNode,
+    namespace: str,
+) -> None:
+    """An ElasticGPUQuota read and charged by the controller with the chart's RBAC (no 403: the
+    `product` fixture checks its log): a claim within binds, one over stays Pending QuotaExceeded;
+    a claim of an allowClaimResize class grows in place within the quota, and the held claim binds
+    once room is freed."""
+    tag = uuid.uuid4().hex[:8]
+    klass = {"apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": f"quota-{tag}"},
+             "provisioner": names.PROVISIONER_GPUSHARE, "parameters": {"gpuModel": "A100"},
+             "reclaimPolicy": "Delete", "bindingMode": "Immediate", "allowClaimResize": True}  # fmt: skip
+    class_name = klass["metadata"]["name"]
+    assert kube_request(api_client, "POST", f"{CUSTOM}/{names.PLURAL_CLASS}", body=klass).status == 201
+    quota = {"apiVersion": names.API_VERSION, "kind": names.KIND_QUOTA, "metadata": {"name": "team"},
+             "spec": {"hard": {names.RESOURCE_CORE: 50}}}  # fmt: skip
+    answer = kube_request(api_client, "POST", f"{CUSTOM}/namespaces/{namespace}/{names.PLURAL_QUOTA}", body=quota)
+    assert answer.status == 201, answer.body
+    claims = f"{CUSTOM}/namespaces/{namespace}/{names.PLURAL_CLAIM}"
+    assert kube_request(api_client, "POST", claims, body=_claim_body("within", class_name, 20, "4Gi")).status == 201
+    _wait_status(api_client, f"{claims}/within", lambda s: s.get("phase") == "Bound", "the claim within the quota")
+    assert kube_request(api_client, "POST", claims, body=_claim_body("over", class_name, 40, "4Gi")).status == 201
+    held = _wait_status(api_client, f"{claims}/over", lambda s: s.get("reason") == "QuotaExceeded",
+                        "the claim over the quota")  # fmt: skip
+    assert held["phase"] == "Pending", held
+    # Grow `within` from 20 to 30 cores: 30 <= 50, in place on its card.
+    grow = {"spec": {"resources": {"requests": {names.RESOURCE_CORE: 30, names.RESOURCE_MEMORY: "4Gi"}}}}
+    answer = kube_request(api_client, "PATCH", f"{claims}/within", body=grow,
+                          headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+    assert answer.status == 200, answer.body
+    grown = _wait_status(api_client, f"{claims}/within", lambda s: int((s.get("capacity") or {}).get(
+        names.RESOURCE_CORE, 0)) == 30, "the resize")  # fmt: skip
+    assert grown["phase"] == "Bound", grown
+    used = _wait_status(api_client, f"{CUSTOM}/namespaces/{namespace}/{names.PLURAL_QUOTA}/team",
+                        lambda s: (s.get("used") or {}).get(names.RESOURCE_CORE) == 30, "the quota's use")  # fmt: skip
+    assert [(c["claim"], c["cores"]) for c in used["charges"]] == [("within", 30)], used
+    assert kube_request(api_client, "GET", f"{claims}/over").json()["status"]["phase"] == "Pending"
+    kube_request(api_client, "DELETE", f"{claims}/within")
+    _wait_status(api_client, f"{claims}/over", lambda s: s.get("phase") == "Bound", "the held claim after room freed")
+    kube_request(api_client, "DELETE", f"{claims}/over")
+    kube_request(api_client, "DELETE", f"{CUSTOM}/{names.PLURAL_CLASS}/{class_name}")
