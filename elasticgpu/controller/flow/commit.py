@@ -20,7 +20,7 @@ from elasticgpu.allocator import Placement, PlacementRequest
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ObjectReference, names
 from elasticgpu.api.gpu import GPUPartition
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder
+from elasticgpu.controller.decisions import binder, groups
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.provisioner import claim_ref_of
 from elasticgpu.controller.flow.quota_guard import QuotaGuard
@@ -184,8 +184,8 @@ class Commit:
             return None  # a quota applies: charged one claim at a time by the ordinary sync
         with picture.lock:
             claim = picture.claim(key[1], key[2])
-            if claim is None:
-                return None
+            if claim is None or groups.group_name(claim):
+                return None  # a group member is reserved with its group (flow/group_binding.py)
             view = picture.view()
             decision = binder.decide_claim(claim, view)
             if not isinstance(decision, binder.Provision) or decision.request.cards > 1:
