@@ -4,6 +4,7 @@ controller processes racing on one group never leave it partial or a card overco
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 from elasticgpu.api import names
 from elasticgpu.controller.decisions import groups
 from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.process.reconciling import Controller
+from elasticgpu.controller.settings import BindingSettings, ControllerSettings, ResyncSettings
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller, settle
 from tests.binding.processes import ControllerProcesses, check_invariants, wait_quiescent
@@ -164,3 +167,33 @@ def test_two_controllers_racing_on_groups_leave_none_partial_and_no_card_overcom
         assert set(phases) in ({"Bound"}, {"Pending"}), f"group {group} is partial: {dict(phases)}"
     assert sum(1 for p in per_group.values() if set(p) == {"Bound"}) >= 2, per_group
     assert all((c["status"]["phase"] == "Bound") for c in claims if c["metadata"]["name"].startswith("small"))
+
+
+def test_a_group_waiting_past_its_bound_gets_its_nodes_kept_from_smaller_claims(
+        cluster: Cluster, kube: KubeApi) -> None:
+    """Starvation: with room kept after `group_reserve_after_s`, a smaller claim that would
+    take the room freed for the group waits instead, and the group binds once room frees."""
+    class_name, _ = _cards(cluster, 2)
+    settings = ControllerSettings(resync=ResyncSettings(orphan_grace_s=60.0),
+                                  binding=BindingSettings(group_reserve_after_s=1.0))
+    controller = Controller(kube, settings, namespace=cluster.namespace)
+    cluster.claim(o.claim("s0", cores=30, memory="10Gi", class_name=class_name))
+    settle(controller)
+    for i in range(2):
+        _member(cluster, f"w{i}", "train", 2, class_name)
+    settle(controller)
+    assert _status(cluster, "w0").get("reason") == groups.REASON_GROUP_DOES_NOT_FIT
+    time.sleep(2.5)  # past the bound (and the condition's one-second timestamps)
+    deadline = time.monotonic() + 30
+    while not controller.claims.groups.kept_nodes():  # the group's own recheck keeps its room
+        assert time.monotonic() < deadline, "no room kept for the group"
+        controller.drain()
+        time.sleep(0.05)
+    cluster.claim(o.claim("s1", cores=30, memory="10Gi", class_name=class_name))
+    settle(controller)
+    status = _status(cluster, "s1")
+    assert status.get("phase") == "Pending" and "kept for claim group" in status.get("message", ""), status
+    kube.delete_claim(cluster.namespace, "s0")
+    settle(controller)
+    assert [_status(cluster, f"w{i}").get("phase") for i in range(2)] == ["Bound", "Bound"]
+    assert _status(cluster, "s1").get("phase") == "Pending"

@@ -69,6 +69,7 @@ class ClaimSync:
         """Keeps a Bound claim's status.policing true to its class (issue 25), for claims in sync."""
         self.groups = GroupBinding(self)
         """Binds claim groups all or none (issue 27, docs/gangs.md)."""
+        commit.kept_nodes = self.groups.kept_nodes
 
     def sync(self, namespace: str, name: str) -> None:
         """Decide and carry out the next step of one claim."""
@@ -370,8 +371,13 @@ class ClaimSync:
         if kept and not request.nodes:
             # A claim group has waited too long: its nodes are kept from smaller claims (docs/gangs.md).
             with self.picture.lock:
-                request = dataclasses.replace(request, nodes=frozenset(
-                    n for n in ledger.inventory.node_names() if n not in kept))
+                others = frozenset(n for n in ledger.inventory.node_names() if n not in kept)
+            if not others:  # (an empty `nodes` would mean any node)
+                self._pending(claim, binder.REASON_NO_CAPACITY, f"every node is kept for claim group(s)"
+                              f" {', '.join(sorted(set(kept.values())))} that waited too long; this claim"
+                              " is placed once the group binds")
+                return None
+            request = dataclasses.replace(request, nodes=others)
         for attempt in range(self.settings.binding.conflict_retries):
             with self.picture.lock:
                 held = ledger.held(key)

@@ -61,6 +61,8 @@ class GroupBinding:
         self.sync = sync
         self._kept: dict[tuple[str, str], tuple[frozenset[str], float]] = {}
         """(namespace, group) -> the nodes kept for it and until when (monotonic)."""
+        self._rechecks: dict[tuple[str, str], float] = {}
+        """(namespace, group) -> when its bounded wait is looked at again (monotonic)."""
 
     # -- room kept for starved groups ----------------------------------------------------------
 
@@ -84,7 +86,16 @@ class GroupBinding:
         since = [timestamps.parse(c.last_transition_time) for m in members for c in m.claim.status.conditions
                  if c.reason == groups.REASON_GROUP_DOES_NOT_FIT]
         known = [s for s in since if s is not None]
-        if not known or (datetime.now(UTC) - min(known)).total_seconds() < after:
+        waited = (datetime.now(UTC) - min(known)).total_seconds() if known else 0.0
+        if waited < after:
+            # Look again when the wait is over, whatever else wakes the group meanwhile.
+            # Once per group and wait (every member's sync comes here).
+            due = time.monotonic() + after - waited + 1.0
+            if self._rechecks.get((namespace, group), 0.0) < time.monotonic():
+                self._rechecks[(namespace, group)] = due
+                first = members[0].claim.metadata
+                self.sync.queue.add(("claim", namespace, first.name or ""), delay_s=due - time.monotonic(),
+                                    recheck=True)
             return
         picture = self.sync.picture
         with picture.lock:
@@ -163,6 +174,7 @@ class GroupBinding:
                     return
                 continue
             self._kept.pop((namespace, group.name), None)
+            self._rechecks.pop((namespace, group.name), None)
             for member in todo:
                 if member.key != own_key:
                     sync.queue.add(("claim", namespace, member.name))
