@@ -4,6 +4,7 @@ controller processes racing on one group never leave it partial or a card overco
 
 from __future__ import annotations
 
+import random
 import time
 from collections import Counter
 from pathlib import Path
@@ -197,3 +198,52 @@ def test_a_group_waiting_past_its_bound_gets_its_nodes_kept_from_smaller_claims(
     settle(controller)
     assert [_status(cluster, f"w{i}").get("phase") for i in range(2)] == ["Bound", "Bound"]
     assert _status(cluster, "s1").get("phase") == "Pending"
+
+
+def test_kill_nine_between_a_groups_commits_and_restart_converges(
+        cluster: Cluster, kube: KubeApi, kube_cluster: Any, tmp_path: Path) -> None:
+    """Eight groups of 3 whole cards on 12 cards (room for 4), the controller killed (-9) at
+    seeded moments while groups bind and restarted, three times (before the second and third, a
+    bound group is deleted so the new incarnation has a group to reserve): in the end no group is partial,
+    nothing is held for a waiting group, no card is overcommitted, and 4 groups are bound."""
+    rng = random.Random(27)
+    class_name, gpu_names = _cards(cluster, 12)
+    procs = ControllerProcesses(kube_cluster.kubeconfig, cluster.namespace, tmp_path,
+                                env={"ELASTICGPU_GROUP_PARTIAL_GRACE_S": "2", "ELASTICGPU_RESYNC_INTERVAL_S": "3"})
+    reserved = lambda: len(_held_keys(kube, gpu_names))  # noqa: E731
+    kills: list[int] = []
+    try:
+        proc = procs.start()
+        for g in range(8):
+            for i in range(3):
+                _member(cluster, f"g{g}-w{i}", f"g{g}", 3, class_name)
+        deleted: set[str] = set()
+        for round_ in range(3):
+            if round_:
+                # Free a bound group's cards, so this incarnation has a waiting group to reserve.
+                victim = next(f"g{g}" for g in range(8) if f"g{g}" not in deleted
+                              and _status(cluster, f"g{g}-w0").get("phase") == "Bound")
+                deleted.add(victim)
+                for i in range(3):
+                    kube.delete_claim(cluster.namespace, f"{victim}-w{i}")
+            before = reserved()
+            deadline = time.monotonic() + 60
+            while reserved() == before:  # this incarnation is reserving (or releasing)
+                assert time.monotonic() < deadline, "no progress after a restart\n" + procs.logs()
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.05))
+            procs.kill(proc)
+            kills.append(reserved())
+            proc = procs.start()
+        claims = wait_quiescent(
+            kube, cluster.namespace, quiet_s=6.0, deadline_s=150.0, procs=procs,
+            done=lambda cs: sum((c.get("status") or {}).get("phase") == "Bound" for c in cs) == 12
+            and len(cs) == 24 - 3 * len(deleted) and all((c.get("status") or {}).get("phase") for c in cs))
+    finally:
+        procs.close()
+    phases = check_invariants(kube, cluster.namespace, claims, gpu_names)
+    assert phases == {"Bound": 12, "Pending": 12 - 3 * len(deleted)}, (phases, kills)
+    per_group: dict[str, set[str]] = {}
+    for claim in claims:
+        per_group.setdefault(claim["metadata"]["labels"][names.LABEL_GROUP], set()).add(claim["status"]["phase"])
+    assert all(len(p) == 1 for p in per_group.values()), (per_group, kills)
