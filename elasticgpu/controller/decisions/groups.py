@@ -16,7 +16,6 @@ from elasticgpu.api import ElasticGPUClaim, names
 REASON_GROUP_DOES_NOT_FIT = "GroupDoesNotFit"
 REASON_GROUP_INCOMPLETE = "GroupIncomplete"
 REASON_INVALID_GROUP = "InvalidGroup"
-REASON_ROOM_KEPT = "RoomKeptForGroup"
 MAX_MIN_MEMBERS = 1000
 """More members than this in one group is a typo (the gang is planned in one go)."""
 
