@@ -10,8 +10,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from elasticgpu.api import names
-from elasticgpu.controller.decisions import groups
+from elasticgpu.controller.decisions import binder, groups
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import BindingSettings, ControllerSettings, ResyncSettings
@@ -170,34 +172,46 @@ def test_two_controllers_racing_on_groups_leave_none_partial_and_no_card_overcom
     assert all((c["status"]["phase"] == "Bound") for c in claims if c["metadata"]["name"].startswith("small"))
 
 
-def test_a_group_waiting_past_its_bound_gets_its_nodes_kept_from_smaller_claims(
-        cluster: Cluster, kube: KubeApi) -> None:
+@pytest.mark.parametrize("waiter", ["group", "single"])
+def test_a_claim_waiting_past_its_bound_gets_its_nodes_kept_from_smaller_claims(
+        cluster: Cluster, kube: KubeApi, waiter: str) -> None:
     """Starvation: with room kept after `group_reserve_after_s`, a smaller claim that would
-    take the room freed for the group waits instead, and the group binds once room frees."""
+    take the room freed for the waiter waits instead, and the waiter binds once room frees.
+    The same for a group and for a big single claim ("big claims can wait indefinitely")."""
     class_name, _ = _cards(cluster, 2)
     settings = ControllerSettings(resync=ResyncSettings(orphan_grace_s=60.0),
                                   binding=BindingSettings(group_reserve_after_s=1.0))
     controller = Controller(kube, settings, namespace=cluster.namespace)
-    cluster.claim(o.claim("s0", cores=30, memory="10Gi", class_name=class_name))
+    cluster.claim(o.claim("s0", cores=60, memory="10Gi", class_name=class_name))
     settle(controller)
-    for i in range(2):
-        _member(cluster, f"w{i}", "train", 2, class_name)
+    if waiter == "group":
+        for i in range(2):
+            _member(cluster, f"w{i}", "train", 2, class_name)
+        big, reason, kept_for = ["w0", "w1"], groups.REASON_GROUP_DOES_NOT_FIT, "kept for claim group"
+    else:
+        cluster.claim(o.claim("s0b", cores=60, memory="10Gi", class_name=class_name))
+        settle(controller)  # each card has a slice taken now
+        cluster.claim(o.claim("big", cores=100, memory="40Gi", class_name=class_name))
+        big, reason, kept_for = ["big"], binder.REASON_NO_CAPACITY, f"kept for claim {cluster.namespace}/big"
     settle(controller)
-    assert _status(cluster, "w0").get("reason") == groups.REASON_GROUP_DOES_NOT_FIT
+    assert _status(cluster, big[0]).get("reason") == reason
     time.sleep(2.5)  # past the bound (and the condition's one-second timestamps)
     deadline = time.monotonic() + 30
-    while not controller.claims.groups.kept_nodes():  # the group's own recheck keeps its room
-        assert time.monotonic() < deadline, "no room kept for the group"
+    while not controller.claims.groups.kept_nodes():  # the waiter's own recheck keeps its room
+        assert time.monotonic() < deadline, "no room kept for the waiter"
         controller.drain()
         time.sleep(0.05)
     cluster.claim(o.claim("s1", cores=30, memory="10Gi", class_name=class_name))
     settle(controller)
     status = _status(cluster, "s1")
-    assert status.get("phase") == "Pending" and "kept for claim group" in status.get("message", ""), status
+    assert status.get("phase") == "Pending" and kept_for in status.get("message", ""), status
     kube.delete_claim(cluster.namespace, "s0")
     settle(controller)
-    assert [_status(cluster, f"w{i}").get("phase") for i in range(2)] == ["Bound", "Bound"]
-    assert _status(cluster, "s1").get("phase") == "Pending"
+    assert [_status(cluster, name).get("phase") for name in big] == ["Bound"] * len(big)
+    if waiter == "group":
+        assert _status(cluster, "s1").get("phase") == "Pending"  # both cards went to the group
+    # Bound: its room is no longer kept (s1, now the one starved, may have room kept for it).
+    assert all(kept_for not in f"kept for {w}" for w in controller.claims.groups.kept_nodes().values())
 
 
 def test_kill_nine_between_a_groups_commits_and_restart_converges(

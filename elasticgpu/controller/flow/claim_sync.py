@@ -18,7 +18,7 @@ from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, names, timest
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, capacity, groups, pod_gate, release
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow import mig_binding, policing_copy
+from elasticgpu.controller.flow import group_binding, mig_binding, policing_copy
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
@@ -367,15 +367,15 @@ class ClaimSync:
             isolation=decision.required_isolation,
         )
         ledger = self.picture.ledger
-        kept = self.groups.kept_nodes()
+        kept = self.groups.kept_nodes(but=group_binding.single_waiter(claim))
         if kept and not request.nodes:
             # A claim group has waited too long: its nodes are kept from smaller claims (docs/gangs.md).
             with self.picture.lock:
                 others = frozenset(n for n in ledger.inventory.node_names() if n not in kept)
             if not others:  # (an empty `nodes` would mean any node)
-                self._pending(claim, binder.REASON_NO_CAPACITY, f"every node is kept for claim group(s)"
-                              f" {', '.join(sorted(set(kept.values())))} that waited too long; this claim"
-                              " is placed once the group binds")
+                self._pending(claim, binder.REASON_NO_CAPACITY, f"every node is kept for"
+                              f" {', '.join(sorted(set(kept.values())))}, which waited too long; this claim"
+                              " is placed once that binds")
                 return None
             request = dataclasses.replace(request, nodes=others)
         for attempt in range(self.settings.binding.conflict_retries):
@@ -403,15 +403,17 @@ class ClaimSync:
                     return None
                 message = f"no card can give {decision.request.describe()}: {result.reason}"
                 if kept:
-                    message += f" (nodes {', '.join(sorted(kept))} are kept for claim group(s)" \
-                               f" {', '.join(sorted(set(kept.values())))})"
+                    message += f" (nodes {', '.join(sorted(kept))} are kept for" \
+                               f" {', '.join(sorted(set(kept.values())))}, which waited too long)"
                 if result.closest:
                     message += f" (closest: {result.closest})"
                 self._pending(claim, binder.REASON_NO_CAPACITY, message)
+                self.groups.single_waits(claim, decision)  # not starved for ever either (docs/gangs.md)
                 return None
             assert result is not None
             try:
                 self.commit.commit(key, result, claim_ref_of(claim))
+                self.groups.done_waiting(group_binding.single_waiter(claim))
             except QuotaExceeded as err:
                 # Nothing reserved. Quotas are not watched: check again after a while (docs/quota.md).
                 self._pending(claim, err.reason, err.message)

@@ -54,49 +54,74 @@ def request_of(decision: binder.Provision) -> PlacementRequest:
                             node_selector=decision.parameters.node_selector, isolation=decision.required_isolation)
 
 
+def group_waiter(namespace: str, group: str) -> str:
+    """How a waiting group is named where room is kept for it (and in the messages)."""
+    return f"claim group {namespace}/{group}"
+
+
+def single_waiter(claim: ElasticGPUClaim) -> str:
+    """How a waiting single claim is named where room is kept for it."""
+    return f"claim {claim.metadata.namespace}/{claim.metadata.name}"
+
+
 class GroupBinding:
     """Binds claim groups all or none (see the module docstring)."""
 
     def __init__(self, sync: ClaimSync) -> None:
         self.sync = sync
-        self._kept: dict[tuple[str, str], tuple[frozenset[str], float]] = {}
-        """(namespace, group) -> the nodes kept for it and until when (monotonic)."""
-        self._rechecks: dict[tuple[str, str], float] = {}
-        """(namespace, group) -> when its bounded wait is looked at again (monotonic)."""
+        self._kept: dict[str, tuple[frozenset[str], float]] = {}
+        """Waiter ("claim group ns/name" or "claim ns/name") -> the nodes kept for it and until
+        when (monotonic). One waiter at a time: the first to have waited past the bound."""
+        self._rechecks: dict[str, float] = {}
+        """Waiter -> when its bounded wait is looked at again (monotonic)."""
 
-    # -- room kept for starved groups ----------------------------------------------------------
+    # -- room kept for starved waiters -----------------------------------------------------------
 
-    def kept_nodes(self) -> dict[str, str]:
-        """Nodes kept for a waiting group -> "namespace/group" (smaller claims avoid them)."""
+    def kept_nodes(self, *, but: str = "") -> dict[str, str]:
+        """Nodes kept for a starved waiter -> the waiter (other claims avoid them); `but`: the
+        waiter asking, whose own room is not kept from it."""
         now = time.monotonic()
         kept: dict[str, str] = {}
-        for (namespace, group), (nodes, until) in list(self._kept.items()):
+        for waiter, (nodes, until) in list(self._kept.items()):
             if until < now:
-                self._kept.pop((namespace, group), None)
+                self._kept.pop(waiter, None)
                 continue
-            for node in nodes:
-                kept[node] = f"{namespace}/{group}"
+            if waiter != but:
+                kept.update(dict.fromkeys(nodes, waiter))
         return kept
 
-    def _keep_room(self, namespace: str, group: str, members: list[_Member]) -> None:
+    def done_waiting(self, waiter: str) -> None:
+        """`waiter` bound (or no longer waits): its room is free for everyone again."""
+        self._kept.pop(waiter, None)
+        self._rechecks.pop(waiter, None)
+
+    def single_waits(self, claim: ElasticGPUClaim, decision: binder.Provision) -> None:
+        """A single claim said NoCapacity: the same bounded wait as a group of one (the issue's
+        "big claims can wait indefinitely")."""
+        key = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
+        self._keep_room(single_waiter(claim), [_Member(claim, decision, key)], binder.REASON_NO_CAPACITY)
+
+    def _keep_room(self, waiter: str, members: list[_Member], reason: str) -> None:
         settings = self.sync.settings
         after = settings.binding.group_reserve_after_s
-        if after <= 0:
+        if after <= 0 or not members:
             return
+        namespace = members[0].claim.metadata.namespace or ""
         since = [timestamps.parse(c.last_transition_time) for m in members for c in m.claim.status.conditions
-                 if c.reason == groups.REASON_GROUP_DOES_NOT_FIT]
+                 if c.reason == reason]
         known = [s for s in since if s is not None]
         waited = (datetime.now(UTC) - min(known)).total_seconds() if known else 0.0
+        now = time.monotonic()
         if waited < after:
-            # Look again when the wait is over, whatever else wakes the group meanwhile.
-            # Once per group and wait (every member's sync comes here).
-            due = time.monotonic() + after - waited + 1.0
-            if self._rechecks.get((namespace, group), 0.0) < time.monotonic():
-                self._rechecks[(namespace, group)] = due
-                first = members[0].claim.metadata
-                self.sync.queue.add(("claim", namespace, first.name or ""), delay_s=due - time.monotonic(),
+            # Look again when the wait is over, whatever else wakes the waiter meanwhile; once
+            # per waiter and wait (every member's sync comes here).
+            if self._rechecks.get(waiter, 0.0) < now:
+                self._rechecks[waiter] = now + after - waited + 1.0
+                self.sync.queue.add(("claim", namespace, members[0].name), delay_s=after - waited + 1.0,
                                     recheck=True)
             return
+        if any(other != waiter and until >= now for other, (_, until) in self._kept.items()):
+            return  # one starved waiter at a time: keeping room for all would keep every node
         picture = self.sync.picture
         with picture.lock:
             uuids = room_for_group(picture.ledger.inventory, [GroupMember(m.name, request_of(m.decision))
@@ -104,12 +129,11 @@ class GroupBinding:
             if uuids is None:
                 return
             nodes = frozenset(picture.ledger.inventory.card(u).record.node for u in uuids)
-        # Refreshed by every sync of the waiting group; lapses when the group stops waiting.
-        until = time.monotonic() + 2 * settings.resync.interval_s + after
-        if self._kept.get((namespace, group), (None, 0.0))[0] != nodes:
-            logger.info("keeping nodes %s for claim group %s/%s, waiting since %s", sorted(nodes), namespace, group,
-                        min(known).isoformat())
-        self._kept[(namespace, group)] = (nodes, until)
+        # Refreshed by every sync of the waiter; lapses when it stops waiting (deleted, say).
+        until = now + 2 * settings.resync.interval_s + after
+        if self._kept.get(waiter, (None, 0.0))[0] != nodes:
+            logger.info("keeping nodes %s for %s, waiting since %s", sorted(nodes), waiter, min(known).isoformat())
+        self._kept[waiter] = (nodes, until)
 
     # -- the group's sync ------------------------------------------------------------------------
 
@@ -173,8 +197,7 @@ class GroupBinding:
                 if self._quota_refused:
                     return
                 continue
-            self._kept.pop((namespace, group.name), None)
-            self._rechecks.pop((namespace, group.name), None)
+            self.done_waiting(group_waiter(namespace, group.name))
             for member in todo:
                 if member.key != own_key:
                     sync.queue.add(("claim", namespace, member.name))
@@ -236,7 +259,7 @@ class GroupBinding:
                 sync.pending(member.claim, groups.REASON_GROUP_DOES_NOT_FIT, plan.message)
             except errors.Conflict:
                 sync.queue.add(("claim", namespace, member.name))
-        self._keep_room(namespace, groups.group_name(claim), todo)
+        self._keep_room(group_waiter(namespace, groups.group_name(claim)), todo, groups.REASON_GROUP_DOES_NOT_FIT)
 
     def _youngest_age(self, held: dict[str, Placement]) -> float:
         """Seconds since the youngest of `held`'s reservations was written (0 when unknown)."""
