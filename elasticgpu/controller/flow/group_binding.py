@@ -170,6 +170,7 @@ class GroupBinding:
         for attempt in range(sync.settings.binding.conflict_retries):
             held: dict[str, Placement] = {}
             todo: list[_Member] = []
+            misshapen: list[tuple[ElasticGPUClaim, str]] = []
             with picture.lock:
                 view = picture.view()
                 for found in claims:
@@ -184,12 +185,22 @@ class GroupBinding:
                         continue  # bound, or binding to its ElasticGPU already
                     key = names.elastic_gpu_name_for_claim(found.metadata.uid or "")
                     placement = ledger.held(key)
-                    if placement is not None:
+                    if placement is not None and len(placement.cards) != max(1, said.request.cards):
+                        misshapen.append((found, key))
+                    elif placement is not None:
                         held[key] = placement
                     else:
                         todo.append(_Member(found, said, key))
                 plan = place_group(ledger.inventory, [GroupMember(m.name, request_of(m.decision)) for m in todo],
                                    policy=decision.parameters.policy)
+            if misshapen:
+                # Two controllers reserved one member on different cards (or a multi-card write
+                # was cut short): as a single bind does, keep what its ElasticGPU names, if it
+                # exists, else free it, and plan again.
+                for found, key in misshapen:
+                    if not sync.adopt_existing(found, key):
+                        sync.commit.free_reservation(key)
+                continue
             if isinstance(plan, GroupUnplaceable):
                 self._does_not_fit(claim, held, todo, plan)
                 return
