@@ -175,6 +175,10 @@ class GroupBinding:
                 view = picture.view()
                 for found in claims:
                     said = binder.decide_claim(found, view)
+                    key = names.elastic_gpu_name_for_claim(found.metadata.uid or "")
+                    if isinstance(said, binder.Wait | binder.MarkLost) and (
+                            ledger.held(key) is not None or picture.egpu(key) is not None):
+                        continue  # reserved already, mid-way through its own bind: not holding anyone back
                     if isinstance(said, binder.Wait | binder.MarkLost):
                         # The gang binds whole: a member that cannot bind for its own reason holds all back.
                         sync.pending(claim, groups.REASON_GROUP_INCOMPLETE,
@@ -183,7 +187,6 @@ class GroupBinding:
                         return
                     if not isinstance(said, binder.Provision):
                         continue  # bound, or binding to its ElasticGPU already
-                    key = names.elastic_gpu_name_for_claim(found.metadata.uid or "")
                     placement = ledger.held(key)
                     if placement is not None and len(placement.cards) != max(1, said.request.cards):
                         misshapen.append((found, key))
