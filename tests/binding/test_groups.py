@@ -19,7 +19,7 @@ from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import BindingSettings, ControllerSettings, ResyncSettings
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller, settle
-from tests.binding.processes import ControllerProcesses, check_invariants, wait_quiescent
+from tests.binding.processes import ControllerProcesses, check_invariants, eventually, wait_quiescent
 
 
 def _cards(cluster: Cluster, count: int) -> tuple[str, list[str]]:
@@ -224,7 +224,7 @@ def test_kill_nine_between_a_groups_commits_and_restart_converges(
     class_name, gpu_names = _cards(cluster, 12)
     procs = ControllerProcesses(kube_cluster.kubeconfig, cluster.namespace, tmp_path,
                                 env={"ELASTICGPU_GROUP_PARTIAL_GRACE_S": "2", "ELASTICGPU_RESYNC_INTERVAL_S": "3"})
-    reserved = lambda: len(_held_keys(kube, gpu_names))  # noqa: E731
+    reserved = lambda: frozenset(_held_keys(kube, gpu_names))  # noqa: E731  (what is held, by whom)
     kills: list[int] = []
     try:
         proc = procs.start()
@@ -235,8 +235,13 @@ def test_kill_nine_between_a_groups_commits_and_restart_converges(
         for round_ in range(3):
             if round_:
                 # Free a bound group's cards, so this incarnation has a waiting group to reserve.
-                victim = next(f"g{g}" for g in range(8) if f"g{g}" not in deleted
-                              and _status(cluster, f"g{g}-w0").get("phase") == "Bound")
+                def bound_group() -> str:
+                    found = next((f"g{g}" for g in range(8) if f"g{g}" not in deleted and {
+                        _status(cluster, f"g{g}-w{i}").get("phase") for i in range(3)} == {"Bound"}), None)
+                    assert found is not None, "no group bound yet"
+                    return found
+
+                victim = eventually(bound_group, deadline_s=60, explain=procs.logs)
                 deleted.add(victim)
                 for i in range(3):
                     kube.delete_claim(cluster.namespace, f"{victim}-w{i}")
@@ -247,7 +252,7 @@ def test_kill_nine_between_a_groups_commits_and_restart_converges(
                 time.sleep(0.01)
             time.sleep(rng.uniform(0.0, 0.05))
             procs.kill(proc)
-            kills.append(reserved())
+            kills.append(len(reserved()))
             proc = procs.start()
         claims = wait_quiescent(
             kube, cluster.namespace, quiet_s=6.0, deadline_s=150.0, procs=procs,
