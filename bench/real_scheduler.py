@@ -5,7 +5,7 @@ kube-controller-manager, kube-scheduler; `bash testcluster/build.sh` builds the 
 the CRDs and writes, as kubelet and the node agent would:
 
   * N Node objects with allocatable (64 CPU, 256Gi, 110 pods) and a Ready condition, and their
-    Leases in kube-node-lease renewed every 15 s (so the node lifecycle controller keeps them Ready
+    Leases in kube-node-lease renewed every 10 s (so the node lifecycle controller keeps them Ready
     and untainted; no kubelet runs, no runtime);
   * 8 GPU objects per node, spec and status built by the agent's own code (`gpu_spec`,
     `desired_status`: Healthy, a heartbeat); the controller runs with a heartbeat grace of 1 h, as
@@ -62,7 +62,7 @@ CARD_MIB = 81920
 REQUEST = "gpu-core=10,gpu-memory=1Gi"
 CLASS = "bench-real"
 CLAIMS_NS, PLAIN_NS = "bench-claims", "bench-plain"
-LEASE_RENEW_S = 15.0
+LEASE_RENEW_S = 10.0
 THREADS = 16
 
 
@@ -115,8 +115,10 @@ class Nodes:
 
     def _renew(self) -> None:
         # kubelet renews every 10 s; the node lifecycle controller marks a node Unknown (and taints
-        # it unreachable) after its grace period (50 s) without a renewal.
-        with ThreadPoolExecutor(4) as pool:
+        # it unreachable) after its grace period (50 s) without a renewal. 16 threads: with 4, a
+        # round of 500 renewals took longer than the grace under the claims burst (a node got
+        # tainted, the pods of its claims stayed Pending).
+        with ThreadPoolExecutor(THREADS) as pool:
             while not self._stop.wait(LEASE_RENEW_S):
                 list(pool.map(lambda n: self.coordination.patch_namespaced_lease(
                     n, "kube-node-lease", {"spec": {"renewTime": _now()}}), self.names))
