@@ -23,6 +23,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--context", help="kubeconfig context (with --kubeconfig)")
     parser.add_argument(
+        "--cluster",
+        choices=("local", "real"),
+        default="local",
+        help="the cluster the demo starts itself (without --kubeconfig): `local`, the project's test API "
+        "server (no scheduler, no kubelet); `real`, Kubernetes' own kube-apiserver, "
+        "controller manager and scheduler (Node,RBAC, NodeRestriction; the scheduler places the ungated pods), "
+        "the binary of `bash testcluster/build.sh` (a cold build takes ~16 min; see testcluster/README.md)",
+    )
+    parser.add_argument(
         "--timeout-s",
         type=float,
         default=90.0,

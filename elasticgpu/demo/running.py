@@ -72,6 +72,8 @@ class Demo:
         )
         self.webhook_configuration = f"elasticgpu-demo-{run_id}"
         self.kubeconfig = Path(args.kubeconfig).expanduser() if self.external else self.directory / "kubeconfig"
+        self.real = not self.external and getattr(args, "cluster", "local") == "real"
+        self.owned = contextlib.ExitStack()  # the real control plane the demo started (stopped last)
         self.kube: kube.DemoKube | None = None
         self.runtime: local_runtime.LocalRuntime | None = None
         self.agent_paths: dict[str, components.AgentPaths] = {}
@@ -84,7 +86,15 @@ class Demo:
         """The local API server (or the given cluster), and the CRDs."""
         from elasticgpu.api import kinds
 
-        if not self.external:
+        if self.real:
+            from elasticgpu.demo import real_cluster
+
+            try:
+                plane = self.owned.enter_context(real_cluster.running_control_plane())
+            except real_cluster.ControlPlaneUnavailable as error:
+                raise DemoError(f"--cluster real: {error}") from None
+            self.kubeconfig = plane.kubeconfig
+        elif not self.external:
             binaries = local_cluster.find_binaries(build_if_missing=True)
             if binaries is None:
                 raise DemoError(
@@ -355,6 +365,10 @@ class Demo:
             with contextlib.suppress(Exception):
                 self.runtime.stop()
         self.children.stop_all()
+        if k is not None and self.real:
+            k.close()
+            k = None
+        self.owned.close()  # after every child of the demo: they talk to its API server until they stop
         if k is not None:
             if self.external:
                 with contextlib.suppress(DemoError):
@@ -433,6 +447,9 @@ def run(args: argparse.Namespace) -> int:
     def say(text: str, style: str | None = None) -> None:
         out.print(text, markup=False, style=style)
 
+    if args.kubeconfig and getattr(args, "cluster", "local") == "real":
+        print("elasticgpu demo: error: --cluster real starts its own cluster; drop it or --kubeconfig", file=sys.stderr)
+        return user_errors.EXIT_USAGE
     _sigterm_unwinds()
     phases = Phases()
     demo = Demo(args, say)
@@ -440,7 +457,13 @@ def run(args: argparse.Namespace) -> int:
     told: user_errors.UserError | None = None
     try:
         with phases.phase("cluster"):
-            where = f"({args.kubeconfig})" if demo.external else "(the project's local test server, cached build)"
+            where = (
+                f"({args.kubeconfig})"
+                if demo.external
+                else "(Kubernetes' own control plane, testcluster/build.sh)"
+                if demo.real
+                else "(the project's local test server, cached build)"
+            )
             say(f"1/4 API server and CRDs {where}", "bold")
             demo.start_cluster()
         with phases.phase("components"):
