@@ -96,6 +96,29 @@ def test_a_claim_over_quota_stays_pending_and_binds_once_the_quota_is_raised(
     assert len(used["charges"]) == 2
 
 
+def test_a_quota_whose_watch_event_lags_its_claims_still_holds(
+        cluster: Cluster, kube: KubeApi, api_client: client.ApiClient) -> None:
+    """The claim and quota watches are separate streams: a quota created just before two claims can
+    reach the controller after them. Here the controller lists (no quota yet), the quota and the
+    claims are created, and only the claims are delivered: the guard must not trust "no quota" for
+    claims newer than what its quota watch delivered; it reads the quotas live, so one claim binds
+    and the other waits (before: both bound, 60 cores under a quota of 50)."""
+    _gpus, class_name = _setup(cluster)
+    controller = _controller(kube, cluster.namespace)
+    controller.rebuild()  # quotas listed: none; no watch runs, so the quota's event never comes
+    controller.drain()
+    quotas.create(api_client, cluster.namespace, quotas.quota("team", {CORE: 50}))
+    for name in ("first", "second"):
+        controller.observe("claim", "ADDED", cluster.claim(o.claim(name, cores=30, memory="10Gi",
+                                                                   class_name=class_name)))
+    controller.drain()
+
+    phases = sorted(_status(cluster, n).get("phase") or "" for n in ("first", "second"))
+    assert phases == ["Bound", "Pending"], phases
+    charged = quotas.get(api_client, cluster.namespace, "team").get("status", {}).get("charges", [])
+    assert len(charged) == 1, charged
+
+
 def test_a_claim_over_quota_binds_once_another_claim_is_deleted(
         cluster: Cluster, kube: KubeApi, api_client: client.ApiClient) -> None:
     _gpus, class_name = _setup(cluster)

@@ -180,7 +180,7 @@ class Commit:
         tentatively reserved in the picture so the next claim of the batch sees it. None (and
         nothing changed) for anything else: the caller syncs it the ordinary way."""
         picture = self.picture
-        if self.quota is not None and self.quota.limits(key[1]):
+        if self.quota is not None and self.quota.limits(key[1], key[2]):
             return None  # a quota applies: charged one claim at a time by the ordinary sync
         with picture.lock:
             claim = picture.claim(key[1], key[2])

@@ -79,6 +79,7 @@ class Informer:
 
     def observe(self, kind: str, event_type: str | None, body: Body) -> None:
         """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node, namespace)."""
+        self.picture.quotas.saw(versions.version_of(body))
         if kind == "namespace":
             self.weights.observe(event_type, body)  # no keys: a weight frees no room
             return
@@ -197,6 +198,8 @@ class Informer:
             self.weights.merge(listed_namespaces)
         if listed_quotas is not None:
             self._merge_quotas(*listed_quotas)
+        for listed_at in (gpus_version, egpus_version, classes_version, claims_version, pods_version):
+            self.picture.quotas.saw(int(listed_at) if listed_at.isdigit() else None)
         self.queue.add_all(keys)
         for key in self.picture.all_keys():
             self.queue.add(key, background=background)
@@ -272,6 +275,8 @@ class Informer:
                         self.picture.quotas.mark(True)  # reopened from where it was: nothing missed
                     if kind_of_event != "BOOKMARK":
                         self.observe(kind, kind_of_event, body)
+                    elif kind == "quota":
+                        self.picture.quotas.advance(versions.version_of(body))
                 backoff, failures = 0.5, 0
             except Exception as err:  # nothing ends the watch; the resync repairs what it missed
                 failures += 1

@@ -78,9 +78,12 @@ class QuotaGuard:
         self._limited_at = -1e9  # monotonic seconds of the last list of every quota, worked or not
         self._refreshing = False
 
-    def limits(self, namespace: str) -> bool:
+    def limits(self, namespace: str, claim: str | None = None) -> bool:
         """Whether `namespace` has a quota: from the quota watch (the picture's `quotas`) while it
-        is synced, with no request; else (an install whose RBAC does not grant watch on quotas,
+        is synced, with no request, when that watch has delivered every quota written before
+        `claim` (its resourceVersion); when it has not (a quota created just before the claim,
+        its watch event not here yet), from one live list of the namespace's quotas, which then
+        answers for every claim seen before it; else (an install whose RBAC does not grant watch on quotas,
         a watch that just failed) from a list of every quota at most `QuotaSettings.refresh_s`
         old. Never waits for another thread's list: while one is under way, or after one failed
         (until the next try, `refresh_s` later), the answer is "has one", and charging reads the
@@ -88,7 +91,7 @@ class QuotaGuard:
         bind that made it, by at most the request timeout, never every bind of the controller."""
         watched = self.picture.quotas.limits(namespace)
         if watched is not None:
-            return watched  # the quota watch is synced: no request at all
+            return watched or not self._listed_none(namespace, self._version_of(namespace, claim))
         with self._lock:
             if time.monotonic() - self._limited_at <= self.settings.quota.refresh_s:
                 return namespace in self._limited or not self._known
@@ -108,6 +111,32 @@ class QuotaGuard:
                 if bodies is not None:
                     self._limited = {(b.get("metadata") or {}).get("namespace", "") for b in bodies}
         return namespace in self._limited if bodies is not None else True
+
+    def _version_of(self, namespace: str, claim: str | None) -> int | None:
+        if claim is None:
+            return None
+        with self.picture.lock:
+            model = self.picture.claim(namespace, claim)
+        version = model.metadata.resource_version if model is not None else None
+        return int(version) if version is not None and version.isdigit() else None
+
+    def _listed_none(self, namespace: str, claim_version: int | None) -> bool:
+        """Whether `namespace` has no quota written before `claim_version`: known from the watch or
+        an earlier live list, else listed live now (a failed list counts as "has one": the charge
+        then reads the quotas live, and retries)."""
+        quotas = self.picture.quotas
+        if quotas.covers(namespace, claim_version):
+            return True
+        upto = max(quotas.latest, claim_version or -1)  # all seen so far was written before the list
+        try:
+            bodies = self.kube.list_quotas(namespace)
+        except errors.ApiError as err:
+            logger.debug("live list of the ElasticGPUQuotas of %s failed: %s", namespace, err)
+            return False
+        if bodies:
+            return False  # its watch event is on the way; until then this bind reads them live
+        quotas.checked(namespace, upto)
+        return True
 
     def _seen(self, namespace: str, has_quota: bool) -> None:
         with self._lock:
@@ -131,7 +160,7 @@ class QuotaGuard:
         entry = quota.charge_for(claim=claim_ref.name or "", uid=uid, class_name=self.class_of(claim_ref),
                                  amount=quota.amount_of(placement))
         written: list[str] = []
-        if not self.limits(namespace):
+        if not self.limits(namespace, claim_ref.name):
             return written
         for _attempt in range(self.settings.binding.conflict_retries):
             quotas = [_model(b) for b in self.kube.list_quotas(namespace)]

@@ -30,6 +30,12 @@ class QuotaNamespaces:
         """resourceVersion each quota (or its deletion) was last seen at."""
         self.synced = False
         """A list of quotas worked and their watch has not failed since."""
+        self._progress = -1
+        """The highest resourceVersion the quota list and watch have delivered everything up to."""
+        self._latest = -1
+        """The highest resourceVersion the controller has seen of any object, by any list or watch."""
+        self._checked: dict[str, int] = {}
+        """Namespace -> resourceVersion up to which a live list found no quota there."""
 
     def put(self, key: QuotaKey, present: bool, *, version: int | None) -> None:
         """Take in quota `key` seen at `version` (present False: deleted); an older copy is ignored."""
@@ -39,6 +45,7 @@ class QuotaNamespaces:
                 return
             if version is not None:
                 self._versions[key] = version
+                self._progress = max(self._progress, version)
             self._set(key, present)
 
     def merge(self, listed: Mapping[QuotaKey, int | None], list_version: str) -> None:
@@ -52,6 +59,8 @@ class QuotaNamespaces:
             for key, version in listed.items():
                 self.put(key, True, version=version)
             self.synced = True
+            if list_version.isdigit():
+                self._progress = max(self._progress, int(list_version))
 
     def _set(self, key: QuotaKey, present: bool) -> None:
         namespace, name = key
@@ -66,6 +75,35 @@ class QuotaNamespaces:
         """The quota watch works (True) or failed (False)."""
         with self._lock:
             self.synced = synced
+
+    def advance(self, version: int | None) -> None:
+        """The quota watch is caught up to `version` (a bookmark)."""
+        if version is not None:
+            with self._lock:
+                self._progress = max(self._progress, version)
+
+    def saw(self, version: int | None) -> None:
+        """The controller has seen an object (or a list) at `version`."""
+        if version is not None:
+            with self._lock:
+                self._latest = max(self._latest, version)
+
+    @property
+    def latest(self) -> int:
+        """The highest resourceVersion seen of any object (-1: none, or not integers)."""
+        with self._lock:
+            return self._latest
+
+    def covers(self, namespace: str, version: int | None) -> bool:
+        """Whether every quota of `namespace` written before resourceVersion `version` is known:
+        the quota watch got that far, or a live list since did. True for an unknown version."""
+        with self._lock:
+            return version is None or version <= self._progress or version <= self._checked.get(namespace, -1)
+
+    def checked(self, namespace: str, upto: int) -> None:
+        """A live list found no quota in `namespace`, covering what was written up to `upto`."""
+        with self._lock:
+            self._checked[namespace] = max(self._checked.get(namespace, -1), upto)
 
     def limits(self, namespace: str) -> bool | None:
         """Whether `namespace` has a quota; None when that is not known (not `synced`)."""
