@@ -30,6 +30,7 @@ from elasticgpu.controller.picture.node_presence import NodePresence
 from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import ControllerSettings, GPUHealthSettings, ResyncSettings
 from tests.binding import objects as o
+from tests.binding.agent_status import write_gpu_status
 from tests.binding.conftest import Cluster, settle
 
 
@@ -54,18 +55,6 @@ def _controller(kube: KubeApi, namespace: str, *, expire_s: float = 300.0, gone_
     settings = ControllerSettings(resync=ResyncSettings(orphan_grace_s=60.0), gpu_health=GPUHealthSettings(
         running_claims_expire_s=expire_s, node_gone_grace_s=gone_grace_s))
     return Controller(kube, settings, namespace=namespace)
-
-
-def _write_status(kube: KubeApi, gpu_name: str, **fields: Any) -> None:
-    for _ in range(10):
-        body = kube.get_gpu(gpu_name)
-        body.setdefault("status", {}).update(fields)
-        try:
-            kube.replace_gpu_status(body)
-            return
-        except errors.Conflict:
-            time.sleep(0.1)
-    raise AssertionError(f"GPU {gpu_name}: status not written after 10 conflicts")
 
 
 def _running(claim: dict[str, Any]) -> dict[str, Any]:
@@ -99,7 +88,7 @@ def _bound_and_running(cluster: Cluster, kube: KubeApi, controller: Controller, 
     claim = cluster.claim(o.claim("job", cores=100, memory=None, class_name=f"{cluster.prefix}-class"))
     settle(controller)
     egpu_name = cluster.get_claim("job")["spec"]["elasticGPUName"]
-    _write_status(kube, gpu_name, runningClaims=[_running(claim)], **status)
+    write_gpu_status(kube, gpu_name, runningClaims=[_running(claim)], **status)
     settle(controller)
     kube.patch_claim(cluster.namespace, "job", {"metadata": {"finalizers": []}})
     kube.delete_claim(cluster.namespace, "job")

@@ -9,7 +9,6 @@ not get the full card; when the entry goes, the reservation is freed and the sec
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from elasticgpu.api import names
@@ -17,6 +16,7 @@ from elasticgpu.controller import errors
 from elasticgpu.controller.decisions.running_holders import CONDITION_RELEASE_PENDING, REASON_CLAIM_STILL_RUNNING
 from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
+from tests.binding.agent_status import write_gpu_status
 from tests.binding.conftest import Cluster, new_controller, settle
 
 
@@ -31,19 +31,6 @@ def _setup(cluster: Cluster) -> tuple[str, str]:
 
 def _allocations(kube: KubeApi, gpu_name: str) -> list[str]:
     return [a["elasticGPU"] for a in (kube.get_gpu(gpu_name).get("status") or {}).get("allocations") or []]
-
-
-def _write_status(kube: KubeApi, gpu_name: str, **fields: Any) -> None:
-    """Write agent-owned status fields into the GPU (re-reading on a conflict with the controller)."""
-    for _ in range(10):
-        body = kube.get_gpu(gpu_name)
-        body.setdefault("status", {}).update(fields)
-        try:
-            kube.replace_gpu_status(body)
-            return
-        except errors.Conflict:
-            time.sleep(0.1)
-    raise AssertionError(f"GPU {gpu_name}: status not written after 10 conflicts")
 
 
 def _running(claim: dict[str, Any], *pods: str) -> dict[str, Any]:
@@ -74,7 +61,7 @@ def test_a_deleted_claim_keeps_its_card_while_its_agent_reports_it_running(clust
     controller = new_controller(kube, cluster.namespace)
     settle(controller)
     egpu_name = cluster.get_claim("first")["spec"]["elasticGPUName"]
-    _write_status(kube, gpu_name, runningClaims=[_running(first, "p1")])
+    write_gpu_status(kube, gpu_name, runningClaims=[_running(first, "p1")])
     settle(controller)
 
     _delete_claim(kube, cluster.namespace, "first")
@@ -94,7 +81,7 @@ def test_a_deleted_claim_keeps_its_card_while_its_agent_reports_it_running(clust
     assert len(_events(kube, egpu_name, REASON_CLAIM_STILL_RUNNING)) == 1, "one Event, not one per sync"
 
     # The containers stop: the agent drops the entry; that GPU write wakes the ElasticGPU.
-    _write_status(kube, gpu_name, runningClaims=[])
+    write_gpu_status(kube, gpu_name, runningClaims=[])
     settle(controller)
     second = cluster.get_claim("second")
     assert second["status"]["phase"] == "Bound"
@@ -114,7 +101,7 @@ def test_a_failed_elastic_gpu_keeps_its_card_while_its_claim_runs(cluster: Clust
     egpu_name = cluster.get_claim("first")["spec"]["elasticGPUName"]
     xid = {"type": "Healthy", "status": "False", "reason": "Xid79", "message": "fell off the bus",
            "lastTransitionTime": "2026-01-01T00:00:00Z"}
-    _write_status(kube, gpu_name, runningClaims=[_running(first, "p1")], conditions=[xid], health="Unhealthy")
+    write_gpu_status(kube, gpu_name, runningClaims=[_running(first, "p1")], conditions=[xid], health="Unhealthy")
     settle(controller)
     egpu = kube.get_elastic_gpu(egpu_name)
     assert (egpu["status"]["phase"], egpu["status"]["reason"]) == ("Failed", "Xid79")
@@ -123,7 +110,7 @@ def test_a_failed_elastic_gpu_keeps_its_card_while_its_claim_runs(cluster: Clust
     pending = _pending_condition(egpu)
     assert pending is not None and pending["reason"] == REASON_CLAIM_STILL_RUNNING
 
-    _write_status(kube, gpu_name, runningClaims=[])
+    write_gpu_status(kube, gpu_name, runningClaims=[])
     settle(controller)
     assert _allocations(kube, gpu_name) == []
     pending = _pending_condition(kube.get_elastic_gpu(egpu_name))
@@ -135,13 +122,13 @@ def test_an_orphan_reservation_is_kept_while_its_claim_runs(cluster: Cluster, ku
     uid = "0c3b1a6e-1111-4222-8333-944455556666"
     orphan = names.elastic_gpu_name_for_claim(uid)
     running = {"namespace": cluster.namespace, "name": "gone", "uid": uid, "pods": [f"{cluster.namespace}/p1"]}
-    _write_status(kube, gpu_name, allocations=[{"elasticGPU": orphan, "cores": 30, "memory": 10}],
+    write_gpu_status(kube, gpu_name, allocations=[{"elasticGPU": orphan, "cores": 30, "memory": 10}],
                   runningClaims=[running])
     controller = new_controller(kube, cluster.namespace, grace_s=0.0)
     controller.resync()
     controller.drain()
     assert _allocations(kube, gpu_name) == [orphan]
-    _write_status(kube, gpu_name, runningClaims=[])
+    write_gpu_status(kube, gpu_name, runningClaims=[])
     controller.resync()
     controller.drain()
     assert _allocations(kube, gpu_name) == []

@@ -15,11 +15,11 @@ from kubernetes import client
 
 from elasticgpu.allocator import Placement
 from elasticgpu.api import ObjectReference, names
-from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import ControllerSettings, QuotaSettings, ResyncSettings
 from tests.binding import objects as o
+from tests.binding.agent_status import write_gpu_status
 from tests.binding.conftest import Cluster, settle
 from tests.quota import quotas
 
@@ -65,19 +65,6 @@ def _held(kube: KubeApi, gpu_name: str, namespace: str) -> int:
 def _used(api_client: client.ApiClient, namespace: str, name: str) -> int:
     used: int = ((quotas.get(api_client, namespace, name).get("status") or {}).get("used") or {}).get(CORE, 0)
     return used
-
-
-def _write_gpu_status(kube: KubeApi, gpu_name: str, **fields: Any) -> None:
-    """Write agent-owned status fields into the GPU, as the node's agent does."""
-    for _ in range(10):
-        body = kube.get_gpu(gpu_name)
-        body.setdefault("status", {}).update(fields)
-        try:
-            kube.replace_gpu_status(body)
-            return
-        except errors.Conflict:
-            time.sleep(0.1)
-    raise AssertionError(f"GPU {gpu_name}: status not written after 10 conflicts")
 
 
 def test_a_resync_between_an_expands_charge_and_its_reservation_keeps_the_charge(
@@ -171,7 +158,7 @@ def test_a_deleted_claim_stays_charged_while_its_pods_hold_the_card(
     settle(controller)
     assert _status(cluster, "first").get("phase") == "Bound"
     meta = first["metadata"]
-    _write_gpu_status(kube, gpu_name, runningClaims=[{
+    write_gpu_status(kube, gpu_name, runningClaims=[{
         "namespace": meta["namespace"], "name": meta["name"], "uid": meta["uid"],
         "pods": [f"{meta['namespace']}/p1"], "since": "2026-01-01T00:00:00Z"}])
     settle(controller)
@@ -188,7 +175,7 @@ def test_a_deleted_claim_stays_charged_while_its_pods_hold_the_card(
     assert (status.get("phase"), status.get("reason")) == ("Pending", "QuotaExceeded"), status
 
     # The containers stop: the agent drops the entry, the reservation and then the charge go.
-    _write_gpu_status(kube, gpu_name, runningClaims=[])
+    write_gpu_status(kube, gpu_name, runningClaims=[])
     _until(controller, lambda: _status(cluster, "second").get("phase") == "Bound")
     assert _held(kube, gpu_name, cluster.namespace) == 30 == _used(api_client, cluster.namespace, "team")
 
