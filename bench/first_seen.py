@@ -12,13 +12,11 @@ from typing import Any
 Event = dict[str, Any]
 
 
-class FirstSeen:
-    """Watches the objects at `path` (a list path of the API server) through `kube` (the
-    controller's KubeApi); `seen[name]` is the monotonic time the first event for which
-    `condition(event)` held arrived."""
+class SeenClock:
+    """`seen[name]`: the monotonic time an object was first seen meeting a condition; a subclass
+    runs the watch in `_run` (on its own thread) and calls `note(name)`."""
 
-    def __init__(self, kube: Any, path: str, condition: Callable[[Event], bool]) -> None:
-        self.kube, self.path, self.condition = kube, path, condition
+    def __init__(self) -> None:
         self.seen: dict[str, float] = {}
         self._stop = threading.Event()
         self._cond = threading.Condition()
@@ -26,6 +24,40 @@ class FirstSeen:
 
     def start(self) -> None:
         self._thread.start()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def note(self, name: str) -> None:
+        """`name` meets the condition now (the first time counts)."""
+        now = time.monotonic()
+        with self._cond:
+            self.seen.setdefault(name, now)
+            self._cond.notify_all()
+
+    def wait(self, wanted: list[str], timeout_s: float) -> bool:
+        """True once every name in `wanted` was seen; False after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not all(n in self.seen for n in wanted):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.5))
+        return True
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class FirstSeen(SeenClock):
+    """Watches the objects at `path` (a list path of the API server) through `kube` (the
+    controller's KubeApi); `seen[name]` is the monotonic time the first event for which
+    `condition(event)` held arrived."""
+
+    def __init__(self, kube: Any, path: str, condition: Callable[[Event], bool]) -> None:
+        self.kube, self.path, self.condition = kube, path, condition
+        super().__init__()
 
     def _run(self) -> None:
         resource_version = ""
@@ -42,26 +74,9 @@ class FirstSeen:
                         resource_version = ""
                         break
                     if self.condition(event):
-                        now = time.monotonic()
-                        with self._cond:
-                            self.seen.setdefault(obj["metadata"]["name"], now)
-                            self._cond.notify_all()
+                        self.note(obj["metadata"]["name"])
                     if self._stop.is_set():
                         return
             except Exception as err:  # the watch is re-opened at once; the bench must not die of one drop
                 print(f"  (watch re-opened: {err})", file=sys.stderr)
                 time.sleep(0.01)
-
-    def wait(self, wanted: list[str], timeout_s: float) -> bool:
-        """True once every name in `wanted` was seen; False after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while not all(n in self.seen for n in wanted):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.5))
-        return True
-
-    def stop(self) -> None:
-        self._stop.set()

@@ -54,6 +54,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from first_seen import SeenClock  # noqa: E402
+
 from elasticgpu.api import names, pod_claims  # noqa: E402
 
 CARDS_PER_NODE = 8
@@ -162,22 +164,16 @@ def pod_body(name: str, *, claims: bool) -> dict[str, Any]:
                                      "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}}  # fmt: skip
 
 
-class FirstSeen:
+class FirstSeen(SeenClock):
     """When each object of a list was first seen meeting `condition`, through a watch of the kubernetes
     client (`list_call(**kwargs)` is the list function; raw objects, no deserialisation)."""
 
     def __init__(self, list_call: Callable[..., Any], condition: Callable[[dict[str, Any]], bool],
                  **kwargs: Any) -> None:  # fmt: skip
         self.list_call, self.condition, self.kwargs = list_call, condition, kwargs
-        self.seen: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
         self._version = self.list_call(**kwargs, _preload_content=False)
         self._version = json.loads(self._version.data)["metadata"]["resourceVersion"]
-
-    def start(self) -> None:
-        self._thread.start()
 
     def _run(self) -> None:
         from kubernetes import watch
@@ -190,29 +186,12 @@ class FirstSeen:
                     obj = event["raw_object"]
                     self._version = obj.get("metadata", {}).get("resourceVersion", self._version)
                     if event["type"] != "DELETED" and event["type"] != "BOOKMARK" and self.condition(obj):
-                        now = time.monotonic()
-                        with self._cond:
-                            self.seen.setdefault(obj["metadata"]["name"], now)
-                            self._cond.notify_all()
+                        self.note(obj["metadata"]["name"])
                     if self._stop.is_set():
                         stream.stop()
             except Exception as err:  # reopened from the last version seen; the bench must not die of one drop
                 print(f"  (watch re-opened: {err})", file=sys.stderr)
                 time.sleep(0.05)
-
-    def wait(self, wanted: list[str], timeout_s: float) -> bool:
-        """True once every name in `wanted` was seen; False after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while not all(n in self.seen for n in wanted):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.5))
-        return True
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 def scheduled_watch(core: Any, namespace: str) -> FirstSeen:
