@@ -21,6 +21,17 @@ ResizePolicy = Literal["Off", "Recommend", "Auto"]
 Partitioning = Literal["MIG"]
 Isolation = Literal["None", "MPS", "HAMiCore"]
 Topology = Literal["NVLink", "SameNUMA", "Any"]
+PreemptionPolicy = Literal["Never", "PreemptLowerPriority"]
+PREEMPTION_POLICIES: tuple[PreemptionPolicy, ...] = ("Never", "PreemptLowerPriority")
+"""Whether a claim of the class may take room from claims of lower priority (docs/preemption.md): as a pod's
+`preemptionPolicy`, PreemptLowerPriority (the default) or Never."""
+PRIORITY_MAX = 1_000_000_000
+PRIORITY_MIN = -2_147_483_648
+# As a user-defined PriorityClass value (scheduling.k8s.io): at most one billion, above is kept for the system.
+PRIORITY_RANGE = f"must be {PRIORITY_MIN}..{PRIORITY_MAX} (as a PriorityClass value)"
+PRIORITY_ONE_SOURCE = (
+    "set priority or priorityClassName, not both (the PriorityClass gives the value); leave one out"
+)
 TOPOLOGIES: tuple[Topology, ...] = ("NVLink", "SameNUMA", "Any")
 """What a multi-card claim requires of its cards (docs/topology.md): NVLink (every card linked to every other,
 one NVLink domain), SameNUMA (one NUMA node) or Any (nothing required; such sets are still preferred)."""
@@ -190,6 +201,12 @@ class ElasticGPUClass(KubeModel):
             field_path=".allowClaimResize",
         ),
         rule(
+            "!has(self.priority) || !has(self.priorityClassName)",
+            f"priorityClassName: {PRIORITY_ONE_SOURCE}",
+            reason="FieldValueInvalid",
+            field_path=".priorityClassName",
+        ),
+        rule(
             "!has(self.minSize) || !has(self.maxSize)"
             " || ((!has(self.minSize.cores) || !has(self.maxSize.cores) || self.minSize.cores <= self.maxSize.cores)"
             " && (!has(self.minSize.memory) || !has(self.maxSize.memory)"
@@ -327,6 +344,31 @@ class ElasticGPUClass(KubeModel):
         " set free (docs/topology.md).",
         json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True}),
     )
+    # Issue 27: priority and preemption (docs/preemption.md). A claim's priority is its class's: `priority`,
+    # or the value of the PriorityClass named by `priorityClassName` (read by the controller), else 0.
+    priority: int | None = Field(
+        default=None,
+        description="Priority of the class's claims (higher wins; default 0). When a claim cannot fit, the"
+        " controller may preempt claims of lower priority to make room (preemptionPolicy). At most one billion,"
+        " as a PriorityClass value; set this or priorityClassName, not both.",
+        json_schema_extra=crd_field(**{"x-kubernetes-validations": [
+            rule(f"self >= {PRIORITY_MIN} && self <= {PRIORITY_MAX}", f"priority: {PRIORITY_RANGE}",
+                 reason="FieldValueInvalid"),
+        ]}),
+    )
+    priority_class_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="A PriorityClass (scheduling.k8s.io/v1) whose value is the priority of the class's claims, as"
+        " pods name one; its preemptionPolicy applies when this class sets none. Set this or priority, not both.",
+    )
+    preemption_policy: PreemptionPolicy | None = Field(
+        default=None,
+        description="PreemptLowerPriority: a claim of this class that cannot fit may preempt claims of lower"
+        " priority on one card or node (their pods are evicted, they become Lost). Never: it waits instead."
+        " Unset: the PriorityClass's policy, else PreemptLowerPriority.",
+    )
     status: ElasticGPUClassStatus = Field(default_factory=ElasticGPUClassStatus)
 
     @property
@@ -345,6 +387,12 @@ class ElasticGPUClass(KubeModel):
     def is_mig(self) -> bool:
         """True when the class carves its claims as MIG instances (`partitioning: MIG`)."""
         return self.partitioning == "MIG"
+
+    @property
+    def preempts(self) -> bool | None:
+        """Whether the class's claims may preempt: from its own preemptionPolicy; None when it sets none
+        (then a PriorityClass's policy decides, else PreemptLowerPriority: `decisions.preemption`)."""
+        return None if self.preemption_policy is None else self.preemption_policy == "PreemptLowerPriority"
 
     @property
     def effective_reclaim_policy(self) -> ReclaimPolicy:
@@ -372,6 +420,10 @@ class ElasticGPUClass(KubeModel):
             if not 0 <= self.recommendation_margin <= 100:
                 raise InvalidSpec(field="recommendationMargin", rule=MARGIN_RANGE,
                                   value=str(self.recommendation_margin))
+            if self.priority is not None and not PRIORITY_MIN <= self.priority <= PRIORITY_MAX:
+                raise InvalidSpec(field="priority", rule=PRIORITY_RANGE, value=str(self.priority))
+            if self.priority is not None and self.priority_class_name is not None:
+                raise InvalidSpec(field="priorityClassName", rule=PRIORITY_ONE_SOURCE, value=self.priority_class_name)
             if self.over_limit_grace_seconds < 0:
                 raise InvalidSpec(field="overLimitGraceSeconds", rule=policing.GRACE_RANGE,
                                   value=str(self.over_limit_grace_seconds))
