@@ -7,6 +7,7 @@
         │   ├── Conflict                   the object changed since it was read (HTTP 409): re-read, re-plan
         │   │   └── AlreadyExists          a create found the name taken (HTTP 409, reason AlreadyExists)
         │   ├── Rejected                   the server refused the object (HTTP 400/422: schema or CEL rule)
+        │   ├── EvictionBlocked            an eviction was refused for now (HTTP 429: a PodDisruptionBudget)
         │   └── ApiUnavailable             the server could not be reached or failed (5xx, timeouts)
         └── BindingError                   a decision cannot be carried out; the next sync retries
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 from elasticgpu.api.errors import ElasticGPUError, NotFound
 
 __all__ = ["AlreadyExists", "ApiError", "ApiUnavailable", "BindingError", "Conflict", "ControllerError",
-           "ElasticGPUError", "NotFound", "Rejected"]
+           "ElasticGPUError", "EvictionBlocked", "NotFound", "Rejected"]
 
 
 class ControllerError(ElasticGPUError):
@@ -44,6 +45,11 @@ class AlreadyExists(Conflict):
 
 class Rejected(ApiError):
     """The API server refused the object: a schema or CEL rule of the CRD, or a bad request."""
+
+
+class EvictionBlocked(ApiError):
+    """The eviction API refused to evict a pod for now (HTTP 429): a PodDisruptionBudget allows no
+    disruption at the moment. Retry later; the budget is honoured, never bypassed."""
 
 
 class ApiUnavailable(ApiError):

@@ -212,6 +212,33 @@ class KubeApi(KubeRequests):
                                                         "resourceVersion": "0"}, timeout_s=60.0)
         return list(page.get("items") or [])
 
+    # -- preemption (flow/preempting.py) ---------------------------------------------------------
+
+    def evict_pod(self, namespace: str, name: str, *, uid: str | None = None) -> None:
+        """Evict a pod through the Eviction API (policy/v1), so that PodDisruptionBudgets are honoured.
+        Raises EvictionBlocked (HTTP 429) while a budget allows no disruption, and NotFound when the pod
+        is gone or the server has no eviction subresource (the caller tells the two apart)."""
+        body: Body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                      "metadata": {"name": name, "namespace": namespace}}
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        try:
+            self._call("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body=body)
+        except errors.ApiUnavailable as err:
+            if err.status == 429:
+                raise errors.EvictionBlocked(f"pod {namespace}/{name}: eviction refused for now (HTTP 429, a"
+                                             f" PodDisruptionBudget allows no disruption): {err}", status=429) from None
+            raise
+
+    def delete_pod(self, namespace: str, name: str, *, uid: str | None = None) -> None:
+        """Delete a pod (with `uid`, only that incarnation); for servers without the eviction subresource."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}} if uid else None
+        self._call("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body=body)
+
+    def get_priority_class(self, name: str) -> Body:
+        """One PriorityClass (scheduling.k8s.io/v1); raises NotFound."""
+        return self._call("GET", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+
     def delete_claim_of(self, namespace: str, name: str, *, uid: str) -> None:
         """Delete that incarnation (`uid`) of a claim; NotFound when gone, Conflict when the name
         now belongs to another claim (a recreated pod's inline claim must survive)."""

@@ -17,7 +17,7 @@ from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, names, timest
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, capacity, pod_gate, release
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow import mig_binding, policing_copy
+from elasticgpu.controller.flow import mig_binding, policing_copy, preempting
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
@@ -65,6 +65,9 @@ class ClaimSync:
         """Recommends sizes from measured use (issue 17), after the resizer, for claims in sync."""
         self.policing = policing_copy.PolicingCopy(kube=kube, picture=picture)
         """Keeps a Bound claim's status.policing true to its class (issue 25), for claims in sync."""
+        self.preempting = preempting.Preempter(kube=kube, picture=picture, queue=queue, events=events, commit=commit,
+                                               elastic_gpus=elastic_gpus, pending=self._pending)
+        """Preempts claims of lower priority for a claim that fits nowhere (issue 27, docs/preemption.md)."""
 
     def sync(self, namespace: str, name: str) -> None:
         """Decide and carry out the next step of one claim."""
@@ -77,6 +80,7 @@ class ClaimSync:
             self.resizer.sync(namespace, name, decision.elastic_gpu)
             self.recommender.sync(namespace, name, decision.elastic_gpu)
             self.policing.sync(namespace, name, decision.elastic_gpu)
+            self.preempting.settled(namespace, name)
             return
         if isinstance(decision, binder.Ignore):
             return
@@ -153,7 +157,10 @@ class ClaimSync:
         if claim.status.phase == "Lost" and said and claim.status.reason == reason:
             return
         lost = condition("Lost", reason, message, claim.status.conditions)
-        self._write_status(claim, {"phase": "Lost", "reason": reason, "message": message, "conditions": [lost]})
+        # A preempted claim keeps its Preempted condition (issue 27): it says by whom, the Lost one says what.
+        kept = [c.to_dict() for c in claim.status.conditions if c.type == preempting.CONDITION_PREEMPTED]
+        self._write_status(claim, {"phase": "Lost", "reason": reason, "message": message,
+                                   "conditions": [*kept, lost]})
         self.events.record(self._body(claim), type_=WARNING, reason=reason, message=message)
 
     # -- binding -------------------------------------------------------------------------------
@@ -379,9 +386,14 @@ class ClaimSync:
                     # OBSERVATION: not even an empty card could hold it: waiting will not help.
                     self._pending(claim, capacity.REASON_NEVER_FITS, never)
                     return None
+                outcome = self.preempting.try_preempt(claim, decision, request)
+                if outcome.handled:
+                    return None  # it waits for its victims to go (status written)
                 message = f"no card can give {decision.request.describe()}: {result.reason}"
                 if result.closest:
                     message += f" (closest: {result.closest})"
+                if outcome.note:
+                    message += f"; {outcome.note}"
                 self._pending(claim, binder.REASON_NO_CAPACITY, message)
                 return None
             assert result is not None

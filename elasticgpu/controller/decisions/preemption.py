@@ -1,0 +1,194 @@
+"""Preemption decisions (issue 27 item 2): a claim's priority, which Bound claims may be victims, the
+plan a preemptor records, and what the victims are told. Pure: objects in, values out.
+
+The protocol (carried out by `flow/preempting.py`; docs/preemption.md):
+
+    1. plan      the preemptor (a claim that fits nowhere, of a class that may preempt) gets the
+                 annotation `elasticgpu.io/preempting`: its victims (ElasticGPU, claim, uid), chosen
+                 by `allocator.preemption` on one card or node. Written with the claim's
+                 resourceVersion: with two controllers one plan wins, the other follows it.
+    2. mark      each victim claim gets `elasticgpu.io/preempted-by: <ns>/<preemptor>` (its
+                 resourceVersion guarding it: a victim another preemptor marked first is not
+                 taken twice: this plan is dropped and made again), the condition Preempted
+                 (reason PreemptedBy) and a Warning Event PreemptedBy.
+    3. evict     the pods that use a victim are evicted through the Eviction API (a
+                 PodDisruptionBudget that allows no disruption answers 429: retried later,
+                 never bypassed).
+    4. fail      once none of its pods is left running (evicted or gone), the victim's ElasticGPU
+                 becomes Failed with reason Preempted: the claim becomes Lost, and the ElasticGPU
+                 sync frees the reservation once the node's agent no longer reports the claim
+                 running on the card (`running_holders`), as for any failed ElasticGPU.
+    5. bind      the preemptor's ordinary sync places it once the room is free, charging its quota
+                 as any bind (a quota that would refuse it stops step 1 from happening at all);
+                 the annotation goes with the bind.
+
+Crash cases: after 1, the next sync (this controller or another) reads the plan and goes on from
+step 2; every step is idempotent (a marked victim is not marked again, an evicted pod is gone or
+terminating, a Failed ElasticGPU stays Failed). A plan whose victims are all gone while the claim
+still fits nowhere (the room was taken by another claim meanwhile) is dropped and made again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from elasticgpu.allocator.preemption import Candidate
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, timestamps
+
+ANNOTATION_PREEMPTING = "elasticgpu.io/preempting"
+"""On the preemptor: where and its victims, as JSON {"on": "node-1 card 0", "victims": [{"elasticGPU", "claim":
+"ns/name", "uid"}]}."""
+ANNOTATION_PREEMPTED_BY = "elasticgpu.io/preempted-by"
+"""On a victim claim: `<namespace>/<name>` of the claim that preempts it."""
+CONDITION_PREEMPTED = "Preempted"
+REASON_PREEMPTED_BY = "PreemptedBy"
+"""The victim's condition reason and Warning Event."""
+REASON_PREEMPTING = "Preempting"
+"""The preemptor's Pending reason while its victims go."""
+REASON_PREEMPTED = "Preempted"
+"""The reason of a victim ElasticGPU's Failed phase (its claim's Lost message says it)."""
+REASON_EVICTION_BLOCKED = "EvictionBlocked"
+"""A Warning Event on the preemptor: a PodDisruptionBudget refuses a victim's eviction for now."""
+DEFAULT_PREEMPTS = True
+"""A class and PriorityClass that say nothing: PreemptLowerPriority, as a pod's default."""
+
+
+@dataclass(frozen=True)
+class PriorityClassValue:
+    """What a PriorityClass gives: its value and whether its preemptionPolicy is PreemptLowerPriority."""
+
+    value: int
+    preempts: bool
+
+
+@dataclass(frozen=True)
+class ClaimPriority:
+    """A claim's priority and whether it may preempt; `note` says why not when a PriorityClass is missing."""
+
+    value: int
+    preempts: bool
+    note: str = ""
+
+
+def priority_of(klass: ElasticGPUClass | None,
+                lookup: Callable[[str], PriorityClassValue | None]) -> ClaimPriority:
+    """The priority of the claims of `klass` (None: no class of ours, priority 0): its `priority`, or the value
+    of the PriorityClass its `priorityClassName` names (`lookup`), else 0. They may preempt unless the class
+    (or, when the class says nothing, the PriorityClass) says Never. A PriorityClass that does not exist gives
+    priority 0 and no preemption, with a note for the claim's message."""
+    if klass is None:
+        return ClaimPriority(0, DEFAULT_PREEMPTS)
+    own = klass.preempts
+    if klass.priority_class_name:
+        found = lookup(klass.priority_class_name)
+        if found is None:
+            return ClaimPriority(0, False, f"class {klass.metadata.name} names PriorityClass"
+                                 f" {klass.priority_class_name}, which does not exist: priority 0, no preemption;"
+                                 " create it (kubectl get priorityclass) or fix priorityClassName")
+        return ClaimPriority(found.value, found.preempts if own is None else own)
+    return ClaimPriority(klass.priority or 0, DEFAULT_PREEMPTS if own is None else own)
+
+
+@dataclass(frozen=True)
+class Victim:
+    """One victim of a plan: its reservation (ElasticGPU name) and its claim (with uid)."""
+
+    elastic_gpu: str
+    namespace: str
+    name: str
+    uid: str
+
+    @property
+    def claim(self) -> str:
+        """`namespace/name`."""
+        return f"{self.namespace}/{self.name}"
+
+
+def encode_plan(victims: list[Victim], where: str) -> str:
+    """The preemptor's `elasticgpu.io/preempting` annotation for `victims` on `where` (a card or node)."""
+    return json.dumps({"on": where, "victims": [{"elasticGPU": v.elastic_gpu, "claim": v.claim, "uid": v.uid}
+                                                for v in victims]}, separators=(",", ":"), sort_keys=True)
+
+
+def _plan_body(claim: ElasticGPUClaim) -> Any:
+    text = (claim.metadata.annotations or {}).get(ANNOTATION_PREEMPTING)
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def plan_where(claim: ElasticGPUClaim) -> str:
+    """The card or node the preemptor's plan makes room on ("" when unknown)."""
+    body = _plan_body(claim)
+    return str(body.get("on") or "") if isinstance(body, dict) else ""
+
+
+def plan_of(claim: ElasticGPUClaim) -> list[Victim] | None:
+    """The victims the preemptor's annotation names, or None when it has none (or it cannot be read: a plan
+    no one can follow is made again)."""
+    body = _plan_body(claim)
+    if not isinstance(body, dict):
+        return None
+    try:
+        victims = []
+        for entry in body["victims"]:
+            namespace, _, name = str(entry["claim"]).partition("/")
+            victims.append(Victim(elastic_gpu=str(entry["elasticGPU"]), namespace=namespace, name=name,
+                                  uid=str(entry.get("uid") or "")))
+    except (KeyError, TypeError):
+        return None
+    return victims
+
+
+def preempted_by(claim: ElasticGPUClaim) -> str:
+    """`namespace/name` of the claim preempting `claim`, or ""."""
+    return (claim.metadata.annotations or {}).get(ANNOTATION_PREEMPTED_BY, "")
+
+
+def candidate_of(egpu: ElasticGPU, claim: ElasticGPUClaim | None, priority: int) -> Candidate | None:
+    """`egpu`'s reservation as a candidate victim of `priority`, or None when it may not be one: its claim
+    must be Bound to it, not being deleted, and not already preempted by another claim."""
+    ref = egpu.spec.claim_ref
+    if claim is None or ref is None or not ref.name or egpu.status.phase != "Bound":
+        return None
+    if ref.uid and ref.uid != claim.metadata.uid:
+        return None
+    if claim.status.phase != "Bound" or claim.metadata.deletion_timestamp or preempted_by(claim):
+        return None
+    created = timestamps.parse(claim.metadata.creation_timestamp)
+    return Candidate(key=egpu.metadata.name or "", priority=priority,
+                     created=created.timestamp() if created is not None else 0.0)
+
+
+def preemptor_name(claim: ElasticGPUClaim) -> str:
+    """`namespace/name` of a claim."""
+    return f"{claim.metadata.namespace}/{claim.metadata.name}"
+
+
+def victim_message(preemptor: str, priority: int, victim_priority: int, where: str) -> str:
+    """What a victim is told (its Preempted condition and PreemptedBy Event)."""
+    return (f"preempted by claim {preemptor} (priority {priority} > {victim_priority}) to make room on {where}:"
+            " the pods that use this claim are evicted, then its ElasticGPU fails (reason Preempted) and the claim"
+            " becomes Lost; delete it and create it again to wait for room (docs/preemption.md)")
+
+
+def preempted_condition(message: str, *, now: str) -> dict[str, Any]:
+    """The victim's `Preempted` condition."""
+    return {"type": CONDITION_PREEMPTED, "status": "True", "reason": REASON_PREEMPTED_BY, "message": message,
+            "lastTransitionTime": now}
+
+
+def waiting_message(victims: list[Victim], where: str, *, blocked: str = "") -> str:
+    """The preemptor's Pending message while its victims go."""
+    names = ", ".join(v.claim for v in victims)
+    message = (f"preempting claim(s) {names} on {where}: waiting for their pods to be evicted and the node's agent to"
+               " report them gone, then this claim binds there")
+    if blocked:
+        message += f"; {blocked}"
+    return message

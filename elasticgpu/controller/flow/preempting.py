@@ -1,0 +1,341 @@
+"""Preempting: carries out `decisions.preemption`'s protocol for a claim that fits nowhere (plan, mark,
+evict, fail; then the claim's ordinary sync binds it). See that module's docstring for the steps and
+crash cases, and docs/preemption.md for what users see.
+
+The claim sync calls `try_preempt` where it would otherwise say NoCapacity, and `settled` once the
+claim is Bound (the plan annotation goes). Every write is guarded by the resourceVersion the picture
+holds; a conflict re-reads the object and raises, and the worker retries the claim from what it finds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from elasticgpu.allocator import PlacementRequest, quota
+from elasticgpu.allocator.preemption import Candidate, NoPreemption, Preemption, choose_victims
+from elasticgpu.api import ElasticGPUClaim, ElasticGPUClass, ElasticGPUQuota
+from elasticgpu.controller import errors
+from elasticgpu.controller.decisions import binder, preemption, release
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.flow.commit import Commit
+from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
+from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
+from elasticgpu.controller.flow.priority_classes import PriorityClasses
+from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.picture.picture import Body, Picture
+from elasticgpu.controller.picture.reservations import now_rfc3339
+
+logger = logging.getLogger(__name__)
+
+RECHECK_S = 2.0
+"""Seconds after which a preemptor whose victims are going is looked at again even if no event came (the
+GPU write that frees the victims' room normally wakes it at once)."""
+BLOCKED_RECHECK_S = 10.0
+"""Seconds before an eviction a PodDisruptionBudget refused is tried again."""
+
+Pending = Callable[[ElasticGPUClaim, str, str], None]
+CONDITION_PREEMPTED = preemption.CONDITION_PREEMPTED
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What `try_preempt` did: `handled` (the claim's status says Preempting; nothing more to write), or not,
+    with a `note` for the claim's NoCapacity message ("" for none)."""
+
+    handled: bool
+    note: str = ""
+
+
+class Preempter:
+    """Preempts lower-priority claims for claims that fit nowhere (see the module docstring)."""
+
+    def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, events: EventRecorder,
+                 commit: Commit, elastic_gpus: ElasticGPUSync, pending: Pending) -> None:
+        """`pending`: writes a claim's Pending status and Event (the claim sync's own)."""
+        self.kube = kube
+        self.picture = picture
+        self.queue = queue
+        self.events = events
+        self.commit = commit
+        self.elastic_gpus = elastic_gpus
+        self.pending = pending
+        self.priority_classes = PriorityClasses(kube)
+
+    # -- entry points ------------------------------------------------------------------------------
+
+    def try_preempt(self, claim: ElasticGPUClaim, decision: binder.Provision, request: PlacementRequest) -> Outcome:
+        """`claim` (provisioned per `decision`, asking `request`) fits nowhere: go on with its plan, or make one."""
+        plan = preemption.plan_of(claim)
+        if plan is not None:
+            return self._follow(claim, plan, preemption.plan_where(claim))
+        with self.picture.lock:
+            classes = dict(self.picture.view().classes)
+        priorities = self._priorities(classes)
+        mine = priorities.get(decision.class_name) or preemption.ClaimPriority(0, preemption.DEFAULT_PREEMPTS)
+        if not mine.preempts:
+            return Outcome(False, mine.note)
+        values = {name: p.value for name, p in priorities.items()}
+        if not any(value < mine.value for value in values.values()):
+            return Outcome(False)  # no class of lower priority: nothing can be a victim (the common case)
+        with self.picture.lock:
+            candidates = self._candidates(values, below=mine.value)
+            chosen = choose_victims(self.picture.ledger.inventory, request, priority=mine.value,
+                                    candidates=candidates.values(), policy=decision.parameters.policy)
+            if isinstance(chosen, Preemption):
+                where = self._where(chosen)
+                victims = self._victims(chosen)
+        if isinstance(chosen, NoPreemption):
+            return Outcome(False, f"no preemption: {chosen.reason}")
+        refused = self._quota_refuses(claim, decision, chosen, victims)
+        if refused:
+            return Outcome(False, f"no preemption: {refused}")
+        namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
+        annotation = preemption.encode_plan(victims, where)
+        patch = {"metadata": {"annotations": {preemption.ANNOTATION_PREEMPTING: annotation},
+                              "resourceVersion": claim.metadata.resource_version}}
+        try:
+            answer = self.kube.patch_claim(namespace, name, patch)
+        except errors.Conflict:
+            self._refresh(namespace, name)
+            raise
+        claim = self.picture.put_claim(answer)
+        shown = ", ".join(f"{v.claim} (priority {candidates[v.elastic_gpu].priority})" for v in victims)
+        self.events.record(self._body(claim), type_=NORMAL, reason=preemption.REASON_PREEMPTING,
+                           message=f"priority {mine.value}: preempting claim(s) {shown} on {where}")
+        return self._follow(claim, victims, where)
+
+    def settled(self, namespace: str, name: str) -> None:
+        """The claim is Bound: its plan, if any, is done; the annotation goes."""
+        claim = self.picture.claim(namespace, name)
+        if claim is None or preemption.ANNOTATION_PREEMPTING not in (claim.metadata.annotations or {}):
+            return
+        patch = {"metadata": {"annotations": {preemption.ANNOTATION_PREEMPTING: None},
+                              "resourceVersion": claim.metadata.resource_version}}
+        try:
+            self.picture.put_claim(self.kube.patch_claim(namespace, name, patch))
+        except errors.Conflict:
+            self._refresh(namespace, name)
+            raise
+        except errors.NotFound:
+            return
+
+    # -- choosing ----------------------------------------------------------------------------------
+
+    def _priorities(self, classes: Mapping[str, ElasticGPUClass]) -> dict[str, preemption.ClaimPriority]:
+        """Each class's priority (a PriorityClass read at most once per class per call, outside the lock)."""
+        return {name: preemption.priority_of(klass, self.priority_classes.get) for name, klass in classes.items()}
+
+    def _candidates(self, values: Mapping[str, int], *, below: int) -> dict[str, Candidate]:
+        """The Bound claims of a class of priority below `below`, as candidates (under the picture's lock)."""
+        picture = self.picture
+        default = picture.view().default_class()
+        fallback = default.metadata.name or "" if default is not None else ""
+        found: dict[str, Candidate] = {}
+        for key in list(picture.ledger.inventory.reservations):
+            egpu = picture.egpu(key)
+            if egpu is None or egpu.spec.claim_ref is None:
+                continue
+            value = values.get(egpu.spec.elastic_gpu_class_name or fallback, 0)
+            if value >= below:
+                continue
+            ref = egpu.spec.claim_ref
+            candidate = preemption.candidate_of(egpu, picture.claim(ref.namespace or "", ref.name or ""), value)
+            if candidate is not None:
+                found[key] = candidate
+        return found
+
+    def _where(self, chosen: Preemption) -> str:
+        if chosen.card:
+            return self.picture.ledger.inventory.card(chosen.card).record.describe()
+        return f"node {chosen.node}"
+
+    def _victims(self, chosen: Preemption) -> list[preemption.Victim]:
+        victims = []
+        for key in chosen.victims:
+            egpu = self.picture.egpu(key)
+            ref = egpu.spec.claim_ref if egpu is not None else None
+            if ref is None:
+                continue
+            victims.append(preemption.Victim(elastic_gpu=key, namespace=ref.namespace or "", name=ref.name or "",
+                                             uid=ref.uid or ""))
+        return victims
+
+    def _quota_refuses(self, claim: ElasticGPUClaim, decision: binder.Provision, chosen: Preemption,
+                       victims: list[preemption.Victim]) -> str:
+        """Why a quota of the claim's namespace would refuse it even once the victims are gone ("" if none):
+        then preempting would free room for nothing. The victims' own charges (same namespace) are counted
+        as given back; the bind itself is charged as any bind."""
+        guard = self.commit.quota
+        namespace = claim.metadata.namespace or ""
+        if guard is None or not guard.limits(namespace, claim.metadata.name):
+            return ""
+        gone = {v.uid for v in victims if v.namespace == namespace}
+        models = []
+        for body in self.kube.list_quotas(namespace):
+            model = ElasticGPUQuota.model_validate(body)
+            kept = [c for c in model.status.charges if c.uid not in gone]
+            models.append(model.model_copy(update={"status": model.status.model_copy(update={"charges": kept})}))
+        verdict = quota.check(models, uid=claim.metadata.uid or "", class_name=decision.class_name,
+                              amount=quota.amount_of(chosen.placement))
+        if isinstance(verdict, quota.Exceeded | quota.Unreadable):
+            return verdict.message
+        return ""
+
+    # -- carrying out ------------------------------------------------------------------------------
+
+    def _follow(self, claim: ElasticGPUClaim, victims: list[preemption.Victim], where: str) -> Outcome:
+        """Steps 2 to 4 for the victims still held; the claim's status says what it waits for."""
+        me = preemption.preemptor_name(claim)
+        with self.picture.lock:
+            held = [v for v in victims if self.picture.ledger.held(v.elastic_gpu) is not None]
+        if not held:
+            # OBSERVATION: every victim is gone and the claim still fits nowhere: the room went to
+            # another claim meanwhile. Drop the plan; the next sync makes a new one.
+            self._drop_plan(claim)
+            self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""))
+            return Outcome(True)
+        live: list[tuple[preemption.Victim, ElasticGPUClaim | None]] = []
+        for victim in held:
+            model = self.picture.claim(victim.namespace, victim.name)
+            if model is not None and model.metadata.uid != victim.uid:
+                model = None  # another claim of the same name: the victim itself is gone
+            owner = preemption.preempted_by(model) if model is not None else ""
+            if owner and owner != me:
+                # OBSERVATION: another preemptor marked this victim first: this plan cannot be kept.
+                self._abandon(claim, victims)
+                return Outcome(True)
+            live.append((victim, model))
+        for victim, model in live:
+            if model is not None and not preemption.preempted_by(model):
+                self._mark(model, claim, victim, where)
+        blocked: list[str] = []
+        for victim, model in live:
+            refused = self._evict_pods(model) if model is not None else []
+            if refused:
+                blocked += refused
+                continue
+            self._fail(victim, me)
+        message = ""
+        if blocked:
+            message = (f"the eviction of pod(s) {', '.join(blocked)} is refused for now by a PodDisruptionBudget;"
+                       f" retried every {BLOCKED_RECHECK_S:g}s")
+            self.events.record(self._body(claim), type_=WARNING, reason=preemption.REASON_EVICTION_BLOCKED,
+                               message=message)
+        self.pending(claim, preemption.REASON_PREEMPTING, preemption.waiting_message(victims, where, blocked=message))
+        self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
+                       delay_s=BLOCKED_RECHECK_S if blocked else RECHECK_S, recheck=True)
+        return Outcome(True)
+
+    def _mark(self, victim: ElasticGPUClaim, preemptor: ElasticGPUClaim, entry: preemption.Victim,
+              where: str) -> None:
+        """Step 2: the victim's annotation (guarded), its Preempted condition and a Warning Event."""
+        namespace, name = victim.metadata.namespace or "", victim.metadata.name or ""
+        me = preemption.preemptor_name(preemptor)
+        values = {n: p.value for n, p in self._priorities(dict(self.picture.view().classes)).items()}
+        klass = preemptor.spec.class_name or ""
+        egpu = self.picture.egpu(entry.elastic_gpu)
+        victim_class = egpu.spec.elastic_gpu_class_name or "" if egpu is not None else ""
+        message = preemption.victim_message(me, values.get(klass, 0), values.get(victim_class, 0), where)
+        patch = {"metadata": {"annotations": {preemption.ANNOTATION_PREEMPTED_BY: me},
+                              "resourceVersion": victim.metadata.resource_version}}
+        try:
+            answer = self.kube.patch_claim(namespace, name, patch)
+        except errors.Conflict:
+            self._refresh(namespace, name)
+            raise
+        except errors.NotFound:
+            return
+        marked = self.picture.put_claim(answer)
+        kept = [c.to_dict() for c in marked.status.conditions if c.type != preemption.CONDITION_PREEMPTED]
+        status = {"conditions": [*kept, preemption.preempted_condition(message, now=now_rfc3339())]}
+        with contextlib.suppress(errors.NotFound, errors.Conflict):
+            # The annotation is the record; the condition is for `kubectl describe` (a conflict here is the
+            # victim's own sync writing meanwhile: the annotation already says it).
+            self.picture.put_claim(self.kube.patch_claim_status(namespace, name, {
+                "metadata": {"resourceVersion": marked.metadata.resource_version}, "status": status}))
+        self.events.record(answer, type_=WARNING, reason=preemption.REASON_PREEMPTED_BY, message=message)
+        logger.info("claim %s/%s preempted by %s", namespace, name, me)
+
+    def _evict_pods(self, victim: ElasticGPUClaim) -> list[str]:
+        """Step 3: evict the running pods that use the victim; the pods whose eviction was refused (429)."""
+        namespace, name = victim.metadata.namespace or "", victim.metadata.name or ""
+        with self.picture.lock:
+            pods = [(user, self.picture.pods.pod(namespace, user))
+                    for user in sorted(self.picture.pods_using(namespace, name))]
+        refused: list[str] = []
+        for user, body in pods:
+            if body is None or not release.pod_is_running(body) or (body.get("metadata") or {}).get(
+                    "deletionTimestamp"):
+                continue  # gone, done, or already terminating
+            uid = (body.get("metadata") or {}).get("uid")
+            try:
+                self.kube.evict_pod(namespace, user, uid=uid)
+            except errors.EvictionBlocked:
+                refused.append(f"{namespace}/{user}")
+            except errors.Conflict:
+                continue  # the uid precondition: that pod is gone, another of the name is not ours to evict
+            except errors.NotFound:
+                self._delete_without_eviction(namespace, user, uid)
+        return refused
+
+    def _delete_without_eviction(self, namespace: str, name: str, uid: str | None) -> None:
+        """A 404 from the eviction: the pod is gone, or the server has no eviction subresource (the test
+        server): a live read tells which; a pod still there is deleted plainly."""
+        try:
+            self.kube.get_pod(namespace, name)
+        except errors.NotFound:
+            return
+        with contextlib.suppress(errors.NotFound, errors.Conflict):
+            self.kube.delete_pod(namespace, name, uid=uid)
+
+    def _fail(self, victim: preemption.Victim, me: str) -> None:
+        """Step 4: the victim's ElasticGPU Failed (reason Preempted); its sync frees the room once the agent
+        no longer reports the claim running, and its claim becomes Lost."""
+        egpu = self.picture.egpu(victim.elastic_gpu)
+        if egpu is not None and egpu.status.phase not in ("Failed", "Released"):
+            self.elastic_gpus.set_phase(egpu, "Failed", preemption.REASON_PREEMPTED,
+                                        f"preempted by claim {me}; the reservation is freed once its pods are gone")
+        self.queue.add(("egpu", victim.elastic_gpu))
+        self.queue.add(("claim", victim.namespace, victim.name))
+
+    def _abandon(self, claim: ElasticGPUClaim, victims: list[preemption.Victim]) -> None:
+        """Another preemptor holds a victim: unmark the victims this plan marked (none is evicted yet: marking
+        comes first), drop the plan, and try again."""
+        me = preemption.preemptor_name(claim)
+        for victim in victims:
+            model = self.picture.claim(victim.namespace, victim.name)
+            if model is None or preemption.preempted_by(model) != me:
+                continue
+            with contextlib.suppress(errors.NotFound, errors.Conflict):
+                self.picture.put_claim(self.kube.patch_claim(victim.namespace, victim.name, {"metadata": {
+                    "annotations": {preemption.ANNOTATION_PREEMPTED_BY: None},
+                    "resourceVersion": model.metadata.resource_version}}))
+        self._drop_plan(claim)
+        self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
+                       delay_s=RECHECK_S * 0.1)
+
+    def _drop_plan(self, claim: ElasticGPUClaim) -> None:
+        namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
+        patch = {"metadata": {"annotations": {preemption.ANNOTATION_PREEMPTING: None},
+                              "resourceVersion": claim.metadata.resource_version}}
+        try:
+            self.picture.put_claim(self.kube.patch_claim(namespace, name, patch))
+        except errors.Conflict:
+            self._refresh(namespace, name)
+            raise
+        except errors.NotFound:
+            return
+
+    # -- plumbing ----------------------------------------------------------------------------------
+
+    def _body(self, claim: ElasticGPUClaim) -> Body:
+        return self.picture.claim_body(claim.metadata.namespace or "", claim.metadata.name or "") or claim.to_dict()
+
+    def _refresh(self, namespace: str, name: str) -> None:
+        try:
+            self.picture.put_claim(self.kube.get_claim(namespace, name))
+        except errors.NotFound:
+            return

@@ -1,0 +1,233 @@
+"""Priority and preemption against the API server (issue 27 item 2, docs/preemption.md).
+
+One card, filled by claims of a low-priority class; a claim of a higher-priority class that fits
+nowhere preempts the cheapest victims on the card: they are marked (annotation, condition Preempted,
+Event PreemptedBy), their pods evicted (the test server has no eviction subresource: plainly deleted),
+their ElasticGPUs fail (reason Preempted, claims Lost), the room is freed once the agent no longer
+reports them running, and the preemptor binds. Rows where nothing may be preempted: equal priority,
+preemptionPolicy Never, a claim that would still not fit, a quota that would still refuse it. Crash
+and HA rows: a plan left by a controller that died is carried out by a fresh one; two controllers
+working at once preempt once and never oversubscribe.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from elasticgpu.api import ElasticGPUClaim, names
+from elasticgpu.controller import errors
+from elasticgpu.controller.decisions import preemption
+from elasticgpu.controller.edge.kube import KubeApi
+from tests.binding import objects as o
+from tests.binding.agent_status import write_gpu_status
+from tests.binding.conftest import Cluster, new_controller, settle
+from tests.pods.claim_world import World, world  # noqa: F401  # the fixture, re-exported for pytest
+from tests.pods.conftest import pod_update_policies  # noqa: F401  # the world fixture's own
+from tests.quota import quotas
+
+
+def _setup(cluster: Cluster, **priorities: Any) -> str:
+    """One 80 GiB card of a model of this test's own; a class per keyword (name -> priority, or
+    (priority, preemptionPolicy)); returns the GPU's name."""
+    model = f"T{cluster.prefix}"
+    gpu_name = f"gpu-{cluster.prefix}-0"
+    cluster.gpu(o.gpu(gpu_name, node=f"{cluster.prefix}-node", model=model))
+    for name, value in priorities.items():
+        body = o.klass(f"{cluster.prefix}-{name}", parameters={"gpuModel": model})
+        priority, policy = value if isinstance(value, tuple) else (value, None)
+        if priority is not None:
+            body["priority"] = priority
+        if policy:
+            body["preemptionPolicy"] = policy
+        cluster.klass(body)
+    return gpu_name
+
+
+def _claim(cluster: Cluster, name: str, klass: str, cores: int) -> dict[str, Any]:
+    return cluster.claim(o.claim(name, cores=cores, memory=None, class_name=f"{cluster.prefix}-{klass}"))
+
+
+def _status(cluster: Cluster, name: str) -> dict[str, Any]:
+    return cluster.get_claim(name).get("status") or {}
+
+
+def _allocations(kube: KubeApi, gpu_name: str) -> list[str]:
+    return sorted(a["elasticGPU"] for a in (kube.get_gpu(gpu_name).get("status") or {}).get("allocations") or [])
+
+
+def _events(kube: KubeApi, namespace: str, reason: str, name: str) -> list[dict[str, Any]]:
+    return [e for e in kube.list_events(namespace)
+            if e.get("reason") == reason and (e.get("involvedObject") or {}).get("name") == name]
+
+
+def _assert_preempted(cluster: Cluster, kube: KubeApi, victim: str, egpu_name: str, by: str) -> None:
+    body = cluster.get_claim(victim)
+    assert body["metadata"]["annotations"][preemption.ANNOTATION_PREEMPTED_BY] == f"{cluster.namespace}/{by}"
+    status = body["status"]
+    assert status["phase"] == "Lost", status
+    condition = next(c for c in status["conditions"] if c["type"] == preemption.CONDITION_PREEMPTED)
+    assert condition["reason"] == preemption.REASON_PREEMPTED_BY and f"{cluster.namespace}/{by}" in condition["message"]
+    assert _events(kube, cluster.namespace, preemption.REASON_PREEMPTED_BY, victim), "a PreemptedBy Event"
+    egpu = kube.get_elastic_gpu(egpu_name)
+    assert (egpu["status"]["phase"], egpu["status"]["reason"]) == ("Failed", preemption.REASON_PREEMPTED)
+
+
+def test_a_higher_priority_claim_preempts_the_cheapest_victim_evicts_its_pod_and_binds(
+        world: World, kube: KubeApi) -> None:  # noqa: F811  # the fixture
+    gpu_name = _setup(world, low=None, high=1000)
+    _claim(world, "old", "low", 40)
+    controller = new_controller(kube, world.namespace)
+    settle(controller)
+    _claim(world, "young", "low", 60)
+    settle(controller)
+    egpus = {n: world.get_claim(n)["spec"]["elasticGPUName"] for n in ("old", "young")}
+    world.pod("uses-young", claims={"main": "young"}, gated=False)
+    world.pod("uses-old", claims={"main": "old"}, gated=False)
+    # The agent reports "young" running on the card: its room stays until its containers stop.
+    young = world.get_claim("young")
+    write_gpu_status(kube, gpu_name, runningClaims=[{
+        "namespace": world.namespace, "name": "young", "uid": young["metadata"]["uid"],
+        "pods": [f"{world.namespace}/uses-young"]}])
+    settle(controller)
+
+    _claim(world, "urgent", "high", 50)
+    settle(controller)
+    # Only "young" (60 cores) makes room for 50 on its own; "old" (40) cannot: one victim, not two.
+    status = _status(world, "urgent")
+    assert (status["phase"], status["reason"]) == ("Pending", preemption.REASON_PREEMPTING), status
+    assert f"{world.namespace}/young" in status["message"] and f"{world.namespace}/old" not in status["message"]
+    _assert_preempted(world, kube, "young", egpus["young"], "urgent")
+    try:
+        world.get_pod("uses-young")
+        raise AssertionError("the victim's pod was not deleted")
+    except errors.NotFound:
+        pass
+    assert world.get_pod("uses-old"), "the other claim's pod is untouched"
+    assert _status(world, "old")["phase"] == "Bound"
+    assert _allocations(kube, gpu_name) == sorted(egpus.values()), "kept while the agent reports it running"
+    plan = preemption.plan_of(ElasticGPUClaim.model_validate(world.get_claim("urgent")))
+    assert plan is not None and [v.name for v in plan] == ["young"]
+
+    write_gpu_status(kube, gpu_name, runningClaims=[])  # the containers stopped
+    settle(controller)
+    urgent = world.get_claim("urgent")
+    assert urgent["status"]["phase"] == "Bound"
+    assert preemption.ANNOTATION_PREEMPTING not in (urgent["metadata"].get("annotations") or {}), "plan done"
+    assert _allocations(kube, gpu_name) == sorted([egpus["old"], urgent["spec"]["elasticGPUName"]])
+    assert _events(kube, world.namespace, preemption.REASON_PREEMPTING, "urgent")
+
+
+def test_equal_priority_and_never_do_not_preempt(cluster: Cluster, kube: KubeApi) -> None:
+    gpu_name = _setup(cluster, low=None, peer=0, high=1000, polite=(1000, "Never"), top=2000)
+    _claim(cluster, "holder", "high", 100)
+    controller = new_controller(kube, cluster.namespace)
+    settle(controller)
+    held = _allocations(kube, gpu_name)
+    _claim(cluster, "equal", "high", 30)
+    _claim(cluster, "polite", "polite", 30)
+    settle(controller)
+    for name in ("equal", "polite"):
+        status = _status(cluster, name)
+        assert (status["phase"], status["reason"]) == ("Pending", "NoCapacity"), status
+    assert _status(cluster, "holder")["phase"] == "Bound"
+    assert _allocations(kube, gpu_name) == held
+    assert not (cluster.get_claim("holder")["metadata"].get("annotations") or {}).get(
+        preemption.ANNOTATION_PREEMPTED_BY)
+    # A claim of higher priority still may: the proof that the rows above could fail.
+    _claim(cluster, "top", "top", 30)
+    settle(controller)
+    assert _status(cluster, "top")["phase"] == "Bound"
+    assert _status(cluster, "holder")["phase"] == "Lost"
+
+
+def test_no_preemption_for_a_claim_that_would_still_not_fit(cluster: Cluster, kube: KubeApi) -> None:
+    gpu_name = _setup(cluster, low=None, mid=500, high=1000)
+    _claim(cluster, "cheap", "low", 60)
+    _claim(cluster, "precious", "high", 40)
+    controller = new_controller(kube, cluster.namespace)
+    settle(controller)
+    held = _allocations(kube, gpu_name)
+    _claim(cluster, "greedy", "mid", 80)  # 60 of lower priority on the card: 80 never fits without "precious"
+    settle(controller)
+    status = _status(cluster, "greedy")
+    assert (status["phase"], status["reason"]) == ("Pending", "NoCapacity"), status
+    assert "no preemption" in status["message"]
+    assert _status(cluster, "cheap")["phase"] == "Bound" and _allocations(kube, gpu_name) == held
+
+
+def test_a_quota_that_would_still_refuse_the_claim_prevents_preemption(
+        cluster: Cluster, kube: KubeApi, api_client: Any) -> None:
+    gpu_name = _setup(cluster, low=None, high=1000)
+    _claim(cluster, "cheap", "low", 100)
+    controller = new_controller(kube, cluster.namespace)
+    settle(controller)
+    held = _allocations(kube, gpu_name)
+    # The quota counts the victim's 100 cores: once it is gone 50 would fit, 120 of a card never can.
+    quotas.create(api_client, cluster.namespace, quotas.quota("cores", {names.RESOURCE_CORE: 60}))
+    _claim(cluster, "big", "high", 70)
+    settle(controller)
+    status = _status(cluster, "big")
+    assert status["phase"] == "Pending" and "no preemption" in status["message"], status
+    assert _status(cluster, "cheap")["phase"] == "Bound" and _allocations(kube, gpu_name) == held
+    _claim(cluster, "fits", "high", 50)
+    settle(controller)
+    assert _status(cluster, "fits")["phase"] == "Bound", "within the quota once the victim's charge goes"
+    assert _status(cluster, "cheap")["phase"] == "Lost"
+
+
+def test_a_plan_left_by_a_dead_controller_is_carried_out_by_a_fresh_one(cluster: Cluster, kube: KubeApi) -> None:
+    gpu_name = _setup(cluster, low=None, high=1000)
+    _claim(cluster, "a", "low", 50)
+    _claim(cluster, "b", "low", 50)
+    first = new_controller(kube, cluster.namespace)
+    settle(first)
+    victims = {n: cluster.get_claim(n) for n in ("a", "b")}
+    # What a controller that died right after step 1 leaves: the plan on the preemptor, nothing else.
+    urgent = _claim(cluster, "urgent", "high", 100)
+    plan = preemption.encode_plan([preemption.Victim(elastic_gpu=v["spec"]["elasticGPUName"], name=n,
+                                                     namespace=cluster.namespace, uid=v["metadata"]["uid"])
+                                   for n, v in victims.items()], f"{cluster.prefix}-node card 0")
+    kube.patch_claim(cluster.namespace, "urgent", {"metadata": {
+        "annotations": {preemption.ANNOTATION_PREEMPTING: plan},
+        "resourceVersion": urgent["metadata"]["resourceVersion"]}})
+    fresh = new_controller(kube, cluster.namespace)
+    settle(fresh)
+    urgent = cluster.get_claim("urgent")
+    assert urgent["status"]["phase"] == "Bound"
+    for name, body in victims.items():
+        _assert_preempted(cluster, kube, name, body["spec"]["elasticGPUName"], "urgent")
+    assert _allocations(kube, gpu_name) == [urgent["spec"]["elasticGPUName"]]
+
+
+def test_two_controllers_preempt_once_and_never_oversubscribe(cluster: Cluster, kube: KubeApi) -> None:
+    gpu_name = _setup(cluster, low=None, high=1000)
+    for name in ("a", "b", "c", "d"):
+        _claim(cluster, name, "low", 25)
+    one, two = new_controller(kube, cluster.namespace), new_controller(kube, cluster.namespace)
+    settle(one)
+    settle(two)
+    _claim(cluster, "urgent", "high", 50)
+    failures: list[BaseException] = []
+
+    def work(controller: Any) -> None:
+        try:
+            settle(controller, deadline_s=60.0)
+        except BaseException as err:  # reported below, in the test's thread
+            failures.append(err)
+
+    threads = [threading.Thread(target=work, args=(c,)) for c in (one, two)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=90)
+    assert not failures, failures
+    settle(one)
+    assert _status(cluster, "urgent")["phase"] == "Bound"
+    lost = [n for n in ("a", "b", "c", "d") if _status(cluster, n)["phase"] == "Lost"]
+    assert len(lost) == 2, f"two 25-core victims make room for 50, not {lost}"
+    gpu = kube.get_gpu(gpu_name)
+    allocations = (gpu.get("status") or {}).get("allocations") or []
+    assert sum(a["cores"] for a in allocations) <= 100
+    assert len(allocations) == 3
+
