@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticgpu.allocator.preemption import Candidate
-from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, timestamps
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names, timestamps
 
 ANNOTATION_PREEMPTING = "elasticgpu.io/preempting"
 """On the preemptor: where and its victims, as JSON {"on": "node-1 card 0", "victims": [{"elasticGPU", "claim":
@@ -153,9 +153,13 @@ def preempted_by(claim: ElasticGPUClaim) -> str:
 
 def candidate_of(egpu: ElasticGPU, claim: ElasticGPUClaim | None, priority: int) -> Candidate | None:
     """`egpu`'s reservation as a candidate victim of `priority`, or None when it may not be one: its claim
-    must be Bound to it, not being deleted, and not already preempted by another claim."""
+    must be Bound to it, not being deleted, and not already preempted by another claim; and it must have been
+    provisioned for that claim (an admin's static ElasticGPU is never failed to make room: it is a PV's analog,
+    which the admin made for a purpose)."""
     ref = egpu.spec.claim_ref
     if claim is None or ref is None or not ref.name or egpu.status.phase != "Bound":
+        return None
+    if egpu.metadata.name != names.elastic_gpu_name_for_claim(claim.metadata.uid or ""):
         return None
     if ref.uid and ref.uid != claim.metadata.uid:
         return None
