@@ -157,7 +157,11 @@ def candidate_of(egpu: ElasticGPU, claim: ElasticGPUClaim | None, priority: int)
     provisioned for that claim (an admin's static ElasticGPU is never failed to make room: it is a PV's analog,
     which the admin made for a purpose)."""
     ref = egpu.spec.claim_ref
-    if claim is None or ref is None or not ref.name or egpu.status.phase != "Bound":
+    # The ElasticGPU's own Bound status is written after its claim's (binder step 3 first): a claim the user
+    # sees Bound may still have an ElasticGPU with no phase, and it is a victim like any other.
+    if claim is None or ref is None or not ref.name or egpu.status.phase in ("Failed", "Released"):
+        return None
+    if egpu.metadata.deletion_timestamp or claim.spec.elastic_gpu_name != egpu.metadata.name:
         return None
     if egpu.metadata.name != names.elastic_gpu_name_for_claim(claim.metadata.uid or ""):
         return None

@@ -387,6 +387,8 @@ class ClaimSync:
                     self._pending(claim, capacity.REASON_NEVER_FITS, never)
                     return None
                 outcome = self.preempting.try_preempt(claim, decision, request)
+                if outcome.retry:
+                    continue  # the victims' room is free: place again
                 if outcome.handled:
                     return None  # it waits for its victims to go (status written)
                 message = f"no card can give {decision.request.describe()}: {result.reason}"
