@@ -13,6 +13,7 @@ working at once preempt once and never oversubscribe.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from elasticgpu.api import ElasticGPUClaim, names
@@ -22,6 +23,7 @@ from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.agent_status import write_gpu_status
 from tests.binding.conftest import Cluster, new_controller, settle
+from tests.faults.proxy import FaultPlan, fault_proxy
 from tests.pods.claim_world import World, world  # noqa: F401  # the fixture, re-exported for pytest
 from tests.pods.conftest import pod_update_policies  # noqa: F401  # the world fixture's own
 from tests.quota import quotas
@@ -231,3 +233,48 @@ def test_two_controllers_preempt_once_and_never_oversubscribe(cluster: Cluster, 
     assert sum(a["cores"] for a in allocations) <= 100
     assert len(allocations) == 3
 
+
+
+def test_an_eviction_a_budget_refuses_is_retried_and_never_bypassed(
+        world: World, kube: KubeApi, kube_cluster: Any) -> None:  # noqa: F811  # the fixture
+    """A PodDisruptionBudget that allows no disruption answers an eviction 429 (here the fault proxy answers it
+    in the server's place: the test server has no eviction subresource; tests/realcluster has a real budget).
+    The victim keeps its card, its pod runs on; the preemptor says why it waits; once evictions are allowed
+    again the next retry goes through and the preemptor binds."""
+    _setup(world, low=None, high=1000)
+    _claim(world, "batch", "low", 100)
+    refuse = FaultPlan(rates={"429": 1.0}, paths=(r"^create .*/pods/[^/]+/eviction$",))
+    with fault_proxy(kube_cluster, refuse) as (proxy, kubeconfig):
+        proxied = KubeApi.from_kubeconfig(str(kubeconfig))
+        try:
+            controller = new_controller(proxied, world.namespace)
+            settle(controller)
+            world.pod("trainer", claims={"main": "batch"}, gated=False)
+            settle(controller)
+            _claim(world, "urgent", "high", 50)
+            settle(controller)
+            assert proxy.count("429") >= 1, "the eviction was asked for"
+            status = _status(world, "urgent")
+            assert (status["phase"], status["reason"]) == ("Pending", preemption.REASON_PREEMPTING), status
+            assert "PodDisruptionBudget" in status["message"] and f"{world.namespace}/trainer" in status["message"]
+            assert _events(kube, world.namespace, preemption.REASON_EVICTION_BLOCKED, "urgent")
+            assert world.get_pod("trainer"), "never bypassed: the pod runs on"
+            batch = world.get_claim("batch")
+            assert batch["status"]["phase"] == "Bound", "the victim keeps its card while its pod runs"
+            held = next(c for c in batch["status"]["conditions"] if c["type"] == preemption.CONDITION_PREEMPTED)
+            assert "PodDisruptionBudget" in held["message"]
+
+            proxy.set_plan(FaultPlan())  # the budget allows a disruption again
+            deadline = time.monotonic() + 40
+            while _status(world, "urgent").get("phase") != "Bound":
+                assert time.monotonic() < deadline, _status(world, "urgent")
+                controller.drain()
+                time.sleep(0.1)
+            assert _status(world, "batch")["phase"] == "Lost"
+            try:
+                world.get_pod("trainer")
+                raise AssertionError("the victim's pod was not deleted")
+            except errors.NotFound:
+                pass
+        finally:
+            proxied.close()

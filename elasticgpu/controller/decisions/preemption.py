@@ -9,8 +9,9 @@ The protocol (carried out by `flow/preempting.py`; docs/preemption.md):
                  resourceVersion: with two controllers one plan wins, the other follows it.
     2. mark      each victim claim gets `elasticgpu.io/preempted-by: <ns>/<preemptor>` (its
                  resourceVersion guarding it: a victim another preemptor marked first is not
-                 taken twice: this plan is dropped and made again), the condition Preempted
-                 (reason PreemptedBy) and a Warning Event PreemptedBy.
+                 taken twice: this plan is dropped and made again) and a Warning Event
+                 PreemptedBy; the condition Preempted (reason PreemptedBy) comes with its Lost
+                 status (`lost_condition`), or at once while a PodDisruptionBudget holds its pods.
     3. evict     the pods that use a victim are evicted through the Eviction API (a
                  PodDisruptionBudget that allows no disruption answers 429: retried later,
                  never bypassed).
@@ -190,6 +191,17 @@ def preempted_condition(message: str, *, now: str) -> dict[str, Any]:
     """The victim's `Preempted` condition."""
     return {"type": CONDITION_PREEMPTED, "status": "True", "reason": REASON_PREEMPTED_BY, "message": message,
             "lastTransitionTime": now}
+
+
+def lost_condition(claim: ElasticGPUClaim, *, now: str) -> dict[str, Any] | None:
+    """The `Preempted` condition a preempted claim gets with its Lost status (one write, where the claim's
+    status is written anyway, not one more in the preemption's path), or None: not preempted, or said already."""
+    by = preempted_by(claim)
+    if not by or any(c.type == CONDITION_PREEMPTED for c in claim.status.conditions):
+        return None
+    return preempted_condition(f"preempted by claim {by}: the pods that used this claim were evicted and its"
+                               " ElasticGPU failed (reason Preempted); delete it and create it again to wait for"
+                               " room (docs/preemption.md)", now=now)
 
 
 def waiting_message(victims: list[Victim], where: str, *, blocked: str = "") -> str:

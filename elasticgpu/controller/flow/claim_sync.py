@@ -157,8 +157,8 @@ class ClaimSync:
         if claim.status.phase == "Lost" and said and claim.status.reason == reason:
             return
         lost = condition("Lost", reason, message, claim.status.conditions)
-        # A preempted claim keeps its Preempted condition (issue 27): it says by whom, the Lost one says what.
-        kept = [c.to_dict() for c in claim.status.conditions if c.type == preempting.CONDITION_PREEMPTED]
+        # A preempted claim has a Preempted condition too (issue 27): it says by whom, the Lost one says what.
+        kept = preempting.preempted_conditions(claim)
         self._write_status(claim, {"phase": "Lost", "reason": reason, "message": message,
                                    "conditions": [*kept, lost]})
         self.events.record(self._body(claim), type_=WARNING, reason=reason, message=message)

@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from elasticgpu.allocator import PlacementRequest, quota
 from elasticgpu.allocator.preemption import Candidate, NoPreemption, Preemption, choose_victims
@@ -37,7 +38,14 @@ BLOCKED_RECHECK_S = 10.0
 """Seconds before an eviction a PodDisruptionBudget refused is tried again."""
 
 Pending = Callable[[ElasticGPUClaim, str, str], None]
-CONDITION_PREEMPTED = preemption.CONDITION_PREEMPTED
+
+
+def preempted_conditions(claim: ElasticGPUClaim) -> list[dict[str, Any]]:
+    """The `Preempted` condition to write with a claim's Lost status: the one it has, or, for a claim marked
+    preempted, a new one (the claim sync's `_lost` calls this)."""
+    kept = [c.to_dict() for c in claim.status.conditions if c.type == preemption.CONDITION_PREEMPTED]
+    new = preemption.lost_condition(claim, now=now_rfc3339())
+    return kept + ([new] if new is not None else [])
 
 
 @dataclass(frozen=True)
@@ -227,8 +235,9 @@ class Preempter:
         blocked: list[str] = []
         for victim, model in live:
             refused = self._evict_pods(model) if model is not None else []
-            if refused:
+            if refused and model is not None:
                 blocked += refused
+                self._say_held(model, refused)
                 continue
             self._fail(victim, me)
         with self.picture.lock:
@@ -267,16 +276,26 @@ class Preempter:
             raise
         except errors.NotFound:
             return
-        marked = self.picture.put_claim(answer)
-        kept = [c.to_dict() for c in marked.status.conditions if c.type != preemption.CONDITION_PREEMPTED]
-        status = {"conditions": [*kept, preemption.preempted_condition(message, now=now_rfc3339())]}
-        with contextlib.suppress(errors.NotFound, errors.Conflict):
-            # The annotation is the record; the condition is for `kubectl describe` (a conflict here is the
-            # victim's own sync writing meanwhile: the annotation already says it).
-            self.picture.put_claim(self.kube.patch_claim_status(namespace, name, {
-                "metadata": {"resourceVersion": marked.metadata.resource_version}, "status": status}))
+        self.picture.put_claim(answer)
+        # The annotation is the record; the condition comes with the Lost status (`preempted_conditions`), or
+        # from `_say_held` while a budget holds the pods: not one more write in every preemption's path.
         self.events.record(answer, type_=WARNING, reason=preemption.REASON_PREEMPTED_BY, message=message)
         logger.info("claim %s/%s preempted by %s", namespace, name, me)
+
+    def _say_held(self, victim: ElasticGPUClaim, pods: list[str]) -> None:
+        """The victim's Preempted condition while a PodDisruptionBudget holds its pods (once: it stays)."""
+        victim = self.picture.claim(victim.metadata.namespace or "", victim.metadata.name or "") or victim
+        if any(c.type == preemption.CONDITION_PREEMPTED for c in victim.status.conditions):
+            return
+        message = (f"preempted by claim {preemption.preempted_by(victim)}: waiting for a PodDisruptionBudget to allow"
+                   f" the eviction of pod(s) {', '.join(pods)}; then its ElasticGPU fails and the claim becomes Lost")
+        conditions = [*(c.to_dict() for c in victim.status.conditions),
+                      preemption.preempted_condition(message, now=now_rfc3339())]
+        with contextlib.suppress(errors.NotFound, errors.Conflict):  # a conflict: the next pass says it
+            self.picture.put_claim(self.kube.patch_claim_status(victim.metadata.namespace or "",
+                                                                victim.metadata.name or "", {
+                "metadata": {"resourceVersion": victim.metadata.resource_version},
+                "status": {"conditions": conditions}}))
 
     def _evict_pods(self, victim: ElasticGPUClaim) -> list[str]:
         """Step 3: evict the running pods that use the victim; the pods whose eviction was refused (429)."""
