@@ -313,6 +313,8 @@ class ClaimSync:
         placement = self._reserve(claim, key, decision)
         if placement is None:
             return
+        # A preemption wrote the claim (its plan) on the way: bind from that version, not a stale one.
+        claim = self.preempting.current(claim)
         self.after_commit(claim, decision, key, placement)
 
     def after_commit(self, claim: ElasticGPUClaim, decision: binder.Provision, key: str,

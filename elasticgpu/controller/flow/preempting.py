@@ -137,6 +137,15 @@ class Preempter:
         except errors.NotFound:
             return
 
+    def current(self, claim: ElasticGPUClaim) -> ElasticGPUClaim:
+        """The claim as its preemption left it (the picture's copy, with the plan annotation and its
+        resourceVersion) when the picture holds a newer copy of this claim with a plan; else `claim`. The bind's
+        writes carry the claim's resourceVersion: the version read before the plan was written would conflict."""
+        fresh = self.picture.claim(claim.metadata.namespace or "", claim.metadata.name or "")
+        if fresh is None or fresh.metadata.uid != claim.metadata.uid or preemption.plan_of(fresh) is None:
+            return claim
+        return fresh
+
     # -- choosing ----------------------------------------------------------------------------------
 
     def _priorities(self, classes: Mapping[str, ElasticGPUClass]) -> dict[str, preemption.ClaimPriority]:
