@@ -278,3 +278,23 @@ def test_an_eviction_a_budget_refuses_is_retried_and_never_bypassed(
                 pass
         finally:
             proxied.close()
+
+
+def test_a_mark_left_by_a_preemptor_that_is_gone_keeps_nobody_from_being_a_victim(
+        cluster: Cluster, kube: KubeApi) -> None:
+    gpu_name = _setup(cluster, low=None, high=1000)
+    _claim(cluster, "batch", "low", 100)
+    controller = new_controller(kube, cluster.namespace)
+    settle(controller)
+    # A preemptor that was deleted (or bound elsewhere) before its victim's pods could be evicted left this.
+    kube.patch_claim(cluster.namespace, "batch", {"metadata": {"annotations": {
+        preemption.ANNOTATION_PREEMPTED_BY: f"{cluster.namespace}/deleted-meanwhile"}}})
+    settle(controller)
+    _claim(cluster, "urgent", "high", 50)
+    settle(controller)
+    urgent = cluster.get_claim("urgent")
+    assert urgent["status"]["phase"] == "Bound", urgent["status"]
+    batch = cluster.get_claim("batch")
+    assert batch["metadata"]["annotations"][preemption.ANNOTATION_PREEMPTED_BY] == f"{cluster.namespace}/urgent"
+    assert batch["status"]["phase"] == "Lost"
+    assert _allocations(kube, gpu_name) == [urgent["spec"]["elasticGPUName"]]

@@ -104,3 +104,10 @@ def test_what_is_never_a_candidate(case: str) -> None:
     else:
         claim = None
     assert preemption.candidate_of(egpu, claim, 0) is None
+
+
+def test_a_stale_mark_does_not_protect_a_claim() -> None:
+    marked = _claim({preemption.ANNOTATION_PREEMPTED_BY: "ns/gone"})
+    assert preemption.candidate_of(_egpu(), marked, 0) is None  # a mark stands unless told otherwise
+    assert preemption.candidate_of(_egpu(), marked, 0, marked=True) is None
+    assert preemption.candidate_of(_egpu(), marked, 0, marked=False) is not None

@@ -152,11 +152,13 @@ def preempted_by(claim: ElasticGPUClaim) -> str:
     return (claim.metadata.annotations or {}).get(ANNOTATION_PREEMPTED_BY, "")
 
 
-def candidate_of(egpu: ElasticGPU, claim: ElasticGPUClaim | None, priority: int) -> Candidate | None:
+def candidate_of(egpu: ElasticGPU, claim: ElasticGPUClaim | None, priority: int, *,
+                 marked: bool | None = None) -> Candidate | None:
     """`egpu`'s reservation as a candidate victim of `priority`, or None when it may not be one: its claim
     must be Bound to it, not being deleted, and not already preempted by another claim; and it must have been
     provisioned for that claim (an admin's static ElasticGPU is never failed to make room: it is a PV's analog,
-    which the admin made for a purpose)."""
+    which the admin made for a purpose). `marked`: whether its `preempted-by` mark still stands (its preemptor
+    exists and plans it); None: any mark stands."""
     ref = egpu.spec.claim_ref
     # The ElasticGPU's own Bound status is written after its claim's (binder step 3 first): a claim the user
     # sees Bound may still have an ElasticGPU with no phase, and it is a victim like any other.
@@ -168,7 +170,9 @@ def candidate_of(egpu: ElasticGPU, claim: ElasticGPUClaim | None, priority: int)
         return None
     if ref.uid and ref.uid != claim.metadata.uid:
         return None
-    if claim.status.phase != "Bound" or claim.metadata.deletion_timestamp or preempted_by(claim):
+    if claim.status.phase != "Bound" or claim.metadata.deletion_timestamp:
+        return None
+    if preempted_by(claim) and marked is not False:
         return None
     created = timestamps.parse(claim.metadata.creation_timestamp)
     return Candidate(key=egpu.metadata.name or "", priority=priority,

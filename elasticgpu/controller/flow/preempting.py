@@ -127,6 +127,7 @@ class Preempter:
         claim = self.picture.claim(namespace, name)
         if claim is None or preemption.ANNOTATION_PREEMPTING not in (claim.metadata.annotations or {}):
             return
+        self._unmark_spared(claim, preemption.plan_of(claim) or [])
         patch = {"metadata": {"annotations": {preemption.ANNOTATION_PREEMPTING: None},
                               "resourceVersion": claim.metadata.resource_version}}
         try:
@@ -169,13 +170,24 @@ class Preempter:
             if value >= below:
                 continue
             ref = egpu.spec.claim_ref
-            candidate = preemption.candidate_of(egpu, picture.claim(ref.namespace or "", ref.name or ""), value)
             claim = picture.claim(ref.namespace or "", ref.name or "")
+            candidate = preemption.candidate_of(egpu, claim, value, marked=self._mark_holds(claim, key))
             if candidate is not None:
                 found[key] = candidate
             elif claim is not None and claim.status.phase != "Bound" and not claim.metadata.deletion_timestamp:
                 skipped += 1  # mid-bind: a victim in a moment
         return found, skipped
+
+    def _mark_holds(self, claim: ElasticGPUClaim | None, key: str) -> bool:
+        """Whether `claim`'s `preempted-by` mark still stands: its preemptor exists and its plan names `key`.
+        A mark left by a preemptor that was deleted, or bound elsewhere, keeps nobody from being a victim."""
+        by = preemption.preempted_by(claim) if claim is not None else ""
+        if not by:
+            return False
+        namespace, _, name = by.partition("/")
+        preemptor = self.picture.claim(namespace, name)
+        plan = preemption.plan_of(preemptor) if preemptor is not None else None
+        return plan is not None and any(v.elastic_gpu == key for v in plan)
 
     def _where(self, chosen: Preemption) -> str:
         if chosen.card:
@@ -233,14 +245,14 @@ class Preempter:
             if model is not None and model.metadata.uid != victim.uid:
                 model = None  # another claim of the same name: the victim itself is gone
             owner = preemption.preempted_by(model) if model is not None else ""
-            if owner and owner != me:
+            if owner and owner != me and self._mark_holds(model, victim.elastic_gpu):
                 # OBSERVATION: another preemptor marked this victim first: this plan cannot be kept.
                 self._abandon(claim, victims)
                 return Outcome(True)
             live.append((victim, model))
         for victim, model in live:
-            if model is not None and not preemption.preempted_by(model):
-                self._mark(model, claim, victim, where)
+            if model is not None and preemption.preempted_by(model) != me:
+                self._mark(model, claim, victim, where)  # unmarked, or a stale mark (its preemptor gone)
         blocked: list[str] = []
         for victim, model in live:
             refused = self._evict_pods(model) if model is not None else []
@@ -271,7 +283,9 @@ class Preempter:
         """Step 2: the victim's annotation (guarded), its Preempted condition and a Warning Event."""
         namespace, name = victim.metadata.namespace or "", victim.metadata.name or ""
         me = preemption.preemptor_name(preemptor)
-        values = {n: p.value for n, p in self._priorities(dict(self.picture.view().classes)).items()}
+        with self.picture.lock:
+            classes = dict(self.picture.view().classes)
+        values = {n: p.value for n, p in self._priorities(classes).items()}
         klass = preemptor.spec.class_name or ""
         egpu = self.picture.egpu(entry.elastic_gpu)
         victim_class = egpu.spec.elastic_gpu_class_name or "" if egpu is not None else ""
@@ -366,6 +380,21 @@ class Preempter:
         self._drop_plan(claim)
         self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
                        delay_s=RECHECK_S * 0.1)
+
+    def _unmark_spared(self, claim: ElasticGPUClaim, victims: list[preemption.Victim]) -> None:
+        """The claim is Bound: victims of its plan that were marked but never failed (their pods were still
+        held by a budget when room came elsewhere) lose the mark (best effort: a mark whose plan is gone
+        keeps nobody from being a victim anyway, `_mark_holds`)."""
+        me = preemption.preemptor_name(claim)
+        for victim in victims:
+            model = self.picture.claim(victim.namespace, victim.name)
+            egpu = self.picture.egpu(victim.elastic_gpu)
+            if model is None or preemption.preempted_by(model) != me or egpu is None or egpu.status.phase == "Failed":
+                continue
+            with contextlib.suppress(errors.NotFound, errors.Conflict):
+                self.picture.put_claim(self.kube.patch_claim(victim.namespace, victim.name, {"metadata": {
+                    "annotations": {preemption.ANNOTATION_PREEMPTED_BY: None},
+                    "resourceVersion": model.metadata.resource_version}}))
 
     def _drop_plan(self, claim: ElasticGPUClaim) -> None:
         namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
