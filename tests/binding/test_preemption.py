@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from elasticgpu.api import ElasticGPUClaim, names
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import preemption
@@ -63,14 +65,16 @@ def _events(kube: KubeApi, namespace: str, reason: str, name: str) -> list[dict[
             if e.get("reason") == reason and (e.get("involvedObject") or {}).get("name") == name]
 
 
-def _assert_preempted(cluster: Cluster, kube: KubeApi, victim: str, egpu_name: str, by: str) -> None:
+def _assert_preempted(cluster: Cluster, kube: KubeApi, victim: str, egpu_name: str, by: str, *,
+                      event: bool = True) -> None:
     body = cluster.get_claim(victim)
     assert body["metadata"]["annotations"][preemption.ANNOTATION_PREEMPTED_BY] == f"{cluster.namespace}/{by}"
     status = body["status"]
     assert status["phase"] == "Lost", status
     condition = next(c for c in status["conditions"] if c["type"] == preemption.CONDITION_PREEMPTED)
     assert condition["reason"] == preemption.REASON_PREEMPTED_BY and f"{cluster.namespace}/{by}" in condition["message"]
-    assert _events(kube, cluster.namespace, preemption.REASON_PREEMPTED_BY, victim), "a PreemptedBy Event"
+    if event:  # an Event is a courtesy: one a controller died before writing is not written again
+        assert _events(kube, cluster.namespace, preemption.REASON_PREEMPTED_BY, victim), "a PreemptedBy Event"
     egpu = kube.get_elastic_gpu(egpu_name)
     assert (egpu["status"]["phase"], egpu["status"]["reason"]) == ("Failed", preemption.REASON_PREEMPTED)
 
@@ -178,7 +182,11 @@ def test_a_quota_that_would_still_refuse_the_claim_prevents_preemption(
     assert _status(cluster, "cheap")["phase"] == "Lost"
 
 
-def test_a_plan_left_by_a_dead_controller_is_carried_out_by_a_fresh_one(cluster: Cluster, kube: KubeApi) -> None:
+@pytest.mark.parametrize("died_after", ["plan", "first mark", "first victim failed"])
+def test_a_plan_left_by_a_dead_controller_is_carried_out_by_a_fresh_one(cluster: Cluster, kube: KubeApi,
+                                                                        died_after: str) -> None:
+    """One row per crash point of the protocol (decisions/preemption.py): what a controller that died there
+    leaves is written by hand, and a fresh controller finishes the preemption."""
     gpu_name = _setup(cluster, low=None, high=1000)
     _claim(cluster, "a", "low", 50)
     _claim(cluster, "b", "low", 50)
@@ -193,12 +201,19 @@ def test_a_plan_left_by_a_dead_controller_is_carried_out_by_a_fresh_one(cluster:
     kube.patch_claim(cluster.namespace, "urgent", {"metadata": {
         "annotations": {preemption.ANNOTATION_PREEMPTING: plan},
         "resourceVersion": urgent["metadata"]["resourceVersion"]}})
+    if died_after in ("first mark", "first victim failed"):
+        kube.patch_claim(cluster.namespace, "a", {"metadata": {"annotations": {
+            preemption.ANNOTATION_PREEMPTED_BY: f"{cluster.namespace}/urgent"}}})
+    if died_after == "first victim failed":
+        kube.patch_elastic_gpu_status(victims["a"]["spec"]["elasticGPUName"], {"status": {
+            "phase": "Failed", "reason": preemption.REASON_PREEMPTED, "message": "preempted"}})
     fresh = new_controller(kube, cluster.namespace)
     settle(fresh)
     urgent = cluster.get_claim("urgent")
     assert urgent["status"]["phase"] == "Bound"
     for name, body in victims.items():
-        _assert_preempted(cluster, kube, name, body["spec"]["elasticGPUName"], "urgent")
+        _assert_preempted(cluster, kube, name, body["spec"]["elasticGPUName"], "urgent",
+                          event=name == "b" or died_after == "plan")
     assert _allocations(kube, gpu_name) == [urgent["spec"]["elasticGPUName"]]
 
 
