@@ -313,3 +313,27 @@ def test_a_mark_left_by_a_preemptor_that_is_gone_keeps_nobody_from_being_a_victi
     assert batch["metadata"]["annotations"][preemption.ANNOTATION_PREEMPTED_BY] == f"{cluster.namespace}/urgent"
     assert batch["status"]["phase"] == "Lost"
     assert _allocations(kube, gpu_name) == [urgent["spec"]["elasticGPUName"]]
+
+
+def test_the_room_a_preemption_frees_goes_to_the_preemptor_not_an_older_waiting_claim(
+        cluster: Cluster, kube: KubeApi) -> None:
+    gpu_name = _setup(cluster, low=None, high=1000)
+    victim = _claim(cluster, "victim", "low", 100)
+    controller = new_controller(kube, cluster.namespace)
+    settle(controller)
+    # The agent reports the victim running: its room frees only when the containers stop, and then every
+    # waiting claim is woken at once.
+    write_gpu_status(kube, gpu_name, runningClaims=[{
+        "namespace": cluster.namespace, "name": "victim", "uid": victim["metadata"]["uid"],
+        "pods": [f"{cluster.namespace}/p"]}])
+    _claim(cluster, "waiter", "low", 50)  # older than the preemptor, of lower priority: it waits too
+    settle(controller)
+    _claim(cluster, "urgent", "high", 60)
+    settle(controller)
+    assert _status(cluster, "urgent")["reason"] == preemption.REASON_PREEMPTING
+    write_gpu_status(kube, gpu_name, runningClaims=[])
+    settle(controller)
+    assert _status(cluster, "urgent")["phase"] == "Bound"
+    # 60 + 50 > 100: had "waiter" (the older) gone first, "urgent" would have preempted it next.
+    waiter = _status(cluster, "waiter")
+    assert (waiter["phase"], waiter["reason"]) == ("Pending", "NoCapacity"), waiter

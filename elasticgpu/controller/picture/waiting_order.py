@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from elasticgpu.allocator import Placement
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
 from elasticgpu.api.errors import InvalidRequest
-from elasticgpu.controller.decisions import bind_order
+from elasticgpu.controller.decisions import bind_order, preemption
 
 ClaimKey = tuple[str, str]
 Owner = tuple[str, str]
@@ -89,10 +89,13 @@ def ordered(
     cache = cache or CoresCache()
     records: list[bind_order.Waiting] = []
     fair: set[str] = set()
+    preempting: set[ClaimKey] = set()
     for arrival, key in enumerate(waiting):
         model = claim(key)
         if model is None:
             continue
+        if preemption.ANNOTATION_PREEMPTING in (model.metadata.annotations or {}):
+            preempting.add(key)
         class_name = model.spec.class_name or (default_class.metadata.name or "" if default_class else "")
         klass = classes.get(class_name)
         mode = klass.bind_order if klass is not None else "FIFO"
@@ -102,7 +105,12 @@ def ordered(
                                           created=model.metadata.creation_timestamp or "", arrival=arrival,
                                           cores=cache.cores(key, model), class_name=class_name, order=mode))
     use = use_by_class(fair, reservations=reservations, owners=owners) if fair else {}
-    return [w.key for w in bind_order.order(records, use=use, weights=weights)]
+    keys = [w.key for w in bind_order.order(records, use=use, weights=weights)]
+    if not preempting:
+        return keys
+    # A claim that preempted others is tried first: the room its victims free is what it took them for, and
+    # an older claim of lower priority that took it would only become its next victim (docs/preemption.md).
+    return [k for k in keys if k in preempting] + [k for k in keys if k not in preempting]
 
 
 def use_by_class(classes: set[str], *, reservations: Mapping[str, Placement],
