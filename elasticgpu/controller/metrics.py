@@ -160,6 +160,9 @@ class ControllerMetrics:
                                   registry=self.registry)
         self.releases = Counter("elasticgpu_elasticgpus_released",
                                 "ElasticGPUs released after their claim was deleted.", registry=self.registry)
+        self.preemptions = Counter("elasticgpu_claims_preempted",
+                                   "Claims preempted for a claim of higher priority (their ElasticGPU failed,"
+                                   " reason Preempted).", registry=self.registry)
         self.conflicts = Counter("elasticgpu_conflicts",
                                  "Writes refused with 409 Conflict (a stale resourceVersion or a name taken).",
                                  ["resource"], registry=self.registry)
@@ -184,6 +187,10 @@ class ControllerMetrics:
     def released(self) -> None:
         """One ElasticGPU released (its claim is gone)."""
         self.releases.inc()
+
+    def preempted(self) -> None:
+        """One claim preempted (docs/preemption.md)."""
+        self.preemptions.inc()
 
     def conflict(self, *, resource: str) -> None:
         """One 409 on a write to `resource` (plural, e.g. "gpus")."""

@@ -17,11 +17,13 @@ import time
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from elasticgpu.api import ElasticGPUClaim, names
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import preemption
 from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.metrics import ControllerMetrics
 from tests.binding import objects as o
 from tests.binding.agent_status import write_gpu_status
 from tests.binding.conftest import Cluster, new_controller, settle
@@ -141,10 +143,18 @@ def test_equal_priority_and_never_do_not_preempt(cluster: Cluster, kube: KubeApi
     assert not (cluster.get_claim("holder")["metadata"].get("annotations") or {}).get(
         preemption.ANNOTATION_PREEMPTED_BY)
     # A claim of higher priority still may: the proof that the rows above could fail.
-    _claim(cluster, "top", "top", 30)
-    settle(controller)
-    assert _status(cluster, "top")["phase"] == "Bound"
-    assert _status(cluster, "holder")["phase"] == "Lost"
+    registry = CollectorRegistry()
+    controller.attach_metrics(ControllerMetrics(registry, process=False))
+    try:
+        _claim(cluster, "top", "top", 30)
+        settle(controller)
+        assert _status(cluster, "top")["phase"] == "Bound"
+        assert _status(cluster, "holder")["phase"] == "Lost"
+        assert registry.get_sample_value("elasticgpu_claims_preempted_total") == 1
+        # The bind after the preemption writes from the claim version its plan left: no 409 on the way.
+        assert not registry.get_sample_value("elasticgpu_conflicts_total", {"resource": "elasticgpuclaims"})
+    finally:
+        kube.metrics = None
 
 
 def test_no_preemption_for_a_claim_that_would_still_not_fit(cluster: Cluster, kube: KubeApi) -> None:

@@ -66,7 +66,8 @@ class ClaimSync:
         self.policing = policing_copy.PolicingCopy(kube=kube, picture=picture)
         """Keeps a Bound claim's status.policing true to its class (issue 25), for claims in sync."""
         self.preempting = preempting.Preempter(kube=kube, picture=picture, queue=queue, events=events, commit=commit,
-                                               elastic_gpus=elastic_gpus, pending=self._pending)
+                                               elastic_gpus=elastic_gpus, pending=self._pending,
+                                               metrics=lambda: self.metrics)
         """Preempts claims of lower priority for a claim that fits nowhere (issue 27, docs/preemption.md)."""
 
     def sync(self, namespace: str, name: str) -> None:

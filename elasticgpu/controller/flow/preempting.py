@@ -26,6 +26,7 @@ from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.priority_classes import PriorityClasses
 from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.picture.reservations import now_rfc3339
 
@@ -63,8 +64,11 @@ class Preempter:
     """Preempts lower-priority claims for claims that fit nowhere (see the module docstring)."""
 
     def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, events: EventRecorder,
-                 commit: Commit, elastic_gpus: ElasticGPUSync, pending: Pending) -> None:
-        """`pending`: writes a claim's Pending status and Event (the claim sync's own)."""
+                 commit: Commit, elastic_gpus: ElasticGPUSync, pending: Pending,
+                 metrics: Callable[[], ControllerMetrics | None] = lambda: None) -> None:
+        """`pending`: writes a claim's Pending status and Event (the claim sync's own); `metrics`: the
+        controller's metrics when it has them (counts the claims preempted)."""
+        self.metrics = metrics
         self.kube = kube
         self.picture = picture
         self.queue = queue
@@ -359,6 +363,9 @@ class Preempter:
         if egpu is not None and egpu.status.phase not in ("Failed", "Released"):
             self.elastic_gpus.set_phase(egpu, "Failed", preemption.REASON_PREEMPTED,
                                         f"preempted by claim {me}; the reservation is freed once its pods are gone")
+            metrics = self.metrics()
+            if metrics is not None:
+                metrics.preempted()
         # Its sync at once, here: it frees the room unless the agent reports the claim running (then the
         # GPU write that says they stopped wakes it). Its writes are guarded: a worker syncing the same
         # ElasticGPU meanwhile only makes one of the two re-read.
