@@ -112,6 +112,8 @@ def _units(inventory: Inventory, request: PlacementRequest,
     whole = request.gpu is not None and request.gpu.is_whole
     units: list[tuple[str, str, tuple[str, ...]]] = []
     for node_name in sorted(inventory.node_names()):
+        if request.nodes and node_name not in request.nodes:
+            continue  # the request may not go there at all (e.g. nodes kept for a claim group)
         node = inventory.node(node_name)
         if whole:
             keys = tuple(sorted(k for k in node.holders if k in eligible))

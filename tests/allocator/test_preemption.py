@@ -170,3 +170,18 @@ def test_least_total_priority_beats_fewest_victims() -> None:
         Candidate(key="big", priority=1, created=0.0), Candidate(key="small-1", priority=1, created=1.0),
         Candidate(key="small-2", priority=1, created=3.0)])
     assert isinstance(chosen, Preemption) and chosen.victims == ("small-2",)
+
+
+def test_victims_only_on_the_nodes_the_request_may_use() -> None:
+    inventory = Inventory()
+    for node in ("a", "b"):
+        inventory.add_node(NodeRecord(name=node))
+        inventory.add_card(CardRecord(uuid=f"GPU-{node}", node=node, index=0, model="A100", memory_mib=MEMORY))
+        inventory.reserve(f"on-{node}", Placement(node=node, cards=(CardShare(uuid=f"GPU-{node}", cores=100,
+                                                                              memory_mib=MEMORY, whole=True),)))
+    candidates = [Candidate(key="on-a", priority=0), Candidate(key="on-b", priority=1)]
+    anywhere = choose_victims(inventory, PlacementRequest(gpu=GpuRequest.whole(1)), priority=5, candidates=candidates)
+    assert isinstance(anywhere, Preemption) and anywhere.victims == ("on-a",)
+    only_b = choose_victims(inventory, PlacementRequest(gpu=GpuRequest.whole(1), nodes=frozenset({"b"})), priority=5,
+                            candidates=candidates)
+    assert isinstance(only_b, Preemption) and only_b.victims == ("on-b",)
