@@ -469,10 +469,6 @@ class ClaimSync:
         raise errors.BindingError(f"claim {claim.metadata.namespace}/{claim.metadata.name}: too many conflicts on"
                                   " the GPUs; retrying later")
 
-    def adopt_existing(self, claim: ElasticGPUClaim, key: str) -> bool:
-        """`_adopt_existing`, for the group binding."""
-        return self._adopt_existing(claim, key)
-
     def _adopt_existing(self, claim: ElasticGPUClaim, key: str) -> bool:
         """When ElasticGPU `key` exists (live read): free what `key` holds outside its spec's
         cards, requeue the claim, and answer True. False when it does not exist."""
