@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from elasticgpu.api import names
-from elasticgpu.controller.decisions import binder, groups
+from elasticgpu.api import names, timestamps
+from elasticgpu.controller.decisions import binder, group_attempts, groups
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import BindingSettings, ControllerSettings, ResyncSettings
@@ -139,6 +139,84 @@ def test_a_partial_group_found_at_start_is_released_when_the_rest_does_not_fit(
     settle(new_controller(kube, cluster.namespace))
     assert _held_keys(kube, gpu_names) == []  # released: a waiting group holds nothing
     assert {_status(cluster, f"w{i}").get("reason") for i in range(3)} == {groups.REASON_GROUP_DOES_NOT_FIT}
+
+
+def _attempt_left(cluster: Cluster, kube: KubeApi, gpu_names: list[str], members: list[str], state: str,
+                  reserved_at: str) -> dict[str, str]:
+    """What a controller killed between the commits of an attempt leaves: `members`' reservations
+    (the first the anchor) on the cards in order, with the attempt's record in `state`.
+    Returns GPU name -> reservation key."""
+    written = {}
+    for member, gpu_name in zip(members, gpu_names, strict=False):
+        claim = cluster.get_claim(member)
+        key = names.elastic_gpu_name_for_claim(claim["metadata"]["uid"])
+        gpu = kube.get_gpu(gpu_name)
+        gpu["status"] = {"allocations": [{
+            "elasticGPU": key, "cores": 100, "memory": gpu["spec"]["memory"], "exclusive": True,
+            "reservedAt": reserved_at,
+            "claimRef": {"namespace": cluster.namespace, "name": member, "uid": claim["metadata"]["uid"]},
+            "group": {"token": "killed-attempt", "anchor": members[0], "anchorGPU": gpu_names[0],
+                      "state": state if member == members[0] else "Committing"},
+        }]}
+        kube.replace_gpu_status(gpu)
+        written[gpu_name] = key
+    return written
+
+
+def _allocations(kube: KubeApi, gpu_names: list[str]) -> list[dict[str, Any]]:
+    return [a for g in gpu_names for a in (kube.get_gpu(g).get("status") or {}).get("allocations") or []]
+
+
+@pytest.mark.parametrize(("state", "written", "cards"), [
+    ("Committing", 2, 3),  # killed between commits, the rest fits: rolled back, planned anew, bound
+    ("Committing", 2, 2),  # the rest does not fit: rolled back, nothing held
+    ("Aborted", 2, 3),  # killed while rolling back: the rest of it is freed, then the group binds
+    ("Complete", 3, 3),  # killed after Complete, before the binds: bound on the cards it reserved
+])
+def test_kill_nine_between_commits_leaves_an_attempt_that_the_next_controller_settles(
+        cluster: Cluster, kube: KubeApi, state: str, written: int, cards: int) -> None:
+    class_name, gpu_names = _cards(cluster, cards)
+    for i in range(3):
+        _member(cluster, f"w{i}", "train", 3, class_name)
+    left = _attempt_left(cluster, kube, gpu_names, [f"w{i}" for i in range(written)], state,
+                         "2020-01-01T00:00:00Z")
+    settle(new_controller(kube, cluster.namespace))
+    reasons = {_status(cluster, f"w{i}").get("reason") for i in range(3)}
+    if cards < 3:
+        assert _held_keys(kube, gpu_names) == [], _allocations(kube, gpu_names)
+        assert reasons == {groups.REASON_GROUP_DOES_NOT_FIT}, reasons
+        return
+    assert [_status(cluster, f"w{i}").get("phase") for i in range(3)] == ["Bound"] * 3, reasons
+    tokens = {(a.get("group") or {}).get("token") for a in _allocations(kube, gpu_names)}
+    if state == "Complete":
+        assert {g: k for g in gpu_names for k in _held_keys(kube, [g])} == left  # the cards it reserved
+        assert tokens == {"killed-attempt"}
+    else:
+        assert "killed-attempt" not in tokens, _allocations(kube, gpu_names)  # nothing of it is left
+    check_invariants(kube, cluster.namespace, kube.list_claims(cluster.namespace), gpu_names)
+
+
+def test_a_young_attempt_of_another_controller_is_waited_for_then_rolled_back_past_the_grace(
+        cluster: Cluster, kube: KubeApi) -> None:
+    """An attempt written just now may be another controller's, mid-way: its members say
+    GroupReserving and nothing of it is touched; past the grace it is taken for dead."""
+    class_name, gpu_names = _cards(cluster, 3)
+    for i in range(3):
+        _member(cluster, f"w{i}", "train", 3, class_name)
+    _attempt_left(cluster, kube, gpu_names, ["w0", "w1"], "Committing", timestamps.now_rfc3339())
+    settings = ControllerSettings(resync=ResyncSettings(orphan_grace_s=60.0),
+                                  binding=BindingSettings(group_partial_grace_s=3.0))
+    controller = Controller(kube, settings, namespace=cluster.namespace)
+    settle(controller)
+    assert _status(cluster, "w0").get("reason") == group_attempts.REASON_GROUP_RESERVING, _status(cluster, "w0")
+    assert len(_held_keys(kube, gpu_names)) == 2  # untouched
+    deadline = time.monotonic() + 30
+    while [_status(cluster, f"w{i}").get("phase") for i in range(3)] != ["Bound"] * 3:
+        assert time.monotonic() < deadline, [_status(cluster, f"w{i}") for i in range(3)]
+        settle(controller)
+        time.sleep(0.2)
+    assert "killed-attempt" not in {(a.get("group") or {}).get("token") for a in _allocations(kube, gpu_names)}
+    check_invariants(kube, cluster.namespace, kube.list_claims(cluster.namespace), gpu_names)
 
 
 def test_two_controllers_racing_on_groups_leave_none_partial_and_no_card_overcommitted(
