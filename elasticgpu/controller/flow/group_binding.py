@@ -1,16 +1,20 @@
 """Group binding (gangs, issue 27): a claim group's members are reserved all or none.
 
 A member's sync plans the whole group on the picture (`allocator.groups.place_group`: every
-member placed, or the short one named), then commits each member's reservation as a single bind
-does (`Commit.commit`: a resourceVersion-guarded write of the GPU's status, under the member's
-ElasticGPU key, with its claim). If a commit fails, the ones this sync made are freed again and
-the group is re-planned. Once every member holds its reservation, each member finishes its own
-bind (create the ElasticGPU, bind the claim), as a single claim does after its commit point.
+member placed, or the short one named), then reserves it in one commit attempt
+(`flow/group_commit.py`): each member's reservation is a resourceVersion-guarded write of the
+GPU's status, as a single bind's is, carrying the attempt's record (token, anchor, anchor GPU,
+state Committing); then one guarded write of the anchor's reservation makes the attempt
+Complete. A failed write aborts the attempt (Aborted on the anchor first) and frees its
+reservations, by token. Members bind (create the ElasticGPU, bind the claim) only from a
+Complete attempt, each in its own sync, as a single claim does after its commit point.
 
-A group found partly reserved (a crash between commits, or another controller mid-way) is
-completed when the rest fits, and released when it does not (after `group_partial_grace_s`,
-so another controller's commits in flight are not undone under it). A group that does not fit
-says so on every member (`GroupDoesNotFit`, naming the short member) and holds nothing; after
+Attempts found on the GPUs (another controller's, or one a crash left) are judged by
+`decisions/group_attempts.py`: a live one is waited for (`GroupReserving`), one past
+`group_partial_grace_s` is aborted by the same one write on its anchor and freed, an Aborted
+one is freed. So a group left partial by a crash is released and planned again, and no
+controller frees what another may still bind. A group that does not fit says so on every
+member (`GroupDoesNotFit`, naming the short member) and holds nothing; after
 `group_reserve_after_s` of that, the nodes its plan needs on an empty cluster are kept from
 smaller claims (`kept_nodes`) until the group binds.
 """
