@@ -76,3 +76,19 @@ def test_nothing_goes_beside_a_whole_card_claim_and_a_whole_card_only_on_an_empt
     ledger.observe_gpu(_gpu([("slice", 10, 1024, False)], version=8))
     with pytest.raises(CardOverfilled):
         ledger.with_allocation("gpu-0", _allocation("whole", 100, MEMORY, True))
+
+
+def _instance(key: str, start: int) -> GPUAllocation:
+    return GPUAllocation.model_validate({"elasticGPU": key, "cores": 42, "memory": 40960,
+                                         "partition": {"profile": "3g.40gb", "start": start},
+                                         "reservedAt": "2026-12-05T00:00:00Z"})
+
+
+def test_a_mig_instance_decided_on_an_older_copy_never_shares_a_slice() -> None:
+    """Two 3g.40gb instances fit the card's sums (84%, 80 GiB) at any starts, but only at 0 and 4."""
+    ledger = Ledger()
+    ledger.observe_gpu(_gpu([]) | {"status": {"allocations": [_instance("first", 0).to_dict()]}})
+    with pytest.raises(CardOverfilled, match="shared slices"):
+        ledger.with_allocation("gpu-0", _instance("second", 0))
+    body = ledger.with_allocation("gpu-0", _instance("second", 4))
+    assert sorted(a["partition"]["start"] for a in body["status"]["allocations"]) == [0, 4]

@@ -32,6 +32,7 @@ from elasticgpu.allocator import (
     UnknownObject,
     Unplaceable,
 )
+from elasticgpu.allocator.mig import model_for, partitions_fit
 from elasticgpu.api import GPU, GPUAllocation, ObjectReference, allocatable_summary, format_memory, names, timestamps
 from elasticgpu.api.gpu import GPUPartition
 from elasticgpu.controller.errors import CardOverfilled
@@ -339,16 +340,24 @@ class Ledger:
         precondition and oversubscribe the card. A write that leaves the card over capacity and
         holding more than it does now is refused; one that only keeps or lowers what an already
         overfull card holds (a release, a claimRef stamp) goes through."""
-        card_memory = self._models[body["metadata"]["name"]].spec.memory
+        spec = self._models[body["metadata"]["name"]].spec
         before = _load(_allocations(body))
         after = _load(allocations)
         cores, memory, count, whole = after
-        overfull = cores > names.CORES_PER_CARD or memory > card_memory or (whole and count > 1)
+        overfull = cores > names.CORES_PER_CARD or memory > spec.memory or (whole and count > 1)
         if overfull and (cores > before[0] or memory > before[1] or count > before[2]):
             raise CardOverfilled(
                 f"GPU {body['metadata']['name']}: writing {', '.join(keys)} would reserve {cores}% cores and "
-                f"{memory} MiB of its 100% and {card_memory} MiB{' beside a whole-card claim' if whole else ''}:"
+                f"{memory} MiB of its 100% and {spec.memory} MiB{' beside a whole-card claim' if whole else ''}:"
                 " the card changed since the decision; deciding again")
+        # MIG instances must also keep to their slots: two on one slice fit the sums and still clash.
+        model = model_for(spec.model, spec.memory)
+        instances, held = _partitions(allocations), _partitions(_allocations(body))
+        if model is not None and instances != held and partitions_fit(model, held) and not partitions_fit(
+                model, instances):
+            raise CardOverfilled(
+                f"GPU {body['metadata']['name']}: writing {', '.join(keys)} would put MIG instances {instances}"
+                " on shared slices: the card changed since the decision; deciding again")
 
     def without_allocation(self, gpu_name: str, key: str) -> Body | None:
         """The GPU body with `key`'s allocation removed, or None when it holds none."""
@@ -463,6 +472,11 @@ def allocation_for(key: str, share: CardShare, claim_ref: ObjectReference | None
 
 def _allocations(body: Body) -> list[Body]:
     return list((body.get("status") or {}).get("allocations") or [])
+
+
+def _partitions(allocations: list[Body]) -> list[tuple[str, int]]:
+    """The (profile, start) of each MIG instance the allocations hold."""
+    return sorted((str(p["profile"]), int(p["start"])) for a in allocations if (p := a.get("partition")))
 
 
 def _load(allocations: list[Body]) -> tuple[int, int, int, bool]:
