@@ -72,11 +72,15 @@ class Commit:
         written: list[str] = []
         for share in placement.cards:
             gpu_name = ledger.name_of_uuid(share.uuid)
-            with self.picture.lock:
-                partition = (partitions or {}).get(share.uuid)
-                body = ledger.with_allocation(gpu_name, allocation_for(key, share, claim_ref, partition))
             try:
+                with self.picture.lock:
+                    partition = (partitions or {}).get(share.uuid)
+                    body = ledger.with_allocation(gpu_name, allocation_for(key, share, claim_ref, partition))
                 answer = self.kube.replace_gpu_status(body)
+            except errors.CardOverfilled:
+                for done in written:  # the picture is already newer than the plan: nothing to re-read
+                    self.free_on(done, key)
+                raise
             except (errors.Conflict, errors.Rejected):
                 self.refresh_gpu(gpu_name)
                 for done in written:
@@ -223,11 +227,11 @@ class Commit:
         ledger = self.picture.ledger
 
         def put(gpu_name: str) -> tuple[str, Body | Exception]:
-            with self.picture.lock:
-                allocations = [allocation_for(p.egpu_name, p.placement.cards[0], claim_ref_of(p.claim))
-                               for p in batch[gpu_name]]
-                body = ledger.with_allocations(gpu_name, allocations)
             try:
+                with self.picture.lock:
+                    allocations = [allocation_for(p.egpu_name, p.placement.cards[0], claim_ref_of(p.claim))
+                                   for p in batch[gpu_name]]
+                    body = ledger.with_allocations(gpu_name, allocations)
                 return gpu_name, self.kube.replace_gpu_status(body)
             except Exception as err:  # NotFound, a bug: nothing committed, the claims re-plan below
                 return gpu_name, err
