@@ -92,17 +92,18 @@ class GroupCommit:
         for share in placement.cards:
             gpu_name = ledger.name_of_uuid(share.uuid)
             allocation = allocation_for(key, share, claim_ref).model_copy(update={"group": record})
-            with self.picture.lock:
-                there = ledger.allocation(gpu_name, key)
-                foreign = there is not None and (there.group is None or there.group.token != record.token)
-                body = None if foreign else ledger.with_allocation(gpu_name, allocation)
             try:
-                if body is None:
-                    raise ForeignReservation(f"GPU {gpu_name} holds {key} from another attempt")
+                with self.picture.lock:
+                    there = ledger.allocation(gpu_name, key)
+                    if there is not None and (there.group is None or there.group.token != record.token):
+                        raise ForeignReservation(f"GPU {gpu_name} holds {key} from another attempt")
+                    body = ledger.with_allocation(gpu_name, allocation)  # CardOverfilled: the card changed
                 answer = commit.kube.replace_gpu_status(body)
+            except (ForeignReservation, errors.CardOverfilled):
+                self.release(written)  # nothing sent: the picture is already as new as it gets
+                raise
             except (errors.Conflict, errors.Rejected):
-                if body is not None:
-                    commit.refresh_gpu(gpu_name)
+                commit.refresh_gpu(gpu_name)
                 self.release(written)
                 raise
             self.picture.gpu_written(answer)
