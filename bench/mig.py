@@ -28,12 +28,13 @@ Offline rows, fill only (they see the whole sequence at once, so there is no chu
 - `offline first-fit decreasing`: the fill sequence sorted by size (memory slices, then compute
   slices, largest first), then first-fit;
 - `upper bound`: no placement at all, online or offline, fits more requests than this. It is
-  the optimum of the configuration integer program (`upper_bound`): each card holds one set of
-  instances the slot rules allow (a "configuration", all of them enumerated from the placement
-  tables), a request counts when an instance of its profile is in some card's configuration,
-  an N-card request takes N cards in the largest profile; with the order of arrival and the
-  node boundaries of multi-card requests relaxed away, every real placement is a solution of
-  it, so its optimum bounds every policy. Solved exactly with HiGHS (scipy.optimize.milp).
+  the optimum of an integer program (`upper_bound`): each card holds one set of instances the
+  slot rules allow (a "configuration", all of them enumerated from the placement tables), a
+  request counts when an instance of its profile is in some card's configuration, and each
+  node hosts one pattern of N-card requests (N >= 2) whose cards fit in it. Only the order of
+  arrival and which node a single card is on are relaxed away, so every real placement is a
+  solution of it and its optimum bounds every policy. Solved exactly with HiGHS
+  (scipy.optimize.milp).
 
 Prints, per policy and averaged over the seeds, the share of requests that fit and the share
 of memory slices in use when 100% of capacity has arrived.
@@ -54,7 +55,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -271,38 +272,76 @@ def configurations(model: MigModel) -> set[tuple[int, ...]]:
     return found
 
 
-def upper_bound(sequence: list[Request], cards: int, model: MigModel, memory_mib: int) -> int:
-    """The most requests of `sequence` any placement fits on `cards` empty cards of `model`: the
-    optimum of the configuration integer program (see the module docstring). Variables: x_c
-    cards in configuration c, y_p single-card requests of profile p placed, z_k k-card requests
-    placed. Maximise sum(y) + sum(z) subject to sum(x) + sum(k z_k) <= cards,
-    y_p <= sum_c count_c(p) x_c, y_p <= requests of p, z_k <= requests of k cards."""
+def _patterns(cards: int, sizes: list[int]) -> list[tuple[int, ...]]:
+    """Every way one node of `cards` cards can host multi-card requests: counts per size of
+    `sizes`, their cards summing to at most `cards` (the empty way included)."""
+    found: list[tuple[int, ...]] = []
+
+    def grow(i: int, left: int, counts: tuple[int, ...]) -> None:
+        if i == len(sizes):
+            found.append(counts)
+            return
+        for n in range(left // sizes[i] + 1):
+            grow(i + 1, left - n * sizes[i], (*counts, n))
+
+    grow(0, cards, ())
+    return found
+
+
+def upper_bound(sequence: list[Request], node_cards: list[int], model: MigModel, memory_mib: int) -> int:
+    """The most requests of `sequence` any placement fits on empty nodes of `node_cards` cards of
+    `model`: the optimum of an integer program every real placement is a solution of (see the
+    module docstring). Variables:
+    - x_c: cards in configuration c (a set of instances one card can hold; a whole-card request
+      of one card counts as an instance of the largest profile);
+    - w_(g,m): nodes of g cards hosting the multi-card requests of pattern m (counts per size);
+    - y_p: requests of profile p placed; z_k: requests of k >= 2 cards placed.
+    Maximise sum(y) + sum(z) subject to: sum(x) + cards the patterns take <= cards of the cluster;
+    y_p <= sum_c count_c(p) x_c; z_k <= sum_(g,m) m_k w_(g,m); sum_m w_(g,m) = nodes of g cards;
+    y_p <= requests of p, z_k <= requests of k cards. Relaxed: the order of arrival, and which
+    node a single-card instance's card is on."""
     import numpy as np
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     profiles = list(model.profiles)
-    shares = Counter(r.request.profile_on(model, memory_mib) for r in sequence if r.request.cards == 0)
-    wholes = Counter(r.request.cards for r in sequence if r.request.cards > 0)
+    shares = Counter(r.request.profile_on(model, memory_mib) for r in sequence if r.request.cards <= 1)
+    wholes = Counter(r.request.cards for r in sequence if r.request.cards > 1)
     configs = sorted(configurations(model))
     sizes = sorted(wholes)
-    nc, npf, nk = len(configs), len(profiles), len(sizes)
-    n = nc + npf + nk
-    rows, low, high = [], [], []
-    cards_row = np.zeros(n)
-    cards_row[:nc] = 1
-    cards_row[nc + npf:] = sizes
-    rows.append(cards_row)
-    low.append(-np.inf)
-    high.append(cards)
+    kinds = Counter(node_cards)
+    patterns = [(g, m) for g in sorted(kinds) for m in _patterns(g, sizes)]
+    nc, npf, nk, nw = len(configs), len(profiles), len(sizes), len(patterns)
+    n = nc + npf + nk + nw
+    rows: list[Any] = []
+    low: list[float] = []
+    high: list[float] = []
+
+    def add(row: Any, lo: float, hi: float) -> None:
+        rows.append(row)
+        low.append(lo)
+        high.append(hi)
+
+    row = np.zeros(n)
+    row[:nc] = 1
+    row[nc + npf + nk:] = [sum(k * c for k, c in zip(sizes, m, strict=True)) for _g, m in patterns]
+    add(row, -np.inf, sum(node_cards))
     for p in range(npf):  # y_p - sum_c count_c(p) x_c <= 0
         row = np.zeros(n)
         row[:nc] = [-c[p] for c in configs]
         row[nc + p] = 1
-        rows.append(row)
-        low.append(-np.inf)
-        high.append(0)
-    upper = [np.inf] * nc + [shares.get(p, 0) for p in profiles] + [wholes[k] for k in sizes]
-    objective = np.concatenate([np.zeros(nc), -np.ones(npf + nk)])
+        add(row, -np.inf, 0)
+    for k in range(nk):  # z_k - sum m_k w <= 0
+        row = np.zeros(n)
+        row[nc + npf + k] = 1
+        row[nc + npf + nk:] = [-m[k] for _g, m in patterns]
+        add(row, -np.inf, 0)
+    for g, count in kinds.items():  # every node has one pattern
+        row = np.zeros(n)
+        row[nc + npf + nk:] = [1 if h == g else 0 for h, _m in patterns]
+        add(row, count, count)
+    upper = ([np.inf] * nc + [shares.get(p, 0) for p in profiles] + [wholes[k] for k in sizes]
+             + [np.inf] * nw)
+    objective = np.concatenate([np.zeros(nc), -np.ones(npf + nk), np.zeros(nw)])
     result = milp(objective, constraints=LinearConstraint(np.array(rows), low, high),
                   integrality=np.ones(n), bounds=Bounds(np.zeros(n), np.array(upper, dtype=float)))
     if not result.success:
@@ -369,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         for policy in args.policies:
             start = time.perf_counter()
             if policy == "upper bound":
-                placed, used = upper_bound(sequence, cards, model, memory_mib), 0
+                placed, used = upper_bound(sequence, [c for _, c in nodes], model, memory_mib), 0
                 churned: float | None = None
             elif policy == "offline first-fit decreasing":
                 placed, used = fill(make("first-fit", nodes, model, memory_mib, workload),

@@ -53,11 +53,13 @@ def test_upper_bound_is_exact_on_small_cases() -> None:
         return [bench.Request(f"r{i}", r, r.profile_on(model, memory).size * max(r.cards, 1), 1)
                 for i, r in enumerate(made)]
 
-    assert bench.upper_bound(requests(50, 50), 1, model, memory) == 1  # 4g starts only at slice 0
-    assert bench.upper_bound(requests(50, 30, 30), 1, model, memory) == 2  # 4g + 3g, or 3g + 3g
-    assert bench.upper_bound(requests(*[10] * 8), 1, model, memory) == 7  # 7 compute slices
-    assert bench.upper_bound(requests(10, 10, cards=2), 2, model, memory) == 2  # two 1g beat one 2-card
-    assert bench.upper_bound(requests(10, cards=2), 2, model, memory) == 1
+    assert bench.upper_bound(requests(50, 50), [1], model, memory) == 1  # 4g starts only at slice 0
+    assert bench.upper_bound(requests(50, 30, 30), [1], model, memory) == 2  # 4g + 3g, or 3g + 3g
+    assert bench.upper_bound(requests(*[10] * 8), [1], model, memory) == 7  # 7 compute slices
+    assert bench.upper_bound(requests(10, 10, cards=2), [2], model, memory) == 2  # two 1g beat one 2-card
+    assert bench.upper_bound(requests(10, cards=2), [2], model, memory) == 1
+    assert bench.upper_bound(requests(cards=2), [1, 1], model, memory) == 0  # two cards, but on two nodes
+    assert bench.upper_bound(requests(cards=4), [4, 2], model, memory) == 1
     configs = bench.configurations(model)
     assert (0, 0, 0, 0, 0, 1) in configs and (7, 0, 0, 0, 0, 0) in configs and (8, 0, 0, 0, 0, 0) not in configs
     assert (0, 0, 0, 0, 2, 0) not in configs and (0, 0, 0, 2, 0, 0) in configs
@@ -78,7 +80,7 @@ def test_no_policy_beats_the_upper_bound(cores: list[int], cards: int) -> None:
                 for i, r in enumerate(made)]
     nodes = [("n0", cards // 2 + cards % 2), ("n1", cards // 2)]
     nodes = [n for n in nodes if n[1] > 0]
-    bound = bench.upper_bound(sequence, cards, model, memory)
+    bound = bench.upper_bound(sequence, [c for _, c in nodes], model, memory)
     workload = {r: 1.0 for r in made}
     for policy in ("first-fit", "fragmentation"):
         placed, _ = bench.fill(bench.make(policy, nodes, model, memory, workload), sequence)
