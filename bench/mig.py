@@ -35,6 +35,11 @@ Offline rows, fill only (they see the whole sequence at once, so there is no chu
   arrival and which node a single card is on are relaxed away, so every real placement is a
   solution of it and its optimum bounds every policy. Solved exactly with HiGHS
   (scipy.optimize.milp).
+- `upper bound at ours' whole cards`: the same, among placements that place at least as many
+  whole-card requests (7g, and N cards) as `fragmentation` did in its fill. The best placement
+  of all refuses early whole-card requests to fit more small ones later; a placer that places
+  each request that fits when it arrives cannot. Where this bound equals ours, ours lost no
+  request to placement: what separates it from `upper bound` is which requests were admitted.
 
 Prints, per policy and averaged over the seeds, the share of requests that fit and the share
 of memory slices in use when 100% of capacity has arrived.
@@ -85,7 +90,7 @@ LAYOUTS: dict[str, tuple[tuple[int, int], ...]] = {
 MIXED = ("all-7g", "4g+3g", "3g+2g+1g+1g")
 FIXED = (*LAYOUTS, "mixed")
 POLICIES = ("first-fit", *(f"fixed {name}" for name in FIXED), "fragmentation")
-OFFLINE = ("offline first-fit decreasing", "upper bound")
+OFFLINE = ("offline first-fit decreasing", "upper bound", "upper bound at ours' whole cards")
 ROWS = (*POLICIES, *OFFLINE)
 
 
@@ -233,13 +238,19 @@ def make(policy: str, nodes: list[tuple[str, int]], model: MigModel, memory_mib:
     return Ours(policy, nodes, model, memory_mib, workload)
 
 
-def fill(placer: Placer, sequence: list[Request]) -> tuple[int, int]:
-    """No departures: (requests that fit, slices in use at the end)."""
+def fill(placer: Placer, sequence: list[Request], accepted: Counter[tuple[str, int]] | None = None,
+         model: MigModel | None = None, memory_mib: int = 0) -> tuple[int, int]:
+    """No departures: (requests that fit, slices in use at the end). `accepted`, with `model`:
+    counts the requests placed by (profile name, cards)."""
     placed = used = 0
     for i, item in enumerate(sequence):
         taken = placer.allocate(f"{item.name}#{i}", item)
         placed += taken > 0
         used += taken
+        if taken and accepted is not None and model is not None:
+            profile = item.request.profile_on(model, memory_mib)
+            assert profile is not None
+            accepted[profile.name, max(item.request.cards, 1)] += 1
     return placed, used
 
 
@@ -288,7 +299,8 @@ def _patterns(cards: int, sizes: list[int]) -> list[tuple[int, ...]]:
     return found
 
 
-def upper_bound(sequence: list[Request], node_cards: list[int], model: MigModel, memory_mib: int) -> int:
+def upper_bound(sequence: list[Request], node_cards: list[int], model: MigModel, memory_mib: int, *,
+                at_least: dict[tuple[str, int], int] | None = None) -> int:
     """The most requests of `sequence` any placement fits on empty nodes of `node_cards` cards of
     `model`: the optimum of an integer program every real placement is a solution of (see the
     module docstring). Variables:
@@ -299,7 +311,8 @@ def upper_bound(sequence: list[Request], node_cards: list[int], model: MigModel,
     Maximise sum(y) + sum(z) subject to: sum(x) + cards the patterns take <= cards of the cluster;
     y_p <= sum_c count_c(p) x_c; z_k <= sum_(g,m) m_k w_(g,m); sum_m w_(g,m) = nodes of g cards;
     y_p <= requests of p, z_k <= requests of k cards. Relaxed: the order of arrival, and which
-    node a single-card instance's card is on."""
+    node a single-card instance's card is on. `at_least` (profile name, cards) -> count: place at
+    least that many of those requests (the bound of placements that accept what a policy accepted)."""
     import numpy as np
     from scipy.optimize import Bounds, LinearConstraint, milp
 
@@ -341,9 +354,15 @@ def upper_bound(sequence: list[Request], node_cards: list[int], model: MigModel,
         add(row, count, count)
     upper = ([np.inf] * nc + [shares.get(p, 0) for p in profiles] + [wholes[k] for k in sizes]
              + [np.inf] * nw)
+    lower = np.zeros(n)
+    for (name, count), least in (at_least or {}).items():
+        if count > 1:
+            lower[nc + npf + sizes.index(count)] = least
+        else:
+            lower[nc + profiles.index(model.profile(name))] += least
     objective = np.concatenate([np.zeros(nc), -np.ones(npf + nk), np.zeros(nw)])
     result = milp(objective, constraints=LinearConstraint(np.array(rows), low, high),
-                  integrality=np.ones(n), bounds=Bounds(np.zeros(n), np.array(upper, dtype=float)))
+                  integrality=np.ones(n), bounds=Bounds(lower, np.array(upper, dtype=float)))
     if not result.success:
         raise RuntimeError(f"the bound's integer program was not solved: {result.message}")
     return round(-result.fun)
@@ -410,6 +429,12 @@ def main(argv: list[str] | None = None) -> int:
             if policy == "upper bound":
                 placed, used = upper_bound(sequence, [c for _, c in nodes], model, memory_mib), 0
                 churned: float | None = None
+            elif policy == "upper bound at ours' whole cards":
+                accepted: Counter[tuple[str, int]] = Counter()
+                fill(make("fragmentation", nodes, model, memory_mib, workload), sequence, accepted, model, memory_mib)
+                whole = {key: n for key, n in accepted.items() if key[0] == model.largest.name}
+                placed = upper_bound(sequence, [c for _, c in nodes], model, memory_mib, at_least=whole)
+                used, churned = 0, None
             elif policy == "offline first-fit decreasing":
                 placed, used = fill(make("first-fit", nodes, model, memory_mib, workload),
                                     decreasing(sequence, model, memory_mib))
@@ -429,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     for policy, rows in results.items():
         fit, used, secs = (statistics.fmean(r[k] for r in rows) for k in (0, 1, 3))
         churns = [r[2] for r in rows if r[2] is not None]
-        used_text = "-" if policy == "upper bound" else f"{used:.2f}"
+        used_text = "-" if policy.startswith("upper bound") else f"{used:.2f}"
         churn_text = f"{statistics.fmean(churns):.2f}" if churns else "-"
         print(f"| {policy} | {fit:.2f} | {used_text} | {churn_text} | {secs:.1f} |")
     if "upper bound" in results and len(results) > 1:

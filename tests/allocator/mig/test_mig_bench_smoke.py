@@ -60,6 +60,9 @@ def test_upper_bound_is_exact_on_small_cases() -> None:
     assert bench.upper_bound(requests(10, cards=2), [2], model, memory) == 1
     assert bench.upper_bound(requests(cards=2), [1, 1], model, memory) == 0  # two cards, but on two nodes
     assert bench.upper_bound(requests(cards=4), [4, 2], model, memory) == 1
+    # The best placement refuses the whole card for two 1g; made to place the whole card, it fits one.
+    assert bench.upper_bound(requests(60, 10, 10), [1], model, memory) == 2
+    assert bench.upper_bound(requests(60, 10, 10), [1], model, memory, at_least={("7g.80gb", 1): 1}) == 1
     configs = bench.configurations(model)
     assert (0, 0, 0, 0, 0, 1) in configs and (7, 0, 0, 0, 0, 0) in configs and (8, 0, 0, 0, 0, 0) not in configs
     assert (0, 0, 0, 0, 2, 0) not in configs and (0, 0, 0, 2, 0, 0) in configs
