@@ -453,20 +453,11 @@ def main() -> None:
     out = REPO / "bench" / "out" / "elastic-stress"
     out.mkdir(parents=True, exist_ok=True)
 
-    from kubernetes import config
+    sys.path.insert(0, str(REPO / "bench"))
+    from crd_server import test_server_with_crds
 
-    from tests.conftest import crd_documents
-    from tests.kube_cluster import running_cluster, server_side_apply, wait_established
-
-    with running_cluster() as cluster:
-        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-        crds = crd_documents()
-        for doc in crds:
-            server_side_apply(api, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{doc['metadata']['name']}",
-                              doc)
-        wait_established(api, [d["metadata"]["name"] for d in crds])
+    with test_server_with_crds() as (cluster, api):
         api.close()
-        time.sleep(1.0)
         report = stress(cluster.kubeconfig, seconds=args.seconds, threads=args.threads, log_dir=out,
                         prefix="stress", seed=args.seed)
     report.print()

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from crd_server import test_server_with_crds  # noqa: E402
 from first_seen import FirstSeen  # noqa: E402
 
 from elasticgpu.api import names  # noqa: E402
@@ -48,21 +49,12 @@ def main() -> None:
     args = parser.parse_args()
     (REPO / "bench" / "out").mkdir(exist_ok=True)
 
-    from kubernetes import client, config
+    from kubernetes import client
 
     from elasticgpu.controller import errors
     from elasticgpu.controller.edge.kube import KubeApi
-    from tests.conftest import crd_documents
-    from tests.kube_cluster import running_cluster, server_side_apply, wait_established
 
-    with running_cluster() as cluster:
-        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-        crds = crd_documents()
-        for doc in crds:
-            server_side_apply(api, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{doc['metadata']['name']}",
-                              doc)
-        wait_established(api, [d["metadata"]["name"] for d in crds])
-        time.sleep(1.0)
+    with test_server_with_crds() as (cluster, api):
         kube = KubeApi.from_kubeconfig(str(cluster.kubeconfig))
         core = client.CoreV1Api(api)
         namespace = "bench-preempt"

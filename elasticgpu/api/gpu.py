@@ -56,6 +56,28 @@ class GPUPartition(KubeModel):
     start: int = Field(ge=0, le=7, description="The first memory slice of the instance (of 8).")
 
 
+GroupAttemptState = Literal["Committing", "Complete", "Aborted"]
+
+
+class GPUAllocationGroup(KubeModel):
+    """The claim group commit attempt a reservation belongs to (docs/gangs.md).
+
+    One attempt reserves every member of a claim group; all of its reservations carry the same
+    token. The anchor's reservation (its first, on `anchorGPU`) holds the state that decides
+    the attempt: a controller writes Complete or Aborted there, once, with a resourceVersion
+    precondition; the other reservations' `state` is the one they were written with."""
+
+    token: str = Field(min_length=1, description="The commit attempt, one per try of one controller.")
+    anchor: str = Field(min_length=1, description="Name of the member claim whose reservation decides the attempt.")
+    anchor_gpu: str = Field(
+        alias="anchorGPU", min_length=1, description="The GPU object holding the anchor's deciding reservation."
+    )
+    state: GroupAttemptState = Field(
+        description="Committing: members being reserved; Complete: every member reserved, they bind; Aborted: rolled"
+        " back (any controller frees what is left of it)."
+    )
+
+
 class GPUAllocation(KubeModel):
     """One reservation on the card. Writing it (with a resourceVersion precondition) is the commit point."""
 
@@ -76,6 +98,11 @@ class GPUAllocation(KubeModel):
         default=None,
         description="The MIG instance of the reservation (profile and start slice), committed with it; the node's"
         " agent creates the instance there. Absent: a soft share or a whole card.",
+    )
+    group: GPUAllocationGroup | None = Field(
+        default=None,
+        description="The claim group commit attempt that made the reservation (docs/gangs.md); absent for a claim"
+        " bound alone.",
     )
 
 

@@ -132,10 +132,6 @@ MIG_NEEDS_GPUSHARE = (
     f"MIG carves slices of one card: it needs provisioner {names.PROVISIONER_GPUSHARE}; for whole cards use a class"
     " without partitioning"
 )
-MIG_IMMEDIATE = (
-    "MIG classes bind Immediate for now (the node is chosen with the instance's card and start); leave bindingMode"
-    " and egpuBindingMode out, or set them to Immediate"
-)
 MIG_OR_ISOLATION = (
     "MIG instances are isolated by the hardware: partitioning and an isolation mode are one or the other; leave"
     " isolation out (or None), or leave partitioning out"
@@ -180,13 +176,6 @@ class ElasticGPUClass(KubeModel):
             f"partitioning: {MIG_NEEDS_GPUSHARE}",
             reason="FieldValueInvalid",
             field_path=".partitioning",
-        ),
-        rule(
-            "!has(self.partitioning) || ((!has(self.bindingMode) || self.bindingMode == 'Immediate')"
-            " && (!has(self.egpuBindingMode) || self.egpuBindingMode == 'Immediate'))",
-            f"bindingMode: {MIG_IMMEDIATE}",
-            reason="FieldValueInvalid",
-            field_path=".bindingMode",
         ),
         rule(
             "!has(self.partitioning) || !has(self.isolation) || self.isolation == 'None'",
@@ -411,8 +400,6 @@ class ElasticGPUClass(KubeModel):
                 raise InvalidSpec(field="resizePolicy", rule=AUTO_NEEDS_RESIZE, value="Auto")
             if self.partitioning is not None and self.provisioner != names.PROVISIONER_GPUSHARE:
                 raise InvalidSpec(field="partitioning", rule=MIG_NEEDS_GPUSHARE, value=self.partitioning)
-            if self.partitioning is not None and self.effective_binding_mode != "Immediate":
-                raise InvalidSpec(field="bindingMode", rule=MIG_IMMEDIATE, value=self.effective_binding_mode)
             if self.partitioning is not None and self.isolation != "None":
                 raise InvalidSpec(field="isolation", rule=MIG_OR_ISOLATION, value=self.isolation)
             if self.partitioning is not None and self.allow_claim_resize:

@@ -53,6 +53,10 @@ LABEL_CLAIM_NAME: Final = "elasticgpu.io/claim-name"
 LABEL_CLASS: Final = "elasticgpu.io/class"
 # On pods that use claims (set by the admission webhook): the controller watches only these pods.
 LABEL_USES_CLAIMS: Final = "elasticgpu.io/uses-claims"
+# On claims: the claim group (gang) a claim belongs to, bound all or none (docs/gangs.md).
+LABEL_GROUP: Final = "elasticgpu.io/group"
+ANNOTATION_GROUP_MIN_MEMBERS: Final = "elasticgpu.io/group-min-members"
+"""How many members the group needs before any is bound; an annotation or a label (the annotation wins)."""
 
 # Finalizers and the pod scheduling gate.
 FINALIZER_CLAIM_PROTECTION: Final = "elasticgpu.io/claim-protection"

@@ -5,7 +5,8 @@
     └── ControllerError                    base of what the controller raises on purpose
         ├── ApiError                       the API server refused or failed a call
         │   ├── Conflict                   the object changed since it was read (HTTP 409): re-read, re-plan
-        │   │   └── AlreadyExists          a create found the name taken (HTTP 409, reason AlreadyExists)
+        │   │   ├── AlreadyExists          a create found the name taken (HTTP 409, reason AlreadyExists)
+        │   │   └── CardOverfilled         a write would put a card over its capacity (no call made): re-plan
         │   ├── Rejected                   the server refused the object (HTTP 400/422: schema or CEL rule)
         │   ├── EvictionBlocked            an eviction was refused for now (HTTP 429: a PodDisruptionBudget)
         │   └── ApiUnavailable             the server could not be reached or failed (5xx, timeouts)
@@ -19,8 +20,8 @@ from __future__ import annotations
 
 from elasticgpu.api.errors import ElasticGPUError, NotFound
 
-__all__ = ["AlreadyExists", "ApiError", "ApiUnavailable", "BindingError", "Conflict", "ControllerError",
-           "ElasticGPUError", "EvictionBlocked", "NotFound", "Rejected"]
+__all__ = ["AlreadyExists", "ApiError", "ApiUnavailable", "BindingError", "CardOverfilled", "Conflict",
+           "ControllerError", "ElasticGPUError", "EvictionBlocked", "NotFound", "Rejected"]
 
 
 class ControllerError(ElasticGPUError):
@@ -41,6 +42,13 @@ class Conflict(ApiError):
 
 class AlreadyExists(Conflict):
     """A create found the name taken."""
+
+
+class CardOverfilled(Conflict):
+    """A reservation's write would put its card over 100% cores or its memory: the card changed
+    in the picture between the decision and the write (another controller's write arrived), and
+    the write, carrying the picture's newest resourceVersion, would pass the server's precondition.
+    Nothing was written; re-plan on the card as it is now, as after a 409."""
 
 
 class Rejected(ApiError):

@@ -51,6 +51,12 @@ class BindingSettings:
     """Most keys of the resync's background lane synced in one pass: a claim created while a
     resync of every object is worked off waits for at most this many syncs (each well under
     a millisecond when nothing changed) before it is decided."""
+    group_partial_grace_s: float = 30.0
+    """Seconds a claim group may hold some members' reservations but not all (another
+    controller mid-commit) before a sync that cannot complete it releases them (docs/gangs.md)."""
+    group_reserve_after_s: float = 300.0
+    """Seconds a claim group waits with GroupDoesNotFit before smaller claims stop being placed
+    on the nodes its plan needs, so it is not starved for ever (docs/gangs.md). 0: never."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +196,8 @@ class ControllerSettings:
             f"ELASTICGPU_HEARTBEAT_GRACE_S ({GPUHealthSettings.heartbeat_grace_s:g}), "
             f"ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S ({GPUHealthSettings.running_claims_expire_s:g}), "
             f"ELASTICGPU_NODE_GONE_GRACE_S ({GPUHealthSettings.node_gone_grace_s:g}), "
+            f"ELASTICGPU_GROUP_PARTIAL_GRACE_S ({BindingSettings.group_partial_grace_s:g}), "
+            f"ELASTICGPU_GROUP_RESERVE_AFTER_S ({BindingSettings.group_reserve_after_s:g}), "
             f"ELASTICGPU_WATCH ({WatchSettings.engine}; or kopf)"
         )
 
@@ -205,7 +213,12 @@ class ControllerSettings:
             orphan_grace_s=float(env.get("ELASTICGPU_ORPHAN_GRACE_S", ResyncSettings.orphan_grace_s)),
             relist_interval_s=float(env.get("ELASTICGPU_RELIST_INTERVAL_S", ResyncSettings.relist_interval_s)),
         )
-        binding = BindingSettings(workers=int(env.get("ELASTICGPU_BINDING_WORKERS", BindingSettings.workers)))
+        binding = BindingSettings(
+            workers=int(env.get("ELASTICGPU_BINDING_WORKERS", BindingSettings.workers)),
+            group_partial_grace_s=float(env.get("ELASTICGPU_GROUP_PARTIAL_GRACE_S",
+                                                BindingSettings.group_partial_grace_s)),
+            group_reserve_after_s=float(env.get("ELASTICGPU_GROUP_RESERVE_AFTER_S",
+                                                BindingSettings.group_reserve_after_s)))
         watch = WatchSettings(engine=env.get("ELASTICGPU_WATCH", WatchSettings.engine))
         if watch.engine not in ("client", "kopf"):
             raise ValueError(f"ELASTICGPU_WATCH={watch.engine!r}: use client or kopf")

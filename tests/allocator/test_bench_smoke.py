@@ -40,3 +40,19 @@ def test_topology_bench_runs_and_ours_beats_blind(capsys: pytest.CaptureFixture[
             if len(cols) == 6 and cols[1].isdigit()}
     share = {v: float(rows[(v, "8")][4].rstrip("%")) for v in ("blind", "ours", "required")}
     assert share["required"] == 100.0 and share["ours"] > share["blind"], share
+
+
+@pytest.mark.skipif(not (TRACES / "openb_pod_list_default.csv").exists(), reason="openb trace not present")
+def test_gang_bench_runs_and_all_or_none_holds_no_card_idle(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("gangs_bench", REPO / "bench" / "gangs.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["gangs_bench"] = bench
+    spec.loader.exec_module(bench)
+    assert bench.main(["--nodes", "16", "--hours", "3", "--seeds", "1"]) == 0
+    rows = {line[:28].strip(): line[28:].split() for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("claim-by-claim ", "all-or-none"))}
+    assert set(rows) == {"claim-by-claim", "all-or-none", "all-or-none + bounded wait"}, rows
+    for binder in ("all-or-none", "all-or-none + bounded wait"):
+        assert rows[binder][:2] == ["0.0", "0.0"], rows  # no card held idle by a partial group
+        assert float(rows[binder][2]) > 0, rows  # jobs completed

@@ -308,3 +308,49 @@ def test_crash_after_the_gpu_write_is_repaired_by_a_fresh_controller(cluster: Cl
     assert claim["status"]["allocatedResources"] == {CORE: 50, MEMORY: "20Gi"}
     assert kube.get_elastic_gpu(egpu)["status"]["capacity"] == {CORE: 50, MEMORY: "20Gi"}
     assert kube.get_gpu(gpu)["metadata"]["resourceVersion"] == version, "the GPU was written again"
+
+
+@pytest.mark.usefixtures("unguarded")
+def test_an_expand_decided_on_a_card_that_changes_before_its_write_is_decided_again(cluster: Cluster,
+                                                                                  kube: KubeApi) -> None:
+    """The race the two-controller test found once in CI (a card read at 108 cores): this
+    controller decides an expand, and before its GPU write another controller's expand of the
+    card's other claim lands in its picture. The write carries the picture's newest
+    resourceVersion, so the server takes it: only the controller can see that the card's room
+    went meanwhile. It decides again, on the card as it now is, and waits for room."""
+    [gpu], class_name = _setup(cluster)
+    a = cluster.claim(o.claim("a", cores=10, memory="4Gi", class_name=class_name))
+    b = cluster.claim(o.claim("b", cores=10, memory="4Gi", class_name=class_name))
+    controller = new_controller(kube, cluster.namespace)
+    settle(controller)
+    resizer = controller.claims.resizer
+    decide_then_charge = resizer._charge
+    raced: list[int] = []
+
+    def another_controller_expands_b_first(*args: Any, **kwargs: Any) -> bool:
+        if not raced:
+            # As the other controller would: b's user asks for 60%, the other controller grows b
+            # on the card, and this controller's watch brings both into its picture before its own
+            # write of a.
+            raced.append(1)
+            _resize(cluster, "b", {CORE: 60, MEMORY: "4Gi"})
+            controller.picture.put_claim(kube.get_claim(cluster.namespace, "b"))
+            def grow_b(status: dict[str, Any]) -> None:
+                key = names.elastic_gpu_name_for_claim(b["metadata"]["uid"])
+                for allocation in status["allocations"]:
+                    if allocation["elasticGPU"] == key:
+                        allocation["cores"] = 60
+            _agent_writes(kube, gpu, grow_b)
+            controller.picture.gpu_written(kube.get_gpu(gpu))
+        return decide_then_charge(*args, **kwargs)
+
+    resizer._charge = another_controller_expands_b_first  # type: ignore[method-assign]
+    _resize(cluster, "a", {CORE: 80, MEMORY: "4Gi"})
+    settle(controller)
+
+    assert raced, "the expand of a never reached its charge: the test did not race"
+    allocations = (kube.get_gpu(gpu).get("status") or {}).get("allocations") or []
+    assert sum(x["cores"] for x in allocations) <= 100, allocations
+    assert _allocation(kube, gpu, a)["cores"] == 10
+    resizing = _condition(cluster.get_claim("a"), "Resizing")
+    assert resizing is not None and resizing["reason"] == "NoRoomOnCard", cluster.get_claim("a")["status"]

@@ -4,8 +4,6 @@ two controller processes binding a burst never exceed the quota; the CRD refuses
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -16,13 +14,12 @@ from kubernetes.client.rest import ApiException
 
 from elasticgpu.api import names
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.process.reconciling import Controller
-from elasticgpu.controller.settings import ControllerSettings, QuotaSettings, ResyncSettings
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, settle
 from tests.binding.processes import ControllerProcesses, check_invariants, wait_quiescent
 from tests.kube_cluster import kube_request
 from tests.quota import quotas
+from tests.quota.quota_controller import claim_status, quota_controller, work_until
 
 CORE, MEMORY, CARDS = names.RESOURCE_CORE, names.RESOURCE_MEMORY, names.RESOURCE_NVIDIA_GPU
 
@@ -37,39 +34,19 @@ def _setup(cluster: Cluster, *, gpus: int = 2) -> tuple[list[str], str]:
     return gpu_names, class_name
 
 
-def _controller(kube: KubeApi, namespace: str) -> Controller:
-    # Rechecks every 1 s (above settle's quiet time), no cached "no quota here": the test waits seconds.
-    settings = ControllerSettings(resync=ResyncSettings(orphan_grace_s=60.0),
-                                  quota=QuotaSettings(recheck_s=1.0, refresh_s=0.0))
-    return Controller(kube, settings, namespace=namespace)
-
-
-def _until(controller: Controller, check: Callable[[], bool], *, deadline_s: float = 30.0) -> None:
-    """Work the controller (its rechecks come due) until `check()` holds."""
-    deadline = time.monotonic() + deadline_s
-    while not check():
-        assert time.monotonic() < deadline, "not reached before the deadline"
-        controller.drain()
-        time.sleep(0.05)
-
-
-def _status(cluster: Cluster, name: str) -> dict[str, Any]:
-    return cluster.get_claim(name).get("status") or {}
-
-
 def test_a_claim_over_quota_stays_pending_and_binds_once_the_quota_is_raised(
         cluster: Cluster, kube: KubeApi, api_client: client.ApiClient) -> None:
     _gpus, class_name = _setup(cluster)
     quotas.create(api_client, cluster.namespace, quotas.quota("team", {CORE: 50, f"{class_name}.{MEMORY}": "40Gi"}))
     cluster.claim(o.claim("first", cores=30, memory="10Gi", class_name=class_name))
     cluster.claim(o.claim("second", cores=30, memory="10Gi", class_name=class_name))
-    controller = _controller(kube, cluster.namespace)
+    controller = quota_controller(kube, cluster.namespace)
     settle(controller)
 
-    phases = {n: _status(cluster, n).get("phase") for n in ("first", "second")}
+    phases = {n: claim_status(cluster, n).get("phase") for n in ("first", "second")}
     assert sorted(phases.values()) == ["Bound", "Pending"], phases
     pending = next(n for n, p in phases.items() if p == "Pending")
-    status = _status(cluster, pending)
+    status = claim_status(cluster, pending)
     assert status["reason"] == "QuotaExceeded"
     message = status["message"]
     assert "ElasticGPUQuota team" in message and CORE in message, message
@@ -90,7 +67,7 @@ def test_a_claim_over_quota_stays_pending_and_binds_once_the_quota_is_raised(
     assert row["cells"][:4] == ["team", "30/50", "10Gi/-", "0/-"]
 
     quotas.set_hard(api_client, cluster.namespace, "team", {CORE: 60, f"{class_name}.{MEMORY}": "40Gi"})
-    _until(controller, lambda: _status(cluster, pending).get("phase") == "Bound")
+    work_until(controller, lambda: claim_status(cluster, pending).get("phase") == "Bound")
     used = quotas.get(api_client, cluster.namespace, "team")["status"]
     assert used["summary"]["cores"] == "60/60" and used["used"][f"{class_name}.{MEMORY}"] == "20Gi"
     assert len(used["charges"]) == 2
@@ -104,7 +81,7 @@ def test_a_quota_whose_watch_event_lags_its_claims_still_holds(
     claims newer than what its quota watch delivered; it reads the quotas live, so one claim binds
     and the other waits (before: both bound, 60 cores under a quota of 50)."""
     _gpus, class_name = _setup(cluster)
-    controller = _controller(kube, cluster.namespace)
+    controller = quota_controller(kube, cluster.namespace)
     controller.rebuild()  # quotas listed: none; no watch runs, so the quota's event never comes
     controller.drain()
     quotas.create(api_client, cluster.namespace, quotas.quota("team", {CORE: 50}))
@@ -113,7 +90,7 @@ def test_a_quota_whose_watch_event_lags_its_claims_still_holds(
                                                                    class_name=class_name)))
     controller.drain()
 
-    phases = sorted(_status(cluster, n).get("phase") or "" for n in ("first", "second"))
+    phases = sorted(claim_status(cluster, n).get("phase") or "" for n in ("first", "second"))
     assert phases == ["Bound", "Pending"], phases
     charged = quotas.get(api_client, cluster.namespace, "team").get("status", {}).get("charges", [])
     assert len(charged) == 1, charged
@@ -124,17 +101,17 @@ def test_a_claim_over_quota_binds_once_another_claim_is_deleted(
     _gpus, class_name = _setup(cluster)
     quotas.create(api_client, cluster.namespace, quotas.quota("cards", {CARDS: 1}))
     cluster.claim(o.claim("whole-a", cards=1, class_name=class_name))
-    controller = _controller(kube, cluster.namespace)
+    controller = quota_controller(kube, cluster.namespace)
     settle(controller)
-    assert _status(cluster, "whole-a")["phase"] == "Bound"
+    assert claim_status(cluster, "whole-a")["phase"] == "Bound"
     cluster.claim(o.claim("whole-b", cards=1, class_name=class_name))
     settle(controller)
-    status = _status(cluster, "whole-b")
+    status = claim_status(cluster, "whole-b")
     assert (status["phase"], status["reason"]) == ("Pending", "QuotaExceeded")
     assert "ElasticGPUQuota cards" in status["message"] and "limit 1" in status["message"], status["message"]
 
     kube.delete_claim(cluster.namespace, "whole-a")
-    _until(controller, lambda: _status(cluster, "whole-b").get("phase") == "Bound")
+    work_until(controller, lambda: claim_status(cluster, "whole-b").get("phase") == "Bound")
     charges = quotas.get(api_client, cluster.namespace, "cards")["status"]["charges"]
     assert [c["claim"] for c in charges] == ["whole-b"]
 
@@ -194,9 +171,9 @@ def test_the_resync_charges_what_was_bound_before_the_quota_and_drops_stale_char
         cluster: Cluster, kube: KubeApi, api_client: client.ApiClient) -> None:
     _gpus, class_name = _setup(cluster)
     created = cluster.claim(o.claim("early", cores=40, memory="8Gi", class_name=class_name))
-    controller = _controller(kube, cluster.namespace)
+    controller = quota_controller(kube, cluster.namespace)
     settle(controller)
-    assert _status(cluster, "early")["phase"] == "Bound"
+    assert claim_status(cluster, "early")["phase"] == "Bound"
     # A quota created after the bind, holding a charge whose bind crashed long ago (no reservation).
     quotas.create(api_client, cluster.namespace, quotas.quota("late", {CORE: 30}))
     body = quotas.get(api_client, cluster.namespace, "late")
@@ -212,7 +189,7 @@ def test_the_resync_charges_what_was_bound_before_the_quota_and_drops_stale_char
     assert status["used"] == {CORE: 40} and status["summary"]["cores"] == "40/30"  # over: it was there first
     cluster.claim(o.claim("next", cores=10, memory="1Gi", class_name=class_name))
     settle(controller)
-    assert _status(cluster, "next")["reason"] == "QuotaExceeded"
+    assert claim_status(cluster, "next")["reason"] == "QuotaExceeded"
 
 
 def test_an_expand_over_quota_is_refused_and_a_shrink_gives_its_part_back(
@@ -228,13 +205,14 @@ def test_an_expand_over_quota_is_refused_and_a_shrink_gives_its_part_back(
     cluster.klass(body)
     quotas.create(api_client, cluster.namespace, quotas.quota("team", {CORE: 50}))
     cluster.claim(o.claim("grow", cores=30, memory="10Gi", class_name=class_name))
-    controller = _controller(kube, cluster.namespace)
+    controller = quota_controller(kube, cluster.namespace)
     settle(controller)
-    assert _status(cluster, "grow").get("phase") == "Bound"
+    assert claim_status(cluster, "grow").get("phase") == "Bound"
 
     cluster.kube.patch_claim(cluster.namespace, "grow", {"spec": {"resources": {"requests": {CORE: 60}}}})
-    _until(controller, lambda: any(c["type"] == "Resizing" for c in _status(cluster, "grow").get("conditions") or []))
-    status = _status(cluster, "grow")
+    work_until(controller,
+               lambda: any(c["type"] == "Resizing" for c in claim_status(cluster, "grow").get("conditions") or []))
+    status = claim_status(cluster, "grow")
     [resizing] = [c for c in status["conditions"] if c["type"] == "Resizing"]
     assert (resizing["status"], resizing["reason"]) == ("False", "QuotaExceeded"), resizing
     assert "ElasticGPUQuota team" in resizing["message"] and "limit 50" in resizing["message"], resizing
@@ -243,5 +221,5 @@ def test_an_expand_over_quota_is_refused_and_a_shrink_gives_its_part_back(
 
     # No container runs on the card: the shrink completes at once and gives back its part.
     cluster.kube.patch_claim(cluster.namespace, "grow", {"spec": {"resources": {"requests": {CORE: 20}}}})
-    _until(controller, lambda: _status(cluster, "grow").get("capacity", {}).get(CORE) == 20)
-    _until(controller, lambda: quotas.get(api_client, cluster.namespace, "team")["status"]["used"][CORE] == 20)
+    work_until(controller, lambda: claim_status(cluster, "grow").get("capacity", {}).get(CORE) == 20)
+    work_until(controller, lambda: quotas.get(api_client, cluster.namespace, "team")["status"]["used"][CORE] == 20)

@@ -7,21 +7,16 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from typing import Any
-
 from kubernetes import client
 
 from elasticgpu.allocator import Placement
 from elasticgpu.api import ObjectReference, names
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.process.reconciling import Controller
-from elasticgpu.controller.settings import ControllerSettings, QuotaSettings, ResyncSettings
 from tests.binding import objects as o
 from tests.binding.agent_status import write_gpu_status
 from tests.binding.conftest import Cluster, settle
 from tests.quota import quotas
+from tests.quota.quota_controller import claim_status, quota_controller, work_until
 
 CORE = names.RESOURCE_CORE
 
@@ -36,24 +31,6 @@ def _setup(cluster: Cluster, *, resize: bool = False) -> tuple[str, str]:
         body["allowClaimResize"] = True
     cluster.klass(body)
     return gpu_name, class_name
-
-
-def _controller(kube: KubeApi, namespace: str) -> Controller:
-    settings = ControllerSettings(resync=ResyncSettings(orphan_grace_s=60.0),
-                                  quota=QuotaSettings(recheck_s=1.0, refresh_s=0.0))
-    return Controller(kube, settings, namespace=namespace)
-
-
-def _until(controller: Controller, check: Callable[[], bool], *, deadline_s: float = 30.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not check():
-        assert time.monotonic() < deadline, "not reached before the deadline"
-        controller.drain()
-        time.sleep(0.05)
-
-
-def _status(cluster: Cluster, name: str) -> dict[str, Any]:
-    return cluster.get_claim(name).get("status") or {}
 
 
 def _held(kube: KubeApi, gpu_name: str, namespace: str) -> int:
@@ -74,9 +51,9 @@ def test_a_resync_between_an_expands_charge_and_its_reservation_keeps_the_charge
     gpu_name, class_name = _setup(cluster, resize=True)
     quotas.create(api_client, cluster.namespace, quotas.quota("team", {CORE: 60}))
     cluster.claim(o.claim("a", cores=30, memory="10Gi", class_name=class_name))
-    controller = _controller(kube, cluster.namespace)
+    controller = quota_controller(kube, cluster.namespace)
     settle(controller)
-    assert _status(cluster, "a").get("phase") == "Bound"
+    assert claim_status(cluster, "a").get("phase") == "Bound"
 
     guard = controller.quota
     charge = guard.charge
@@ -92,12 +69,12 @@ def test_a_resync_between_an_expands_charge_and_its_reservation_keeps_the_charge
 
     guard.charge = charge_then_resync  # type: ignore[method-assign]
     kube.patch_claim(cluster.namespace, "a", {"spec": {"resources": {"requests": {CORE: 50}}}})
-    _until(controller, lambda: _status(cluster, "a").get("capacity", {}).get(CORE) == 50)
+    work_until(controller, lambda: claim_status(cluster, "a").get("capacity", {}).get(CORE) == 50)
     assert resynced == [50, 50], f"quota used before/after the resync in the expand's window: {resynced}"
 
     cluster.claim(o.claim("b", cores=30, memory="10Gi", class_name=class_name))
     settle(controller)
-    status = _status(cluster, "b")
+    status = claim_status(cluster, "b")
     assert (status.get("phase"), status.get("reason")) == ("Pending", "QuotaExceeded"), status
     assert _held(kube, gpu_name, cluster.namespace) == 50 == _used(api_client, cluster.namespace, "team")
 
@@ -109,7 +86,7 @@ def test_a_claim_bound_to_a_static_elastic_gpu_is_charged_at_bind(
     gpu_name, class_name = _setup(cluster)
     quotas.create(api_client, cluster.namespace, quotas.quota("team", {CORE: 60}))
     cluster.egpu(o.share_egpu(f"{cluster.prefix}-static", gpu_name, cores=50, memory="20Gi", class_name=class_name))
-    controller = _controller(kube, cluster.namespace)
+    controller = quota_controller(kube, cluster.namespace)
     settle(controller)
     cluster.claim(o.claim("s", cores=30, memory="10Gi", class_name=class_name))
     settle(controller)
@@ -121,7 +98,8 @@ def test_a_claim_bound_to_a_static_elastic_gpu_is_charged_at_bind(
 
     cluster.claim(o.claim("d", cores=20, memory="1Gi", class_name=class_name))
     settle(controller)
-    assert (_status(cluster, "d").get("phase"), _status(cluster, "d").get("reason")) == ("Pending", "QuotaExceeded")
+    status = claim_status(cluster, "d")
+    assert (status.get("phase"), status.get("reason")) == ("Pending", "QuotaExceeded")
 
 
 def test_a_static_bind_over_quota_stays_pending_and_the_elastic_gpu_available(
@@ -133,9 +111,9 @@ def test_a_static_bind_over_quota_stays_pending_and_the_elastic_gpu_available(
     egpu_name = f"{cluster.prefix}-static"
     cluster.egpu(o.share_egpu(egpu_name, gpu_name, cores=50, memory="20Gi", class_name=class_name))
     cluster.claim(o.claim("s", cores=30, memory="10Gi", class_name=class_name, selector={"matchLabels": {}}))
-    controller = _controller(kube, cluster.namespace)
+    controller = quota_controller(kube, cluster.namespace)
     settle(controller)
-    status = _status(cluster, "s")
+    status = claim_status(cluster, "s")
     assert (status.get("phase"), status.get("reason")) == ("Pending", "QuotaExceeded"), status
     assert "ElasticGPUQuota team" in status["message"] and "would be 50" in status["message"], status["message"]
     egpu = kube.get_elastic_gpu(egpu_name)
@@ -143,7 +121,7 @@ def test_a_static_bind_over_quota_stays_pending_and_the_elastic_gpu_available(
     assert _used(api_client, cluster.namespace, "team") == 0
 
     quotas.set_hard(api_client, cluster.namespace, "team", {CORE: 50})
-    _until(controller, lambda: _status(cluster, "s").get("phase") == "Bound")
+    work_until(controller, lambda: claim_status(cluster, "s").get("phase") == "Bound")
     assert _used(api_client, cluster.namespace, "team") == 50
 
 
@@ -154,9 +132,9 @@ def test_a_deleted_claim_stays_charged_while_its_pods_hold_the_card(
     gpu_name, class_name = _setup(cluster)
     quotas.create(api_client, cluster.namespace, quotas.quota("team", {CORE: 60}))
     first = cluster.claim(o.claim("first", cores=40, memory="10Gi", class_name=class_name))
-    controller = _controller(kube, cluster.namespace)
+    controller = quota_controller(kube, cluster.namespace)
     settle(controller)
-    assert _status(cluster, "first").get("phase") == "Bound"
+    assert claim_status(cluster, "first").get("phase") == "Bound"
     meta = first["metadata"]
     write_gpu_status(kube, gpu_name, runningClaims=[{
         "namespace": meta["namespace"], "name": meta["name"], "uid": meta["uid"],
@@ -171,12 +149,12 @@ def test_a_deleted_claim_stays_charged_while_its_pods_hold_the_card(
     assert _used(api_client, cluster.namespace, "team") == 40, "the resync keeps it too"
     cluster.claim(o.claim("second", cores=30, memory="10Gi", class_name=class_name))
     settle(controller)
-    status = _status(cluster, "second")
+    status = claim_status(cluster, "second")
     assert (status.get("phase"), status.get("reason")) == ("Pending", "QuotaExceeded"), status
 
     # The containers stop: the agent drops the entry, the reservation and then the charge go.
     write_gpu_status(kube, gpu_name, runningClaims=[])
-    _until(controller, lambda: _status(cluster, "second").get("phase") == "Bound")
+    work_until(controller, lambda: claim_status(cluster, "second").get("phase") == "Bound")
     assert _held(kube, gpu_name, cluster.namespace) == 30 == _used(api_client, cluster.namespace, "team")
 
 
@@ -188,9 +166,9 @@ def test_the_resync_reads_the_gpus_live_before_it_lowers_a_charge(
     gpu_name, class_name = _setup(cluster, resize=True)
     quotas.create(api_client, cluster.namespace, quotas.quota("team", {CORE: 60}))
     created = cluster.claim(o.claim("a", cores=30, memory="10Gi", class_name=class_name))
-    controller = _controller(kube, cluster.namespace)
+    controller = quota_controller(kube, cluster.namespace)
     controller.rebuild()  # one list, no watch: the picture sees only this controller's own writes
-    _until(controller, lambda: _status(cluster, "a").get("phase") == "Bound")
+    work_until(controller, lambda: claim_status(cluster, "a").get("phase") == "Bound")
     assert _used(api_client, cluster.namespace, "team") == 30
 
     # The other controller's expand, as the API server holds it; this one's picture never hears of it.

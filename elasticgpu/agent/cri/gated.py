@@ -28,7 +28,11 @@ reconciliation, from the runtime's containers (`rebuild`): every container the a
 claim carries the annotation `elasticgpu.io/claim: <namespace>/<name>` and kubelet's pod labels;
 its cards and limits are read back from the environment the agent wrote (NVIDIA_VISIBLE_DEVICES,
 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_DEVICE_MEMORY_LIMIT_0) in the runtime's verbose status.
-Each becomes a `created` row, so the holders and card checks see it as if nothing was lost.
+Each becomes a `created` row, so the holders and card checks see it as if nothing was lost. A
+container holding a MIG instance also carries `elasticgpu.io/mig-instance` (`mig_annotation`):
+its card, size and ElasticGPU go on its row and the instance's `mig_instances` row is recorded
+again, so the start-up convergence keeps the instance (held) instead of leaving it as an
+admin's, and the removal of its last holder destroys it.
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ from typing import Any
 import grpc
 
 from elasticgpu.agent import isolation, rdma
-from elasticgpu.agent.cri import claim_hooks, hooks, injection, limits_file
+from elasticgpu.agent.cri import claim_hooks, hooks, injection, limits_file, mig_annotation
+from elasticgpu.agent.errors import LedgerStateError
+from elasticgpu.agent.ledger.models import MIG_CREATED
 from elasticgpu.agent.ledger.store import LedgerStore
 
 log = logging.getLogger(__name__)
@@ -291,12 +297,19 @@ def rebuild(ledger: LedgerStore, containers: Sequence[Any], container_info: Call
         memory = _mib(env.get(f"{injection.ENV_HAMI_MEMORY_PREFIX}_0") or env.get(injection.ENV_MPS_MEMORY))
         # A whole card has neither limit; a slice of memory only has no compute limit (0 cores).
         cores = int(threads) if threads and threads.isdigit() else (0 if memory else 100)
+        elastic_gpu = ""
+        mig = mig_annotation.parse(container.annotations.get(mig_annotation.MIG_ANNOTATION, ""))
+        if mig is not None:
+            # A MIG instance is its own limit (no soft-limit environment) and NVIDIA_VISIBLE_DEVICES
+            # names it, not its card: what the row held is in the instance's annotation.
+            gpus, cores, memory, elastic_gpu = [mig.card], mig.cores, mig.memory_mib, mig.elastic_gpu
+            _rebuild_mig(ledger, mig)
         labels = container.labels
         row = ledger.record_started(
             pod_uid=labels.get(injection.LABEL_POD_UID, ""),
             pod_namespace=labels.get(injection.LABEL_POD_NAMESPACE, ""),
             pod_name=labels.get(injection.LABEL_POD_NAME, ""), container_name=str(container.metadata.name),
-            claim_namespace=namespace, claim_name=name, elastic_gpu="", gpu_uuids=gpus, cores=cores,
+            claim_namespace=namespace, claim_name=name, elastic_gpu=elastic_gpu, gpu_uuids=gpus, cores=cores,
             memory_mib=memory,
         )  # fmt: skip
         ledger.mark_created(row, container.id)
@@ -305,3 +318,18 @@ def rebuild(ledger: LedgerStore, containers: Sequence[Any], container_info: Call
                  ",".join(gpus) or "unknown")  # fmt: skip
         count += 1
     return count
+
+
+def _rebuild_mig(ledger: LedgerStore, mig: mig_annotation.MigAnnotation) -> None:
+    """Record the MIG instance a running container holds (its `mig_instances` row, `created`), so
+    the start-up convergence keeps it as held and its last holder's removal destroys it."""
+    try:
+        record = ledger.record_mig_creating(card_uuid=mig.card, elastic_gpu=mig.elastic_gpu, profile=mig.profile,
+                                            start=mig.start)
+    except LedgerStateError as e:  # another claim's row holds that slice: the annotation cannot be right
+        log.warning("ledger rebuilt: MIG instance %s of %s not recorded: %s", mig.uuid, mig.elastic_gpu, e)
+        return
+    if record.state != MIG_CREATED:
+        ledger.mark_mig_created(record.id, gpu_instance_id=mig.gpu_instance_id, mig_uuid=mig.uuid)
+        log.info("ledger rebuilt: MIG instance %s (%s at slice %d of %s) held by %s", mig.uuid, mig.profile,
+                 mig.start, mig.card, mig.elastic_gpu)

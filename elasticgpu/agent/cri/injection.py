@@ -52,6 +52,7 @@ import grpc
 
 from elasticgpu.agent import isolation, rdma
 from elasticgpu.agent.cri import hooks
+from elasticgpu.agent.cri.mig_annotation import MIG_ANNOTATION
 from elasticgpu.api import names, pod_claims
 
 CDI_KIND = "elasticgpu.io/gpu"
@@ -59,6 +60,8 @@ CDI_KIND = "elasticgpu.io/gpu"
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CDI_ANNOTATION_KEY = f"{CDI_ANNOTATION_PREFIX}elasticgpu"
 CLAIM_ANNOTATION = "elasticgpu.io/claim"
+_OURS_ANNOTATIONS = (CLAIM_ANNOTATION, MIG_ANNOTATION, isolation.ANNOTATION_MODE, isolation.ANNOTATION_CARDS)
+"""Annotations only the agent may put on a container (which claim, which MIG instance, what isolates it)."""
 """Set on a container that got a claim: `<namespace>/<name>` (usage accounting reads it back)."""
 
 ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -343,7 +346,7 @@ def _without_ours(request: ContainerRequest) -> tuple[list[tuple[str, str]], lis
     devices = [d for d in request.cdi_devices if not is_ours(d)]
     annotations = {}
     for key, value in request.annotations.items():
-        if key in (CLAIM_ANNOTATION, isolation.ANNOTATION_MODE, isolation.ANNOTATION_CARDS):
+        if key in _OURS_ANNOTATIONS:
             continue  # only we may say which claim a container uses, and what isolates it
         if key.startswith(CDI_ANNOTATION_PREFIX):
             kept = [d.strip() for d in value.split(",") if d.strip() and not is_ours(d.strip())]
@@ -379,7 +382,7 @@ def decide(
         if access:
             # OBSERVATION: no claim, in a namespace the platform team gave the node's GPUs.
             kept = {k: v for k, v in request.annotations.items()
-                    if k not in (CLAIM_ANNOTATION, isolation.ANNOTATION_MODE, isolation.ANNOTATION_CARDS)}
+                    if k not in _OURS_ANNOTATIONS}
             return ContainerEdit(envs=tuple(request.envs), cdi_devices=tuple(request.cdi_devices), annotations=kept)
         if request.privileged and settings.refuse_privileged and request.pod.namespace not in (
             settings.privileged_namespaces

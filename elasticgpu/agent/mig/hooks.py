@@ -8,9 +8,11 @@ theirs as it is; for a container of a claim with a `partition` (a `partitioning:
                     at the committed profile and start (`instances.MigInstances`, two-phase in
                     the ledger), the instances' CDI spec written, and the container given the
                     instance: its CDI device besides the card's (whose device node and spec-wide
-                    edits it needs), NVIDIA_VISIBLE_DEVICES=<MIG uuid>, and no soft limits (MPS,
-                    HAMi-core: the instance is the limit). NVML refusing rolls the row back and
-                    refuses the container with NVML's reason.
+                    edits it needs), NVIDIA_VISIBLE_DEVICES=<MIG uuid>, no soft limits (MPS,
+                    HAMi-core: the instance is the limit), and the annotation
+                    `elasticgpu.io/mig-instance` (`cri/mig_annotation.py`: what a ledger rebuild
+                    reads back, so a lost ledger neither destroys nor forgets the instance).
+                    NVML refusing rolls the row back and refuses the container with NVML's reason.
     removed         after the claim hooks: when no open row holds the claim any more, its
                     instance is destroyed (a process still on it: kept, destroyed by a later
                     reconcile).
@@ -27,7 +29,7 @@ from typing import Any
 import grpc
 
 from elasticgpu.agent import errors
-from elasticgpu.agent.cri import api, claim_hooks, hooks, injection
+from elasticgpu.agent.cri import api, claim_hooks, hooks, injection, mig_annotation
 from elasticgpu.agent.discovery.mig import MigInstanceInfo
 from elasticgpu.agent.discovery.models import Card
 from elasticgpu.agent.ledger import models
@@ -73,7 +75,10 @@ class MigHooks:
             self.inner.create_failed(prepared, grpc.StatusCode.FAILED_PRECONDITION)  # the row goes
             raise hooks.Refused(f"claim {where}: the MIG instance {profile} at slice {start} of card {claim.gpus[0]}"
                                 f" cannot be created: {e}") from e
-        _give_instance(request, instance)
+        _give_instance(request, instance, mig_annotation.MigAnnotation(
+            uuid=instance.uuid, profile=profile, start=start, card=claim.gpus[0],
+            gpu_instance_id=instance.gpu_instance_id, elastic_gpu=claim.elastic_gpu, cores=claim.cores,
+            memory_mib=claim.memory_mib))
         prepared.details["mig"] = instance.uuid
         return prepared
 
@@ -119,9 +124,11 @@ class MigHooks:
         self._write_spec()
 
 
-def _give_instance(request: Any, instance: MigInstanceInfo) -> None:
-    """Add the instance's CDI device, point NVIDIA_VISIBLE_DEVICES at it, drop the soft limits."""
+def _give_instance(request: Any, instance: MigInstanceInfo, named: mig_annotation.MigAnnotation) -> None:
+    """Add the instance's CDI device, point NVIDIA_VISIBLE_DEVICES at it, drop the soft limits,
+    and name the instance in the container's annotations."""
     config = request.config
+    config.annotations[mig_annotation.MIG_ANNOTATION] = named.value()
     envs = [kv for kv in config.envs if kv.key not in _SOFT_LIMITS and kv.key != injection.ENV_VISIBLE_DEVICES
             and not kv.key.startswith(injection.ENV_HAMI_MEMORY_PREFIX)]
     envs.append(api.pb.KeyValue(key=injection.ENV_VISIBLE_DEVICES, value=instance.uuid.encode()))

@@ -14,6 +14,7 @@ card and start so that it stays able to host the profiles asked for, the largest
         allocator.reserve("ns/claim-uid", found)
 """
 
+from elasticgpu.allocator.mig.cluster import partitions_fit
 from elasticgpu.allocator.mig.fragmentation import CardSlots, MigFragmentation, MigShape
 from elasticgpu.allocator.mig.placing import (
     MIG_POLICIES,
@@ -47,5 +48,6 @@ __all__ = [
     "Slots",
     "by_name",
     "model_for",
+    "partitions_fit",
     "profile_for",
 ]

@@ -48,7 +48,7 @@ def build(cards: Iterable[ClusterCard], *, models: tuple[str, ...] = (), node_se
         allocations = gpu.status.allocations
         if any(a.partition is None for a in allocations):
             continue  # a soft share or a whole card: its slots are unknown
-        if not _consistent(model, [(a.partition.profile, a.partition.start) for a in allocations if a.partition]):
+        if not partitions_fit(model, [(a.partition.profile, a.partition.start) for a in allocations if a.partition]):
             continue
         allocator.add_card(MigCard(uuid=spec.uuid, node=spec.node_name, index=spec.index, model=model,
                                    memory_mib=spec.memory))
@@ -64,7 +64,7 @@ def build(cards: Iterable[ClusterCard], *, models: tuple[str, ...] = (), node_se
     return allocator
 
 
-def _consistent(model: MigModel, partitions: list[tuple[str, int]]) -> bool:
+def partitions_fit(model: MigModel, partitions: list[tuple[str, int]]) -> bool:
     """Whether these instances can all be on one card of `model` (profiles it has, allowed
     starts, no shared slice, compute within the card)."""
     used = slot_rules.EMPTY

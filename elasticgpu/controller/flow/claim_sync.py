@@ -9,18 +9,20 @@ retries the key from what it then finds.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 from elasticgpu.allocator import Placement, PlacementRequest, Unplaceable
 from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, names, timestamps
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, capacity, pod_gate, release
+from elasticgpu.controller.decisions import binder, capacity, groups, pod_gate, release
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow import mig_binding, policing_copy, preempting
+from elasticgpu.controller.flow import group_binding, mig_binding, policing_copy, preempting
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
+from elasticgpu.controller.flow.group_binding import GroupBinding
 from elasticgpu.controller.flow.handoff import HandOff
 from elasticgpu.controller.flow.provisioner import build_elastic_gpu, capacity_of, claim_ref_of
 from elasticgpu.controller.flow.quota_guard import QuotaExceeded
@@ -65,6 +67,9 @@ class ClaimSync:
         """Recommends sizes from measured use (issue 17), after the resizer, for claims in sync."""
         self.policing = policing_copy.PolicingCopy(kube=kube, picture=picture)
         """Keeps a Bound claim's status.policing true to its class (issue 25), for claims in sync."""
+        self.groups = GroupBinding(self)
+        """Binds claim groups all or none (issue 27, docs/gangs.md)."""
+        commit.kept_nodes = self.groups.kept_nodes
         self.preempting = preempting.Preempter(kube=kube, picture=picture, queue=queue, events=events, commit=commit,
                                                elastic_gpus=elastic_gpus, pending=self._pending,
                                                metrics=lambda: self.metrics)
@@ -96,7 +101,10 @@ class ClaimSync:
         elif isinstance(decision, binder.BindToExisting):
             self._bind_existing(claim, decision.elastic_gpu)
         elif isinstance(decision, binder.Provision):
-            self._provision(claim, decision)
+            if groups.group_name(claim):
+                self.groups.provision(claim, decision)  # a gang: all of its members or none
+            else:
+                self._provision(claim, decision)
         elif isinstance(decision, binder.Deleting):
             self._release(claim)
 
@@ -141,6 +149,10 @@ class ClaimSync:
         except errors.NotFound:
             return
         self.picture.put_claim(fresh)
+
+    def pending(self, claim: ElasticGPUClaim, reason: str, message: str) -> None:
+        """Say the claim is Pending for `reason` (no write, no Event when said already)."""
+        self._pending(claim, reason, message)
 
     def _pending(self, claim: ElasticGPUClaim, reason: str, message: str) -> None:
         current = claim.status.conditions
@@ -366,6 +378,17 @@ class ClaimSync:
             topology=decision.topology,
         )
         ledger = self.picture.ledger
+        kept = self.groups.kept_nodes(but=group_binding.single_waiter(claim))
+        if kept and not request.nodes:
+            # A claim group has waited too long: its nodes are kept from smaller claims (docs/gangs.md).
+            with self.picture.lock:
+                others = frozenset(n for n in ledger.inventory.node_names() if n not in kept)
+            if not others:  # (an empty `nodes` would mean any node)
+                self._pending(claim, binder.REASON_NO_CAPACITY, f"every node is kept for"
+                              f" {', '.join(sorted(set(kept.values())))}, which waited too long; this claim"
+                              " is placed once that binds")
+                return None
+            request = dataclasses.replace(request, nodes=others)
         for attempt in range(self.settings.binding.conflict_retries):
             with self.picture.lock:
                 held = ledger.held(key)
@@ -395,15 +418,20 @@ class ClaimSync:
                 if outcome.handled:
                     return None  # it waits for its victims to go (status written)
                 message = f"no card can give {decision.request.describe()}: {result.reason}"
+                if kept:
+                    message += f" (nodes {', '.join(sorted(kept))} are kept for" \
+                               f" {', '.join(sorted(set(kept.values())))}, which waited too long)"
                 if result.closest:
                     message += f" (closest: {result.closest})"
                 if outcome.note:
                     message += f"; {outcome.note}"
                 self._pending(claim, binder.REASON_NO_CAPACITY, message)
+                self.groups.single_waits(claim, decision)  # not starved for ever either (docs/gangs.md)
                 return None
             assert result is not None
             try:
                 self.commit.commit(key, result, claim_ref_of(claim))
+                self.groups.done_waiting(group_binding.single_waiter(claim))
             except QuotaExceeded as err:
                 # Nothing reserved. Quotas are not watched: check again after a while (docs/quota.md).
                 self._pending(claim, err.reason, err.message)

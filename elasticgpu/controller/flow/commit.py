@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -20,7 +20,7 @@ from elasticgpu.allocator import Placement, PlacementRequest
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ObjectReference, names
 from elasticgpu.api.gpu import GPUPartition
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder
+from elasticgpu.controller.decisions import binder, groups
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.provisioner import claim_ref_of
 from elasticgpu.controller.flow.quota_guard import QuotaGuard
@@ -55,6 +55,9 @@ class Commit:
         self._pool = pool
         self.quota: QuotaGuard | None = None
         """Charges each claim's reservation to its namespace's quotas first, when set."""
+        self.kept_nodes: Callable[[], Mapping[str, str]] | None = None
+        """Nodes kept for waiting claim groups (flow/group_binding.py), when set: while any
+        are, slices are planned by the ordinary sync, which avoids them."""
 
     def commit(self, key: str, placement: Placement, claim_ref: ObjectReference | None,
                partitions: Mapping[str, GPUPartition] | None = None) -> None:
@@ -69,11 +72,15 @@ class Commit:
         written: list[str] = []
         for share in placement.cards:
             gpu_name = ledger.name_of_uuid(share.uuid)
-            with self.picture.lock:
-                partition = (partitions or {}).get(share.uuid)
-                body = ledger.with_allocation(gpu_name, allocation_for(key, share, claim_ref, partition))
             try:
+                with self.picture.lock:
+                    partition = (partitions or {}).get(share.uuid)
+                    body = ledger.with_allocation(gpu_name, allocation_for(key, share, claim_ref, partition))
                 answer = self.kube.replace_gpu_status(body)
+            except errors.CardOverfilled:
+                for done in written:  # the picture is already newer than the plan: nothing to re-read
+                    self.free_on(done, key)
+                raise
             except (errors.Conflict, errors.Rejected):
                 self.refresh_gpu(gpu_name)
                 for done in written:
@@ -182,10 +189,12 @@ class Commit:
         picture = self.picture
         if self.quota is not None and self.quota.limits(key[1], key[2]):
             return None  # a quota applies: charged one claim at a time by the ordinary sync
+        if self.kept_nodes is not None and self.kept_nodes():
+            return None  # room is kept for a claim group: the ordinary sync avoids it
         with picture.lock:
             claim = picture.claim(key[1], key[2])
-            if claim is None:
-                return None
+            if claim is None or groups.group_name(claim):
+                return None  # a group member is reserved with its group (flow/group_binding.py)
             view = picture.view()
             decision = binder.decide_claim(claim, view)
             if not isinstance(decision, binder.Provision) or decision.request.cards > 1:
@@ -218,11 +227,11 @@ class Commit:
         ledger = self.picture.ledger
 
         def put(gpu_name: str) -> tuple[str, Body | Exception]:
-            with self.picture.lock:
-                allocations = [allocation_for(p.egpu_name, p.placement.cards[0], claim_ref_of(p.claim))
-                               for p in batch[gpu_name]]
-                body = ledger.with_allocations(gpu_name, allocations)
             try:
+                with self.picture.lock:
+                    allocations = [allocation_for(p.egpu_name, p.placement.cards[0], claim_ref_of(p.claim))
+                                   for p in batch[gpu_name]]
+                    body = ledger.with_allocations(gpu_name, allocations)
                 return gpu_name, self.kube.replace_gpu_status(body)
             except Exception as err:  # NotFound, a bug: nothing committed, the claims re-plan below
                 return gpu_name, err

@@ -6,16 +6,21 @@ least-fragmenting card and start, and the reservation to commit on each card: th
 share (cores and memory, what the instance has, usually more than asked) with its partition.
 The commit is the ordinary one (a GPU status write with its resourceVersion), so two
 controllers never carve one slot twice; a lost race re-plans.
+
+A WaitForFirstConsumer class plans through `place_on` instead (`pods/pod_placement`): the same
+decision among the cards of the nodes the pod may run on, beside the instances the pod's earlier
+claims were tentatively given in the same pass (they are not on the GPUs yet).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from elasticgpu.allocator import CardShare, Placement
 from elasticgpu.allocator.mig import claims as mig_claims
 from elasticgpu.allocator.mig import cluster
-from elasticgpu.allocator.mig.placing import MigPlacement, MigUnplaceable
+from elasticgpu.allocator.mig.placing import MigAllocator, MigInstance, MigPlacement, MigUnplaceable
 from elasticgpu.allocator.mig.profiles import model_for
 from elasticgpu.api import GpuRequest
 from elasticgpu.api.gpu import GPUPartition
@@ -41,12 +46,35 @@ class MigWait:
 
 def plan(ledger: Ledger, request: GpuRequest, parameters: ClassParameters) -> MigPlan | MigWait:
     """The MIG reservation of `request` under a class with these parameters. Caller holds the picture's lock."""
+    allocator = _allocator(ledger, parameters.gpu_model, parameters.node_selector, nodes=None)
+    return _decide(ledger, allocator, request)
+
+
+def place_on(ledger: Ledger, request: GpuRequest, *, models: tuple[str, ...], node_selector: dict[str, str],
+             nodes: Collection[str], taken: Sequence[MigPlan] = ()) -> MigPlan | MigWait:
+    """The MIG reservation of `request` on one of `nodes` (a pod's candidates), with the instances
+    of `taken` (planned in this pass, not committed yet) counted as held. Caller holds the lock."""
+    allocator = _allocator(ledger, models, node_selector, nodes=frozenset(nodes))
+    known = {card.uuid for card in allocator.cards()}
+    for number, earlier in enumerate(taken):
+        instances = tuple(MigInstance(uuid, p.profile, p.start) for uuid, p in earlier.partitions.items()
+                          if uuid in known)
+        if instances:  # a card another class may use but this one may not is not in this allocator
+            allocator.reserve(f"tentative-{number}", MigPlacement(earlier.placement.node, instances))
+    return _decide(ledger, allocator, request)
+
+
+def _allocator(ledger: Ledger, models: tuple[str, ...], node_selector: dict[str, str],
+               nodes: frozenset[str] | None) -> MigAllocator:
     cards = []
     for name in ledger.gpu_names():
         gpu = ledger.gpu(name)
-        if gpu is not None:
+        if gpu is not None and (nodes is None or gpu.spec.node_name in nodes):
             cards.append(cluster.ClusterCard(gpu, ledger.node_labels(gpu.spec.node_name), ledger.is_ready(name)))
-    allocator = cluster.build(cards, models=parameters.gpu_model, node_selector=parameters.node_selector)
+    return cluster.build(cards, models=models, node_selector=node_selector)
+
+
+def _decide(ledger: Ledger, allocator: MigAllocator, request: GpuRequest) -> MigPlan | MigWait:
     found = allocator.place(mig_claims.mig_request(request))
     if isinstance(found, MigUnplaceable):
         message = found.reason

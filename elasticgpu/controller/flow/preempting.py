@@ -19,7 +19,7 @@ from elasticgpu.allocator import PlacementRequest, quota
 from elasticgpu.allocator.preemption import Candidate, NoPreemption, Preemption, choose_victims
 from elasticgpu.api import ElasticGPUClaim, ElasticGPUClass, ElasticGPUQuota
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, preemption, release
+from elasticgpu.controller.decisions import binder, groups, preemption, release
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
@@ -175,6 +175,8 @@ class Preempter:
                 continue
             ref = egpu.spec.claim_ref
             claim = picture.claim(ref.namespace or "", ref.name or "")
+            if claim is not None and groups.group_name(claim):
+                continue  # a member of a claim group: preempting it would leave its group partial (docs/gangs.md)
             candidate = preemption.candidate_of(egpu, claim, value, marked=self._mark_holds(claim, key))
             if candidate is not None:
                 found[key] = candidate

@@ -143,8 +143,12 @@ class Resizer:
     def _write_gpu(self, gpu_name: str, before: GPU, allocation: GPUAllocation) -> bool:
         """The GPU status write with the picture's resourceVersion; False on a conflict (the
         card changed: re-read, decide again) or a refusal by the GPU CRD's rules."""
-        with self.picture.lock:
-            body = self.picture.ledger.with_allocation(gpu_name, allocation)
+        try:
+            with self.picture.lock:
+                body = self.picture.ledger.with_allocation(gpu_name, allocation)
+        except errors.CardOverfilled as err:
+            logger.debug("resize decided on an older copy of GPU %s, deciding again: %s", gpu_name, err)
+            return False
         try:
             answer = self.kube.replace_gpu_status(body)
         except (errors.Conflict, errors.Rejected) as err:

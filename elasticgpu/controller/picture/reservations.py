@@ -32,8 +32,10 @@ from elasticgpu.allocator import (
     UnknownObject,
     Unplaceable,
 )
+from elasticgpu.allocator.mig import model_for, partitions_fit
 from elasticgpu.api import GPU, GPUAllocation, ObjectReference, allocatable_summary, format_memory, names, timestamps
 from elasticgpu.api.gpu import GPUPartition
+from elasticgpu.controller.errors import CardOverfilled
 from elasticgpu.controller.picture import compact, versions
 
 logger = logging.getLogger(__name__)
@@ -317,18 +319,45 @@ class Ledger:
     # -- building writes -----------------------------------------------------------------------
 
     def with_allocation(self, gpu_name: str, allocation: GPUAllocation) -> Body:
-        """The GPU body (for a PUT of its status) with `allocation` added or replaced."""
-        body = self._gpus[gpu_name]
-        allocations = [a for a in _allocations(body) if a.get("elasticGPU") != allocation.elastic_gpu]
-        allocations.append(allocation.to_dict())
-        return self._status_body(body, allocations)
+        """The GPU body (for a PUT of its status) with `allocation` added or replaced. Raises
+        `CardOverfilled` when that would put the card over its capacity (see `_refuse_overfill`)."""
+        return self.with_allocations(gpu_name, [allocation])
 
     def with_allocations(self, gpu_name: str, allocations: list[GPUAllocation]) -> Body:
-        """The GPU body with several allocations added or replaced (one write for a batch)."""
+        """The GPU body with several allocations added or replaced (one write for a batch);
+        `CardOverfilled` as `with_allocation`."""
         keys = {a.elastic_gpu for a in allocations}
         body = self._gpus[gpu_name]
         kept = [a for a in _allocations(body) if a.get("elasticGPU") not in keys]
-        return self._status_body(body, kept + [a.to_dict() for a in allocations])
+        written = kept + [a.to_dict() for a in allocations]
+        self._refuse_overfill(body, written, sorted(keys))
+        return self._status_body(body, written)
+
+    def _refuse_overfill(self, body: Body, allocations: list[Body], keys: list[str]) -> None:
+        """The last check before a write, whatever decided it: the body is built from the card
+        as the picture holds it now, with its newest resourceVersion, so a decision made on an
+        older copy (another controller's write arrived in between) would pass the server's
+        precondition and oversubscribe the card. A write that leaves the card over capacity and
+        holding more than it does now is refused; one that only keeps or lowers what an already
+        overfull card holds (a release, a claimRef stamp) goes through."""
+        spec = self._models[body["metadata"]["name"]].spec
+        before = _load(_allocations(body))
+        after = _load(allocations)
+        cores, memory, count, whole = after
+        overfull = cores > names.CORES_PER_CARD or memory > spec.memory or (whole and count > 1)
+        if overfull and (cores > before[0] or memory > before[1] or count > before[2]):
+            raise CardOverfilled(
+                f"GPU {body['metadata']['name']}: writing {', '.join(keys)} would reserve {cores}% cores and "
+                f"{memory} MiB of its 100% and {spec.memory} MiB{' beside a whole-card claim' if whole else ''}:"
+                " the card changed since the decision; deciding again")
+        # MIG instances must also keep to their slots: two on one slice fit the sums and still clash.
+        model = model_for(spec.model, spec.memory)
+        instances, held = _partitions(allocations), _partitions(_allocations(body))
+        if model is not None and instances != held and partitions_fit(model, held) and not partitions_fit(
+                model, instances):
+            raise CardOverfilled(
+                f"GPU {body['metadata']['name']}: writing {', '.join(keys)} would put MIG instances {instances}"
+                " on shared slices: the card changed since the decision; deciding again")
 
     def without_allocation(self, gpu_name: str, key: str) -> Body | None:
         """The GPU body with `key`'s allocation removed, or None when it holds none."""
@@ -443,6 +472,17 @@ def allocation_for(key: str, share: CardShare, claim_ref: ObjectReference | None
 
 def _allocations(body: Body) -> list[Body]:
     return list((body.get("status") or {}).get("allocations") or [])
+
+
+def _partitions(allocations: list[Body]) -> list[tuple[str, int]]:
+    """The (profile, start) of each MIG instance the allocations hold."""
+    return sorted((str(p["profile"]), int(p["start"])) for a in allocations if (p := a.get("partition")))
+
+
+def _load(allocations: list[Body]) -> tuple[int, int, int, bool]:
+    """Cores and MiB reserved, how many allocations, and whether one takes the card whole."""
+    return (sum(int(a.get("cores", 0)) for a in allocations), sum(int(a.get("memory", 0)) for a in allocations),
+            len(allocations), any(a.get("exclusive") for a in allocations))
 
 
 def _health(model: GPU) -> Health:

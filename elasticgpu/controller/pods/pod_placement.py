@@ -13,6 +13,9 @@ A pod whose claims wait for their first consumer needs one node that:
 3. can take all of the pod's claims at once (`propose`): the allocator places the largest claim
    among the candidates (its policy picks the node), then every claim is placed on that node in
    turn, each tentatively reserved so the next sees it, all released again before returning.
+   A claim of a `partitioning: MIG` class is planned as its Immediate bind is
+   (`flow/mig_binding.place_on`: profile, card and start slot among the MIG cards of the node),
+   beside the instances the pod's earlier claims were given in the same pass.
 
 `propose` answers one node at a time, so that the caller can check resources (which takes a list
 of that node's pods) without holding the picture's lock, and rule the node out if it falls short.
@@ -29,7 +32,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from elasticgpu.allocator import Placement, PlacementRequest, ReservationConflict, Unplaceable
+from elasticgpu.api.gpu import GPUPartition
 from elasticgpu.controller.decisions import pod_gate
+from elasticgpu.controller.flow import mig_binding
 from elasticgpu.controller.picture.reservations import Ledger
 
 Body = dict[str, Any]
@@ -250,14 +255,18 @@ class Wanted:
     key: str
     request: PlacementRequest
     policy: str
+    mig: bool = False
+    """Its class has `partitioning: MIG`: it gets a MIG instance (`flow/mig_binding`)."""
 
 
 @dataclass(frozen=True)
 class Proposal:
-    """A node that can take every claim, with each claim's placement (by reservation key)."""
+    """A node that can take every claim, with each claim's placement (by reservation key) and,
+    for MIG claims, the partition (profile, start) of each of its cards."""
 
     node: str
     placements: Mapping[str, Placement]
+    partitions: Mapping[str, Mapping[str, GPUPartition]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -277,18 +286,35 @@ def largest_first(wanted: Sequence[Wanted]) -> list[Wanted]:
     return sorted(wanted, key=size, reverse=True)
 
 
-def place_all_on(ledger: Ledger, wanted: Sequence[Wanted], node: str) -> dict[str, Placement] | str:
+def _place_mig(ledger: Ledger, one: Wanted, nodes: Iterable[str],
+               taken: Sequence[mig_binding.MigPlan]) -> mig_binding.MigPlan | mig_binding.MigWait:
+    assert one.request.gpu is not None  # a claim's request always has its GPU part
+    return mig_binding.place_on(ledger, one.request.gpu, models=one.request.models,
+                                node_selector=dict(one.request.node_selector or {}), nodes=frozenset(nodes),
+                                taken=taken)
+
+
+def place_all_on(ledger: Ledger, wanted: Sequence[Wanted], node: str) -> Proposal | str:
     """Each claim's placement on `node`, all together (each tentatively reserved while the next
     is placed; every tentative reservation released before returning), or why they do not fit."""
     placements: dict[str, Placement] = {}
+    partitions: dict[str, Mapping[str, GPUPartition]] = {}
+    instances: list[mig_binding.MigPlan] = []
     reserved: list[str] = []
     try:
         for one in wanted:
-            request = dataclasses.replace(one.request, nodes=frozenset({node}))
             if one.key in ledger.inventory.reservations:
                 # Reserved in the inventory but not on a GPU (a batch's write in flight): not
                 # ours to place again, nor to release below.
                 return f"cannot take claim {one.claim} now: its capacity is being reserved"
+            if one.mig:
+                planned = _place_mig(ledger, one, {node}, instances)
+                if isinstance(planned, mig_binding.MigWait):
+                    return f"cannot take claim {one.claim} ({one.request.describe()}): {planned.message}"
+                instances.append(planned)
+                placements[one.key], partitions[one.key] = planned.placement, planned.partitions
+                continue
+            request = dataclasses.replace(one.request, nodes=frozenset({node}))
             result = ledger.place(request, policy=one.policy)
             if isinstance(result, Unplaceable):
                 return f"cannot take claim {one.claim} ({one.request.describe()}): {result.reason}"
@@ -298,7 +324,7 @@ def place_all_on(ledger: Ledger, wanted: Sequence[Wanted], node: str) -> dict[st
                 return f"cannot take claim {one.claim}: {err}"
             reserved.append(one.key)
             placements[one.key] = result
-        return placements
+        return Proposal(node, placements, partitions)
     finally:
         for key in reserved:
             ledger.inventory.release(key)
@@ -313,16 +339,23 @@ def propose(ledger: Ledger, wanted: Sequence[Wanted], candidates: Iterable[str])
     ordered = largest_first(wanted)
     first = ordered[0]
     while remaining:
-        result = ledger.place(dataclasses.replace(first.request, nodes=frozenset(remaining)), policy=first.policy)
-        if isinstance(result, Unplaceable):
-            why = result.reason + (f" (closest: {result.closest})" if result.closest else "")
-            return NoNode(f"claim {first.claim} ({first.request.describe()}): {why}"), ruled_out
-        placed = place_all_on(ledger, ordered, result.node)
+        if first.mig:
+            planned = _place_mig(ledger, first, remaining, ())
+            if isinstance(planned, mig_binding.MigWait):
+                return NoNode(f"claim {first.claim} ({first.request.describe()}): {planned.message}"), ruled_out
+            node = planned.placement.node
+        else:
+            result = ledger.place(dataclasses.replace(first.request, nodes=frozenset(remaining)), policy=first.policy)
+            if isinstance(result, Unplaceable):
+                why = result.reason + (f" (closest: {result.closest})" if result.closest else "")
+                return NoNode(f"claim {first.claim} ({first.request.describe()}): {why}"), ruled_out
+            node = result.node
+        placed = place_all_on(ledger, ordered, node)
         if isinstance(placed, str):
-            ruled_out[result.node] = placed
-            remaining.discard(result.node)
+            ruled_out[node] = placed
+            remaining.discard(node)
             continue
-        return Proposal(result.node, placed), ruled_out
+        return placed, ruled_out
     return NoNode("no candidate node is left"), ruled_out
 
 

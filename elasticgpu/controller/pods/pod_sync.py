@@ -311,8 +311,10 @@ class PodSync:
                                            node_selector=provision.parameters.node_selector,
                                            isolation=provision.required_isolation,
                                            topology=provision.topology)
+                klass = view.classes.get(provision.class_name)
                 wanted.append(pod_placement.Wanted(claim=claim_name, key=key, request=request,
-                                                   policy=provision.parameters.policy))
+                                                   policy=provision.parameters.policy,
+                                                   mig=klass is not None and klass.is_mig))
                 provisions[key] = (claim, provision)
             held = {w.key: p for w in wanted if (p := self.picture.ledger.held(w.key)) is not None}
         held_nodes = {p.node for p in held.values()}
@@ -343,14 +345,14 @@ class PodSync:
             for claim_name in sorted(claims):  # their status says why they still wait (claim_sync)
                 self.queue.add(("claim", namespace, claim_name))
             return
-        node, placements = chosen
+        node, placements, partitions = chosen
         if len(wanted) > 1 and selected != node:
             pod = self._write_selected_node(pod, node)
         committed: list[str] = []
         for key, placement in sorted(placements.items()):
             claim = provisions[key][0]
             try:
-                self.commit.commit(key, placement, claim_ref_of(claim))
+                self.commit.commit(key, placement, claim_ref_of(claim), partitions.get(key))
             except QuotaExceeded as err:
                 for done in committed:  # all or none
                     self.commit.free_reservation(done)
@@ -379,8 +381,9 @@ class PodSync:
         return gpu.spec.node_name if gpu is not None else ""
 
     def _choose(self, pod: Body, wanted: list[pod_placement.Wanted],
-                fixed: str | None) -> tuple[str, dict[str, Any]] | str:
-        """The node for the claims still to place, with their placements; or why there is none."""
+                fixed: str | None) -> tuple[str, dict[str, Any], dict[str, Any]] | str:
+        """The node for the claims still to place, with their placements and (MIG claims) their
+        cards' partitions; or why there is none."""
         with self.picture.lock:
             nodes = self.picture.pods.nodes()
             gpu_nodes = set(self.picture.ledger.inventory.node_names())
@@ -397,7 +400,7 @@ class PodSync:
         while True:
             if not wanted:
                 if fixed is not None and not ruled_out:
-                    return fixed, {}
+                    return fixed, {}, {}
                 return pod_placement.explain("the pod cannot run where its claims are", ruled_out)
             with self.picture.lock:
                 proposal, more = pod_placement.propose(self.picture.ledger, wanted, candidates)
@@ -418,7 +421,7 @@ class PodSync:
                     ruled_out[proposal.node] = why
                     candidates.discard(proposal.node)
                     continue
-            return proposal.node, dict(proposal.placements)
+            return proposal.node, dict(proposal.placements), dict(proposal.partitions)
 
     def _write_selected_node(self, pod: Body, node: str | None) -> Body:
         """Record (or clear) the node chosen for the pod's claims: the commit point of the choice

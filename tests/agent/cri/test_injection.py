@@ -323,7 +323,7 @@ DEVICES = st.sampled_from(
     [f"elasticgpu.io/gpu={CARD_A}", f"elasticgpu.io/gpu={CARD_B}", "elasticgpu.io/gpu=all", "nvidia.com/gpu=0", "x/y=z"]
 )
 ANNOTATIONS = st.dictionaries(
-    st.sampled_from(["cdi.k8s.io/a", "cdi.k8s.io/b", "elasticgpu.io/claim", "other"]),
+    st.sampled_from(["cdi.k8s.io/a", "cdi.k8s.io/b", "elasticgpu.io/claim", "elasticgpu.io/mig-instance", "other"]),
     st.lists(DEVICES, max_size=3).map(",".join),
     max_size=4,
 )
@@ -365,6 +365,7 @@ def test_no_gpu_without_a_claim(req: ContainerRequest, bound: ClaimInfo, holders
     assert ours_left(edit) == []
     assert env(edit)["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert "elasticgpu.io/claim" not in edit.annotations
+    assert "elasticgpu.io/mig-instance" not in edit.annotations  # only the agent names an instance (rebuild)
     # Everything that is not ours passes in order.
     assert [d for d in edit.cdi_devices] == [d for d in req.cdi_devices if not injection.is_ours(d)]
 
@@ -394,6 +395,7 @@ def test_a_claim_gives_exactly_its_cards_or_is_refused(
     assert env(edit)["NVIDIA_VISIBLE_DEVICES"] == ",".join(bound.gpus)
     assert ("CUDA_DEVICE_SM_LIMIT" in env(edit)) == (bound.cores < 100)
     assert edit.annotations["elasticgpu.io/claim"] == "team/slice"
+    assert "elasticgpu.io/mig-instance" not in edit.annotations  # a user's is dropped; the MIG hooks write it
 
 
 def test_rewritten_request_keeps_fields_newer_than_our_proto(tmp_path) -> None:  # type: ignore[no-untyped-def]
