@@ -132,15 +132,7 @@ class Preempter:
         if claim is None or preemption.ANNOTATION_PREEMPTING not in (claim.metadata.annotations or {}):
             return
         self._unmark_spared(claim, preemption.plan_of(claim) or [])
-        patch = {"metadata": {"annotations": {preemption.ANNOTATION_PREEMPTING: None},
-                              "resourceVersion": claim.metadata.resource_version}}
-        try:
-            self.picture.put_claim(self.kube.patch_claim(namespace, name, patch))
-        except errors.Conflict:
-            self._refresh(namespace, name)
-            raise
-        except errors.NotFound:
-            return
+        self._drop_plan(claim)
 
     def current(self, claim: ElasticGPUClaim) -> ElasticGPUClaim:
         """The claim as its preemption left it (the picture's copy, with the plan annotation and its
