@@ -43,6 +43,34 @@ def partition(world: World, pod: str) -> tuple[str, int]:
     return str(status["partition"]["profile"]), int(status["partition"].get("start") or 0)
 
 
+def two_mig_pods(world: World, world_gpus: list[str], proxy_socket: Path,
+                 agent_factory: Callable[..., AgentProcess]) -> tuple[AgentProcess, str]:
+    """An agent serving one simulated A100-80GB in MIG mode, a `partitioning: MIG` class on it, and
+    two pods ("kept", "gone") whose inline claims (30% cores, 10 GiB) are bound and gates lifted:
+    the agent and the card's uuid."""
+    node = world.node(f"{world.prefix}-mig")
+    model = f"NVIDIA A100-SXM4-80GB-{world.prefix}"  # unique per test, still an A100-80GB to the MIG tables
+    uuid = simulated.simulated_uuid(node, 0)
+    world_gpus.append(names.gpu_object_name(uuid))
+    agent = agent_factory(node, model, card={"mig": True})
+    wait_until_serving(world, agent, uuid, proxy_socket)
+    wait_for("the card published in MIG mode",
+             lambda: world.kube.get_gpu(names.gpu_object_name(uuid))["spec"].get("mig") is True, timeout=30)
+    body = o.klass(f"{world.prefix}-mig", parameters={"gpuModel": model})
+    body["partitioning"] = "MIG"
+    world.klass(body)
+    for pod in ("kept", "gone"):
+        world.pod(pod, inline={"main": f"gpu-core=30,gpu-memory=10Gi,class={world.prefix}-mig"})
+    controller = controller_for(world)
+
+    def gated(pod: str) -> bool:
+        return names.SCHEDULING_GATE in [g["name"] for g in world.get_pod(pod)["spec"].get("schedulingGates") or []]
+
+    wait_for("the claims bound and the gates lifted",
+             lambda: (settle(controller), not gated("kept") and not gated("gone"))[1])  # fmt: skip
+    return agent, uuid
+
+
 def run_pod(k: Kubelet, world: World, name: str) -> tuple[Pod, str]:
     """The pod's sandbox and its started container `main`, as kubelet makes them."""
     pod = world.get_pod(name)
@@ -59,27 +87,7 @@ def test_the_agent_gives_mig_claims_their_instance_and_converges_after_a_kill(
     world: World, world_gpus: list[str], containerd: TestRuntime, proxy_socket: Path, tmp_path: Path,
     agent_factory: Callable[..., AgentProcess],
 ) -> None:  # fmt: skip
-    node = world.node(f"{world.prefix}-mig")
-    model = f"NVIDIA A100-SXM4-80GB-{world.prefix}"  # unique per test, still an A100-80GB to the MIG tables
-    uuid = simulated.simulated_uuid(node, 0)
-    world_gpus.append(names.gpu_object_name(uuid))
-    agent = agent_factory(node, model, card={"mig": True})
-    wait_until_serving(world, agent, uuid, proxy_socket)
-    wait_for("the card published in MIG mode",
-             lambda: world.kube.get_gpu(names.gpu_object_name(uuid))["spec"].get("mig") is True, timeout=30)
-
-    body = o.klass(f"{world.prefix}-mig", parameters={"gpuModel": model})
-    body["partitioning"] = "MIG"
-    world.klass(body)
-    for pod in ("kept", "gone"):
-        world.pod(pod, inline={"main": f"gpu-core=30,gpu-memory=10Gi,class={world.prefix}-mig"})
-    controller = controller_for(world)
-
-    def gated(pod: str) -> bool:
-        return names.SCHEDULING_GATE in [g["name"] for g in world.get_pod(pod)["spec"].get("schedulingGates") or []]
-
-    wait_for("the claims bound and the gates lifted",
-             lambda: (settle(controller), not gated("kept") and not gated("gone"))[1])  # fmt: skip
+    agent, uuid = two_mig_pods(world, world_gpus, proxy_socket, agent_factory)
     kept, gone = partition(world, "kept"), partition(world, "gone")
     assert kept[0] == gone[0] == "3g.40gb" and kept != gone
 
@@ -105,7 +113,7 @@ def test_the_agent_gives_mig_claims_their_instance_and_converges_after_a_kill(
         direct.remove_pod(gone_pod)
     assert set(instances(containerd, uuid)) == {kept, gone}  # nobody destroyed it yet
 
-    agent = agent_factory(node, model, card={"mig": True})
+    agent.start()  # the same command: same node, card and ledger
     wait_until_serving(world, agent, uuid, proxy_socket)
     wait_for("the restarted agent converged: the unheld instance destroyed, the held one kept",
              lambda: set(instances(containerd, uuid)) == {kept}, timeout=30)

@@ -13,17 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from elasticgpu.agent.cri import mig_annotation
-from elasticgpu.agent.discovery import simulated
 from elasticgpu.agent.ledger import store
-from elasticgpu.api import names, pod_claims
+from elasticgpu.api import pod_claims
 from tests.agent.conftest import wait_for
 from tests.agent.cri.kubelet import Kubelet
-from tests.agent.cri.test_agent_mig import instances, partition, run_pod
-from tests.agent.cri.test_agent_run import AgentProcess, agent_factory, serving, wait_until_serving, world_gpus
+from tests.agent.cri.test_agent_mig import instances, partition, run_pod, two_mig_pods
+from tests.agent.cri.test_agent_run import AgentProcess, agent_factory, serving, world_gpus
 from tests.agent.cri.test_socket_first import _corrupt, _opened
-from tests.binding import objects as o
 from tests.containerd_runtime import TestRuntime
-from tests.pods.claim_world import World, controller_for, kube, settle, world
+from tests.pods.claim_world import World, kube, world
 from tests.pods.conftest import pod_update_policies
 
 __all__ = ["agent_factory", "kube", "pod_update_policies", "world", "world_gpus"]  # fixtures
@@ -33,26 +31,7 @@ def test_a_rebuilt_ledger_records_the_mig_instances_running_containers_hold(
     world: World, world_gpus: list[str], containerd: TestRuntime, proxy_socket: Path, tmp_path: Path,
     agent_factory: Callable[..., AgentProcess],
 ) -> None:  # fmt: skip
-    node = world.node(f"{world.prefix}-mig")
-    model = f"NVIDIA A100-SXM4-80GB-{world.prefix}"  # unique per test, still an A100-80GB to the MIG tables
-    uuid = simulated.simulated_uuid(node, 0)
-    world_gpus.append(names.gpu_object_name(uuid))
-    agent = agent_factory(node, model, card={"mig": True})
-    wait_until_serving(world, agent, uuid, proxy_socket)
-    wait_for("the card published in MIG mode",
-             lambda: world.kube.get_gpu(names.gpu_object_name(uuid))["spec"].get("mig") is True, timeout=30)
-    body = o.klass(f"{world.prefix}-mig", parameters={"gpuModel": model})
-    body["partitioning"] = "MIG"
-    world.klass(body)
-    for pod in ("kept", "gone"):
-        world.pod(pod, inline={"main": f"gpu-core=30,gpu-memory=10Gi,class={world.prefix}-mig"})
-    controller = controller_for(world)
-
-    def gated(pod: str) -> bool:
-        return names.SCHEDULING_GATE in [g["name"] for g in world.get_pod(pod)["spec"].get("schedulingGates") or []]
-
-    wait_for("the claims bound and the gates lifted",
-             lambda: (settle(controller), not gated("kept") and not gated("gone"))[1])  # fmt: skip
+    agent, uuid = two_mig_pods(world, world_gpus, proxy_socket, agent_factory)
     kept, gone = partition(world, "kept"), partition(world, "gone")
     egpus = {pod: world.get_claim(pod_claims.inline_claim_name(pod, "main"))["status"].get("elasticGPUName")
              or world.get_claim(pod_claims.inline_claim_name(pod, "main"))["spec"]["elasticGPUName"]
