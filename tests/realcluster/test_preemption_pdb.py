@@ -5,13 +5,16 @@ the budget allows one, the eviction goes through and the preemptor binds.
 
 The victim's pod is bound to a Node object with no kubelet and written Running and Ready by the test
 (as a kubelet would report it), so that the budget counts it healthy: the eviction API ignores budgets
-for pods that are not running. The controller runs in the test's process, with the admin's identity.
+for pods that are not running. The controller runs in the test's process with the chart's identity
+(deploy/controller.yaml's ServiceAccount, ClusterRole and bindings, a token of that ServiceAccount):
+the eviction, the pod reads and the ElasticGPU writes of a preemption pass the real RBAC.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +25,9 @@ from elasticgpu.controller.decisions import preemption
 from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, cluster, kube, new_controller, settle  # noqa: F401  # fixtures
+from tests.kube_cluster import TestCluster
+from tests.realcluster import install
+from tests.realcluster.test_claim_pod import SYSTEM
 
 pytestmark = pytest.mark.realcluster
 
@@ -35,8 +41,16 @@ def _until(check: Any, what: str, *, timeout_s: float, work: Any = None) -> None
         time.sleep(0.2)
 
 
+def _as_the_chart(kube_cluster: TestCluster, api_client: client.ApiClient, home: Path) -> KubeApi:
+    """The controller's API client with the chart's ServiceAccount and RBAC, not the admin's."""
+    install.apply_file(api_client, install.DEPLOY / "controller.yaml", install.IDENTITY_KINDS)
+    return KubeApi.from_kubeconfig(str(install.service_account_kubeconfig(
+        kube_cluster, "elasticgpu-controller", SYSTEM, home)))
+
+
 def test_a_budget_that_allows_no_disruption_holds_the_preemption_until_it_does(
-        cluster: Cluster, kube: KubeApi, api_client: client.ApiClient) -> None:  # noqa: F811
+        cluster: Cluster, kube_cluster: TestCluster, api_client: client.ApiClient,  # noqa: F811
+        tmp_path: Path) -> None:
     core, policy = client.CoreV1Api(api_client), client.PolicyV1Api(api_client)
     namespace = cluster.namespace
     node = f"{cluster.prefix}-node"
@@ -50,7 +64,7 @@ def test_a_budget_that_allows_no_disruption_holds_the_preemption_until_it_does(
                 body["priority"] = priority
             cluster.klass(body)
         cluster.claim(o.claim("batch", cores=100, memory=None, class_name=f"{cluster.prefix}-low"))
-        controller = new_controller(kube, namespace)
+        controller = new_controller(_as_the_chart(kube_cluster, api_client, tmp_path), namespace)
         settle(controller)
         assert cluster.get_claim("batch")["status"]["phase"] == "Bound"
 
