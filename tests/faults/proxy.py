@@ -457,12 +457,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         stops): what a client sees when the peer vanished without closing."""
         self.close_connection = True
         sock = self.request
+        # poll, not select: select refuses descriptors past 1024, which a long test process reaches,
+        # and the ValueError closed the connection (a ProtocolError where a read timeout was due).
+        waiting = select.poll()
+        waiting.register(sock, select.POLLIN)
         while not self.proxy.stopping.is_set():
             try:
-                readable, _, _ = select.select([sock], [], [], 0.5)
-                if readable and not sock.recv(65536):
+                if waiting.poll(500) and not sock.recv(65536):
                     return  # the client gave up and closed
-            except (OSError, ValueError):
+            except OSError:
                 return
 
     def _close_upstream(self) -> None:

@@ -232,8 +232,10 @@ def start_agent(
     )  # fmt: skip
     _AGENTS.append(proc)
     assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], AGENT_START_TIMEOUT_S)
-    assert ready, f"agent process did not reconcile within {AGENT_START_TIMEOUT_S:.0f}s"
+    waiting = select.poll()  # not select.select: it refuses descriptors past 1024 (a long test process)
+    waiting.register(proc.stdout, select.POLLIN)
+    assert waiting.poll(AGENT_START_TIMEOUT_S * 1000), \
+        f"agent process did not reconcile within {AGENT_START_TIMEOUT_S:.0f}s"
     line = proc.stdout.readline()
     assert line.strip() == "reconciled", f"agent did not start: {line!r}"
     return proc
