@@ -121,6 +121,7 @@ class ClaimSync:
         return None
 
     def _provision(self, claim: ElasticGPUClaim, decision: binder.Provision) -> None:
+        """A single claim's dynamic bind: reserve (the commit point), then the rest (`after_commit`)."""
         key = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
         placement = self.reserver.reserve(claim, key, decision)
         if placement is None:
