@@ -155,7 +155,7 @@ class GroupBinding:
             if self._rechecks.get(waiter, 0.0) < now:
                 self._rechecks[waiter] = now + after - waited + 1.0
                 self.queue.add(("claim", namespace, members[0].name), delay_s=after - waited + 1.0,
-                                    recheck=True)
+                               recheck=True)
             return
         if any(other != waiter and until >= now for other, (_, until) in self._kept.items()):
             return  # one starved waiter at a time: keeping room for all would keep every node
@@ -248,9 +248,9 @@ class GroupBinding:
             if waits:
                 seen, wait_s = min(waits, key=lambda w: w[1])
                 self.status.pending(claim, group_attempts.REASON_GROUP_RESERVING,
-                             f"group {group}: another commit attempt ({seen.token or 'no record'}, {seen.state}) holds"
-                             f" reservations of its members; it completes, or is rolled back within"
-                             f" {grace:g}s of its start")
+                                    f"group {group}: another commit attempt ({seen.token or 'no record'},"
+                                    f" {seen.state}) holds reservations of its members; it completes, or is"
+                                    f" rolled back within {grace:g}s of its start")
                 self.queue.add(("claim", namespace, claim.metadata.name or ""), delay_s=wait_s + 0.1, recheck=True)
                 return
             if isinstance(found.plan, GroupUnplaceable):
@@ -293,8 +293,8 @@ class GroupBinding:
                         continue  # reserved already, mid-way through its own bind: not holding anyone back
                     # The gang binds whole: a member that cannot bind for its own reason holds all back.
                     self.status.pending(claim, groups.REASON_GROUP_INCOMPLETE,
-                                 f"group {group}: member {member.metadata.name} cannot bind yet"
-                                 f" ({said.reason}: {said.message})")
+                                        f"group {group}: member {member.metadata.name} cannot bind yet"
+                                        f" ({said.reason}: {said.message})")
                     return None
                 if not isinstance(said, binder.Provision):
                     continue  # bound, or binding to its ElasticGPU already
