@@ -10,7 +10,8 @@ contracts in pyproject.toml), so there are no cycles between rooms:
 - `edge/`: the only room that talks to the API server: `kube`, `transport` (its HTTP
   connections), `reachability` (one WARNING when the server stops answering, one INFO when it is
   back), `leader` (leader election on a Lease). Independent of the picture;
-- `flow/`: from an event to a write: `informer`, `workqueue`, `claim_sync`, `elasticgpu_sync`,
+- `flow/`: from an event to a write: `informer`, `workqueue`, `claim_sync` (with `claim_status`,
+  `claim_binding`, `reserving`, `releasing`), `elasticgpu_sync`,
   `gpu_sync`, `commit` (the reservation commit), `handoff`, `repair`, `provisioner`, `events`,
   `failures`, `liveness`;
 - `pods/`: pods that use claims: `pod_sync`, `pod_placement`, `pod_neighbours`, `inline_claims`;

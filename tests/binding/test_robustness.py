@@ -181,7 +181,7 @@ def test_a_bind_that_fails_after_creating_the_elastic_gpu_finishes_without_any_w
     cluster.claim(o.claim("c", cores=10, memory="1Gi", class_name=class_name))
     controller = new_controller(kube, cluster.namespace)
     flaky = _ClaimPatchFailsOnce(kube)
-    controller.claims.kube = flaky  # type: ignore[assignment]
+    controller.claims.binding.kube = flaky  # type: ignore[assignment]
     controller.rebuild()  # one list, no watches
     deadline = time.monotonic() + 20
     while cluster.get_claim("c").get("status", {}).get("phase") != "Bound":

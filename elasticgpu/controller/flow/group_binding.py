@@ -27,7 +27,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from elasticgpu.allocator import Placement, PlacementRequest
 from elasticgpu.allocator.groups import GroupMember, GroupPlacement, GroupUnplaceable, place_group, room_for_group
@@ -35,12 +34,15 @@ from elasticgpu.api import ElasticGPUClaim, GPUAllocation, names, timestamps
 from elasticgpu.api.gpu import GPUAllocationGroup
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, group_attempts, groups
+from elasticgpu.controller.flow.claim_binding import ClaimBinding
+from elasticgpu.controller.flow.claim_status import ClaimStatus
+from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.group_commit import GroupCommit, age_s
 from elasticgpu.controller.flow.provisioner import claim_ref_of
 from elasticgpu.controller.flow.quota_guard import QuotaExceeded
-
-if TYPE_CHECKING:
-    from elasticgpu.controller.flow.claim_sync import ClaimSync
+from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.picture.picture import Picture
+from elasticgpu.controller.settings import ControllerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -87,14 +89,22 @@ def single_waiter(claim: ElasticGPUClaim) -> str:
 class GroupBinding:
     """Binds claim groups all or none (see the module docstring)."""
 
-    def __init__(self, sync: ClaimSync) -> None:
-        self.sync = sync
+    def __init__(self, *, picture: Picture, queue: WorkQueue, commit: Commit, settings: ControllerSettings,
+                 status: ClaimStatus, binding: ClaimBinding) -> None:
+        """`status`: the claims' status writes (why a member waits); `binding`: finishes a member's
+        bind after the group's commit point."""
+        self.picture = picture
+        self.queue = queue
+        self.commit = commit
+        self.settings = settings
+        self.status = status
+        self.binding = binding
         self._kept: dict[str, tuple[frozenset[str], float]] = {}
         """Waiter ("claim group ns/name" or "claim ns/name") -> the nodes kept for it and until
         when (monotonic). One waiter at a time: the first to have waited past the bound."""
         self._rechecks: dict[str, float] = {}
         """Waiter -> when its bounded wait is looked at again (monotonic)."""
-        self.attempts = GroupCommit(sync.commit)
+        self.attempts = GroupCommit(commit)
         """The attempts' writes: reserve with the record, decide on the anchor, free by token."""
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_lock = threading.Lock()
@@ -129,7 +139,7 @@ class GroupBinding:
         self._keep_room(single_waiter(claim), [_Member(claim, decision, key)], binder.REASON_NO_CAPACITY)
 
     def _keep_room(self, waiter: str, members: list[_Member], reason: str) -> None:
-        settings = self.sync.settings
+        settings = self.settings
         after = settings.binding.group_reserve_after_s
         if after <= 0 or not members:
             return
@@ -144,12 +154,12 @@ class GroupBinding:
             # per waiter and wait (every member's sync comes here).
             if self._rechecks.get(waiter, 0.0) < now:
                 self._rechecks[waiter] = now + after - waited + 1.0
-                self.sync.queue.add(("claim", namespace, members[0].name), delay_s=after - waited + 1.0,
-                                    recheck=True)
+                self.queue.add(("claim", namespace, members[0].name), delay_s=after - waited + 1.0,
+                               recheck=True)
             return
         if any(other != waiter and until >= now for other, (_, until) in self._kept.items()):
             return  # one starved waiter at a time: keeping room for all would keep every node
-        picture = self.sync.picture
+        picture = self.picture
         with picture.lock:
             uuids = room_for_group(picture.ledger.inventory, [GroupMember(m.name, request_of(m.decision))
                                                               for m in members])
@@ -165,7 +175,7 @@ class GroupBinding:
     # -- the group's sync ------------------------------------------------------------------------
 
     def _members(self, namespace: str, group: str) -> list[ElasticGPUClaim]:
-        picture = self.sync.picture
+        picture = self.picture
         found: list[ElasticGPUClaim] = []
         with picture.lock:
             for ns, name in picture.claim_keys():
@@ -179,25 +189,24 @@ class GroupBinding:
     def provision(self, claim: ElasticGPUClaim, decision: binder.Provision) -> None:
         """The `Provision` step of a group member: reserve the group all or none in one attempt,
         then finish this member's bind (the others' syncs finish theirs)."""
-        sync = self.sync
         group = groups.group_of(claim)
         if isinstance(group, groups.InvalidGroup):
-            sync.pending(claim, groups.REASON_INVALID_GROUP, group.message)
+            self.status.pending(claim, groups.REASON_INVALID_GROUP, group.message)
             return
         assert group is not None
         namespace = claim.metadata.namespace or ""
         claims = self._members(namespace, group.name)
         missing = groups.incomplete(group, claims)
         if missing:
-            sync.pending(claim, groups.REASON_GROUP_INCOMPLETE, missing)
+            self.status.pending(claim, groups.REASON_GROUP_INCOMPLETE, missing)
             return
         # One sync of a group at a time in this process (its workers would race each other's
         # attempts); another controller's are kept apart by the attempt records.
         with self._locks_lock:
             lock = self._locks.setdefault((namespace, group.name), threading.Lock())
-        if not lock.acquire(timeout=sync.settings.binding.requeue_delay_s):
-            sync.queue.add(("claim", namespace, claim.metadata.name or ""),
-                           delay_s=sync.settings.binding.requeue_delay_s)
+        if not lock.acquire(timeout=self.settings.binding.requeue_delay_s):
+            self.queue.add(("claim", namespace, claim.metadata.name or ""),
+                           delay_s=self.settings.binding.requeue_delay_s)
             return
         try:
             self._provision(claim, decision, group.name, claims)
@@ -206,11 +215,10 @@ class GroupBinding:
 
     def _provision(self, claim: ElasticGPUClaim, decision: binder.Provision, group: str,
                    claims: list[ElasticGPUClaim]) -> None:
-        sync = self.sync
         namespace = claim.metadata.namespace or ""
         own_key = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
-        grace = sync.settings.binding.group_partial_grace_s
-        for attempt in range(sync.settings.binding.conflict_retries):
+        grace = self.settings.binding.group_partial_grace_s
+        for attempt in range(self.settings.binding.conflict_retries):
             found = self._look(claim, group, claims)
             if found is None:
                 return  # said why on the claim
@@ -239,11 +247,11 @@ class GroupBinding:
                 continue
             if waits:
                 seen, wait_s = min(waits, key=lambda w: w[1])
-                sync.pending(claim, group_attempts.REASON_GROUP_RESERVING,
-                             f"group {group}: another commit attempt ({seen.token or 'no record'}, {seen.state}) holds"
-                             f" reservations of its members; it completes, or is rolled back within"
-                             f" {grace:g}s of its start")
-                sync.queue.add(("claim", namespace, claim.metadata.name or ""), delay_s=wait_s + 0.1, recheck=True)
+                self.status.pending(claim, group_attempts.REASON_GROUP_RESERVING,
+                                    f"group {group}: another commit attempt ({seen.token or 'no record'},"
+                                    f" {seen.state}) holds reservations of its members; it completes, or is"
+                                    f" rolled back within {grace:g}s of its start")
+                self.queue.add(("claim", namespace, claim.metadata.name or ""), delay_s=wait_s + 0.1, recheck=True)
                 return
             if isinstance(found.plan, GroupUnplaceable):
                 self._does_not_fit(claim, found.todo, found.plan)
@@ -259,10 +267,10 @@ class GroupBinding:
             self.done_waiting(group_waiter(namespace, group))
             for member in found.todo:
                 if member.key != own_key:
-                    sync.queue.add(("claim", namespace, member.name))
+                    self.queue.add(("claim", namespace, member.name))
             placement = placements.get(own_key)
             if placement is not None:
-                sync.after_commit(claim, decision, own_key, placement)
+                self.binding.after_commit(claim, decision, own_key, placement)
             return
         raise errors.BindingError(f"claim group {namespace}/{group}: too many conflicts on the GPUs;"
                                   " retrying later")
@@ -270,8 +278,7 @@ class GroupBinding:
     def _look(self, claim: ElasticGPUClaim, group: str, claims: list[ElasticGPUClaim]) -> _Found | None:
         """The group as the picture shows it: its members' attempts, who holds what, the plan
         for the rest. None when a member holds the group back (said on `claim`)."""
-        sync = self.sync
-        picture = sync.picture
+        picture = self.picture
         ledger = picture.ledger
         entries: list[group_attempts.Entry] = []
         provisioning: list[_Member] = []
@@ -285,9 +292,9 @@ class GroupBinding:
                     if mine or picture.egpu(key) is not None:
                         continue  # reserved already, mid-way through its own bind: not holding anyone back
                     # The gang binds whole: a member that cannot bind for its own reason holds all back.
-                    sync.pending(claim, groups.REASON_GROUP_INCOMPLETE,
-                                 f"group {group}: member {member.metadata.name} cannot bind yet"
-                                 f" ({said.reason}: {said.message})")
+                    self.status.pending(claim, groups.REASON_GROUP_INCOMPLETE,
+                                        f"group {group}: member {member.metadata.name} cannot bind yet"
+                                        f" ({said.reason}: {said.message})")
                     return None
                 if not isinstance(said, binder.Provision):
                     continue  # bound, or binding to its ElasticGPU already
@@ -330,8 +337,7 @@ class GroupBinding:
         """Reserve every planned member in one attempt: anchor first, the others, then Complete
         on the anchor. The placements by reservation key; None when the attempt was rolled back
         (`_quota_refused` tells a quota's no, said on the claim, from a lost race)."""
-        sync = self.sync
-        ledger = sync.picture.ledger
+        ledger = self.picture.ledger
         token = uuid.uuid4().hex
         first = plan.placements[todo[0].name]
         record = GPUAllocationGroup.model_validate({
@@ -348,15 +354,15 @@ class GroupBinding:
         except QuotaExceeded as err:
             self._roll_back(record, anchor_key, written)
             self._quota_refused = True
-            sync.pending(claim, err.reason, f"group member {member.name}: {err.message}")
-            sync.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
-                           delay_s=sync.settings.quota.recheck_s, recheck=True)
+            self.status.pending(claim, err.reason, f"group member {member.name}: {err.message}")
+            self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
+                           delay_s=self.settings.quota.recheck_s, recheck=True)
             return None
         except (errors.Conflict, errors.Rejected) as err:
             logger.debug("claim group attempt %s lost a race, rolling back %d reservation(s): %s",
                          token, len(written), err)
             self._roll_back(record, anchor_key, written)
-            sync.commit.backoff(attempt)
+            self.commit.backoff(attempt)
             return None
         except BaseException:
             self._roll_back(record, anchor_key, written, then_raise=True)
@@ -388,12 +394,11 @@ class GroupBinding:
     def _does_not_fit(self, claim: ElasticGPUClaim, todo: list[_Member], plan: GroupUnplaceable) -> None:
         """Say GroupDoesNotFit on every waiting member, and keep room for the group once it has
         waited long enough. It holds nothing: only Complete attempts are kept, and those bound."""
-        sync = self.sync
         namespace = claim.metadata.namespace or ""
         for member in todo:
             try:
-                sync.pending(member.claim, groups.REASON_GROUP_DOES_NOT_FIT, plan.message)
+                self.status.pending(member.claim, groups.REASON_GROUP_DOES_NOT_FIT, plan.message)
             except errors.Conflict:
-                sync.queue.add(("claim", namespace, member.name))
+                self.queue.add(("claim", namespace, member.name))
         self._keep_room(group_waiter(namespace, groups.group_name(claim)), todo, groups.REASON_GROUP_DOES_NOT_FIT)
 

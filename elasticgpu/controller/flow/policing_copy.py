@@ -3,7 +3,7 @@
 The node agent polices the claims of its node, but it may read only claims and ElasticGPUs
 (deploy/agent.yaml; classes are cluster configuration it has no business listing). So the
 controller copies the class's `overLimitAction` and `overLimitGraceSeconds` into the claim's
-`status.policing`: with the bind (the claim sync's bind write carries it, so no container of the
+`status.policing`: with the bind (`ClaimStatus.bound`'s write carries it, so no container of the
 claim ever runs before its policy is there), and afterwards whenever the binder finds the claim
 in sync and the class now says otherwise (an admin changed the class: its Bound claims follow,
 at the next sync, as a policy should). A claim whose class is gone keeps what it had; a claim

@@ -2,9 +2,10 @@
 evict, fail; then the claim's ordinary sync binds it). See that module's docstring for the steps and
 crash cases, and docs/preemption.md for what users see.
 
-The claim sync calls `try_preempt` where it would otherwise say NoCapacity, and `settled` once the
-claim is Bound (the plan annotation goes). Every write is guarded by the resourceVersion the picture
-holds; a conflict re-reads the object and raises, and the worker retries the claim from what it finds.
+The reserver (`reserving.py`) calls `try_preempt` where it would otherwise say NoCapacity, and the claim
+sync calls `settled` once the claim is Bound (the plan annotation goes). Every write is guarded by the
+resourceVersion the picture holds; a conflict re-reads the object and raises, and the worker retries the
+claim from what it finds.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ Pending = Callable[[ElasticGPUClaim, str, str], None]
 
 def preempted_conditions(claim: ElasticGPUClaim) -> list[dict[str, Any]]:
     """The `Preempted` condition to write with a claim's Lost status: the one it has, or, for a claim marked
-    preempted, a new one (the claim sync's `_lost` calls this)."""
+    preempted, a new one (`ClaimStatus.lost` calls this)."""
     kept = [c.to_dict() for c in claim.status.conditions if c.type == preemption.CONDITION_PREEMPTED]
     new = preemption.lost_condition(claim, now=now_rfc3339())
     return kept + ([new] if new is not None else [])
@@ -66,7 +67,7 @@ class Preempter:
     def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, events: EventRecorder,
                  commit: Commit, elastic_gpus: ElasticGPUSync, pending: Pending,
                  metrics: Callable[[], ControllerMetrics | None] = lambda: None) -> None:
-        """`pending`: writes a claim's Pending status and Event (the claim sync's own); `metrics`: the
+        """`pending`: writes a claim's Pending status and Event (`ClaimStatus.pending`); `metrics`: the
         controller's metrics when it has them (counts the claims preempted)."""
         self.metrics = metrics
         self.kube = kube

@@ -24,7 +24,7 @@ the chosen node is first written onto the pod (annotation `elasticgpu.io/selecte
 the pod's resourceVersion): two controllers racing on one pod then agree on the node before
 either reserves anything. Then every claim is reserved (the commit point of each, `Commit`);
 if one fails, the ones reserved in this pass are freed again (all or none) and the pod retries.
-The rest of each bind (ElasticGPU, claim) goes through `ClaimSync.after_commit`; the claims'
+The rest of each bind (ElasticGPU, claim) goes through `ClaimBinding.after_commit`; the claims'
 watch events wake the pod, which then lifts its gate.
 
 Crash cases: reserved, no ElasticGPU yet: the next sync finds the reservations held
@@ -46,7 +46,7 @@ from elasticgpu.api.errors import InvalidPodClaims
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, pod_gate
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.claim_sync import ClaimSync
+from elasticgpu.controller.flow.claim_binding import ClaimBinding
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.provisioner import claim_ref_of
@@ -67,13 +67,14 @@ class PodSync:
     """Syncs one pod at a time (see the module docstring)."""
 
     def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, events: EventRecorder,
-                 commit: Commit, claims: ClaimSync) -> None:
+                 commit: Commit, binding: ClaimBinding) -> None:
         self.kube = kube
         self.picture = picture
         self.queue = queue
         self.events = events
         self.commit = commit
-        self.claims = claims
+        self.binding = binding
+        """Finishes the binds of the pod's claims (after their commit point, or to an existing ElasticGPU)."""
 
     def sync(self, namespace: str, name: str) -> None:
         """Decide and carry out the next steps of one pod."""
@@ -287,7 +288,7 @@ class PodSync:
         meta = pod["metadata"]
         namespace = meta.get("namespace", "")
         claims = {v.name: v.claim for v in views if v.name in decision.claims and v.claim is not None}
-        if any(self.claims.hand_off.in_flight(("claim", namespace, claim_name)) for claim_name in claims):
+        if any(self.binding.hand_off.in_flight(("claim", namespace, claim_name)) for claim_name in claims):
             return  # placed already: their binds are finishing, and their watch events wake the pod
         wanted: list[pod_placement.Wanted] = []
         provisions: dict[str, tuple[ElasticGPUClaim, binder.Provision]] = {}
@@ -369,9 +370,9 @@ class PodSync:
             committed.append(key)
         for key, placement in sorted({**held, **placements}.items()):
             claim, provision = provisions[key]
-            self.claims.after_commit(claim, provision, key, placement)
+            self.binding.after_commit(claim, provision, key, placement)
         for claim, egpu, _node in statics.values():
-            self.claims.bind_existing(claim, egpu)
+            self.binding.bind_existing(claim, egpu)
 
     def _node_of(self, egpu_name: str) -> str:
         """The node of an ElasticGPU's cards ("" when the picture does not know them)."""

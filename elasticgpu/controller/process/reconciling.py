@@ -76,7 +76,7 @@ class Controller:
                                 commit=self.commit, elastic_gpus=self.elastic_gpus, hand_off=self.hand_off,
                                 settings=self.settings)
         self.pods = PodSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
-                            commit=self.commit, claims=self.claims)
+                            commit=self.commit, binding=self.claims.binding)
         self.gpus = GPUSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
                             settings=self.settings.gpu_health)
         self.worker = Worker(queue=self.queue, claims=self.claims, elastic_gpus=self.elastic_gpus,

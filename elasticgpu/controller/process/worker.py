@@ -121,7 +121,8 @@ class Worker:
             for planned in self.commit.commit_batch(batch):
                 claim_key = ("claim", planned.claim.metadata.namespace or "", planned.claim.metadata.name or "")
                 try:
-                    self.claims.after_commit(planned.claim, planned.decision, planned.egpu_name, planned.placement)
+                    self.claims.binding.after_commit(planned.claim, planned.decision, planned.egpu_name,
+                                                     planned.placement)
                 except Exception as err:  # committed: the claim's next sync finds its reservation held
                     self.failures.failed(claim_key, err)
 
