@@ -44,8 +44,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 import grpc  # noqa: E402
+from percentiles import percentile  # noqa: E402
 
 from elasticgpu.agent.cri import api, claim_hooks, front, injection  # noqa: E402
 from tests import spawning  # noqa: E402
@@ -57,11 +59,6 @@ from tests.containerd_runtime import (  # noqa: E402
 )
 
 pb = api.pb
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def timed(call: Callable[[], object]) -> float:

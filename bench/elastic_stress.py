@@ -38,6 +38,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from percentiles import percentile  # noqa: E402
 
 from elasticgpu.api import names, parse_memory_mib  # noqa: E402
 from elasticgpu.api.quota import parse_hard, quota_key  # noqa: E402
@@ -80,12 +83,6 @@ class Report:
                       f" | {max(values):.1f} |")
             else:
                 print(f"| {kind} | 0 | - | - | - |")
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile by nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def _mib(value: object) -> int:

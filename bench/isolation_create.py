@@ -29,6 +29,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from percentiles import percentile  # noqa: E402
 
 from elasticgpu.agent.cri import api, claim_hooks  # noqa: E402
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings  # noqa: E402
@@ -41,12 +44,6 @@ from tests.containerd_runtime import remove_all_pods, running_containerd  # noqa
 pb = api.pb
 MODES = ("None", "MPS", "HAMiCore")
 TARGET_MS = 5.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile by nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def report(times: dict[str, list[float]]) -> list[str]:

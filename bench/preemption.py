@@ -31,15 +31,11 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from crd_server import test_server_with_crds  # noqa: E402
 from first_seen import FirstSeen  # noqa: E402
+from percentiles import percentile  # noqa: E402
 
 from elasticgpu.api import names  # noqa: E402
 
 CORE = names.RESOURCE_CORE
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> None:
@@ -139,7 +135,7 @@ def main() -> None:
     print("| create -> Bound | runs | p50 ms | p99 ms | max ms | mean ms |")
     print("|---|---|---|---|---|---|")
     for what, values in (("with a preemption", latencies), ("plain bind, empty card (same runs)", plain)):
-        print(f"| {what} | {len(values)} | {_percentile(values, 0.5):.1f} | {_percentile(values, 0.99):.1f}"
+        print(f"| {what} | {len(values)} | {percentile(values, 0.5):.1f} | {percentile(values, 0.99):.1f}"
               f" | {max(values):.1f} | {statistics.mean(values):.1f} |")
 
 

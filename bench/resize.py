@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from crd_server import test_server_with_crds  # noqa: E402
 from first_seen import FirstSeen  # noqa: E402
+from percentiles import percentile  # noqa: E402
 
 from elasticgpu.api import names  # noqa: E402
 
@@ -70,11 +71,6 @@ class Counting:
 
     def stop(self) -> None:
         self._stop.set()
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> None:
@@ -161,7 +157,7 @@ def main() -> None:
           f" load average {os.getloadavg()[0]:.2f}")
     print("| expands | p50 ms | p99 ms | max ms | mean ms | controller writes per resize: GPU, ElasticGPU, claim |")
     print("|---|---|---|---|---|---|")
-    print(f"| {len(latencies)} | {_percentile(latencies, 0.5):.1f} | {_percentile(latencies, 0.99):.1f}"
+    print(f"| {len(latencies)} | {percentile(latencies, 0.5):.1f} | {percentile(latencies, 0.99):.1f}"
           f" | {max(latencies):.1f} | {statistics.mean(latencies):.1f}"
           f" | {per_resize['GPU']:.2f}, {per_resize['ElasticGPU']:.2f}, {per_resize['claim']:.2f} |")
 
