@@ -68,6 +68,58 @@ def test_a_broken_watch_resumes_without_listing_again(cluster: Cluster, kube: Ku
         thread.join(timeout=10)
 
 
+@pytest.mark.parametrize("kind", ["claim", "egpu", "gpu"])
+def test_a_watch_that_lists_again_takes_in_the_deletions_it_missed(
+        cluster: Cluster, kube: KubeApi, relayed: tuple[KubeApi, Relay], kind: str) -> None:
+    """A watch that cannot resume from its resourceVersion (a 410, or `RELIST_AFTER_FAILURES`
+    failures in a row) starts over with a list: what was deleted meanwhile is gone from the
+    picture at once, not only at the next full relist (minutes later, with the capacity of a
+    deleted claim's ElasticGPU held until then)."""
+    api, relay = relayed
+    controller = new_controller(api, cluster.namespace)
+    picture = controller.picture
+    prefix = cluster.prefix
+    for index, name in enumerate(("gone", "kept")):
+        if kind == "claim":
+            cluster.claim(o.claim(name, cores=10, memory="1Gi"))
+        elif kind == "egpu":
+            cluster.egpu(o.share_egpu(f"egpu-{prefix}-{name}", f"gpu-{prefix}-0"))
+        else:
+            cluster.gpu(o.gpu(f"gpu-{prefix}-{name}", node=f"{prefix}-node", index=index))
+
+    def held(name: str) -> bool:
+        if kind == "claim":
+            return picture.claim(cluster.namespace, name) is not None
+        if kind == "egpu":
+            return picture.egpu(f"egpu-{prefix}-{name}") is not None
+        return picture.ledger.gpu(f"gpu-{prefix}-{name}") is not None
+
+    def delete(name: str) -> None:
+        if kind == "claim":
+            kube.delete_claim(cluster.namespace, name)
+        elif kind == "egpu":
+            kube.delete_elastic_gpu(f"egpu-{prefix}-{name}")
+        else:
+            kube.delete_gpu(f"gpu-{prefix}-{name}")
+
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.informer.watch_kind, args=(kind, stop),
+                              kwargs={"timeout_s": 300}, daemon=True)
+    thread.start()
+    try:
+        assert _wait(lambda: held("gone") and held("kept"))
+        relay.refuse()  # the server is gone for the watch: it fails until it lists again
+        delete("gone")  # meanwhile (straight to the server): no watch will ever deliver it
+        time.sleep(0.5 + 1.0 + 2.0 + 0.5)  # RELIST_AFTER_FAILURES attempts, with backoff
+        relay.accept_again()
+        assert _wait(lambda: not held("gone")), f"the {kind} deleted while no watch ran is still in the picture"
+        assert held("kept")
+    finally:
+        stop.set()
+        relay.close()
+        thread.join(timeout=10)
+
+
 def test_a_half_open_watch_is_given_up_and_resumed(cluster: Cluster, relayed: tuple[KubeApi, Relay]) -> None:
     api, relay = relayed
     controller = new_controller(api, cluster.namespace)

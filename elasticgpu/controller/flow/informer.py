@@ -247,12 +247,7 @@ class Informer:
             try:
                 if not resource_version:
                     items, resource_version = kube.list_collection(path)
-                    if kind == "quota":
-                        self._merge_quotas(items, resource_version)
-                    elif kind == "node":  # a complete view: a node missing from it is gone
-                        self.picture.nodes.merge(items)
-                    for body in items:
-                        self.observe(kind, "ADDED", body)
+                    self._start_over(kind, items, resource_version)
                 for event in kube.watch(path, resource_version=resource_version, timeout_s=timeout_s,
                                         read_timeout_s=read_timeout_s):
                     if stop.is_set():
@@ -293,6 +288,21 @@ class Informer:
                     said = self._say(kind, err, backoff, resource_version, said)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
+
+    def _start_over(self, kind: str, items: list[Body], list_version: str) -> None:
+        """Take in a fresh list of one kind as its watch's new start (client-go's Replace): what
+        the picture holds and the list no longer has was deleted while no watch ran (a 410, a
+        long outage), and is taken in as DELETED before the listed objects as ADDED."""
+        if kind == "quota":
+            self._merge_quotas(items, list_version)
+        elif kind == "namespace":
+            self.weights.merge((items, list_version))
+        for body in self.picture.unlisted(kind, items, list_version):
+            self.observe(kind, "DELETED", body)
+        if kind == "node":  # a complete view: a node missing from it is gone
+            self.picture.nodes.merge(items)
+        for body in items:
+            self.observe(kind, "ADDED", body)
 
     @staticmethod
     def _say(kind: str, err: Exception, backoff: float, resource_version: str, said: str) -> str:

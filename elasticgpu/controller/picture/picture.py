@@ -316,6 +316,40 @@ class Picture(reading.Reading):
                 keys += self._merge_pods(pods, pods_version)
         return keys
 
+    def unlisted(self, kind: str, items: list[Body], list_version: str) -> list[Body]:
+        """What the picture holds of `kind` that a fresh list of that kind (read at
+        `list_version`) no longer has, as the bodies a DELETED event would carry: a watch that
+        starts over with a list must take these in as deleted (client-go's Replace), or a
+        deletion made while no watch ran stays in the picture until the next full relist. An
+        object whose copy is newer than the list (a write answer, a later event) is not one."""
+        listed = {((b.get("metadata") or {}).get("namespace", ""), (b.get("metadata") or {}).get("name", ""))
+                  for b in items}
+        names_listed = {name for _ns, name in listed}
+        held: list[Body | None] = []
+        with self.lock:
+            if kind == "claim":
+                held = [self._claims.head(key) for key in set(self._claims) - listed]
+            elif kind == "egpu":
+                held = [self._egpu_deleted_body(name) for name in set(self._egpus) - names_listed]
+            elif kind == "gpu":
+                held = [self.ledger.gpu_body(name) for name in set(self.ledger.gpu_names()) - names_listed]
+            elif kind == "class":
+                held = [{"metadata": {"name": name}} for name in set(self._classes) - names_listed]
+            elif kind == "pod":
+                held = [self.pods.pod(*key) for key in (set(self._claims_of_pod) | set(self.pods.keys())) - listed]
+            elif kind == "node":
+                held = [body for name, body in self.pods.nodes().items() if name not in names_listed]
+        return [body for body in held if body is not None and not versions.changed_after(body, list_version)]
+
+    def _egpu_deleted_body(self, name: str) -> Body | None:
+        """An ElasticGPU's kept head with its claimRef (what the DELETED path reads: the claim to wake)."""
+        head = self._egpus.head(name)
+        model = self._egpus.get(name)
+        if head is None or model is None:
+            return None
+        ref = model.spec.claim_ref
+        return {**head, "spec": {"claimRef": ref.to_dict() if ref is not None else {}}}
+
     def _merge_pods(self, pods: list[Body], list_version: str) -> Keys:
         keys: Keys = []
         listed = {((p.get("metadata") or {}).get("namespace", ""), (p.get("metadata") or {}).get("name", ""))

@@ -95,6 +95,10 @@ class PodIndex:
         """The pod's body as last seen, or None (deleted, never seen, or not using claims)."""
         return self._pods.get((namespace, name))
 
+    def keys(self) -> list[PodKey]:
+        """The (namespace, name) of every pod held."""
+        return list(self._pods)
+
     def take_departed(self, namespace: str, name: str) -> Body | None:
         """The last body of a pod of that name deleted since this was last asked, once."""
         key = (namespace, name)
