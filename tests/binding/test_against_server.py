@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from elasticgpu.api import names
 from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
@@ -190,6 +192,25 @@ def test_gpu_that_disappears_fails_elastic_gpu_and_loses_claim(cluster: Cluster,
     claim = cluster.get_claim("c")
     assert claim["status"]["phase"] == "Lost"
     assert _condition(claim)["reason"] == "ElasticGPUFailed"
+
+
+def test_a_failed_elastic_gpu_goes_with_its_claim(cluster: Cluster, kube: KubeApi) -> None:
+    """A claim Lost with its card, then deleted: its Failed ElasticGPU is Released and reclaimed by
+    its policy (the class's Delete: deleted), not kept Failed for ever beside no claim."""
+    gpus, class_name = _setup(cluster)
+    cluster.claim(o.claim("c", class_name=class_name))
+    controller = new_controller(kube, cluster.namespace)
+    settle(controller)
+    egpu_name = cluster.get_claim("c")["spec"]["elasticGPUName"]
+    kube.delete_gpu(gpus[0])
+    settle(controller)
+    assert kube.get_elastic_gpu(egpu_name)["status"]["phase"] == "Failed"
+    kube.delete_claim(cluster.namespace, "c")
+    settle(controller)
+    with pytest.raises(errors.NotFound):
+        cluster.get_claim("c")
+    with pytest.raises(errors.NotFound):
+        kube.get_elastic_gpu(egpu_name)
 
 
 def test_crash_after_reservation_reuses_it(cluster: Cluster, kube: KubeApi) -> None:

@@ -185,6 +185,14 @@ def test_bound_elastic_gpu_whose_claim_is_missing_is_checked() -> None:
     assert _egpu_decision(body, held=SLICE) == binder.ReleaseIfClaimGone()
 
 
+def test_failed_elastic_gpu_whose_claim_is_missing_is_checked_else_kept() -> None:
+    failed = _with_status(o.share_egpu("e1", "gpu-a", claim_ref=_ref(C)), phase="Failed", reason="DoesNotFit")
+    assert _egpu_decision(failed) == binder.ReleaseIfClaimGone()
+    assert isinstance(_egpu_decision(failed, claim=C), binder.Keep)  # its claim is Lost: the user decides
+    admins = _with_status(o.share_egpu("e1", "gpu-a"), phase="Failed", reason="DoesNotFit")
+    assert isinstance(_egpu_decision(admins), binder.Keep)  # no claim was ever bound to it
+
+
 def test_released_delete_is_reclaimed_retain_is_kept() -> None:
     deleting = _with_status(o.share_egpu("e1", "gpu-a", reclaim="Delete"), phase="Released")
     assert _egpu_decision(deleting, held=SLICE) == binder.Reclaim(delete=True)

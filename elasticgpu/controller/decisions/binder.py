@@ -610,6 +610,12 @@ def decide_elastic_gpu(
             return Keep(f"{REASON_IN_USE}: bound to claim {ref.namespace}/{ref.name}" if ref else REASON_IN_USE)
         return Reclaim(delete=False)
     if phase == "Failed":
+        if ref is not None and ref.name and ref.uid and not claim_here:
+            # OBSERVATION: failed, and the claim it was made for is not in the picture (deleted
+            # while Lost, or before the ElasticGPU's create landed): once a live read confirms it
+            # is gone, it is Released and its reclaim policy applies, as for a Bound one; kept
+            # Failed for ever, it outlived its claim (and its reservation, when it still held one).
+            return ReleaseIfClaimGone()
         return Keep("Failed")
     if phase == "Released":
         if (egpu.spec.reclaim_policy or "Retain") == "Delete":
