@@ -336,7 +336,7 @@ class Picture(reading.Reading):
             elif kind == "class":
                 held = [{"metadata": {"name": name}} for name in set(self._classes) - names_listed]
             elif kind == "pod":
-                held = [self.pods.pod(*key) for key in (set(self._claims_of_pod) | set(self.pods.keys())) - listed]
+                held = [self.pods.pod(*key) for key in set(self.pods.keys()) - listed]
             elif kind == "node":
                 held = [body for name, body in self.pods.nodes().items() if name not in names_listed]
         return [body for body in held if body is not None and not versions.changed_after(body, list_version)]
