@@ -10,9 +10,13 @@ node's holders), never spread over the cluster, so a preemption disturbs as litt
   would still not fit;
 - a solution is minimal: no victim in it could be spared;
 - among the solutions of every card or node, the one with the least total priority, then the fewest
-  victims, then the youngest (the least work lost), then the first node/card by name.
+  victims, then the youngest (the least work lost), then the first node/card by name;
+- a claim group (a gang) is a victim as a whole: all of its members together or none, wherever they
+  are (as KAI preempts a gang: a group left partial holds cards for a job that cannot run), and only
+  when every member is of lower priority. It counts once in the total priority (at its highest
+  member's) and each of its members in the number of victims.
 
-Up to `EXACT_LIMIT` candidates on a card or node the search is exact (every subset, smallest first; a
+Up to `EXACT_LIMIT` victims (a group is one) on a card or node the search is exact (every subset, smallest first; a
 superset of a solution is never minimal). Beyond, it is Kubernetes' own greedy: take all candidates,
 then spare them one by one, the most valuable first (highest priority, oldest), while the request
 still fits; that set is minimal, though not always of the least total priority.
@@ -45,6 +49,8 @@ class Candidate:
     key: str
     priority: int
     created: float = 0.0
+    group: str = ""
+    """The claim group it belongs to ("" for none): a group's members are victims together or not at all."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,12 +77,41 @@ class NoPreemption:
         return False
 
 
+Atom = tuple[str, ...]
+"""What is preempted as one: a claim's key, or the keys of all the members of a claim group (sorted)."""
+
+
 def cost(victims: Iterable[Candidate]) -> tuple[int, int, float, tuple[str, ...]]:
-    """How bad preempting `victims` is (smaller is better): total priority, how many, minus the sum of
-    their creation times (younger first: less work lost), then their keys (a deterministic tie-break)."""
+    """How bad preempting `victims` is (smaller is better): total priority (a group once, at its highest
+    member's), how many claims, minus the sum of their creation times (younger first: less work lost), then
+    their keys (a deterministic tie-break)."""
     chosen = sorted(victims, key=lambda c: c.key)
-    return (sum(c.priority for c in chosen), len(chosen), -sum(c.created for c in chosen),
-            tuple(c.key for c in chosen))
+    groups: dict[str, int] = {}
+    for c in chosen:
+        if c.group:
+            groups[c.group] = max(groups.get(c.group, c.priority), c.priority)
+    total = sum(c.priority for c in chosen if not c.group) + sum(groups.values())
+    return (total, len(chosen), -sum(c.created for c in chosen), tuple(c.key for c in chosen))
+
+
+def _atoms(candidates: Iterable[Candidate], inventory: Inventory, priority: int) -> dict[str, Atom]:
+    """Each candidate that may be a victim of `priority`, by key, with what goes with it (its group). A group
+    with a member of `priority` or above is no victim at all."""
+    eligible = {c.key: c for c in candidates if c.key in inventory.reservations}
+    members: dict[str, list[str]] = {}
+    for c in eligible.values():
+        if c.group:
+            members.setdefault(c.group, []).append(c.key)
+    atoms: dict[str, Atom] = {}
+    for key, c in eligible.items():
+        atom = tuple(sorted(members[c.group])) if c.group else (key,)
+        if all(eligible[k].priority < priority for k in atom):
+            atoms[key] = atom
+    return atoms
+
+
+def _keys(atoms: Iterable[Atom]) -> tuple[str, ...]:
+    return tuple(sorted({key for atom in atoms for key in atom}))
 
 
 class _Scratch:
@@ -107,59 +142,62 @@ class _Scratch:
 
 
 def _units(inventory: Inventory, request: PlacementRequest,
-           eligible: Mapping[str, Candidate]) -> list[tuple[str, str, tuple[str, ...]]]:
-    """(node, card uuid or "", candidate keys) for every card (a slice) or node (whole cards) holding a candidate."""
+           atoms: Mapping[str, Atom]) -> list[tuple[str, str, tuple[Atom, ...]]]:
+    """(node, card uuid or "", victims) for every card (a slice) or node (whole cards) holding a candidate;
+    a group there is one victim, with its members elsewhere."""
     whole = request.gpu is not None and request.gpu.is_whole
-    units: list[tuple[str, str, tuple[str, ...]]] = []
+    units: list[tuple[str, str, tuple[Atom, ...]]] = []
     for node_name in sorted(inventory.node_names()):
         if request.nodes and node_name not in request.nodes:
             continue  # the request may not go there at all (e.g. nodes kept for a claim group)
         node = inventory.node(node_name)
-        if whole:
-            keys = tuple(sorted(k for k in node.holders if k in eligible))
-            if keys:
-                units.append((node_name, "", keys))
-            continue
-        for card in node.cards:
-            keys = tuple(sorted(k for k in card.holders if k in eligible))
-            if keys:
-                units.append((node_name, card.record.uuid, keys))
+        holders = [node.holders] if whole else [card.holders for card in node.cards]
+        uuids = [""] if whole else [card.record.uuid for card in node.cards]
+        for uuid, held in zip(uuids, holders, strict=True):
+            found = tuple(sorted({atoms[k] for k in held if k in atoms}))
+            if found:
+                units.append((node_name, uuid, found))
     return units
 
 
-def _exact(scratch: _Scratch, keys: tuple[str, ...],
+def _exact(scratch: _Scratch, atoms: tuple[Atom, ...],
            eligible: Mapping[str, Candidate]) -> tuple[tuple[str, ...], Placement] | None:
-    """The minimal set of `keys` of least `cost` whose release makes the request fit, trying every subset."""
-    solutions: list[frozenset[str]] = []
+    """The minimal set of `atoms` of least `cost` whose release makes the request fit, trying every subset."""
+    solutions: list[frozenset[Atom]] = []
     best: tuple[tuple[int, int, float, tuple[str, ...]], tuple[str, ...], Placement] | None = None
-    for size in range(1, len(keys) + 1):
-        for subset in itertools.combinations(keys, size):
+    for size in range(1, len(atoms) + 1):
+        for subset in itertools.combinations(atoms, size):
             chosen = frozenset(subset)
             if any(found <= chosen for found in solutions):
                 continue  # a superset of a solution: not minimal
-            placement = scratch.fits_without(subset)
+            keys = _keys(subset)
+            placement = scratch.fits_without(keys)
             if placement is None:
                 continue
             solutions.append(chosen)
-            score = cost(eligible[k] for k in subset)
+            score = cost(eligible[k] for k in keys)
             if best is None or score < best[0]:
-                best = (score, subset, placement)
+                best = (score, keys, placement)
     return None if best is None else (best[1], best[2])
 
 
-def _greedy(scratch: _Scratch, keys: tuple[str, ...],
+def _greedy(scratch: _Scratch, atoms: tuple[Atom, ...],
             eligible: Mapping[str, Candidate]) -> tuple[tuple[str, ...], Placement] | None:
-    """All of `keys`, then spare the most valuable (highest priority, oldest) while the request still fits."""
-    chosen = list(keys)
-    placement = scratch.fits_without(chosen)
+    """All of `atoms`, then spare the most valuable (highest priority, oldest) while the request still fits."""
+    chosen = list(atoms)
+    placement = scratch.fits_without(_keys(chosen))
     if placement is None:
         return None
-    for key in sorted(keys, key=lambda k: (-eligible[k].priority, eligible[k].created, k)):
-        trial = [k for k in chosen if k != key]
-        fits = scratch.fits_without(trial)
+
+    def value(atom: Atom) -> tuple[int, float, Atom]:
+        return (-max(eligible[k].priority for k in atom), min(eligible[k].created for k in atom), atom)
+
+    for atom in sorted(atoms, key=value):
+        trial = [a for a in chosen if a != atom]
+        fits = scratch.fits_without(_keys(trial))
         if fits is not None:
             chosen, placement = trial, fits
-    return tuple(sorted(chosen)), placement
+    return _keys(chosen), placement
 
 
 def choose_victims(
@@ -173,18 +211,21 @@ def choose_victims(
 ) -> Preemption | NoPreemption:
     """The victims whose reservations, once freed, let `request` (of a claim of `priority`) fit; see the
     module docstring for the rules. `candidates`: the reservations the caller may preempt (others, and
-    those of equal or higher priority, are never chosen). Changes nothing."""
-    eligible = {c.key: c for c in candidates if c.priority < priority and c.key in inventory.reservations}
-    if not eligible:
+    those of equal or higher priority, are never chosen), with every member of a claim group that may be a
+    victim (a group with a member missing here is the caller's to leave out). Changes nothing."""
+    given = list(candidates)
+    atoms = _atoms(given, inventory, priority)
+    if not atoms:
         return NoPreemption(f"no claim of priority below {priority} holds a card")
+    eligible = {c.key: c for c in given if c.key in atoms}
     scratches: dict[str, _Scratch] = {}
     best: tuple[tuple[int, int, float, tuple[str, ...]], str, str, tuple[str, ...], Placement] | None = None
-    for node, card, keys in _units(inventory, request, eligible):
+    for node, card, found_atoms in _units(inventory, request, atoms):
         scratch = scratches.get(node)
         if scratch is None:
             scratch = scratches[node] = _Scratch(inventory, node, request, policy)
-        search = _exact if len(keys) <= exact_limit else _greedy
-        found = search(scratch, keys, eligible)
+        search = _exact if len(found_atoms) <= exact_limit else _greedy
+        found = search(scratch, found_atoms, eligible)
         if found is None:
             continue
         victims, placement = found

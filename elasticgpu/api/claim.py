@@ -149,6 +149,27 @@ class ClaimRecommendation(KubeModel):
     since: str | None = Field(default=None, description="When the claim entered this state (RFC 3339).")
 
 
+class PreemptionVictim(KubeModel):
+    """One victim of a preemption plan: its reservation and its claim."""
+
+    elastic_gpu: str = Field(alias="elasticGPU", description="The victim's ElasticGPU (its reservation).")
+    claim: str = Field(description="The victim claim, as namespace/name.")
+    uid: str = Field(default="", description="The victim claim's uid: another claim of the same name is not it.")
+
+
+class ClaimPreemption(KubeModel):
+    """The preemption a claim that fits nowhere carries out (docs/preemption.md). Written by the controller
+    only: a plan is the controller's own state, never read from what a tenant may write."""
+
+    node: str = Field(description="The node the victims make room on.")
+    card: str = Field(default="", description="The card's uuid for a slice; empty for whole cards.")
+    on: str = Field(default="", description="Where, for people (node and card).")
+    victims: list[PreemptionVictim] = Field(
+        default_factory=list, max_length=1000,
+        description="The claims preempted to make room: all the members of a claim group together.",
+    )
+
+
 class ClaimUser(KubeModel):
     """A pod the claim serves (a claim serves one pod at a time, as a ReadWriteOnce volume)."""
 
@@ -199,6 +220,15 @@ class ElasticGPUClaimStatus(KubeModel):
     users: list[ClaimUser] = Field(
         default_factory=list, max_length=1,
         description="The pod the claim serves, written by the controller before it lets the pod start.",
+    )
+    preemption: ClaimPreemption | None = Field(
+        default=None,
+        description="The preemption under way for this claim: where and its victims; written by the controller,"
+        " removed once the claim is Bound (docs/preemption.md).",
+    )
+    preempted_by: str | None = Field(
+        default=None,
+        description="namespace/name of the claim preempting this one; written by the controller (docs/preemption.md).",
     )
     policing: Policing | None = Field(
         default=None,

@@ -5,7 +5,8 @@ fits nowhere asks for victims. An independent brute force tries every subset of 
 holders of each card (a slice) or node (whole cards) on a full copy of the inventory, with the
 allocator itself as judge; it agrees with `choose_victims` on whether any preemption helps and on the
 least cost. Whatever the search (exact or the greedy beyond its limit), the victims are of strictly
-lower priority, on one card or node, minimal, and the request then fits.
+lower priority, on one card or node (a claim group's other members wherever they are), minimal, and the
+request then fits. Some holders belong to claim groups: a group goes whole or not at all (issue 33).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def clusters(draw: st.DrawFn) -> tuple[Inventory, dict[str, Candidate]]:
                     continue
                 inventory.reserve(key, placement)
                 candidates[key] = Candidate(key=key, priority=draw(st.integers(0, 3)),
-                                            created=float(draw(st.integers(0, 5))))
+                                            created=float(draw(st.integers(0, 5))),
+                                            group=draw(st.sampled_from(["", "", "", "g1", "g2"])))
     return inventory, candidates
 
 
@@ -70,26 +72,35 @@ def _fits(inventory: Inventory, request: PlacementRequest, released: tuple[str, 
     return isinstance(Allocator(copy, policy="binpack").place(request, explain=False), Placement)
 
 
+def _with_group(candidates: dict[str, Candidate], key: str) -> frozenset[str]:
+    """`key` and, for a member of a claim group, every other member: what goes with it."""
+    group = candidates[key].group
+    return frozenset(k for k, c in candidates.items() if k == key or (group and c.group == group))
+
+
 def _brute_force(inventory: Inventory, request: PlacementRequest, priority: int,
                  candidates: dict[str, Candidate]) -> tuple[int, int, float, tuple[str, ...]] | None:
-    """The least cost of a minimal lower-priority set on one card (slice) or node (whole) that makes room."""
+    """The least cost of a minimal lower-priority set on one card (slice) or node (whole) that makes room; a
+    group's members go together, and not at all when one of them is not of lower priority."""
     whole = request.gpu is not None and request.gpu.is_whole
-    groups: list[set[str]] = []
+    units: list[set[str]] = []
     for node in inventory.nodes():
         if whole:
-            groups.append(set(node.holders))
+            units.append(set(node.holders))
         else:
-            groups += [set(card.holders) for card in node.cards]
+            units += [set(card.holders) for card in node.cards]
     best = None
-    for group in groups:
-        keys = sorted(k for k in group if candidates[k].priority < priority)
-        solutions: list[set[str]] = []
-        for size in range(1, len(keys) + 1):
-            for subset in itertools.combinations(keys, size):
-                if any(s <= set(subset) for s in solutions) or not _fits(inventory, request, subset):
+    for unit in units:
+        atoms = sorted({_with_group(candidates, k) for k in unit}, key=sorted)
+        atoms = [a for a in atoms if all(candidates[k].priority < priority for k in a)]
+        solutions: list[set[frozenset[str]]] = []
+        for size in range(1, len(atoms) + 1):
+            for subset in itertools.combinations(atoms, size):
+                keys = tuple(sorted(set().union(*subset)))
+                if any(s <= set(subset) for s in solutions) or not _fits(inventory, request, keys):
                     continue
                 solutions.append(set(subset))
-                score = cost(candidates[k] for k in subset)
+                score = cost(candidates[k] for k in keys)
                 best = score if best is None or score < best else best
     return best
 
@@ -98,14 +109,16 @@ def _check_victims(inventory: Inventory, request: PlacementRequest, priority: in
                    candidates: dict[str, Candidate], chosen: Preemption) -> None:
     assert chosen.victims, "a preemption has victims"
     assert all(candidates[k].priority < priority for k in chosen.victims), "never equal or higher priority"
-    placements = [inventory.reservations[k] for k in chosen.victims]
-    assert {p.node for p in placements} == {chosen.node}, "victims on one node"
-    if chosen.card:
-        assert all(chosen.card in p.uuids for p in placements), "a slice's victims on one card"
+    atoms = {_with_group(candidates, k) for k in chosen.victims}
+    assert set().union(*atoms) == set(chosen.victims), "a group's members are victims together"
+    for atom in atoms:
+        placements = [inventory.reservations[k] for k in atom]
+        here = [p for p in placements if p.node == chosen.node and (not chosen.card or chosen.card in p.uuids)]
+        assert here, f"each victim (or a member of its group) is on node {chosen.node} {chosen.card}: {atom}"
     assert _fits(inventory, request, chosen.victims), "the request fits once the victims are gone"
-    for spared in chosen.victims:
-        rest = tuple(k for k in chosen.victims if k != spared)
-        assert not _fits(inventory, request, rest), f"minimal: {spared} could have been spared"
+    for spared in atoms:
+        rest = tuple(k for k in chosen.victims if k not in spared)
+        assert not _fits(inventory, request, rest), f"minimal: {sorted(spared)} could have been spared"
 
 
 @settings(max_examples=150, deadline=None)
@@ -185,3 +198,43 @@ def test_victims_only_on_the_nodes_the_request_may_use() -> None:
     only_b = choose_victims(inventory, PlacementRequest(gpu=GpuRequest.whole(1), nodes=frozenset({"b"})), priority=5,
                             candidates=candidates)
     assert isinstance(only_b, Preemption) and only_b.victims == ("on-b",)
+
+
+def _two_nodes_with_a_group() -> Inventory:
+    """Nodes a and b, one card each, both full: "solo" (a one-member group) on a, and group "gang" with a
+    member on each node."""
+    inventory = Inventory()
+    for node in ("a", "b"):
+        inventory.add_node(NodeRecord(name=node))
+        inventory.add_card(CardRecord(uuid=f"GPU-{node}", node=node, index=0, model="A100", memory_mib=MEMORY))
+    for key, node, cores in (("solo", "a", 50), ("gang-a", "a", 50), ("gang-b", "b", 100)):
+        inventory.reserve(key, Placement(node=node, cards=(CardShare(uuid=f"GPU-{node}", cores=cores,
+                                                                     memory_mib=1024, whole=cores == 100),)))
+    return inventory
+
+
+def test_a_one_member_group_is_a_victim_like_any_claim() -> None:
+    """Issue 33 item 3: the label `elasticgpu.io/group` made a claim immune; a group of one is a plain victim."""
+    chosen = choose_victims(_two_nodes_with_a_group(), PlacementRequest(gpu=GpuRequest.share(50, 1024)), priority=5,
+                            candidates=[Candidate(key="solo", priority=0, group="ns/solo"),
+                                        Candidate(key="gang-a", priority=1, group="ns/gang"),
+                                        Candidate(key="gang-b", priority=1, group="ns/gang")])
+    assert isinstance(chosen, Preemption) and chosen.victims == ("solo",)
+
+
+def test_a_group_goes_whole_and_counts_once() -> None:
+    """Making room on node a takes the gang's member on b too; its priority counts once (1 < 2 for "solo")."""
+    candidates = [Candidate(key="solo", priority=2, group="ns/solo"), Candidate(key="gang-a", priority=1,
+                                                                                group="ns/gang"),
+                  Candidate(key="gang-b", priority=1, group="ns/gang")]
+    on_a = PlacementRequest(gpu=GpuRequest.share(50, 1024), nodes=frozenset({"a"}))
+    chosen = choose_victims(_two_nodes_with_a_group(), on_a, priority=5, candidates=candidates)
+    assert isinstance(chosen, Preemption) and chosen.victims == ("gang-a", "gang-b"), chosen
+    assert chosen.total_priority == 1
+
+
+def test_a_group_with_a_member_of_higher_priority_is_no_victim() -> None:
+    on_a = PlacementRequest(gpu=GpuRequest.share(50, 1024), nodes=frozenset({"a"}))
+    chosen = choose_victims(_two_nodes_with_a_group(), on_a, priority=5, candidates=[
+        Candidate(key="gang-a", priority=1, group="ns/gang"), Candidate(key="gang-b", priority=7, group="ns/gang")])
+    assert isinstance(chosen, NoPreemption)

@@ -1,7 +1,7 @@
 """Priority and preemption against the API server (issue 27 item 2, docs/preemption.md).
 
 One card, filled by claims of a low-priority class; a claim of a higher-priority class that fits
-nowhere preempts the cheapest victims on the card: they are marked (annotation, condition Preempted,
+nowhere preempts the cheapest victims on the card: they are marked (status.preemptedBy, condition Preempted,
 Event PreemptedBy), their pods evicted (the test server has no eviction subresource: plainly deleted),
 their ElasticGPUs fail (reason Preempted, claims Lost), the room is freed once the agent no longer
 reports them running, and the preemptor binds. Rows where nothing may be preempted: equal priority,
@@ -70,8 +70,8 @@ def _events(kube: KubeApi, namespace: str, reason: str, name: str) -> list[dict[
 def _assert_preempted(cluster: Cluster, kube: KubeApi, victim: str, egpu_name: str, by: str, *,
                       event: bool = True) -> None:
     body = cluster.get_claim(victim)
-    assert body["metadata"]["annotations"][preemption.ANNOTATION_PREEMPTED_BY] == f"{cluster.namespace}/{by}"
     status = body["status"]
+    assert status["preemptedBy"] == f"{cluster.namespace}/{by}"
     assert status["phase"] == "Lost", status
     condition = next(c for c in status["conditions"] if c["type"] == preemption.CONDITION_PREEMPTED)
     assert condition["reason"] == preemption.REASON_PREEMPTED_BY and f"{cluster.namespace}/{by}" in condition["message"]
@@ -115,13 +115,13 @@ def test_a_higher_priority_claim_preempts_the_cheapest_victim_evicts_its_pod_and
     assert _status(world, "old")["phase"] == "Bound"
     assert _allocations(kube, gpu_name) == sorted(egpus.values()), "kept while the agent reports it running"
     plan = preemption.plan_of(ElasticGPUClaim.model_validate(world.get_claim("urgent")))
-    assert plan is not None and [v.name for v in plan] == ["young"]
+    assert plan is not None and [v.name for v in plan.victims] == ["young"]
 
     write_gpu_status(kube, gpu_name, runningClaims=[])  # the containers stopped
     settle(controller)
     urgent = world.get_claim("urgent")
     assert urgent["status"]["phase"] == "Bound"
-    assert preemption.ANNOTATION_PREEMPTING not in (urgent["metadata"].get("annotations") or {}), "plan done"
+    assert "preemption" not in urgent["status"], "plan done"
     assert _allocations(kube, gpu_name) == sorted([egpus["old"], urgent["spec"]["elasticGPUName"]])
     assert _events(kube, world.namespace, preemption.REASON_PREEMPTING, "urgent")
 
@@ -140,8 +140,7 @@ def test_equal_priority_and_never_do_not_preempt(cluster: Cluster, kube: KubeApi
         assert (status["phase"], status["reason"]) == ("Pending", "NoCapacity"), status
     assert _status(cluster, "holder")["phase"] == "Bound"
     assert _allocations(kube, gpu_name) == held
-    assert not (cluster.get_claim("holder")["metadata"].get("annotations") or {}).get(
-        preemption.ANNOTATION_PREEMPTED_BY)
+    assert not (cluster.get_claim("holder").get("status") or {}).get("preemptedBy")
     # A claim of higher priority still may: the proof that the rows above could fail.
     registry = CollectorRegistry()
     controller.attach_metrics(ControllerMetrics(registry, process=False))
@@ -205,15 +204,14 @@ def test_a_plan_left_by_a_dead_controller_is_carried_out_by_a_fresh_one(cluster:
     victims = {n: cluster.get_claim(n) for n in ("a", "b")}
     # What a controller that died right after step 1 leaves: the plan on the preemptor, nothing else.
     urgent = _claim(cluster, "urgent", "high", 100)
-    plan = preemption.encode_plan([preemption.Victim(elastic_gpu=v["spec"]["elasticGPUName"], name=n,
+    plan = preemption.plan_status([preemption.Victim(elastic_gpu=v["spec"]["elasticGPUName"], name=n,
                                                      namespace=cluster.namespace, uid=v["metadata"]["uid"])
-                                   for n, v in victims.items()], f"{cluster.prefix}-node card 0")
-    kube.patch_claim(cluster.namespace, "urgent", {"metadata": {
-        "annotations": {preemption.ANNOTATION_PREEMPTING: plan},
-        "resourceVersion": urgent["metadata"]["resourceVersion"]}})
+                                   for n, v in victims.items()], node=f"{cluster.prefix}-node",
+                                  card=gpu_name.upper(), where=f"{cluster.prefix}-node card 0")
+    kube.patch_claim_status(cluster.namespace, "urgent", {"metadata": {
+        "resourceVersion": urgent["metadata"]["resourceVersion"]}, "status": {"preemption": plan}})
     if died_after in ("first mark", "first victim failed"):
-        kube.patch_claim(cluster.namespace, "a", {"metadata": {"annotations": {
-            preemption.ANNOTATION_PREEMPTED_BY: f"{cluster.namespace}/urgent"}}})
+        kube.patch_claim_status(cluster.namespace, "a", {"status": {"preemptedBy": f"{cluster.namespace}/urgent"}})
     if died_after == "first victim failed":
         kube.patch_elastic_gpu_status(victims["a"]["spec"]["elasticGPUName"], {"status": {
             "phase": "Failed", "reason": preemption.REASON_PREEMPTED, "message": "preempted"}})
@@ -312,15 +310,15 @@ def test_a_mark_left_by_a_preemptor_that_is_gone_keeps_nobody_from_being_a_victi
     controller = new_controller(kube, cluster.namespace)
     settle(controller)
     # A preemptor that was deleted (or bound elsewhere) before its victim's pods could be evicted left this.
-    kube.patch_claim(cluster.namespace, "batch", {"metadata": {"annotations": {
-        preemption.ANNOTATION_PREEMPTED_BY: f"{cluster.namespace}/deleted-meanwhile"}}})
+    kube.patch_claim_status(cluster.namespace, "batch", {"status": {
+        "preemptedBy": f"{cluster.namespace}/deleted-meanwhile"}})
     settle(controller)
     _claim(cluster, "urgent", "high", 50)
     settle(controller)
     urgent = cluster.get_claim("urgent")
     assert urgent["status"]["phase"] == "Bound", urgent["status"]
     batch = cluster.get_claim("batch")
-    assert batch["metadata"]["annotations"][preemption.ANNOTATION_PREEMPTED_BY] == f"{cluster.namespace}/urgent"
+    assert batch["status"]["preemptedBy"] == f"{cluster.namespace}/urgent"
     assert batch["status"]["phase"] == "Lost"
     assert _allocations(kube, gpu_name) == [urgent["spec"]["elasticGPUName"]]
 

@@ -48,8 +48,7 @@ def test_kill_9_in_the_middle_of_a_burst_of_preemptions_converges(cluster: Clust
         for i in range(CARDS):
             cluster.claim(o.claim(f"high-{i}", cores=50, memory=None, class_name=f"{cluster.prefix}-high"))
         deadline = time.monotonic() + 60
-        while not any(preemption.ANNOTATION_PREEMPTED_BY in (c["metadata"].get("annotations") or {})
-                      for c in kube.list_claims(cluster.namespace)):
+        while not any((c.get("status") or {}).get("preemptedBy") for c in kube.list_claims(cluster.namespace)):
             assert time.monotonic() < deadline, "no victim marked after 60 s\n" + procs.logs()
             time.sleep(0.02)
         procs.kill(first)  # mid-way: the first victim marked, the other plans and binds under way

@@ -1,5 +1,5 @@
 """The pure preemption decisions (`decisions.preemption`): a claim's priority from its class (or its
-PriorityClass), the plan annotation, and which Bound claims may be victims."""
+PriorityClass), the plan in status, whether a plan still holds, and which Bound claims may be victims."""
 
 from __future__ import annotations
 
@@ -42,18 +42,28 @@ def test_a_missing_priority_class_gives_zero_and_no_preemption_and_says_so() -> 
     assert "PriorityClass typo" in found.note and "does not exist" in found.note
 
 
-def test_the_plan_annotation_round_trips_and_a_bad_one_is_no_plan() -> None:
+def test_the_plan_round_trips_through_status_and_annotations_are_never_a_plan() -> None:
     victims = [preemption.Victim(elastic_gpu="egpu-1", namespace="ns", name="a", uid="u1"),
                preemption.Victim(elastic_gpu="egpu-2", namespace="ns", name="b", uid="u2")]
-    claim = _claim({preemption.ANNOTATION_PREEMPTING: preemption.encode_plan(victims, "node-1 card 0")})
-    assert preemption.plan_of(claim) == victims
-    assert preemption.plan_where(claim) == "node-1 card 0"
-    for bad in ("not json", "[]", '{"victims": [{"claim": "ns/a"}]}'):
-        assert preemption.plan_of(_claim({preemption.ANNOTATION_PREEMPTING: bad})) is None
+    status = preemption.plan_status(victims, node="node-1", card="GPU-1", where="node-1 card 0")
+    plan = preemption.plan_of(_claim({}, status={"preemption": status}))
+    assert plan == preemption.Plan(node="node-1", card="GPU-1", where="node-1 card 0", victims=victims)
+    # What a tenant may write (its claim's annotations) is no plan and no mark (issue 33).
+    forged = _claim({key: '{"on": "x", "victims": [{"elasticGPU": "egpu-1", "claim": "ns/a", "uid": "u1"}]}'
+                     for key in preemption.FORMER_ANNOTATIONS})
+    assert preemption.plan_of(forged) is None and preemption.preempted_by(forged) == ""
     assert preemption.plan_of(_claim({})) is None
 
 
-def _claim(annotations: dict[str, str], *, phase: str = "Bound", deleting: bool = False) -> ElasticGPUClaim:
+def test_a_plan_is_stale_once_its_class_may_not_preempt_or_a_victim_is_no_longer_lower() -> None:
+    victim = preemption.Victim(elastic_gpu="egpu-1", namespace="ns", name="a", uid="u1")
+    assert preemption.stale_reason(ClaimPriority(10, True), "high", [(victim, 5)]) == ""
+    assert "may not preempt" in preemption.stale_reason(ClaimPriority(10, False), "high", [(victim, 5)])
+    assert "no longer of lower priority" in preemption.stale_reason(ClaimPriority(10, True), "high", [(victim, 10)])
+
+
+def _claim(annotations: dict[str, str], *, phase: str = "Bound", deleting: bool = False,
+           status: dict[str, Any] | None = None) -> ElasticGPUClaim:
     meta: dict[str, Any] = {"name": "a", "namespace": "ns", "uid": UID, "annotations": annotations,
                             "creationTimestamp": "2026-01-01T00:00:10Z"}
     if deleting:
@@ -62,7 +72,7 @@ def _claim(annotations: dict[str, str], *, phase: str = "Bound", deleting: bool 
         "metadata": meta,
         "spec": {"resources": {"requests": {names.RESOURCE_CORE: 30}},
                  "elasticGPUName": names.elastic_gpu_name_for_claim(UID)},
-        "status": {"phase": phase}})
+        "status": {"phase": phase, **(status or {})}})
 
 
 def _egpu(*, phase: str | None = "Bound", name: str | None = None) -> ElasticGPU:
@@ -96,7 +106,7 @@ def test_what_is_never_a_candidate(case: str) -> None:
     elif case == "being deleted":
         claim = _claim({}, deleting=True)
     elif case == "already preempted":
-        claim = _claim({preemption.ANNOTATION_PREEMPTED_BY: "ns/other"})
+        claim = _claim({}, status={"preemptedBy": "ns/other"})
     elif case == "failed":
         egpu = _egpu(phase="Failed")
     elif case == "static":
@@ -107,7 +117,7 @@ def test_what_is_never_a_candidate(case: str) -> None:
 
 
 def test_a_stale_mark_does_not_protect_a_claim() -> None:
-    marked = _claim({preemption.ANNOTATION_PREEMPTED_BY: "ns/gone"})
+    marked = _claim({}, status={"preemptedBy": "ns/gone"})
     assert preemption.candidate_of(_egpu(), marked, 0) is None  # a mark stands unless told otherwise
     assert preemption.candidate_of(_egpu(), marked, 0, marked=True) is None
     assert preemption.candidate_of(_egpu(), marked, 0, marked=False) is not None

@@ -3,11 +3,14 @@ plan a preemptor records, and what the victims are told. Pure: objects in, value
 
 The protocol (carried out by `flow/preempting.py`; docs/preemption.md):
 
-    1. plan      the preemptor (a claim that fits nowhere, of a class that may preempt) gets the
-                 annotation `elasticgpu.io/preempting`: its victims (ElasticGPU, claim, uid), chosen
+    1. plan      the preemptor (a claim that fits nowhere, of a class that may preempt) gets
+                 `status.preemption`: where (node, card) and its victims (ElasticGPU, claim, uid), chosen
                  by `allocator.preemption` on one card or node. Written with the claim's
-                 resourceVersion: with two controllers one plan wins, the other follows it.
-    2. mark      each victim claim gets `elasticgpu.io/preempted-by: <ns>/<preemptor>` (its
+                 resourceVersion: with two controllers one plan wins, the other follows it. The plan
+                 lives in status because only the controller writes there: a tenant may write its
+                 claim's annotations, and a plan read from one would let it preempt anybody (issue 33).
+                 A plan is checked again every time it is followed (`stale_reason`).
+    2. mark      each victim claim gets `status.preemptedBy: <ns>/<preemptor>` (its
                  resourceVersion guarding it: a victim another preemptor marked first is not
                  taken twice: this plan is dropped and made again) and a Warning Event
                  PreemptedBy; the condition Preempted (reason PreemptedBy) comes with its Lost
@@ -21,7 +24,7 @@ The protocol (carried out by `flow/preempting.py`; docs/preemption.md):
                  running on the card (`running_holders`), as for any failed ElasticGPU.
     5. bind      the preemptor's ordinary sync places it once the room is free, charging its quota
                  as any bind (a quota that would refuse it stops step 1 from happening at all);
-                 the annotation goes with the bind.
+                 `status.preemption` goes once it is Bound.
 
 Crash cases: after 1, the next sync (this controller or another) reads the plan and goes on from
 step 2; every step is idempotent (a marked victim is not marked again, an evicted pod is gone or
@@ -31,19 +34,16 @@ still fits nowhere (the room was taken by another claim meanwhile) is dropped an
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from elasticgpu.allocator.preemption import Candidate
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names, timestamps
 
-ANNOTATION_PREEMPTING = "elasticgpu.io/preempting"
-"""On the preemptor: where and its victims, as JSON {"on": "node-1 card 0", "victims": [{"elasticGPU", "claim":
-"ns/name", "uid"}]}."""
-ANNOTATION_PREEMPTED_BY = "elasticgpu.io/preempted-by"
-"""On a victim claim: `<namespace>/<name>` of the claim that preempts it."""
+FORMER_ANNOTATIONS = ("elasticgpu.io/preempting", "elasticgpu.io/preempted-by")
+"""Where plans and marks lived before issue 33. A tenant may write a claim's annotations, so these are never
+read: docs/security.md lists them as having no effect."""
 CONDITION_PREEMPTED = "Preempted"
 REASON_PREEMPTED_BY = "PreemptedBy"
 """The victim's condition reason and Warning Event."""
@@ -108,48 +108,38 @@ class Victim:
         return f"{self.namespace}/{self.name}"
 
 
-def encode_plan(victims: list[Victim], where: str) -> str:
-    """The preemptor's `elasticgpu.io/preempting` annotation for `victims` on `where` (a card or node)."""
-    return json.dumps({"on": where, "victims": [{"elasticGPU": v.elastic_gpu, "claim": v.claim, "uid": v.uid}
-                                                for v in victims]}, separators=(",", ":"), sort_keys=True)
+@dataclass(frozen=True)
+class Plan:
+    """A preemptor's plan as `status.preemption` holds it: the node (and card, for a slice) and the victims."""
+
+    node: str
+    card: str
+    where: str
+    victims: list[Victim]
 
 
-def _plan_body(claim: ElasticGPUClaim) -> Any:
-    text = (claim.metadata.annotations or {}).get(ANNOTATION_PREEMPTING)
-    if not text:
+def plan_status(victims: list[Victim], *, node: str, card: str, where: str) -> dict[str, Any]:
+    """The preemptor's `status.preemption` for `victims` on `node` (and `card`, for a slice)."""
+    return {"node": node, "card": card, "on": where,
+            "victims": [{"elasticGPU": v.elastic_gpu, "claim": v.claim, "uid": v.uid} for v in victims]}
+
+
+def plan_of(claim: ElasticGPUClaim) -> Plan | None:
+    """The plan the claim's status holds, or None. Only the controller writes status, so what is read here is a
+    plan the controller made; it is still checked again before it is followed (`stale_reason`)."""
+    written = claim.status.preemption
+    if written is None:
         return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
-def plan_where(claim: ElasticGPUClaim) -> str:
-    """The card or node the preemptor's plan makes room on ("" when unknown)."""
-    body = _plan_body(claim)
-    return str(body.get("on") or "") if isinstance(body, dict) else ""
-
-
-def plan_of(claim: ElasticGPUClaim) -> list[Victim] | None:
-    """The victims the preemptor's annotation names, or None when it has none (or it cannot be read: a plan
-    no one can follow is made again)."""
-    body = _plan_body(claim)
-    if not isinstance(body, dict):
-        return None
-    try:
-        victims = []
-        for entry in body["victims"]:
-            namespace, _, name = str(entry["claim"]).partition("/")
-            victims.append(Victim(elastic_gpu=str(entry["elasticGPU"]), namespace=namespace, name=name,
-                                  uid=str(entry.get("uid") or "")))
-    except (KeyError, TypeError):
-        return None
-    return victims
+    victims = []
+    for entry in written.victims:
+        namespace, _, name = entry.claim.partition("/")
+        victims.append(Victim(elastic_gpu=entry.elastic_gpu, namespace=namespace, name=name, uid=entry.uid))
+    return Plan(node=written.node, card=written.card, where=written.on or f"node {written.node}", victims=victims)
 
 
 def preempted_by(claim: ElasticGPUClaim) -> str:
-    """`namespace/name` of the claim preempting `claim`, or ""."""
-    return (claim.metadata.annotations or {}).get(ANNOTATION_PREEMPTED_BY, "")
+    """`namespace/name` of the claim preempting `claim` (its `status.preemptedBy`, the controller's mark), or ""."""
+    return claim.status.preempted_by or ""
 
 
 def candidate_of(egpu: ElasticGPU, claim: ElasticGPUClaim | None, priority: int, *,
@@ -177,6 +167,18 @@ def candidate_of(egpu: ElasticGPU, claim: ElasticGPUClaim | None, priority: int,
     created = timestamps.parse(claim.metadata.creation_timestamp)
     return Candidate(key=egpu.metadata.name or "", priority=priority,
                      created=created.timestamp() if created is not None else 0.0)
+
+
+def stale_reason(mine: ClaimPriority, class_name: str, victims: Iterable[tuple[Victim, int]]) -> str:
+    """Why a plan may no longer be followed ("" when it may): the preemptor's class no longer may preempt, or a
+    victim still to go is no longer of lower priority (its class changed since the plan was made).
+    `victims`: each victim not failed yet, with its priority now."""
+    if not mine.preempts:
+        return mine.note or f"class {class_name} may not preempt (preemptionPolicy Never)"
+    for victim, value in victims:
+        if value >= mine.value:
+            return f"claim {victim.claim} is no longer of lower priority ({value}; this claim {mine.value})"
+    return ""
 
 
 def preemptor_name(claim: ElasticGPUClaim) -> str:

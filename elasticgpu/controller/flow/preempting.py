@@ -3,14 +3,17 @@ evict, fail; then the claim's ordinary sync binds it). See that module's docstri
 crash cases, and docs/preemption.md for what users see.
 
 The reserver (`reserving.py`) calls `try_preempt` where it would otherwise say NoCapacity, and the claim
-sync calls `settled` once the claim is Bound (the plan annotation goes). Every write is guarded by the
-resourceVersion the picture holds; a conflict re-reads the object and raises, and the worker retries the
-claim from what it finds.
+sync calls `settled` once the claim is Bound (`status.preemption` goes). Plans and marks live in claim
+status, which only the controller writes, and a plan is checked again each time it is followed: a tenant
+can neither forge one nor keep one going that its class no longer allows (issue 33, docs/security.md).
+Every write is guarded by the resourceVersion the picture holds; a conflict re-reads the object and
+raises, and the worker retries the claim from what it finds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -82,17 +85,25 @@ class Preempter:
     # -- entry points ------------------------------------------------------------------------------
 
     def try_preempt(self, claim: ElasticGPUClaim, decision: binder.Provision, request: PlacementRequest) -> Outcome:
-        """`claim` (provisioned per `decision`, asking `request`) fits nowhere: go on with its plan, or make one."""
-        plan = preemption.plan_of(claim)
-        if plan is not None:
-            return self._follow(claim, plan, preemption.plan_where(claim))
+        """`claim` (provisioned per `decision`, asking `request`) fits nowhere: go on with its plan if it still
+        holds, or make one."""
         with self.picture.lock:
             classes = dict(self.picture.view().classes)
         priorities = self._priorities(classes)
         mine = priorities.get(decision.class_name) or preemption.ClaimPriority(0, preemption.DEFAULT_PREEMPTS)
+        values = {name: p.value for name, p in priorities.items()}
+        plan = preemption.plan_of(claim)
+        if plan is not None:
+            stale = self._stale(claim, decision, request, plan, mine, values)
+            if not stale:
+                return self._follow(claim, plan)
+            # OBSERVATION: the plan no longer holds (a class changed its priority or policy, a quota shrank,
+            # the victims would no longer make room): stop here; victims already failed stay failed.
+            logger.info("claim %s: dropping its preemption plan: %s", preemption.preemptor_name(claim), stale)
+            self._unmark_spared(claim, plan.victims)
+            claim = self._drop_plan(claim)
         if not mine.preempts:
             return Outcome(False, mine.note)
-        values = {name: p.value for name, p in priorities.items()}
         if not any(value < mine.value for value in values.values()):
             return Outcome(False)  # no class of lower priority: nothing can be a victim (the common case)
         with self.picture.lock:
@@ -113,11 +124,10 @@ class Preempter:
         if refused:
             return Outcome(False, f"no preemption: {refused}")
         namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
-        annotation = preemption.encode_plan(victims, where)
-        patch = {"metadata": {"annotations": {preemption.ANNOTATION_PREEMPTING: annotation},
-                              "resourceVersion": claim.metadata.resource_version}}
+        status = preemption.plan_status(victims, node=chosen.node, card=chosen.card, where=where)
+        patch = {"metadata": {"resourceVersion": claim.metadata.resource_version}, "status": {"preemption": status}}
         try:
-            answer = self.kube.patch_claim(namespace, name, patch)
+            answer = self.kube.patch_claim_status(namespace, name, patch)
         except errors.Conflict:
             self._refresh(namespace, name)
             raise
@@ -125,14 +135,15 @@ class Preempter:
         shown = ", ".join(f"{v.claim} (priority {candidates[v.elastic_gpu].priority})" for v in victims)
         self.events.record(self._body(claim), type_=NORMAL, reason=preemption.REASON_PREEMPTING,
                            message=f"priority {mine.value}: preempting claim(s) {shown} on {where}")
-        return self._follow(claim, victims, where)
+        return self._follow(claim, preemption.Plan(node=chosen.node, card=chosen.card, where=where, victims=victims))
 
     def settled(self, namespace: str, name: str) -> None:
-        """The claim is Bound: its plan, if any, is done; the annotation goes."""
+        """The claim is Bound: its plan, if any, is done; `status.preemption` goes."""
         claim = self.picture.claim(namespace, name)
-        if claim is None or preemption.ANNOTATION_PREEMPTING not in (claim.metadata.annotations or {}):
+        plan = preemption.plan_of(claim) if claim is not None else None
+        if claim is None or plan is None:
             return
-        self._unmark_spared(claim, preemption.plan_of(claim) or [])
+        self._unmark_spared(claim, plan.victims)
         self._drop_plan(claim)
 
     def current(self, claim: ElasticGPUClaim) -> ElasticGPUClaim:
@@ -158,23 +169,34 @@ class Preempter:
         fallback = default.metadata.name or "" if default is not None else ""
         found: dict[str, Candidate] = {}
         skipped = 0
+        # A claim group is a victim as a whole or not at all (docs/gangs.md): its members are gathered here,
+        # whatever their priority; one that may not be a victim keeps the whole group (the allocator judges
+        # the priorities).
+        members: dict[str, list[Candidate | None]] = {}
         for key in list(picture.ledger.inventory.reservations):
             egpu = picture.egpu(key)
             if egpu is None or egpu.spec.claim_ref is None:
                 skipped += 1  # a reservation whose ElasticGPU is being created
                 continue
             value = values.get(egpu.spec.elastic_gpu_class_name or fallback, 0)
-            if value >= below:
-                continue
             ref = egpu.spec.claim_ref
             claim = picture.claim(ref.namespace or "", ref.name or "")
-            if claim is not None and groups.group_name(claim):
-                continue  # a member of a claim group: preempting it would leave its group partial (docs/gangs.md)
+            group = f"{ref.namespace}/{groups.group_name(claim)}" if claim is not None and groups.group_name(
+                claim) else ""
+            if value >= below and not group:
+                continue
             candidate = preemption.candidate_of(egpu, claim, value, marked=self._mark_holds(claim, key))
-            if candidate is not None:
+            if group:
+                members.setdefault(group, []).append(
+                    dataclasses.replace(candidate, group=group) if candidate is not None else None)
+            elif candidate is not None:
                 found[key] = candidate
-            elif claim is not None and claim.status.phase != "Bound" and not claim.metadata.deletion_timestamp:
+            if candidate is None and claim is not None and claim.status.phase != "Bound" \
+                    and not claim.metadata.deletion_timestamp and value < below:
                 skipped += 1  # mid-bind: a victim in a moment
+        for group_members in members.values():
+            if all(c is not None for c in group_members):
+                found.update((c.key, c) for c in group_members if c is not None)
         return found, skipped
 
     def _mark_holds(self, claim: ElasticGPUClaim | None, key: str) -> bool:
@@ -186,7 +208,37 @@ class Preempter:
         namespace, _, name = by.partition("/")
         preemptor = self.picture.claim(namespace, name)
         plan = preemption.plan_of(preemptor) if preemptor is not None else None
-        return plan is not None and any(v.elastic_gpu == key for v in plan)
+        return plan is not None and any(v.elastic_gpu == key for v in plan.victims)
+
+    def _stale(self, claim: ElasticGPUClaim, decision: binder.Provision, request: PlacementRequest,
+               plan: preemption.Plan, mine: preemption.ClaimPriority, values: Mapping[str, int]) -> str:
+        """Why `claim`'s plan may no longer be followed ("" when it may). Checked every time it is followed, as
+        when it was made: the preemptor may still preempt, its victims still to go are of lower priority, they
+        would still make room where the plan says, and the claim's quota would then admit it."""
+        picture = self.picture
+        with picture.lock:
+            default = picture.view().default_class()
+            fallback = default.metadata.name or "" if default is not None else ""
+            held = [v for v in plan.victims if picture.ledger.held(v.elastic_gpu) is not None]
+            going: list[tuple[preemption.Victim, int]] = []
+            for victim in held:
+                egpu = picture.egpu(victim.elastic_gpu)
+                if egpu is not None and egpu.status.phase != "Failed":  # a failed one's room comes anyway
+                    going.append((victim, values.get(egpu.spec.elastic_gpu_class_name or fallback, 0)))
+        why = preemption.stale_reason(mine, decision.class_name, going)
+        if why or not held:
+            return why  # none held: `_follow` drops the plan and makes another
+        if request.nodes and plan.node not in request.nodes:
+            return f"this claim may no longer use node {plan.node}"
+        # The victims as candidates of any lower priority: the question is only whether they make room.
+        there = dataclasses.replace(request, nodes=frozenset({plan.node}))
+        with picture.lock:
+            chosen = choose_victims(picture.ledger.inventory, there, priority=mine.value,
+                                    policy=decision.parameters.policy,
+                                    candidates=[Candidate(key=v.elastic_gpu, priority=mine.value - 1) for v in held])
+        if isinstance(chosen, NoPreemption):
+            return f"its victims would no longer make room on {plan.where}"
+        return self._quota_refuses(claim, decision, chosen, plan.victims)
 
     def _where(self, chosen: Preemption) -> str:
         if chosen.card:
@@ -227,8 +279,9 @@ class Preempter:
 
     # -- carrying out ------------------------------------------------------------------------------
 
-    def _follow(self, claim: ElasticGPUClaim, victims: list[preemption.Victim], where: str) -> Outcome:
+    def _follow(self, claim: ElasticGPUClaim, plan: preemption.Plan) -> Outcome:
         """Steps 2 to 4 for the victims still held; the claim's status says what it waits for."""
+        victims, where = plan.victims, plan.where
         me = preemption.preemptor_name(claim)
         with self.picture.lock:
             held = [v for v in victims if self.picture.ledger.held(v.elastic_gpu) is not None]
@@ -289,17 +342,16 @@ class Preempter:
         egpu = self.picture.egpu(entry.elastic_gpu)
         victim_class = egpu.spec.elastic_gpu_class_name or "" if egpu is not None else ""
         message = preemption.victim_message(me, values.get(klass, 0), values.get(victim_class, 0), where)
-        patch = {"metadata": {"annotations": {preemption.ANNOTATION_PREEMPTED_BY: me},
-                              "resourceVersion": victim.metadata.resource_version}}
+        patch = {"metadata": {"resourceVersion": victim.metadata.resource_version}, "status": {"preemptedBy": me}}
         try:
-            answer = self.kube.patch_claim(namespace, name, patch)
+            answer = self.kube.patch_claim_status(namespace, name, patch)
         except errors.Conflict:
             self._refresh(namespace, name)
             raise
         except errors.NotFound:
             return
         self.picture.put_claim(answer)
-        # The annotation is the record; the condition comes with the Lost status (`preempted_conditions`), or
+        # The mark is the record; the condition comes with the Lost status (`preempted_conditions`), or
         # from `_say_held` while a budget holds the pods: not one more write in every preemption's path.
         self.events.record(answer, type_=WARNING, reason=preemption.REASON_PREEMPTED_BY, message=message)
         logger.info("claim %s/%s preempted by %s", namespace, name, me)
@@ -375,10 +427,7 @@ class Preempter:
             model = self.picture.claim(victim.namespace, victim.name)
             if model is None or preemption.preempted_by(model) != me:
                 continue
-            with contextlib.suppress(errors.NotFound, errors.Conflict):
-                self.picture.put_claim(self.kube.patch_claim(victim.namespace, victim.name, {"metadata": {
-                    "annotations": {preemption.ANNOTATION_PREEMPTED_BY: None},
-                    "resourceVersion": model.metadata.resource_version}}))
+            self._unmark(model)
         self._drop_plan(claim)
         self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
                        delay_s=RECHECK_S * 0.1)
@@ -393,22 +442,27 @@ class Preempter:
             egpu = self.picture.egpu(victim.elastic_gpu)
             if model is None or preemption.preempted_by(model) != me or egpu is None or egpu.status.phase == "Failed":
                 continue
-            with contextlib.suppress(errors.NotFound, errors.Conflict):
-                self.picture.put_claim(self.kube.patch_claim(victim.namespace, victim.name, {"metadata": {
-                    "annotations": {preemption.ANNOTATION_PREEMPTED_BY: None},
-                    "resourceVersion": model.metadata.resource_version}}))
+            self._unmark(model)
 
-    def _drop_plan(self, claim: ElasticGPUClaim) -> None:
+    def _unmark(self, victim: ElasticGPUClaim) -> None:
+        """The victim's `status.preemptedBy` goes (best effort: a conflict or a gone claim leaves a mark that
+        keeps nobody from being a victim, `_mark_holds`)."""
+        with contextlib.suppress(errors.NotFound, errors.Conflict):
+            self.picture.put_claim(self.kube.patch_claim_status(victim.metadata.namespace or "",
+                                                                victim.metadata.name or "", {
+                "metadata": {"resourceVersion": victim.metadata.resource_version}, "status": {"preemptedBy": None}}))
+
+    def _drop_plan(self, claim: ElasticGPUClaim) -> ElasticGPUClaim:
+        """The claim without `status.preemption` (as the server answered, or `claim` when it is gone)."""
         namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
-        patch = {"metadata": {"annotations": {preemption.ANNOTATION_PREEMPTING: None},
-                              "resourceVersion": claim.metadata.resource_version}}
+        patch = {"metadata": {"resourceVersion": claim.metadata.resource_version}, "status": {"preemption": None}}
         try:
-            self.picture.put_claim(self.kube.patch_claim(namespace, name, patch))
+            return self.picture.put_claim(self.kube.patch_claim_status(namespace, name, patch))
         except errors.Conflict:
             self._refresh(namespace, name)
             raise
         except errors.NotFound:
-            return
+            return claim
 
     # -- plumbing ----------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from elasticgpu.allocator import Placement
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
 from elasticgpu.api.errors import InvalidRequest
-from elasticgpu.controller.decisions import bind_order, preemption
+from elasticgpu.controller.decisions import bind_order
 
 ClaimKey = tuple[str, str]
 Owner = tuple[str, str]
@@ -94,7 +94,7 @@ def ordered(
         model = claim(key)
         if model is None:
             continue
-        if preemption.ANNOTATION_PREEMPTING in (model.metadata.annotations or {}):
+        if model.status.preemption is not None:  # status: only the controller writes it (issue 33)
             preempting.add(key)
         class_name = model.spec.class_name or (default_class.metadata.name or "" if default_class else "")
         klass = classes.get(class_name)
