@@ -1,5 +1,5 @@
 """The picture's state and its read side: the maps `Picture` keeps, and what the rest of the
-controller reads from them. `Picture` (picture.py) adds the taking in and the indexing; the split
+controller reads from them. `Waking`, `TakingIn` and `Picture` build on it (picture.py says how); the split
 keeps each class under 400 lines, nothing else.
 
 Every reader takes `lock` (re-entrant), as the writers do; see picture.py for the rules.
@@ -36,7 +36,7 @@ Keys = list[Key]
 
 
 class Reading:
-    """The picture's maps and their readers; `Picture` is the one subclass."""
+    """The picture's maps and their readers; `Waking` builds on it."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
