@@ -34,10 +34,11 @@ def tenants(api_client: client.ApiClient, kube: KubeApi, namespace: str) -> Iter
         yield made[0], made[1], made[2]
 
 
-def _card(cluster: Cluster) -> str:
-    """One 80 GiB card on one node, and a class that uses only it."""
+def _card(cluster: Cluster, count: int = 1) -> str:
+    """`count` 80 GiB cards on one node, and a class that uses only them."""
     model = f"K{cluster.prefix}"
-    cluster.gpu(o.gpu(f"gpu-{cluster.prefix}-0", node=f"{cluster.prefix}-n0", model=model))
+    for i in range(count):
+        cluster.gpu(o.gpu(f"gpu-{cluster.prefix}-{i}", node=f"{cluster.prefix}-n0", model=model, index=i))
     class_name = f"{cluster.prefix}-room"
     cluster.klass(o.klass(class_name, parameters={"gpuModel": model}))
     return class_name
@@ -98,6 +99,40 @@ def test_a_claim_its_quota_can_never_admit_keeps_no_room_from_other_tenants(
         message = big.get("message", "")
         assert "no room is kept" in message and "ElasticGPUQuota tenant" in message, message
         assert "limit 10" in message and "100" in message and "never" in message, message
+    finally:
+        controller.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_group_its_quota_can_never_admit_keeps_no_room_either(
+        cluster: Cluster, kube: KubeApi, api_client: client.ApiClient, tenants: tuple[str, str, str]) -> None:
+    """The same for a claim group: two whole cards under a 100-core quota never bind, so the node
+    is not kept from tenant c; every member says why."""
+    ns_a, ns_b, ns_c = tenants
+    class_name = _card(cluster, 2)
+    quotas.create(api_client, ns_b, quotas.quota("tenant", {CORE: 100}))
+    controller = _controller(kube)
+    try:
+        _claim(kube, ns_a, "a1", 60, class_name)
+        settle(controller)
+        for i in range(2):
+            body = o.claim(f"w{i}", ns_b, cards=1, class_name=class_name)
+            body["metadata"].pop("uid")
+            body["metadata"]["labels"] = {names.LABEL_GROUP: "train"}
+            body["metadata"]["annotations"] = {names.ANNOTATION_GROUP_MIN_MEMBERS: "2"}
+            kube.create_claim(body)
+        settle(controller)
+        assert _status(kube, ns_b, "w0").get("reason") == "GroupDoesNotFit"
+        _past_the_bound(controller, kube, ns_b, "w0")
+
+        _claim(kube, ns_c, "small", 30, class_name)
+        settle(controller)
+        assert _status(kube, ns_c, "small").get("phase") == "Bound", _status(kube, ns_c, "small")
+        assert not controller.claims.groups.kept_nodes()
+        for name in ("w0", "w1"):
+            message = _status(kube, ns_b, name).get("message", "")
+            assert "no room is kept" in message and "never admit the group" in message, message
+            assert "asks for 200" in message, message
     finally:
         controller.close()
 
