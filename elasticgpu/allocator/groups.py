@@ -8,6 +8,8 @@ and why (`GroupUnplaceable`): never a partial plan.
 
 `room_for_group` is the bounded-wait answer: where the group would go if only the cards' other
 holders were gone (the cards to stop giving to smaller claims, so the group is not starved).
+The controller asks `controller/decisions/kept_room.py` instead, which plans the same way and
+also checks the namespace's quotas before any room is kept.
 """
 
 from __future__ import annotations

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from elasticgpu.allocator import Placement, PlacementRequest
-from elasticgpu.allocator.groups import GroupMember, GroupPlacement, GroupUnplaceable, place_group, room_for_group
-from elasticgpu.api import ElasticGPUClaim, GPUAllocation, names, timestamps
+from elasticgpu.allocator.groups import GroupMember, GroupPlacement, GroupUnplaceable, place_group
+from elasticgpu.api import ElasticGPUClaim, ElasticGPUQuota, GPUAllocation, names, timestamps
 from elasticgpu.api.gpu import GPUAllocationGroup
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, group_attempts, groups
+from elasticgpu.controller.decisions import binder, group_attempts, groups, kept_room
 from elasticgpu.controller.flow.claim_binding import ClaimBinding
 from elasticgpu.controller.flow.claim_status import ClaimStatus
 from elasticgpu.controller.flow.commit import Commit
@@ -71,9 +71,11 @@ class _Member:
 
 
 def request_of(decision: binder.Provision) -> PlacementRequest:
-    """The placement request of a provisioning decision (as a single bind builds it)."""
+    """The placement request of a provisioning decision (as a single bind builds it, topology
+    included: room kept for several NVLinked cards must be on cards that are)."""
     return PlacementRequest(gpu=decision.request, models=decision.parameters.gpu_model,
-                            node_selector=decision.parameters.node_selector, isolation=decision.required_isolation)
+                            node_selector=decision.parameters.node_selector, isolation=decision.required_isolation,
+                            topology=decision.topology)
 
 
 def group_waiter(namespace: str, group: str) -> str:
@@ -132,17 +134,21 @@ class GroupBinding:
         self._kept.pop(waiter, None)
         self._rechecks.pop(waiter, None)
 
-    def single_waits(self, claim: ElasticGPUClaim, decision: binder.Provision) -> None:
+    def single_waits(self, claim: ElasticGPUClaim, decision: binder.Provision) -> str:
         """A single claim said NoCapacity: the same bounded wait as a group of one (the issue's
-        "big claims can wait indefinitely")."""
+        "big claims can wait indefinitely"). Returns why no room is kept for it once its wait
+        is over ("" when room is kept, or its wait is not over yet)."""
         key = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
-        self._keep_room(single_waiter(claim), [_Member(claim, decision, key)], binder.REASON_NO_CAPACITY)
+        return self._keep_room(single_waiter(claim), [_Member(claim, decision, key)], binder.REASON_NO_CAPACITY,
+                               subject="this claim")
 
-    def _keep_room(self, waiter: str, members: list[_Member], reason: str) -> None:
+    def _keep_room(self, waiter: str, members: list[_Member], reason: str, *, subject: str) -> str:
+        """Keep room for `waiter` once it has waited past the bound, if it could bind were the
+        room free (`decisions/kept_room.py`); else the note for its claims' message, why not."""
         settings = self.settings
         after = settings.binding.group_reserve_after_s
         if after <= 0 or not members:
-            return
+            return ""
         namespace = members[0].claim.metadata.namespace or ""
         since = [timestamps.parse(c.last_transition_time) for m in members for c in m.claim.status.conditions
                  if c.reason == reason]
@@ -156,21 +162,41 @@ class GroupBinding:
                 self._rechecks[waiter] = now + after - waited + 1.0
                 self.queue.add(("claim", namespace, members[0].name), delay_s=after - waited + 1.0,
                                recheck=True)
-            return
+            return ""
         if any(other != waiter and until >= now for other, (_, until) in self._kept.items()):
-            return  # one starved waiter at a time: keeping room for all would keep every node
+            return ""  # one starved waiter at a time: keeping room for all would keep every node
+        try:
+            quotas = self._quotas(namespace, members[0].name)
+        except errors.ApiError as err:
+            # Room is never kept on a guess: the waiter's next sync reads them again.
+            logger.debug("quotas of %s unreadable, room for %s left as it was: %s", namespace, waiter, err)
+            return ""
         picture = self.picture
         with picture.lock:
-            uuids = room_for_group(picture.ledger.inventory, [GroupMember(m.name, request_of(m.decision))
-                                                              for m in members])
-            if uuids is None:
-                return
-            nodes = frozenset(picture.ledger.inventory.card(u).record.node for u in uuids)
+            verdict = kept_room.decide(
+                picture.ledger.inventory,
+                [kept_room.Member(m.name, m.claim.metadata.uid or "", m.decision.class_name, request_of(m.decision))
+                 for m in members],
+                quotas, policy=members[0].decision.parameters.policy, subject=subject)
+        if isinstance(verdict, kept_room.NoRoom):
+            if self._kept.pop(waiter, None) is not None:
+                logger.info("no longer keeping nodes for %s: %s", waiter, verdict.message)
+            return f"no room is kept for it: {verdict.message}"
         # Refreshed by every sync of the waiter; lapses when it stops waiting (deleted, say).
         until = now + 2 * settings.resync.interval_s + after
-        if self._kept.get(waiter, (None, 0.0))[0] != nodes:
-            logger.info("keeping nodes %s for %s, waiting since %s", sorted(nodes), waiter, min(known).isoformat())
-        self._kept[waiter] = (nodes, until)
+        if self._kept.get(waiter, (None, 0.0))[0] != verdict.nodes:
+            logger.info("keeping nodes %s for %s, waiting since %s", sorted(verdict.nodes), waiter,
+                        min(known).isoformat())
+        self._kept[waiter] = (verdict.nodes, until)
+        return ""
+
+    def _quotas(self, namespace: str, claim: str) -> list[ElasticGPUQuota]:
+        """The namespace's quotas, read live (no request where it has none, or quotas are not
+        enforced); raises `errors.ApiError` when they cannot be read."""
+        guard = self.commit.quota
+        if guard is None:
+            return []
+        return guard.read(namespace, claim)
 
     # -- the group's sync ------------------------------------------------------------------------
 
@@ -354,6 +380,8 @@ class GroupBinding:
         except QuotaExceeded as err:
             self._roll_back(record, anchor_key, written)
             self._quota_refused = True
+            # Room kept for the group is freed: it could not bind in it (docs/gangs.md).
+            self.done_waiting(group_waiter(claim.metadata.namespace or "", groups.group_name(claim)))
             self.status.pending(claim, err.reason, f"group member {member.name}: {err.message}")
             self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
                            delay_s=self.settings.quota.recheck_s, recheck=True)
@@ -393,12 +421,14 @@ class GroupBinding:
 
     def _does_not_fit(self, claim: ElasticGPUClaim, todo: list[_Member], plan: GroupUnplaceable) -> None:
         """Say GroupDoesNotFit on every waiting member, and keep room for the group once it has
-        waited long enough. It holds nothing: only Complete attempts are kept, and those bound."""
+        waited long enough (or say why none is kept). It holds nothing: only Complete attempts
+        are kept, and those bound."""
         namespace = claim.metadata.namespace or ""
+        note = self._keep_room(group_waiter(namespace, groups.group_name(claim)), todo,
+                               groups.REASON_GROUP_DOES_NOT_FIT, subject="the group")
+        message = f"{plan.message}; {note}" if note else plan.message
         for member in todo:
             try:
-                self.status.pending(member.claim, groups.REASON_GROUP_DOES_NOT_FIT, plan.message)
+                self.status.pending(member.claim, groups.REASON_GROUP_DOES_NOT_FIT, message)
             except errors.Conflict:
                 self.queue.add(("claim", namespace, member.name))
-        self._keep_room(group_waiter(namespace, groups.group_name(claim)), todo, groups.REASON_GROUP_DOES_NOT_FIT)
-

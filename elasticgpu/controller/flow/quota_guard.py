@@ -185,6 +185,14 @@ class QuotaGuard:
         raise errors.BindingError(f"claim {namespace}/{entry.claim}: its namespace's ElasticGPUQuotas kept changing"
                                   " while it was charged; retrying later")
 
+    def read(self, namespace: str, claim: str | None = None) -> list[ElasticGPUQuota]:
+        """The quotas of `namespace` (for deciding whether room may be kept for a waiter, which
+        must agree with the charge its bind would make): none, with no request, where it has
+        none (`limits`); else read live. Raises `errors.ApiError` when they cannot be read."""
+        if not self.limits(namespace, claim):
+            return []
+        return [_model(b) for b in self.kube.list_quotas(namespace)]
+
     def give_back(self, namespace: str, uid: str, *, only: list[str] | None = None) -> None:
         """Remove the charge of claim `uid` from the namespace's quotas (`only`: from these)."""
         if (only is not None and not only) or (only is None and not self.limits(namespace)):

@@ -108,8 +108,11 @@ class Reserver:
                     message += f" (closest: {result.closest})"
                 if outcome.note:
                     message += f"; {outcome.note}"
+                # Not starved for ever either, if it could bind were room kept for it (docs/gangs.md).
+                no_room = self.groups.single_waits(claim, decision)
+                if no_room:
+                    message += f"; {no_room}"
                 self.status.pending(claim, binder.REASON_NO_CAPACITY, message)
-                self.groups.single_waits(claim, decision)  # not starved for ever either (docs/gangs.md)
                 return None
             assert result is not None
             try:
@@ -155,7 +158,9 @@ class Reserver:
                                   " the GPUs; retrying later")
 
     def _quota_refused(self, claim: ElasticGPUClaim, err: QuotaExceeded) -> None:
-        """A quota had no room (nothing reserved): say so, and look again after a while."""
+        """A quota had no room (nothing reserved): say so, and look again after a while. Room kept
+        for the claim is freed: it could not bind in it (docs/gangs.md)."""
+        self.groups.done_waiting(group_binding.single_waiter(claim))
         self.status.pending(claim, err.reason, err.message)
         self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
                        delay_s=self.settings.quota.recheck_s, recheck=True)
