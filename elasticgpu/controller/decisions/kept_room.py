@@ -35,6 +35,17 @@ from elasticgpu.api import ElasticGPUQuota, format_memory, names
 from elasticgpu.api.errors import InvalidQuantity
 from elasticgpu.api.quota import parse_hard, quota_key
 
+
+def group_waiter(namespace: str, group: str) -> str:
+    """How a waiting group is named where room is kept for it (and in the messages)."""
+    return f"claim group {namespace}/{group}"
+
+
+def single_waiter(namespace: str, name: str) -> str:
+    """How a waiting single claim is named where room is kept for it."""
+    return f"claim {namespace}/{name}"
+
+
 NO_PLAN = "no-plan"
 """`NoRoom.kind`: not even an empty cluster could hold it (class, node selector, isolation)."""
 QUOTA_NEVER = "quota-never"

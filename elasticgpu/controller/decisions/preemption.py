@@ -210,6 +210,14 @@ def lost_condition(claim: ElasticGPUClaim, *, now: str) -> dict[str, Any] | None
                                " room (docs/preemption.md)", now=now)
 
 
+def lost_conditions(claim: ElasticGPUClaim, *, now: str) -> list[dict[str, Any]]:
+    """The `Preempted` condition to write with a claim's Lost status: the one it has, or, for a claim marked
+    preempted, a new one (the claim's Lost write asks this, so binding need not know preemption's flow)."""
+    kept = [c.to_dict() for c in claim.status.conditions if c.type == CONDITION_PREEMPTED]
+    new = lost_condition(claim, now=now)
+    return kept + ([new] if new is not None else [])
+
+
 def waiting_message(victims: list[Victim], where: str, *, blocked: str = "") -> str:
     """The preemptor's Pending message while its victims go."""
     names = ", ".join(v.claim for v in victims)

@@ -11,12 +11,11 @@ from typing import Any
 from elasticgpu.allocator import Placement
 from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, timestamps
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, release
+from elasticgpu.controller.decisions import binder, bound_class, preemption, release
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow import policing_copy, preempting
+from elasticgpu.controller.flow import policing_copy
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.provisioner import capacity_of
-from elasticgpu.controller.flow.resizing import class_of, resizable
 from elasticgpu.controller.picture import pod_index
 from elasticgpu.controller.picture.picture import Body, Picture
 
@@ -82,7 +81,7 @@ class ClaimStatus:
             return
         lost = condition("Lost", reason, message, claim.status.conditions)
         # A preempted claim has a Preempted condition too (issue 27): it says by whom, the Lost one says what.
-        kept = preempting.preempted_conditions(claim)
+        kept = preemption.lost_conditions(claim, now=timestamps.now_rfc3339())
         self.write(claim, {"phase": "Lost", "reason": reason, "message": message, "conditions": [*kept, lost]})
         self.events.record(self.body(claim), type_=WARNING, reason=reason, message=message)
 
@@ -114,8 +113,8 @@ class ClaimStatus:
         classes = self.picture.view().classes
         whole = any(share.whole for share in placement.cards) if placement is not None else (
             egpu.spec.physical_gpu is not None)
-        isolation = binder.claim_isolation(class_of(claim, egpu, classes), whole=whole)
-        if resizable(claim, egpu, classes) and (note := binder.resize_note(isolation)):
+        isolation = binder.claim_isolation(bound_class.class_of(claim, egpu, classes), whole=whole)
+        if bound_class.resizable(claim, egpu, classes) and (note := binder.resize_note(isolation)):
             message += f"; {note}"  # said where the user looks before resizing (kubectl describe)
         status: Body = {
             "phase": "Bound",
@@ -131,7 +130,7 @@ class ClaimStatus:
         }
         # What protects the claim, for `kubectl get egpuc -o wide` and the node's agent (docs/isolation.md).
         status["isolation"] = isolation
-        if resizable(claim, egpu, classes):
+        if bound_class.resizable(claim, egpu, classes):
             status["resizable"] = True  # read by the claim CRD's rule on spec.resources.requests
         partition = self._partition(egpu_name)
         if partition is not None:

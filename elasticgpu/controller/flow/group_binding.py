@@ -78,16 +78,6 @@ def request_of(decision: binder.Provision) -> PlacementRequest:
                             topology=decision.topology)
 
 
-def group_waiter(namespace: str, group: str) -> str:
-    """How a waiting group is named where room is kept for it (and in the messages)."""
-    return f"claim group {namespace}/{group}"
-
-
-def single_waiter(claim: ElasticGPUClaim) -> str:
-    """How a waiting single claim is named where room is kept for it."""
-    return f"claim {claim.metadata.namespace}/{claim.metadata.name}"
-
-
 class GroupBinding:
     """Binds claim groups all or none (see the module docstring)."""
 
@@ -139,7 +129,8 @@ class GroupBinding:
         "big claims can wait indefinitely"). Returns why no room is kept for it once its wait
         is over ("" when room is kept, or its wait is not over yet)."""
         key = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
-        return self._keep_room(single_waiter(claim), [_Member(claim, decision, key)], binder.REASON_NO_CAPACITY,
+        waiter = kept_room.single_waiter(claim.metadata.namespace or "", claim.metadata.name or "")
+        return self._keep_room(waiter, [_Member(claim, decision, key)], binder.REASON_NO_CAPACITY,
                                subject="this claim")
 
     def _keep_room(self, waiter: str, members: list[_Member], reason: str, *, subject: str) -> str:
@@ -290,7 +281,7 @@ class GroupBinding:
                         return
                     continue
                 placements.update(committed)
-            self.done_waiting(group_waiter(namespace, group))
+            self.done_waiting(kept_room.group_waiter(namespace, group))
             for member in found.todo:
                 if member.key != own_key:
                     self.queue.add(("claim", namespace, member.name))
@@ -381,7 +372,7 @@ class GroupBinding:
             self._roll_back(record, anchor_key, written)
             self._quota_refused = True
             # Room kept for the group is freed: it could not bind in it (docs/gangs.md).
-            self.done_waiting(group_waiter(claim.metadata.namespace or "", groups.group_name(claim)))
+            self.done_waiting(kept_room.group_waiter(claim.metadata.namespace or "", groups.group_name(claim)))
             self.status.pending(claim, err.reason, f"group member {member.name}: {err.message}")
             self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
                            delay_s=self.settings.quota.recheck_s, recheck=True)
@@ -424,7 +415,7 @@ class GroupBinding:
         waited long enough (or say why none is kept). It holds nothing: only Complete attempts
         are kept, and those bound."""
         namespace = claim.metadata.namespace or ""
-        note = self._keep_room(group_waiter(namespace, groups.group_name(claim)), todo,
+        note = self._keep_room(kept_room.group_waiter(namespace, groups.group_name(claim)), todo,
                                groups.REASON_GROUP_DOES_NOT_FIT, subject="the group")
         message = f"{plan.message}; {note}" if note else plan.message
         for member in todo:

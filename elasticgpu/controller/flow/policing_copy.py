@@ -21,9 +21,8 @@ from typing import Any
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder
+from elasticgpu.controller.decisions import binder, bound_class
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.resizing import class_of
 from elasticgpu.controller.picture.picture import Picture
 
 logger = logging.getLogger(__name__)
@@ -31,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 def wanted(claim: ElasticGPUClaim, egpu: ElasticGPU, classes: Mapping[str, ElasticGPUClass]) -> dict[str, Any] | None:
     """The `status.policing` the claim should show (its class's policy), or None when it has no class."""
-    klass = class_of(claim, egpu, classes)
+    klass = bound_class.class_of(claim, egpu, classes)
     return klass.over_limit_policy.to_dict(prune_empty=False) if klass is not None else None
 
 

@@ -16,8 +16,6 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from elasticgpu.allocator import PlacementRequest, quota
 from elasticgpu.allocator.preemption import Candidate, NoPreemption, Preemption, choose_victims
@@ -29,6 +27,7 @@ from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.priority_classes import PriorityClasses
+from elasticgpu.controller.flow.reserving import PreemptionOutcome as Outcome
 from elasticgpu.controller.flow.workqueue import WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture.picture import Body, Picture
@@ -43,25 +42,6 @@ BLOCKED_RECHECK_S = 10.0
 """Seconds before an eviction a PodDisruptionBudget refused is tried again."""
 
 Pending = Callable[[ElasticGPUClaim, str, str], None]
-
-
-def preempted_conditions(claim: ElasticGPUClaim) -> list[dict[str, Any]]:
-    """The `Preempted` condition to write with a claim's Lost status: the one it has, or, for a claim marked
-    preempted, a new one (`ClaimStatus.lost` calls this)."""
-    kept = [c.to_dict() for c in claim.status.conditions if c.type == preemption.CONDITION_PREEMPTED]
-    new = preemption.lost_condition(claim, now=now_rfc3339())
-    return kept + ([new] if new is not None else [])
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What `try_preempt` did: `handled` (the claim's status says Preempting; nothing more to write), or not,
-    with a `note` for the claim's NoCapacity message ("" for none)."""
-
-    handled: bool
-    note: str = ""
-    retry: bool = False
-    """The victims' room was freed just now (no agent reports them running): place the claim again at once."""
 
 
 class Preempter:

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from elasticgpu.api import ElasticGPUClaim, InvalidRequest, names, timestamps
 from elasticgpu.api.gpu_class import ElasticGPUClass
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import recommend
+from elasticgpu.controller.decisions import bound_class, recommend
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
-from elasticgpu.controller.flow.resizing import class_of
 from elasticgpu.controller.picture.picture import Picture
 from elasticgpu.controller.settings import ControllerSettings
 
@@ -67,7 +66,7 @@ class Recommender:
         with self.picture.lock:
             claim = self.picture.claim(namespace, name)
             egpu = self.picture.egpu(egpu_name)
-            klass = class_of(claim, egpu, self.picture.view().classes) if claim and egpu else None
+            klass = bound_class.class_of(claim, egpu, self.picture.view().classes) if claim and egpu else None
             gpus = [g for n in self.picture.ledger.gpus_holding(egpu_name) if (g := self.picture.ledger.gpu(n))]
         uid = (claim.metadata.uid or "") if claim is not None else ""
         if claim is None or klass is None or klass.resize_policy == "Off" or len(gpus) != 1:

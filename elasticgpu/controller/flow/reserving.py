@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
+from typing import Protocol
 
 from elasticgpu.allocator import Placement, PlacementRequest, Unplaceable
 from elasticgpu.api import ElasticGPUClaim
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, capacity
+from elasticgpu.controller.decisions import binder, capacity, kept_room
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow import group_binding, mig_binding
+from elasticgpu.controller.flow import mig_binding
 from elasticgpu.controller.flow.claim_status import ClaimStatus
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
-from elasticgpu.controller.flow.group_binding import GroupBinding
-from elasticgpu.controller.flow.preempting import Preempter
 from elasticgpu.controller.flow.provisioner import claim_ref_of
 from elasticgpu.controller.flow.quota_guard import QuotaExceeded
 from elasticgpu.controller.flow.workqueue import WorkQueue
@@ -30,11 +30,44 @@ from elasticgpu.controller.settings import ControllerSettings
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class PreemptionOutcome:
+    """What a preemption did for a claim that fits nowhere: `handled` (the claim's status says Preempting;
+    nothing more to write), or not, with a `note` for the claim's NoCapacity message ("" for none)."""
+
+    handled: bool
+    note: str = ""
+    retry: bool = False
+    """The victims' room was freed just now (no agent reports them running): place the claim again at once."""
+
+
+class Preempting(Protocol):
+    """Preemption, as reserving asks for it (`preemption/preempting.py` does it): binding knows no more of it."""
+
+    def try_preempt(self, claim: ElasticGPUClaim, decision: binder.Provision,
+                    request: PlacementRequest) -> PreemptionOutcome: ...
+
+
+class RoomKeeping(Protocol):
+    """Room kept for starved waiters, as reserving asks for it (the claim groups' room keeps it,
+    `groups/group_binding.py`): the nodes kept from this claim, a single claim's bounded wait, and its end."""
+
+    def kept_nodes(self, *, but: str = "") -> dict[str, str]: ...
+
+    def single_waits(self, claim: ElasticGPUClaim, decision: binder.Provision) -> str: ...
+
+    def done_waiting(self, waiter: str) -> None: ...
+
+
+def _waiter(claim: ElasticGPUClaim) -> str:
+    return kept_room.single_waiter(claim.metadata.namespace or "", claim.metadata.name or "")
+
+
 class Reserver:
     """Plans and commits a claim's reservation (see the module docstring)."""
 
     def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, status: ClaimStatus, commit: Commit,
-                 elastic_gpus: ElasticGPUSync, groups: GroupBinding, preempter: Preempter,
+                 elastic_gpus: ElasticGPUSync, groups: RoomKeeping, preempter: Preempting,
                  settings: ControllerSettings) -> None:
         """`status`: the claim's status writes (why it waits); `groups`: the nodes kept for starved
         waiters; `preempter`: tried where the claim fits nowhere."""
@@ -61,7 +94,7 @@ class Reserver:
             topology=decision.topology,
         )
         ledger = self.picture.ledger
-        kept = self.groups.kept_nodes(but=group_binding.single_waiter(claim))
+        kept = self.groups.kept_nodes(but=_waiter(claim))
         if kept and not request.nodes:
             # A claim group has waited too long: its nodes are kept from smaller claims (docs/gangs.md).
             with self.picture.lock:
@@ -117,7 +150,7 @@ class Reserver:
             assert result is not None
             try:
                 self.commit.commit(key, result, claim_ref_of(claim))
-                self.groups.done_waiting(group_binding.single_waiter(claim))
+                self.groups.done_waiting(_waiter(claim))
             except QuotaExceeded as err:
                 # Nothing reserved. Quotas are not watched: check again after a while (docs/quota.md).
                 self._quota_refused(claim, err)
@@ -160,7 +193,7 @@ class Reserver:
     def _quota_refused(self, claim: ElasticGPUClaim, err: QuotaExceeded) -> None:
         """A quota had no room (nothing reserved): say so, and look again after a while. Room kept
         for the claim is freed: it could not bind in it (docs/gangs.md)."""
-        self.groups.done_waiting(group_binding.single_waiter(claim))
+        self.groups.done_waiting(_waiter(claim))
         self.status.pending(claim, err.reason, err.message)
         self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
                        delay_s=self.settings.quota.recheck_s, recheck=True)

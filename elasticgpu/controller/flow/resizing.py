@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 from elasticgpu.allocator import Placement, resize
-from elasticgpu.api import GPU, ElasticGPU, ElasticGPUClaim, ElasticGPUClass, GPUAllocation, names, timestamps
+from elasticgpu.api import GPU, ElasticGPU, ElasticGPUClaim, GPUAllocation, timestamps
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder
+from elasticgpu.controller.decisions import binder, bound_class
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.commit import Commit
 from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
@@ -31,22 +30,6 @@ from elasticgpu.controller.settings import ControllerSettings
 logger = logging.getLogger(__name__)
 
 _RESIZE_CONDITIONS = (resize.CONDITION_RESIZING, resize.CONDITION_PENDING)
-
-
-def class_of(claim: ElasticGPUClaim, egpu: ElasticGPU,
-             classes: Mapping[str, ElasticGPUClass]) -> ElasticGPUClass | None:
-    """The class the claim was bound under: its own, else its ElasticGPU's."""
-    name = claim.spec.class_name or egpu.spec.elastic_gpu_class_name
-    return classes.get(name) if name else None
-
-
-def resizable(claim: ElasticGPUClaim, egpu: ElasticGPU, classes: Mapping[str, ElasticGPUClass]) -> bool:
-    """True when the claim's requests may change: its class sets `allowClaimResize` and its
-    ElasticGPU was provisioned for it (named from its uid). A static ElasticGPU an admin made is
-    never resized by a claim, as a pre-provisioned PV is not expanded by its claim."""
-    klass = class_of(claim, egpu, classes)
-    dynamic = egpu.metadata.name == names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
-    return klass is not None and klass.allow_claim_resize and dynamic
 
 
 def _condition(type_: str, status: str, reason: str, message: str, previous: list[Any]) -> Body:
@@ -79,7 +62,7 @@ class Resizer:
                 egpu = self.picture.egpu(egpu_name)
                 if claim is None or egpu is None or not binder.is_bound(claim):
                     return
-                want = resizable(claim, egpu, self.picture.view().classes)
+                want = bound_class.resizable(claim, egpu, self.picture.view().classes)
                 ledger = self.picture.ledger
                 held = [(g, a) for g in ledger.gpus_holding(egpu_name)
                         if (a := ledger.allocation(g, egpu_name)) is not None]
