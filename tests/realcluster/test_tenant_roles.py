@@ -176,6 +176,7 @@ def test_the_built_in_roles_grant_claims_as_they_grant_pvcs_and_nothing_the_prod
                 expect(role, verb, resource, None, False)
         for verb in ("update", "patch"):
             expect(role, verb, "namespaces", None, False, group="")  # fair-share weight, node-gpu-access
+            expect(role, verb, "nodes", None, False, group="")  # labels, taints: WaitForFirstConsumer placement
             expect(role, verb, "pods/status", ns, False, group="")  # the ClaimsReady condition
         # Cluster-scoped reads need a cluster-wide binding: a RoleBinding of view gives none.
         for resource in ("gpus", "elasticgpus"):
