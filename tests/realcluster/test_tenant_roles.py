@@ -98,6 +98,11 @@ def tenants(kube_cluster: TestCluster, api_client: client.ApiClient, crds_instal
         while not _aggregated(api_client):
             assert time.monotonic() < deadline, "the built-in edit/view never took in deploy/user-roles.yaml"
             time.sleep(0.5)
+        # A real API server refuses pods until the namespace's "default" ServiceAccount exists.
+        for ns in spaces:
+            while not core.list_namespaced_service_account(ns, field_selector="metadata.name=default").items:
+                assert time.monotonic() < deadline, f"no default ServiceAccount in {ns}"
+                time.sleep(0.2)
 
         def api_of(ns: str, account: str) -> client.ApiClient:
             directory = home / ns
@@ -446,8 +451,8 @@ def test_a_quota_the_tenant_cannot_write_holds_its_claims(api_client: client.Api
     assert answer.status == 201, answer.body
     try:
         world.claim(b, "within", klass, 30)
-        world.claim(b, "over", klass, 30)
         world.until(lambda: world.phase(b, "within") == "Bound", "the claim within the quota")
+        world.claim(b, "over", klass, 30)
         world.until(lambda: (world.get(b, "over").get("status") or {}).get("reason") == "QuotaExceeded",
                     "the claim over the quota held")  # fmt: skip
         assert world.phase(b, "over") == "Pending"
@@ -459,6 +464,8 @@ def _pod(name: str, annotations: dict[str, str]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": {names.LABEL_USES_CLAIMS: "true"}, "annotations": annotations},
             "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}],
+                     # The test's Nodes have no kubelet: the node lifecycle controller taints them.
+                     "tolerations": [{"operator": "Exists"}],
                      "schedulingGates": [{"name": names.SCHEDULING_GATE}]}}  # fmt: skip
 
 
@@ -485,9 +492,10 @@ def test_a_pods_claim_keys_reach_only_its_namespace_and_cannot_change(
         assert answer.status == 201, answer.body
     world.until(lambda: all(_claims_ready(api_client, b, p).get("status") == "False" for p in ("by-name", "by-path")),
                 "both pods told why they wait")  # fmt: skip
-    for pod in ("by-name", "by-path"):
+    for pod, reason in (("by-name", "ClaimNotFound"), ("by-path", "InvalidClaimAnnotations")):
         gates = client.CoreV1Api(api_client).read_namespaced_pod(pod, b).spec.scheduling_gates or []
         assert [g.name for g in gates] == [names.SCHEDULING_GATE], (pod, _claims_ready(api_client, b, pod))
+        assert _claims_ready(api_client, b, pod)["reason"] == reason, _claims_ready(api_client, b, pod)
     assert world.get(a, "theirs")["status"].get("users") in (None, []), world.get(a, "theirs")["status"]
     changes = {
         "claim annotation": {"metadata": {"annotations": {names.claim_annotation("main"): "other"}}},
