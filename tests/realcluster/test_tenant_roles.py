@@ -416,7 +416,9 @@ def test_a_group_label_shields_no_claim_from_preemption(world: World) -> None:
     world.claim(b, "shielded-2", low, 100, **{names.LABEL_GROUP: "g"})
     world.until(lambda: world.phase(b, "shielded") == "Bound" == world.phase(b, "shielded-2"), "the group Bound")
     world.claim(a, "urgent", high, 100)
-    world.until(lambda: world.phase(a, "urgent") == "Bound", "the preemptor Bound past a labelled claim")
+    # Without a shield the victims go in seconds (no pods to evict); 30 s keeps a failure short.
+    world.until(lambda: world.phase(a, "urgent") == "Bound", "the preemptor Bound past a labelled claim",
+                timeout_s=30)
 
 
 def test_naming_another_namespaces_elasticgpu_binds_nothing(world: World) -> None:
@@ -524,6 +526,9 @@ def test_a_selected_node_annotation_picks_no_node_the_claims_class_rules_out(
     assert answer.status == 201, answer.body
     world.until(lambda: world.phase(b, "later") == "Bound", "the claim Bound where its class allows")
     assert world.get(b, "later")["status"]["nodeName"] == allowed
+    # The tenant's value was read and forgotten, not followed.
+    pod = client.CoreV1Api(api_client).read_namespaced_pod("chooser", b)
+    assert (pod.metadata.annotations or {}).get(names.ANNOTATION_SELECTED_NODE) != ruled_out, pod.metadata.annotations
 
 
 def test_an_edit_tenant_cannot_label_its_namespace_for_node_gpus_or_weigh_its_share(tenants: Tenants) -> None:
