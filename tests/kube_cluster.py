@@ -120,7 +120,15 @@ def kube_request(
     hdrs = {"Accept": "application/json", **dict(api.default_headers), **(headers or {})}
     if getattr(cfg, "refresh_api_key_hook", None) is not None:
         cfg.refresh_api_key_hook(cfg)
-    auth = cfg.get_api_key_with_prefix("authorization") if hasattr(cfg, "get_api_key_with_prefix") else None
+    # A kubeconfig's token: the client keeps it under "BearerToken" (v35+) or "authorization" (older);
+    # auth_settings() gives the header either way. Without it a token user's request went out
+    # anonymous (a 403 for the wrong user).
+    auth = None
+    if hasattr(cfg, "auth_settings"):
+        auth = next((s["value"] for s in cfg.auth_settings().values() if s.get("in") == "header" and s.get("value")),
+                    None)  # fmt: skip
+    if auth is None and hasattr(cfg, "get_api_key_with_prefix"):
+        auth = cfg.get_api_key_with_prefix("authorization")
     if auth:
         hdrs.setdefault("Authorization", auth)
     data = body

@@ -264,6 +264,36 @@ def test_the_default_class_is_a_switch() -> None:
     assert not [doc for doc in _objects({"defaultClass": {"enabled": False}}) if doc["kind"] == "ElasticGPUClass"]
 
 
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
+
+
+def _granted(role: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(resource, verb) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def test_claims_are_aggregated_into_edit_and_reads_into_view_and_nothing_else_is_written() -> None:
+    """Issue 33 item 2: the built-in roles take in the claims as they take in PVCs; a tenant never gets
+    the status subresource or a write of the platform's kinds (docs/security.md); both are switches."""
+    objects = _objects()
+    view, edit = _one(objects, "ClusterRole", "elasticgpu-view"), _one(objects, "ClusterRole", "elasticgpu-edit")
+    assert {k for k, v in view["metadata"]["labels"].items() if v == "true"} == {
+        f"{AGGREGATE}view", f"{AGGREGATE}edit", f"{AGGREGATE}admin"}
+    assert {k for k, v in edit["metadata"]["labels"].items() if v == "true"} == {
+        f"{AGGREGATE}edit", f"{AGGREGATE}admin"}
+    assert {verb for _, verb in _granted(view)} == {"get", "list", "watch"}
+    assert {r for r, _ in _granted(view)} >= {"elasticgpuclaims", "elasticgpuclasses", "elasticgpuquotas", "gpus"}
+    assert _granted(edit) == {("elasticgpuclaims", v) for v in ("create", "update", "patch", "delete",
+                                                                "deletecollection")}
+    assert all(rule["apiGroups"] == ["elasticgpu.io"] for role in (view, edit) for rule in role["rules"])
+    reader = _one(objects, "ClusterRoleBinding", "elasticgpu-class-reader")
+    assert [s["name"] for s in reader["subjects"]] == ["system:authenticated"]
+    assert _granted(_one(objects, "ClusterRole", "elasticgpu-class-reader")) == {
+        ("elasticgpuclasses", v) for v in ("get", "list", "watch")}
+    off = _objects({"rbac": {"aggregateToDefaultRoles": False, "classesReadableByAll": False}})
+    assert not [d for d in off if d["metadata"]["name"].startswith(("elasticgpu-view", "elasticgpu-edit",
+                                                                    "elasticgpu-class-reader"))]
+
+
 def test_image_namespace_and_replicas_come_from_the_values() -> None:
     values = {
         "image": {"repository": "registry.example/egpu", "tag": "9.9.9", "pullPolicy": "Always"},
@@ -285,7 +315,8 @@ def test_image_namespace_and_replicas_come_from_the_values() -> None:
         "MutatingWebhookConfiguration",
     }
     assert {doc["metadata"].get("namespace") for doc in objects if doc["kind"] not in cluster_scoped} == {"gpu-infra"}
-    subjects = [s for doc in objects if doc["kind"] in ("RoleBinding", "ClusterRoleBinding") for s in doc["subjects"]]
+    subjects = [s for doc in objects if doc["kind"] in ("RoleBinding", "ClusterRoleBinding") for s in doc["subjects"]
+                if s["kind"] == "ServiceAccount"]  # the class reader's Group (system:authenticated) has none
     assert {s["namespace"] for s in subjects} == {"gpu-infra"}
     # The policies judge the agent's ServiceAccount of that namespace.
     policies = [
