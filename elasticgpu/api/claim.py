@@ -200,6 +200,12 @@ class ElasticGPUClaimStatus(KubeModel):
         default_factory=list, max_length=1,
         description="The pod the claim serves, written by the controller before it lets the pod start.",
     )
+    allow_privileged: bool | None = Field(
+        default=None,
+        description="True when privileged containers may use the claim (its class sets allowPrivileged: they see"
+        " every card of their node); written by the controller from the class, read by the node agent. Absent:"
+        " the agent refuses a privileged container that uses the claim.",
+    )
     policing: Policing | None = Field(
         default=None,
         description="What the node agent does when the claim uses more GPU memory than it reserved: the class's"
