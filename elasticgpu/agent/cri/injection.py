@@ -68,7 +68,8 @@ CDI_KIND = "elasticgpu.io/gpu"
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CDI_ANNOTATION_KEY = f"{CDI_ANNOTATION_PREFIX}elasticgpu"
 CLAIM_ANNOTATION = "elasticgpu.io/claim"
-_OURS_ANNOTATIONS = (CLAIM_ANNOTATION, MIG_ANNOTATION, isolation.ANNOTATION_MODE, isolation.ANNOTATION_CARDS)
+_OURS_ANNOTATIONS = (CLAIM_ANNOTATION, MIG_ANNOTATION, isolation.ANNOTATION_MODE, isolation.ANNOTATION_CARDS,
+                     isolation.ANNOTATION_MPS_USER)
 """Annotations only the agent may put on a container (which claim, which MIG instance, what isolates it)."""
 """Set on a container that got a claim: `<namespace>/<name>` (usage accounting reads it back)."""
 
@@ -278,6 +279,7 @@ class ContainerRequest:
     cdi_devices: Sequence[str]
     annotations: Mapping[str, str]
     privileged: bool = False  # linux.security_context.privileged
+    run_as_user: int | None = None  # linux.security_context.run_as_user when the pod sets it (None: the image's user)
     pod_labels: Mapping[str, str] = field(default_factory=dict)  # the sandbox's labels: the pod's and kubelet's
 
 
@@ -308,12 +310,12 @@ def _our_env(key: str) -> bool:
     return key in exact or key.startswith((ENV_HAMI_MEMORY_PREFIX, ENV_HAMI_SM))
 
 
-def slice_of(claim: ClaimInfo, pod: PodRef, container: str) -> isolation.Slice | None:
+def slice_of(claim: ClaimInfo, pod: PodRef, container: str, *, user: int | None = None) -> isolation.Slice | None:
     """The container of a slice claim as the isolation modes see it; None for whole cards (no mode applies)."""
     if claim.whole_cards:
         return None
     return isolation.Slice(claim=f"{claim.namespace}/{claim.name}", uuids=claim.gpus, cores=claim.cores,
-                           memory_mib=claim.memory_mib, pod_uid=pod.uid, container=container)
+                           memory_mib=claim.memory_mib, pod_uid=pod.uid, container=container, user=user)
 
 
 def unavailable(request: ContainerRequest, claim: ClaimInfo, error: isolation.Unavailable) -> hooks.Refused:
@@ -438,7 +440,7 @@ def decide(
     annotations[CLAIM_ANNOTATION] = f"{claim.namespace}/{claim.name}"
     envs.append((ENV_VISIBLE_DEVICES, ",".join(card.uuid for card in cards)))
     mounts: tuple[isolation.Mount, ...] = ()
-    if (slice_ := slice_of(claim, request.pod, request.container)) is not None:
+    if (slice_ := slice_of(claim, request.pod, request.container, user=request.run_as_user)) is not None:
         # A slice: its claim's isolation mode says how its size is enforced (isolation/, one room per
         # mode). Device ordinals are the container's: 0..n-1 in our order.
         try:

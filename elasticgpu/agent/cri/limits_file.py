@@ -197,12 +197,12 @@ def _sync(files: LimitsFiles | None, ledger: LedgerStore, rows: Sequence[Allocat
           objects: Mapping[str, Mapping[str, Any]]) -> bool:
     sizes = enforced_sizes(rows, objects)
     if files is None:
-        stale = {row.id: sizes[key] for row in rows
-                 if (wanted := sizes.get(key := (row.claim_namespace, row.claim_name))) is not None
-                 and row.requested != wanted.as_tuple()}
+        asked = {row.id: size for row in rows
+                 if (size := sizes.get((row.claim_namespace, row.claim_name))) is not None
+                 and row.requested != size.as_tuple()}
         changed = 0
-        for size in set(stale.values()):
-            ids = [row_id for row_id, wanted in stale.items() if wanted == size]
+        for size in set(asked.values()):
+            ids = [row_id for row_id, wanted in asked.items() if wanted == size]
             changed += ledger.record_limits(ids, requested=size.as_tuple(), applied=None)
         return changed > 0
     files.requested = sizes
