@@ -29,6 +29,8 @@ the allocation's `limit`, else its cores and memory; recorded in the ledger), th
 container of the claim on that card was created with the file mounted. A container created without
 it (before this feature, or when the file could not be written) keeps the size it started with
 until it restarts: the entry then has no `applied`, and the controller keeps the resize pending.
+Without limits files the pass still records the size each allocation asks now in the ledger: it is
+the size usage, policing and the metrics judge a claim by (`Allocation.size_now`, issue 33.5).
 """
 
 from __future__ import annotations
@@ -141,12 +143,14 @@ class RunningClaimsPublisher:
         """Write every card whose published list differs from the ledger's; returns how many were written."""
         objects = self._objects()
         rows = None
-        if self.limits is not None:
-            try:
-                rows = limits_file.sync(self.limits, self._ledger, objects)
-            except Exception as e:  # runningClaims keep reservations safe: publish them all the same
-                logger.warning("keeping the limits files under %s failed (%s); the next pass retries",
-                               self.limits.directory, e, exc_info=not isinstance(e, (OSError, errors.AgentError)))
+        try:
+            # Also without limits files: the ledger records the size each claim's allocation asks now, the size
+            # usage and policing judge its containers by (issue 33.5).
+            rows = limits_file.sync(self.limits, self._ledger, objects)
+        except Exception as e:  # runningClaims keep reservations safe: publish them all the same
+            where = self.limits.directory if self.limits is not None else "the ledger"
+            logger.warning("keeping the claims' sizes in %s failed (%s); the next pass retries", where, e,
+                           exc_info=not isinstance(e, (OSError, errors.AgentError)))
         if rows is None:
             rows = self._ledger.open_allocations()
         wanted = running_claims(self._holding(rows))

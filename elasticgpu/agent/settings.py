@@ -207,10 +207,14 @@ class CriSettings:
     nvidia_ctk: str = "/usr/bin/nvidia-ctk"
     """nvidia-ctk on the node: when present, the spec runs its `update-ldcache` hook (images whose loader does not
     search the library folder by default find the driver too); empty: never."""
-    refuse_privileged: bool = True
-    """Refuse a privileged container whose pod uses no claim, on a node with cards (privileged, it sees every card);
-    its pod gets a Warning Event saying what to do. Namespaces labelled elasticgpu.io/node-gpu-access=true and
-    those of privileged_namespaces pass."""
+    refuse_privileged: bool = False
+    """Refuse a privileged container whose pod uses no claim, on a node with cards (an admin's opt-in; its pod gets a
+    Warning Event saying what to do). Off by default: a privileged container is root on its node and no hook confines
+    it (Pod Security Admission decides who may run one), while a refusal breaks the node's own DaemonSets (CNI, CSI,
+    the GPU Operator's) outside the exempt namespaces. Its GPU use is reported as unattributed processes either way.
+    When on, namespaces labelled elasticgpu.io/node-gpu-access=true, privileged_namespaces and privileged_pods pass.
+    A privileged container WITH a claim is refused whatever this says, unless the claim's class allows it
+    (allowPrivileged)."""
     privileged_namespaces: str = "kube-system"
     """Comma-separated namespaces whose privileged containers pass without a claim (kube-proxy and CNI agents run
     privileged in kube-system, where only cluster admins create pods)."""

@@ -158,9 +158,12 @@ def attribute(
     claims: dict[tuple[str, str], ClaimUsage] = {}
     for allocation in by_container.values():
         key = (allocation.claim_namespace, allocation.claim_name)
-        entry = claims.setdefault(key, ClaimUsage(key[0], key[1], allocation.memory_mib))
-        entry.reserved_mib = max(entry.reserved_mib, allocation.memory_mib)
-        entry.reserved_cores = max(entry.reserved_cores, allocation.cores)
+        # The size the claim holds now (a resize in place changes it), not the size at the container's creation:
+        # usage, policing and the metrics all judge by it (issue 33.5).
+        cores, memory_mib = allocation.size_now
+        entry = claims.setdefault(key, ClaimUsage(key[0], key[1], memory_mib))
+        entry.reserved_mib = max(entry.reserved_mib, memory_mib)
+        entry.reserved_cores = max(entry.reserved_cores, cores)
     rows: list[tuple[ProcessUsage, Allocation | None, str | None]] = []
     for process in processes:
         container = container_of(process.pid)

@@ -230,6 +230,12 @@ class ElasticGPUClaimStatus(KubeModel):
         default=None,
         description="namespace/name of the claim preempting this one; written by the controller (docs/preemption.md).",
     )
+    allow_privileged: bool | None = Field(
+        default=None,
+        description="True when privileged containers may use the claim (its class sets allowPrivileged: they see"
+        " every card of their node); written by the controller from the class, read by the node agent. Absent:"
+        " the agent refuses a privileged container that uses the claim.",
+    )
     policing: Policing | None = Field(
         default=None,
         description="What the node agent does when the claim uses more GPU memory than it reserved: the class's"

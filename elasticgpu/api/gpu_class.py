@@ -269,6 +269,14 @@ class ElasticGPUClass(KubeModel):
         description="True: the requests of a Bound slice claim of this class may change (resized in place on its"
         " card, like StorageClass allowVolumeExpansion).",
     )
+    allow_privileged: bool = Field(
+        default=False,
+        description="True: privileged containers may use the class's claims. A privileged container gets every"
+        " device of its node, so it sees every card there, the cards of other claims included, not only its"
+        " claim's: allow it only for classes whose claims serve trusted node-level workloads. False (default): the"
+        " node agent refuses a privileged container that uses a claim of the class. Copied to the claim's"
+        " status.allowPrivileged on bind, where the agent reads it (docs/isolation.md).",
+    )
     bind_order: BindOrder = Field(
         default="FIFO",
         description="Order in which Pending claims of this class are bound when capacity frees: FIFO (oldest first,"

@@ -54,3 +54,24 @@ def test_a_class_that_says_nothing_gives_warn_after_60_s(cluster: Cluster, kube:
     controller = new_controller(kube, cluster.namespace)
     settle(controller)
     assert cluster.get_claim("c")["status"]["policing"] == {"overLimitAction": "Warn", "overLimitGraceSeconds": 60}
+
+
+def test_allow_privileged_reaches_the_claim_status_only_from_the_class(cluster: Cluster, kube: KubeApi) -> None:
+    """Issue 33.4: the agent lets a privileged container use a claim only when the claim's status (which only the
+    controller writes) says allowPrivileged, copied from the class on bind and kept true to it."""
+    class_name = _setup(cluster, allowPrivileged=True)
+    plain = f"{cluster.prefix}-plain"
+    cluster.klass({**o.klass(plain, parameters={"gpuModel": f"T{cluster.prefix}"})})
+    cluster.claim(o.claim("c", cores=30, memory="10Gi", class_name=class_name))
+    cluster.claim(o.claim("d", cores=30, memory="10Gi", class_name=plain))
+    controller = new_controller(kube, cluster.namespace)
+    settle(controller)
+    assert cluster.get_claim("c")["status"]["allowPrivileged"] is True
+    assert "allowPrivileged" not in cluster.get_claim("d")["status"]
+
+    # The admin withdraws it: the Bound claim follows at its next sync.
+    _edit_class(kube, class_name, {"allowPrivileged": False})
+    settle(controller)
+    controller.resync(relist=False)
+    settle(controller)
+    assert "allowPrivileged" not in cluster.get_claim("c")["status"]

@@ -57,6 +57,8 @@ from elasticgpu.agent.ledger import store
 
 log = logging.getLogger(__name__)
 
+ISOLATION_WARNING_REASON = "IsolationWarning"
+"""The Warning Event of a container its isolation mode serves less well than the pod expects (MPS: other uids)."""
 # Codes with which a call can end before the runtime's answer: the container may exist.
 _UNANSWERED = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE})
 
@@ -82,6 +84,8 @@ def container_request(request: Any) -> injection.ContainerRequest:
         cdi_devices=[device.name for device in config.CDI_devices],
         annotations=dict(config.annotations),
         privileged=config.linux.security_context.privileged,
+        run_as_user=(config.linux.security_context.run_as_user.value
+                     if config.linux.security_context.HasField("run_as_user") else None),
         pod_labels=dict(labels),  # kubelet copies the pod's labels into the sandbox's
     )
 
@@ -220,12 +224,15 @@ class ClaimHooks:
     def _prepare_isolation(self, plain: injection.ContainerRequest, claim: injection.ClaimInfo) -> None:
         """The node-side work of the claim's isolation mode (MPS: its card's daemon runs), before the row
         is recorded: a mode that cannot serve refuses the container with nothing to undo."""
-        if (slice_ := injection.slice_of(claim, plain.pod, plain.container)) is None:
+        if (slice_ := injection.slice_of(claim, plain.pod, plain.container, user=plain.run_as_user)) is None:
             return
         try:
-            self.rooms.room(claim.isolation).prepare(slice_)
+            warning = self.rooms.room(claim.isolation).prepare(slice_)
         except isolation.Unavailable as e:
             raise injection.unavailable(plain, claim, e) from e
+        if warning is not None:  # the container starts; its pod says why it may wait (e.g. MPS of two uids)
+            log.warning("pod %s: %s", plain.pod, warning)
+            self._view.warn(plain.pod, ISOLATION_WARNING_REASON, f"pod {plain.pod}: {warning}")
 
     def _sync_isolation(self, containers: Sequence[Any] | None = None) -> None:
         """Tell the isolation modes which containers the runtime has (they undo what none needs)."""

@@ -139,6 +139,9 @@ def claim_info(claim: dict[str, Any], egpu: dict[str, Any] | None) -> injection.
         # What enforces a slice's size, from its class on bind (absent on claims bound before issue 25: None).
         isolation=str(status.get("isolation") or "None"),
         nics=nics,
+        # From its class on bind, in the claim's status: only the controller writes it (the status subresource),
+        # never the tenant who owns the claim's spec and annotations (issue 33.4). Only a Bound claim's counts.
+        allow_privileged=phase == "Bound" and status.get(injection.ALLOW_PRIVILEGED_FIELD) is True,
     )
 
 

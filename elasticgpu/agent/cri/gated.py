@@ -7,11 +7,12 @@ API client (starting.py), because kubelet reaches the runtime of every pod throu
                  is open; before, `not_ready_reason` names what is missing (a claim container is
                  refused with it, retryable), `node_gpu_access` cannot tell (None) and
                  `has_cards` is unknown (None), so a container without a claim starts as always
-                 (with NVIDIA_VISIBLE_DEVICES=void) and a privileged one is refused, retryably,
-                 as on a node with cards, until discovery has run (issue 23.6): the node's own
-                 privileged GPU pods (the driver's, which NVML may be waiting for) pass in
-                 kube-system or a namespace labelled elasticgpu.io/node-gpu-access, once the
-                 API client can read the label.
+                 (with NVIDIA_VISIBLE_DEVICES=void); where the admin turned the refusal of
+                 privileged containers on (--refuse-privileged), a privileged one is refused,
+                 retryably, as on a node with cards, until discovery has run (issue 23.6): the
+                 node's own privileged GPU pods (the driver's, which NVML may be waiting for)
+                 pass in kube-system or a namespace labelled elasticgpu.io/node-gpu-access, once
+                 the API client can read the label.
     GatedHooks   hooks.ContainerHooks: `claim_hooks.ClaimHooks` on the ledger once it is open;
                  before, containers without a claim get injection.decide's edit (no ledger row:
                  they hold nothing), a claim container is refused UNAVAILABLE with what is not

@@ -12,15 +12,19 @@ container's final env, CDI devices and annotations) or `hooks.Refused`.
         deploy/policies/node-gpu-access.yaml)
                                            -> passed through untouched (only the claim annotation,
                                               which only we may set, is removed)
-        privileged, on a node with cards, namespace neither labelled nor in the privileged
-        allow-list (kube-system: kube-proxy, CNI), pod not one of the privileged pods (a namespace
-        and a label: the chart's agent installer)
-                                           -> refused, FAILED_PRECONDITION, and a Warning Event on
+        privileged, the admin turned the refusal on (--refuse-privileged, off by default), on a
+        node with cards, namespace neither labelled nor in the privileged allow-list
+        (kube-system), pod not one of the privileged pods (a namespace and a label: the chart's
+        agent installer)                   -> refused, FAILED_PRECONDITION, and a Warning Event on
                                               the pod: a privileged container sees every card
                                               (UNAVAILABLE while the label cannot be read)
         the same while the node's cards are not known yet (the agent starting, discovery not run)
                                            -> refused, UNAVAILABLE (kubelet retries): until the
                                               agent knows better, the node counts as one with cards
+        privileged, by default             -> as any other below: a privileged container is root on
+           its node and no hook confines it (Pod Security Admission decides who may run one); the
+           node's own DaemonSets (CNI, CSI, the GPU Operator's) run privileged in many namespaces.
+           Its GPU use is reported as unattributed processes (usage.py), never hidden.
         otherwise                          -> our CDI devices and claim annotation stripped,
            NVIDIA_VISIBLE_DEVICES=void (CUDA images set it to `all`; a setting, on by default).
            The claim part of the view is not consulted: such a container passes even while the
@@ -30,6 +34,10 @@ container's final env, CDI devices and annotations) or `hooks.Refused`.
         claim missing / not Bound / bound to another node / of another namespace / serving
         another pod (status.users) / still held by another pod's container on this node (the
         ledger)                            -> refused, FAILED_PRECONDITION, saying what to fix
+        privileged, and the claim's class does not say allowPrivileged (status.allowPrivileged,
+        which only the controller writes)  -> refused, FAILED_PRECONDITION, and a Warning Event:
+           privileged, the container gets every device of the node, other tenants' cards
+           included, so no claim's size holds in it (issue 33.4)
         its cards unknown to the agent     -> refused, UNAVAILABLE (kubelet retries)
         otherwise                          -> CDI devices `elasticgpu.io/gpu=<uuid>` (CDI field,
            and the `cdi.k8s.io/` annotation if asked), NVIDIA_VISIBLE_DEVICES, the claim
@@ -60,7 +68,8 @@ CDI_KIND = "elasticgpu.io/gpu"
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CDI_ANNOTATION_KEY = f"{CDI_ANNOTATION_PREFIX}elasticgpu"
 CLAIM_ANNOTATION = "elasticgpu.io/claim"
-_OURS_ANNOTATIONS = (CLAIM_ANNOTATION, MIG_ANNOTATION, isolation.ANNOTATION_MODE, isolation.ANNOTATION_CARDS)
+_OURS_ANNOTATIONS = (CLAIM_ANNOTATION, MIG_ANNOTATION, isolation.ANNOTATION_MODE, isolation.ANNOTATION_CARDS,
+                     isolation.ANNOTATION_MPS_USER)
 """Annotations only the agent may put on a container (which claim, which MIG instance, what isolates it)."""
 """Set on a container that got a claim: `<namespace>/<name>` (usage accounting reads it back)."""
 
@@ -77,6 +86,11 @@ NODE_GPU_ACCESS_LABEL = "elasticgpu.io/node-gpu-access"
 """A namespace labelled with it ("true") runs its containers without a claim as if the agent were not
 there: the node's own GPU pods. Guarded by the ValidatingAdmissionPolicy deploy/policies/node-gpu-access.yaml."""
 PRIVILEGED_REASON = "PrivilegedWithoutClaim"
+PRIVILEGED_CLAIM_REASON = "PrivilegedWithClaim"
+"""The Warning Event of a privileged container refused its claim (its class does not allow privileged use)."""
+ALLOW_PRIVILEGED_FIELD = "allowPrivileged"
+"""The class field (and the claim's status field the controller copies it into) that lets a claim serve
+privileged containers."""
 
 LABEL_POD_NAME = "io.kubernetes.pod.name"
 LABEL_POD_NAMESPACE = "io.kubernetes.pod.namespace"
@@ -145,9 +159,11 @@ class InjectionSettings:
     """A container without a claim gets NVIDIA_VISIBLE_DEVICES=void, so a CUDA image's `all`
     does not hand it every card through the NVIDIA runtime hook. Off only on a node where
     another device plugin hands out GPUs through that variable."""
-    refuse_privileged: bool = True
-    """Refuse a privileged container without a claim on a node with cards: privileged, it gets
-    every device of the node, every card included, whatever its environment says."""
+    refuse_privileged: bool = False
+    """Refuse a privileged container without a claim on a node with cards (an admin's opt-in). Off
+    by default: a privileged container is root on its node, and refusing it here does not confine
+    it (Pod Security Admission decides who may run one) but breaks the node's own DaemonSets (CNI,
+    CSI, the GPU Operator's) in namespaces outside the allow-list. Its GPU use is reported."""
     privileged_namespaces: tuple[str, ...] = ("kube-system",)
     """Namespaces whose privileged containers pass without a claim or label (kube-proxy, CNI
     agents run privileged there; only cluster admins create pods there)."""
@@ -196,6 +212,9 @@ class ClaimInfo:
     partition: tuple[str, int] | None = None  # status.partition: its MIG instance (profile, start slice)
     isolation: str = "None"  # status.isolation: what enforces a slice's size (None, MPS, HAMiCore, WholeCard)
     nics: tuple[str, ...] = ()  # RDMA NICs of its ElasticGPU (spec.physicalGPU.rdmaNics), given through agent/rdma
+    # status.allowPrivileged: the class lets privileged containers use the claim (copied by the controller on bind;
+    # only it writes claim status). Such a container sees every card of the node, not only the claim's.
+    allow_privileged: bool = False
 
     @property
     def whole_cards(self) -> bool:
@@ -260,6 +279,7 @@ class ContainerRequest:
     cdi_devices: Sequence[str]
     annotations: Mapping[str, str]
     privileged: bool = False  # linux.security_context.privileged
+    run_as_user: int | None = None  # linux.security_context.run_as_user when the pod sets it (None: the image's user)
     pod_labels: Mapping[str, str] = field(default_factory=dict)  # the sandbox's labels: the pod's and kubelet's
 
 
@@ -290,12 +310,12 @@ def _our_env(key: str) -> bool:
     return key in exact or key.startswith((ENV_HAMI_MEMORY_PREFIX, ENV_HAMI_SM))
 
 
-def slice_of(claim: ClaimInfo, pod: PodRef, container: str) -> isolation.Slice | None:
+def slice_of(claim: ClaimInfo, pod: PodRef, container: str, *, user: int | None = None) -> isolation.Slice | None:
     """The container of a slice claim as the isolation modes see it; None for whole cards (no mode applies)."""
     if claim.whole_cards:
         return None
     return isolation.Slice(claim=f"{claim.namespace}/{claim.name}", uuids=claim.gpus, cores=claim.cores,
-                           memory_mib=claim.memory_mib, pod_uid=pod.uid, container=container)
+                           memory_mib=claim.memory_mib, pod_uid=pod.uid, container=container, user=user)
 
 
 def unavailable(request: ContainerRequest, claim: ClaimInfo, error: isolation.Unavailable) -> hooks.Refused:
@@ -403,6 +423,8 @@ def decide(
 
     namespace, name = key
     claim = _checked_claim(request, view, namespace, name, holders)
+    if request.privileged and not claim.allow_privileged:
+        _refuse_privileged_claim(request, view, claim)
     cards = _cards(request, view, claim)
     ours = tuple(cdi_device(card.uuid) for card in cards)
     try:
@@ -418,7 +440,7 @@ def decide(
     annotations[CLAIM_ANNOTATION] = f"{claim.namespace}/{claim.name}"
     envs.append((ENV_VISIBLE_DEVICES, ",".join(card.uuid for card in cards)))
     mounts: tuple[isolation.Mount, ...] = ()
-    if (slice_ := slice_of(claim, request.pod, request.container)) is not None:
+    if (slice_ := slice_of(claim, request.pod, request.container, user=request.run_as_user)) is not None:
         # A slice: its claim's isolation mode says how its size is enforced (isolation/, one room per
         # mode). Device ordinals are the container's: 0..n-1 in our order.
         try:
@@ -472,6 +494,23 @@ def _refuse_privileged(request: ContainerRequest, view: AgentView, access: bool 
         f"included. {_what_to_do(request)}"
     )
     view.warn(pod, PRIVILEGED_REASON, message)
+    raise hooks.Refused(message)
+
+
+def _refuse_privileged_claim(request: ContainerRequest, view: AgentView, claim: ClaimInfo) -> None:
+    """A privileged container gets every device of the node (the runtime adds the host's /dev), the cards
+    of other tenants' claims included: the claim's size cannot hold there, so it is not handed out quietly."""
+    held = (f"{claim.cores}% of a card" if not claim.whole_cards else
+            f"{len(claim.gpus)} whole card{'s' if len(claim.gpus) != 1 else ''}")
+    message = (
+        f"pod {request.pod}, container {request.container!r} is privileged and uses ElasticGPUClaim "
+        f"{claim.namespace}/{claim.name} ({held}): a privileged container gets every device of node "
+        f"{view.node_name}, the cards other claims hold included, so the claim cannot confine it. Drop "
+        "`privileged: true` from the container's securityContext (add only the capabilities it needs), or use a "
+        f"claim of an ElasticGPUClass with {ALLOW_PRIVILEGED_FIELD}: true (a platform admin's choice: its "
+        "privileged containers see every card of their node)"
+    )
+    view.warn(request.pod, PRIVILEGED_CLAIM_REASON, message)
     raise hooks.Refused(message)
 
 

@@ -180,19 +180,31 @@ def enforced_sizes(rows: Sequence[Allocation], objects: Mapping[str, Mapping[str
     return sizes
 
 
-def sync(files: LimitsFiles, ledger: LedgerStore, objects: Mapping[str, Mapping[str, Any]]) -> list[Allocation]:
+def sync(files: LimitsFiles | None, ledger: LedgerStore, objects: Mapping[str, Mapping[str, Any]]) -> list[Allocation]:
     """Make each claim's limits file say the size its GPU objects ask for, record both sizes in the
-    ledger, remove the folders of claims without open rows. Returns the open rows as recorded."""
-    with files.lock:
+    ledger, remove the folders of claims without open rows. Returns the open rows as recorded.
+
+    Without limits files (`--limits-dir ''`) the size asked is recorded all the same: usage and
+    policing judge a container by it (`Allocation.size_now`), whether or not it can reach the container."""
+    with files.lock if files is not None else contextlib.nullcontext():
         rows = ledger.open_allocations()
         if _sync(files, ledger, rows, objects):
             rows = ledger.open_allocations()
     return rows
 
 
-def _sync(files: LimitsFiles, ledger: LedgerStore, rows: Sequence[Allocation],
+def _sync(files: LimitsFiles | None, ledger: LedgerStore, rows: Sequence[Allocation],
           objects: Mapping[str, Mapping[str, Any]]) -> bool:
     sizes = enforced_sizes(rows, objects)
+    if files is None:
+        asked = {row.id: size for row in rows
+                 if (size := sizes.get((row.claim_namespace, row.claim_name))) is not None
+                 and row.requested != size.as_tuple()}
+        changed = 0
+        for size in set(asked.values()):
+            ids = [row_id for row_id, wanted in asked.items() if wanted == size]
+            changed += ledger.record_limits(ids, requested=size.as_tuple(), applied=None)
+        return changed > 0
     files.requested = sizes
     by_claim: dict[tuple[str, str], list[Allocation]] = {}
     for row in rows:

@@ -5,6 +5,7 @@ from elasticgpu.agent.isolation import mps_daemons
 from elasticgpu.agent.isolation.base import (
     ANNOTATION_CARDS,
     ANNOTATION_MODE,
+    ANNOTATION_MPS_USER,
     MODE_HAMI_CORE,
     MODE_MPS,
     MODE_NONE,
@@ -24,6 +25,7 @@ from elasticgpu.agent.isolation.rooms import IsolationRooms
 __all__ = [
     "ANNOTATION_CARDS",
     "ANNOTATION_MODE",
+    "ANNOTATION_MPS_USER",
     "MODE_HAMI_CORE",
     "MODE_MPS",
     "MODE_NONE",

@@ -6,7 +6,8 @@ claim's room (rooms.py picks it from the claim's `status.isolation`) and never b
     problem()                  None when the node can provide the mode now, else why not (names the
                                setting or file to fix); the inventory publishes the modes without one
     prepare(slice_)            the node-side work before the container is created (MPS: its card's
-                               daemon runs); raises `Unavailable` when it cannot be done now
+                               daemon runs, with its ceiling); raises `Unavailable` when it cannot be
+                               done now; returns a warning for the pod (a Warning Event), or None
     contribute(slice_)         pure: the env, mounts and annotations the container gets
     sync(containers)           the runtime's containers (after every removal and reconcile): undo what
                                no container needs any more (MPS: stop a card's daemon; HAMi-core:
@@ -31,6 +32,8 @@ ANNOTATION_MODE = "elasticgpu.io/isolation"
 """Set on a claim container by the agent: the mode that enforces its size (read back by `sync`)."""
 ANNOTATION_CARDS = "elasticgpu.io/isolation-cards"
 """Set on a claim container with a mode: the uuids of its cards, comma-separated (read back by `sync`)."""
+ANNOTATION_MPS_USER = "elasticgpu.io/mps-user"
+"""Set on an MPS container whose pod says its uid (runAsUser): read back by `sync` (MPS runs one server per uid)."""
 
 
 class Unavailable(Exception):
@@ -53,6 +56,7 @@ class Slice:
     memory_mib: int  # MiB of each card's memory (0: no memory limit)
     pod_uid: str
     container: str
+    user: int | None = None  # the uid it runs as when the pod says (securityContext.runAsUser); None: the image's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,8 +96,9 @@ class Room(Protocol):
         """None when the node can provide the mode, else why not."""
         ...
 
-    def prepare(self, slice_: Slice) -> None:
-        """Node-side work before the container is created; raises `Unavailable`."""
+    def prepare(self, slice_: Slice) -> str | None:
+        """Node-side work before the container is created; raises `Unavailable`. Returns a warning for the pod
+        (the container starts all the same), or None."""
         ...
 
     def contribute(self, slice_: Slice) -> Contribution:

@@ -73,7 +73,7 @@ class HamiCoreRoom:
         """The container's own cache folder on the node (names reduced to safe characters: never a path)."""
         return self._state_dir / "cache" / _folder_name(slice_.pod_uid, slice_.container)
 
-    def prepare(self, slice_: base.Slice) -> None:
+    def prepare(self, slice_: base.Slice) -> str | None:
         """The preload file and the container's cache folder exist; `Unavailable` without the library."""
         if (problem := self.problem()) is not None:
             raise base.Unavailable(problem)
@@ -95,6 +95,7 @@ class HamiCoreRoom:
         except OSError as e:
             raise base.Unavailable(f"cannot write HAMi-core's files under {self._state_dir}: {e}",
                                    retryable=True) from e
+        return None
 
     def contribute(self, slice_: base.Slice) -> base.Contribution:
         """The library, the preload file, the container's own cache and the claim's limits."""

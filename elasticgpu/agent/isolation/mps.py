@@ -5,14 +5,19 @@ Each container gets the card's pipe folder mounted at /run/nvidia-mps (CUDA_MPS_
 card's shared-memory tmpfs at /dev/shm (replacing the container's own: the MPS server and its clients
 share POSIX shared memory; the daemon has the same tmpfs as its /dev/shm), and its own limits:
 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (the claim's cores) and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (`0=<MiB>M`:
-device 0 of the container, its one card). The MPS server enforces them for every process of the
-container, children included: they are the driver's limits, not the container's goodwill. They are
-read when a process starts: after a resize, new processes get the new size (from limits.env,
-docs/resize-node.md); running ones keep theirs.
+device 0 of the container, its one card). These are the client's own environment: MPS reads them when a
+process starts, and a process can start a child with other values. So the agent also gives the card's
+control daemon a ceiling (mps_daemons.Ceiling: the largest slice the daemon serves), which MPS obeys
+whatever a client's environment says: with one MPS claim on a card its size holds even against a child
+that rewrites its environment; with several, a client can reach the largest of them, not the whole card.
+Anyone who can write to the pipe folder can talk to the control daemon, which is why MPS is for tenants
+who trust each other (docs/isolation.md). After a resize, new processes get the new size (from
+limits.env, docs/resize-node.md); running ones keep theirs.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
 from elasticgpu.agent.isolation import base, mps_daemons, none
@@ -21,6 +26,7 @@ from elasticgpu.agent.isolation.mps_daemons import MpsDaemons
 CONTAINER_PIPE_DIR = "/run/nvidia-mps"
 """Where a container sees its card's MPS pipe folder (not /tmp/nvidia-mps, which the CDI spec may mount)."""
 ENV_PIPE_DIR = "CUDA_MPS_PIPE_DIRECTORY"
+ANNOTATION_USER = base.ANNOTATION_MPS_USER
 CONTAINER_SHM_DIR = "/dev/shm"
 """Where a container sees its card's shared memory with the MPS server (the daemon's /dev/shm too)."""
 
@@ -34,6 +40,8 @@ class MpsRoom:
         """`control`: the control binary found under the driver root now (None: the node cannot run MPS);
         `control_setting`: where it was looked for, for the message that says so."""
         self.daemons = daemons
+        self._lock = threading.Lock()
+        self._users: dict[str, dict[tuple[str, str], int]] = {}  # card -> (pod uid, container) -> uid it runs as
         self._control = control
         self._control_setting = control_setting
 
@@ -43,16 +51,42 @@ class MpsRoom:
             return f"the driver's nvidia-cuda-mps-control is not installed ({self._control_setting})"
         return self.daemons.problem()
 
-    def prepare(self, slice_: base.Slice) -> None:
-        """The daemon of the claim's card runs; `Unavailable` (retryable) when it cannot start."""
+    def prepare(self, slice_: base.Slice) -> str | None:
+        """The daemon of the claim's card runs, with its ceiling; `Unavailable` (retryable) when it cannot start.
+        Returns a warning when the container runs as another uid than the card's other MPS containers."""
         if (problem := self.problem()) is not None:
             raise base.Unavailable(problem)
         for uuid in slice_.uuids:
             try:
-                self.daemons.ensure(uuid)
+                # The daemon's own ceiling (issue 33.7): what the client's environment says, a child can change.
+                self.daemons.ensure(uuid, mps_daemons.Ceiling.of(slice_.cores, slice_.memory_mib))
             except RuntimeError as e:  # NeedsAdmin: it will not pass by itself
                 raise base.Unavailable(f"the MPS control daemon of card {uuid} does not start: {e}",
                                        retryable=not isinstance(e, mps_daemons.NeedsAdmin)) from e
+        return self._other_users(slice_)
+
+    def _other_users(self, slice_: base.Slice) -> str | None:
+        """MPS runs one server per uid on a card: a client of another uid waits until every client of the running
+        server has finished (NVIDIA's MPS documentation), so pods of one card that run as different users take
+        turns instead of sharing. Warned, not refused: a refusal would let whoever came first lock the card for
+        its uid; a uid the pod does not set (the image's) cannot be known here and is not compared."""
+        uuid = slice_.uuids[0].lower()
+        me = (slice_.pod_uid, slice_.container)
+        with self._lock:
+            users = self._users.setdefault(uuid, {})
+            if slice_.user is None:
+                users.pop(me, None)
+                return None
+            users[me] = slice_.user
+            others = sorted({user for key, user in users.items() if key != me and user != slice_.user})
+        if not others:
+            return None
+        return (f"container {slice_.container!r} of ElasticGPUClaim {slice_.claim} runs as uid {slice_.user}, but"
+                f" other MPS containers of card {slice_.uuids[0]} run as uid {', '.join(map(str, others))}: MPS"
+                " serves one uid at a time per card, so these pods take turns on the card instead of sharing it (a"
+                " client waits until the other uid's clients finish). Run the class's pods as one uid"
+                " (securityContext.runAsUser), or use"
+                " a class with isolation HAMiCore or partitioning MIG")
 
     def contribute(self, slice_: base.Slice) -> base.Contribution:
         """The pipe folder and shared memory of the card, and the claim's per-client limits."""
@@ -63,11 +97,21 @@ class MpsRoom:
                                readonly=False),  # clients write to the pipes
                     base.Mount(host_path=str(self.daemons.shm_dir(uuid)), container_path=CONTAINER_SHM_DIR,
                                readonly=False)),  # and create shared memory with the server
-            annotations=base.marked(self.mode, slice_),
+            annotations={**base.marked(self.mode, slice_),
+                         **({ANNOTATION_USER: str(slice_.user)} if slice_.user is not None else {})},
         )
 
     def sync(self, containers: Sequence[base.RunningContainer]) -> None:
-        """Stop the daemons of cards no MPS container uses."""
+        """Stop the daemons of cards no MPS container uses; keep the uids of those that run."""
+        users: dict[str, dict[tuple[str, str], int]] = {}
+        for container in containers:
+            said = container.annotations
+            if said.get(base.ANNOTATION_MODE) != self.mode or not said.get(ANNOTATION_USER, "").isdigit():
+                continue
+            for uuid in (u.strip().lower() for u in said.get(base.ANNOTATION_CARDS, "").split(",") if u.strip()):
+                users.setdefault(uuid, {})[(container.pod_uid, container.name)] = int(said[ANNOTATION_USER])
+        with self._lock:
+            self._users = users
         self.daemons.release_except(base.cards_in_use(self.mode, containers))
 
     def close(self) -> None:

@@ -26,6 +26,19 @@
     stop        once no container of an MPS claim uses the card (`release_except`, from the
                 runtime's containers): `echo quit | nvidia-cuda-mps-control` with the same env and
                 namespace, then SIGKILL after `stop_timeout_s`; then the shm folder is unmounted
+    ceiling     the daemon side of the limits (issue 33.7). A client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+                and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT are its own environment: a process can start a
+                child with other values. MPS obeys the lower of the client's value and the control
+                daemon's, so the agent sets the daemon's to the card's ceiling, the largest slice of an
+                MPS claim the daemon has served since it started (a memory-only slice: no compute
+                ceiling; a slice without memory: none for memory): `set_default_active_thread_percentage`
+                and `set_default_device_pinned_mem_limit 0 <MiB>M` for servers spawned later, and per
+                running server (`get_server_list`) `set_active_thread_percentage <pid>` and
+                `set_device_pinned_mem_limit <pid> 0 <MiB>M`. Sent after every start (MPS forgets them
+                on `quit`) and whenever a larger slice comes. With one MPS claim on the card, its size
+                holds against a child that rewrites its environment; with several, a client can reach
+                the largest claim's size, never the whole card. Anyone who can write to the pipe
+                folder can also send these commands, `quit` included: see docs/isolation.md.
 
 Processes are started with `start_new_session` (no preexec_fn: the agent has loaded grpc, whose
 threads make a fork with Python code before exec unsafe; the namespace is made by the `unshare` the
@@ -85,6 +98,42 @@ class DaemonSettings:
     64 MiB for its daemons); bounds the node memory the card's MPS clients can pin there."""
 
 
+@dataclass(frozen=True, order=True)
+class Ceiling:
+    """The most one MPS client of a card may use: percent of its compute (100: no ceiling) and MiB of its memory
+    (0: no ceiling)."""
+
+    cores: int = 100
+    memory_mib: int = 0
+
+    @classmethod
+    def of(cls, cores: int, memory_mib: int) -> Ceiling:
+        """The ceiling of one slice: a memory-only slice (0 cores) has no compute ceiling, a slice without memory
+        (0 MiB) no memory ceiling."""
+        return cls(cores if 0 < cores < 100 else 100, max(memory_mib, 0))
+
+    def covering(self, other: Ceiling) -> Ceiling:
+        """The ceiling that lets through what either does (a dimension without a ceiling in either has none)."""
+        return Ceiling(max(self.cores, other.cores),
+                       0 if 0 in (self.memory_mib, other.memory_mib) else max(self.memory_mib, other.memory_mib))
+
+    def commands(self, servers: Iterable[int] = ()) -> list[str]:
+        """The control commands that put this ceiling on the daemon: its defaults for servers spawned later, and
+        each running server's own (MPS v2 interface; device 0: the daemon sees only its card)."""
+        found = []
+        if self.cores < 100:
+            found.append(f"set_default_active_thread_percentage {self.cores}")
+        if self.memory_mib > 0:
+            found.append(f"set_default_device_pinned_mem_limit 0 {self.memory_mib}M")
+        for server in servers:
+            if self.cores < 100:
+                found.append(f"set_active_thread_percentage {server} {self.cores}")
+            if self.memory_mib > 0:
+                found.append(f"set_device_pinned_mem_limit {server} 0 {self.memory_mib}M")
+        return found
+
+
+
 class NeedsAdmin(RuntimeError):
     """A daemon cannot start until the node's admin acts (a tool missing, a tmpfs that cannot be mounted)."""
 
@@ -118,6 +167,8 @@ class MpsDaemons:
         self._failures: dict[str, int] = {}
         self._next_try: dict[str, float] = {}
         self._started_at: dict[str, float] = {}
+        self._ceilings: dict[str, Ceiling] = {}  # lowercased uuid -> the largest slice its daemon served
+        self._applied: dict[str, tuple[int, Ceiling]] = {}  # lowercased uuid -> (daemon pid, ceiling it was given)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.starts = 0
@@ -287,12 +338,16 @@ class MpsDaemons:
 
     # -- the CRI hook's side -------------------------------------------------------------------
 
-    def ensure(self, uuid: str) -> None:
-        """The card's daemon runs (started now if it does not); raises RuntimeError saying why it cannot."""
+    def ensure(self, uuid: str, ceiling: Ceiling | None = None) -> None:
+        """The card's daemon runs (started now if it does not), with a ceiling that covers `ceiling` (a slice about
+        to use the card; None: none asked); raises RuntimeError saying why it cannot."""
         key = uuid.lower()
         with self._lock:
             self._wanted[key] = self._clock()
             self._spelled[key] = uuid
+            if ceiling is not None:
+                known = self._ceilings.get(key)
+                self._ceilings[key] = ceiling if known is None else known.covering(ceiling)
         if (pid := self.pid(uuid)) is not None:
             if not os.path.ismount(self.shm_dir(uuid)):
                 # A daemon started before the agent gave daemons a /dev/shm of their own (an upgrade): a client
@@ -301,9 +356,59 @@ class MpsDaemons:
                 raise RuntimeError(f"its daemon (pid {pid}) runs without the card's /dev/shm at "
                                    f"{self.shm_dir(uuid)} (started by an earlier agent version); it is replaced "
                                    f"once no MPS container uses the card")
+            with self._card_lock(uuid):
+                self._apply_ceiling(uuid)
             return
         self._start(uuid)
         self._start_thread()
+
+    def ceiling(self, uuid: str) -> Ceiling | None:
+        """The ceiling the card's daemon is kept at (None: no slice asked one since it started)."""
+        with self._lock:
+            return self._ceilings.get(uuid.lower())
+
+    def _apply_ceiling(self, uuid: str) -> None:
+        """Give the card's live daemon its ceiling, unless this daemon has it already (the caller holds the card's
+        lock). Raises RuntimeError when the control binary refuses: the container is then refused, retryably,
+        rather than started with limits only its own environment sets."""
+        key = uuid.lower()
+        pid = self.pid(uuid)
+        with self._lock:
+            ceiling = self._ceilings.get(key)
+            if pid is None or ceiling is None or self._applied.get(key) == (pid, ceiling):
+                return
+        servers = [int(word) for word in self._ask(uuid, "get_server_list").split() if word.isdigit()]
+        commands = ceiling.commands(servers)
+        if commands:
+            self._control_commands(uuid, commands)
+        with self._lock:
+            self._applied[key] = (pid, ceiling)
+        log.info("MPS control daemon of card %s (pid %s): ceiling %s%% of compute, %s MiB per client%s", uuid, pid,
+                 ceiling.cores, ceiling.memory_mib or "no limit of",
+                 f" (servers {', '.join(map(str, servers))})" if servers else "")  # fmt: skip
+
+    def _ask(self, uuid: str, command: str) -> str:
+        """One command to the card's control daemon; its answer."""
+        return self._control_commands(uuid, [command])
+
+    def _control_commands(self, uuid: str, commands: list[str]) -> str:
+        control = self._control_binary()
+        try:
+            done = subprocess.run(self._wrapped(uuid, [control]), input="".join(f"{c}\n" for c in commands).encode(),
+                                  env=self.env(uuid), capture_output=True, start_new_session=True,
+                                  timeout=self._settings.start_timeout_s, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise RuntimeError(f"{control} did not take {commands[0]!r}: {e}") from e
+        if done.returncode != 0:
+            said = done.stderr.decode(errors="replace").strip()[:200]
+            raise RuntimeError(f"{control} refused {commands[0]!r} (exit {done.returncode}): {said}")
+        return done.stdout.decode(errors="replace")
+
+    def _control_binary(self) -> str:
+        control = self._control()
+        if control is None:
+            raise RuntimeError(f"{CONTROL} is not installed under the driver root")
+        return control
 
     def wanted(self) -> set[str]:
         """Lowercased uuids of the cards whose daemons are kept running."""
@@ -354,6 +459,8 @@ class MpsDaemons:
                 del self._wanted[uuid]
                 self._failures.pop(uuid, None)
                 self._next_try.pop(uuid, None)
+                self._ceilings.pop(uuid, None)  # the next daemon of the card starts from its first slice
+                self._applied.pop(uuid, None)
         for uuid in idle:
             self.stop(self._spelled.pop(uuid, uuid))
         self._clean_stale(keep)
@@ -396,6 +503,9 @@ class MpsDaemons:
             self.starts += 1
             with self._lock:
                 self._started_at[uuid.lower()] = self._clock()
+            # MPS forgets its limits on quit: a daemon started again (after a crash, or a tenant's `quit`) gets
+            # the card's ceiling before any new client can reach it through the agent.
+            self._apply_ceiling(uuid)
         log.info("MPS control daemon of card %s started (pid %s)", uuid, self.pid(uuid))
 
     def stop(self, uuid: str) -> None:

@@ -49,8 +49,9 @@ class NoneRoom:
         """Always available."""
         return None
 
-    def prepare(self, slice_: base.Slice) -> None:
-        """Nothing to prepare."""
+    def prepare(self, slice_: base.Slice) -> str | None:
+        """Nothing to prepare, nothing to warn of."""
+        return None
 
     def contribute(self, slice_: base.Slice) -> base.Contribution:
         """Both mechanisms' names, advisory: only a limiter the image or node brings enforces them."""

@@ -150,6 +150,15 @@ class Allocation:
             return None
         return self.requested_cores, self.requested_memory_mib
 
+    @property
+    def size_now(self) -> tuple[int, int]:
+        """(cores, memory MiB) the container may use now: the one notion of a claim's size for the card check,
+        usage, policing and metrics (issue 33.5). The size its allocation asks now, as the controller wrote it on
+        the claim's cards (GPU `status.allocations`: its `limit` during a shrink, else its cores and memory;
+        recorded on the row by the running-claims pass, `requested_*`), else the size the container was created
+        with (no pass has seen the allocation yet)."""
+        return self.requested if self.requested is not None else (self.cores, self.memory_mib)
+
     @classmethod
     def from_row(cls, row: models.AllocationRow) -> Allocation:
         """The value of an ORM row."""

@@ -135,6 +135,9 @@ class ClaimStatus:
         partition = self._partition(egpu_name)
         if partition is not None:
             status["partition"] = partition  # the MIG instance it received (more than asked is normal)
+        # Whether privileged containers may use the claim (issue 33.4): the agent reads it here, where only the
+        # controller writes; null removes a copy left from an earlier bind.
+        status["allowPrivileged"] = policing_copy.wanted_privileged(claim, egpu, classes)
         if (policing := policing_copy.wanted(claim, egpu, self.picture.view().classes)) is not None:
             status["policing"] = policing  # the agent reads it there: it may not read classes (issue 25)
         owner = pod_index.owner_pod(self.body(claim))

@@ -1,4 +1,5 @@
-"""The class's over-limit policy in a Bound claim's status (issue 25): `status.policing`.
+"""The class's over-limit policy in a Bound claim's status (issue 25): `status.policing`; and whether
+privileged containers may use the claim (issue 33.4): `status.allowPrivileged`, kept the same way.
 
 The node agent polices the claims of its node, but it may read only claims and ElasticGPUs
 (deploy/agent.yaml; classes are cluster configuration it has no business listing). So the
@@ -34,6 +35,12 @@ def wanted(claim: ElasticGPUClaim, egpu: ElasticGPU, classes: Mapping[str, Elast
     return klass.over_limit_policy.to_dict(prune_empty=False) if klass is not None else None
 
 
+def wanted_privileged(claim: ElasticGPUClaim, egpu: ElasticGPU, classes: Mapping[str, ElasticGPUClass]) -> bool | None:
+    """The claim's `status.allowPrivileged`: True when its class allows privileged containers, else None (absent)."""
+    klass = class_of(claim, egpu, classes)
+    return True if klass is not None and klass.allow_privileged else None
+
+
 def shown(claim: ElasticGPUClaim) -> dict[str, Any] | None:
     """The claim's `status.policing` as it is now (None when absent)."""
     return claim.status.policing.to_dict(prune_empty=False) if claim.status.policing is not None else None
@@ -53,10 +60,18 @@ class PolicingCopy:
             egpu = self.picture.egpu(egpu_name)
             if claim is None or egpu is None or not binder.is_bound(claim):
                 return
-            want = wanted(claim, egpu, self.picture.view().classes)
-        if want is None or want == shown(claim):
+            classes = self.picture.view().classes
+            want = wanted(claim, egpu, classes)
+            klass = class_of(claim, egpu, classes)
+            privileged = wanted_privileged(claim, egpu, classes)
+        status: dict[str, Any] = {}
+        if want is not None and want != shown(claim):
+            status["policing"] = want
+        if klass is not None and privileged != (claim.status.allow_privileged or None):
+            status["allowPrivileged"] = privileged  # the class changed: its Bound claims follow (issue 33.4)
+        if not status:
             return  # no class (or it is gone: the claim keeps its copy), or already true to it
-        patch = {"metadata": {"resourceVersion": claim.metadata.resource_version}, "status": {"policing": want}}
+        patch = {"metadata": {"resourceVersion": claim.metadata.resource_version}, "status": status}
         try:
             answer = self.kube.patch_claim_status(namespace, name, patch)
         except errors.NotFound:
@@ -66,4 +81,4 @@ class PolicingCopy:
             self.picture.put_claim(self.kube.get_claim(namespace, name))
             raise
         self.picture.put_claim(answer)
-        logger.info("claim %s/%s: over-limit policy %s from its class", namespace, name, want)
+        logger.info("claim %s/%s: %s from its class", namespace, name, status)

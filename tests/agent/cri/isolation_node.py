@@ -15,7 +15,9 @@ from elasticgpu.agent import isolation
 # The stand-in control binary: `-d` records the start and forks a server that writes the pid file in the
 # pipe folder, its card's uuid into its /dev/shm (SHM_FILE: where the real server's shared memory with its
 # clients goes) and stays alive (its command line names the binary, as the real daemon's does); with no
-# argument it reads a command from stdin, as the real one, and `quit` ends the server and is recorded.
+# argument it reads commands from stdin, one a line, as the real one, and records each with its card: `quit`
+# ends the server, `get_server_list` answers the pids listed in <pipe>/servers (MPS servers the test pretends
+# run), one a line.
 STAND_IN_CONTROL = """#!/bin/sh
 record={record}
 case "$1" in
@@ -29,9 +31,11 @@ serve)
     trap 'exit 0' TERM
     while :; do sleep 0.1; done ;;
 *)
-    read command
-    echo "$command $CUDA_VISIBLE_DEVICES" >> "$record"
-    [ "$command" = quit ] && kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")"
+    while read -r command; do
+        echo "$command $CUDA_VISIBLE_DEVICES" >> "$record"
+        [ "$command" = quit ] && kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")"
+        [ "$command" = get_server_list ] && cat "$CUDA_MPS_PIPE_DIRECTORY/servers" 2>/dev/null
+    done
     exit 0 ;;
 esac
 """
@@ -86,6 +90,12 @@ class IsolationNode:
     def starts(self) -> list[str]:
         """The uuids of the daemons the stand-in started, in order."""
         return [line.split()[1] for line in self.record.read_text().splitlines() if line.startswith("start ")]
+
+    def commands(self, uuid: str) -> list[str]:
+        """The commands sent to the card's control daemon (besides starts), in order, without the card."""
+        suffix = f" {uuid}"
+        return [line[: -len(suffix)] for line in self.record.read_text().splitlines()
+                if line.endswith(suffix) and not line.startswith("start ")]
 
     def quits(self) -> list[str]:
         return [line.split()[1] for line in self.record.read_text().splitlines() if line.startswith("quit ")]

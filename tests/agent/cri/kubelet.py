@@ -68,12 +68,15 @@ class Kubelet:
         annotations: dict[str, str] | None = None,
         image: str | None = None,
         privileged: bool = False,
+        run_as_user: int | None = None,
     ) -> str:
         config = container_config(
             name=name, image=image or self.image, sandbox=pod.config, envs=envs, cdi_devices=cdi_devices,
             annotations=annotations,
         )
         config.linux.security_context.privileged = privileged
+        if run_as_user is not None:  # kubelet sets it from the pod's securityContext.runAsUser
+            config.linux.security_context.run_as_user.value = run_as_user
         request = pb.CreateContainerRequest(pod_sandbox_id=pod.id, config=config, sandbox_config=pod.config)
         container_id: str = self.runtime.CreateContainer(request, timeout=30).container_id
         pod.containers[name] = container_id

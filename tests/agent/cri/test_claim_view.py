@@ -184,3 +184,21 @@ def test_the_isolation_mode_is_the_claim_s_status_and_none_when_absent() -> None
     assert claim_view.claim_info(claim, None).isolation == "MPS"
     del claim["status"]["isolation"]  # bound before the field existed: advisory, as it was then
     assert claim_view.claim_info(claim, None).isolation == "None"
+
+
+def test_privileged_use_is_allowed_only_by_the_bound_claim_s_status_never_by_what_its_owner_writes() -> None:
+    """Issue 33.4: status.allowPrivileged is the controller's copy of the class; a tenant's spec field, label or
+    annotation of the same name counts for nothing, and neither does the status of a claim that is not Bound."""
+    claim: dict[str, Any] = {
+        "metadata": {"namespace": "ns", "name": "c", "uid": "u", "labels": {"allowPrivileged": "true"},
+                     "annotations": {"elasticgpu.io/allowPrivileged": "true"}},
+        "spec": {"elasticGPUName": "egpu-u", "allowPrivileged": True},
+        "status": {"phase": "Bound", "gpus": ["GPU-1"], "capacity": {"elasticgpu.io/gpu-core": 30}},
+    }
+    egpu = {"spec": {"claimRef": {"namespace": "ns", "name": "c", "uid": "u"}}, "status": {"gpus": ["GPU-1"]}}
+    assert claim_view.claim_info(claim, egpu).allow_privileged is False
+    claim["status"]["allowPrivileged"] = True
+    assert claim_view.claim_info(claim, egpu).allow_privileged is True
+    assert claim_view.claim_info(claim, None).allow_privileged is False  # its ElasticGPU gone: Lost
+    claim["status"]["allowPrivileged"] = "true"  # not what the controller writes (a boolean)
+    assert claim_view.claim_info(claim, egpu).allow_privileged is False

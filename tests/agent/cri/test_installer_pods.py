@@ -17,6 +17,7 @@ upgrade's rolling update) through the agent's socket, as kubelet does.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -105,11 +106,17 @@ def test_the_installer_pod_passes_the_decision_with_the_settings_the_chart_gives
     edit = injection.decide(_request(pod_namespace, labels, container, privileged), view, settings=settings)
     assert edit.claim is None and view.warnings == []
 
-    # Narrow: the same pod in another namespace, or another privileged pod of the install namespace, is refused.
+    # By default privileged containers without a claim pass (issue 33.4); where the admin turns the refusal on
+    # (--refuse-privileged), the entry is narrow: the same pod in another namespace, or another privileged pod
+    # of the install namespace, is refused.
+    strict = dataclasses.replace(settings, refuse_privileged=True)
+    edit = injection.decide(_request(pod_namespace, labels, container, privileged), View(), settings=strict)
+    assert edit.claim is None
     for other_namespace, other_labels in ((f"{namespace}-x", labels), (namespace, {"app": "debug"})):
+        injection.decide(_request(other_namespace, other_labels, container, True), View(), settings=settings)
         other = View()
         with pytest.raises(hooks.Refused) as refused:
-            injection.decide(_request(other_namespace, other_labels, container, True), other, settings=settings)
+            injection.decide(_request(other_namespace, other_labels, container, True), other, settings=strict)
         assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
         assert [reason for _, reason, _ in other.warnings] == [injection.PRIVILEGED_REASON]
 
@@ -176,7 +183,10 @@ def test_install_then_upgrade_through_the_agents_socket(
     node, model = world.node(f"{world.prefix}-a"), f"T{world.prefix}"
     card = simulated.simulated_uuid(node, 0)
     world_gpus.append(names.gpu_object_name(card))
-    agent = agent_factory(node, model, env={k: v for k, v in agent_env.items() if k != "ELASTICGPU_AGENT_NODE_NAME"})
+    # With the admin's opt-in refusal of privileged containers without a claim (issue 33.4: off by default), which
+    # is what the installer's entry is for.
+    env = {k: v for k, v in agent_env.items() if k != "ELASTICGPU_AGENT_NODE_NAME"}
+    agent = agent_factory(node, model, env={**env, "ELASTICGPU_AGENT_REFUSE_PRIVILEGED": "true"})
     wait_until_serving(world, agent, card, proxy_socket)
 
     namespace, labels, container, privileged = installer_pod(_plain())

@@ -373,3 +373,88 @@ def test_a_daemon_from_before_the_shared_dev_shm_is_replaced_once_unused(tmp_pat
         assert node.servers() != [old] and len(node.servers()) == 1 and mounts_under(shm) == [str(shm)]
     finally:
         node.close()
+
+
+def test_mps_puts_the_claim_s_limits_on_the_card_s_daemon_not_only_in_the_client_s_env(node: Node) -> None:
+    """Issue 33.7: a client's CUDA_MPS_* environment is its own (a child can start with other values); MPS obeys
+    the lower of it and the control daemon's limits, so the agent gives the daemon the card's ceiling."""
+    iso = node.isolation
+    run(node, "trainer", "train", mode="MPS")  # 30% and 10 GiB
+    assert iso.commands(CARD) == ["get_server_list", "set_default_active_thread_percentage 30",
+                                  "set_default_device_pinned_mem_limit 0 10240M"]
+
+
+def test_the_ceiling_covers_every_mps_claim_of_the_card_and_outlives_a_restart(tmp_path: Path) -> None:
+    """A second, larger claim on the card widens the ceiling, for running servers too (get_server_list); a memory-
+    only slice lifts the compute ceiling; a daemon started again (killed, or a tenant's `quit`) gets it again."""
+    iso = IsolationNode(tmp_path)
+    ceiling = isolation.mps_daemons.Ceiling
+    try:
+        iso.daemons.ensure(CARD, ceiling.of(30, 10240))
+        iso.daemons.ensure(CARD, ceiling.of(20, 4096))  # within the ceiling: nothing to send
+        assert iso.commands(CARD) == ["get_server_list", "set_default_active_thread_percentage 30",
+                                      "set_default_device_pinned_mem_limit 0 10240M"]
+        (iso.daemons.pipe_dir(CARD) / "servers").write_text("4242\n")  # a client spawned a server meanwhile
+        iso.daemons.ensure(CARD, ceiling.of(50, 2048))
+        assert iso.commands(CARD)[3:] == [
+            "get_server_list", "set_default_active_thread_percentage 50",
+            "set_default_device_pinned_mem_limit 0 10240M", "set_active_thread_percentage 4242 50",
+            "set_device_pinned_mem_limit 4242 0 10240M"]
+        assert iso.daemons.ceiling(CARD) == ceiling(50, 10240)
+
+        iso.daemons.ensure(CARD, ceiling.of(0, 8192))  # memory only: no compute reserved, no compute ceiling
+        assert iso.daemons.ceiling(CARD) == ceiling(100, 10240)
+        assert iso.commands(CARD)[-1] == "set_device_pinned_mem_limit 4242 0 10240M"
+        assert not any(c.startswith("set_active_thread_percentage") for c in iso.commands(CARD)[-3:])
+
+        # The daemon killed: started again by the supervisor, and given the ceiling again.
+        sent = len(iso.commands(CARD))
+        (iso.daemons.pipe_dir(CARD) / "servers").unlink()
+        [pid] = iso.servers()
+        os.kill(pid, signal.SIGKILL)
+        wait_until("the daemon started again with its ceiling", lambda: len(iso.commands(CARD)) > sent + 1)
+        assert iso.commands(CARD)[sent:] == ["get_server_list", "set_default_device_pinned_mem_limit 0 10240M"]
+    finally:
+        iso.close()
+
+
+def test_a_daemon_that_refuses_its_ceiling_refuses_the_container_retryably(node: Node) -> None:
+    """No container of an MPS claim starts with limits only its own environment sets."""
+    iso = node.isolation
+    iso.control.write_text(iso.control.read_text().replace('while read -r command; do',
+                                                           'echo "no" >&2; exit 3\n    while read -r command; do'))
+    node.view.add(slice_claim(NS, "train", user="trainer", isolation="MPS"))
+    pod = node.kubelet.run_pod("trainer", NS, annotations=uses("train"))
+    with pytest.raises(grpc.RpcError) as refused:
+        node.kubelet.create_container(pod, "main")
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "get_server_list" in str(refused.value.details()) and "kubelet retries" in str(refused.value.details())
+
+
+def test_mps_containers_of_one_card_running_as_different_uids_are_warned_about(node: Node) -> None:
+    """MPS runs one server per uid on a card: clients of another uid wait until the running server's clients are
+    done. The agent says so with a Warning Event on the pod (the container starts: a refusal would let whoever came
+    first lock the card for its uid); pods of one uid, or whose uid the agent cannot know, are not warned about."""
+    def start(pod_name: str, claim: str, user: int | None) -> str:
+        node.view.add(slice_claim(NS, claim, user=pod_name, isolation="MPS", cores=10, memory_mib=2048))
+        pod = node.kubelet.run_pod(pod_name, NS, annotations=uses(claim))
+        container_id = node.kubelet.create_container(pod, "main", run_as_user=user)
+        node.kubelet.start(container_id)
+        return container_id
+
+    start("a", "a", 1000)
+    start("b", "b", 1000)
+    start("c", "c", None)  # the image's user: unknown here
+    assert node.view.warnings == []
+    start("d", "d", 2000)
+    [(pod, reason, message)] = node.view.warnings
+    assert (pod.name, reason) == ("d", claim_hooks.ISOLATION_WARNING_REASON)
+    assert "runs as uid 2000" in message and "run as uid 1000" in message and "runAsUser" in message
+    # A container cannot forge the annotation the agent reads the uids back from.
+    node.view.add(slice_claim(NS, "e", user="e", isolation="MPS", cores=10, memory_mib=2048))
+    pod = node.kubelet.run_pod("e", NS, annotations=uses("e"))
+    forged = node.kubelet.create_container(pod, "main", annotations={isolation.ANNOTATION_MPS_USER: "1000"},
+                                           run_as_user=3000)
+    status = node.kubelet.runtime.ContainerStatus(
+        node.kubelet.pb.ContainerStatusRequest(container_id=forged), timeout=10)
+    assert status.status.annotations[isolation.ANNOTATION_MPS_USER] == "3000"

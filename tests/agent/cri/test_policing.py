@@ -21,7 +21,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from elasticgpu.agent import discovery, health, inventory, kube, metrics, policing, usage
-from elasticgpu.agent.cri import api, cdi, claim_hooks
+from elasticgpu.agent.cri import api, cdi, claim_hooks, limits_file
 from elasticgpu.agent.cri.injection import CardInfo
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import simulated
@@ -221,6 +221,51 @@ def test_one_sample_under_the_limit_restarts_the_grace(
         node.sample_at(at)
     assert state(running, main) == "CONTAINER_RUNNING"  # 59 s over in all, but only 29 s in a row
     node.sample_at(1060.0)
+    assert state(running, main) == "CONTAINER_EXITED"
+
+
+def _allocation(node: Node, namespace: str, *, cores: int, memory_mib: int) -> dict[str, dict[str, Any]]:
+    """The node's GPU objects as the agent's watch delivers them, card 0 holding the claim's ElasticGPU at this size
+    (what the controller writes into status.allocations; an in-place resize changes it)."""
+    allocation = {"elasticGPU": "egpu-train", "namespace": namespace, "name": "train", "cores": cores,
+                  "memory": memory_mib}
+    return {names.gpu_object_name(uuid): {"spec": {"uuid": uuid},
+                                          "status": {"allocations": [allocation] if i == 0 else []}}
+            for i, uuid in enumerate(node.uuids)}
+
+
+@pytest.mark.parametrize("with_limits_files", [True, False], ids=["limits-files", "no-limits-dir"])
+def test_a_claim_grown_in_place_is_judged_by_its_new_size(
+    api_client: client.ApiClient, node: Node, running: Kubelet, namespace: str, node_name: str, tmp_path: Path,
+    with_limits_files: bool,
+) -> None:
+    """Issue 33.5: a claim grown from 10 to 20 GiB whose container uses 15 GiB is within its size: no OverLimit,
+    no stop, and the metrics say 20 GiB. The size is the allocation the controller wrote on the card, which the
+    running-claims pass records in the ledger (with or without the limits files)."""
+    proxy = node.proxies[0]
+    make_claim(api_client, namespace, node_name, node.uuids[0],
+               {"overLimitAction": "StopContainer", "overLimitGraceSeconds": 30})
+    pod = running.run_pod("trainer", namespace, annotations={"egpuc.elasticgpu.io/main": "train"})
+    main = running.create_container(pod, "main")  # created at 10 GiB (the ledger row's memory_mib)
+    running.start(main)
+    files = limits_file.LimitsFiles(tmp_path / "limits") if with_limits_files else None
+    # The controller grew the reservation in place; the agent's pass over its GPU objects sees it.
+    limits_file.sync(files, node.ledger, _allocation(node, namespace, cores=30, memory_mib=20480))
+    simulated.inject(node.inject, {"process": {"card": 0, "pid": pid_of(proxy, main), "memory": "15Gi"}})
+    for at in (1000.0, 1030.0, 1060.0):
+        node.sample_at(at)
+    assert state(running, main) == "CONTAINER_RUNNING"
+    assert events(api_client, namespace, policing.REASON_STOPPED) == []
+    assert events(api_client, namespace, "OverLimit") == []
+    usage_now = node.loop.claims[(namespace, "train")]
+    assert (usage_now.reserved_mib, usage_now.reserved_cores, usage_now.over_limit) == (20480, 30, False)
+    labels = (("claim", "train"), ("namespace", namespace))
+    assert scrape(node)[("elasticgpu_agent_claim_memory_limit_bytes", labels)] == 20480 * 2**20
+
+    # Shrunk back to 10 GiB (a `limit` while the controller waits for it to apply): 15 GiB is over again.
+    limits_file.sync(files, node.ledger, _allocation(node, namespace, cores=30, memory_mib=10240))
+    for at in (1100.0, 1130.0):
+        node.sample_at(at)
     assert state(running, main) == "CONTAINER_EXITED"
 
 

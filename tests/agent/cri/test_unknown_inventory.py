@@ -1,5 +1,6 @@
-"""A starting agent does not yet know whether its node has cards (issue 23.6): until discovery has
-run, a privileged container without a claim is refused as on a GPU node (it would see every card),
+"""A starting agent does not yet know whether its node has cards (issue 23.6): where the admin turned the
+refusal of privileged containers without a claim on (--refuse-privileged; off by default since issue 33.4),
+until discovery has run, a privileged container without a claim is refused as on a GPU node (it would see every card),
 retryably; everything else passes as always, and the exemptions of a GPU node (kube-system, the
 labelled namespace) hold in that window too.
 
@@ -32,6 +33,10 @@ from tests.pods.claim_world import World, kube, world
 from tests.pods.conftest import pod_update_policies
 
 __all__ = ["agent_factory", "kube", "pod_update_policies", "world", "world_gpus"]  # fixtures
+
+
+STRICT = InjectionSettings(refuse_privileged=True)
+"""The admin's opt-in refusal of privileged containers without a claim (off by default: issue 33.4)."""
 
 
 def _privileged(namespace: str = "team") -> ContainerRequest:
@@ -89,7 +94,7 @@ def test_a_privileged_container_is_refused_while_the_cards_are_unknown(
     view = make()
     assert view.has_cards() is None  # unknown, not "no cards"
     with pytest.raises(hooks.Refused) as refused:
-        injection.decide(_privileged(), view)
+        injection.decide(_privileged(), view, settings=STRICT)
     assert refused.value.code == grpc.StatusCode.UNAVAILABLE  # kubelet retries; once discovered, the policy says
     assert "privileged" in refused.value.message and "kubelet retries" in refused.value.message
 
@@ -97,10 +102,10 @@ def test_a_privileged_container_is_refused_while_the_cards_are_unknown(
 @pytest.mark.parametrize(
     ("namespace", "make", "settings"),
     [
-        pytest.param("kube-system", lambda: _gated(None), InjectionSettings(), id="kube-system"),
-        pytest.param("gpu-operator", lambda: _gated(_api_view(lambda: None)), InjectionSettings(), id="labelled"),
-        pytest.param("team", lambda: _gated(None), InjectionSettings(refuse_privileged=False), id="option-off"),
-        pytest.param("team", lambda: _gated(_api_view(lambda: ())), InjectionSettings(), id="discovered-no-cards"),
+        pytest.param("kube-system", lambda: _gated(None), STRICT, id="kube-system"),
+        pytest.param("gpu-operator", lambda: _gated(_api_view(lambda: None)), STRICT, id="labelled"),
+        pytest.param("team", lambda: _gated(None), InjectionSettings(), id="option-off-by-default"),
+        pytest.param("team", lambda: _gated(_api_view(lambda: ())), STRICT, id="discovered-no-cards"),
     ],
 )
 def test_what_a_gpu_node_lets_through_passes_while_the_cards_are_unknown(
@@ -125,7 +130,7 @@ def test_the_real_agent_refuses_a_privileged_container_until_it_knows_its_cards(
     uuid = simulated.simulated_uuid(node, 0)
     world_gpus.append(names.gpu_object_name(uuid))
     description = tmp_path / "later.yaml"  # no device description yet: discovery cannot run
-    agent = agent_factory(node, model, "--simulation", str(description))
+    agent = agent_factory(node, model, "--simulation", str(description), "--refuse-privileged", "true")
     wait_for("the proxy serving", lambda: agent.alive() and serving(proxy_socket), timeout=15)
     with Kubelet(f"unix://{proxy_socket}", containerd.image) as k:
         tool = k.run_pod("tool", world.namespace, privileged=True)
