@@ -7,7 +7,8 @@
 #
 # Result: ${ELASTICGPU_CACHE:-$HOME/.cache/elasticgpu}/testcluster/<key>/
 #   elasticgpu-k8s, versions.txt
-# where <key> hashes main.go, go.mod, go.sum, this script and `go version`.
+# where <key> hashes main.go, go.mod, go.sum, this script, scripts/cached-build.sh and
+# `go version`.
 # The path is written to <cache>/testcluster/current.env and printed.
 #
 # If downloading or building fails (no network, a module refused) and a binary
@@ -21,46 +22,23 @@
 #   ELASTICGPU_TESTCLUSTER_STRICT=1  fail instead of falling back (when editing main.go)
 #   GO                               the go command (default: go on PATH)
 #   GOPROXY, GOMODCACHE              as usual for go
+#
+# The cache key, lock, fallback, current.env and logging are shared with testserver/ and
+# testruntime/: scripts/cached-build.sh.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CACHE=${ELASTICGPU_CACHE:-$HOME/.cache/elasticgpu}/testcluster
-GO=${GO:-go}
 BIN_NAME=elasticgpu-k8s
+NAME=testcluster WHAT=build MARKER=$BIN_NAME STRICT_VAR=ELASTICGPU_TESTCLUSTER_STRICT
+# shellcheck source=scripts/cached-build.sh
+. "$HERE/../scripts/cached-build.sh"
+GO=${GO:-go}
 
-log() { echo "testcluster/build.sh: $*" >&2; }
+build_complete() { [ -x "$1/$BIN_NAME" ]; }
 
-write_env() { # $1 = build dir
-  local d=$1 tmp
-  tmp=$(mktemp "$CACHE/current.env.XXXXXX")
-  {
-    echo "ELASTICGPU_K8S_BIN=$d/$BIN_NAME"
-    echo "ELASTICGPU_K8S_VERSIONS=$d/versions.txt"
-  } >"$tmp"
-  mv -f "$tmp" "$CACHE/current.env"
-  grep -v VERSIONS "$CACHE/current.env"
-}
-
-newest_cached() {
-  local f
-  f=$(ls -1t "$CACHE"/*/"$BIN_NAME" 2>/dev/null | head -n1 || true)
-  [ -n "$f" ] && dirname "$f"
-}
-
-fallback() { # $1 = reason
-  local d
-  if [ "${ELASTICGPU_TESTCLUSTER_STRICT:-}" = 1 ]; then
-    log "ERROR: $1 (ELASTICGPU_TESTCLUSTER_STRICT=1: no fallback)"
-    exit 1
-  fi
-  if d=$(newest_cached); then
-    log "WARNING: $1"
-    log "WARNING: falling back to the newest cached build: $d"
-    write_env "$d"
-    exit 0
-  fi
-  log "ERROR: $1 (and no cached build to fall back to)"
-  exit 1
+env_lines() { # $1 = build dir
+  echo "ELASTICGPU_K8S_BIN=$1/$BIN_NAME"
+  echo "ELASTICGPU_K8S_VERSIONS=$1/versions.txt"
 }
 
 # --regen-gomod v1.X.Y: move to another Kubernetes release. Rewrites go.mod's replace lines from
@@ -84,26 +62,15 @@ if [ "${1:-}" = "--regen-gomod" ]; then
   exit 0
 fi
 
-mkdir -p "$CACHE"
-exec 9>"$CACHE/.lock"
-flock 9
-
-if [ "${ELASTICGPU_TESTCLUSTER_OFFLINE:-}" = 1 ]; then
-  fallback "ELASTICGPU_TESTCLUSTER_OFFLINE=1: not building"
-fi
-for t in "$GO" sha256sum flock nice; do
-  command -v "$t" >/dev/null || fallback "required tool $t not found"
-done
+lock_cache
+fallback_if_offline ELASTICGPU_TESTCLUSTER_OFFLINE "not building"
+require_tools "$GO" sha256sum flock nice
 
 gover=$("$GO" env GOVERSION)
 kver=$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v1\./ {print $2; exit}' "$HERE/go.mod")
 [ -n "$kver" ] || fallback "go.mod requires no k8s.io/kubernetes v1.X.Y"
-key=$( (cat "$HERE/main.go" "$HERE/go.mod" "$HERE/go.sum" "$HERE/build.sh"; echo "$gover") | sha256sum | cut -c1-16)
-if [ -x "$CACHE/$key/$BIN_NAME" ]; then
-  log "up to date: $CACHE/$key"
-  write_env "$CACHE/$key"
-  exit 0
-fi
+key=$(cache_key "$HERE/main.go" "$HERE/go.mod" "$HERE/go.sum" "$HERE/build.sh" - <<<"$gover")
+exit_if_up_to_date "$key"
 
 export GOCACHE=$CACHE/gocache GOFLAGS=-mod=readonly GOTOOLCHAIN=local CGO_ENABLED=0
 work=$CACHE/work-$key
@@ -134,11 +101,8 @@ done
   echo "# go=$gover kubernetes=$kver download_s=$((downloaded - start)) build_s=$(($(date +%s) - downloaded))"
   (cd "$HERE" && "$GO" list -m all 2>/dev/null | grep '^k8s.io/') || true
 } >"$work/versions.txt"
-rm -rf "$CACHE/$key"
+rm -rf "${CACHE:?}/${key:?}"
 mkdir -p "$CACHE/$key"
 mv "$work/$BIN_NAME" "$work/versions.txt" "$CACHE/$key/"
 rm -rf "$work"
-log "built in $(($(date +%s) - start))s: $CACHE/$key"
-write_env "$CACHE/$key"
-# Keep the two newest builds (each is ~200 MB).
-ls -1td "$CACHE"/*/"$BIN_NAME" 2>/dev/null | tail -n +3 | while read -r old; do rm -rf "$(dirname "$old")"; done
+finish_build "$key" "$start" 2 # keeps the two newest builds (each is ~200 MB)

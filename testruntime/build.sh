@@ -16,8 +16,8 @@
 #   root/        the unpacked packages (usr/bin/containerd, usr/bin/ctr, usr/sbin/runc, usr/sbin/nginx, ...)
 #   image.tar    an OCI image archive named $IMAGE_NAME (busybox + applet links)
 #   versions.txt the package versions this build used
-# where <key> hashes this script and the exact package versions. The paths are written to
-# <cache>/testruntime/current.env and printed.
+# where <key> hashes this script, scripts/cached-build.sh and the exact package versions. The
+# paths are written to <cache>/testruntime/current.env and printed.
 #
 # If fetching fails (no network, a mirror hiccup) and a runtime was built before, a WARNING is
 # printed and the newest cached build is used (exit 0). With no cached build it exits 1 and the
@@ -28,67 +28,30 @@
 #   ELASTICGPU_TESTRUNTIME_OFFLINE=1 do not touch the network; use the newest cached build
 #   ELASTICGPU_DEBIAN_MIRROR         (default http://deb.debian.org/debian)
 #   ELASTICGPU_APT_TRUSTED=1         skip signature checks ([trusted=yes])
+#
+# The cache key, lock, fallback, current.env, logging and private apt configuration are shared
+# with testserver/ and testcluster/: scripts/cached-build.sh.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CACHE=${ELASTICGPU_CACHE:-$HOME/.cache/elasticgpu}/testruntime
-APTDIR=$CACHE/apt
-MIRROR=${ELASTICGPU_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+NAME=testruntime WHAT="test runtime" MARKER=root STRICT_VAR= # no STRICT: it always falls back
+# shellcheck source=scripts/cached-build.sh
+. "$HERE/../scripts/cached-build.sh"
 IMAGE_NAME=elasticgpu.local/busybox:test
 # package:suite, in the order they are unpacked
 PKGS="containerd:trixie runc:bookworm busybox-static:bookworm nginx:bookworm"
 
-log() { echo "testruntime/build.sh: $*" >&2; }
-
-complete() { # $1 = build dir: true when everything the fixture needs is there
+build_complete() { # $1 = build dir: true when everything the fixture needs is there
   [ -x "$1/root/usr/bin/containerd" ] && [ -x "$1/root/usr/bin/ctr" ] && [ -x "$1/root/usr/sbin/runc" ] &&
     [ -x "$1/root/usr/bin/containerd-shim-runc-v2" ] && [ -s "$1/image.tar" ]
 }
 
-write_env() { # $1 = build dir
-  local d=$1 tmp
-  tmp=$(mktemp "$CACHE/current.env.XXXXXX")
-  {
-    echo "ELASTICGPU_TESTRUNTIME_ROOT=$d/root"
-    echo "ELASTICGPU_TESTRUNTIME_IMAGE=$d/image.tar"
-    echo "ELASTICGPU_TESTRUNTIME_IMAGE_NAME=$IMAGE_NAME"
-    # A cached build from before the front has no nginx: the front's tests skip with that reason.
-    if [ -x "$d/root/usr/sbin/nginx" ]; then echo "ELASTICGPU_TESTRUNTIME_NGINX=$d/root/usr/sbin/nginx"; fi
-  } >"$tmp"
-  mv -f "$tmp" "$CACHE/current.env"
-  cat "$CACHE/current.env"
-}
-
-newest_cached() {
-  local d
-  for d in $(ls -1td "$CACHE"/*/ 2>/dev/null); do
-    d=${d%/}
-    if complete "$d"; then
-      echo "$d"
-      return 0
-    fi
-  done
-  return 1
-}
-
-fallback() { # $1 = reason
-  local d
-  if d=$(newest_cached); then
-    log "WARNING: $1"
-    log "WARNING: falling back to the newest cached test runtime: $d"
-    write_env "$d"
-    exit 0
-  fi
-  log "ERROR: $1 (and no cached test runtime to fall back to)"
-  exit 1
-}
-
-apt_opts() {
-  echo -o "Dir::Etc::SourceList=$APTDIR/etc/sources.list" -o "Dir::Etc::SourceParts=$APTDIR/etc/sources.list.d" \
-    -o "Dir::Etc::Preferences=$APTDIR/etc/preferences" -o "Dir::Etc::PreferencesParts=$APTDIR/etc/preferences.d" \
-    -o "Dir::State=$APTDIR/state" -o "Dir::State::status=$APTDIR/state/status" \
-    -o "Dir::Cache=$APTDIR/cache" -o Debug::NoLocking=1 -o "APT::Sandbox::User=$(id -un)" \
-    -o APT::Architecture=amd64 -o APT::Architectures=amd64
+env_lines() { # $1 = build dir
+  echo "ELASTICGPU_TESTRUNTIME_ROOT=$1/root"
+  echo "ELASTICGPU_TESTRUNTIME_IMAGE=$1/image.tar"
+  echo "ELASTICGPU_TESTRUNTIME_IMAGE_NAME=$IMAGE_NAME"
+  # A cached build from before the front has no nginx: the front's tests skip with that reason.
+  if [ -x "$1/root/usr/sbin/nginx" ]; then echo "ELASTICGPU_TESTRUNTIME_NGINX=$1/root/usr/sbin/nginx"; fi
 }
 
 # Writes an OCI image archive (oci-layout, index.json, blobs/) of one layer: busybox and a
@@ -138,17 +101,8 @@ if [ "${1:-}" = "__build" ]; then
   cd "$APTDIR/debs"
   # shellcheck disable=SC2046
   apt-get -q $(apt_opts) download $(cat "$versions") >/dev/null
-  while read -r pv; do
-    p=${pv%%=*}
-    v=${pv#*=}
-    fv=${v/:/%3a}
-    dpkg -x "$(ls "${p}_${fv}"_*.deb | head -n1)" "$out.tmp/root"
-  done <"$versions"
-  # Drop debs of older builds.
-  for f in "$APTDIR"/debs/*.deb; do
-    b=$(basename "$f")
-    grep -qxF "${b%%_*}=$(echo "$b" | cut -d_ -f2 | sed 's/%3a/:/')" "$versions" || rm -f "$f"
-  done
+  unpack_debs "$versions" "$out.tmp/root"
+  prune_debs "$versions" # those of older builds
   "$out.tmp/root/usr/bin/containerd" --version >/dev/null
   "$out.tmp/root/usr/sbin/runc" --version >/dev/null
   # Captured first: `nginx -V | grep -q` could end nginx with SIGPIPE, a failure under pipefail.
@@ -168,33 +122,17 @@ if [ "${1:-}" = "__build" ]; then
 fi
 
 # --- outer driver ---
-mkdir -p "$CACHE" "$APTDIR/etc/sources.list.d" "$APTDIR/etc/preferences.d" "$APTDIR/state/lists/partial" "$APTDIR/cache/archives/partial"
-touch "$APTDIR/state/status"
-exec 9>"$CACHE/.lock"
-flock 9
-
-if [ "${ELASTICGPU_TESTRUNTIME_OFFLINE:-}" = 1 ]; then
-  fallback "ELASTICGPU_TESTRUNTIME_OFFLINE=1: not fetching"
-fi
-for t in apt-get apt-cache dpkg sha256sum flock tar gzip; do
-  command -v "$t" >/dev/null || fallback "required tool $t not found"
-done
-
-opts="[arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]"
-[ "${ELASTICGPU_APT_TRUSTED:-}" = 1 ] && opts="[arch=amd64 trusted=yes]"
-{
-  echo "deb $opts $MIRROR bookworm main"
-  echo "deb $opts $MIRROR trixie main"
-} >"$APTDIR/etc/sources.list"
+apt_setup
+lock_cache
+fallback_if_offline ELASTICGPU_TESTRUNTIME_OFFLINE "not fetching"
+require_tools apt-get apt-cache dpkg sha256sum flock tar gzip
+apt_sources bookworm trixie
 
 # A fresh index costs a few seconds; one younger than a day is good enough for the cache check
 # (the build key changes only when Debian publishes a new version of one of the packages).
 lists=$(ls -1t "$APTDIR"/state/lists/*_Packages* 2>/dev/null | head -n1 || true)
 if [ -z "$lists" ] || [ -n "$(find "$lists" -mmin +1440)" ]; then
-  # shellcheck disable=SC2046
-  if ! apt-get -q $(apt_opts) --error-on=any update >"$CACHE/apt-update.log" 2>&1; then
-    fallback "private apt update of bookworm+trixie failed (see $CACHE/apt-update.log)"
-  fi
+  apt_update bookworm+trixie
 fi
 
 versions=$(mktemp)
@@ -210,20 +148,10 @@ for ps in $PKGS; do
   echo "$p=$v" >>"$versions"
 done
 
-key=$( (cat "$HERE/build.sh" "$versions") | sha256sum | cut -c1-16)
-if complete "$CACHE/$key"; then
-  log "up to date: $CACHE/$key"
-  write_env "$CACHE/$key"
-  exit 0
-fi
+key=$(cache_key "$HERE/build.sh" "$versions")
+exit_if_up_to_date "$key"
 
 log "building test runtime $key from $(tr '\n' ' ' <"$versions")"
 start=$(date +%s)
-if ! bash "$HERE/build.sh" __build "$key" "$versions" >&2; then
-  rm -rf "$CACHE/$key.tmp"
-  fallback "building the test runtime failed"
-fi
-log "built in $(($(date +%s) - start))s: $CACHE/$key"
-write_env "$CACHE/$key"
-# Keep the two newest builds.
-ls -1td "$CACHE"/*/root 2>/dev/null | tail -n +3 | while read -r old; do rm -rf "$(dirname "$old")"; done
+build_step "$key" "$versions" || fallback "building the test runtime failed"
+finish_build "$key" "$start" 2 # keeps the two newest builds

@@ -10,8 +10,8 @@
 #
 # Result: ${ELASTICGPU_CACHE:-$HOME/.cache/elasticgpu}/testserver/<key>/
 #   elasticgpu-testserver, etcd, kubectl (if sid has it), versions.txt
-# where <key> hashes main.go, go.mod, this script and the exact package versions.
-# The paths are written to <cache>/testserver/current.env and printed.
+# where <key> hashes main.go, go.mod, this script, scripts/cached-build.sh and the exact
+# package versions. The paths are written to <cache>/testserver/current.env and printed.
 #
 # If fetching or building fails (sid changes daily, or no network) and a server
 # was built before, a WARNING is printed and the newest cached build is used.
@@ -28,63 +28,30 @@
 #                                  system's debian-archive-keyring (bookworm's
 #                                  keyring holds the trixie/forky-era keys that
 #                                  sign sid today).
+#
+# The cache key, lock, fallback, current.env, logging and private apt configuration are shared
+# with testcluster/ and testruntime/: scripts/cached-build.sh.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CACHE=${ELASTICGPU_CACHE:-$HOME/.cache/elasticgpu}/testserver
-APTDIR=$CACHE/apt
-MIRROR=${ELASTICGPU_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+BIN_NAME=elasticgpu-testserver
+NAME=testserver WHAT="test server" MARKER=$BIN_NAME STRICT_VAR=ELASTICGPU_TESTSERVER_STRICT
+# shellcheck source=scripts/cached-build.sh
+. "$HERE/../scripts/cached-build.sh"
 SUITE=${ELASTICGPU_DEBIAN_SUITE:-sid}
 GO_PKG=${ELASTICGPU_GO_PKG:-golang-1.26-go}
 GO_VER=${GO_PKG#golang-}
 GO_VER=${GO_VER%-go}
 ROOT_PKGS="golang-k8s-apiextensions-apiserver-dev golang-k8s-kube-openapi-dev kube-openapi $GO_PKG golang-$GO_VER-src etcd-server"
 OPTIONAL_PKGS="kubectl" # sid's kubectl (same Kubernetes version); the tests use it when present
-BIN_NAME=elasticgpu-testserver
 
-log() { echo "testserver/build.sh: $*" >&2; }
+build_complete() { [ -x "$1/$BIN_NAME" ] && [ -x "$1/etcd" ]; }
 
-write_env() { # $1 = build dir
-  local d=$1 tmp
-  tmp=$(mktemp "$CACHE/current.env.XXXXXX")
-  {
-    echo "ELASTICGPU_TESTSERVER_BIN=$d/$BIN_NAME"
-    echo "ELASTICGPU_ETCD_BIN=$d/etcd"
-    echo "ELASTICGPU_TESTSERVER_VERSIONS=$d/versions.txt"
-    [ ! -x "$d/kubectl" ] || echo "ELASTICGPU_KUBECTL_BIN=$d/kubectl"
-  } >"$tmp"
-  mv -f "$tmp" "$CACHE/current.env"
-  grep -v VERSIONS "$CACHE/current.env"
-}
-
-newest_cached() {
-  local f
-  f=$(ls -1t "$CACHE"/*/"$BIN_NAME" 2>/dev/null | head -n1 || true)
-  [ -n "$f" ] && [ -x "$(dirname "$f")/etcd" ] && dirname "$f"
-}
-
-fallback() { # $1 = reason
-  local d
-  if [ "${ELASTICGPU_TESTSERVER_STRICT:-}" = 1 ]; then
-    log "ERROR: $1 (ELASTICGPU_TESTSERVER_STRICT=1: no fallback)"
-    exit 1
-  fi
-  if d=$(newest_cached); then
-    log "WARNING: $1"
-    log "WARNING: falling back to the newest cached test server: $d"
-    write_env "$d"
-    exit 0
-  fi
-  log "ERROR: $1 (and no cached test server to fall back to)"
-  exit 1
-}
-
-apt_opts() {
-  echo -o "Dir::Etc::SourceList=$APTDIR/etc/sources.list" -o "Dir::Etc::SourceParts=$APTDIR/etc/sources.list.d" \
-    -o "Dir::Etc::Preferences=$APTDIR/etc/preferences" -o "Dir::Etc::PreferencesParts=$APTDIR/etc/preferences.d" \
-    -o "Dir::State=$APTDIR/state" -o "Dir::State::status=$APTDIR/state/status" \
-    -o "Dir::Cache=$APTDIR/cache" -o Debug::NoLocking=1 -o "APT::Sandbox::User=$(id -un)" \
-    -o APT::Architecture=amd64 -o APT::Architectures=amd64
+env_lines() { # $1 = build dir
+  echo "ELASTICGPU_TESTSERVER_BIN=$1/$BIN_NAME"
+  echo "ELASTICGPU_ETCD_BIN=$1/etcd"
+  echo "ELASTICGPU_TESTSERVER_VERSIONS=$1/versions.txt"
+  [ ! -x "$1/kubectl" ] || echo "ELASTICGPU_KUBECTL_BIN=$1/kubectl"
 }
 
 # --- inner build step (run as a separate process so `set -e` is honoured) ---
@@ -103,10 +70,7 @@ if [ "${1:-}" = "__build" ]; then
     cd "$APTDIR/debs"
     missing=()
     while read -r pv; do
-      p=${pv%%=*}
-      v=${pv#*=}
-      fv=${v/:/%3a}
-      ls "${p}_${fv}"_*.deb >/dev/null 2>&1 || missing+=("$pv")
+      deb_of "$pv" >/dev/null 2>&1 || missing+=("$pv")
     done <"$versions"
     if [ ${#missing[@]} -gt 0 ]; then
       log "downloading ${#missing[@]} packages"
@@ -116,19 +80,10 @@ if [ "${1:-}" = "__build" ]; then
     log "unpacking $(wc -l <"$versions") packages"
     rm -rf "$R.tmp"
     mkdir -p "$R.tmp"
-    while read -r pv; do
-      p=${pv%%=*}
-      v=${pv#*=}
-      fv=${v/:/%3a}
-      dpkg -x "$(ls "${p}_${fv}"_*.deb | head -n1)" "$R.tmp"
-    done <"$versions"
+    unpack_debs "$versions" "$R.tmp"
     touch "$R.tmp/.complete"
     mv "$R.tmp" "$R"
-    # Drop debs no longer referenced by this package set.
-    for f in "$APTDIR"/debs/*.deb; do
-      b=$(basename "$f")
-      grep -qxF "${b%%_*}=$(echo "$b" | cut -d_ -f2 | sed 's/%3a/:/')" "$versions" || rm -f "$f"
-    done
+    prune_debs "$versions" # those no longer referenced by this package set
   fi
   for old in "$CACHE"/root-*; do
     [ "$old" = "$R" ] || [ ! -d "$old" ] || (rm -rf "$old" &)
@@ -136,7 +91,7 @@ if [ "${1:-}" = "__build" ]; then
   export GOROOT=$R/usr/lib/go-$GO_VER
   export PATH=$GOROOT/bin:$PATH
   export GOPATH=$work/gopath:$R/usr/share/gocode
-  export GO111MODULE=off GOPROXY=off GOFLAGS= GOTOOLCHAIN=local CGO_ENABLED=0
+  export GO111MODULE=off GOPROXY=off GOFLAGS='' GOTOOLCHAIN=local CGO_ENABLED=0
   export GOCACHE=$CACHE/gocache
   pkgdir=$work/gopath/src/elasticgpu.local/testserver
   mkdir -p "$pkgdir/openapi"
@@ -179,26 +134,12 @@ if [ "${1:-}" = "__build" ]; then
 fi
 
 # --- outer driver ---
-mkdir -p "$CACHE" "$APTDIR/etc/sources.list.d" "$APTDIR/etc/preferences.d" "$APTDIR/state/lists/partial" "$APTDIR/cache/archives/partial"
-touch "$APTDIR/state/status"
-exec 9>"$CACHE/.lock"
-flock 9
-
-if [ "${ELASTICGPU_TESTSERVER_OFFLINE:-}" = 1 ]; then
-  fallback "ELASTICGPU_TESTSERVER_OFFLINE=1: not fetching"
-fi
-for t in apt-get apt-cache dpkg sha256sum flock; do
-  command -v "$t" >/dev/null || fallback "required tool $t not found"
-done
-
-opts="[arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]"
-[ "${ELASTICGPU_APT_TRUSTED:-}" = 1 ] && opts="[arch=amd64 trusted=yes]"
-echo "deb $opts $MIRROR $SUITE main" >"$APTDIR/etc/sources.list"
-
-# shellcheck disable=SC2046
-if ! apt-get -q $(apt_opts) --error-on=any update >"$CACHE/apt-update.log" 2>&1; then
-  fallback "private apt update of $SUITE failed (see $CACHE/apt-update.log)"
-fi
+apt_setup
+lock_cache
+fallback_if_offline ELASTICGPU_TESTSERVER_OFFLINE "not fetching"
+require_tools apt-get apt-cache dpkg sha256sum flock
+apt_sources "$SUITE"
+apt_update "$SUITE"
 
 versions=$(mktemp)
 trap 'rm -f "$versions"' EXIT
@@ -215,20 +156,10 @@ for p in $ROOT_PKGS; do
   grep -q "^$p=" "$versions" || fallback "package $p not available in $SUITE"
 done
 
-key=$( (cat "$HERE/main.go" "$HERE/go.mod" "$HERE/build.sh" "$versions") | sha256sum | cut -c1-16)
-if [ -x "$CACHE/$key/$BIN_NAME" ] && [ -x "$CACHE/$key/etcd" ]; then
-  log "up to date: $CACHE/$key"
-  write_env "$CACHE/$key"
-  exit 0
-fi
+key=$(cache_key "$HERE/main.go" "$HERE/go.mod" "$HERE/build.sh" "$versions")
+exit_if_up_to_date "$key"
 
 log "building test server $key from $(wc -l <"$versions") Debian $SUITE packages (a few minutes)"
 start=$(date +%s)
-if ! bash "$HERE/build.sh" __build "$key" "$versions" >&2; then
-  rm -rf "$CACHE/work-$key" "$CACHE/$key.tmp"
-  fallback "building the test server failed"
-fi
-log "built in $(($(date +%s) - start))s: $CACHE/$key"
-write_env "$CACHE/$key"
-# Keep the three newest builds.
-ls -1td "$CACHE"/*/"$BIN_NAME" 2>/dev/null | tail -n +4 | while read -r old; do rm -rf "$(dirname "$old")"; done
+build_step "$key" "$versions" || fallback "building the test server failed"
+finish_build "$key" "$start" 3 # keeps the three newest builds
