@@ -37,7 +37,7 @@ def wanted(claim: ElasticGPUClaim, egpu: ElasticGPU, classes: Mapping[str, Elast
 
 def wanted_privileged(claim: ElasticGPUClaim, egpu: ElasticGPU, classes: Mapping[str, ElasticGPUClass]) -> bool | None:
     """The claim's `status.allowPrivileged`: True when its class allows privileged containers, else None (absent)."""
-    klass = class_of(claim, egpu, classes)
+    klass = bound_class.class_of(claim, egpu, classes)
     return True if klass is not None and klass.allow_privileged else None
 
 
@@ -62,7 +62,7 @@ class PolicingCopy:
                 return
             classes = self.picture.view().classes
             want = wanted(claim, egpu, classes)
-            klass = class_of(claim, egpu, classes)
+            klass = bound_class.class_of(claim, egpu, classes)
             privileged = wanted_privileged(claim, egpu, classes)
         status: dict[str, Any] = {}
         if want is not None and want != shown(claim):
