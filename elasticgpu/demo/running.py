@@ -343,7 +343,9 @@ class Demo:
             )
         )
         out.print()
-        out.print(showing.sights_table(sights))
+        claims = k.get(f"{kube.CUSTOM}/namespaces/{s.namespace}/{names.PLURAL_CLAIM}").get("items") or []
+        isolation = {c["metadata"]["name"]: (c.get("status") or {}).get("isolation", "") for c in claims}
+        out.print(showing.sights_table(sights, isolation))
         out.print()
         for sight in sights:
             where = "inside the container" if sight.source == "container" else "in the agent's decision (nothing ran)"

@@ -70,6 +70,10 @@ def assert_each_claim_reached_its_card(output: str, *, prefix: str, where: str) 
     assert re.search(r"^\s*trainer/main\s+slice\s+\S+\s+GPU-\S+\s+30\s+10Gi\s", output, re.M), output
     assert re.search(r"^\s*notebook/main\s+notebook-main\s+\S+\s+GPU-\S+\s+20\s+8Gi\s", output, re.M), output
     assert re.search(r"^\s*renderer/main\s+whole\s+\S+\s+GPU-\S+\s+-\s+-", output, re.M), output
+    # Where the limits are shown, the demo says they are advisory and the cards simulated (issue 36).
+    assert re.search(r"^\s*trainer/main\s.*\snothing: advisory\s*$", output, re.M), output
+    assert re.search(r"^\s*renderer/main\s.*\swhole card, not shared\s*$", output, re.M), output
+    assert "The cards are simulated" in output and "they are advisory" in output, output
     # Pending with a reason (one CamelCase word) and a message that names the memory it asks for.
     assert re.search(r"^as expected, claim too-big is Pending \([A-Z][A-Za-z]+: .*96Gi", output, re.M), output
 
