@@ -27,9 +27,15 @@ def memory_limit(value: str | None) -> str:
     return format_memory(int(found.group(1))) if found else (value or "-")
 
 
+NEVER_WRAP = 1 << 16
+"""The console's width: wider than any row, so that a row is one line however long its names are,
+as kubectl prints (a pipe, a file, a test or a terminal; the terminal wraps for the eye). At a
+fixed 200, longer rows were folded inside names (issue 36)."""
+
+
 def console() -> Console:
-    """A console on stdout that keeps lines whole when piped (tests read them)."""
-    return Console(highlight=False, soft_wrap=True, width=200)
+    """A console on stdout that never wraps: lines stay whole for `grep`, `less -S` and tests."""
+    return Console(highlight=False, soft_wrap=True, width=NEVER_WRAP)
 
 
 def server_table(title: str, table: dict[str, Any], *, wide: bool = False) -> Table:
@@ -37,7 +43,7 @@ def server_table(title: str, table: dict[str, Any], *, wide: bool = False) -> Ta
     columns = [(i, c) for i, c in enumerate(table.get("columnDefinitions") or []) if wide or not c.get("priority")]
     shown = Table(title=title, title_justify="left", show_edge=False, box=None, header_style="bold")
     for _, column in columns:
-        shown.add_column(str(column["name"]).upper(), overflow="fold")
+        shown.add_column(str(column["name"]).upper(), no_wrap=True)
     for row in table.get("rows") or []:
         cells = row.get("cells") or []
         shown.add_row(*(Text("" if i >= len(cells) or cells[i] is None else str(cells[i])) for i, _ in columns))
@@ -82,7 +88,7 @@ def sights_table(sights: Sequence[Sight], isolation: Mapping[str, str] | None = 
         "CDI DEVICES" if decided else "/dev",
         "ENFORCED BY",
     ):
-        shown.add_column(name, overflow="fold")
+        shown.add_column(name, no_wrap=True)
     modes = isolation or {}
     for s in sights:
         mode = modes.get(s.claim, "")
