@@ -250,12 +250,23 @@ class Demo:
                 bound[use.claim] = claim
                 return not gated
 
+            def hopeless(use: scenario.PodUse = use) -> str:
+                # With no agent, no card is ever published: once the controller has said why the
+                # claim waits, the failure is certain (it once took the whole --timeout-s, 101 s).
+                if not self.args.no_agent or self.gpus():
+                    return ""
+                status = (k.claim(s.namespace, use.claim).get("status") or {})
+                if status.get("phase") == "Bound" or not status.get("reason"):
+                    return ""
+                return "no node agent runs (--no-agent), so no card is ever published and no claim can bind"
+
             try:
                 processes.wait_until(
                     ready,
                     f"claim {use.claim} Bound and pod {use.pod} ungated",
                     timeout_s=self.args.timeout_s,
                     children=self.everyone,
+                    hopeless=hopeless,
                 )
             except DemoError as error:
                 raise DemoError(f"{error}; {self.why(use.claim)}") from None
