@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -208,3 +209,31 @@ def test_kubectl_egpu_runs_without_activating_the_venv_through_the_link_the_read
                             timeout=120, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[:3] == ["NAMESPACE", "NAME", "STATUS"], result.stdout
+
+
+@pytest.mark.timeout(60)
+def test_run_sh_installs_only_when_pyproject_changed(tmp_path: Path) -> None:
+    """Issue 36: scripts/run.sh reinstalled the package on every run (~5 s). Run here on a copy of
+    the repository's script and pyproject.toml whose .venv/bin/python records each call."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "run.sh", tmp_path / "scripts" / "run.sh")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    calls = tmp_path / "calls"
+    for name in ("python", "elasticgpu"):
+        (venv / name).write_text(f"#!/bin/sh\necho {name} \"$@\" >> {calls}\n")
+        (venv / name).chmod(0o755)
+
+    def run() -> list[str]:
+        calls.write_text("")
+        done = subprocess.run(["bash", str(tmp_path / "scripts" / "run.sh"), "plan"], capture_output=True, text=True,
+                              timeout=30)
+        assert done.returncode == 0, done.stderr
+        return calls.read_text().splitlines()
+
+    assert run()[0].startswith("python -m pip install"), "the first run installs"
+    assert run() == ["elasticgpu plan"], "nothing changed: no reinstall"
+    with (tmp_path / "pyproject.toml").open("a") as changed:
+        changed.write("\n# a new dependency\n")
+    assert run()[0].startswith("python -m pip install"), "pyproject.toml changed: reinstall"
