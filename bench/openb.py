@@ -328,6 +328,10 @@ def plot(results: list[RunResult], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+TRACE_SOURCE = "https://github.com/alibaba/clusterdata"
+"""Where the openb trace is published (the ATC'23 FGD paper's data)."""
+
+
 def trace_dir(args: argparse.Namespace) -> Path:
     path = Path(args.trace_dir)
     return path if path.is_absolute() else (REPO / path).resolve()
@@ -434,6 +438,14 @@ def main(argv: list[str] | None = None) -> int:
         "--scale-pods", type=int, default=None, help="stop the scale run after this many pods (default: all, to 100%%)"
     )
     args = parser.parse_args(argv)
+    missing = [p for p in (trace_dir(args) / args.node_list, trace_dir(args) / f"openb_pod_list_{args.trace}.csv")
+               if not p.is_file()] if not args.no_trace or args.scale else []
+    if missing:
+        # The trace is data, not code: say where it comes from and how to point at it, in one line.
+        print(f"bench/openb.py: no trace file {missing[0]}: the openb trace is cluster-trace-gpu-v2023/csv of"
+              f" {TRACE_SOURCE}; put its CSVs in a folder and pass --trace-dir FOLDER (now {args.trace_dir},"
+              " relative to the repository root); --no-trace without --scale runs nothing of it", file=sys.stderr)
+        return 2
     if not args.no_trace:
         results = run_trace(args)
         png = Path(args.out) / f"openb-{args.trace}.png"

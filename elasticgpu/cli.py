@@ -141,8 +141,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `elasticgpu` console script."""
-    args = build_parser().parse_args(argv)
-    return user_errors.guarded(args.handler, prog=f"elasticgpu {args.command}")(args)
+    try:
+        args = build_parser().parse_args(argv)
+        return user_errors.guarded(args.handler, prog=f"elasticgpu {args.command}")(args)
+    except KeyboardInterrupt:
+        # Ctrl-C where no command handles it (imports, start-up): one line and the shell's 128+SIGINT,
+        # not a traceback through whatever module was loading. `demo` handles its own (demo/running.py).
+        print("elasticgpu: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+EXIT_INTERRUPTED = 130
+"""Exit code after Ctrl-C, as shells give a command killed by SIGINT (128 + 2)."""
 
 
 if __name__ == "__main__":

@@ -57,9 +57,7 @@ from elasticgpu.api import (
     parse_memory_mib,
     strict,
 )
-from elasticgpu.api import (
-    gpu_class as class_rules,
-)
+from elasticgpu.controller.decisions import binder, capacity
 
 # The sample a newcomer sees first (`elasticgpu plan` with no -f), shipped in the repository.
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plan"
@@ -89,13 +87,23 @@ class PlanInput:
 
 @dataclass
 class ClaimResult:
-    """The outcome for one claim."""
+    """The outcome for one claim: Bound when `placement` is set, else Pending with `reason` (the
+    controller's reason word, "" for a claim it leaves alone) and `message`."""
 
     claim: ElasticGPUClaim
     class_name: str
     request: str
     placement: Placement | None
     message: str
+    reason: str = ""
+    would_fit: Placement | None = None
+    """For a claim that waits for its first consumer: where a pod using it now would get its cards
+    (nothing is reserved for it, as on a cluster)."""
+
+    @property
+    def phase(self) -> str:
+        """Bound or Pending, as the controller would write it."""
+        return "Bound" if self.placement is not None else "Pending"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -297,13 +305,27 @@ def build_inventory(found: PlanInput) -> Inventory:
     return inventory
 
 
+def _picture(classes: dict[str, ElasticGPUClass], inventory: Inventory) -> binder.Picture:
+    """The binder's view of a plan: its classes, no ElasticGPUs (plan provisions; it reads none)."""
+
+    def card_memory(gpu_name: str) -> int | None:
+        for node in inventory.nodes():
+            for card in node.cards:
+                if names.gpu_object_name(card.record.uuid) == gpu_name:
+                    return card.record.memory_mib
+        return None
+
+    return binder.Picture(elastic_gpus={}, classes=classes, card_memory=card_memory, by_claim_uid={})
+
+
 def class_for(claim: ElasticGPUClaim, classes: dict[str, ElasticGPUClass]) -> ElasticGPUClass | None:
-    """The class that rules `claim`: the one it names, else the default class; None when missing."""
+    """The class that rules `claim`: the one it names, else the default class (the newest, as the
+    controller picks it); None when missing."""
     name = claim.spec.class_name
     if name:
         return classes.get(name)
-    defaults = [c for c in classes.values() if c.is_default]
-    return defaults[0] if defaults else None
+    return binder.Picture(elastic_gpus={}, classes=classes, card_memory=lambda _n: None,
+                          by_claim_uid={}).default_class()
 
 
 def claim_key(claim: ElasticGPUClaim) -> str:
@@ -311,11 +333,24 @@ def claim_key(claim: ElasticGPUClaim) -> str:
     return claim.metadata.uid or f"{claim.metadata.namespace or 'default'}/{claim.metadata.name}"
 
 
+def _as_new(claim: ElasticGPUClaim) -> ElasticGPUClaim:
+    """The claim as the controller first sees it: plan predicts a claim's first bind, so what a
+    cluster's dump says of its status (Bound, Lost) must not steer the decision."""
+    return claim.model_copy(update={"status": type(claim.status)()})
+
+
 def plan(found: PlanInput, *, seed: int = 0, inventory: Inventory | None = None) -> list[ClaimResult]:
     """Bind every claim in order; returns one result per claim. `inventory`: the one to bind
-    into (built from `found` when None); the caller reads the reservations from it afterwards."""
+    into (built from `found` when None); the caller reads the reservations from it afterwards.
+
+    Each verdict comes from the controller's own decisions, in the controller's order:
+    `binder.decide_claim` (class found, request valid for the class's provisioner, binding mode),
+    then the placement under the class's policy, `capacity.never_fits` (NeverFits or NoCapacity),
+    then the namespace's quotas. What plan cannot know of a cluster: ElasticGPUs (it provisions
+    new ones only), pods, preemption by priority, and claim groups."""
     inventory = build_inventory(found) if inventory is None else inventory
     classes = {c.metadata.name: c for c in found.classes if c.metadata.name}
+    picture = _picture(classes, inventory)
     allocators: dict[str, Allocator] = {}
     migs = plan_mig.MigPlanner(found.gpus, found.node_labels)  # `partitioning: MIG` classes (plan_mig.py)
     results: list[ClaimResult] = []
@@ -323,81 +358,114 @@ def plan(found: PlanInput, *, seed: int = 0, inventory: Inventory | None = None)
         gpu_class = class_for(claim, classes)
         class_name = (gpu_class.metadata.name or "") if gpu_class else (claim.spec.class_name or "")
         try:
-            request, _limit = claim.spec.gpu_request()
-        except ElasticGPUError as err:
-            results.append(ClaimResult(claim, class_name, "-", None, str(err)))
+            shown = claim.spec.gpu_request()[0].describe()
+        except ElasticGPUError:
+            shown = "-"
+        decision = binder.decide_claim(_as_new(claim), picture)
+        if isinstance(decision, binder.Ignore):
+            results.append(ClaimResult(claim, class_name, shown, None, f"left alone: {decision.why}"))
             continue
-        if gpu_class is None:
-            # As the controller: Pending with ClassNotFound (api.gpu_class.class_not_found_message).
-            why = "ClassNotFound: " + (
-                class_rules.class_not_found_message(class_name, classes)
-                if class_name
-                else "spec.elasticGPUClassName is empty and no ElasticGPUClass is annotated"
-                f" {names.ANNOTATION_DEFAULT_CLASS}=true; name a class or mark one default"
-            )
-            results.append(ClaimResult(claim, class_name, request.describe(), None, why))
+        if isinstance(decision, binder.Wait):
+            result = ClaimResult(claim, class_name, shown, None, f"{decision.reason}: {decision.message}",
+                                 reason=decision.reason)
+            if decision.reason == binder.REASON_WAIT_FOR_CONSUMER and gpu_class is not None:
+                result.would_fit = _would_fit(claim, gpu_class, inventory, allocators, seed=seed)
+                if result.would_fit is not None:
+                    result.message += f"; a pod using it now would get {result.would_fit.describe()}"
+            results.append(result)
             continue
-        if gpu_class.provisioner not in names.OWN_PROVISIONERS:
-            results.append(
-                ClaimResult(
-                    claim,
-                    class_name,
-                    request.describe(),
-                    None,
-                    f"provisioner {gpu_class.provisioner} is not elasticgpu's; left alone",
-                )
-            )
+        if not isinstance(decision, binder.Provision):
+            # Only a claim naming an ElasticGPU gets here (plan reads none): say so rather than guess.
+            results.append(ClaimResult(claim, class_name, shown, None, f"plan reads no ElasticGPUs: {decision}"))
             continue
-        try:
-            params = gpu_class.parsed_parameters()
-        except ElasticGPUError as err:
-            results.append(ClaimResult(claim, class_name, request.describe(), None, str(err)))
-            continue
-        key = claim_key(claim)
-        if gpu_class.is_mig:
-            result: Placement | plan_mig.MigPending | Unplaceable = migs.allocate(key, request, params)
-            release: Callable[[str], object] = migs.release
-        else:
-            allocator = allocators.get(params.policy)
-            if allocator is None:
-                allocator = allocators[params.policy] = Allocator(inventory, policy=params.policy, seed=seed)
-            placement_request = PlacementRequest(
-                gpu=request, models=tuple(params.gpu_model), node_selector=params.node_selector,
-                isolation="" if request.is_whole else gpu_class.isolation,  # whole cards need no isolation mode
-                topology=gpu_class.topology,
-            )
-            result, release = allocator.allocate(key, placement_request), allocator.release
-        if isinstance(result, Placement):
-            over = _charge(found.quotas, claim, key, class_name, result)
-            if over:
-                release(key)
-                results.append(ClaimResult(claim, class_name, request.describe(), None, over))
-                continue
-            note = migs.describe(key)
-            if not note and (len(result.cards) > 1 or result.nics):
-                # Several whole cards (or NICs): say how they are joined, what the class's topology is about.
-                note = topology.describe([inventory.card(u) for u in result.uuids], result.nics)
-            results.append(ClaimResult(claim, class_name, request.describe(), result, note))
-        else:
-            results.append(ClaimResult(claim, class_name, request.describe(), None, result.reason))
+        results.append(_provision(claim, decision, found, inventory, allocators, migs, seed=seed))
     return results
 
 
+def _allocator(allocators: dict[str, Allocator], inventory: Inventory, policy: str, seed: int) -> Allocator:
+    allocator = allocators.get(policy)
+    if allocator is None:
+        allocator = allocators[policy] = Allocator(inventory, policy=policy, seed=seed)
+    return allocator
+
+
+def _placement_request(decision: binder.Provision) -> PlacementRequest:
+    # As flow/reserving.py builds it: the class's isolation only for a slice, never for whole cards.
+    return PlacementRequest(gpu=decision.request, models=tuple(decision.parameters.gpu_model),
+                            node_selector=decision.parameters.node_selector,
+                            isolation=decision.required_isolation, topology=decision.topology)
+
+
+def _would_fit(claim: ElasticGPUClaim, gpu_class: ElasticGPUClass, inventory: Inventory,
+               allocators: dict[str, Allocator], *, seed: int) -> Placement | None:
+    """Where a WaitForFirstConsumer claim would go now (nothing reserved), or None."""
+    if gpu_class.is_mig:
+        return None
+    try:
+        request, _limit = claim.spec.gpu_request()
+        parameters = gpu_class.parsed_parameters()
+    except ElasticGPUError:
+        return None
+    decision = binder.Provision(class_name=gpu_class.metadata.name or "", provisioner=gpu_class.provisioner,
+                                request=request, parameters=parameters,
+                                reclaim_policy=gpu_class.effective_reclaim_policy, isolation=gpu_class.isolation,
+                                topology=gpu_class.topology)
+    placed = _allocator(allocators, inventory, parameters.policy, seed).place(_placement_request(decision))
+    return placed if isinstance(placed, Placement) else None
+
+
+def _provision(claim: ElasticGPUClaim, decision: binder.Provision, found: PlanInput, inventory: Inventory,
+               allocators: dict[str, Allocator], migs: plan_mig.MigPlanner, *, seed: int) -> ClaimResult:
+    """A claim the binder would provision: place it (NeverFits or NoCapacity when nowhere), then charge its quotas."""
+    key, class_name, shown = claim_key(claim), decision.class_name, decision.request.describe()
+    gpu_class = next((c for c in found.classes if c.metadata.name == class_name), None)
+    if gpu_class is not None and gpu_class.is_mig:
+        mig = migs.allocate(key, decision.request, decision.parameters)
+        if isinstance(mig, plan_mig.MigPending):
+            reason = capacity.REASON_NEVER_FITS if mig.never else binder.REASON_NO_CAPACITY
+            return ClaimResult(claim, class_name, shown, None, f"{reason}: {mig.reason}", reason=reason)
+        placement: Placement = mig
+        release: Callable[[str], object] = migs.release
+    else:
+        request = _placement_request(decision)
+        allocator = _allocator(allocators, inventory, decision.parameters.policy, seed)
+        result = allocator.allocate(key, request)
+        if isinstance(result, Unplaceable):
+            never = capacity.never_fits(inventory, decision.request, models=request.models,
+                                        node_selector=request.node_selector)
+            if never:
+                return ClaimResult(claim, class_name, shown, None, f"{capacity.REASON_NEVER_FITS}: {never}",
+                                   reason=capacity.REASON_NEVER_FITS)
+            message = capacity.no_capacity_message(decision.request, result)
+            return ClaimResult(claim, class_name, shown, None, f"{binder.REASON_NO_CAPACITY}: {message}",
+                               reason=binder.REASON_NO_CAPACITY)
+        placement, release = result, allocator.release
+    over = _charge(found.quotas, claim, key, class_name, placement)
+    if over is not None:
+        release(key)
+        return ClaimResult(claim, class_name, shown, None, f"{over[0]}: {over[1]}", reason=over[0])
+    note = migs.describe(key)
+    if not note and (len(placement.cards) > 1 or placement.nics):
+        # Several whole cards (or NICs): say how they are joined, what the class's topology is about.
+        note = topology.describe([inventory.card(u) for u in placement.uuids], placement.nics)
+    return ClaimResult(claim, class_name, shown, placement, note)
+
+
 def _charge(quotas: list[ElasticGPUQuota], claim: ElasticGPUClaim, key: str, class_name: str,
-            placement: Placement) -> str:
+            placement: Placement) -> tuple[str, str] | None:
     """Charge a placed claim to the quotas of its namespace, as the controller does before it
-    reserves; returns why it stays Pending (QuotaExceeded: ...), or "" when it was charged."""
+    reserves; returns (reason, message) of why it stays Pending, or None when it was charged."""
     namespace = claim.metadata.namespace or "default"
     mine = [q for q in quotas if (q.metadata.namespace or "default") == namespace]
     amount = quota.amount_of(placement)
     verdict = quota.check(mine, uid=key, class_name=class_name, amount=amount)
     if isinstance(verdict, quota.Exceeded | quota.Unreadable):
         reason = quota.REASON_QUOTA_EXCEEDED if isinstance(verdict, quota.Exceeded) else quota.REASON_INVALID_QUOTA
-        return f"{reason}: {verdict.message}"
+        return reason, verdict.message
     charge = quota.charge_for(claim=claim.metadata.name or "", uid=key, class_name=class_name, amount=amount)
     for model in mine:
         model.status.charges = [*model.status.charges, charge]
-    return ""
+    return None
 
 
 def _capacity(request: GpuRequest, placement: Placement) -> dict[str, int | str]:

@@ -33,9 +33,10 @@ def soft_record(gpu: GPU) -> CardRecord:
 
 @dataclass(frozen=True)
 class MigPending:
-    """Why a MIG claim stays Pending."""
+    """Why a MIG claim stays Pending; `never` when no card of the class could ever hold it (NeverFits)."""
 
     reason: str
+    never: bool = False
 
 
 class MigPlanner:
@@ -64,7 +65,7 @@ class MigPlanner:
                 for card in allocator.cards():  # name the largest profile, as the controller does
                     reason = mig_claims.never_covered(request, card.model, card.memory_mib)
                     break
-            return MigPending(reason)
+            return MigPending(reason, never=found.never)
         self._planned[key] = self.instances[key] = found
         return self._reservation(found)
 

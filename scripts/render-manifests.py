@@ -18,7 +18,8 @@ deploy/ plus the CRDs in DIR/crds/; deploy/ itself only ever holds the defaults.
 The chart is the source: edit deploy/chart/templates/, then run this. Helm renders the chart with its
 default values plus `namespace.create=true` (each plain file carries the Namespace, so it applies on
 its own), release elasticgpu in elasticgpu-system; the renderer is Helm itself, in-process (the
-`helm-python-sdk` package of the test extra: Helm's engine as a library, no helm binary).
+`helm-python-sdk` package of the `manifests` extra, in the test extra too: Helm's engine as a library,
+no helm binary).
 
     templates/X.yaml         -> deploy/X.yaml (none when it renders no object, e.g. a switch that is off)
     templates/policies.yaml  -> deploy/policies/F.yaml, one per "# file: policies/F.yaml" section
@@ -38,8 +39,18 @@ import re
 import sys
 from pathlib import Path
 
-import helm_python
 import yaml
+
+try:
+    import helm_python
+except ModuleNotFoundError as missing:
+    if missing.name != "helm_python":
+        raise
+    # Helm's engine is 240 MB: scripts/run.sh leaves it out of the .venv it makes, so the README's
+    # command for it installs the `manifests` extra first. Said in one line, not a traceback.
+    sys.exit(f"{sys.argv[0]}: needs Helm's engine as a library (the helm-python-sdk package, about 240 MB), which"
+             f" {sys.executable} lacks: install it with `{Path(sys.executable).parent}/pip install -e '.[manifests]'`"
+             " (from the repository root), then run this again")
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "chart"

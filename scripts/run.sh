@@ -9,7 +9,14 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
+# An editable install follows the source by itself: reinstall only when pyproject.toml (dependencies,
+# console scripts) changed since the last install, or the command is missing (it cost ~5 s a run).
+stamp=.venv/.elasticgpu-installed
+wanted="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ ! -x .venv/bin/elasticgpu ] || [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
+  echo "$wanted" > "$stamp"
+fi
 if [ "$#" -eq 0 ]; then
   set -- demo
 fi

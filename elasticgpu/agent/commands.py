@@ -68,8 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "run", help="run the node agent (blocking): discovery, GPU objects, health, usage, metrics",
         description="Run the node agent. Every setting is a flag and an ELASTICGPU_AGENT_* environment variable."
         " With --backend simulated, the state paths not given (--ledger-url, --device-dir, --cdi-dir,"
-        " --cri-front-dir, --limits-dir, --cri-listen) default under $TMPDIR/elasticgpu-sim-<uid> (/tmp without"
-        " TMPDIR): no root needed, nothing under /var or /run touched.",
+        " --cri-front-dir, --limits-dir, --cri-listen) default under $TMPDIR/elasticgpu-sim-<uid>/<node-name> (/tmp"
+        " without TMPDIR): no root needed, nothing under /var or /run touched, and two simulated nodes on one"
+        " machine never share a socket, ledger or CDI file.",
     )
     run.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     settings.add_arguments(run)

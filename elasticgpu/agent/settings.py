@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import hashlib
 import inspect
 import itertools
 import os
@@ -367,16 +368,24 @@ def from_sources(args: argparse.Namespace | None = None, environ: Mapping[str, s
     return settings
 
 
-def simulated_state_dir(environ: Mapping[str, str]) -> str:
-    """The per-user folder of a simulated agent's state: `$TMPDIR/elasticgpu-sim-<uid>` (`/tmp` without
-    TMPDIR). Per user, so two users' agents never share a ledger or a socket; no root needed."""
-    return os.path.join(environ.get("TMPDIR") or "/tmp", f"elasticgpu-sim-{os.getuid()}")
+def simulated_state_dir(environ: Mapping[str, str], node: str = "") -> str:
+    """The folder of a simulated agent's state: `$TMPDIR/elasticgpu-sim-<uid>/<node>` (`/tmp` without
+    TMPDIR). Per user, so two users' agents never share a ledger or a socket; per node, so two
+    simulated nodes on one machine never do either (issue 36: the second agent silently took the
+    first's CRI socket, ledger and CDI file); no root needed. A node name longer than 40 characters
+    is shortened with a hash of it: the CRI sockets under it must stay within a unix socket path's 107 bytes."""
+    base = os.path.join(environ.get("TMPDIR") or "/tmp", f"elasticgpu-sim-{os.getuid()}")
+    name = node or "no-node-name"
+    if len(name) > 40:
+        name = f"{name[:31]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return os.path.join(base, name)
 
 
 def _simulated_defaults(parts: dict[str, Any], env: Mapping[str, str], *,
                         given: Callable[[str], bool]) -> dict[str, Any]:  # fmt: skip
     # Only the paths nobody gave: an explicit flag or variable always wins.
-    home = simulated_state_dir(env)
+    kube = parts.get("kube")
+    home = simulated_state_dir(env, getattr(kube, "node_name", "") or env.get("NODE_NAME", ""))
     out = dict(parts)
     for concern, current in parts.items():
         changes: dict[str, Any] = {}

@@ -158,14 +158,20 @@ def wait_until(
     timeout_s: float,
     children: Sequence[Child] = (),
     interval_s: float = 0.2,
+    hopeless: Callable[[], str] | None = None,
 ) -> T:
     """Poll `check` until it returns a truthy value; DemoError naming `what` after `timeout_s`, or
-    at once when one of `children` exits. Errors of `check` count as "not yet"; the last is told."""
+    at once when one of `children` exits or `hopeless()` says why waiting cannot succeed (a
+    failure that is certain is told when it is, not at the deadline). Errors of `check` count as
+    "not yet"; the last is told."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while True:
         for child in children:
             child.check_alive(what)
+        reason = hopeless() if hopeless is not None else ""
+        if reason:
+            raise DemoError(f"gave up waiting for {what}: {reason}")
         try:
             result = check()
             if result:

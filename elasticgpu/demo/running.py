@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import signal
 import sys
@@ -35,6 +36,8 @@ from elasticgpu.demo import components, containers, kube, local_cluster, local_r
 from elasticgpu.demo.processes import DemoError
 
 TMP_PREFIX = "egdemo-"  # short: unix socket paths must stay under 108 bytes
+OWNER_FILE = "owner.pid"
+"""In each run's folder: the pid of the demo that made it (`sweep_stale_dirs`)."""
 ADMISSION = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
 
@@ -62,6 +65,15 @@ class Demo:
         self.args = args
         self.say = say
         self.directory = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
+        try:
+            # Who owns the folder: a later run removes it if this process died without cleaning up.
+            (self.directory / OWNER_FILE).write_text(str(os.getpid()))
+            self._setup(args)
+        except BaseException:  # Ctrl-C in the middle of this: the caller has no Demo to clean up
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+
+    def _setup(self, args: argparse.Namespace) -> None:
         self.children = processes.Children()
         self.external = bool(args.kubeconfig)
         run_id = uuid.uuid4().hex[:6]
@@ -238,12 +250,23 @@ class Demo:
                 bound[use.claim] = claim
                 return not gated
 
+            def hopeless(use: scenario.PodUse = use) -> str:
+                # With no agent, no card is ever published: once the controller has said why the
+                # claim waits, the failure is certain (it once took the whole --timeout-s, 101 s).
+                if not self.args.no_agent or self.gpus():
+                    return ""
+                status = (k.claim(s.namespace, use.claim).get("status") or {})
+                if status.get("phase") == "Bound" or not status.get("reason"):
+                    return ""
+                return "no node agent runs (--no-agent), so no card is ever published and no claim can bind"
+
             try:
                 processes.wait_until(
                     ready,
                     f"claim {use.claim} Bound and pod {use.pod} ungated",
                     timeout_s=self.args.timeout_s,
                     children=self.everyone,
+                    hopeless=hopeless,
                 )
             except DemoError as error:
                 raise DemoError(f"{error}; {self.why(use.claim)}") from None
@@ -343,7 +366,9 @@ class Demo:
             )
         )
         out.print()
-        out.print(showing.sights_table(sights))
+        claims = k.get(f"{kube.CUSTOM}/namespaces/{s.namespace}/{names.PLURAL_CLAIM}").get("items") or []
+        isolation = {c["metadata"]["name"]: (c.get("status") or {}).get("isolation", "") for c in claims}
+        out.print(showing.sights_table(sights, isolation))
         out.print()
         for sight in sights:
             where = "inside the container" if sight.source == "container" else "in the agent's decision (nothing ran)"
@@ -430,14 +455,51 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _sigterm_unwinds() -> None:
-    """SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so everything is stopped and removed."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+class Interrupts:
+    """Ctrl-C (SIGINT) and SIGTERM (a CI timeout, `kill`): the first unwinds the run like Ctrl-C
+    (KeyboardInterrupt), so that cleanup stops every child and removes the folder; any later one
+    is only counted. A second Ctrl-C once landed in the cleanup itself: a traceback, and 123 MB of
+    containerd state left in /tmp (issue 36). Installed only over the default handlers (a test
+    harness's own stay)."""
 
-        def interrupt(signum: int, frame: object) -> None:
-            raise KeyboardInterrupt("SIGTERM")
+    def __init__(self) -> None:
+        self.count = 0
+        self.shielded = False
+        """Set while cleaning up: an interrupt then only counts (the run ends right after anyway)."""
+        self.installed: list[tuple[int, Any]] = []
 
-        signal.signal(signal.SIGTERM, interrupt)
+    def __call__(self, signum: int, frame: object) -> None:
+        self.count += 1
+        if self.count == 1 and not self.shielded:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def install(self) -> None:
+        """Take SIGINT and SIGTERM where they still have Python's defaults (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+            previous = signal.getsignal(signum)
+            if previous is default:
+                self.installed.append((signum, previous))
+                signal.signal(signum, self)
+
+    def restore(self) -> None:
+        """Put back the handlers `install` replaced."""
+        for signum, previous in self.installed:
+            signal.signal(signum, previous)
+        self.installed.clear()
+
+
+def sweep_stale_dirs() -> None:
+    """Remove the folders of earlier demos whose process is gone (killed before it could clean up:
+    SIGKILL, a power cut); a folder of a demo still running, or without an owner, is left alone."""
+    for directory in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}*"):
+        try:
+            os.kill(int((directory / OWNER_FILE).read_text()), 0)
+        except ProcessLookupError:
+            shutil.rmtree(directory, ignore_errors=True)
+        except (OSError, ValueError):  # no owner file, not ours to read, or its owner lives
+            continue
 
 
 def run(args: argparse.Namespace) -> int:
@@ -450,7 +512,23 @@ def run(args: argparse.Namespace) -> int:
     if args.kubeconfig and getattr(args, "cluster", "local") == "real":
         print("elasticgpu demo: error: --cluster real starts its own cluster; drop it or --kubeconfig", file=sys.stderr)
         return user_errors.EXIT_USAGE
-    _sigterm_unwinds()
+    interrupts = Interrupts()
+    interrupts.install()
+    try:
+        return _run(args, out, say, interrupts)
+    except KeyboardInterrupt:  # before the run had anything to clean up
+        say("elasticgpu demo: interrupted (nothing was left behind)", "red")
+        return INTERRUPTED
+    finally:
+        interrupts.restore()
+
+
+INTERRUPTED = 130
+"""The exit code after Ctrl-C (128 + SIGINT, as a shell reports it)."""
+
+
+def _run(args: argparse.Namespace, out: Any, say: Callable[..., None], interrupts: Interrupts) -> int:
+    sweep_stale_dirs()
     phases = Phases()
     demo = Demo(args, say)
     failure: str | None = None
@@ -480,17 +558,23 @@ def run(args: argparse.Namespace) -> int:
         failure = str(error)
     except KeyboardInterrupt:
         failure = "interrupted"
+        interrupts.count = max(interrupts.count, 1)  # from here on, a Ctrl-C only counts: cleanup runs to its end
     except Exception as error:  # a bug or an answer nobody foresaw: still one line, still cleaned up
         # A mistake of the user's (a missing kubeconfig, a server that does not answer) gets the
         # same one line and exit 2 as every other command, once everything is cleaned up (below).
         told = user_errors.translate(error, args)
         failure = f"{type(error).__name__}: {error} (run again with --keep to keep every component's log)"
     finally:
+        interrupts.shielded = True
         with phases.phase("cleanup"):
             demo.cleanup()
     if told is not None:
         print(f"elasticgpu demo: error: {told}", file=sys.stderr)
         return user_errors.EXIT_USAGE
+    if interrupts.count:
+        left = f"kept {demo.directory}" if args.keep else "removed its files"
+        say(f"elasticgpu demo: interrupted: stopped everything it started and {left}", "red")
+        return INTERRUPTED
     total = time.monotonic() - phases.started
     out.print()
     out.print(showing.timings_table(phases.done, total))

@@ -7,7 +7,7 @@ exactly the columns kubectl prints; `rich` draws them.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -27,9 +27,15 @@ def memory_limit(value: str | None) -> str:
     return format_memory(int(found.group(1))) if found else (value or "-")
 
 
+NEVER_WRAP = 1 << 16
+"""The console's width: wider than any row, so that a row is one line however long its names are,
+as kubectl prints (a pipe, a file, a test or a terminal; the terminal wraps for the eye). At a
+fixed 200, longer rows were folded inside names (issue 36)."""
+
+
 def console() -> Console:
-    """A console on stdout that keeps lines whole when piped (tests read them)."""
-    return Console(highlight=False, soft_wrap=True, width=200)
+    """A console on stdout that never wraps: lines stay whole for `grep`, `less -S` and tests."""
+    return Console(highlight=False, soft_wrap=True, width=NEVER_WRAP)
 
 
 def server_table(title: str, table: dict[str, Any], *, wide: bool = False) -> Table:
@@ -37,7 +43,7 @@ def server_table(title: str, table: dict[str, Any], *, wide: bool = False) -> Ta
     columns = [(i, c) for i, c in enumerate(table.get("columnDefinitions") or []) if wide or not c.get("priority")]
     shown = Table(title=title, title_justify="left", show_edge=False, box=None, header_style="bold")
     for _, column in columns:
-        shown.add_column(str(column["name"]).upper(), overflow="fold")
+        shown.add_column(str(column["name"]).upper(), no_wrap=True)
     for row in table.get("rows") or []:
         cells = row.get("cells") or []
         shown.add_row(*(Text("" if i >= len(cells) or cells[i] is None else str(cells[i])) for i, _ in columns))
@@ -46,15 +52,32 @@ def server_table(title: str, table: dict[str, Any], *, wide: bool = False) -> Ta
     return shown
 
 
-def sights_table(sights: Sequence[Sight]) -> Table:
-    """One row per container: its claim, node, the cards it sees and its limits."""
+ENFORCED_BY = {"None": "nothing: advisory", "WholeCard": "whole card, not shared", "MPS": "MPS",
+               "HAMiCore": "HAMi-core"}
+"""What holds a container to its SM and memory limits, by its claim's `status.isolation`."""
+SIMULATED_NOTE = (
+    "The cards are simulated (the agents' simulated backend): no GPU, driver, NVML, MPS or HAMi-core runs here,"
+    " and {devices}."
+    " SM LIMIT and MEMORY LIMIT are what the container is told; under isolation None (the demo's classes) they are"
+    " advisory, nothing holds a process to them; MPS or HAMi-core on a real card enforce them (docs/isolation.md)."
+)
+"""Said under the table, where the numbers are: what the demo shows is not what a GPU enforced."""
+
+
+def sights_table(sights: Sequence[Sight], isolation: Mapping[str, str] | None = None) -> Table:
+    """One row per container: its claim, node, the cards it sees, its limits and what enforces
+    them (`isolation`: each claim's `status.isolation`, by claim name), with a note that the cards
+    are simulated and the limits advisory."""
     decided = any(s.source == "decision" for s in sights)
     title = (
-        "What each container would get (no container runtime here: the agent's injection decision)"
+        "What each container would get (no container runtime here: the agent's injection decision; simulated cards)"
         if decided
-        else "What each container sees (read inside the running container)"
+        else "What each container sees (read inside the running container; simulated cards)"
     )
-    shown = Table(title=title, title_justify="left", show_edge=False, box=None, header_style="bold")
+    devices = ("CDI DEVICES are the names a runtime would resolve" if decided
+               else "/dev/nvidiaN are stand-in device nodes that the agent's CDI spec names")
+    shown = Table(title=title, title_justify="left", show_edge=False, box=None, header_style="bold",
+                  caption=SIMULATED_NOTE.format(devices=devices), caption_justify="left")
     for name in (
         "POD/CONTAINER",
         "CLAIM",
@@ -63,9 +86,12 @@ def sights_table(sights: Sequence[Sight]) -> Table:
         "SM LIMIT",
         "MEMORY LIMIT",
         "CDI DEVICES" if decided else "/dev",
+        "ENFORCED BY",
     ):
-        shown.add_column(name, overflow="fold")
+        shown.add_column(name, no_wrap=True)
+    modes = isolation or {}
     for s in sights:
+        mode = modes.get(s.claim, "")
         shown.add_row(
             *map(
                 Text,
@@ -77,6 +103,7 @@ def sights_table(sights: Sequence[Sight]) -> Table:
                     s.env.get("CUDA_DEVICE_SM_LIMIT", "-"),
                     memory_limit(s.env.get("CUDA_DEVICE_MEMORY_LIMIT_0")),
                     " ".join(s.devices) or "-",
+                    ENFORCED_BY.get(mode, mode or "-"),
                 ),
             )
         )

@@ -1,9 +1,11 @@
 """`kubectl egpu why CLAIM`: why a claim is where it is, and for a Pending one what it lacks.
 
 The phase, reason and message are the controller's, read from the claim. For a Pending claim
-of a dynamic class the plugin asks the allocator (`elasticgpu.plan`, the same code and policy
-the controller binds with) where the claim would go in the cluster as it is now: nowhere, and
-then the closest card and what it lacks; or somewhere, and then what the claim still waits for.
+of a dynamic class the plugin asks `elasticgpu.plan` (which decides through the controller's own
+decisions, `controller.decisions.binder` and `capacity`, and its allocator) what the controller
+would decide in the cluster as it is now: a request or class to fix (InvalidRequest, ClassNotFound,
+...), a card that can never hold it (NeverFits), no room now (the closest card and what it lacks),
+or a place, and then what the claim still waits for.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from elasticgpu.api import ElasticGPUClaim, ElasticGPUError
 from elasticgpu.api.pod_claims import read_pod_claims
 from elasticgpu.kubectl_plugin import cluster
 
-WAIT_FOR_CONSUMER = "WaitForFirstConsumer"
+WAIT_FOR_CONSUMER = "WaitingForFirstConsumer"
+"""The reason of a claim whose class binds when a pod first uses it (the binder's word)."""
 CLAIMS_READY = "elasticgpu.io/ClaimsReady"
 """The pod condition the controller writes (`controller.decisions.pod_gate`; the plugin imports no
 controller code): why a pod that uses claims is still gated."""
@@ -55,20 +58,25 @@ def _static(view: cluster.Cluster, claim: ElasticGPUClaim) -> list[str]:
     return [f"  static:   it names ElasticGPU {name}, which is {state}{why}"]
 
 
+CAPACITY_REASONS = frozenset({"NoCapacity", "NeverFits", "QuotaExceeded"})
+"""Reasons that say what the claim lacks (room, a large enough card, quota); the others name a
+mistake to fix (the request, the class) or what the claim waits for."""
+
+
 def _placement(view: cluster.Cluster, claim: ElasticGPUClaim) -> list[str]:
-    """Where the allocator would put the claim now, or the closest card and what it lacks."""
+    """The controller's verdict on the claim in the cluster as it is now (`plan`, which decides
+    through the controller's own decisions): where it would go, what it lacks, or what to fix."""
     found = plan.PlanInput(gpus=view.gpus(), node_list=[], classes=view.classes(), claims=[claim],
                            node_labels=view.node_labels())
-    # The claim's own class decides the policy, model and nodes, exactly as in the controller.
     [result] = plan.plan(found)
-    classes = {c.metadata.name: c for c in found.classes if c.metadata.name}
-    gpu_class = plan.class_for(claim, classes)
     lines = [f"  request:  {result.request} (class {result.class_name or '-'})"]
-    if result.placement is None:
-        lines.append(f"  lacks:    {result.message}")
+    fits = result.placement or result.would_fit
+    if fits is None:
+        label = "lacks" if result.reason in CAPACITY_REASONS else "cause"
+        lines.append(f"  {label}:{' ' * (9 - len(label))}{result.message}")
         return lines
-    lines.append(f"  fits now: {result.placement.describe()}")
-    if gpu_class is not None and gpu_class.effective_binding_mode == WAIT_FOR_CONSUMER:
+    lines.append(f"  fits now: {fits.describe()}")
+    if result.reason == WAIT_FOR_CONSUMER:
         lines.append("  waits:    for a pod that uses it (WaitForFirstConsumer): the controller binds it when"
                      " that pod is placed; see the pod's Events")
     else:

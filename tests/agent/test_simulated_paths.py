@@ -39,18 +39,29 @@ def _under_system(path: str) -> bool:
 
 
 def test_simulated_state_is_per_user_and_never_under_var_or_run() -> None:
-    paths = _paths(_resolved("--backend", "simulated"))
+    paths = _paths(_resolved("--backend", "simulated", "--node-name", "node-a"))
     assert set(paths) == set(settings.SIMULATED_STATE), "the test covers every path the defaults move"
     assert not [p for p in paths.values() if _under_system(p)], paths
-    home = f"/tmp/elasticgpu-sim-{os.getuid()}"
+    home = f"/tmp/elasticgpu-sim-{os.getuid()}/node-a"
     assert all(p.startswith(home + "/") for p in paths.values()), paths
     assert len(set(paths.values())) == len(paths), "each path its own"
 
 
 def test_tmpdir_moves_it_and_the_environment_also_selects_the_backend() -> None:
-    built = _resolved(environ={"ELASTICGPU_AGENT_BACKEND": "simulated", "TMPDIR": "/scratch"})
-    assert built.cri.cdi_dir == f"/scratch/elasticgpu-sim-{os.getuid()}/cdi"
-    assert built.ledger.ledger_url == f"sqlite:////scratch/elasticgpu-sim-{os.getuid()}/ledger.db"
+    built = _resolved(environ={"ELASTICGPU_AGENT_BACKEND": "simulated", "TMPDIR": "/scratch", "NODE_NAME": "n1"})
+    assert built.cri.cdi_dir == f"/scratch/elasticgpu-sim-{os.getuid()}/n1/cdi"
+    assert built.ledger.ledger_url == f"sqlite:////scratch/elasticgpu-sim-{os.getuid()}/n1/ledger.db"
+
+
+def test_two_simulated_nodes_on_one_machine_share_no_path() -> None:
+    """Issue 36: the defaults were per user, so a second simulated agent took the first's CRI socket,
+    ledger and CDI file without a word."""
+    a = _paths(_resolved("--backend", "simulated", "--node-name", "node-a"))
+    b = _paths(_resolved("--backend", "simulated", environ={"NODE_NAME": "node-b"}))
+    assert not set(a.values()) & set(b.values()), (a, b)
+    long_name = "n" * 63  # the longest node name: its socket path must still fit a unix socket's 107 bytes
+    socket = _paths(_resolved("--backend", "simulated", "--node-name", long_name))["cri_listen"]
+    assert len(socket.encode()) < 108 and long_name[:31] in socket, socket
 
 
 def test_a_path_given_by_flag_or_variable_wins() -> None:
@@ -72,4 +83,4 @@ def test_the_nvml_backend_keeps_the_node_defaults() -> None:
 def test_help_says_where_a_simulated_agent_keeps_its_state(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["agent", "run", "--help"])
-    assert "default under $TMPDIR/elasticgpu-sim-<uid>" in " ".join(capsys.readouterr().out.split())
+    assert "default under $TMPDIR/elasticgpu-sim-<uid>/<node-name>" in " ".join(capsys.readouterr().out.split())

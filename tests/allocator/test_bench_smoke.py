@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -56,3 +57,15 @@ def test_gang_bench_runs_and_all_or_none_holds_no_card_idle(capsys: pytest.Captu
     for binder in ("all-or-none", "all-or-none + bounded wait"):
         assert rows[binder][:2] == ["0.0", "0.0"], rows  # no card held idle by a partial group
         assert float(rows[binder][2]) > 0, rows  # jobs completed
+
+
+@pytest.mark.timeout(120)
+def test_without_its_trace_the_bench_says_where_the_trace_comes_from_in_one_line(tmp_path: Path) -> None:
+    """Issue 36: it died with a FileNotFoundError traceback."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "openb.py"), "--trace-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2, done
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert str(tmp_path / "openb_node_list_gpu_node.csv") in lines[0], lines[0]
+    assert "github.com/alibaba/clusterdata" in lines[0] and "--trace-dir FOLDER" in lines[0], lines[0]

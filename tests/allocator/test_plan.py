@@ -29,8 +29,51 @@ def test_plan_prints_a_table_with_reasons_for_pending_claims(capsys: pytest.Capt
     assert "Bound" in lines["notebook"] and "Bound" in lines["training"]
     assert lines["training"].count("GPU-node-") == 4
     assert "Pending" in lines["too-much-memory"]
-    assert lines["too-much-memory"].endswith("has 80Gi free, the claim asks 96Gi")
-    assert lines["wants-h100"].endswith("no node has a *H100* card (models here: NVIDIA A100-SXM4-80GB, Tesla T4)")
+    # The controller's reasons and words (issue 36): 96Gi can never fit an 80Gi card; no H100 is here yet.
+    never = "NeverFits: no card in this cluster can ever give 20% cores, 96Gi: the largest is"
+    assert never in lines["too-much-memory"]
+    assert lines["wants-h100"].endswith("NoCapacity: no card can give 1 whole card: no node has a *H100* card"
+                                        " (models here: NVIDIA A100-SXM4-80GB, Tesla T4)")
+
+
+CLAIM = """\
+apiVersion: elasticgpu.io/v1alpha1
+kind: ElasticGPUClaim
+metadata: {name: NAME, namespace: team-a}
+spec:
+  resources:
+    requests: REQUESTS
+"""
+
+
+def _claims(tmp_path: Path, *claims: tuple[str, str], extra: str = "") -> Path:
+    path = tmp_path / "claims.yaml"
+    path.write_text("---\n".join(CLAIM.replace("NAME", n).replace("REQUESTS", r) for n, r in claims) + extra)
+    return path
+
+
+def test_plan_refuses_what_the_controller_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 36: two whole cards under the default class gpushare (slices of one card) were Bound
+    by plan and InvalidRequest on the cluster; plan now decides through the controller's binder."""
+    claims = _claims(tmp_path, ("two-cards", "{nvidia.com/gpu: 2}"), ("slice", "{elasticgpu.io/gpu-core: 30}"))
+    code, out, _ = run(capsys, "-f", str(EXAMPLES / "nodes.yaml"), "-f", str(EXAMPLES / "classes.yaml"),
+                       "-f", str(claims), "--strict")
+    lines = {line.split()[1]: line for line in out.splitlines()[1:]}
+    assert code == 1
+    assert "Pending" in lines["two-cards"] and "<none>" in lines["two-cards"]
+    assert "InvalidRequest: spec.resources: class gpushare provisions slices of one card" in lines["two-cards"]
+    assert "Bound" in lines["slice"]
+
+
+def test_plan_keeps_a_wait_for_first_consumer_claim_pending_and_says_where_it_would_go(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wffc = ("---\napiVersion: elasticgpu.io/v1alpha1\nkind: ElasticGPUClass\nmetadata: {name: later}\n"
+            "provisioner: elasticgpu.io/gpushare\nbindingMode: WaitForFirstConsumer\n")
+    claims = _claims(tmp_path, ("waits", "{elasticgpu.io/gpu-core: 30}"), extra=wffc)
+    claims.write_text(claims.read_text().replace("spec:\n", "spec:\n  elasticGPUClassName: later\n", 1))
+    [result] = plan.plan(plan.read_inputs([str(EXAMPLES / "nodes.yaml"), str(claims)]))
+    assert (result.phase, result.reason) == ("Pending", "WaitingForFirstConsumer")
+    assert result.would_fit is not None and "a pod using it now would get node-" in result.message
 
 
 def test_plan_yaml_lists_the_elastic_gpus_it_would_create(capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,7 +130,8 @@ def test_plan_reads_gpu_objects_and_keeps_their_reservations(
     assert code == 1
     lines = {line.split()[1]: line for line in out.splitlines()[1:]}
     assert "GPU-1" in lines["one"]  # GPU-0 is held whole by egpu-old
-    assert lines["two"].endswith("n1 has 0 free cards (of 2), the claim asks 1 whole card on one node")
+    assert lines["two"].endswith("NoCapacity: no card can give 1 whole card: n1 has 0 free cards (of 2), the claim asks"
+                                 " 1 whole card on one node (closest: n1)")
 
 
 def test_plan_subcommand_defaults_to_the_sample(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,9 +3,12 @@ subprocess), with the exact one line each mistake gets (issue 29)."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -159,3 +162,78 @@ def test_the_output_of_kubectl_get_is_plan_input(tmp_path: Path) -> None:
     result = _elasticgpu("plan", "--strict", "-f", str(listed), "-f", str(CLASSES), "-f", str(claim))
     assert result.returncode == 0, result.stderr
     assert re.search(r"^ml\s+notebook\s+Bound\s+gpushare\s+.*node-x\s+GPU-node-x-0", result.stdout, re.M), result.stdout
+
+
+def test_render_manifests_without_helm_s_engine_says_how_to_get_it_in_one_line(tmp_path: Path) -> None:
+    """Issue 36: in the .venv scripts/run.sh makes (no extras) the README's render command died with
+    `ModuleNotFoundError: helm_python`. The module is hidden here as it is missing there."""
+    hidden = tmp_path / "helm_python"
+    hidden.mkdir()
+    (hidden / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'helm_python'\", name='helm_python')\n")
+    script = ROOT / "scripts" / "render-manifests.py"
+    result = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "o")], capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 1, result
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "helm-python-sdk" in lines[0] and "pip install -e '.[manifests]'" in lines[0], lines[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_readme_installs_what_its_commands_need_beyond_what_run_sh_installs() -> None:
+    """Every README command must work in the .venv of the README's first command (scripts/run.sh,
+    which installs the package without extras): the render command comes after the install of the
+    `manifests` extra, and that extra holds Helm's engine."""
+    run_sh = (ROOT / "scripts" / "run.sh").read_text()
+    assert re.search(r"pip install .*-e \.\s*$", run_sh, re.M), "scripts/run.sh installs extras now: update this test"
+    readme = (ROOT / "README.md").read_text()
+    install, render = readme.find("pip install -q -e '.[manifests]'"), readme.find("scripts/render-manifests.py")
+    assert 0 <= install < render, "README.md: install the manifests extra before scripts/render-manifests.py"
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("helm-python-sdk") for req in extras["manifests"]), extras["manifests"]
+
+
+def test_kubectl_egpu_runs_without_activating_the_venv_through_the_link_the_readme_gives(tmp_path: Path) -> None:
+    """README: `ln -s "$PWD/.venv/bin/kubectl-egpu" ~/.local/bin/` puts the plugin on PATH; the
+    script must then run with no venv on PATH (it once worked only after `source .venv/bin/activate`)."""
+    script = Path(sys.executable).parent / "kubectl-egpu"
+    assert script.exists(), f"{script} is missing: reinstall the package (pip install -e .)"
+    assert "ln -s \"$PWD/.venv/bin/kubectl-egpu\" ~/.local/bin/" in (ROOT / "README.md").read_text()
+    link_dir = tmp_path / "bin"
+    link_dir.mkdir()
+    (link_dir / "kubectl-egpu").symlink_to(script)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = f"{link_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"
+    result = subprocess.run(["kubectl-egpu", "plan", "-f", str(SAMPLE)], capture_output=True, text=True,
+                            timeout=120, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[:3] == ["NAMESPACE", "NAME", "STATUS"], result.stdout
+
+
+@pytest.mark.timeout(60)
+def test_run_sh_installs_only_when_pyproject_changed(tmp_path: Path) -> None:
+    """Issue 36: scripts/run.sh reinstalled the package on every run (~5 s). Run here on a copy of
+    the repository's script and pyproject.toml whose .venv/bin/python records each call."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "run.sh", tmp_path / "scripts" / "run.sh")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    calls = tmp_path / "calls"
+    for name in ("python", "elasticgpu"):
+        (venv / name).write_text(f"#!/bin/sh\necho {name} \"$@\" >> {calls}\n")
+        (venv / name).chmod(0o755)
+
+    def run() -> list[str]:
+        calls.write_text("")
+        done = subprocess.run(["bash", str(tmp_path / "scripts" / "run.sh"), "plan"], capture_output=True, text=True,
+                              timeout=30)
+        assert done.returncode == 0, done.stderr
+        return calls.read_text().splitlines()
+
+    assert run()[0].startswith("python -m pip install"), "the first run installs"
+    assert run() == ["elasticgpu plan"], "nothing changed: no reinstall"
+    with (tmp_path / "pyproject.toml").open("a") as changed:
+        changed.write("\n# a new dependency\n")
+    assert run()[0].startswith("python -m pip install"), "pyproject.toml changed: reinstall"

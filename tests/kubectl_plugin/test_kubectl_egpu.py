@@ -77,10 +77,12 @@ def cluster_with_claims(objects: Objects, api_client: client.ApiClient, namespac
             "allocations": [{"elasticGPU": "egpu-b", "claimRef": {**ref, "name": "trainer"}, "cores": 100,
                              "memory": 81920, "exclusive": True}],
         })
-        for name, memory in (("too-big", "96Gi"), ("fits", "20Gi")):
+        share = {names.RESOURCE_CORE: 20, names.RESOURCE_MEMORY: "20Gi"}
+        for name, requests in (("too-big", {**share, names.RESOURCE_MEMORY: "96Gi"}), ("fits", share),
+                               ("no-room", {**share, names.RESOURCE_MEMORY: "75Gi"}),
+                               ("two-cards", {names.RESOURCE_NVIDIA_GPU: 2})):
             claim = {"apiVersion": names.API_VERSION, "kind": names.KIND_CLAIM, "metadata": {"name": name},
-                     "spec": {"elasticGPUClassName": f"c-{namespace}",
-                              "resources": {"requests": {names.RESOURCE_CORE: 20, names.RESOURCE_MEMORY: memory}}}}
+                     "spec": {"elasticGPUClassName": f"c-{namespace}", "resources": {"requests": requests}}}
             objects.create(claim)
         objects.patch_status({"kind": names.KIND_CLAIM, "metadata": {"name": "too-big"}}, {
             "phase": "Pending", "reason": "NoCapacity", "message": "no card has room for 20% cores, 96Gi"})
@@ -135,9 +137,19 @@ def test_why_names_the_reason_and_the_closest_card_and_what_it_lacks(egpu, clust
     assert told.returncode == 0, told.stderr
     assert f"ElasticGPUClaim {namespace}/too-big: Pending (NoCapacity)" in told.stdout
     assert "message:  no card has room for 20% cores, 96Gi" in told.stdout
-    # The allocator's word, from this node only (the class's nodeSelector): card 1 is taken whole,
-    # card 0 has 80Gi - 10Gi free.
-    assert f"lacks:    {cluster_with_claims} card 0 has 70Gi free, the claim asks 96Gi" in told.stdout
+    # The controller's own verdict (issue 36), from this node only (the class's nodeSelector): 96Gi
+    # never fits an 80Gi card, so waiting will not help; `why` once showed the closest card as if it might.
+    assert ("lacks:    NeverFits: no card in this cluster can ever give 20% cores, 96Gi: the largest is"
+            f" {MODEL} with 80Gi (node {cluster_with_claims})") in told.stdout, told.stdout
+    # 75Gi fits an empty card: card 1 is taken whole, card 0 has 80Gi - 10Gi free.
+    no_room = egpu("why", "no-room", "-n", namespace)
+    assert (f"lacks:    NoCapacity: no card can give 20% cores, 75Gi: {cluster_with_claims} card 0 has 70Gi free,"
+            " the claim asks 75Gi") in no_room.stdout, no_room.stdout
+    # A request the class refuses is a mistake to fix, not a card to wait for (it once said "fits now").
+    two = egpu("why", "two-cards", "-n", namespace)
+    assert (f"cause:    InvalidRequest: spec.resources: class c-{namespace} provisions slices of one card"
+            in two.stdout), two.stdout
+    assert "fits now" not in two.stdout
     # The pods that use it, with the controller's word on them; not the pod of another claim.
     assert "pod big-pod: elasticgpu.io/ClaimsReady=False (ClaimPending) claim too-big is Pending" in told.stdout
     assert "other-pod" not in told.stdout

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from elasticgpu.allocator import CardState, Inventory
+from elasticgpu.allocator import CardState, Inventory, Unplaceable
 from elasticgpu.allocator.shapes import model_matches
 from elasticgpu.api import ElasticGPUClass, GpuRequest, InvalidClassParameters, format_memory, names
 
@@ -106,3 +106,12 @@ def never_fits(inventory: Inventory, request: GpuRequest, *, models: tuple[str, 
     return (f"no card{which} in this cluster can ever give {request.describe()}: the largest is"
             f" {largest.record.model} with {format_memory(largest.record.memory_mib)} (node {node});"
             " ask for less memory, or add larger cards")
+
+
+def no_capacity_message(request: GpuRequest, unplaceable: Unplaceable) -> str:
+    """The message of a claim that waits with `NoCapacity`: what it asks for, why no card gives it
+    now and the closest candidate. `elasticgpu plan` prints it as is; the controller
+    (flow/reserving.py) writes the same words and adds what only it knows (nodes kept for a starved
+    claim group, a preemption's note)."""
+    message = f"no card can give {request.describe()}: {unplaceable.reason}"
+    return message + (f" (closest: {unplaceable.closest})" if unplaceable.closest else "")
