@@ -10,10 +10,10 @@ contracts in pyproject.toml), so there are no cycles between rooms:
 - `edge/`: the only room that talks to the API server: `kube`, `transport` (its HTTP
   connections), `reachability` (one WARNING when the server stops answering, one INFO when it is
   back), `leader` (leader election on a Lease). Independent of the picture;
-- `flow/`: from an event to a write: `informer`, `workqueue`, `claim_sync` (with `claim_status`,
-  `claim_binding`, `reserving`, `releasing`), `elasticgpu_sync`,
-  `gpu_sync`, `commit` (the reservation commit), `handoff`, `repair`, `provisioner`, `events`,
-  `failures`, `liveness`;
+- `flow/`: from an event to a write, in rooms by the behaviour each carries out (its `__init__`
+  draws them): `machinery/` (watches, queue, Events, failures, liveness), `binding/`, `groups/`,
+  `preemption/`, `elastic/` (resize, recommendations), beside `quota_guard`, `mig_binding`, and on
+  top `claim_sync` (a claim's next step), `repair` and `gpu_sync`;
 - `pods/`: pods that use claims: `pod_sync`, `pod_placement`, `pod_neighbours`, `inline_claims`;
 - `process/`: the rooms wired into one process: `reconciling` (`Controller`), `worker`, `startup`
   (`run_controller`), `starting`, `operator` (kopf wiring), `operability`, `health`, `garbage`

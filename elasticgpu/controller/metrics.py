@@ -83,7 +83,7 @@ class _PictureCollector(Collector):
 
 
 class ClaimSizes(Protocol):
-    """What `watch_claim_sizes` reports per claim (`flow.recommending.ClaimSizes`)."""
+    """What `watch_claim_sizes` reports per claim (`flow.elastic.recommending.ClaimSizes`)."""
 
     @property
     def namespace(self) -> str: ...

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
+from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.metrics import ControllerMetrics
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller, settle
@@ -79,7 +79,7 @@ def test_warning_events_are_logged_at_warning(kube: KubeApi, namespace: str,
                                               caplog: pytest.LogCaptureFixture) -> None:
     recorder = EventRecorder(kube)
     about = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": namespace, "uid": "u"}}
-    with caplog.at_level(logging.INFO, logger="elasticgpu.controller.flow.events"):
+    with caplog.at_level(logging.INFO, logger="elasticgpu.controller.flow.machinery.events"):
         recorder.record(about, type_=WARNING, reason="Bad", message="something to fix")
         recorder.record(about, type_=NORMAL, reason="Fine", message="all is well")
     levels = {r.getMessage().split(": ")[1]: r.levelno for r in caplog.records}

@@ -14,7 +14,7 @@ from elasticgpu.api import names
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.provisioner import label_value
+from elasticgpu.controller.flow.binding.provisioner import label_value
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller, settle
 

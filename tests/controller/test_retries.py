@@ -14,9 +14,9 @@ import yaml
 
 from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.failures import Failures
-from elasticgpu.controller.flow.liveness import Liveness
-from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.flow.machinery.failures import Failures
+from elasticgpu.controller.flow.machinery.liveness import Liveness
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import BindingSettings, ControllerSettings, ResyncSettings, RetrySettings
 
@@ -53,7 +53,7 @@ def test_the_token_bucket_limits_retries_of_all_keys_together() -> None:
 
 def test_races_are_quiet_and_other_failures_are_said_once(caplog: pytest.LogCaptureFixture) -> None:
     failures = Failures(WorkQueue(RetrySettings(jitter=0.0)))
-    caplog.set_level(logging.DEBUG, logger="elasticgpu.controller.flow.failures")
+    caplog.set_level(logging.DEBUG, logger="elasticgpu.controller.flow.machinery.failures")
     failures.failed(KEY, errors.NotFound(kind="ElasticGPUClaim", name="c", fix="it was deleted"))
     failures.failed(KEY, errors.Conflict("ElasticGPUClaim c changed since it was read", status=409))
     failures.failed(KEY, errors.ApiUnavailable("GET /x: connection refused", status=0))

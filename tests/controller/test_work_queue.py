@@ -8,7 +8,7 @@ import time
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 
 KEYS = st.sampled_from([("claim", "ns", f"c{i}") for i in range(6)] + [("egpu", f"e{i}") for i in range(3)])
 OPERATIONS = st.lists(

@@ -11,7 +11,7 @@ from typing import Any
 
 from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.events import NORMAL, EventRecorder
+from elasticgpu.controller.flow.machinery.events import NORMAL, EventRecorder
 from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.process.starting import start_threads
 from elasticgpu.controller.settings import BindingSettings, ControllerSettings

@@ -17,7 +17,7 @@ import dataclasses
 import importlib
 import re
 
-from elasticgpu.controller.flow import informer
+from elasticgpu.controller.flow.machinery import informer
 from tests.docs import collect
 
 DOCS = sorted((collect.ROOT / "docs").glob("*.md"))

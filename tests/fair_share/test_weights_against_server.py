@@ -16,7 +16,7 @@ from kubernetes import client
 
 from elasticgpu.controller.decisions import bind_order
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow import informer, namespace_weight_feed
+from elasticgpu.controller.flow.machinery import informer, namespace_weight_feed
 from elasticgpu.controller.process.reconciling import Controller
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller, settle

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow import informer
+from elasticgpu.controller.flow.machinery import informer
 from elasticgpu.controller.process import starting
 from tests.binding.conftest import new_controller
 

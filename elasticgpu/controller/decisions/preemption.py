@@ -1,7 +1,7 @@
 """Preemption decisions (issue 27 item 2): a claim's priority, which Bound claims may be victims, the
 plan a preemptor records, and what the victims are told. Pure: objects in, values out.
 
-The protocol (carried out by `flow/preempting.py`; docs/preemption.md):
+The protocol (carried out by `flow/preemption/preempting.py`; docs/preemption.md):
 
     1. plan      the preemptor (a claim that fits nowhere, of a class that may preempt) gets
                  `status.preemption`: where (node, card) and its victims (ElasticGPU, claim, uid), chosen

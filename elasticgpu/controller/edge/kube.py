@@ -212,7 +212,7 @@ class KubeApi(KubeRequests):
                                                         "resourceVersion": "0"}, timeout_s=60.0)
         return list(page.get("items") or [])
 
-    # -- preemption (flow/preempting.py) ---------------------------------------------------------
+    # -- preemption (flow/preemption/preempting.py) ---------------------------------------------------------
 
     def evict_pod(self, namespace: str, name: str, *, uid: str | None = None) -> None:
         """Evict a pod through the Eviction API (policy/v1), so that PodDisruptionBudgets are honoured.

@@ -15,19 +15,20 @@ from __future__ import annotations
 from elasticgpu.api import ElasticGPUClaim, names
 from elasticgpu.controller.decisions import binder, groups, pod_gate
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow import policing_copy, preempting
-from elasticgpu.controller.flow.claim_binding import ClaimBinding
-from elasticgpu.controller.flow.claim_status import ClaimStatus
-from elasticgpu.controller.flow.commit import Commit
-from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
-from elasticgpu.controller.flow.events import EventRecorder
-from elasticgpu.controller.flow.group_binding import GroupBinding
-from elasticgpu.controller.flow.handoff import HandOff
-from elasticgpu.controller.flow.recommending import Recommender
-from elasticgpu.controller.flow.releasing import Releaser
-from elasticgpu.controller.flow.reserving import Reserver
-from elasticgpu.controller.flow.resizing import Resizer
-from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.flow.binding import policing_copy
+from elasticgpu.controller.flow.binding.claim_binding import ClaimBinding
+from elasticgpu.controller.flow.binding.claim_status import ClaimStatus
+from elasticgpu.controller.flow.binding.commit import Commit
+from elasticgpu.controller.flow.binding.elasticgpu_sync import ElasticGPUSync
+from elasticgpu.controller.flow.binding.releasing import Releaser
+from elasticgpu.controller.flow.binding.reserving import Reserver
+from elasticgpu.controller.flow.elastic.recommending import Recommender
+from elasticgpu.controller.flow.elastic.resizing import Resizer
+from elasticgpu.controller.flow.groups.group_binding import GroupBinding
+from elasticgpu.controller.flow.machinery.events import EventRecorder
+from elasticgpu.controller.flow.machinery.handoff import HandOff
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
+from elasticgpu.controller.flow.preemption import preempting
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture.picture import Picture
 from elasticgpu.controller.settings import ControllerSettings

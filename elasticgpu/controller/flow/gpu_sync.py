@@ -26,8 +26,8 @@ from elasticgpu.api import GPU, timestamps
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import gpu_step
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
-from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.picture import node_presence
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.settings import GPUHealthSettings

@@ -22,9 +22,9 @@ from elasticgpu.api import GPU
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import resync, running_holders
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.commit import Commit
-from elasticgpu.controller.flow.informer import Informer
-from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.flow.binding.commit import Commit
+from elasticgpu.controller.flow.machinery.informer import Informer
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.picture.picture import Picture
 from elasticgpu.controller.settings import GPUHealthSettings, ResyncSettings
 

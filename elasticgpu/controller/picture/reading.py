@@ -30,7 +30,7 @@ Body = dict[str, Any]
 ClaimKey = tuple[str, str]
 PodKey = tuple[str, str]
 Key = tuple[str, ...]
-"""A work queue key (`flow.workqueue.Key`, the same alias): the picture answers with the keys to
+"""A work queue key (`flow.machinery.workqueue.Key`, the same alias): the picture answers with the keys to
 sync, and sits below the flow, so it spells the alias itself."""
 Keys = list[Key]
 

@@ -46,12 +46,12 @@ from elasticgpu.api.errors import InvalidPodClaims
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, pod_gate
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.claim_binding import ClaimBinding
-from elasticgpu.controller.flow.commit import Commit
-from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
-from elasticgpu.controller.flow.provisioner import claim_ref_of
+from elasticgpu.controller.flow.binding.claim_binding import ClaimBinding
+from elasticgpu.controller.flow.binding.commit import Commit
+from elasticgpu.controller.flow.binding.provisioner import claim_ref_of
+from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.flow.quota_guard import QuotaExceeded
-from elasticgpu.controller.flow.workqueue import WorkQueue
 from elasticgpu.controller.picture import pod_index
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.pods import inline_claims, pod_neighbours, pod_placement

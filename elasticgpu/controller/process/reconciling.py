@@ -24,18 +24,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 from elasticgpu.api import ElasticGPUClaim
 from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.flow.binding.commit import Commit
+from elasticgpu.controller.flow.binding.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.claim_sync import ClaimSync
-from elasticgpu.controller.flow.commit import Commit
-from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
-from elasticgpu.controller.flow.events import EventRecorder
-from elasticgpu.controller.flow.failures import Failures
 from elasticgpu.controller.flow.gpu_sync import GPUSync
-from elasticgpu.controller.flow.handoff import HandOff
-from elasticgpu.controller.flow.informer import Informer
-from elasticgpu.controller.flow.liveness import Liveness
+from elasticgpu.controller.flow.machinery.events import EventRecorder
+from elasticgpu.controller.flow.machinery.failures import Failures
+from elasticgpu.controller.flow.machinery.handoff import HandOff
+from elasticgpu.controller.flow.machinery.informer import Informer
+from elasticgpu.controller.flow.machinery.liveness import Liveness
+from elasticgpu.controller.flow.machinery.workqueue import Key, WorkQueue
 from elasticgpu.controller.flow.quota_guard import QuotaGuard
 from elasticgpu.controller.flow.repair import Repair
-from elasticgpu.controller.flow.workqueue import Key, WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.picture.reservations import Ledger

@@ -15,15 +15,15 @@ import logging
 import threading
 import time
 
+from elasticgpu.controller.flow.binding.commit import Commit, Planned
+from elasticgpu.controller.flow.binding.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.claim_sync import ClaimSync
-from elasticgpu.controller.flow.commit import Commit, Planned
-from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
-from elasticgpu.controller.flow.events import EventRecorder
-from elasticgpu.controller.flow.failures import Failures
 from elasticgpu.controller.flow.gpu_sync import GPUSync
-from elasticgpu.controller.flow.handoff import HandOff
-from elasticgpu.controller.flow.liveness import Liveness
-from elasticgpu.controller.flow.workqueue import Key, WorkQueue
+from elasticgpu.controller.flow.machinery.events import EventRecorder
+from elasticgpu.controller.flow.machinery.failures import Failures
+from elasticgpu.controller.flow.machinery.handoff import HandOff
+from elasticgpu.controller.flow.machinery.liveness import Liveness
+from elasticgpu.controller.flow.machinery.workqueue import Key, WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.pods.pod_sync import PodSync
 from elasticgpu.controller.settings import BindingSettings

@@ -15,7 +15,7 @@ import threading
 
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import bind_order
-from elasticgpu.controller.flow.events import WARNING, EventRecorder
+from elasticgpu.controller.flow.machinery.events import WARNING, EventRecorder
 from elasticgpu.controller.picture import versions
 from elasticgpu.controller.picture.picture import Body, Picture
 

@@ -22,9 +22,9 @@ from elasticgpu.api.gpu import GPUPartition
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, groups
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.provisioner import claim_ref_of
+from elasticgpu.controller.flow.binding.provisioner import claim_ref_of
+from elasticgpu.controller.flow.machinery.workqueue import Key, WorkQueue
 from elasticgpu.controller.flow.quota_guard import QuotaGuard
-from elasticgpu.controller.flow.workqueue import Key, WorkQueue
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.picture.reservations import allocation_for
 from elasticgpu.controller.settings import ControllerSettings
@@ -56,7 +56,7 @@ class Commit:
         self.quota: QuotaGuard | None = None
         """Charges each claim's reservation to its namespace's quotas first, when set."""
         self.kept_nodes: Callable[[], Mapping[str, str]] | None = None
-        """Nodes kept for waiting claim groups (flow/group_binding.py), when set: while any
+        """Nodes kept for waiting claim groups (flow/groups/group_binding.py), when set: while any
         are, slices are planned by the ordinary sync, which avoids them."""
 
     def commit(self, key: str, placement: Placement, claim_ref: ObjectReference | None,
@@ -194,7 +194,7 @@ class Commit:
         with picture.lock:
             claim = picture.claim(key[1], key[2])
             if claim is None or groups.group_name(claim):
-                return None  # a group member is reserved with its group (flow/group_binding.py)
+                return None  # a group member is reserved with its group (flow/groups/group_binding.py)
             view = picture.view()
             decision = binder.decide_claim(claim, view)
             if not isinstance(decision, binder.Provision) or decision.request.cards > 1:

@@ -10,10 +10,10 @@ from elasticgpu.api import ElasticGPUClaim, names
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, release
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.claim_status import ClaimStatus
-from elasticgpu.controller.flow.commit import Commit
-from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
-from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.flow.binding.claim_status import ClaimStatus
+from elasticgpu.controller.flow.binding.commit import Commit
+from elasticgpu.controller.flow.binding.elasticgpu_sync import ElasticGPUSync
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.picture import pod_index
 from elasticgpu.controller.picture.picture import Picture
 

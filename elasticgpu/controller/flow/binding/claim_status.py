@@ -13,9 +13,9 @@ from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, timestamps
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, bound_class, preemption, release
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow import policing_copy
-from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
-from elasticgpu.controller.flow.provisioner import capacity_of
+from elasticgpu.controller.flow.binding import policing_copy
+from elasticgpu.controller.flow.binding.provisioner import capacity_of
+from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.picture import pod_index
 from elasticgpu.controller.picture.picture import Body, Picture
 

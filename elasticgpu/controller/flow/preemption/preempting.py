@@ -23,12 +23,12 @@ from elasticgpu.api import ElasticGPUClaim, ElasticGPUClass, ElasticGPUQuota
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, groups, preemption, release
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.commit import Commit
-from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
-from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
-from elasticgpu.controller.flow.priority_classes import PriorityClasses
-from elasticgpu.controller.flow.reserving import PreemptionOutcome as Outcome
-from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.flow.binding.commit import Commit
+from elasticgpu.controller.flow.binding.elasticgpu_sync import ElasticGPUSync
+from elasticgpu.controller.flow.binding.reserving import PreemptionOutcome as Outcome
+from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
+from elasticgpu.controller.flow.preemption.priority_classes import PriorityClasses
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.picture.reservations import now_rfc3339

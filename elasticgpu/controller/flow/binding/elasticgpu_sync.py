@@ -16,10 +16,10 @@ from elasticgpu.api import GPU, ElasticGPU, ElasticGPUClaim, names
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, running_holders
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.commit import Commit
-from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
-from elasticgpu.controller.flow.provisioner import capacity_of
-from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.flow.binding.commit import Commit
+from elasticgpu.controller.flow.binding.provisioner import capacity_of
+from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.picture.reservations import now_rfc3339

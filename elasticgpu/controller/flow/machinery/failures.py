@@ -19,7 +19,7 @@ import logging
 import threading
 
 from elasticgpu.controller import errors
-from elasticgpu.controller.flow.workqueue import Key, WorkQueue
+from elasticgpu.controller.flow.machinery.workqueue import Key, WorkQueue
 
 logger = logging.getLogger(__name__)
 

@@ -14,13 +14,13 @@ from elasticgpu.api import ElasticGPU, ElasticGPUClaim, names
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.claim_status import ClaimStatus
-from elasticgpu.controller.flow.commit import Commit
-from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
-from elasticgpu.controller.flow.handoff import HandOff
-from elasticgpu.controller.flow.provisioner import build_elastic_gpu, claim_ref_of
+from elasticgpu.controller.flow.binding.claim_status import ClaimStatus
+from elasticgpu.controller.flow.binding.commit import Commit
+from elasticgpu.controller.flow.binding.elasticgpu_sync import ElasticGPUSync
+from elasticgpu.controller.flow.binding.provisioner import build_elastic_gpu, claim_ref_of
+from elasticgpu.controller.flow.machinery.handoff import HandOff
+from elasticgpu.controller.flow.machinery.workqueue import Key, WorkQueue
 from elasticgpu.controller.flow.quota_guard import QuotaExceeded
-from elasticgpu.controller.flow.workqueue import Key, WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.settings import ControllerSettings

@@ -19,10 +19,10 @@ from elasticgpu.api import GPU, ElasticGPU, ElasticGPUClaim, GPUAllocation, time
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, bound_class
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.commit import Commit
-from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
-from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
-from elasticgpu.controller.flow.provisioner import capacity_of, claim_ref_of
+from elasticgpu.controller.flow.binding.commit import Commit
+from elasticgpu.controller.flow.binding.elasticgpu_sync import ElasticGPUSync
+from elasticgpu.controller.flow.binding.provisioner import capacity_of, claim_ref_of
+from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.quota_guard import QuotaExceeded
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.settings import ControllerSettings

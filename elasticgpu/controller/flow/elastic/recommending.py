@@ -20,7 +20,7 @@ from elasticgpu.api.gpu_class import ElasticGPUClass
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import bound_class, recommend
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.events import NORMAL, WARNING, EventRecorder
+from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.picture.picture import Picture
 from elasticgpu.controller.settings import ControllerSettings
 

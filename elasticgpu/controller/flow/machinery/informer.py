@@ -37,10 +37,10 @@ from elasticgpu.api import names
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import bind_order, release
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow.events import EventRecorder
-from elasticgpu.controller.flow.liveness import Liveness
-from elasticgpu.controller.flow.namespace_weight_feed import NamespaceWeightFeed
-from elasticgpu.controller.flow.workqueue import WorkQueue
+from elasticgpu.controller.flow.machinery.events import EventRecorder
+from elasticgpu.controller.flow.machinery.liveness import Liveness
+from elasticgpu.controller.flow.machinery.namespace_weight_feed import NamespaceWeightFeed
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.picture import versions
 from elasticgpu.controller.picture.picture import Body, Picture
 

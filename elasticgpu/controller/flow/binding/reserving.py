@@ -18,12 +18,12 @@ from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, capacity, kept_room
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow import mig_binding
-from elasticgpu.controller.flow.claim_status import ClaimStatus
-from elasticgpu.controller.flow.commit import Commit
-from elasticgpu.controller.flow.elasticgpu_sync import ElasticGPUSync
-from elasticgpu.controller.flow.provisioner import claim_ref_of
+from elasticgpu.controller.flow.binding.claim_status import ClaimStatus
+from elasticgpu.controller.flow.binding.commit import Commit
+from elasticgpu.controller.flow.binding.elasticgpu_sync import ElasticGPUSync
+from elasticgpu.controller.flow.binding.provisioner import claim_ref_of
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.flow.quota_guard import QuotaExceeded
-from elasticgpu.controller.flow.workqueue import WorkQueue
 from elasticgpu.controller.picture.picture import Picture
 from elasticgpu.controller.settings import ControllerSettings
 

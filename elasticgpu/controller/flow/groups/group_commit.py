@@ -21,7 +21,7 @@ from elasticgpu.api import GPUAllocation, ObjectReference, timestamps
 from elasticgpu.api.gpu import GPUAllocationGroup, GroupAttemptState
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions.group_attempts import Entry
-from elasticgpu.controller.flow.commit import Commit
+from elasticgpu.controller.flow.binding.commit import Commit
 from elasticgpu.controller.picture.reservations import allocation_for
 
 logger = logging.getLogger(__name__)

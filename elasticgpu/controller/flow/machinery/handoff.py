@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from elasticgpu.controller.flow.failures import Failures
-from elasticgpu.controller.flow.workqueue import Key, WorkQueue
+from elasticgpu.controller.flow.machinery.failures import Failures
+from elasticgpu.controller.flow.machinery.workqueue import Key, WorkQueue
 from elasticgpu.controller.settings import BindingSettings
 
 

@@ -2,7 +2,7 @@
 
 A member's sync plans the whole group on the picture (`allocator.groups.place_group`: every
 member placed, or the short one named), then reserves it in one commit attempt
-(`flow/group_commit.py`): each member's reservation is a resourceVersion-guarded write of the
+(`flow/groups/group_commit.py`): each member's reservation is a resourceVersion-guarded write of the
 GPU's status, as a single bind's is, carrying the attempt's record (token, anchor, anchor GPU,
 state Committing); then one guarded write of the anchor's reservation makes the attempt
 Complete. A failed write aborts the attempt (Aborted on the anchor first) and frees its
@@ -34,13 +34,13 @@ from elasticgpu.api import ElasticGPUClaim, ElasticGPUQuota, GPUAllocation, name
 from elasticgpu.api.gpu import GPUAllocationGroup
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, group_attempts, groups, kept_room
-from elasticgpu.controller.flow.claim_binding import ClaimBinding
-from elasticgpu.controller.flow.claim_status import ClaimStatus
-from elasticgpu.controller.flow.commit import Commit
-from elasticgpu.controller.flow.group_commit import GroupCommit, age_s
-from elasticgpu.controller.flow.provisioner import claim_ref_of
+from elasticgpu.controller.flow.binding.claim_binding import ClaimBinding
+from elasticgpu.controller.flow.binding.claim_status import ClaimStatus
+from elasticgpu.controller.flow.binding.commit import Commit
+from elasticgpu.controller.flow.binding.provisioner import claim_ref_of
+from elasticgpu.controller.flow.groups.group_commit import GroupCommit, age_s
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.flow.quota_guard import QuotaExceeded
-from elasticgpu.controller.flow.workqueue import WorkQueue
 from elasticgpu.controller.picture.picture import Picture
 from elasticgpu.controller.settings import ControllerSettings
 

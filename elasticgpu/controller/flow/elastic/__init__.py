@@ -1,0 +1,3 @@
+"""Elastic work on Bound claims: resizing in place and recommending sizes from measured use. Calls
+into binding.
+"""
