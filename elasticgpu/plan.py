@@ -390,7 +390,7 @@ def _allocator(allocators: dict[str, Allocator], inventory: Inventory, policy: s
 
 
 def _placement_request(decision: binder.Provision) -> PlacementRequest:
-    # As flow/reserving.py builds it: the class's isolation only for a slice, never for whole cards.
+    # As flow/binding/reserving.py builds it: the class's isolation only for a slice, never for whole cards.
     return PlacementRequest(gpu=decision.request, models=tuple(decision.parameters.gpu_model),
                             node_selector=decision.parameters.node_selector,
                             isolation=decision.required_isolation, topology=decision.topology)

@@ -111,7 +111,7 @@ def never_fits(inventory: Inventory, request: GpuRequest, *, models: tuple[str, 
 def no_capacity_message(request: GpuRequest, unplaceable: Unplaceable) -> str:
     """The message of a claim that waits with `NoCapacity`: what it asks for, why no card gives it
     now and the closest candidate. `elasticgpu plan` prints it as is; the controller
-    (flow/reserving.py) writes the same words and adds what only it knows (nodes kept for a starved
+    (flow/binding/reserving.py) writes the same words and adds what only it knows (nodes kept for a starved
     claim group, a preemption's note)."""
     message = f"no card can give {request.describe()}: {unplaceable.reason}"
     return message + (f" (closest: {unplaceable.closest})" if unplaceable.closest else "")

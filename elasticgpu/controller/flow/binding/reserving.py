@@ -133,12 +133,11 @@ class Reserver:
                     continue  # the victims' room is free: place again
                 if outcome.handled:
                     return None  # it waits for its victims to go (status written)
-                message = f"no card can give {decision.request.describe()}: {result.reason}"
+                # The words `elasticgpu plan` prints too, and what only the controller knows.
+                message = capacity.no_capacity_message(decision.request, result)
                 if kept:
                     message += f" (nodes {', '.join(sorted(kept))} are kept for" \
                                f" {', '.join(sorted(set(kept.values())))}, which waited too long)"
-                if result.closest:
-                    message += f" (closest: {result.closest})"
                 if outcome.note:
                     message += f"; {outcome.note}"
                 # Not starved for ever either, if it could bind were room kept for it (docs/gangs.md).
