@@ -196,3 +196,16 @@ def test_a_plan_whose_class_stops_preempting_is_dropped(
     batch = _status(kube, world.namespace, "batch")
     assert batch["phase"] == "Bound" and not batch.get("preemptedBy"), batch
     assert world.get_pod("trainer"), "the victim's pod runs on"
+
+
+def test_status_a_tenant_writes_with_its_claim_is_dropped(cluster: Cluster, kube: KubeApi) -> None:
+    """What the controller trusts lives in status: a claim created with a plan, a mark or allowPrivileged in
+    its status has none of them (the status subresource: a create or an update of the claim drops status)."""
+    body = o.claim("sly", cluster.namespace, cores=30, memory=None)
+    body["metadata"].pop("uid")
+    body["status"] = {"preemption": {"node": "n", "victims": [{"elasticGPU": "egpu-x", "claim": "a/b"}]},
+                      "preemptedBy": "a/b", "allowPrivileged": True, "phase": "Bound"}
+    created = kube.create_claim(body)
+    assert not created.get("status"), created.get("status")
+    kube.patch_claim(cluster.namespace, "sly", {"status": body["status"]})
+    assert not kube.get_claim(cluster.namespace, "sly").get("status")
