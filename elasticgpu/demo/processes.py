@@ -169,7 +169,10 @@ def wait_until(
     while True:
         for child in children:
             child.check_alive(what)
-        reason = hopeless() if hopeless is not None else ""
+        try:
+            reason = hopeless() if hopeless is not None else ""
+        except Exception:  # it cannot tell yet: a server still starting answers 429, 503
+            reason = ""
         if reason:
             raise DemoError(f"gave up waiting for {what}: {reason}")
         try:
