@@ -108,9 +108,12 @@ def spawn_dying_with_us(command: Sequence[str], **popen: Any) -> subprocess.Pope
 class Children:
     """Every child the demo started; `stop_all` stops them (see there in which order)."""
 
-    def __init__(self, *, spawn: Spawn = spawn_dying_with_us) -> None:
+    def __init__(self, *, spawn: Spawn = spawn_dying_with_us, tmp: Path | None = None) -> None:
+        """`tmp`: the children's TMPDIR (the run's own folder, removed with it): what a child killed in
+        the middle of its work leaves there (the kubernetes client's certificate files, say) goes too."""
         self.started: list[Child] = []
         self._spawn = spawn
+        self._tmp = tmp
 
     def start(
         self,
@@ -128,7 +131,7 @@ class Children:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})},
+                env={**os.environ, **({"TMPDIR": str(self._tmp)} if self._tmp else {}), **(env or {})},
                 cwd=cwd,
                 start_new_session=True,
             )

@@ -74,7 +74,9 @@ class Demo:
             raise
 
     def _setup(self, args: argparse.Namespace) -> None:
-        self.children = processes.Children()
+        children_tmp = self.directory / "tmp"
+        children_tmp.mkdir()
+        self.children = processes.Children(tmp=children_tmp)
         self.external = bool(args.kubeconfig)
         run_id = uuid.uuid4().hex[:6]
         prefix = f"egpu-demo-{run_id}-" if self.external else "demo-"
