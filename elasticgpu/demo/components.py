@@ -53,9 +53,10 @@ class AgentPaths:
 
 
 def start_controller(
-    children: processes.Children, *, kubeconfig: Path, namespace: str, log_dir: Path
+    children: processes.Children, *, kubeconfig: Path, namespace: str, log_dir: Path, metrics_port: int = 0
 ) -> processes.Child:
-    """The controller, for the demo's namespace, one replica without leader election."""
+    """The controller, for the demo's namespace, one replica without leader election; with
+    `metrics_port`, its /metrics (and probes) on 127.0.0.1 there, else none."""
     return children.start(
         "controller",
         _elasticgpu(
@@ -66,7 +67,7 @@ def start_controller(
             namespace,
             "--leader-elect=false",
             "--health-probe-bind-address",
-            "0",
+            f"127.0.0.1:{metrics_port}" if metrics_port else "0",
         ),
         log=log_dir / "controller.log",
         cwd=REPO_ROOT,
@@ -75,10 +76,13 @@ def start_controller(
 
 
 def start_webhook(
-    children: processes.Children, *, kubeconfig: Path, namespace: str, configuration: str, log_dir: Path
+    children: processes.Children, *, kubeconfig: Path, namespace: str, configuration: str, log_dir: Path,
+    metrics_port: int = 0,
 ) -> tuple[processes.Child, int]:
-    """The admission webhook on a free loopback port; returns it and the port."""
+    """The admission webhook on a free loopback port; returns it and the port. With
+    `metrics_port`, its plain-HTTP /metrics on 127.0.0.1 there."""
     port = free_port()
+    metrics = ["--metrics-bind-address", f"127.0.0.1:{metrics_port}"] if metrics_port else []
     child = children.start(
         "webhook",
         _elasticgpu(
@@ -95,6 +99,7 @@ def start_webhook(
             "127.0.0.1",
             "--port",
             str(port),
+            *metrics,
         ),
         log=log_dir / "webhook.log",
         cwd=REPO_ROOT,
@@ -111,8 +116,10 @@ def start_agent(
     events_namespace: str,
     runtime_socket: Path | None,
     log_dir: Path,
+    metrics_port: int = 0,
 ) -> processes.Child:
-    """One node's agent with the simulated backend; its CRI proxy only when a runtime is given."""
+    """One node's agent with the simulated backend; its CRI proxy only when a runtime is given;
+    with `metrics_port`, its /metrics on 127.0.0.1 there."""
     cri = (
         [
             "--cri-proxy",
@@ -144,8 +151,8 @@ def start_agent(
             str(paths.device_dir),
             "--ledger-url",
             f"sqlite:///{paths.ledger}",
-            "--metrics-port",
-            "0",
+            "--metrics-bind-address",
+            f"127.0.0.1:{metrics_port}" if metrics_port else "0",
             "--events-namespace",
             events_namespace,
             "--heartbeat-interval-s",

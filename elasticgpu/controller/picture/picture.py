@@ -14,6 +14,7 @@ that decides from several reads holds it around them, so a decision sees one sta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names
@@ -29,6 +30,10 @@ Keys = reading.Keys
 
 class Picture(reading.Reading):
     """Objects by key, their indexes, and the GPU ledger; see the module docstring."""
+
+    on_egpu_gone: Callable[[Body], None] | None = None
+    """Called (under the lock) with the last body of an ElasticGPU the watch reported deleted:
+    the accounting metrics keep its final value a while (`metrics.ControllerMetrics`)."""
 
     # -- taking in -------------------------------------------------------------------------------
 
@@ -55,6 +60,8 @@ class Picture(reading.Reading):
                 if deleted:
                     self._deleted_egpus.bury(name, body)
                     self.drop_egpu(name)
+                    if self.on_egpu_gone is not None:
+                        self.on_egpu_gone(body)
                 else:
                     keys += self._egpu_keys(name, body)
                     keys.append(("egpu", name))
