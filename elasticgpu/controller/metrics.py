@@ -303,6 +303,11 @@ class ControllerMetrics:
         self.bind_seconds = Histogram("elasticgpu_claim_bind_duration_seconds",
                                       "Seconds from a claim's creation to its bind.", ["mode"],
                                       buckets=WAIT_BUCKETS, registry=self.registry)
+        for mode in ("dynamic", "static"):
+            # Series that exist from the start at 0: Prometheus's rate() cannot see the first
+            # event of a series that appears with it (the demo's binds all came first).
+            self.binds.labels(mode=mode)
+            self.bind_seconds.labels(mode=mode)
         self.gate_seconds = Histogram("elasticgpu_pod_gate_lift_duration_seconds",
                                       "Seconds from a pod's creation to the lift of its scheduling gate.",
                                       buckets=WAIT_BUCKETS, registry=self.registry)
