@@ -25,6 +25,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from elasticgpu.kubectl_plugin import command  # noqa: E402
 from tests.observability import prometheus  # noqa: E402  (the repository's own harness)
 
 PANELS = (
@@ -32,7 +33,7 @@ PANELS = (
     "Claims by phase",
     "Cores reserved per namespace and class",
     "Allocation per card (share of cores reserved)",
-    "Waiting claims by reason",
+    "Cores used per namespace",
     "Memory reserved and used per namespace",
 )
 
@@ -55,7 +56,7 @@ def _legend(template: str, labels: dict[str, str]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(REPO / "docs" / "img" / "dashboard.png"))
-    parser.add_argument("--seconds", type=float, default=45.0, help="how long to scrape after the scenario")
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long to scrape after the scenario")
     args = parser.parse_args()
     binaries = prometheus.binaries()
     if isinstance(binaries, str):
@@ -67,15 +68,15 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="egpu-picture-") as directory:
         began = time.time()
-        with prometheus.observed_demo(binaries, Path(directory), settle_s=args.seconds, say=print) as (_, server):
+        with prometheus.observed_demo(binaries, Path(directory), settle_s=args.seconds, say=print) as (demo, server):
             end = time.time()
             figure, axes = plt.subplots(3, 2, figsize=(13, 10), constrained_layout=True)
             for axis, title in zip(axes.flat, PANELS, strict=True):
                 panel = _panel(title)
                 unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "")
                 for target in panel["targets"]:
-                    # Grafana's $__rate_interval for a 1 s scrape: short, so a rate follows the run.
-                    expr = prometheus.for_prometheus(target["expr"], "15s")
+                    # Short, so a rate follows the run; 30 s spans six of the agents' 5 s usage passes.
+                    expr = prometheus.for_prometheus(target["expr"], "30s")
                     series = server.query_range(expr, start=began, end=end, step=1.0)
                     if not series:
                         raise SystemExit(f"dashboard-picture: panel {title!r}: {expr} returned nothing")
@@ -97,6 +98,11 @@ def main() -> int:
             out.parent.mkdir(parents=True, exist_ok=True)
             figure.savefig(out, dpi=90)
             print(f"wrote {out}")
+            # The same run as `kubectl egpu usage` tells it, from Prometheus and from the objects.
+            connection = ["--kubeconfig", str(demo.kubeconfig), "-n", demo.scenario.namespace]
+            for extra in (["--prometheus", server.url, "--since", "1m"], []):
+                print(f"$ kubectl egpu usage -n {demo.scenario.namespace} {' '.join(extra)}".rstrip())
+                command.main(["usage", *connection, *extra])
     return 0
 
 

@@ -36,6 +36,8 @@ class AgentPaths:
     cdi_dir: Path
     cri_socket: Path
     front_dir: Path
+    inject_dir: Path
+    """Where the simulated backend takes injected processes and XIDs from (`simulated.inject`)."""
 
     @classmethod
     def under(cls, directory: Path, node: str, cdi_dir: Path | None) -> AgentPaths:
@@ -49,6 +51,7 @@ class AgentPaths:
             cdi_dir=cdi_dir or home / "cdi",
             cri_socket=directory / f"{node[-1]}.sock",
             front_dir=home / "front",
+            inject_dir=home / "inject",
         )
 
 
@@ -159,6 +162,8 @@ def start_agent(
             "5",
             "--rediscover-interval-s",
             "2",
+            "--inject-dir",
+            str(paths.inject_dir),
             "--cdi-dir",
             str(paths.cdi_dir),
             "--cri-front-dir",

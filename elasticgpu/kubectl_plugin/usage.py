@@ -172,7 +172,11 @@ def from_objects(view: cluster.Cluster, namespace: str | None, *, now: float) ->
 
 
 def _hours(seconds: float | None, per_hour: float) -> str:
-    return "-" if seconds is None else f"{seconds / per_hour:.2f}"
+    if seconds is None:
+        return "-"
+    hours = seconds / per_hour
+    # Two decimals hide a short window's figures (a card for a minute is 0.0167 h): four below 0.1.
+    return f"{hours:.4f}" if 0 < hours < 0.1 else f"{hours:.2f}"
 
 
 def _percent(ratio: float | None) -> str:

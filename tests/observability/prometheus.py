@@ -15,6 +15,7 @@ import json
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import time
 import urllib.error
@@ -193,12 +194,56 @@ def observed_demo(binaries: Binaries, directory: Path, *, settle_s: float = 20.0
         # as increases of the histograms (ones made before the first scrape would not).
         bound = demo.apply_scenario()
         demo.see_containers(bound)
+        busy = make_containers_busy(demo)
+        say(f"  simulated GPU processes for the containers of: {', '.join(sorted(busy))}")
         time.sleep(settle_s)
         yield demo, server
     finally:
         if server is not None:
             server.stop()
         demo.cleanup()
+
+
+SM_SHARE = 0.4
+"""Of its reserved cores, the share of SM time a demo container's simulated process uses."""
+
+
+def make_containers_busy(demo: Any) -> list[str]:
+    """Give each running demo container a GPU process, as a CUDA program would have: the
+    container's real process (found by its cgroup, as the agent finds it) is injected into its
+    node's simulated backend on the claim's card, using `SM_SHARE` of the claim's cores and a
+    quarter of its memory. The agent then measures it like any process: its usage pass maps the
+    pid to the container and the claim, and the used counters grow. Returns the claims made busy."""
+    from elasticgpu.agent import usage
+    from elasticgpu.agent.discovery import simulated
+    from elasticgpu.demo import scenario
+
+    containers: dict[str, tuple[str, str, list[str], int, int]] = {}
+    for node, paths in demo.agent_paths.items():
+        with sqlite3.connect(paths.ledger) as db:
+            for container, claim, gpus, cores, memory in db.execute(
+                    "SELECT container_id, claim_name, gpu_uuids, cores, memory_mib FROM allocations"
+                    " WHERE container_id IS NOT NULL AND state IN ('started', 'created')"):
+                containers[str(container)] = (node, str(claim), list(json.loads(gpus)), int(cores), int(memory))
+    busy = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            found = usage.container_id_from_cgroup((proc / "cgroup").read_text())
+        except OSError:
+            continue
+        if found not in containers:
+            continue
+        node, claim, gpus, cores, memory = containers.pop(found)
+        uuids = [simulated.simulated_uuid(node, i) for i in range(scenario.CARDS_PER_NODE)]
+        for uuid in gpus:
+            per_card_cores = cores // max(1, len(gpus)) if cores else 100
+            simulated.inject(demo.agent_paths[node].inject_dir, {"process": {
+                "card": uuids.index(uuid), "pid": int(proc.name), "memory": f"{max(1, memory // 4)}Mi",
+                "sm": max(1, int(per_card_cores * SM_SHARE))}})
+        busy.append(claim)
+    return busy
 
 
 def _free_port() -> int:
