@@ -36,6 +36,16 @@ if ! bash testruntime/build.sh; then
   echo "WARNING: $ELASTICGPU_TESTRUNTIME_UNAVAILABLE; the tests on a real containerd will be SKIPPED" >&2
 fi
 
+log "fetching Prometheus and promtool from Debian (cached)"
+if prom_env=$(bash testprometheus/build.sh); then
+  # The observability tests (tests/observability) read the binaries from these.
+  eval "export $(echo "$prom_env" | grep '^ELASTICGPU_PROM' | tr '\n' ' ')"
+else
+  # Only a failed fetch with nothing cached gets here: those tests skip, naming this reason.
+  export ELASTICGPU_TESTPROMETHEUS_UNAVAILABLE="testprometheus/build.sh could not fetch Debian's prometheus (promtool)"
+  echo "WARNING: $ELASTICGPU_TESTPROMETHEUS_UNAVAILABLE; the Prometheus tests will be SKIPPED" >&2
+fi
+
 log "ruff"
 .venv/bin/ruff check elasticgpu tests bench
 log "import layering"

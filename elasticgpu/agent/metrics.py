@@ -120,6 +120,18 @@ class AgentCollector(Collector):
             claim_over.add_metric([namespace, name], 1.0 if claim.over_limit else 0.0)
         yield from (claim_used, claim_limit, claim_sm, claim_cores, claim_over)
 
+        # Issue 38: what each claim used, integrated over the usage loop's passes (docs/accounting.md).
+        used_cores = CounterMetricFamily(PREFIX + "claim_used_core_seconds",
+                                         "Card-core seconds the claim's processes used (100 = one card busy for a"
+                                         " second), since the agent started.", labels=claim_labels)
+        used_memory = CounterMetricFamily(PREFIX + "claim_used_memory_byte_seconds",
+                                          "GPU memory the claim's processes held, in byte-seconds, since the agent"
+                                          " started.", labels=claim_labels)
+        for (namespace, name), totals in sorted(s.usage.used.items()):
+            used_cores.add_metric([namespace, name], totals.core_seconds)
+            used_memory.add_metric([namespace, name], totals.memory_byte_seconds)
+        yield from (used_cores, used_memory)
+
         # Issue 25: containers stopped for their claim's memory, and processes on a card no claim holds.
         stops = CounterMetricFamily(PREFIX + "over_limit_stops",
                                     "Containers the agent stopped because their claim stayed over its GPU memory.",

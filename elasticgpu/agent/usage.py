@@ -38,7 +38,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -141,6 +141,35 @@ class ClaimUsage:
         return self.reserved_mib > 0 and self.memory_mib > self.reserved_mib
 
 
+MIB = 1024 * 1024
+USED_RETENTION_S = 3600.0
+"""Seconds a claim's used totals stay exported after its last pass (many scrapes see the final value)."""
+
+
+@dataclass
+class UsedTotals:
+    """What one claim used since the agent started: card-core seconds (100 = a whole card busy
+    for a second) and memory byte-seconds; `seen` is its last pass (seconds since the epoch)."""
+
+    core_seconds: float = 0.0
+    memory_byte_seconds: float = 0.0
+    seen: float = 0.0
+
+
+def integrate_used(used: dict[tuple[str, str], UsedTotals], claims: Mapping[tuple[str, str], ClaimUsage], *,
+                   last: float | None, now: float, longest_s: float) -> None:
+    """Add each claim's measurement x the seconds since the `last` pass (at most `longest_s`;
+    none on the first pass) to `used`, and drop the totals of claims gone `USED_RETENTION_S`."""
+    elapsed = 0.0 if last is None else min(max(0.0, now - last), longest_s)
+    for key, usage in claims.items():
+        totals = used.setdefault(key, UsedTotals())
+        totals.core_seconds += usage.sm_percent * elapsed
+        totals.memory_byte_seconds += usage.memory_mib * MIB * elapsed
+        totals.seen = now
+    for key in [k for k, t in used.items() if now - t.seen > USED_RETENTION_S]:
+        del used[key]
+
+
 @dataclass
 class _Written:
     memory_mib: int
@@ -223,6 +252,10 @@ class UsageLoop:
         """Per-card usage of the last pass (for the metrics)."""
         self.claim_writes = 0
         """Claim status writes made."""
+        self.used: dict[tuple[str, str], UsedTotals] = {}
+        """Per claim: what it used since this agent started (issue 38's used accounting), kept
+        an hour after the claim's last pass so the final value is scraped before it goes."""
+        self._last_pass: float | None = None
 
     def run(self, stop: threading.Event) -> None:
         """A pass every `sample_interval_s` until `stop`. Never dies."""
@@ -258,6 +291,7 @@ class UsageLoop:
         self._hand_gpus_over(processes, now)
         self._tell_unattributed(rows, now)
         self.claims = claims
+        self._integrate(claims, now)
         self._write_claims(claims, now)
         if self.policing is not None:
             try:
@@ -265,6 +299,16 @@ class UsageLoop:
             except Exception:
                 # Policing's own failures are retried by it; this guards the usage writes from a bug of it.
                 logger.exception("over-limit policing failed in this pass; the next pass tries again")
+
+    def _integrate(self, claims: dict[tuple[str, str], ClaimUsage], now: float) -> None:
+        """Add this pass's measurements x the time since the last pass to each claim's totals.
+
+        A counter of this process, not of an object: a restart starts it again at zero, which
+        Prometheus reads as a counter reset (rate and increase stay right; nothing is counted
+        twice). The time between passes is capped at three intervals: after a stall, one
+        sample must not stand for minutes nobody measured."""
+        last, self._last_pass = self._last_pass, now
+        integrate_used(self.used, claims, last=last, now=now, longest_s=3 * self._settings.sample_interval_s)
 
     def claim_seen(self, key: tuple[str, str]) -> dict[str, Any] | None:
         """The claim as the loop last read or wrote it (None: not yet), refreshed every `usage_verify_s`."""

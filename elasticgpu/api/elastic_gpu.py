@@ -177,6 +177,19 @@ class ElasticGPUSpec(KubeModel):
     )
 
 
+class ElasticGPUAccounting(KubeModel):
+    """What the ElasticGPU has reserved over time (`elasticgpu.api.accounting`): the sums of the
+    periods that ended and the start of the open one. Written only by the controller, in the same
+    status patch as the phase or size change that closes a period."""
+
+    since: str | None = Field(
+        default=None, description="When the open period began (RFC 3339); absent while none is open (not Bound).")
+    core_seconds: int = Field(
+        default=0, ge=0, description="Card-core seconds of the periods that ended (100 = one card for one second).")
+    memory_mib_seconds: int = Field(default=0, ge=0, description="MiB-seconds of memory of the periods that ended.")
+    card_seconds: int = Field(default=0, ge=0, description="Whole-card seconds of the periods that ended.")
+
+
 class ElasticGPUStatus(KubeModel):
     """Where the ElasticGPU is in its life."""
 
@@ -199,6 +212,8 @@ class ElasticGPUStatus(KubeModel):
         " join two fields); written once spec.claimRef is set.",
     )
     conditions: list[Condition] = Field(default_factory=list, description="Conditions of the ElasticGPU.")
+    accounting: ElasticGPUAccounting | None = Field(
+        default=None, description="What it has reserved over time, for billing (docs/accounting.md).")
 
 
 class ElasticGPU(KubeModel):

@@ -4,6 +4,7 @@ written the way the API server writes them (`now_rfc3339`, whole seconds)."""
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import UTC, datetime
 
@@ -35,3 +36,8 @@ def now_rfc3339() -> str:
 
 
 _last_stamp: list[tuple[int, str]] = [(0, "")]
+
+
+def format_epoch(seconds: float) -> str:
+    """Seconds since the epoch as RFC 3339 in whole seconds (UTC), as the API server writes them."""
+    return datetime.fromtimestamp(math.floor(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -28,18 +28,26 @@ object and call its methods; nothing else here knows about the controller.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Protocol
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["SYNC_BUCKETS", "ControllerMetrics"]
+from elasticgpu.api import ElasticGPU, accounting, timestamps
+
+__all__ = ["ACCOUNTING_LINGER_S", "SYNC_BUCKETS", "WAIT_BUCKETS", "ControllerMetrics"]
 
 SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Seconds. A sync that decides from the picture takes well under a millisecond; one that writes
 waits on the API server (a few ms to 10 s, the request timeout): the buckets cover both."""
+
+WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+"""Seconds a claim waits for its bind or a pod for its gate lift: well under a second when
+capacity is free, minutes to hours when it waits for room (a preemption, a release)."""
 
 
 class FreeCapacity(Protocol):
@@ -58,11 +66,38 @@ class _PictureCollector(Collector):
     or claim: a few series per class, however many claims and namespaces there are."""
 
     def __init__(self, claims: Callable[[], Mapping[tuple[str, str], int]],
-                 free: Callable[[], Mapping[str, FreeCapacity]]) -> None:
+                 free: Callable[[], Mapping[str, FreeCapacity]],
+                 waiting: Callable[[], Sequence[tuple[str, str, str | None]]] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self._claims = claims
         self._free = free
+        self._waiting = waiting
+        self._clock = clock
+
+    def _pending(self) -> Iterator[Metric]:
+        """Waiting claims by class and reason, and the longest wait per class (the alert on
+        claims Pending with capacity free reads it)."""
+        by_reason = GaugeMetricFamily("elasticgpu_claims_pending", "Claims that wait (Pending or no phase yet) by"
+                                      ' class ("": the default) and status.reason ("": none yet).',
+                                      labels=["class", "reason"])
+        oldest = GaugeMetricFamily("elasticgpu_claims_pending_longest_seconds", "Seconds the longest-waiting claim"
+                                   " of the class has existed without being bound.", labels=["class"])
+        counts: dict[tuple[str, str], int] = {}
+        longest: dict[str, float] = {}
+        now = self._clock()
+        for class_name, reason, created in self._waiting() if self._waiting is not None else []:
+            counts[(class_name, reason)] = counts.get((class_name, reason), 0) + 1
+            began = timestamps.epoch_seconds(created)
+            waited = 0.0 if began is None else max(0.0, now - began)
+            longest[class_name] = max(longest.get(class_name, 0.0), waited)
+        for (class_name, reason), count in sorted(counts.items()):
+            by_reason.add_metric([class_name, reason], count)
+        for class_name, waited in sorted(longest.items()):
+            oldest.add_metric([class_name], waited)
+        yield from (by_reason, oldest)
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._pending()
         by_phase = GaugeMetricFamily("elasticgpu_claims", "Claims by phase and by the class their spec names"
                                      ' ("": none, the default class).', labels=["phase", "class"])
         for (phase, class_name), count in sorted(self._claims().items()):
@@ -80,6 +115,22 @@ class _PictureCollector(Collector):
             memory.add_metric([class_name], room.memory_mib * 1024 * 1024)
             cards.add_metric([class_name], room.cards)
         yield from (cores, memory, cards)
+
+
+class _QuotaCollector(Collector):
+    """How full each ElasticGPUQuota is, per key of its spec.hard (the quota-near-full alert)."""
+
+    def __init__(self, fill: Callable[[], Sequence[tuple[str, str, str, int, int]]]) -> None:
+        self._fill = fill
+
+    def collect(self) -> Iterator[Metric]:
+        ratio = GaugeMetricFamily("elasticgpu_quota_used_ratio", "Share of an ElasticGPUQuota's limit its namespace's"
+                                  " claims hold, per key of spec.hard (1: full; a hard limit of 0 is left out).",
+                                  labels=["namespace", "quota", "resource"])
+        for namespace, name, key, used, hard in self._fill():
+            if hard > 0:
+                ratio.add_metric([namespace, name, key], used / hard)
+        yield ratio
 
 
 class ClaimSizes(Protocol):
@@ -146,6 +197,79 @@ class _ClaimSizesCollector(Collector):
         yield from families.values()
 
 
+ACCOUNTING_LINGER_S = 600.0
+"""Seconds an ElasticGPU's final accrued value stays exported after its deletion: many scrapes see
+it, so the time between the last scrape and its release is not lost to Prometheus."""
+
+
+def _accounting_labels(egpu: ElasticGPU) -> tuple[str, str, str, str]:
+    ref = egpu.spec.claim_ref
+    return (ref.namespace or "" if ref is not None else "", ref.name or "" if ref is not None else "",
+            egpu.spec.elastic_gpu_class_name or "", egpu.metadata.name or "")
+
+
+class _AccountingCollector(Collector):
+    """What each ElasticGPU has reserved since its first bind (issue 38, `api.accounting`),
+    computed at each scrape from the object's own status: the same value whichever replica
+    computes it, before or after a restart. Exported only while this process leads, so that a
+    plain `sum(increase(...))` over the replicas counts each ElasticGPU once."""
+
+    def __init__(self, elastic_gpus: Callable[[], Iterable[ElasticGPU]], leading: Callable[[], bool],
+                 clock: Callable[[], float]) -> None:
+        self._elastic_gpus = elastic_gpus
+        self._leading = leading
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._gone: dict[str, tuple[tuple[str, str, str, str], accounting.Accrued, float]] = {}
+        """Deleted ElasticGPUs: labels, final value, until when to export it (`clock`)."""
+
+    def gone(self, body: Mapping[str, Any]) -> None:
+        """The watch's last body of a deleted ElasticGPU: keep its final value `ACCOUNTING_LINGER_S`."""
+        if not body.get("status"):
+            return  # a relist's head without status: nothing to compute from
+        try:
+            egpu = ElasticGPU.model_validate(body)
+        except ValueError:
+            return
+        now = self._clock()
+        final = accounting.accrued(body, now=now)
+        with self._lock:
+            self._gone[egpu.metadata.name or ""] = (_accounting_labels(egpu), final, now + ACCOUNTING_LINGER_S)
+
+    def collect(self) -> Iterator[Metric]:
+        accounting_labels = ["namespace", "claim", "class", "elasticgpu"]
+        cores = CounterMetricFamily(
+            "elasticgpu_reserved_core_seconds", "Card-core seconds the ElasticGPU reserved for its claim while Bound"
+            " (100 = one card for one second), since its first bind.", labels=accounting_labels)
+        memory = CounterMetricFamily(
+            "elasticgpu_reserved_memory_byte_seconds", "GPU memory the ElasticGPU reserved for its claim while Bound,"
+            " in byte-seconds, since its first bind.", labels=accounting_labels)
+        cards = CounterMetricFamily(
+            "elasticgpu_reserved_card_seconds", "Whole-card seconds the ElasticGPU reserved for its claim while Bound"
+            " (slices count 0 here, their cores count above), since its first bind.", labels=accounting_labels)
+        if self._leading():
+            now = self._clock()
+            rows: dict[str, tuple[tuple[str, str, str, str], accounting.Accrued]] = {}
+            with self._lock:
+                for name, (at, final, until) in list(self._gone.items()):
+                    if until < now:
+                        del self._gone[name]
+                    else:
+                        rows[name] = (at, final)
+            for egpu in self._elastic_gpus():
+                if egpu.spec.claim_ref is None or not egpu.spec.claim_ref.name:
+                    continue
+                if egpu.status.phase != accounting.OPEN_PHASE and egpu.status.accounting is None:
+                    continue  # never Bound: nothing accrued
+                rows[egpu.metadata.name or ""] = (_accounting_labels(egpu),
+                                                  accounting.accrued(accounting.view(egpu), now=now))
+            for _, (at, value) in sorted(rows.items()):
+                cores.add_metric(list(at), value.core_seconds)
+                memory.add_metric(list(at), value.memory_byte_seconds)
+                cards.add_metric(list(at), value.card_seconds)
+        yield from (cores, memory, cards)
+
+
 class ControllerMetrics:
     """Every metric of one controller, registered in `registry` (a fresh one by default)."""
 
@@ -175,10 +299,29 @@ class ControllerMetrics:
                                       ["kind", "outcome"], buckets=SYNC_BUCKETS, registry=self.registry)
         self.leader = Gauge("elasticgpu_leader", "1 while this process holds the leader Lease, else 0.",
                             registry=self.registry)
+        self._leads = False
+        self.bind_seconds = Histogram("elasticgpu_claim_bind_duration_seconds",
+                                      "Seconds from a claim's creation to its bind.", ["mode"],
+                                      buckets=WAIT_BUCKETS, registry=self.registry)
+        for mode in ("dynamic", "static"):
+            # Series that exist from the start at 0: Prometheus's rate() cannot see the first
+            # event of a series that appears with it (the demo's binds all came first).
+            self.binds.labels(mode=mode)
+            self.bind_seconds.labels(mode=mode)
+        self.gate_seconds = Histogram("elasticgpu_pod_gate_lift_duration_seconds",
+                                      "Seconds from a pod's creation to the lift of its scheduling gate.",
+                                      buckets=WAIT_BUCKETS, registry=self.registry)
 
-    def bound(self, *, mode: str) -> None:
-        """One claim bound; `mode` "dynamic" (provisioned for it) or "static" (an existing one)."""
+    def bound(self, *, mode: str, waited_s: float | None = None) -> None:
+        """One claim bound; `mode` "dynamic" (provisioned for it) or "static" (an existing one);
+        `waited_s`: seconds from the claim's creation to its bind (None: unknown)."""
         self.binds.labels(mode=mode).inc()
+        if waited_s is not None:
+            self.bind_seconds.labels(mode=mode).observe(waited_s)
+
+    def gate_lifted(self, *, waited_s: float) -> None:
+        """One pod's scheduling gate lifted, `waited_s` seconds after the pod was created."""
+        self.gate_seconds.observe(waited_s)
 
     def provisioned(self) -> None:
         """One ElasticGPU created for a claim."""
@@ -213,12 +356,27 @@ class ControllerMetrics:
     def leading(self, is_leader: bool) -> None:
         """Record whether this process holds the leader Lease."""
         self.leader.set(1 if is_leader else 0)
+        self._leads = is_leader
+
+    def watch_accounting(self, elastic_gpus: Callable[[], Iterable[ElasticGPU]], *,
+                         clock: Callable[[], float] = time.time) -> Callable[[Mapping[str, Any]], None]:
+        """Export what each ElasticGPU of `elastic_gpus()` reserved, at each scrape while this
+        process leads; the function returned takes the last body of a deleted ElasticGPU."""
+        collector = _AccountingCollector(elastic_gpus, lambda: self._leads, clock)
+        self.registry.register(collector)
+        return collector.gone
 
     def watch_picture(self, *, claims: Callable[[], Mapping[tuple[str, str], int]],
-                      free: Callable[[], Mapping[str, FreeCapacity]]) -> None:
-        """Read claims by (phase, class) from `claims()` and free capacity by class from `free()`
-        at each scrape (nothing on the hot path)."""
-        self.registry.register(_PictureCollector(claims, free))
+                      free: Callable[[], Mapping[str, FreeCapacity]],
+                      waiting: Callable[[], Sequence[tuple[str, str, str | None]]] | None = None) -> None:
+        """Read claims by (phase, class) from `claims()`, free capacity by class from `free()` and
+        the waiting claims' (class, reason, creationTimestamp) from `waiting()` at each scrape
+        (nothing on the hot path)."""
+        self.registry.register(_PictureCollector(claims, free, waiting))
+
+    def watch_quotas(self, fill: Callable[[], Sequence[tuple[str, str, str, int, int]]]) -> None:
+        """Read each quota's (namespace, quota, key, used, hard) from `fill()` at each scrape."""
+        self.registry.register(_QuotaCollector(fill))
 
     def watch_claim_sizes(self, sizes: Callable[[], Sequence[ClaimSizes]]) -> None:
         """Read each claim's requested, used and recommended size from `sizes()` at each scrape."""

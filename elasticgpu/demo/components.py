@@ -36,6 +36,8 @@ class AgentPaths:
     cdi_dir: Path
     cri_socket: Path
     front_dir: Path
+    inject_dir: Path
+    """Where the simulated backend takes injected processes and XIDs from (`simulated.inject`)."""
 
     @classmethod
     def under(cls, directory: Path, node: str, cdi_dir: Path | None) -> AgentPaths:
@@ -49,13 +51,15 @@ class AgentPaths:
             cdi_dir=cdi_dir or home / "cdi",
             cri_socket=directory / f"{node[-1]}.sock",
             front_dir=home / "front",
+            inject_dir=home / "inject",
         )
 
 
 def start_controller(
-    children: processes.Children, *, kubeconfig: Path, namespace: str, log_dir: Path
+    children: processes.Children, *, kubeconfig: Path, namespace: str, log_dir: Path, metrics_port: int = 0
 ) -> processes.Child:
-    """The controller, for the demo's namespace, one replica without leader election."""
+    """The controller, for the demo's namespace, one replica without leader election; with
+    `metrics_port`, its /metrics (and probes) on 127.0.0.1 there, else none."""
     return children.start(
         "controller",
         _elasticgpu(
@@ -66,7 +70,7 @@ def start_controller(
             namespace,
             "--leader-elect=false",
             "--health-probe-bind-address",
-            "0",
+            f"127.0.0.1:{metrics_port}" if metrics_port else "0",
         ),
         log=log_dir / "controller.log",
         cwd=REPO_ROOT,
@@ -75,10 +79,13 @@ def start_controller(
 
 
 def start_webhook(
-    children: processes.Children, *, kubeconfig: Path, namespace: str, configuration: str, log_dir: Path
+    children: processes.Children, *, kubeconfig: Path, namespace: str, configuration: str, log_dir: Path,
+    metrics_port: int = 0,
 ) -> tuple[processes.Child, int]:
-    """The admission webhook on a free loopback port; returns it and the port."""
+    """The admission webhook on a free loopback port; returns it and the port. With
+    `metrics_port`, its plain-HTTP /metrics on 127.0.0.1 there."""
     port = free_port()
+    metrics = ["--metrics-bind-address", f"127.0.0.1:{metrics_port}"] if metrics_port else []
     child = children.start(
         "webhook",
         _elasticgpu(
@@ -95,6 +102,7 @@ def start_webhook(
             "127.0.0.1",
             "--port",
             str(port),
+            *metrics,
         ),
         log=log_dir / "webhook.log",
         cwd=REPO_ROOT,
@@ -111,8 +119,10 @@ def start_agent(
     events_namespace: str,
     runtime_socket: Path | None,
     log_dir: Path,
+    metrics_port: int = 0,
 ) -> processes.Child:
-    """One node's agent with the simulated backend; its CRI proxy only when a runtime is given."""
+    """One node's agent with the simulated backend; its CRI proxy only when a runtime is given;
+    with `metrics_port`, its /metrics on 127.0.0.1 there."""
     cri = (
         [
             "--cri-proxy",
@@ -144,14 +154,16 @@ def start_agent(
             str(paths.device_dir),
             "--ledger-url",
             f"sqlite:///{paths.ledger}",
-            "--metrics-port",
-            "0",
+            "--metrics-bind-address",
+            f"127.0.0.1:{metrics_port}" if metrics_port else "0",
             "--events-namespace",
             events_namespace,
             "--heartbeat-interval-s",
             "5",
             "--rediscover-interval-s",
             "2",
+            "--inject-dir",
+            str(paths.inject_dir),
             "--cdi-dir",
             str(paths.cdi_dir),
             "--cri-front-dir",

@@ -93,6 +93,9 @@ class Demo:
         self.agent_paths: dict[str, components.AgentPaths] = {}
         self.created: list[str] = []  # paths of cluster-scoped objects to delete (external cluster)
         self.first_seen: float | None = None
+        self.metrics_targets: dict[str, list[str]] = {}
+        """With `args.metrics` (tests/observability, scripts/dashboard-picture.py): the
+        127.0.0.1:port of each component's /metrics, by the job name the chart's Services give."""
 
     # cluster ---------------------------------------------------------------------------------------
 
@@ -169,10 +172,12 @@ class Demo:
                         events_namespace=s.namespace,
                         runtime_socket=self.runtime.socket if self.runtime else None,
                         log_dir=self.directory,
+                        metrics_port=self._metrics_port("elasticgpu-agent-metrics"),
                     )
                 )
         controller = components.start_controller(
-            self.children, kubeconfig=self.kubeconfig, namespace=s.namespace, log_dir=self.directory
+            self.children, kubeconfig=self.kubeconfig, namespace=s.namespace, log_dir=self.directory,
+            metrics_port=self._metrics_port("elasticgpu-controller-metrics"),
         )
         webhook, _ = components.start_webhook(
             self.children,
@@ -180,6 +185,7 @@ class Demo:
             namespace=s.namespace,
             configuration=self.webhook_configuration,
             log_dir=self.directory,
+            metrics_port=self._metrics_port("elasticgpu-webhook-metrics"),
         )
         self.say(f"  started: controller, webhook, {len(agents)} node agent(s) (simulated cards: {s.model})")
         everyone = [*agents, controller, webhook]
@@ -212,6 +218,15 @@ class Demo:
             interval_s=0.5,
         )
         self.everyone = everyone
+
+    def _metrics_port(self, job: str) -> int:
+        """A free loopback port for a component's /metrics, noted under `job`; 0 (none) unless
+        the run was asked for metrics."""
+        if not getattr(self.args, "metrics", False):
+            return 0
+        port = local_cluster.free_port()
+        self.metrics_targets.setdefault(job, []).append(f"127.0.0.1:{port}")
+        return port
 
     def gpus(self) -> list[dict[str, Any]]:
         """The GPU objects of the demo's nodes."""

@@ -67,6 +67,14 @@ class Cluster:
         """Every ElasticGPUClass."""
         return [ElasticGPUClass.model_validate(item) for item in self._list(names.PLURAL_CLASS)]
 
+    def elastic_gpus(self) -> list[ElasticGPU]:
+        """Every ElasticGPU of the cluster (`usage`)."""
+        return [ElasticGPU.model_validate(item) for item in self._list(names.PLURAL_ELASTIC_GPU)]
+
+    def claims(self) -> list[ElasticGPUClaim]:
+        """Every claim of every namespace (`usage`)."""
+        return [ElasticGPUClaim.model_validate(item) for item in self._list(names.PLURAL_CLAIM)]
+
     def claim(self, name: str) -> ElasticGPUClaim:
         """The claim `name` of this namespace; a missing one is the user's mistake, told as such."""
         try:

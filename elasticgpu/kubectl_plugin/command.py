@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from elasticgpu import __version__, user_errors
-from elasticgpu.kubectl_plugin import cluster, plan, release, top, why
+from elasticgpu.kubectl_plugin import cluster, plan, release, top, usage, why
 
 ClusterHandler = Callable[[argparse.Namespace, cluster.Cluster], int]
 
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of `kubectl egpu` and its subcommands."""
     parser = argparse.ArgumentParser(
         prog="kubectl egpu",
-        description="See elasticgpu's GPUs and claims: top, why CLAIM, plan; release --force EGPU (admin).",
+        description="See elasticgpu's GPUs and claims: top, why CLAIM, usage, plan; release --force EGPU (admin).",
     )
     parser.add_argument("--version", action="version", version=f"kubectl-egpu {__version__}")
     _common(parser)
@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(release_parser, default=argparse.SUPPRESS)
     release.add_arguments(release_parser)
     release_parser.set_defaults(handler=_connected(release.run))
+
+    usage_parser = commands.add_parser(
+        "usage", help="per namespace and class: reserved, used and waste (from Prometheus, or the objects now)")
+    _common(usage_parser, default=argparse.SUPPRESS)
+    usage.add_arguments(usage_parser)
+    usage_parser.set_defaults(handler=_connected(usage.run))
 
     plan_parser = commands.add_parser("plan", help="bind claims offline, with no cluster (elasticgpu plan)")
     plan.add_arguments(plan_parser)

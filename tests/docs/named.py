@@ -39,6 +39,7 @@ FOREIGN = {
     "--now": "systemctl enable",
     "--raw": "kubectl config view",
     "--type": "kubectl patch",
+    "--api-versions": "helm template",
 }
 """Flags the docs name bare (in prose) that belong to another program, and whose."""
 

@@ -37,11 +37,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Set
+from collections.abc import Mapping, Set
 from datetime import UTC, datetime
 
 from elasticgpu.allocator import Placement, quota
 from elasticgpu.api import GPU, ElasticGPU, ElasticGPUQuota, ObjectReference, QuotaCharge
+from elasticgpu.api import quota as quota_keys
+from elasticgpu.api.errors import InvalidQuantity
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import quota_holding, running_holders
 from elasticgpu.controller.edge.kube import KubeApi
@@ -77,6 +79,9 @@ class QuotaGuard:
         self._known = False  # whether `_limited` comes from a list that worked
         self._limited_at = -1e9  # monotonic seconds of the last list of every quota, worked or not
         self._refreshing = False
+        self._fill: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
+        """Per quota (namespace, name): hard key -> (used, hard) as last written or read (the
+        quota gauges; the resync refreshes every quota, each charge its own)."""
 
     def limits(self, namespace: str, claim: str | None = None) -> bool:
         """Whether `namespace` has a quota: from the quota watch (the picture's `quotas`) while it
@@ -238,8 +243,11 @@ class QuotaGuard:
             return
         now = datetime.now(UTC)
         live: dict[str, GPU] | None = None
+        seen: set[tuple[str, str]] = set()
         for model in (_model(b) for b in bodies):
             namespace = model.metadata.namespace or ""
+            seen.add((namespace, model.metadata.name or ""))
+            self._note(model, quota.status_of(model, list(model.status.charges)))
             charges = self._recompute(model, now, None)
             if quota.lowers(model.status.charges, charges):
                 if live is None:
@@ -259,6 +267,9 @@ class QuotaGuard:
                 logger.debug("quota %s/%s changed during the resync; the next one repairs it", namespace,
                              model.metadata.name)
                 continue
+        with self._lock:
+            for key in set(self._fill) - seen:
+                del self._fill[key]  # the quota was deleted
 
     def _recompute(self, model: ElasticGPUQuota, now: datetime, live: dict[str, GPU] | None) -> list[QuotaCharge]:
         """The charges `model` should hold, from the picture's GPUs or (`live`) those read live."""
@@ -312,3 +323,25 @@ class QuotaGuard:
         body["metadata"] = {"name": model.metadata.name, "namespace": model.metadata.namespace,
                             "resourceVersion": model.metadata.resource_version}
         self.kube.replace_quota_status(body)
+        self._note(model, status)
+
+    def _note(self, model: ElasticGPUQuota, status: Mapping[str, object]) -> None:
+        """Remember used and hard of each key of `status` (the quota gauges)."""
+        fill: dict[str, tuple[int, int]] = {}
+        hard, used = status.get("hard"), status.get("used")
+        if isinstance(hard, Mapping) and isinstance(used, Mapping):
+            for key, limit in hard.items():
+                try:
+                    resource = quota_keys.split_key(str(key))[1]
+                    fill[str(key)] = (quota_keys.parse_amount(resource, used.get(key, 0), field=f"status.used[{key}]"),
+                                      quota_keys.parse_amount(resource, limit, field=f"status.hard[{key}]"))
+                except InvalidQuantity:
+                    continue  # the CRD refuses such values; a gauge is not the place to say so
+        with self._lock:
+            self._fill[(model.metadata.namespace or "", model.metadata.name or "")] = fill
+
+    def fill(self) -> list[tuple[str, str, str, int, int]]:
+        """(namespace, quota, key of spec.hard, used, hard) of every quota last seen (the gauges)."""
+        with self._lock:
+            return [(ns, name, key, used, hard) for (ns, name), keys in sorted(self._fill.items())
+                    for key, (used, hard) in sorted(keys.items())]

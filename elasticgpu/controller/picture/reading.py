@@ -121,6 +121,18 @@ class Reading:
             self._waiting_cores.keep_only(self._waiting)
             return [("claim", ns, name) for ns, name in keys]
 
+    def waiting_claims(self) -> list[tuple[str, str, str | None]]:
+        """(class, reason, creationTimestamp) of each claim that waits (the pending gauges):
+        the waiting index only, so a scrape costs nothing per Bound claim."""
+        with self.lock:
+            found = []
+            for key in self._waiting:
+                claim = self._claims.get(key)
+                if claim is not None:
+                    found.append((claim.spec.class_name or "", claim.status.reason or "",
+                                  claim.metadata.creation_timestamp))
+            return found
+
     def all_keys(self) -> Keys:
         """Every GPU, ElasticGPU and claim (the resync requeues them all), each ElasticGPU followed
         by the claims that name it."""

@@ -6,6 +6,8 @@ answers which). See picture.py for the picture's rules.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
 from elasticgpu.controller.decisions import release
 from elasticgpu.controller.picture import compact, reading, versions, waiting_order, waking
@@ -18,6 +20,10 @@ Keys = reading.Keys
 
 class TakingIn(waking.Waking):
     """Takes in objects and answers the keys to queue; see the module docstring."""
+
+    on_egpu_gone: Callable[[Body], None] | None = None
+    """Called (under the lock) with the last body of an ElasticGPU the watch reported deleted:
+    the accounting metrics keep its final value a while (`metrics.ControllerMetrics`)."""
 
     def observe(self, kind: str, event_type: str | None, body: Body) -> Keys:
         """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node); the keys to queue."""
@@ -42,6 +48,8 @@ class TakingIn(waking.Waking):
                 if deleted:
                     self._deleted_egpus.bury(name, body)
                     self.drop_egpu(name)
+                    if self.on_egpu_gone is not None:
+                        self.on_egpu_gone(body)
                 else:
                     keys += self._egpu_keys(name, body)
                     keys.append(("egpu", name))

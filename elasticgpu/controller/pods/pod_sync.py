@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from typing import Any
 
 from elasticgpu.allocator import PlacementRequest
@@ -52,6 +53,7 @@ from elasticgpu.controller.flow.binding.provisioner import claim_ref_of
 from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.flow.quota_guard import QuotaExceeded
+from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture import pod_index
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.pods import inline_claims, pod_neighbours, pod_placement
@@ -75,6 +77,8 @@ class PodSync:
         self.commit = commit
         self.binding = binding
         """Finishes the binds of the pod's claims (after their commit point, or to an existing ElasticGPU)."""
+        self.metrics: ControllerMetrics | None = None
+        """Observes how long pods waited for their gate lift, when set (`attach_metrics`)."""
 
     def sync(self, namespace: str, name: str) -> None:
         """Decide and carry out the next steps of one pod."""
@@ -267,6 +271,10 @@ class PodSync:
             self._refresh_pod(namespace, name)  # the other controller lifted it, or the pod changed
             raise
         self.picture.put_pod(answer)
+        if self.metrics is not None:
+            created = timestamps.epoch_seconds(meta.get("creationTimestamp"))
+            if created is not None:
+                self.metrics.gate_lifted(waited_s=max(0.0, time.time() - created))
         current = pod_gate.condition_of(pod)
         if current is not None and current.get("status") != "True":
             # Only a pod that was told why it waited hears that it no longer does: a write per pod

@@ -7,10 +7,11 @@ raises; the worker retries the key from what it then finds.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from elasticgpu.allocator import Placement
-from elasticgpu.api import ElasticGPU, ElasticGPUClaim, names
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, names, timestamps
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder
 from elasticgpu.controller.edge.kube import KubeApi
@@ -89,7 +90,8 @@ class ClaimBinding:
         self.status.bound(claim, egpu, placement=placement)
         metrics = self.metrics()
         if metrics is not None:
-            metrics.bound(mode="dynamic" if placement else "static")
+            metrics.bound(mode="dynamic" if placement else "static",
+                          waited_s=_since(claim.metadata.creation_timestamp))
             if placement:
                 metrics.provisioned()
 
@@ -178,3 +180,9 @@ class ClaimBinding:
         self.elastic_gpus.set_status(egpu, placement, "Bound", binder.REASON_BOUND,
                                      f"provisioned for claim {claim.metadata.namespace}/{claim.metadata.name}",
                                      event=False)
+
+
+def _since(stamp: str | None) -> float | None:
+    """Seconds from `stamp` (RFC 3339) to now; None when it is unreadable."""
+    began = timestamps.epoch_seconds(stamp)
+    return None if began is None else max(0.0, time.time() - began)

@@ -12,7 +12,7 @@ import threading
 import time
 
 from elasticgpu.allocator import Placement
-from elasticgpu.api import GPU, ElasticGPU, ElasticGPUClaim, names
+from elasticgpu.api import GPU, ElasticGPU, ElasticGPUClaim, accounting, names
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, running_holders
 from elasticgpu.controller.edge.kube import KubeApi
@@ -71,6 +71,13 @@ class ElasticGPUSync:
         ref = egpu.spec.claim_ref
         if ref is not None and ref.name:
             status["claim"] = f"{ref.namespace}/{ref.name}"  # the CLAIM column
+        # Accounting (issue 38): a period that this write closes (phase leaves Bound, or a resize)
+        # is folded into the closed sums in this same patch, under the same resourceVersion, so
+        # the fold happens exactly once and with the change that caused it (api/accounting.py).
+        folded = accounting.fold(accounting.view(egpu), phase=phase, capacity=status.get("capacity"),
+                                 now=time.time())
+        if folded is not None:
+            status["accounting"] = folded
         name = egpu.metadata.name or ""
         patch = {"metadata": {"resourceVersion": egpu.metadata.resource_version}, "status": status}
         try:
@@ -316,3 +323,4 @@ class ElasticGPUSync:
                 self.kube.delete_elastic_gpu(name, uid=egpu.metadata.uid)
             self.events.record(self.picture.egpu_body(name) or egpu.to_dict(), type_=NORMAL, reason="Reclaimed",
                                message=f"reclaim policy Delete: capacity freed and ElasticGPU {name} deleted")
+

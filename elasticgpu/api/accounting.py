@@ -1,0 +1,179 @@
+"""GPU accounting: how much each ElasticGPU has reserved so far, from its own status (issue 38).
+
+The figures a bill needs are integrals over time: card-core seconds (100 = one whole card for
+one second), memory MiB-seconds and whole-card seconds, per namespace and class. A counter kept
+in a process's memory would start again from zero after a restart or a leader change, and one
+rebuilt from the live objects alone would drop a reservation's past once its size changed. So
+the integral lives in the ElasticGPU itself, in `status.accounting`, as two parts:
+
+    closed  coreSeconds, memoryMibSeconds, cardSeconds: what the periods that ended accrued
+    open    since: when the current period began (absent when none is open)
+
+and the value at any moment is `closed + size x (now - since)`, `size` being `status.capacity`.
+A period is open while the ElasticGPU is Bound (what its tenant holds; a Released ElasticGPU
+kept by `reclaimPolicy: Retain` is the platform's, not the tenant's). `fold` is the only
+function that moves time from the open period into the closed sums, and the controller writes
+its result in the same status patch as the phase or capacity change that caused it, with the
+resourceVersion it read: the move and its cause are one write, a stale controller's copy is
+refused with 409, and no other writer touches the field. Hence:
+
+- a restart, or another replica taking the Lease, computes the same value from the same object
+  (nothing was in the old process's memory that the object lacks), the time the controller
+  was down included;
+- nothing is counted twice: a period is folded at most once (the write that folds it also
+  closes or restarts it), and a value never decreases, because `since` and the seconds are
+  whole (`now_seconds` floors the clock the same way the API server writes timestamps);
+- an ElasticGPU bound before this field existed counts from its creation (the moment a dynamic
+  one was provisioned for its claim).
+
+Pure: no clock of its own (callers pass `now`), no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from elasticgpu.api import names, timestamps
+from elasticgpu.api.elastic_gpu import ElasticGPU
+from elasticgpu.api.errors import ElasticGPUError
+from elasticgpu.api.quantities import parse_count, parse_memory_mib
+
+__all__ = ["Accrued", "Size", "accrued", "fold", "now_seconds", "size_of", "view"]
+
+MIB = 1024 * 1024
+OPEN_PHASE = "Bound"
+"""The phase during which an ElasticGPU's size is charged to its claim's namespace."""
+
+
+@dataclass(frozen=True)
+class Size:
+    """What an ElasticGPU holds: cores (percent of one card, summed), memory MiB, whole cards."""
+
+    cores: int = 0
+    memory_mib: int = 0
+    cards: int = 0
+
+
+@dataclass(frozen=True)
+class Accrued:
+    """Integrals over time of a reservation: card-core seconds (100 = a card for a second),
+    MiB-seconds of memory, whole-card seconds."""
+
+    core_seconds: int = 0
+    memory_mib_seconds: int = 0
+    card_seconds: int = 0
+
+    def __add__(self, other: Accrued) -> Accrued:
+        return Accrued(self.core_seconds + other.core_seconds, self.memory_mib_seconds + other.memory_mib_seconds,
+                       self.card_seconds + other.card_seconds)
+
+    @property
+    def memory_byte_seconds(self) -> int:
+        """Memory in byte-seconds (the metric's base unit)."""
+        return self.memory_mib_seconds * MIB
+
+    def to_status(self, *, since: str | None) -> dict[str, Any]:
+        """`status.accounting` as written: the closed sums and the open period's start (None: none)."""
+        return {"coreSeconds": self.core_seconds, "memoryMibSeconds": self.memory_mib_seconds,
+                "cardSeconds": self.card_seconds, "since": since}
+
+
+def now_seconds(now: float) -> int:
+    """`now` floored to whole seconds: the resolution of the timestamps written (`since`), so a
+    value computed at a scrape is never above the value a fold writes a moment later."""
+    return math.floor(now)
+
+
+def size_of(capacity: Mapping[str, Any]) -> Size:
+    """The size in `status.capacity` (cores integer, memory a quantity, whole cards a count);
+    an unreadable entry counts as 0 rather than stopping a scrape (the CRD refuses such values)."""
+    try:
+        cores = parse_count(capacity.get(names.RESOURCE_CORE, 0), field="status.capacity")
+    except ElasticGPUError:
+        cores = 0
+    try:
+        memory = parse_memory_mib(capacity.get(names.RESOURCE_MEMORY, 0), field="status.capacity")
+    except ElasticGPUError:
+        memory = 0
+    try:
+        cards = parse_count(capacity.get(names.RESOURCE_NVIDIA_GPU, 0), field="status.capacity")
+    except ElasticGPUError:
+        cards = 0
+    return Size(cores=cores, memory_mib=memory, cards=cards)
+
+
+def _closed(accounting: Mapping[str, Any]) -> Accrued:
+    return Accrued(int(accounting.get("coreSeconds") or 0), int(accounting.get("memoryMibSeconds") or 0),
+                   int(accounting.get("cardSeconds") or 0))
+
+
+def _since(status: Mapping[str, Any], metadata: Mapping[str, Any]) -> int | None:
+    """When the open period began (whole seconds), None when none is open."""
+    if status.get("phase") != OPEN_PHASE:
+        return None
+    accounting = status.get("accounting")
+    if isinstance(accounting, Mapping):
+        stamp = timestamps.epoch_seconds(accounting.get("since"))
+    else:
+        # Bound before status.accounting existed: count from the ElasticGPU's creation.
+        stamp = timestamps.epoch_seconds(metadata.get("creationTimestamp"))
+    return None if stamp is None else now_seconds(stamp)
+
+
+def _over(size: Size, seconds: int) -> Accrued:
+    seconds = max(0, seconds)
+    return Accrued(size.cores * seconds, size.memory_mib * seconds, size.cards * seconds)
+
+
+def accrued(body: Mapping[str, Any], *, now: float) -> Accrued:
+    """What the ElasticGPU `body` (as the API serves it) has reserved from its first bind to
+    `now` (seconds since the epoch): its closed sums plus its open period at its current size."""
+    status = body.get("status") or {}
+    metadata = body.get("metadata") or {}
+    accounting = status.get("accounting")
+    closed = _closed(accounting) if isinstance(accounting, Mapping) else Accrued()
+    since = _since(status, metadata)
+    if since is None:
+        return closed
+    return closed + _over(size_of(status.get("capacity") or {}), now_seconds(now) - since)
+
+
+def fold(body: Mapping[str, Any], *, phase: str, capacity: Mapping[str, Any] | None,
+         now: float) -> dict[str, Any] | None:
+    """`status.accounting` to write with a status patch that sets `phase` (and `capacity`,
+    when given) on the ElasticGPU `body`; None when the patch leaves it as it is.
+
+    OBSERVATION: a period is open and the phase leaves Bound, or the size changes (a resize):
+    the open period is added to the closed sums at the old size, and a new one opens at `now`
+    if the ElasticGPU stays Bound. OBSERVATION: none is open and the phase becomes Bound: one
+    opens at `now`. Otherwise nothing changes."""
+    status = body.get("status") or {}
+    metadata = body.get("metadata") or {}
+    old_capacity = status.get("capacity") or {}
+    new_capacity = old_capacity if capacity is None else capacity
+    accounting = status.get("accounting")
+    closed = _closed(accounting) if isinstance(accounting, Mapping) else Accrued()
+    since = _since(status, metadata)
+    at = now_seconds(now)
+    stamp = timestamps.format_epoch(at)
+    stays_open = phase == OPEN_PHASE
+    if since is None:
+        return closed.to_status(since=stamp) if stays_open else None
+    old_size = size_of(old_capacity)
+    if stays_open and size_of(new_capacity) == old_size and isinstance(accounting, Mapping):
+        return None
+    total = closed + _over(old_size, at - since)
+    return total.to_status(since=stamp if stays_open else None)
+
+
+def view(egpu: ElasticGPU) -> dict[str, Any]:
+    """The parts of the model `egpu` that `accrued` and `fold` read, as the API serves them."""
+    status = egpu.status
+    return {
+        "metadata": {"creationTimestamp": egpu.metadata.creation_timestamp},
+        "status": {"phase": status.phase, "capacity": dict(status.capacity),
+                   "accounting": status.accounting.to_dict() if status.accounting is not None else None},
+    }
