@@ -21,7 +21,9 @@ its own), release elasticgpu in elasticgpu-system; the renderer is Helm itself, 
 `helm-python-sdk` package of the `manifests` extra, in the test extra too: Helm's engine as a library,
 no helm binary).
 
-    templates/X.yaml         -> deploy/X.yaml (none when it renders no object, e.g. a switch that is off)
+    templates/X.yaml         -> deploy/X.yaml (none when it renders no object, e.g. a switch that is off;
+                                but agent-installer.yaml, the other node hook, is rendered with
+                                agent.nodeHook=cri-proxy: PLAIN_VARIANTS)
     templates/policies.yaml  -> deploy/policies/F.yaml, one per "# file: policies/F.yaml" section
                                 (the chart reads those files through files/policies, so they come back as
                                 they are: drop a new policy file into deploy/policies/ and it is in the chart)
@@ -59,6 +61,10 @@ RELEASE = "elasticgpu"
 NAMESPACE = "elasticgpu-system"
 PLAIN_VALUES = {"namespace": {"create": True}}
 """The chart's defaults plus these: the values of the plain manifests."""
+PLAIN_VARIANTS: dict[str, dict[str, object]] = {"agent-installer.yaml": {"agent": {"nodeHook": "cri-proxy"}}}
+"""Templates the defaults do not render whose plain file deploy/ still carries, rendered with these values
+over PLAIN_VALUES: the node hook the defaults did not choose (agent.nodeHook), so that a user of the plain
+manifests picks deploy/agent-daemonset.yaml (NRI) or deploy/agent-installer.yaml (the CRI proxy's host service)."""
 HEADER = "# Rendered from deploy/chart/templates/{name} by scripts/render-manifests.py: edit the template.\n"
 FILE_MARKER = re.compile(r"^# file: (policies/[A-Za-z0-9._-]+\.yaml)\n", re.MULTILINE)
 
@@ -77,16 +83,25 @@ def _tidy(text: str) -> str:
     return text.strip("\n") + "\n"
 
 
-def render(values: dict[str, object] | None = None) -> dict[Path, str]:
-    """The plain manifests the chart renders with `values` (default: PLAIN_VALUES): path -> text."""
+def _rendered(values: dict[str, object]) -> dict[str, str]:
+    """template name (under templates/) -> the text the chart renders with `values`."""
     chart = helm_python.Chart.load(CHART)
     try:
-        rendered = chart.render(PLAIN_VALUES if values is None else values, name=RELEASE, namespace=NAMESPACE)
+        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE)
     finally:
         chart.close()
+    return {template.split("/templates/", 1)[1]: text for template, text in rendered.items()}
+
+
+def render(values: dict[str, object] | None = None) -> dict[Path, str]:
+    """The plain manifests the chart renders with `values` (default: PLAIN_VALUES, plus PLAIN_VARIANTS): path -> text."""
+    rendered = _rendered(PLAIN_VALUES if values is None else values)
+    if values is None:
+        for name, variant in PLAIN_VARIANTS.items():
+            if not _has_objects(rendered.get(name, "")):
+                rendered[name] = _rendered(merged(PLAIN_VALUES, variant))[name]
     files: dict[Path, str] = {}
-    for template, text in sorted(rendered.items()):
-        name = template.split("/templates/", 1)[1]
+    for name, text in sorted(rendered.items()):
         if not name.endswith(".yaml") or name.startswith("helm-"):
             continue
         if name == "policies.yaml":

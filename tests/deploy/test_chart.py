@@ -79,12 +79,13 @@ def _containers(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 CERT_MANAGER = {"webhook": {"certificates": "cert-manager"}}
+CRI_PROXY = {"agent": {"nodeHook": "cri-proxy"}}
 
 
 @pytest.mark.parametrize(
     "values",
-    [{}, CERT_MANAGER, {"metrics": {"serviceMonitor": {"enabled": True}}}, {"namespace": {"create": True}}],
-    ids=["defaults", "cert-manager", "service-monitor", "plain"],
+    [{}, CERT_MANAGER, {"metrics": {"serviceMonitor": {"enabled": True}}}, {"namespace": {"create": True}}, CRI_PROXY],
+    ids=["defaults", "cert-manager", "service-monitor", "plain", "cri-proxy"],
 )
 def test_helm_lints_the_chart(values: dict[str, Any]) -> None:
     report = helm_python.lint(CHART, values, strict=True, namespace="elasticgpu-system", kube_version="v1.31.0")
@@ -346,7 +347,10 @@ def test_one_controller_replica_may_run_without_election_two_may_not() -> None:
 
 
 def test_the_agent_installer_runs_on_gpu_nodes_and_never_as_the_agent() -> None:
-    objects = _objects()
+    # The installer is the CRI proxy's (agent.nodeHook=cri-proxy); the default, NRI, runs the agent as a
+    # DaemonSet pod instead (tests/deploy/test_agent_daemonset.py).
+    assert not [d for d in _objects() if d["metadata"]["name"] == "elasticgpu-agent-installer"]
+    objects = _objects(CRI_PROXY)
     daemonset = _one(objects, "DaemonSet", "elasticgpu-agent-installer")
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
@@ -365,6 +369,7 @@ def test_the_agent_installer_runs_on_gpu_nodes_and_never_as_the_agent() -> None:
     objects = _objects(
         {
             "agent": {
+                "nodeHook": "cri-proxy",
                 "installer": {"nodeSelector": {"pool": "gpu", "nvidia.com/gpu.present": None}},
                 "env": {"ELASTICGPU_AGENT_CRI_UPSTREAM": "unix:///run/crio/crio.sock"},
             }

@@ -34,7 +34,8 @@ def test_values_files_and_sets_render_into_a_folder_of_ones_own(tmp_path: Path) 
     values = tmp_path / "my-values.yaml"
     values.write_text(yaml.safe_dump({
         "image": {"repository": "registry.example.com/elasticgpu", "tag": "from-file"},
-        "agent": {"installer": {"nodeSelector": {"nvidia.com/gpu.present": None, "pool": "gpu"}}},
+        "agent": {"nodeHook": "cri-proxy",
+                  "installer": {"nodeSelector": {"nvidia.com/gpu.present": None, "pool": "gpu"}}},
         "defaultClass": {"name": "shared-a100"},
     }))
     out = tmp_path / "manifests"
@@ -52,11 +53,13 @@ def test_values_files_and_sets_render_into_a_folder_of_ones_own(tmp_path: Path) 
     assert installer["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "gpu"}
     [klass] = _objects(out / "default-class.yaml")
     assert klass["metadata"]["name"] == "shared-a100"
-    # The same files as deploy/, the CRDs beside them; deploy/ itself untouched.
+    # The same files as deploy/ but the other node hook's (deploy/ carries both: PLAIN_VARIANTS; the
+    # user's values chose one), the CRDs beside them; deploy/ itself untouched.
     deploy = {p.relative_to(REPO / "deploy") for p in [*(REPO / "deploy").glob("*.yaml"),
                                                          *(REPO / "deploy" / "policies").glob("*.yaml")]}
     rendered = {p.relative_to(out) for p in out.rglob("*.yaml")}
-    assert deploy <= rendered
+    assert deploy - {Path("agent-daemonset.yaml")} <= rendered
+    assert Path("agent-daemonset.yaml") not in rendered
     assert {p.name for p in (out / "crds").glob("*.yaml")} == {p.name for p in (REPO / "crds").glob("*.yaml")}
     assert _render("--check").returncode == 0
 

@@ -34,7 +34,7 @@ ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 AGENT_USER = "system:serviceaccount:elasticgpu-system:elasticgpu-agent"
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 GPUS = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL_GPU}"
-NOT_BOUND = "the elasticgpu agent writes with a token bound to its Node"
+NOT_BOUND = "the elasticgpu agent writes with a token that names its node; this one names none"
 
 
 def _documents() -> list[dict[str, Any]]:
@@ -282,6 +282,35 @@ def test_a_token_bound_to_no_node_writes_nothing(
         _refused(lambda: unbound.patch_node_labels({"nvidia.com/gpu.count": "1"}), NOT_BOUND)
         # Reading stays allowed (RBAC decides reads; the policies judge writes only).
         assert unbound.read_gpu(scene.gpus["a"])["spec"]["nodeName"] == scene.nodes["a"]
+
+
+def _event(kube: agent_api.AgentKube, namespace: str, gpu: str) -> Callable[[], object]:
+    def write() -> object:
+        kube.create_event(namespace=namespace, involved={"apiVersion": f"{names.GROUP}/{names.VERSION}", "kind": "GPU",
+                                                         "name": gpu}, type_="Warning", reason="Probe",
+                          message="probe", now="2026-12-03T00:00:00Z")  # fmt: skip
+        return None
+
+    return write
+
+
+def test_an_agent_reports_events_from_its_own_node_only(
+    kube_cluster: TestCluster, api_client: client.ApiClient, scene: Scene, agent_policies: list[str]
+) -> None:
+    """Events carry the node that saw them (source.host, reportingInstance): an agent's are its node's."""
+    a, b = scene.nodes["a"], scene.nodes["b"]
+    with _agent(kube_cluster, a, a) as agent:
+        _event(agent, scene.namespace, scene.gpus["a"])()
+    # The agent of A writing as B (its node_name is what the Event names as its source).
+    with _agent(kube_cluster, a, b) as intruder:
+        _refused(_event(intruder, scene.namespace, scene.gpus["b"]), "agent-events.elasticgpu.io",
+                 f"source.host is {b}, reportingInstance is {b}: the agent of node {a} reports Events from its own"
+                 " node only")  # fmt: skip
+    with _agent(kube_cluster, None, a) as unbound:
+        _refused(_event(unbound, scene.namespace, scene.gpus["a"]), NOT_BOUND, "deploy/agent-kubeconfig.sh NODE",
+                 "agent.nodeHook=nri")  # fmt: skip
+    events = client.CoreV1Api(api_client).list_namespaced_event(scene.namespace).items
+    assert {(e.source.host, e.reporting_instance) for e in events if e.reason == "Probe"} == {(a, a)}
 
 
 def test_a_card_squatted_by_another_node_is_marked_duplicate(

@@ -34,7 +34,7 @@ from tests.realcluster.control_plane import ControlPlane
 pytestmark = pytest.mark.realcluster
 
 GPUS = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL_GPU}"
-NOT_BOUND = "the elasticgpu agent writes with a token bound to its Node"
+NOT_BOUND = "the elasticgpu agent writes with a token that names its node; this one names none"
 ENFORCED_WITHIN_S = 60.0
 
 

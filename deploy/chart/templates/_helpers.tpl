@@ -24,17 +24,27 @@ metadata:
 {{- if eq .Values.webhook.certificates "cert-manager" }}true{{ else if ne .Values.webhook.certificates "self-signed" }}{{ fail (printf "webhook.certificates is %q: use self-signed or cert-manager" .Values.webhook.certificates) }}{{ end }}
 {{- end -}}
 
-{{/* The agent's settings file (/etc/elasticgpu/agent.env, written by the installer): agent.env of the values,
-plus the installer's own pods in ELASTICGPU_AGENT_PRIVILEGED_PODS (kept beside the user's entries). The installer
-is privileged and uses no claim; once kubelet talks to the agent's socket, each upgrade, reboot or restart
-re-creates it through the agent, which refuses such containers on a GPU node elsewhere. The narrowest rule that
-lets it through: pods of the install namespace with the installer's label (the namespace is the boundary: who
-may create pods there; the label keeps the namespace's other privileged pods out), not the whole namespace. */}}
+{{/* The node hook (agent.nodeHook): nri or cri-proxy; anything else fails the render naming both. */}}
+{{- define "elasticgpu.nodeHook" -}}
+{{- $hook := .Values.agent.nodeHook | toString }}
+{{- if or (eq $hook "nri") (eq $hook "cri-proxy") }}{{ $hook }}{{ else }}{{ fail (printf "agent.nodeHook is %q: use nri (the agent as a DaemonSet pod, hooked into the runtime through NRI) or cri-proxy (a host service and kubelet's runtime endpoint on its CRI proxy)" $hook) }}{{ end }}
+{{- end -}}
+
+{{/* The agent's settings (ELASTICGPU_AGENT_* lines): agent.env of the values, plus the chart's own pods in
+ELASTICGPU_AGENT_PRIVILEGED_PODS (kept beside the user's entries). With cri-proxy they are /etc/elasticgpu/agent.env,
+written by the installer, which is privileged and uses no claim: once kubelet talks to the agent's socket, each
+upgrade, reboot or restart re-creates it through the agent, which refuses such containers on a GPU node elsewhere.
+With nri they are the agent container's environment, and the agent's own pods are the ones let through (NRI
+creates them untouched while no agent is connected, but a second plugin process, or a future runtime that waits for
+its plugins, would judge them). The narrowest rule that lets the chart's pod through: pods of the install namespace
+with its component label (the namespace is the boundary: who may create pods there; the label keeps the namespace's
+other privileged pods out), not the whole namespace. */}}
 {{- define "elasticgpu.agentEnv" -}}
-{{- $installer := printf "%s/app.kubernetes.io/component=agent-installer" (include "elasticgpu.namespace" .) }}
+{{- $component := ternary "agent" "agent-installer" (eq (include "elasticgpu.nodeHook" .) "nri") }}
+{{- $own := printf "%s/app.kubernetes.io/component=%s" (include "elasticgpu.namespace" .) $component }}
 {{- $env := deepCopy (.Values.agent.env | default dict) }}
 {{- $users := get $env "ELASTICGPU_AGENT_PRIVILEGED_PODS" | toString }}
-{{- $_ := set $env "ELASTICGPU_AGENT_PRIVILEGED_PODS" (ternary (printf "%s,%s" $installer $users) $installer (ne $users "")) }}
+{{- $_ := set $env "ELASTICGPU_AGENT_PRIVILEGED_PODS" (ternary (printf "%s,%s" $own $users) $own (ne $users "")) }}
 {{- range $name, $value := $env }}
 {{ $name }}={{ $value }}
 {{- end }}

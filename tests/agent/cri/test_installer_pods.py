@@ -53,10 +53,12 @@ DAEMONSET_LABELS = {"controller-revision-hash": "5d8f7b9c4", "pod-template-gener
 
 
 def _chart(namespace: str, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The installer's objects as `helm install -n NAMESPACE` renders them."""
+    """The installer's objects as `helm install -n NAMESPACE` renders them (the CRI proxy's node hook)."""
+    values = dict(values or {})
+    values["agent"] = {**values.get("agent", {}), "nodeHook": "cri-proxy"}
     chart = helm_python.Chart.load(CHART)
     try:
-        rendered = chart.render(values or {}, name="elasticgpu", namespace=namespace)
+        rendered = chart.render(values, name="elasticgpu", namespace=namespace)
     finally:
         chart.close()
     text = next(text for template, text in rendered.items() if template.endswith("/agent-installer.yaml"))
