@@ -49,7 +49,8 @@ sys.path.insert(0, str(REPO / "bench"))
 import grpc  # noqa: E402
 from percentiles import percentile  # noqa: E402
 
-from elasticgpu.agent.cri import api, claim_hooks, front, injection  # noqa: E402
+from elasticgpu.agent.cri import api, front  # noqa: E402
+from elasticgpu.agent.injecting import claim_hooks, injection  # noqa: E402
 from tests import spawning  # noqa: E402
 from tests.agent.cri.node import View, publish_cards, slice_claim  # noqa: E402
 from tests.containerd_runtime import (  # noqa: E402

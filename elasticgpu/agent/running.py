@@ -52,10 +52,11 @@ from elasticgpu.agent import (
     starting,
     usage,
 )
-from elasticgpu.agent.cri import claim_view, driver, front, gated, injection, supervising
-from elasticgpu.agent.cri.limits_file import LimitsFiles
+from elasticgpu.agent.cri import front, supervising
 from elasticgpu.agent.cri.proxy import ProxySettings
 from elasticgpu.agent.discovery import Card
+from elasticgpu.agent.injecting import claim_view, driver, gated, hooks, injection
+from elasticgpu.agent.injecting.limits_file import LimitsFiles
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.settings import AgentSettings, CriSettings
 
@@ -187,7 +188,7 @@ class _Loops:
     """The node's isolation modes (the CRI hook's); inventory publishes those the node can provide."""
 
 
-def _containers(hook: supervising.CriHook) -> list[Any]:
+def _containers(hook: supervising.CriHook) -> list[hooks.RuntimeContainer]:
     """The runtime's containers through the proxy serving now; raises while none serves (between restarts)."""
     proxy = hook.proxy
     if proxy is None:

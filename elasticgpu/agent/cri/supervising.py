@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elasticgpu.agent import isolation, rdma
-from elasticgpu.agent.cri import cdi, driver, front, gated, injection, limits_file
+from elasticgpu.agent.cri import front
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import Card
+from elasticgpu.agent.injecting import cdi, driver, gated, injection, limits_file
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.rdma import spec_file as rdma_spec
 
@@ -278,7 +279,7 @@ class CriHook:
         hooks = gated.GatedHooks(view=self._view, ledger=self._ledger, settings=self.settings.injection,
                                  owed_rebuild=self._owed_rebuild, rebuilt=self._rebuilt, limits=self.limits,
                                  rooms=self.rooms, wrap=self._wrap, nics=self.nics,
-                                 container_info=lambda container_id: started[0].container_info(container_id))
+                                 container_env=lambda container_id: started[0].container_env(container_id))
         proxy = CriProxy(self.settings.proxy, container_hooks=hooks)
         started.append(proxy)
         try:

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elasticgpu.agent.cri import driver, injection
-from elasticgpu.agent.cri.atomic_file import replace_if_changed
 from elasticgpu.agent.discovery import Card
+from elasticgpu.agent.injecting import driver, injection
+from elasticgpu.agent.injecting.atomic_file import replace_if_changed
 
 CDI_VERSION = "0.6.0"
 SPEC_FILE = "elasticgpu.io-gpu.json"
@@ -134,3 +134,4 @@ def remove_spec(directory: Path) -> None:
     """Remove our spec (the agent is being uninstalled); containers already running keep their devices."""
     with contextlib.suppress(FileNotFoundError):
         (directory / SPEC_FILE).unlink()
+
