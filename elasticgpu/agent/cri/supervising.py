@@ -136,6 +136,8 @@ class CriHook:
         self._wrap = wrap
         self._driver_files = driver_files
         self._view = view
+        self.view = view
+        """The agent's view (the NRI front's Events use it too)."""
         self._ledger: Callable[[], LedgerStore | None] = (
             (lambda: ledger) if isinstance(ledger, LedgerStore) else ledger
         )
