@@ -168,6 +168,7 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
         cdi_dir=Path(cri.cdi_dir),
         cdi_check_interval_s=cri.cdi_check_interval_s,
         limits_dir=Path(cri.limits_dir) if cri.limits_dir else None,  # issue 17: a resize reaches running containers
+        proxy_hooks=cri.node_hook == "cri-proxy",
     )
 
 

@@ -104,6 +104,10 @@ class HookSettings:
     limits_dir: Path | None = None
     """Folder of the claims' limits files, mounted read-only into claim containers so that a resize
     reaches them while they run (docs/resize-node.md); None: no limits files."""
+    proxy_hooks: bool = True
+    """The proxy calls the core's hooks (kubelet's endpoint). False with --node-hook nri: the proxy only
+    serves the agent (policing, listings) and passes through; the NRI front calls the core's hooks,
+    attaches its own listing (the OCI spec's annotations) and runs the start-up reconciliation."""
 
 
 class CriHook:
@@ -282,7 +286,8 @@ class CriHook:
                                  owed_rebuild=self._owed_rebuild, rebuilt=self._rebuilt, limits=self.limits,
                                  rooms=self.rooms, wrap=self._wrap, nics=self.nics,
                                  container_env=lambda container_id: started[0].container_env(container_id))
-        proxy = CriProxy(self.settings.proxy, container_hooks=hooks)
+        proxy = CriProxy(self.settings.proxy, container_hooks=hooks) if self.settings.proxy_hooks else CriProxy(
+            self.settings.proxy)
         started.append(proxy)
         try:
             proxy.start()  # leaves nothing behind when it fails

@@ -28,5 +28,6 @@ def test_nri_mode_keeps_kubelet_socket_free_and_unknown_hooks_are_refused(tmp_pa
     cri = dataclasses.replace(settings.CriSettings(), node_hook="nri", cri_front_dir=str(tmp_path), cri_front="none")
     hook = running.hook_settings(cri)
     assert hook.front is None and hook.proxy.listen == tmp_path / "nri-mode-cri.sock"  # not kubelet's cri_listen
+    assert not hook.proxy_hooks  # the NRI front alone calls the core (and lists with the spec's annotations)
     with pytest.raises(errors.AgentError, match="--node-hook / ELASTICGPU_AGENT_NODE_HOOK='crio' is not a node hook"):
         running.hook_settings(dataclasses.replace(cri, node_hook="crio"))
