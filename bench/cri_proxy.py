@@ -49,7 +49,8 @@ sys.path.insert(0, str(REPO / "bench"))
 import grpc  # noqa: E402
 from percentiles import percentile  # noqa: E402
 
-from elasticgpu.agent.cri import api, claim_hooks, front, injection  # noqa: E402
+from elasticgpu.agent.cri import api, front, translating  # noqa: E402
+from elasticgpu.agent.injecting import injection  # noqa: E402
 from tests import spawning  # noqa: E402
 from tests.agent.cri.node import View, publish_cards, slice_claim  # noqa: E402
 from tests.containerd_runtime import (  # noqa: E402
@@ -210,8 +211,8 @@ def main() -> None:
             # containerd does the same work on both paths and the difference is the proxy's.
             injected = pb.CreateContainerRequest()
             injected.CopyFrom(request)
-            edit = injection.decide(claim_hooks.container_request(injected), view)
-            claim_hooks.apply(edit, injected)
+            edit = injection.decide(translating.container_request(injected), view)
+            translating.apply(edit, injected)
 
             def create(stub: object) -> Callable[[], object]:
                 body = injected if stub is direct else request

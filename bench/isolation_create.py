@@ -33,8 +33,9 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from percentiles import percentile  # noqa: E402
 
-from elasticgpu.agent.cri import api, claim_hooks  # noqa: E402
+from elasticgpu.agent.cri import api  # noqa: E402
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings  # noqa: E402
+from elasticgpu.agent.injecting import claim_hooks  # noqa: E402
 from elasticgpu.agent.ledger import store  # noqa: E402
 from tests.agent.cri.isolation_node import IsolationNode  # noqa: E402
 from tests.agent.cri.kubelet import Kubelet  # noqa: E402

@@ -46,6 +46,13 @@ else
   echo "WARNING: $ELASTICGPU_TESTPROMETHEUS_UNAVAILABLE; the Prometheus tests will be SKIPPED" >&2
 fi
 
+log "building the agent's NRI plugin (cached)"
+if ! bash nri-plugin/build.sh; then
+  # A failed build with nothing cached: the NRI tests skip, naming this reason.
+  export ELASTICGPU_NRI_PLUGIN_UNAVAILABLE="nri-plugin/build.sh could not build the NRI plugin (Go or the Go module proxy)"
+  echo "WARNING: $ELASTICGPU_NRI_PLUGIN_UNAVAILABLE; the tests of the NRI hook will be SKIPPED" >&2
+fi
+
 log "ruff"
 .venv/bin/ruff check elasticgpu tests bench
 log "import layering"

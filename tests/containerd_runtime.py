@@ -58,6 +58,7 @@ class TestRuntime:
     log: Path
     ctr: Path
     nginx: Path | None = None  # the CRI front's nginx from the same build (None: a build from before it)
+    nri_socket: Path | None = None  # containerd's NRI socket, where NRI is switched on (running_containerd(nri=True))
 
     @property
     def endpoint(self) -> str:
@@ -165,8 +166,9 @@ def _check_can_run() -> None:
 
 
 @contextlib.contextmanager
-def running_containerd() -> Iterator[TestRuntime]:
-    """Start a private containerd, import the busybox image, yield it; clean everything on exit."""
+def running_containerd(*, nri: bool = False) -> Iterator[TestRuntime]:
+    """Start a private containerd, import the busybox image, yield it; clean everything on exit.
+    `nri`: NRI switched on in its config, its socket in the test's own folder (`TestRuntime.nri_socket`)."""
     _check_can_run()
     build = find_build()
     root = Path(build["ELASTICGPU_TESTRUNTIME_ROOT"])
@@ -176,7 +178,8 @@ def running_containerd() -> Iterator[TestRuntime]:
     log = directory / "containerd.log"
     (directory / "cdi").mkdir()
     block_registries(directory / "certs.d")
-    config.write_text(containerd_config(directory, root, image, [directory / "cdi"]))
+    nri_socket = directory / "nri.sock" if nri else None
+    config.write_text(containerd_config(directory, root, image, [directory / "cdi"], nri_socket=nri_socket))
     env = {
         **os.environ,
         # containerd starts containerd-shim-runc-v2 from PATH; the shim starts runc by BinaryName.
@@ -190,6 +193,7 @@ def running_containerd() -> Iterator[TestRuntime]:
         log=log,
         ctr=root / "usr" / "bin" / "ctr",
         nginx=Path(build["ELASTICGPU_TESTRUNTIME_NGINX"]) if build.get("ELASTICGPU_TESTRUNTIME_NGINX") else None,
+        nri_socket=nri_socket,
     )
     proc: subprocess.Popen[bytes] | None = None
     try:

@@ -15,7 +15,7 @@ bound to another claim while the first one's containers still use it.
                   with the objects inventory's watch delivered
 
 Only a container that can still run holds a card, the rule the CRI hook's card check applies
-(cri/card_sharing.holds_card): with the runtime's containers (`list_containers`, the CRI proxy's
+(injecting/card_sharing.holds_card): with the runtime's containers (`list_containers`, the CRI proxy's
 ListContainers, set by the agent's start-up) an open row whose container exited (a finished Job's
 container, kept by kubelet until its pod is deleted) or is gone is not published; the controller
 already lets a claim go when its pods Succeeded or Failed, and it would otherwise keep a deleted
@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from elasticgpu.agent import errors
-from elasticgpu.agent.cri import card_sharing, limits_file
+from elasticgpu.agent.injecting import card_sharing, limits_file
 from elasticgpu.agent.kube import AgentKube
 from elasticgpu.agent.ledger.store import Allocation, LedgerStore
 
@@ -134,7 +134,7 @@ class RunningClaimsPublisher:
         states = None
         if self.list_containers is not None and any(row.container_id for row in rows):
             try:
-                states = {container.id: container.state for container in self.list_containers()}
+                states = {container.id: container.exited for container in self.list_containers()}
             except Exception as e:  # no answer: every open row counts (never too little)
                 logger.debug("listing the runtime's containers failed (%s); every open ledger row counts", e)
         return [row for row in rows if card_sharing.holds_card(row.container_id, states)]

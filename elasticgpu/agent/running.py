@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
 import signal
 import threading
 import time
@@ -47,15 +48,18 @@ from elasticgpu.agent import (
     kube,
     metrics,
     mig,
+    nri,
     policing,
     service_manager,
     starting,
     usage,
 )
-from elasticgpu.agent.cri import claim_view, driver, front, gated, injection, supervising
-from elasticgpu.agent.cri.limits_file import LimitsFiles
+from elasticgpu.agent.cri import front, supervising
 from elasticgpu.agent.cri.proxy import ProxySettings
 from elasticgpu.agent.discovery import Card
+from elasticgpu.agent.injecting import claim_view, driver, gated, hooks, injection
+from elasticgpu.agent.injecting.hooks import RuntimeContainer
+from elasticgpu.agent.injecting.limits_file import LimitsFiles
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.settings import AgentSettings, CriSettings
 
@@ -127,6 +131,10 @@ def _front_settings(cri: CriSettings) -> front.FrontSettings | None:
                                state_dir=state, nginx=binary, nginx_version=front.nginx_version(binary))  # fmt: skip
 
 
+NODE_HOOKS = ("cri-proxy", "nri")
+"""--node-hook: the CRI proxy on kubelet's runtime endpoint, or the runtime's NRI (issue 34)."""
+
+
 def hook_settings(cri: CriSettings) -> supervising.HookSettings:
     """The CRI hook's settings from the agent's; raises `AgentError` for a CDI form that does not exist or a
     `--privileged-pods` entry that cannot be read."""
@@ -137,14 +145,20 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
             f"--cdi-form / ELASTICGPU_AGENT_CDI_FORM={cri.cdi_form!r} is not a CDI request form; use one of "
             + ", ".join(f.value for f in injection.CdiForm)
         ) from None
-    nginx_front = _front_settings(cri)
+    if cri.node_hook not in NODE_HOOKS:
+        raise errors.AgentError(f"--node-hook / ELASTICGPU_AGENT_NODE_HOOK={cri.node_hook!r} is not a node hook; use "
+                                f"one of {', '.join(NODE_HOOKS)}")  # fmt: skip
+    # With NRI kubelet talks to the runtime itself: the proxy serves only the agent (policing's StopContainer,
+    # the holders' ListContainers), on a private socket, with no nginx in front.
+    nginx_front = _front_settings(cri) if cri.node_hook == "cri-proxy" else None
+    listen = Path(cri.cri_front_dir) / "nri-mode-cri.sock" if cri.node_hook == "nri" else Path(cri.cri_listen)
     try:
         privileged_pods = injection.parse_privileged_pods(cri.privileged_pods)
     except ValueError as e:
         raise errors.AgentError(str(e)) from None
     return supervising.HookSettings(
         # Behind the front the proxy listens on its hook socket; alone, on kubelet's.
-        proxy=ProxySettings(listen=nginx_front.hook if nginx_front else Path(cri.cri_listen),
+        proxy=ProxySettings(listen=nginx_front.hook if nginx_front else listen,
                             upstream=cri.cri_upstream),
         front=nginx_front,
         injection=injection.InjectionSettings(
@@ -154,6 +168,7 @@ def hook_settings(cri: CriSettings) -> supervising.HookSettings:
         cdi_dir=Path(cri.cdi_dir),
         cdi_check_interval_s=cri.cdi_check_interval_s,
         limits_dir=Path(cri.limits_dir) if cri.limits_dir else None,  # issue 17: a resize reaches running containers
+        proxy_hooks=cri.node_hook == "cri-proxy",
     )
 
 
@@ -187,7 +202,7 @@ class _Loops:
     """The node's isolation modes (the CRI hook's); inventory publishes those the node can provide."""
 
 
-def _containers(hook: supervising.CriHook) -> list[Any]:
+def _containers(hook: supervising.CriHook) -> list[hooks.RuntimeContainer]:
     """The runtime's containers through the proxy serving now; raises while none serves (between restarts)."""
     proxy = hook.proxy
     if proxy is None:
@@ -319,6 +334,8 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
         loops.runtime = lambda: cri_hook.proxy  # issue 25: policing stops containers through the proxy's channel
         loops.list_containers = functools.partial(_containers, hook)
         threads.append(threading.Thread(target=hook.run, args=(stop,), name="cri", daemon=True))
+        if settings.cri.node_hook == "nri":
+            threads.append(threading.Thread(target=_run_nri, args=(settings, hook, stop), name="nri", daemon=True))
     else:
         logger.info("the CRI proxy is off (--cri-proxy false): inventory only; no claim reaches a container here")
     threads.append(threading.Thread(target=parts.run, args=(stop,), name="parts", daemon=True))
@@ -361,6 +378,33 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
             loops.rooms.close()  # supervision stops; MPS daemons keep serving their containers
         parts.close()
     return 0
+
+
+def _run_nri(settings: AgentSettings, hook: supervising.CriHook, stop: threading.Event) -> None:
+    """The NRI front on the CRI hook's core (its GatedHooks: one ledger, one CDI spec, one set of
+    isolation rooms), its plugin a supervised child; until `stop`."""
+    while hook.hooks is None and not stop.wait(0.2):
+        pass  # the core's hooks are made with the hook's first round
+    if hook.hooks is None:
+        return
+
+    def evict(container: RuntimeContainer, why: str) -> None:
+        proxy = hook.proxy
+        if proxy is None:
+            raise errors.AgentError("the runtime's CRI channel is not open: the container is stopped at the next "
+                                    "synchronize")
+        proxy.stop_container(container.id, timeout_s=10)
+
+    cri = settings.cri
+    front = nri.NriFront(hooks=hook.hooks, view=hook.view, cdi_dir=Path(cri.cdi_dir), evict=evict)
+    server = nri.FrontServer(front, Path(cri.nri_agent_socket)).start()
+    binary = shutil.which(cri.nri_plugin) or cri.nri_plugin
+    plugin = nri.PluginProcess(nri.PluginSettings(binary=binary, nri_socket=Path(cri.nri_socket),
+                                                  agent_socket=Path(cri.nri_agent_socket)))
+    try:
+        plugin.run(stop)
+    finally:
+        server.close()
 
 
 def _cri_hook(settings: AgentSettings, cri_settings: supervising.HookSettings, parts: starting.Parts,

@@ -173,7 +173,17 @@ class CriSettings:
     """The CRI hook: the proxy kubelet uses as its runtime endpoint, and the CDI spec of the cards."""
 
     cri_proxy: bool = True
-    """Run the CRI proxy (false: inventory only; no claim reaches a container on this node)."""
+    """Run the node hook (false: inventory only; no claim reaches a container on this node)."""
+    node_hook: str = "cri-proxy"
+    """How claims reach containers: `cri-proxy` (kubelet's --container-runtime-endpoint points at cri_listen) or
+    `nri` (the runtime's NRI calls the agent's plugin at each CreateContainer; containerd 2.0+ and CRI-O 1.30+ have
+    it on, containerd 1.7 in its config; kubelet is left as it is)."""
+    nri_socket: str = "/var/run/nri/nri.sock"
+    """The runtime's NRI socket the agent's plugin connects to (node_hook nri)."""
+    nri_plugin: str = "elasticgpu-nri-plugin"
+    """The NRI plugin's executable (nri-plugin/; a path, or a name looked up in PATH), run as the agent's child."""
+    nri_agent_socket: str = "/var/run/elasticgpu/nri-agent.sock"
+    """The agent's socket its NRI plugin asks (mode 0600)."""
     cri_listen: str = "/var/run/elasticgpu/cri.sock"
     """The proxy's unix socket (mode 0600): kubelet's --container-runtime-endpoint is unix://<this>."""
     cri_upstream: str = "/run/containerd/containerd.sock"

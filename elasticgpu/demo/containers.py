@@ -142,8 +142,8 @@ def decide(
     """What the agent of `node` would inject into `container` (its own view and decision; nothing runs).
     `gpus`: that node's GPU objects (the cards its discovery reported)."""
     from elasticgpu.agent import kube as agent_kube
-    from elasticgpu.agent.cri import claim_view, hooks, injection
     from elasticgpu.agent.discovery import Card
+    from elasticgpu.agent.injecting import claim_view, hooks, injection
 
     cards = [
         Card(

@@ -77,11 +77,23 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ELASTICGPU_CACHE", str(Path.home() / ".cache" / "elasticgpu"))) / "testruntime"
 
 
-def containerd_config(directory: Path, root: Path, image: str, cdi_dirs: Sequence[Path]) -> str:
+def containerd_config(directory: Path, root: Path, image: str, cdi_dirs: Sequence[Path], *,
+                      nri_socket: Path | None = None) -> str:
     """containerd 1.7 config (version 2): own paths under `directory`, CRI with CDI from `cdi_dirs`,
-    runc from the unpacked build `root`, every registry blocked (see `block_registries`)."""
+    runc from the unpacked build `root`, every registry blocked (see `block_registries`); with
+    `nri_socket`, NRI switched on (off by default in 1.7), its socket there and its plugin folders
+    under `directory` (no plugin is started by containerd: the agent connects its own)."""
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     spec_dirs = ", ".join(f'"{d}"' for d in cdi_dirs)
+    nri = "" if nri_socket is None else f"""[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  disable_connections = false
+  socket_path = "{nri_socket}"
+  plugin_path = "{directory}/nri/plugins"
+  plugin_config_path = "{directory}/nri/conf.d"
+  plugin_registration_timeout = "5s"
+  plugin_request_timeout = "2s"
+"""
     return f"""version = 2
 root = "{directory}/root"
 state = "{directory}/state"
@@ -114,7 +126,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     conf_dir = "{directory}/cni/conf"
   [{cri}.registry]
     config_path = "{directory}/certs.d"
-"""
+""" + nri
 
 
 def block_registries(certs_d: Path) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from elasticgpu.agent import isolation, rdma
-from elasticgpu.agent.cri import hooks, injection
-from elasticgpu.agent.cri.injection import ContainerRequest, PodRef
-from elasticgpu.agent.cri.mig_annotation import MIG_ANNOTATION
+from elasticgpu.agent.injecting import hooks, injection
+from elasticgpu.agent.injecting.injection import ContainerRequest, PodRef
+from elasticgpu.agent.injecting.mig_annotation import MIG_ANNOTATION
 from tests.agent.cri.node import CARDS, View, slice_claim
 
 pytestmark = pytest.mark.timeout(30)

@@ -50,7 +50,8 @@ from typing import Any
 import grpc
 
 from elasticgpu.agent import errors
-from elasticgpu.agent.cri import api, hooks
+from elasticgpu.agent.cri import api, translating
+from elasticgpu.agent.injecting import hooks
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +244,9 @@ class _Forwarder(grpc.GenericRpcHandler):
         def create(raw: bytes, context: grpc.ServicerContext) -> bytes:
             request = api.pb.CreateContainerRequest.FromString(raw)
             try:
-                prepared = self._hooks.prepare_create(request)
+                # One pass through the core: the request in plain values, one edit back.
+                prepared = self._hooks.prepare_create(translating.container_request(request))
+                changed = translating.apply(prepared.edit, request)
             except hooks.Refused as refusal:
                 log.info("CreateContainer %s refused: %s", _describe(request), refusal.message)
                 context.abort(refusal.code, refusal.message)
@@ -255,7 +258,7 @@ class _Forwarder(grpc.GenericRpcHandler):
                     "elasticgpu agent: internal error while preparing this container; kubelet retries "
                     "(see the elasticgpu agent's log on this node)",
                 )
-            body = prepared.request.SerializeToString() if prepared.changed else raw
+            body = request.SerializeToString() if changed else raw
             try:
                 answer: bytes = upstream(body, **self._call_options(context))
             except grpc.RpcError as e:
@@ -296,10 +299,10 @@ class _Forwarder(grpc.GenericRpcHandler):
 
         return remove
 
-    def list_containers(self) -> list[Any]:
-        """The runtime's containers (api.pb.Container), for the hooks' reconciliation."""
+    def list_containers(self) -> list[hooks.RuntimeContainer]:
+        """The runtime's containers in the core's plain values, for the hooks' reconciliation."""
         answer = self._list(api.pb.ListContainersRequest().SerializeToString(), timeout=self._settings.list_timeout_s)
-        return list(api.pb.ListContainersResponse.FromString(answer).containers)
+        return [translating.runtime_container(c) for c in api.pb.ListContainersResponse.FromString(answer).containers]
 
     def container_info(self, container_id: str) -> dict[str, Any]:
         """The runtime's verbose status of one container (containerd: the `info` JSON with the
@@ -465,13 +468,17 @@ class CriProxy:
                 log.warning("periodic reconciliation with the runtime failed (%s); next in %.0fs",
                             e, self.settings.reconcile_period_s)  # fmt: skip
 
-    def list_containers(self) -> list[Any]:
+    def list_containers(self) -> list[hooks.RuntimeContainer]:
         """The runtime's containers (api.pb.Container), asked through the proxy's upstream channel."""
         return self._forwarder.list_containers()
 
     def container_info(self, container_id: str) -> dict[str, Any]:
         """The runtime's verbose status of one container (see `_Forwarder.container_info`)."""
         return self._forwarder.container_info(container_id)
+
+    def container_env(self, container_id: str) -> dict[str, str]:
+        """The environment of one container, from its verbose status (for rebuilding a ledger)."""
+        return translating.container_env(self._forwarder.container_info(container_id))
 
     def stop_container(self, container_id: str, *, timeout_s: int) -> None:
         """Stop one container through the runtime (see `_Forwarder.stop_container`)."""

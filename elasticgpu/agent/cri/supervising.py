@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elasticgpu.agent import isolation, rdma
-from elasticgpu.agent.cri import cdi, driver, front, gated, injection, limits_file
+from elasticgpu.agent.cri import front
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import Card
+from elasticgpu.agent.injecting import cdi, driver, gated, injection, limits_file
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.rdma import spec_file as rdma_spec
 
@@ -103,6 +104,10 @@ class HookSettings:
     limits_dir: Path | None = None
     """Folder of the claims' limits files, mounted read-only into claim containers so that a resize
     reaches them while they run (docs/resize-node.md); None: no limits files."""
+    proxy_hooks: bool = True
+    """The proxy calls the core's hooks (kubelet's endpoint). False with --node-hook nri: the proxy only
+    serves the agent (policing, listings) and passes through; the NRI front calls the core's hooks,
+    attaches its own listing (the OCI spec's annotations) and runs the start-up reconciliation."""
 
 
 class CriHook:
@@ -135,6 +140,8 @@ class CriHook:
         self._wrap = wrap
         self._driver_files = driver_files
         self._view = view
+        self.view = view
+        """The agent's view (the NRI front's Events use it too)."""
         self._ledger: Callable[[], LedgerStore | None] = (
             (lambda: ledger) if isinstance(ledger, LedgerStore) else ledger
         )
@@ -278,8 +285,9 @@ class CriHook:
         hooks = gated.GatedHooks(view=self._view, ledger=self._ledger, settings=self.settings.injection,
                                  owed_rebuild=self._owed_rebuild, rebuilt=self._rebuilt, limits=self.limits,
                                  rooms=self.rooms, wrap=self._wrap, nics=self.nics,
-                                 container_info=lambda container_id: started[0].container_info(container_id))
-        proxy = CriProxy(self.settings.proxy, container_hooks=hooks)
+                                 container_env=lambda container_id: started[0].container_env(container_id))
+        proxy = CriProxy(self.settings.proxy, container_hooks=hooks) if self.settings.proxy_hooks else CriProxy(
+            self.settings.proxy)
         started.append(proxy)
         try:
             proxy.start()  # leaves nothing behind when it fails

@@ -14,11 +14,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from elasticgpu.agent.cri import cdi as cards_cdi
-from elasticgpu.agent.cri import injection
-from elasticgpu.agent.cri.atomic_file import replace_if_changed
 from elasticgpu.agent.discovery.mig import MigInstanceInfo
 from elasticgpu.agent.discovery.models import Card
+from elasticgpu.agent.injecting import cdi as cards_cdi
+from elasticgpu.agent.injecting import injection
+from elasticgpu.agent.injecting.atomic_file import replace_if_changed
 
 SPEC_FILE = "elasticgpu.io-mig.json"
 

@@ -23,15 +23,15 @@ theirs as it is; for a container of a claim with a `partition` (a `partitioning:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import grpc
 
 from elasticgpu.agent import errors
-from elasticgpu.agent.cri import api, claim_hooks, hooks, injection, mig_annotation
 from elasticgpu.agent.discovery.mig import MigInstanceInfo
 from elasticgpu.agent.discovery.models import Card
+from elasticgpu.agent.injecting import claim_hooks, hooks, injection, mig_annotation
 from elasticgpu.agent.ledger import models
 from elasticgpu.agent.mig import cdi
 from elasticgpu.agent.mig.instances import MigInstances
@@ -52,11 +52,11 @@ class MigHooks:
         self._cards = cards
         self._cdi_dir = cdi_dir
 
-    def attach_runtime(self, list_containers: Callable[[], Sequence[Any]]) -> None:
+    def attach_runtime(self, list_containers: Callable[[], Sequence[hooks.RuntimeContainer]]) -> None:
         """As the claim hooks."""
         self.inner.attach_runtime(list_containers)
 
-    def prepare_create(self, request: Any) -> hooks.PreparedCreate:
+    def prepare_create(self, request: injection.ContainerRequest) -> hooks.PreparedCreate:
         """The claim hooks' decision; for a MIG claim, its instance too (see the module docstring)."""
         prepared = self.inner.prepare_create(request)
         where = prepared.details.get("claim", "")
@@ -75,7 +75,8 @@ class MigHooks:
             self.inner.create_failed(prepared, grpc.StatusCode.FAILED_PRECONDITION)  # the row goes
             raise hooks.Refused(f"claim {where}: the MIG instance {profile} at slice {start} of card {claim.gpus[0]}"
                                 f" cannot be created: {e}") from e
-        _give_instance(request, instance, mig_annotation.MigAnnotation(
+        assert prepared.edit is not None  # a claim's container always has its edit
+        prepared.edit = _give_instance(prepared.edit, instance, mig_annotation.MigAnnotation(
             uuid=instance.uuid, profile=profile, start=start, card=claim.gpus[0],
             gpu_instance_id=instance.gpu_instance_id, elastic_gpu=claim.elastic_gpu, cores=claim.cores,
             memory_mib=claim.memory_mib))
@@ -106,7 +107,7 @@ class MigHooks:
         self.inner.removed(container_id)
         self._release_unheld()
 
-    def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
+    def reconcile(self, containers: Sequence[hooks.RuntimeContainer], *, starting: bool) -> None:
         """As the claim hooks; then the instances are brought in step with what is held."""
         self.inner.reconcile(containers, starting=starting)
         self._instances.converge(held=self._held())
@@ -124,18 +125,18 @@ class MigHooks:
         self._write_spec()
 
 
-def _give_instance(request: Any, instance: MigInstanceInfo, named: mig_annotation.MigAnnotation) -> None:
-    """Add the instance's CDI device, point NVIDIA_VISIBLE_DEVICES at it, drop the soft limits,
-    and name the instance in the container's annotations."""
-    config = request.config
-    config.annotations[mig_annotation.MIG_ANNOTATION] = named.value()
-    envs = [kv for kv in config.envs if kv.key not in _SOFT_LIMITS and kv.key != injection.ENV_VISIBLE_DEVICES
-            and not kv.key.startswith(injection.ENV_HAMI_MEMORY_PREFIX)]
-    envs.append(api.pb.KeyValue(key=injection.ENV_VISIBLE_DEVICES, value=instance.uuid.encode()))
-    del config.envs[:]
-    config.envs.extend(envs)
+def _give_instance(edit: injection.ContainerEdit, instance: MigInstanceInfo,
+                   named: mig_annotation.MigAnnotation) -> injection.ContainerEdit:
+    """The edit with the instance's CDI device added, NVIDIA_VISIBLE_DEVICES pointed at it, the soft
+    limits dropped, and the instance named in the container's annotations."""
+    annotations = {**edit.annotations, mig_annotation.MIG_ANNOTATION: named.value()}
+    envs = tuple((k, v) for k, v in edit.envs if k not in _SOFT_LIMITS and k != injection.ENV_VISIBLE_DEVICES
+                 and not k.startswith(injection.ENV_HAMI_MEMORY_PREFIX))
+    envs += ((injection.ENV_VISIBLE_DEVICES, instance.uuid),)
     name = injection.cdi_device(instance.uuid)
-    if injection.CDI_ANNOTATION_KEY in config.annotations:
-        config.annotations[injection.CDI_ANNOTATION_KEY] += f",{name}"
-    if any(device.name.startswith(injection.CDI_KIND) for device in config.CDI_devices):
-        config.CDI_devices.append(api.pb.CDIDevice(name=name))
+    if injection.CDI_ANNOTATION_KEY in annotations:
+        annotations[injection.CDI_ANNOTATION_KEY] += f",{name}"
+    cdi_devices = edit.cdi_devices
+    if any(device.startswith(injection.CDI_KIND) for device in cdi_devices):
+        cdi_devices += (name,)
+    return replace(edit, envs=envs, annotations=annotations, cdi_devices=cdi_devices, devices=(*edit.devices, name))

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from elasticgpu.agent.cri import claim_hooks, hooks, injection
 from elasticgpu.agent.discovery.mig import MigControl
 from elasticgpu.agent.discovery.models import Card
+from elasticgpu.agent.injecting import claim_hooks, hooks, injection
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.mig.hooks import MigHooks
 from elasticgpu.agent.mig.instances import MigInstances

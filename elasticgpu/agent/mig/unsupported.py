@@ -10,11 +10,10 @@ hooks decide. `room.MigRoom` installs it where the backend lacks `MigControl`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import grpc
 
-from elasticgpu.agent.cri import claim_hooks, hooks, injection
+from elasticgpu.agent.injecting import claim_hooks, hooks, injection
 
 
 class MigUnsupported:
@@ -26,7 +25,7 @@ class MigUnsupported:
         self._view = view
         self._backend = backend
 
-    def prepare_create(self, request: Any) -> hooks.PreparedCreate:
+    def prepare_create(self, request: injection.ContainerRequest) -> hooks.PreparedCreate:
         """The claim hooks' decision; a MIG claim's container is refused (see the module docstring)."""
         prepared = self.inner.prepare_create(request)
         where = prepared.details.get("claim", "")
@@ -56,10 +55,10 @@ class MigUnsupported:
         """As the claim hooks."""
         self.inner.removed(container_id)
 
-    def attach_runtime(self, list_containers: Callable[[], Sequence[Any]]) -> None:
+    def attach_runtime(self, list_containers: Callable[[], Sequence[hooks.RuntimeContainer]]) -> None:
         """As the claim hooks."""
         self.inner.attach_runtime(list_containers)
 
-    def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
+    def reconcile(self, containers: Sequence[hooks.RuntimeContainer], *, starting: bool) -> None:
         """As the claim hooks."""
         self.inner.reconcile(containers, starting=starting)

@@ -7,8 +7,8 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from elasticgpu.agent.cri.atomic_file import replace_if_changed
 from elasticgpu.agent.discovery import Card
+from elasticgpu.agent.injecting.atomic_file import replace_if_changed
 from elasticgpu.agent.rdma.devices import SPEC_FILE, NicDevices, build_spec
 
 

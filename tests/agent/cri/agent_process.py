@@ -16,8 +16,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from elasticgpu.agent.cri import claim_hooks, hooks
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
+from elasticgpu.agent.injecting import claim_hooks, hooks
 from elasticgpu.agent.ledger import store
 from tests.agent.cri.node import View
 

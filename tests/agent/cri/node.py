@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from elasticgpu.agent.cri import cdi
-from elasticgpu.agent.cri.injection import CardInfo, ClaimInfo, ClaimUser, PodRef
+from elasticgpu.agent.injecting import cdi
+from elasticgpu.agent.injecting.injection import CardInfo, ClaimInfo, ClaimUser, PodRef
 
 NODE = "node-a"
 NVIDIA_MAJOR = 195

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from elasticgpu.agent.cri import mig_annotation
+from elasticgpu.agent.injecting import mig_annotation
 from elasticgpu.agent.ledger import store
 from elasticgpu.api import pod_claims
 from tests.agent.conftest import wait_for

@@ -26,8 +26,8 @@ import grpc
 import pytest
 import yaml
 
-from elasticgpu.agent.cri import cdi
 from elasticgpu.agent.discovery import simulated
+from elasticgpu.agent.injecting import cdi
 from elasticgpu.agent.ledger import store
 from elasticgpu.api import errors, names, pod_claims
 from tests import spawning

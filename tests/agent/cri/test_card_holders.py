@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
 
-from elasticgpu.agent.cri import claim_hooks
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
+from elasticgpu.agent.injecting import claim_hooks, hooks
 from elasticgpu.agent.ledger import store
 from tests.agent.cri.kubelet import Kubelet, Pod
 from tests.agent.cri.node import CARDS, View, publish_cards, serving, slice_claim, whole_claim
@@ -34,7 +33,7 @@ class GapHooks(claim_hooks.ClaimHooks):
 
     gap: Callable[[], None] | None = None
 
-    def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
+    def reconcile(self, containers: Sequence[hooks.RuntimeContainer], *, starting: bool) -> None:
         gap, self.gap = self.gap, None
         if gap is not None and not starting:
             gap()

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from elasticgpu.agent import holders
-from elasticgpu.agent.cri import card_sharing, hooks
-from elasticgpu.agent.cri.injection import PodRef
+from elasticgpu.agent.injecting import card_sharing, hooks
+from elasticgpu.agent.injecting.injection import PodRef
 from elasticgpu.agent.ledger.store import Allocation
 from tests.agent.cri.node import CARDS, slice_claim
 

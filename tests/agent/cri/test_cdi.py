@@ -1,4 +1,4 @@
-"""The CDI spec (elasticgpu/agent/cri/cdi.py) as the real containerd reads it: device nodes appear."""
+"""The CDI spec (elasticgpu/agent/injecting/cdi.py) as the real containerd reads it: device nodes appear."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from elasticgpu.agent.cri import cdi
+from elasticgpu.agent.injecting import cdi
 from tests.agent.cri.kubelet import Kubelet
 from tests.agent.cri.node import CARDS as NODE_CARDS
 from tests.agent.cri.node import stand_ins

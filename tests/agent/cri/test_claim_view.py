@@ -12,9 +12,9 @@ import pytest
 from kubernetes import client
 
 from elasticgpu.agent import errors, kube
-from elasticgpu.agent.cri import claim_view
-from elasticgpu.agent.cri.injection import ClaimUser
 from elasticgpu.agent.discovery import Card
+from elasticgpu.agent.injecting import claim_view
+from elasticgpu.agent.injecting.injection import ClaimUser
 from elasticgpu.api import names
 from tests.binding import objects as o
 from tests.kube_cluster import TestCluster, kube_request

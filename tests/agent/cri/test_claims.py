@@ -15,9 +15,11 @@ import grpc
 import pytest
 
 from elasticgpu.agent import errors
-from elasticgpu.agent.cri import claim_hooks
-from elasticgpu.agent.cri.injection import CardInfo
+from elasticgpu.agent.cri import translating
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
+from elasticgpu.agent.injecting import claim_hooks
+from elasticgpu.agent.injecting.hooks import RuntimeContainer
+from elasticgpu.agent.injecting.injection import CardInfo
 from elasticgpu.agent.ledger import store
 from tests import spawning
 from tests.agent.cri.kubelet import Kubelet
@@ -365,7 +367,11 @@ def test_unanswered_create_is_settled_later(containerd: TestRuntime, tmp_path: P
     ledger = store.LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
     hooks = claim_hooks.ClaimHooks(view=view, ledger=ledger, settle_after_s=0.0)
     with Kubelet(containerd.endpoint, containerd.image) as direct:  # the runtime, without proxy
-        hooks.attach_runtime(lambda: direct.runtime.ListContainers(direct.pb.ListContainersRequest()).containers)
+        def listed() -> list[RuntimeContainer]:
+            return [translating.runtime_container(c)
+                    for c in direct.runtime.ListContainers(direct.pb.ListContainersRequest()).containers]
+
+        hooks.attach_runtime(listed)
         hooks.reconcile([], starting=True)
         sandbox = sandbox_config(name="slow", namespace=NS, uid="uid-slow", annotations=uses("slice"))
         sandbox_id = direct.runtime.RunPodSandbox(direct.pb.RunPodSandboxRequest(config=sandbox)).pod_sandbox_id
@@ -374,15 +380,16 @@ def test_unanswered_create_is_settled_later(containerd: TestRuntime, tmp_path: P
             config=container_config(name="main", image=containerd.image, sandbox=sandbox),
             sandbox_config=sandbox,
         )
-        prepared = hooks.prepare_create(request)
-        made = direct.runtime.CreateContainer(prepared.request).container_id if runtime_made_it else None
+        prepared = hooks.prepare_create(translating.container_request(request))
+        assert translating.apply(prepared.edit, request)
+        made = direct.runtime.CreateContainer(request).container_id if runtime_made_it else None
         hooks.create_failed(prepared, grpc.StatusCode.DEADLINE_EXCEEDED)
         assert [a.state for a in ledger.open_allocations()] == ["started"]  # still holds the claim
-        hooks.reconcile(direct.runtime.ListContainers(direct.pb.ListContainersRequest()).containers, starting=False)
+        hooks.reconcile(listed(), starting=False)
         rows = [(a.state, a.container_id) for a in ledger.open_allocations()]
         assert rows == ([("created", made)] if runtime_made_it else [])
         # A refusal by the runtime itself (an answer) rolls back at once.
-        prepared = hooks.prepare_create(request)
+        prepared = hooks.prepare_create(translating.container_request(request))
         hooks.create_failed(prepared, grpc.StatusCode.UNKNOWN)
         assert [(a.state, a.container_id) for a in ledger.open_allocations()] == rows
     hooks.close()

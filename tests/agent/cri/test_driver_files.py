@@ -16,9 +16,9 @@ import grpc
 import pytest
 import yaml
 
-from elasticgpu.agent.cri import cdi, claim_hooks, driver
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery.simulated import SimulatedBackend
+from elasticgpu.agent.injecting import cdi, claim_hooks, driver
 from elasticgpu.agent.ledger import store
 from tests.agent.cri.kubelet import Kubelet
 from tests.agent.cri.node import CARDS, View, slice_claim

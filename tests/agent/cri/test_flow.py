@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from elasticgpu.agent import kube as agent_api
-from elasticgpu.agent.cri import cdi, claim_hooks, claim_view
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import Card
+from elasticgpu.agent.injecting import cdi, claim_hooks, claim_view
 from elasticgpu.agent.ledger import store
 from elasticgpu.api import names, pod_claims
 from tests.agent.cri.kubelet import Kubelet, Pod

@@ -26,8 +26,9 @@ from typing import Any
 import grpc
 import pytest
 
-from elasticgpu.agent.cri import api, claim_hooks, front, proxy, supervising
+from elasticgpu.agent.cri import api, front, proxy, supervising
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
+from elasticgpu.agent.injecting import claim_hooks
 from elasticgpu.agent.ledger import store
 from tests.agent.conftest import wait_for
 from tests.agent.cri.kubelet import Kubelet

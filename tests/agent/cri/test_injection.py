@@ -1,4 +1,4 @@
-"""Injection decisions (elasticgpu/agent/cri/injection.py): a table of cases, and invariants."""
+"""Injection decisions (elasticgpu/agent/injecting/injection.py): a table of cases, and invariants."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticgpu.agent.cri import hooks, injection
-from elasticgpu.agent.cri.injection import CardInfo, ClaimInfo, ClaimUser, ContainerRequest, PodRef
+from elasticgpu.agent.cri import translating
+from elasticgpu.agent.injecting import hooks, injection
+from elasticgpu.agent.injecting.injection import CardInfo, ClaimInfo, ClaimUser, ContainerRequest, PodRef
 
 NODE = "node-a"
 CARD_A = "GPU-0a1b2c3d-0000-0000-0000-00000000000a"
@@ -400,7 +401,8 @@ def test_a_claim_gives_exactly_its_cards_or_is_refused(
 
 def test_rewritten_request_keeps_fields_newer_than_our_proto(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A newer kubelet's fields we do not know survive the rewrite (protobuf keeps unknown fields)."""
-    from elasticgpu.agent.cri import api, claim_hooks
+    from elasticgpu.agent.cri import api
+    from elasticgpu.agent.injecting import claim_hooks
     from elasticgpu.agent.ledger import store
     from tests.containerd_runtime import container_config, sandbox_config
 
@@ -415,14 +417,14 @@ def test_rewritten_request_keeps_fields_newer_than_our_proto(tmp_path) -> None: 
     ledger = store.LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
     try:
         hooks = claim_hooks.ClaimHooks(view=view(), ledger=ledger)
-        prepared = hooks.prepare_create(request)
+        prepared = hooks.prepare_create(translating.container_request(request))
         hooks.close()
     finally:
         ledger.close()
-    assert prepared.changed
-    out = prepared.request.SerializeToString()
+    assert translating.apply(prepared.edit, request)
+    out = request.SerializeToString()
     assert unknown_request_field in out and unknown_config_field in out
-    assert dict((kv.key, kv.value) for kv in prepared.request.config.envs)["NVIDIA_VISIBLE_DEVICES"] == b"void"
+    assert dict((kv.key, kv.value) for kv in request.config.envs)["NVIDIA_VISIBLE_DEVICES"] == b"void"
 
 
 def test_a_view_that_cannot_read_the_claim_refuses_as_retryable() -> None:

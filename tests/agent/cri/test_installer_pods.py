@@ -32,9 +32,9 @@ from hypothesis import strategies as st
 
 from elasticgpu.agent import running
 from elasticgpu.agent import settings as agent_settings
-from elasticgpu.agent.cri import hooks, injection
-from elasticgpu.agent.cri.injection import ContainerRequest, PodRef
 from elasticgpu.agent.discovery import simulated
+from elasticgpu.agent.injecting import hooks, injection
+from elasticgpu.agent.injecting.injection import ContainerRequest, PodRef
 from elasticgpu.api import names
 from tests.agent.cri.kubelet import Kubelet
 from tests.agent.cri.node import View

@@ -16,8 +16,8 @@ import grpc
 import pytest
 
 from elasticgpu.agent import isolation
-from elasticgpu.agent.cri import claim_hooks
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
+from elasticgpu.agent.injecting import claim_hooks
 from elasticgpu.agent.ledger import store
 from tests.agent.cri.isolation_node import SHM_FILE, IsolationNode, mounts_under, wait_until
 from tests.agent.cri.kubelet import Kubelet

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from elasticgpu.agent.cri import limits_file
-from elasticgpu.agent.cri.limits_file import LimitsFiles, Size
+from elasticgpu.agent.injecting import limits_file
+from elasticgpu.agent.injecting.limits_file import LimitsFiles, Size
 from elasticgpu.agent.ledger.store import Allocation
 
 

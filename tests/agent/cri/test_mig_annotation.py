@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticgpu.agent.cri.mig_annotation import MigAnnotation, parse
+from elasticgpu.agent.injecting.mig_annotation import MigAnnotation, parse
 
 NAMES = st.text(alphabet="abcdefABCDEF0123456789-.", min_size=1, max_size=40)
 ANNOTATIONS = st.builds(

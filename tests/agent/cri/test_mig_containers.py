@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from elasticgpu.agent.cri import claim_hooks
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery.simulated import SimulatedBackend
+from elasticgpu.agent.injecting import claim_hooks
 from elasticgpu.agent.ledger import models, store
 from elasticgpu.agent.mig import MigHooks, MigInstances
 from tests.agent.cri.kubelet import Kubelet

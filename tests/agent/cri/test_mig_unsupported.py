@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from elasticgpu.agent.cri import claim_hooks, hooks
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
+from elasticgpu.agent.injecting import claim_hooks, hooks
 from elasticgpu.agent.ledger import store
 from elasticgpu.agent.mig import MigRoom
 from tests.agent.cri.kubelet import Kubelet

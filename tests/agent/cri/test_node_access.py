@@ -18,9 +18,9 @@ from typing import Any
 import grpc
 import pytest
 
-from elasticgpu.agent.cri import claim_hooks, hooks, injection
-from elasticgpu.agent.cri.injection import ContainerRequest, InjectionSettings, PodRef
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
+from elasticgpu.agent.injecting import claim_hooks, hooks, injection
+from elasticgpu.agent.injecting.injection import ContainerRequest, InjectionSettings, PodRef
 from elasticgpu.agent.ledger import store
 from tests.agent.cri import images
 from tests.agent.cri.kubelet import Kubelet

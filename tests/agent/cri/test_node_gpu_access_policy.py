@@ -16,7 +16,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from elasticgpu.agent import kube as agent_api
-from elasticgpu.agent.cri import claim_view, injection
+from elasticgpu.agent.injecting import claim_view, injection
 from tests.kube_cluster import REPO_ROOT, TestCluster, server_side_apply
 
 POLICY_FILE = REPO_ROOT / "deploy" / "policies" / "node-gpu-access.yaml"

@@ -21,10 +21,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from elasticgpu.agent import discovery, health, inventory, kube, metrics, policing, usage
-from elasticgpu.agent.cri import api, cdi, claim_hooks, limits_file
-from elasticgpu.agent.cri.injection import CardInfo
+from elasticgpu.agent.cri import api
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import simulated
+from elasticgpu.agent.injecting import cdi, claim_hooks, limits_file
+from elasticgpu.agent.injecting.injection import CardInfo
 from elasticgpu.agent.ledger import store
 from elasticgpu.agent.settings import InventorySettings, LedgerSettings, PolicingSettings, UsageSettings
 from elasticgpu.api import names

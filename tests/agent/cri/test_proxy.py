@@ -11,8 +11,10 @@ from typing import Any
 import grpc
 import pytest
 
-from elasticgpu.agent.cri import api, hooks
+from elasticgpu.agent.cri import api
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
+from elasticgpu.agent.injecting import hooks
+from elasticgpu.agent.injecting.injection import ContainerEdit, ContainerRequest
 from tests.agent.cri.kubelet import Kubelet
 from tests.containerd_runtime import TestRuntime
 
@@ -140,11 +142,12 @@ class _RecordingHooks(hooks.PassThrough):
         self.failed = 0
         self.removed_ids: list[str] = []
 
-    def prepare_create(self, request: Any) -> hooks.PreparedCreate:
-        if self.refuse is not None and request.config.metadata.name == "gpu":
+    def prepare_create(self, request: ContainerRequest) -> hooks.PreparedCreate:
+        if self.refuse is not None and request.container == "gpu":
             raise self.refuse
-        request.config.envs.append(pb.KeyValue(key="HOOKED", value=b"1"))
-        return hooks.PreparedCreate(request=request, changed=True)
+        return hooks.PreparedCreate(edit=ContainerEdit(envs=(*request.envs, ("HOOKED", "1")),
+                                                       cdi_devices=tuple(request.cdi_devices),
+                                                       annotations=dict(request.annotations)))
 
     def created(self, prepared: hooks.PreparedCreate, container_id: str) -> None:
         self.created_ids.append(container_id)

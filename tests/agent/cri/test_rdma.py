@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from elasticgpu.agent import rdma
-from elasticgpu.agent.cri import claim_view, hooks, injection
 from elasticgpu.agent.discovery import pci
 from elasticgpu.agent.discovery.models import Card
+from elasticgpu.agent.injecting import claim_view, hooks, injection
 from elasticgpu.agent.rdma import spec_file
 from tests.agent.cri.test_injection import CARD_A, CARD_B, claim, request, view
 from tests.agent.test_topology_discovery import fake_sysfs

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from elasticgpu.agent import rdma
-from elasticgpu.agent.cri import claim_hooks
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery.simulated import make_stand_in_device
+from elasticgpu.agent.injecting import claim_hooks
 from elasticgpu.agent.ledger import store
 from elasticgpu.agent.rdma import spec_file
 from tests.agent.cri.kubelet import Kubelet

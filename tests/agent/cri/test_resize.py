@@ -20,10 +20,10 @@ import yaml
 from kubernetes import client
 
 from elasticgpu.agent import discovery, health, inventory, kube
-from elasticgpu.agent.cri import cdi, claim_hooks, limits_file
-from elasticgpu.agent.cri.injection import CardInfo
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import simulated
+from elasticgpu.agent.injecting import cdi, claim_hooks, limits_file
+from elasticgpu.agent.injecting.injection import CardInfo
 from elasticgpu.agent.ledger import store
 from elasticgpu.agent.settings import InventorySettings
 from elasticgpu.api import names

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from elasticgpu.agent.cri import cdi, supervising
+from elasticgpu.agent.cri import supervising
 from elasticgpu.agent.cri.proxy import ProxySettings
 from elasticgpu.agent.discovery import Card
+from elasticgpu.agent.injecting import cdi
 from elasticgpu.agent.ledger import store
 from tests.agent.conftest import wait_for
 from tests.agent.cri.node import View

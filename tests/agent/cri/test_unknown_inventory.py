@@ -20,9 +20,9 @@ import grpc
 import pytest
 import yaml
 
-from elasticgpu.agent.cri import claim_view, gated, hooks, injection
-from elasticgpu.agent.cri.injection import ContainerRequest, InjectionSettings, PodRef
 from elasticgpu.agent.discovery import Card, simulated
+from elasticgpu.agent.injecting import claim_view, gated, hooks, injection
+from elasticgpu.agent.injecting.injection import ContainerRequest, InjectionSettings, PodRef
 from elasticgpu.api import names
 from tests.agent.conftest import wait_for
 from tests.agent.cri.kubelet import Kubelet

@@ -47,12 +47,11 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, replace
-from typing import Any
 
 import grpc
 
 from elasticgpu.agent import isolation, rdma
-from elasticgpu.agent.cri import api, card_sharing, hooks, injection, limits_file
+from elasticgpu.agent.injecting import card_sharing, hooks, injection, limits_file
 from elasticgpu.agent.ledger import store
 
 log = logging.getLogger(__name__)
@@ -63,74 +62,17 @@ ISOLATION_WARNING_REASON = "IsolationWarning"
 _UNANSWERED = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE})
 
 
-def container_request(request: Any) -> injection.ContainerRequest:
-    """The plain view of a CreateContainerRequest that injection.decide reads.
-
-    The pod comes from kubelet's `io.kubernetes.pod.*` labels of the sandbox (the sandbox
-    metadata as fallback), its annotations from the sandbox's annotations."""
-    sandbox, config = request.sandbox_config, request.config
-    labels = sandbox.labels
-    pod = injection.PodRef(
-        labels.get(injection.LABEL_POD_NAMESPACE) or sandbox.metadata.namespace,
-        labels.get(injection.LABEL_POD_NAME) or sandbox.metadata.name,
-        labels.get(injection.LABEL_POD_UID) or sandbox.metadata.uid,
+def with_limits(edit: injection.ContainerEdit, host_path: str, container_path: str) -> injection.ContainerEdit:
+    """The edit with the claim's limits folder mounted read-only at `container_path` and its file named in
+    the env; a mount or env of the spec at the same place is replaced (only the agent says what a claim's
+    limits are)."""
+    envs = tuple((k, v) for k, v in edit.envs if k != limits_file.ENV_LIMITS_FILE)
+    return replace(
+        edit,
+        envs=(*envs, (limits_file.ENV_LIMITS_FILE, limits_file.CONTAINER_FILE)),
+        mounts=(*(m for m in edit.mounts if m.container_path.rstrip("/") != container_path),
+                isolation.Mount(container_path=container_path, host_path=host_path, readonly=True)),
     )
-    return injection.ContainerRequest(
-        pod=pod,
-        pod_annotations=dict(sandbox.annotations),
-        container=config.metadata.name or config.labels.get(injection.LABEL_CONTAINER_NAME, ""),
-        # Values are bytes in CRI; surrogateescape round-trips any byte string unchanged.
-        envs=[(kv.key, kv.value.decode("utf-8", "surrogateescape")) for kv in config.envs],
-        cdi_devices=[device.name for device in config.CDI_devices],
-        annotations=dict(config.annotations),
-        privileged=config.linux.security_context.privileged,
-        run_as_user=(config.linux.security_context.run_as_user.value
-                     if config.linux.security_context.HasField("run_as_user") else None),
-        pod_labels=dict(labels),  # kubelet copies the pod's labels into the sandbox's
-    )
-
-
-def apply(edit: injection.ContainerEdit, request: Any) -> bool:
-    """Write the edit into the request's ContainerConfig; False when nothing changed."""
-    config = request.config
-    before = container_request(request)
-    if (
-        tuple(before.envs) == edit.envs
-        and tuple(before.cdi_devices) == edit.cdi_devices
-        and dict(before.annotations) == edit.annotations
-        and not edit.mounts
-    ):
-        return False
-    if edit.mounts:
-        # The isolation mode's mounts replace any of the spec at the same place (only the agent says
-        # what enforces a claim).
-        paths = {mount.container_path.rstrip("/") for mount in edit.mounts}
-        kept = [m for m in config.mounts if m.container_path.rstrip("/") not in paths]
-        del config.mounts[:]
-        config.mounts.extend(kept)
-        config.mounts.extend(api.pb.Mount(container_path=m.container_path, host_path=m.host_path, readonly=m.readonly)
-                             for m in edit.mounts)
-    del config.envs[:]
-    config.envs.extend(api.pb.KeyValue(key=k, value=v.encode("utf-8", "surrogateescape")) for k, v in edit.envs)
-    del config.CDI_devices[:]
-    config.CDI_devices.extend(api.pb.CDIDevice(name=name) for name in edit.cdi_devices)
-    config.annotations.clear()
-    config.annotations.update(edit.annotations)
-    return True
-
-
-def mount_limits(request: Any, host_path: str, container_path: str) -> None:
-    """Mount the claim's limits folder read-only at `container_path` and name its file in the env; a mount
-    or env of the spec at the same place is replaced (only the agent says what a claim's limits are)."""
-    config = request.config
-    kept = [m for m in config.mounts if m.container_path.rstrip("/") != container_path]
-    del config.mounts[:]
-    config.mounts.extend(kept)
-    config.mounts.append(api.pb.Mount(container_path=container_path, host_path=host_path, readonly=True))
-    envs = [kv for kv in config.envs if kv.key != limits_file.ENV_LIMITS_FILE]
-    del config.envs[:]
-    config.envs.extend(envs)
-    config.envs.append(api.pb.KeyValue(key=limits_file.ENV_LIMITS_FILE, value=limits_file.CONTAINER_FILE.encode()))
 
 
 class ClaimHooks:
@@ -159,7 +101,7 @@ class ClaimHooks:
         self._ledger = ledger
         self._settings = settings or injection.InjectionSettings()
         self._claim_lock = threading.Lock()
-        self._list_containers: Callable[[], Sequence[Any]] | None = None
+        self._list_containers: Callable[[], Sequence[hooks.RuntimeContainer]] | None = None
         # One thread: the writes after the runtime's answer keep their order (created before released).
         self._after = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-after")
         # The open rows as the hooks know them (the ledger's, plus writes still queued): the
@@ -175,17 +117,17 @@ class ClaimHooks:
 
     # --- hooks.ContainerHooks ---
 
-    def attach_runtime(self, list_containers: Callable[[], Sequence[Any]]) -> None:
-        """Keep the proxy's ListContainers for checking the holders of a claim."""
+    def attach_runtime(self, list_containers: Callable[[], Sequence[hooks.RuntimeContainer]]) -> None:
+        """Keep the front's ListContainers for checking the holders of a claim."""
         self._list_containers = list_containers
 
-    def prepare_create(self, request: Any) -> hooks.PreparedCreate:
-        """Decide; for a claim, record `started` before the runtime is called."""
-        plain = container_request(request)
+    def prepare_create(self, request: injection.ContainerRequest) -> hooks.PreparedCreate:
+        """Decide; for a claim, record `started` before the runtime is called. One pass: the request in,
+        the container's one edit out (the front writes it in its own wire format)."""
+        plain = request
         key = injection.claim_of(plain)
         if key is None:
-            edit = injection.decide(plain, self._view, settings=self._settings)
-            return hooks.PreparedCreate(request=request, changed=apply(edit, request))
+            return hooks.PreparedCreate(edit=injection.decide(plain, self._view, settings=self._settings))
         if not self.reconciled.is_set():
             raise hooks.Refused(
                 f"pod {plain.pod}, container {plain.container!r}: the elasticgpu agent on node "
@@ -194,7 +136,7 @@ class ClaimHooks:
                 code=grpc.StatusCode.UNAVAILABLE,
             )
         with self._claim_lock:
-            states: dict[str, int] | None = None
+            states: dict[str, bool] | None = None
             rows, states = self._live([row for row in self._open_rows() if row.claim == key], states)
             edit = injection.decide(plain, self._view, holders=[row.pod for row in rows], settings=self._settings,
                                     rooms=self.rooms, nics=self._nics)
@@ -211,13 +153,11 @@ class ClaimHooks:
                     claim=key, pod=plain.pod, container_id=None, gpus=claim.gpus, cores=claim.cores,
                     memory_mib=claim.memory_mib,
                 )
-        apply(edit, request)
         if limits is not None and self._limits is not None:
-            mount_limits(request, *self._limits.mount(claim.namespace, claim.name))
+            edit = with_limits(edit, *self._limits.mount(claim.namespace, claim.name))
         return hooks.PreparedCreate(
-            request=request,
+            edit=edit,
             token=row_id,
-            changed=True,
             details={"claim": f"{claim.namespace}/{claim.name}", "devices": ",".join(edit.devices)},
         )
 
@@ -234,7 +174,7 @@ class ClaimHooks:
             log.warning("pod %s: %s", plain.pod, warning)
             self._view.warn(plain.pod, ISOLATION_WARNING_REASON, f"pod {plain.pod}: {warning}")
 
-    def _sync_isolation(self, containers: Sequence[Any] | None = None) -> None:
+    def _sync_isolation(self, containers: Sequence[hooks.RuntimeContainer] | None = None) -> None:
         """Tell the isolation modes which containers the runtime has (they undo what none needs)."""
         if containers is None:
             if self._list_containers is None:
@@ -245,7 +185,7 @@ class ClaimHooks:
                 log.info("could not list containers for the isolation modes; the next reconcile syncs them")
                 return
         self.rooms.sync([isolation.RunningContainer(
-            id=c.id, pod_uid=c.labels.get(injection.LABEL_POD_UID, ""), name=c.metadata.name,
+            id=c.id, pod_uid=c.labels.get(injection.LABEL_POD_UID, ""), name=c.name,
             annotations=dict(c.annotations)) for c in containers])
 
     def _prepare_limits(self, plain: injection.ContainerRequest, claim: injection.ClaimInfo) -> tuple[int, int] | None:
@@ -330,7 +270,7 @@ class ClaimHooks:
         except Exception:
             log.exception("ledger write %s%s failed; the next reconciliation repairs it", step.__name__, args)
 
-    def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
+    def reconcile(self, containers: Sequence[hooks.RuntimeContainer], *, starting: bool) -> None:
         """Settle the ledger against the runtime's containers (see the module docstring)."""
         with self._claim_lock, self._memory_lock:
             self.flush()  # the queued created/released rows first, or they would look half-done
@@ -386,14 +326,15 @@ class ClaimHooks:
         return since is not None and time.monotonic() - since >= self._settle_after_s
 
     @staticmethod
-    def _container_of(row: store.Allocation, containers: Sequence[Any], taken: set[str]) -> Any:
+    def _container_of(row: store.Allocation, containers: Sequence[hooks.RuntimeContainer],
+                      taken: set[str]) -> hooks.RuntimeContainer | None:
         claim = f"{row.claim_namespace}/{row.claim_name}"
         candidates = [
             c
             for c in containers
             if c.id not in taken
             and c.labels.get(injection.LABEL_POD_UID) == row.pod_uid
-            and c.metadata.name == row.container_name
+            and c.name == row.container_name
             and c.annotations.get(injection.CLAIM_ANNOTATION) == claim
         ]
         return max(candidates, key=lambda c: c.created_at, default=None)
@@ -408,13 +349,13 @@ class ClaimHooks:
             return [replace(row) for row in self._open.values()]
 
     def _live(
-        self, rows: list[_OpenRow], states: dict[str, int] | None
-    ) -> tuple[list[_OpenRow], dict[str, int] | None]:
+        self, rows: list[_OpenRow], states: dict[str, bool] | None
+    ) -> tuple[list[_OpenRow], dict[str, bool] | None]:
         """The rows that still hold their cards (less containers that exited or are gone), and the
         container states read for it (one ListContainers, passed back in to be used again)."""
         if states is None and self._list_containers is not None and any(row.container_id for row in rows):
             try:
-                states = {c.id: c.state for c in self._list_containers()}
+                states = {c.id: c.exited for c in self._list_containers()}
             except Exception:  # the runtime did not answer: count every row (refusing is safe)
                 log.warning("could not list containers to check the holders of claims and cards")
         live = []
@@ -426,7 +367,7 @@ class ClaimHooks:
         return live, states
 
     def _check_cards(self, plain: injection.ContainerRequest, claim: injection.ClaimInfo,
-                     states: dict[str, int] | None) -> None:
+                     states: dict[str, bool] | None) -> None:
         """Refuse when a card of `claim` is held by other claims beyond its capacity (card_sharing)."""
         wanted = {uuid.lower() for uuid in claim.gpus}
         key = (claim.namespace, claim.name)

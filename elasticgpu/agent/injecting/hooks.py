@@ -1,18 +1,23 @@
-"""What the CRI proxy asks of the agent around container calls, and how it is told no.
-
-The proxy (proxy.py) forwards every call untouched except these two points:
+"""What a front (the CRI proxy, agent/cri; the NRI plugin, agent/nri) asks of the injection core
+around container calls, and how it is told no. The calls are in plain values: each front
+translates its wire format (CRI protobuf, NRI's messages) into `injection.ContainerRequest` and
+`RuntimeContainer`, and the one `injection.ContainerEdit` it gets back into its own answer.
 
     CreateContainer:  prepared = hooks.prepare_create(request)   # may raise Refused
-                      forward prepared.request
+                      the front applies prepared.edit (None: untouched) to what the runtime creates
                       ok    -> hooks.created(prepared, container_id)
                       error -> hooks.create_failed(prepared, code)
-    RemoveContainer:  forward; ok -> hooks.removed(container_id)
+    RemoveContainer:  ok -> hooks.removed(container_id)
+
+(NRI tells the plugin the container's id in its CreateContainer: that front calls `created`
+right after `prepare_create`; a creation that fails after the plugin answered reaches it as a
+RemoveContainer, and one lost with the runtime is settled by the next reconcile.)
 
 `prepare_create` is where injection happens and the ledger row is written `started` (before the
 runtime is called); `created` completes the row with the container id. A crash between the two
 leaves a `started` row that the agent reconciles with ListContainers at its next start:
 
-    proxy start:        hooks.attach_runtime(list_containers)   # the hooks may list containers
+    front start:        hooks.attach_runtime(list_containers)   # the hooks may list containers
                         hooks.reconcile(containers, starting=True), retried with backoff until it
                         succeeds (claims are refused as retryable until then; the rest passes)
     RemovePodSandbox:   forward; ok -> hooks.reconcile(containers, starting=False) (the sandbox
@@ -23,11 +28,14 @@ leaves a `started` row that the agent reconciles with ListContainers at its next
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
+
+if TYPE_CHECKING:
+    from elasticgpu.agent.injecting import injection
 
 
 class Refused(Exception):
@@ -46,19 +54,36 @@ class Refused(Exception):
 
 @dataclass
 class PreparedCreate:
-    """A CreateContainerRequest after the hook: what to forward, and the hook's own note."""
+    """A container request after the core: the one edit the front applies, and the hook's own note."""
 
-    request: Any  # api.pb.CreateContainerRequest, possibly rewritten
+    edit: injection.ContainerEdit | None = None  # None: create the container as asked (nothing to re-encode)
     token: Any = None  # whatever the hook needs in created/create_failed (e.g. a ledger row id)
-    changed: bool = False  # False: forward the caller's original bytes (nothing to re-encode)
     details: dict[str, str] = field(default_factory=dict)  # for logs: claim, devices, ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeContainer:
+    """A container as the runtime lists it, in plain values (each front translates its own listing)."""
+
+    id: str
+    name: str  # the container's name in its pod (kubelet's metadata name)
+    labels: Mapping[str, str]  # kubelet's io.kubernetes.* labels among them (the pod's uid, name, namespace)
+    annotations: Mapping[str, str]  # the container's, the agent's elasticgpu.io/claim among them
+    created_at: int = 0  # nanoseconds since the epoch (0: unknown); the newest of a pod's containers wins
+    exited: bool = False  # it ran and stopped: it holds no card (card_sharing.holds_card)
+    env: Mapping[str, str] | None = None  # its environment when the listing carries it (NRI), else None
+
+    @property
+    def pod_uid(self) -> str:
+        """kubelet's pod uid label, or empty."""
+        return self.labels.get("io.kubernetes.pod.uid", "")
 
 
 class ContainerHooks(Protocol):
     """The agent's side of the proxy's two interception points (see the module docstring)."""
 
-    def prepare_create(self, request: Any) -> PreparedCreate:
-        """Decide and record a CreateContainer before it is forwarded; raise Refused to refuse it."""
+    def prepare_create(self, request: injection.ContainerRequest) -> PreparedCreate:
+        """Decide and record a CreateContainer before the runtime acts on it; raise Refused to refuse it."""
         ...
 
     def created(self, prepared: PreparedCreate, container_id: str) -> None:
@@ -75,11 +100,11 @@ class ContainerHooks(Protocol):
         """The runtime removed the container: release what it held."""
         ...
 
-    def attach_runtime(self, list_containers: Callable[[], Sequence[Any]]) -> None:
-        """Receive the proxy's way to list the runtime's containers (api.pb.Container each)."""
+    def attach_runtime(self, list_containers: Callable[[], Sequence[RuntimeContainer]]) -> None:
+        """Receive the front's way to list the runtime's containers."""
         ...
 
-    def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
+    def reconcile(self, containers: Sequence[RuntimeContainer], *, starting: bool) -> None:
         """Match what the hooks recorded against the runtime's containers. `starting`: no
         CreateContainer is in flight, so half-done records can be completed or undone too.
         `containers` was listed before the call: hooks that can list the runtime themselves
@@ -89,11 +114,11 @@ class ContainerHooks(Protocol):
 
 
 class PassThrough:
-    """Hooks that change nothing: the proxy becomes a plain forwarder."""
+    """Hooks that change nothing: the front becomes a plain forwarder."""
 
-    def prepare_create(self, request: Any) -> PreparedCreate:
-        """Forward as is."""
-        return PreparedCreate(request=request)
+    def prepare_create(self, request: injection.ContainerRequest) -> PreparedCreate:
+        """Create as asked."""
+        return PreparedCreate()
 
     def created(self, prepared: PreparedCreate, container_id: str) -> None:
         """Nothing to complete."""
@@ -104,8 +129,8 @@ class PassThrough:
     def removed(self, container_id: str) -> None:
         """Nothing to release."""
 
-    def attach_runtime(self, list_containers: Callable[[], Sequence[Any]]) -> None:
+    def attach_runtime(self, list_containers: Callable[[], Sequence[RuntimeContainer]]) -> None:
         """Nothing to list."""
 
-    def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
+    def reconcile(self, containers: Sequence[RuntimeContainer], *, starting: bool) -> None:
         """Nothing to match."""

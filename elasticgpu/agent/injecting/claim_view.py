@@ -43,8 +43,8 @@ from concurrent import futures
 from typing import Any, Protocol
 
 from elasticgpu.agent import errors
-from elasticgpu.agent.cri import injection
 from elasticgpu.agent.discovery import Card
+from elasticgpu.agent.injecting import injection
 from elasticgpu.api import names, quantities
 
 log = logging.getLogger(__name__)

@@ -59,8 +59,8 @@ from typing import Protocol
 import grpc
 
 from elasticgpu.agent import isolation, rdma
-from elasticgpu.agent.cri import hooks
-from elasticgpu.agent.cri.mig_annotation import MIG_ANNOTATION
+from elasticgpu.agent.injecting import hooks
+from elasticgpu.agent.injecting.mig_annotation import MIG_ANNOTATION
 from elasticgpu.api import names, pod_claims
 
 CDI_KIND = "elasticgpu.io/gpu"

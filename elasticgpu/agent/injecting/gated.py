@@ -28,7 +28,8 @@ A ledger that was moved aside as corrupt (`owed_rebuild`) is rebuilt before that
 reconciliation, from the runtime's containers (`rebuild`): every container the agent gave a
 claim carries the annotation `elasticgpu.io/claim: <namespace>/<name>` and kubelet's pod labels;
 its cards and limits are read back from the environment the agent wrote (NVIDIA_VISIBLE_DEVICES,
-CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_DEVICE_MEMORY_LIMIT_0) in the runtime's verbose status.
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_DEVICE_MEMORY_LIMIT_0): the container's own when its front's
+listing carries it (NRI's Synchronize), else `container_env` (the CRI front: the runtime's verbose status).
 Each becomes a `created` row, so the holders and card checks see it as if nothing was lost. A
 container holding a MIG instance also carries `elasticgpu.io/mig-instance` (`mig_annotation`):
 its card, size and ElasticGPU go on its row and the instance's `mig_instances` row is recorded
@@ -41,14 +42,13 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import grpc
 
 from elasticgpu.agent import isolation, rdma
-from elasticgpu.agent.cri import claim_hooks, hooks, injection, limits_file, mig_annotation
 from elasticgpu.agent.errors import LedgerStateError
+from elasticgpu.agent.injecting import claim_hooks, hooks, injection, limits_file, mig_annotation
 from elasticgpu.agent.ledger.models import MIG_CREATED
 from elasticgpu.agent.ledger.store import LedgerStore
 
@@ -130,7 +130,7 @@ class GatedHooks:
         settings: injection.InjectionSettings,
         owed_rebuild: Callable[[], bool] = lambda: False,
         rebuilt: Callable[[], None] = lambda: None,
-        container_info: Callable[[str], dict[str, Any]] | None = None,
+        container_env: Callable[[str], Mapping[str, str]] | None = None,
         limits: limits_file.LimitsFiles | None = None,
         rooms: isolation.IsolationRooms | None = None,
         wrap: Wrap | None = None,
@@ -139,8 +139,9 @@ class GatedHooks:
         """`wrap`: hooks around the claim hooks (see the module docstring; None: the claim hooks alone);
         `ledger`: the ledger once open, else None; `owed_rebuild`: True while the ledger is new
         because a corrupt one was moved aside (`rebuilt` is called once it has been rebuilt);
-        `container_info`: the runtime's verbose status of a container (for the rebuild); `rooms`: the
-        node's isolation modes (kept by the agent across proxy restarts); `nics`: its RDMA NICs."""
+        `container_env`: a container's environment, asked of the runtime (for the rebuild of containers
+        listed without it); `rooms`: the node's isolation modes (kept by the agent across front restarts);
+        `nics`: its RDMA NICs."""
         self._rooms = rooms
         self._nics = nics
         self._wrap = wrap
@@ -149,9 +150,9 @@ class GatedHooks:
         self._settings = settings
         self._owed_rebuild = owed_rebuild
         self._rebuilt = rebuilt
-        self._container_info = container_info
+        self._container_env = container_env
         self._limits = limits
-        self._list_containers: Callable[[], Sequence[Any]] | None = None
+        self._list_containers: Callable[[], Sequence[hooks.RuntimeContainer]] | None = None
         self._lock = threading.Lock()  # one ClaimHooks, one rebuild
         self.inner: claim_hooks.ClaimHooks | None = None
         """The claim hooks on the ledger, once it is open."""
@@ -190,15 +191,14 @@ class GatedHooks:
 
     # --- hooks.ContainerHooks ---
 
-    def prepare_create(self, request: Any) -> hooks.PreparedCreate:
+    def prepare_create(self, request: injection.ContainerRequest) -> hooks.PreparedCreate:
         """The claim hooks' decision; before the ledger is open, the pass-through or a retryable refusal."""
         inner = self._hooks()
         if inner is not None and inner.reconciled.is_set():
             return self._outer().prepare_create(request)
-        plain = claim_hooks.container_request(request)
+        plain = request
         if injection.claim_of(plain) is None:
-            edit = injection.decide(plain, self._view, settings=self._settings)
-            return hooks.PreparedCreate(request=request, changed=claim_hooks.apply(edit, request))
+            return hooks.PreparedCreate(edit=injection.decide(plain, self._view, settings=self._settings))
         # A claim before the start-up reconciliation: say everything that is missing, not only the first.
         reasons = [self._view.not_ready_reason(), "its ledger is not open yet" if inner is None else
                    "its ledger is not reconciled with the runtime's containers yet"]  # fmt: skip
@@ -225,13 +225,13 @@ class GatedHooks:
         if inner is not None:
             self._outer().removed(container_id)
 
-    def attach_runtime(self, list_containers: Callable[[], Sequence[Any]]) -> None:
-        """Keep the proxy's ListContainers for the claim hooks (now or once they exist)."""
+    def attach_runtime(self, list_containers: Callable[[], Sequence[hooks.RuntimeContainer]]) -> None:
+        """Keep the front's ListContainers for the claim hooks (now or once they exist)."""
         self._list_containers = list_containers
         if self.inner is not None:
             self._outer().attach_runtime(list_containers)
 
-    def reconcile(self, containers: Sequence[Any], *, starting: bool) -> None:
+    def reconcile(self, containers: Sequence[hooks.RuntimeContainer], *, starting: bool) -> None:
         """The claim hooks' reconciliation (their start-up one first); nothing while the ledger is not open."""
         inner = self._hooks()
         if inner is None:
@@ -247,7 +247,8 @@ class GatedHooks:
             self._settle(inner, self._list_containers(), starting=True)
         return True
 
-    def _settle(self, inner: claim_hooks.ClaimHooks, containers: Sequence[Any], *, starting: bool) -> None:
+    def _settle(self, inner: claim_hooks.ClaimHooks, containers: Sequence[hooks.RuntimeContainer], *,
+                starting: bool) -> None:
         with self._lock:
             if starting and inner.reconciled.is_set():
                 # The start-up one ran meanwhile (the proxy's reconciler and the hook's loop both
@@ -256,7 +257,7 @@ class GatedHooks:
             if starting and self._owed_rebuild():
                 ledger = self._ledger()
                 assert ledger is not None  # the claim hooks exist only on an open ledger
-                count = rebuild(ledger, containers, self._container_info or (lambda _: {}))
+                count = rebuild(ledger, containers, self._container_env or (lambda _: {}))
                 log.info("the ledger %s was rebuilt from the runtime's containers: %d claim container(s)",
                          ledger.url, count)  # fmt: skip
                 self._rebuilt()
@@ -268,22 +269,14 @@ class GatedHooks:
             self._made.close()
 
 
-def _env(info: dict[str, Any]) -> dict[str, str]:
-    """The environment of a container from the runtime's verbose status (OCI spec, else CRI config)."""
-    process = (info.get("runtimeSpec") or {}).get("process") or {}
-    env = dict(item.split("=", 1) for item in process.get("env") or [] if "=" in item)
-    for item in (info.get("config") or {}).get("envs") or []:
-        env.setdefault(str(item.get("key", "")), str(item.get("value", "")))
-    return env
-
-
 def _mib(value: str | None) -> int:
     """MiB of a limit the agent wrote (`10240m`, `0=10240M`), 0 when absent or unreadable."""
     found = re.search(r"(\d+)\s*[mM]?$", value or "")
     return int(found.group(1)) if found else 0
 
 
-def rebuild(ledger: LedgerStore, containers: Sequence[Any], container_info: Callable[[str], dict[str, Any]]) -> int:
+def rebuild(ledger: LedgerStore, containers: Sequence[hooks.RuntimeContainer],
+            container_env: Callable[[str], Mapping[str, str]]) -> int:
     """Record a `created` row for every claim container of the runtime the ledger has no row of;
     returns how many were recorded (see the module docstring). Idempotent."""
     count = 0
@@ -292,7 +285,7 @@ def rebuild(ledger: LedgerStore, containers: Sequence[Any], container_info: Call
         if "/" not in claim or ledger.allocation_for_container(container.id) is not None:
             continue
         namespace, name = claim.split("/", 1)
-        env = _env(container_info(container.id))
+        env = container.env if container.env is not None else container_env(container.id)
         gpus = [uuid for uuid in env.get(injection.ENV_VISIBLE_DEVICES, "").split(",") if uuid.startswith("GPU-")]
         threads = env.get(injection.ENV_MPS_THREADS) or env.get(injection.ENV_HAMI_SM)  # MPS, HAMiCore or None
         memory = _mib(env.get(f"{injection.ENV_HAMI_MEMORY_PREFIX}_0") or env.get(injection.ENV_MPS_MEMORY))
@@ -309,7 +302,7 @@ def rebuild(ledger: LedgerStore, containers: Sequence[Any], container_info: Call
         row = ledger.record_started(
             pod_uid=labels.get(injection.LABEL_POD_UID, ""),
             pod_namespace=labels.get(injection.LABEL_POD_NAMESPACE, ""),
-            pod_name=labels.get(injection.LABEL_POD_NAME, ""), container_name=str(container.metadata.name),
+            pod_name=labels.get(injection.LABEL_POD_NAME, ""), container_name=container.name,
             claim_namespace=namespace, claim_name=name, elastic_gpu=elastic_gpu, gpu_uuids=gpus, cores=cores,
             memory_mib=memory,
         )  # fmt: skip

@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elasticgpu.agent.cri import driver, injection
-from elasticgpu.agent.cri.atomic_file import replace_if_changed
 from elasticgpu.agent.discovery import Card
+from elasticgpu.agent.injecting import driver, injection
+from elasticgpu.agent.injecting.atomic_file import replace_if_changed
 
 CDI_VERSION = "0.6.0"
 SPEC_FILE = "elasticgpu.io-gpu.json"
@@ -134,3 +136,86 @@ def remove_spec(directory: Path) -> None:
     """Remove our spec (the agent is being uninstalled); containers already running keep their devices."""
     with contextlib.suppress(FileNotFoundError):
         (directory / SPEC_FILE).unlink()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedNode:
+    """A device node of a resolved CDI device: where it goes in the container, and what it is on the node
+    (the runtime creates it with this type and number, and allows exactly it in the device cgroup)."""
+
+    path: str
+    type: str  # "c" (character) or "b" (block)
+    major: int
+    minor: int
+    file_mode: int  # permission bits of the node on the node (0666 for the driver's)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedEdits:
+    """What our CDI devices stand for, merged: for a runtime hook that cannot take CDI names (NRI
+    before v0.10, as containerd 1.7 and 2.0 speak it)."""
+
+    nodes: tuple[ResolvedNode, ...] = ()
+    mounts: tuple[dict[str, Any], ...] = ()  # CDI `mounts` entries (hostPath, containerPath, options)
+    env: tuple[tuple[str, str], ...] = ()
+    hooks: tuple[dict[str, Any], ...] = ()  # CDI `hooks` entries (hookName, path, args, env)
+
+
+class UnresolvedDevice(LookupError):
+    """A CDI device name no spec of the directory defines (or whose node is missing on the node)."""
+
+
+def resolve(directory: Path, names: Sequence[str]) -> ResolvedEdits:
+    """The device nodes, mounts, env and hooks that the CDI devices `names` stand for, read from the
+    specs of `directory` as the runtime would (each device's edits, plus its spec's spec-wide edits
+    once); raises UnresolvedDevice naming the first that cannot be resolved."""
+    wanted = list(dict.fromkeys(names))
+    if not wanted:
+        return ResolvedEdits()
+    edits: list[dict[str, Any]] = []
+    found: set[str] = set()
+    for path in sorted(directory.glob("*.json")):
+        try:
+            spec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being replaced, or not ours: another spec names the device or nothing does
+        kind = spec.get("kind", "")
+        hits = [d for d in spec.get("devices") or [] if f"{kind}={d.get('name')}" in wanted]
+        if not hits:
+            continue
+        found.update(f"{kind}={d.get('name')}" for d in hits)
+        edits.extend(d.get("containerEdits") or {} for d in hits)
+        edits.append(spec.get("containerEdits") or {})
+    if missing := [name for name in wanted if name not in found]:
+        raise UnresolvedDevice(f"CDI device {missing[0]} is in no spec under {directory}")
+    nodes: dict[str, ResolvedNode] = {}
+    mounts: dict[str, dict[str, Any]] = {}
+    env: dict[str, str] = {}
+    hooks: list[dict[str, Any]] = []
+    for edit in edits:
+        for node in edit.get("deviceNodes") or []:
+            nodes[node["path"]] = _node(node)
+        for mount in edit.get("mounts") or []:
+            mounts[mount["containerPath"]] = mount
+        for item in edit.get("env") or []:
+            key, _, value = str(item).partition("=")
+            env[key] = value
+        hooks.extend(hook for hook in edit.get("hooks") or [] if hook not in hooks)
+    return ResolvedEdits(nodes=tuple(nodes.values()), mounts=tuple(mounts.values()), env=tuple(env.items()),
+                         hooks=tuple(hooks))
+
+
+def _node(entry: dict[str, Any]) -> ResolvedNode:
+    host = entry.get("hostPath") or entry["path"]
+    try:
+        info = os.stat(host)
+    except OSError as e:
+        raise UnresolvedDevice(f"device node {host} (for {entry['path']}): {e.strerror}") from e
+    if stat.S_ISCHR(info.st_mode):
+        kind = "c"
+    elif stat.S_ISBLK(info.st_mode):
+        kind = "b"
+    else:
+        raise UnresolvedDevice(f"{host} (for {entry['path']}) is not a device node")
+    return ResolvedNode(path=entry["path"], type=kind, major=os.major(info.st_rdev), minor=os.minor(info.st_rdev),
+                        file_mode=stat.S_IMODE(info.st_mode))

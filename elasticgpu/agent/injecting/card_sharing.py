@@ -26,19 +26,19 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from elasticgpu.agent.cri import api, hooks, injection
+from elasticgpu.agent.injecting import hooks, injection
 from elasticgpu.api import names
 
 
-def holds_card(container_id: str | None, states: Mapping[str, int] | None) -> bool:
+def holds_card(container_id: str | None, exited: Mapping[str, bool] | None) -> bool:
     """Whether a ledger row holds its cards: its container can still run (see the module docstring).
 
-    `states`: the runtime's containers by id with their CRI state (`ListContainers`), or None when the
-    runtime was not (or could not be) asked."""
-    if container_id is None or states is None:
+    `exited`: the runtime's containers by id, True for those that ran and stopped (`ListContainers`,
+    hooks.RuntimeContainer.exited), or None when the runtime was not (or could not be) asked."""
+    if container_id is None or exited is None:
         return True  # being created, or nobody can tell: it holds
-    state = states.get(container_id)
-    return state is not None and state != api.pb.CONTAINER_EXITED
+    stopped = exited.get(container_id)
+    return stopped is not None and not stopped
 
 
 @dataclass(frozen=True, kw_only=True)

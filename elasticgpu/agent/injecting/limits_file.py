@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elasticgpu.agent.cri.atomic_file import write_atomically
+from elasticgpu.agent.injecting.atomic_file import write_atomically
 from elasticgpu.agent.ledger.store import Allocation, LedgerStore
 
 log = logging.getLogger(__name__)

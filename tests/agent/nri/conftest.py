@@ -1,0 +1,68 @@
+"""Fixtures of the NRI tests: a real containerd 1.7 with NRI switched on, and the agent's NRI plugin.
+
+The plugin is nri-plugin/build.sh's (cached); scripts/test.sh builds it and, when that fails with
+nothing cached, sets ELASTICGPU_NRI_PLUGIN_UNAVAILABLE so that these tests skip with its reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from elasticgpu.demo.local_cluster import read_env_file
+from elasticgpu.demo.local_runtime import cache_dir
+from tests.containerd_runtime import REPO_ROOT, RuntimeUnavailable, TestRuntime, remove_all_pods, running_containerd
+
+RUNTIME_UNAVAILABLE_ENV = "ELASTICGPU_TESTRUNTIME_UNAVAILABLE"
+PLUGIN_UNAVAILABLE_ENV = "ELASTICGPU_NRI_PLUGIN_UNAVAILABLE"
+"""Set by scripts/test.sh to the reason when nri-plugin/build.sh failed with nothing cached."""
+
+
+def plugin_binary() -> str:
+    """The cached plugin build (nri-plugin/build.sh, run once here when nothing names one)."""
+    env_file = cache_dir().parent / "nriplugin" / "current.env"
+    values = read_env_file(env_file) if env_file.exists() else {}
+    if not Path(values.get("ELASTICGPU_NRI_PLUGIN_BIN", "")).is_file():
+        built = subprocess.run(["bash", str(REPO_ROOT / "nri-plugin" / "build.sh")], capture_output=True, timeout=600)
+        if built.returncode != 0:
+            raise RuntimeUnavailable(f"nri-plugin/build.sh failed: {built.stderr.decode(errors='replace')[-400:]}")
+        values = read_env_file(env_file)
+    return values["ELASTICGPU_NRI_PLUGIN_BIN"]
+
+
+@pytest.fixture(scope="session")
+def nri_plugin() -> str:
+    """The plugin's binary (skips with the reason when it cannot be had)."""
+    if reason := os.environ.get(PLUGIN_UNAVAILABLE_ENV):
+        pytest.skip(f"no NRI plugin: {reason}")
+    try:
+        return plugin_binary()
+    except RuntimeUnavailable as e:
+        pytest.skip(f"no NRI plugin: {e}")
+
+
+@pytest.fixture(scope="session")
+def nri_containerd_session() -> Iterator[TestRuntime]:
+    """A private containerd with NRI on, for the whole session (skips with the reason if it cannot run)."""
+    if reason := os.environ.get(RUNTIME_UNAVAILABLE_ENV):
+        pytest.skip(f"no test container runtime: {reason}")
+    with contextlib.ExitStack() as stack:
+        try:
+            runtime = stack.enter_context(running_containerd(nri=True))
+        except RuntimeUnavailable as e:
+            pytest.skip(f"no test container runtime: {e}")
+        yield runtime
+
+
+@pytest.fixture
+def nri_containerd(nri_containerd_session: TestRuntime) -> Iterator[TestRuntime]:
+    """The session's NRI containerd, emptied of pods and CDI specs after the test."""
+    yield nri_containerd_session
+    remove_all_pods(nri_containerd_session)
+    for spec in nri_containerd_session.cdi_dir.iterdir():
+        spec.unlink()
