@@ -50,6 +50,7 @@ from elasticgpu.agent.inventory import GpuUsage, Inventory, rfc3339
 from elasticgpu.agent.kube import AgentKube
 from elasticgpu.agent.ledger.store import Allocation, LedgerStore, UsageSample
 from elasticgpu.agent.policing import Enforcer
+from elasticgpu.agent.repeated_failures import RepeatedFailure
 from elasticgpu.agent.settings import LedgerSettings, UsageSettings
 from elasticgpu.api import names
 
@@ -259,17 +260,17 @@ class UsageLoop:
 
     def run(self, stop: threading.Event) -> None:
         """A pass every `sample_interval_s` until `stop`. Never dies."""
-        failures = 0
+        said = RepeatedFailure("the usage pass", logger)
         while not stop.is_set():
             started = time.monotonic()
             try:
                 self.sample_once()
-                failures = 0
+                said.worked()
+                delay = max(0.05, self._settings.sample_interval_s - (time.monotonic() - started))
             except Exception as e:
-                failures += 1
-                logger.warning("usage pass failed (%s); retrying", e, exc_info=not isinstance(e, errors.AgentError))
-            delay = self._settings.sample_interval_s - (time.monotonic() - started)
-            stop.wait(max(0.05, delay) if failures == 0 else min(30.0, 0.5 * 2**failures))
+                delay = min(30.0, 0.5 * 2 ** (said.failures + 1))
+                said.failed(e, retry_in_s=delay, trace=not isinstance(e, errors.AgentError))
+            stop.wait(delay)
 
     def sample_once(self) -> None:
         """One pass: measure, attribute, store, hand over, write what is due."""

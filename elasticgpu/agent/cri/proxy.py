@@ -52,6 +52,7 @@ import grpc
 from elasticgpu.agent import errors
 from elasticgpu.agent.cri import api, translating
 from elasticgpu.agent.injecting import hooks
+from elasticgpu.agent.repeated_failures import RepeatedFailure
 
 log = logging.getLogger(__name__)
 
@@ -446,27 +447,24 @@ class CriProxy:
         claims as retryable until they are reconciled, so no new half-done record is made
         while old ones are being settled."""
         delay, longest = self.settings.reconcile_backoff_s
+        said = RepeatedFailure(f"reconciling with the runtime at {self.settings.upstream}", log)
         while not self._stopping.is_set():
             try:
                 self._hooks.reconcile(self._forwarder.list_containers(), starting=True)
             except Exception as e:
-                log.warning(
-                    "reconciling with the runtime at %s failed (%s); retrying in %.1fs",
-                    self.settings.upstream,
-                    e,
-                    delay,
-                )
+                said.failed(e, retry_in_s=delay)  # one line while the runtime is down, not one per try
                 self._stopping.wait(delay)
                 delay = min(delay * 2, longest)
                 continue
+            said.worked()
             self.reconciled.set()
             break
         while not self._stopping.wait(self.settings.reconcile_period_s):
             try:
                 self._hooks.reconcile(self._forwarder.list_containers(), starting=False)
+                said.worked()
             except Exception as e:
-                log.warning("periodic reconciliation with the runtime failed (%s); next in %.0fs",
-                            e, self.settings.reconcile_period_s)  # fmt: skip
+                said.failed(e, retry_in_s=self.settings.reconcile_period_s)
 
     def list_containers(self) -> list[hooks.RuntimeContainer]:
         """The runtime's containers (api.pb.Container), asked through the proxy's upstream channel."""

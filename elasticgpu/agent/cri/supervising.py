@@ -49,39 +49,39 @@ from elasticgpu.agent.discovery import Card
 from elasticgpu.agent.injecting import cdi, driver, gated, injection, limits_file
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.rdma import spec_file as rdma_spec
+from elasticgpu.agent.repeated_failures import RepeatedFailure
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class _Retry:
-    """Failures of one duty in a row, when to try again, and the failure last logged."""
+    """Failures of one duty in a row and when to try again; said once (`RepeatedFailure`)."""
 
     what: str
     first_s: float
     longest_s: float
-    failures: int = 0
     next_at: float = 0.0
-    logged: str | None = None
+    said: RepeatedFailure = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.said = RepeatedFailure(self.what, log)
+
+    @property
+    def failures(self) -> int:
+        return self.said.failures
 
     def due(self, now: float) -> bool:
         return now >= self.next_at
 
     def failed(self, error: BaseException, now: float) -> None:
-        self.failures += 1
-        delay = min(self.longest_s, self.first_s * 2 ** (self.failures - 1))
+        delay = min(self.longest_s, self.first_s * 2 ** self.failures)
         self.next_at = now + delay
-        text = f"{type(error).__name__}: {error}"
-        if text != self.logged:
-            log.warning("%s failed (%s); retrying with backoff (next in %.1f s)", self.what, text, delay)
-            self.logged = text
-        else:
-            log.debug("%s failed again (%s); next in %.1f s", self.what, text, delay)
+        self.said.failed(error, retry_in_s=delay)
 
     def succeeded(self) -> None:
-        if self.failures:
-            log.info("%s works again after %d failed attempt(s)", self.what, self.failures)
-        self.failures, self.next_at, self.logged = 0, 0.0, None
+        self.said.worked()
+        self.next_at = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
