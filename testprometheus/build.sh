@@ -5,7 +5,8 @@
 # Debian bookworm's `prometheus` package (2.42; Go, static: /usr/bin/prometheus and
 # /usr/bin/promtool) is fetched with a *private* apt configuration (own sources list, state and
 # cache directories; the system's apt state is untouched) and unpacked with `dpkg -x`; nothing is
-# installed into the system. The same approach, and the same helpers, as testruntime/build.sh.
+# installed into the system. The same approach as testruntime/build.sh, through the same sourced
+# helper (scripts/cached-build.sh: the cache, its key, current.env, the fallback, private apt).
 #
 # Result: ${ELASTICGPU_CACHE:-$HOME/.cache/elasticgpu}/testprometheus/<key>/
 #   root/        the unpacked package (usr/bin/prometheus, usr/bin/promtool)
@@ -25,62 +26,19 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CACHE=${ELASTICGPU_CACHE:-$HOME/.cache/elasticgpu}/testprometheus
-APTDIR=$CACHE/apt
-MIRROR=${ELASTICGPU_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-# package:suite
-PKGS="prometheus:bookworm"
+NAME=testprometheus WHAT="Prometheus" MARKER=root STRICT_VAR= # no STRICT: it always falls back
+. "$HERE/../scripts/cached-build.sh"
+PKGS="prometheus:bookworm" # package:suite
 
-log() { echo "testprometheus/build.sh: $*" >&2; }
-
-complete() { # $1 = build dir: true when everything the fixture needs is there
+build_complete() { # $1 = build dir: true when everything the fixture needs is there
   [ -x "$1/root/usr/bin/prometheus" ] && [ -x "$1/root/usr/bin/promtool" ]
 }
 
-write_env() { # $1 = build dir
-  local d=$1 tmp
-  tmp=$(mktemp "$CACHE/current.env.XXXXXX")
-  {
-    echo "ELASTICGPU_PROMETHEUS=$d/root/usr/bin/prometheus"
-    echo "ELASTICGPU_PROMTOOL=$d/root/usr/bin/promtool"
-  } >"$tmp"
-  mv -f "$tmp" "$CACHE/current.env"
-  cat "$CACHE/current.env"
+env_lines() { # $1 = build dir
+  echo "ELASTICGPU_PROMETHEUS=$1/root/usr/bin/prometheus"
+  echo "ELASTICGPU_PROMTOOL=$1/root/usr/bin/promtool"
 }
 
-newest_cached() {
-  local d
-  for d in $(ls -1td "$CACHE"/*/ 2>/dev/null); do
-    d=${d%/}
-    if complete "$d"; then
-      echo "$d"
-      return 0
-    fi
-  done
-  return 1
-}
-
-fallback() { # $1 = reason
-  local d
-  if d=$(newest_cached); then
-    log "WARNING: $1"
-    log "WARNING: falling back to the newest cached Prometheus: $d"
-    write_env "$d"
-    exit 0
-  fi
-  log "ERROR: $1 (and no cached Prometheus to fall back to)"
-  exit 1
-}
-
-apt_opts() {
-  echo -o "Dir::Etc::SourceList=$APTDIR/etc/sources.list" -o "Dir::Etc::SourceParts=$APTDIR/etc/sources.list.d" \
-    -o "Dir::Etc::Preferences=$APTDIR/etc/preferences" -o "Dir::Etc::PreferencesParts=$APTDIR/etc/preferences.d" \
-    -o "Dir::State=$APTDIR/state" -o "Dir::State::status=$APTDIR/state/status" \
-    -o "Dir::Cache=$APTDIR/cache" -o Debug::NoLocking=1 -o "APT::Sandbox::User=$(id -un)" \
-    -o APT::Architecture=amd64 -o APT::Architectures=amd64
-}
-
-# --- inner build step (a separate process so that `set -e` is honoured) ---
 if [ "${1:-}" = "__build" ]; then
   key=$2
   versions=$3
@@ -90,16 +48,8 @@ if [ "${1:-}" = "__build" ]; then
   cd "$APTDIR/debs"
   # shellcheck disable=SC2046
   apt-get -q $(apt_opts) download $(cat "$versions") >/dev/null
-  while read -r pv; do
-    p=${pv%%=*}
-    v=${pv#*=}
-    fv=${v/:/%3a}
-    dpkg -x "$(ls "${p}_${fv}"_*.deb | head -n1)" "$out.tmp/root"
-  done <"$versions"
-  for f in "$APTDIR"/debs/*.deb; do
-    b=$(basename "$f")
-    grep -qxF "${b%%_*}=$(echo "$b" | cut -d_ -f2 | sed 's/%3a/:/')" "$versions" || rm -f "$f"
-  done
+  unpack_debs "$versions" "$out.tmp/root"
+  prune_debs "$versions"
   "$out.tmp/root/usr/bin/prometheus" --version >/dev/null
   "$out.tmp/root/usr/bin/promtool" --version >/dev/null
   {
@@ -111,31 +61,17 @@ if [ "${1:-}" = "__build" ]; then
   exit 0
 fi
 
-# --- outer driver ---
-mkdir -p "$CACHE" "$APTDIR/etc/sources.list.d" "$APTDIR/etc/preferences.d" "$APTDIR/state/lists/partial" "$APTDIR/cache/archives/partial"
-touch "$APTDIR/state/status"
-exec 9>"$CACHE/.lock"
-flock 9
-
-if [ "${ELASTICGPU_TESTPROMETHEUS_OFFLINE:-}" = 1 ]; then
-  fallback "ELASTICGPU_TESTPROMETHEUS_OFFLINE=1: not fetching"
-fi
-for t in apt-get apt-cache dpkg sha256sum flock; do
-  command -v "$t" >/dev/null || fallback "required tool $t not found"
-done
-
-opts="[arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]"
-[ "${ELASTICGPU_APT_TRUSTED:-}" = 1 ] && opts="[arch=amd64 trusted=yes]"
-echo "deb $opts $MIRROR bookworm main" >"$APTDIR/etc/sources.list"
+apt_setup
+lock_cache
+fallback_if_offline ELASTICGPU_TESTPROMETHEUS_OFFLINE "not fetching"
+require_tools apt-get apt-cache dpkg sha256sum flock
+apt_sources bookworm
 
 # An index younger than a day is good enough (the key changes only when Debian publishes a new
 # version of the package).
 lists=$(ls -1t "$APTDIR"/state/lists/*_Packages* 2>/dev/null | head -n1 || true)
 if [ -z "$lists" ] || [ -n "$(find "$lists" -mmin +1440)" ]; then
-  # shellcheck disable=SC2046
-  if ! apt-get -q $(apt_opts) --error-on=any update >"$CACHE/apt-update.log" 2>&1; then
-    fallback "private apt update of bookworm failed (see $CACHE/apt-update.log)"
-  fi
+  apt_update bookworm
 fi
 
 versions=$(mktemp)
@@ -150,20 +86,10 @@ for ps in $PKGS; do
   echo "$p=$v" >>"$versions"
 done
 
-key=$( (cat "$HERE/build.sh" "$versions") | sha256sum | cut -c1-16)
-if complete "$CACHE/$key"; then
-  log "up to date: $CACHE/$key"
-  write_env "$CACHE/$key"
-  exit 0
-fi
+key=$(cache_key "$HERE/build.sh" "$versions")
+exit_if_up_to_date "$key"
 
-log "fetching Prometheus $key: $(tr '\n' ' ' <"$versions")"
+log "fetching Prometheus $key from $(tr '\n' ' ' <"$versions")"
 start=$(date +%s)
-if ! bash "$HERE/build.sh" __build "$key" "$versions" >&2; then
-  rm -rf "$CACHE/$key.tmp"
-  fallback "fetching Prometheus failed"
-fi
-log "unpacked in $(($(date +%s) - start))s: $CACHE/$key"
-write_env "$CACHE/$key"
-# Keep the two newest builds.
-ls -1td "$CACHE"/*/root 2>/dev/null | tail -n +3 | while read -r old; do rm -rf "$(dirname "$old")"; done
+build_step "$key" "$versions" || fallback "fetching Prometheus failed"
+finish_build "$key" "$start" 2 # keeps the two newest builds
