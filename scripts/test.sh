@@ -35,6 +35,12 @@ if ! bash testruntime/build.sh; then
   export ELASTICGPU_TESTRUNTIME_UNAVAILABLE="testruntime/build.sh could not fetch containerd/runc from Debian"
   echo "WARNING: $ELASTICGPU_TESTRUNTIME_UNAVAILABLE; the tests on a real containerd will be SKIPPED" >&2
 fi
+log "fetching containerd 2.x for the NRI tests (cached)"
+if ! ELASTICGPU_TESTRUNTIME_CONTAINERD=2 bash testruntime/build.sh; then
+  # As above, for the containerd 2.x half of the NRI (and CRI smoke) tests: they skip with this reason.
+  export ELASTICGPU_TESTRUNTIME2_UNAVAILABLE="testruntime/build.sh (ELASTICGPU_TESTRUNTIME_CONTAINERD=2) could not fetch containerd 2.x from Debian sid"
+  echo "WARNING: $ELASTICGPU_TESTRUNTIME2_UNAVAILABLE; the tests on containerd 2.x will be SKIPPED" >&2
+fi
 
 log "fetching Prometheus and promtool from Debian (cached)"
 if prom_env=$(bash testprometheus/build.sh); then

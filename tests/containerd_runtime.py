@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 
 from elasticgpu.demo.local_cluster import read_env_file
-from elasticgpu.demo.local_runtime import block_registries, cache_dir, containerd_config
+from elasticgpu.demo.local_runtime import block_registries, cache_dir, containerd2_config, containerd_config
 from tests import spawning
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +39,10 @@ BUILD_SCRIPT = REPO_ROOT / "testruntime" / "build.sh"
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 TMP_PREFIX = "egrt-"  # short: a unix socket path must stay under 108 bytes
+CONTAINERD_VERSIONS = ("1.7", "2")
+"""The containerds testruntime/build.sh fetches: 1.7 (trixie) and 2.x (sid; ELASTICGPU_TESTRUNTIME_CONTAINERD=2)."""
+UNAVAILABLE_ENV = {"1.7": "ELASTICGPU_TESTRUNTIME_UNAVAILABLE", "2": "ELASTICGPU_TESTRUNTIME2_UNAVAILABLE"}
+"""Set by scripts/test.sh to the reason when that build failed with nothing cached."""
 
 
 class RuntimeUnavailable(RuntimeError):
@@ -59,6 +63,7 @@ class TestRuntime:
     ctr: Path
     nginx: Path | None = None  # the CRI front's nginx from the same build (None: a build from before it)
     nri_socket: Path | None = None  # containerd's NRI socket, where NRI is switched on (running_containerd(nri=True))
+    version: str = "1.7"  # which containerd: "1.7" or "2" (running_containerd(containerd=...))
 
     @property
     def endpoint(self) -> str:
@@ -66,23 +71,37 @@ class TestRuntime:
         return f"unix://{self.socket}"
 
 
-def find_build(build_if_missing: bool = True) -> dict[str, str]:
+def build_cache(containerd: str = "1.7") -> Path:
+    """Where testruntime/build.sh keeps the builds of that containerd (1.7 or 2)."""
+    return cache_dir() if containerd == "1.7" else cache_dir().with_name("testruntime2")
+
+
+def find_build(build_if_missing: bool = True, containerd: str = "1.7") -> dict[str, str]:
     """build.sh's current.env (root, image archive, image name); runs build.sh once if missing."""
+    if containerd not in CONTAINERD_VERSIONS:
+        raise ValueError(f"containerd {containerd!r}: not one of {CONTAINERD_VERSIONS}")
+    if reason := os.environ.get(UNAVAILABLE_ENV[containerd]):
+        raise RuntimeUnavailable(reason)
 
     def complete(values: dict[str, str]) -> bool:
         root = values.get("ELASTICGPU_TESTRUNTIME_ROOT", "")
         image = values.get("ELASTICGPU_TESTRUNTIME_IMAGE", "")
         return bool(root) and os.access(f"{root}/usr/bin/containerd", os.X_OK) and os.path.isfile(image)
 
-    values = read_env_file(cache_dir() / "current.env")
+    env_file = build_cache(containerd) / "current.env"
+    values = read_env_file(env_file) if env_file.exists() else {}
     if not complete(values) and build_if_missing:
-        print(f"containerd_runtime: no cached test runtime; running {BUILD_SCRIPT}", file=sys.stderr)
-        done = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        print(f"containerd_runtime: no cached test runtime (containerd {containerd}); running {BUILD_SCRIPT}",
+              file=sys.stderr)
+        done = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env={**os.environ, "ELASTICGPU_TESTRUNTIME_CONTAINERD": containerd}, timeout=600)
         if done.returncode != 0:
-            raise RuntimeUnavailable(f"testruntime/build.sh failed: {done.stderr.decode(errors='replace')[-500:]}")
-        values = read_env_file(cache_dir() / "current.env")
+            raise RuntimeUnavailable(f"testruntime/build.sh (containerd {containerd}) failed: "
+                                     f"{done.stderr.decode(errors='replace')[-500:]}")
+        values = read_env_file(env_file)
     if not complete(values):
-        raise RuntimeUnavailable(f"test runtime not built; run `bash {BUILD_SCRIPT}`")
+        raise RuntimeUnavailable(f"test runtime (containerd {containerd}) not built; run "
+                                 f"`ELASTICGPU_TESTRUNTIME_CONTAINERD={containerd} bash {BUILD_SCRIPT}`")
     return values
 
 
@@ -166,11 +185,12 @@ def _check_can_run() -> None:
 
 
 @contextlib.contextmanager
-def running_containerd(*, nri: bool = False) -> Iterator[TestRuntime]:
+def running_containerd(*, nri: bool = False, containerd: str = "1.7") -> Iterator[TestRuntime]:
     """Start a private containerd, import the busybox image, yield it; clean everything on exit.
-    `nri`: NRI switched on in its config, its socket in the test's own folder (`TestRuntime.nri_socket`)."""
+    `nri`: NRI switched on in its config, its socket in the test's own folder (`TestRuntime.nri_socket`;
+    off otherwise, also on 2.x where it is on by default). `containerd`: "1.7" or "2" (2.1 today)."""
     _check_can_run()
-    build = find_build()
+    build = find_build(containerd=containerd)
     root = Path(build["ELASTICGPU_TESTRUNTIME_ROOT"])
     image = build["ELASTICGPU_TESTRUNTIME_IMAGE_NAME"]
     directory = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir="/tmp"))
@@ -179,7 +199,8 @@ def running_containerd(*, nri: bool = False) -> Iterator[TestRuntime]:
     (directory / "cdi").mkdir()
     block_registries(directory / "certs.d")
     nri_socket = directory / "nri.sock" if nri else None
-    config.write_text(containerd_config(directory, root, image, [directory / "cdi"], nri_socket=nri_socket))
+    make_config = containerd_config if containerd == "1.7" else containerd2_config
+    config.write_text(make_config(directory, root, image, [directory / "cdi"], nri_socket=nri_socket))
     env = {
         **os.environ,
         # containerd starts containerd-shim-runc-v2 from PATH; the shim starts runc by BinaryName.
@@ -194,6 +215,7 @@ def running_containerd(*, nri: bool = False) -> Iterator[TestRuntime]:
         ctr=root / "usr" / "bin" / "ctr",
         nginx=Path(build["ELASTICGPU_TESTRUNTIME_NGINX"]) if build.get("ELASTICGPU_TESTRUNTIME_NGINX") else None,
         nri_socket=nri_socket,
+        version=containerd,
     )
     proc: subprocess.Popen[bytes] | None = None
     try:

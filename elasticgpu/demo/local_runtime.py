@@ -129,6 +129,63 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 """ + nri
 
 
+def containerd2_config(directory: Path, root: Path, image: str, cdi_dirs: Sequence[Path], *,
+                       nri_socket: Path | None = None) -> str:
+    """containerd 2.x config (version 3), the same node as `containerd_config`'s: the CRI plugin is
+    split into `io.containerd.cri.v1.images` (snapshotter, sandbox image, registries) and
+    `io.containerd.cri.v1.runtime` (CDI, runc, CNI). NRI is on by default in 2.x; with
+    `nri_socket` its socket and plugin folders are moved under `directory`, without it NRI is
+    switched off (a test's containerd must not listen on the host's /var/run/nri/nri.sock)."""
+    images = 'plugins."io.containerd.cri.v1.images"'
+    runtime = 'plugins."io.containerd.cri.v1.runtime"'
+    spec_dirs = ", ".join(f'"{d}"' for d in cdi_dirs)
+    nri = '[plugins."io.containerd.nri.v1.nri"]\n  disable = true\n' if nri_socket is None else f"""\
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  disable_connections = false
+  socket_path = "{nri_socket}"
+  plugin_path = "{directory}/nri/plugins"
+  plugin_config_path = "{directory}/nri/conf.d"
+  plugin_registration_timeout = "5s"
+  plugin_request_timeout = "2s"
+"""
+    return f"""version = 3
+root = "{directory}/root"
+state = "{directory}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "{directory}/containerd.sock"
+[ttrpc]
+  address = "{directory}/containerd.sock.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{directory}/opt"
+[{images}]
+  snapshotter = "overlayfs"
+  stats_collect_period = 3600
+  [{images}.pinned_images]
+    sandbox = "{image}"
+  [{images}.registry]
+    config_path = "{directory}/certs.d"
+[{runtime}]
+  enable_cdi = true
+  cdi_spec_dirs = [{spec_dirs}]
+  # Some machines refuse to lower oom_score_adj below the parent's (sandbox start fails without this).
+  restrict_oom_score_adj = true
+  [{runtime}.containerd]
+    default_runtime_name = "runc"
+    [{runtime}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{runtime}.containerd.runtimes.runc.options]
+        BinaryName = "{root}/usr/sbin/runc"
+        SystemdCgroup = false
+  [{runtime}.cni]
+    bin_dirs = ["{directory}/cni/bin"]
+    conf_dir = "{directory}/cni/conf"
+""" + nri
+
+
 def block_registries(certs_d: Path) -> None:
     """Point every registry at a closed loopback port (hosts.toml files), so a pull fails at once and
     never leaves the machine; `_default` covers any host without its own folder."""

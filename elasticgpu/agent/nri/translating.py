@@ -75,7 +75,12 @@ def adjustment(container: Mapping[str, Any], edit: injection.ContainerEdit | Non
     after = dict(edit.envs)
     env = [{"key": f"-{key}"} for key in before if key not in after]
     resolved = cdi.resolve(cdi_dir, edit.devices)
-    for key, value in (*resolved.env, *edit.envs):
+    # Each key once: the runtime refuses an adjustment that sets one twice ("both tried to set env"), as a
+    # MIG edit does (its CDI spec and its env both name the instance). The edit's value is the later one,
+    # as the runtime's own CDI injection would leave it.
+    wanted = dict(resolved.env)
+    wanted.update(edit.envs)
+    for key, value in wanted.items():
         if before.get(key) != value or key in dict(resolved.env):
             env.append({"key": key, "value": value})
     if env:

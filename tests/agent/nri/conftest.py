@@ -1,4 +1,5 @@
-"""Fixtures of the NRI tests: a real containerd 1.7 with NRI switched on, and the agent's NRI plugin.
+"""Fixtures of the NRI tests: a real containerd with NRI on (1.7, where the config switches it on, and
+2.x, where it is on by default: every test runs on both), and the agent's NRI plugin.
 
 The plugin is nri-plugin/build.sh's (cached); scripts/test.sh builds it and, when that fails with
 nothing cached, sets ELASTICGPU_NRI_PLUGIN_UNAVAILABLE so that these tests skip with its reason.
@@ -16,9 +17,15 @@ import pytest
 
 from elasticgpu.demo.local_cluster import read_env_file
 from elasticgpu.demo.local_runtime import cache_dir
-from tests.containerd_runtime import REPO_ROOT, RuntimeUnavailable, TestRuntime, remove_all_pods, running_containerd
+from tests.containerd_runtime import (
+    CONTAINERD_VERSIONS,
+    REPO_ROOT,
+    RuntimeUnavailable,
+    TestRuntime,
+    remove_all_pods,
+    running_containerd,
+)
 
-RUNTIME_UNAVAILABLE_ENV = "ELASTICGPU_TESTRUNTIME_UNAVAILABLE"
 PLUGIN_UNAVAILABLE_ENV = "ELASTICGPU_NRI_PLUGIN_UNAVAILABLE"
 """Set by scripts/test.sh to the reason when nri-plugin/build.sh failed with nothing cached."""
 
@@ -46,16 +53,16 @@ def nri_plugin() -> str:
         pytest.skip(f"no NRI plugin: {e}")
 
 
-@pytest.fixture(scope="session")
-def nri_containerd_session() -> Iterator[TestRuntime]:
-    """A private containerd with NRI on, for the whole session (skips with the reason if it cannot run)."""
-    if reason := os.environ.get(RUNTIME_UNAVAILABLE_ENV):
-        pytest.skip(f"no test container runtime: {reason}")
+@pytest.fixture(scope="session", params=CONTAINERD_VERSIONS, ids=[f"containerd{v}" for v in CONTAINERD_VERSIONS])
+def nri_containerd_session(request: pytest.FixtureRequest) -> Iterator[TestRuntime]:
+    """A private containerd with NRI on, for the whole session, once per containerd version (skips with
+    the reason if that one cannot run: not built, ELASTICGPU_TESTRUNTIME[2]_UNAVAILABLE, not root)."""
+    version: str = request.param
     with contextlib.ExitStack() as stack:
         try:
-            runtime = stack.enter_context(running_containerd(nri=True))
+            runtime = stack.enter_context(running_containerd(nri=True, containerd=version))
         except RuntimeUnavailable as e:
-            pytest.skip(f"no test container runtime: {e}")
+            pytest.skip(f"no test container runtime (containerd {version}): {e}")
         yield runtime
 
 

@@ -1,4 +1,5 @@
-"""Claims reach containers through NRI, on a real containerd 1.7 with NRI switched on (issue 34).
+"""Claims reach containers through NRI, on a real containerd 1.7 with NRI switched on and on containerd 2.x,
+where it is on by default (each test runs on both: tests/agent/nri/conftest.py) (issue 34).
 
 The CRI client talks to containerd's own socket (no proxy): the agent's NRI plugin (nri-plugin/,
 a child of the test, as of the agent) relays each CreateContainer to the NRI front, which asks the
@@ -116,6 +117,14 @@ def devices(kubelet: Kubelet, container_id: str) -> list[str]:
     code, out = kubelet.exec(container_id, "sh", "-c", "ls /dev | grep nvidia; true")
     assert code == 0, out
     return sorted(out.split())
+
+
+def test_the_runtime_is_the_containerd_the_test_names(nri_node: NriNode, nri_containerd: TestRuntime) -> None:
+    """The parametrization runs two different containerds, not one twice."""
+    version = nri_node.kubelet.runtime.Version(nri_node.kubelet.pb.VersionRequest(), timeout=10)
+    assert version.runtime_name == "containerd"
+    expected = {"1.7": "1.7.", "2": "2."}[nri_containerd.version]
+    assert version.runtime_version.lstrip("v").startswith(expected), version.runtime_version
 
 
 def test_slice_claim(nri_node: NriNode) -> None:
