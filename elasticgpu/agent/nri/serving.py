@@ -13,9 +13,11 @@ local unix socket, one JSON line each way; every decision is the core's (agent/i
                  it, this time through the plugin, with its cards (or refuses it, saying why).
     create       prepare_create (one pass: the request in, one edit out) -> the adjustment
                  (translating.adjustment); NRI names the container's id here, so the ledger row
-                 is completed at once (`created`). A refusal answers {"error": message}: the
-                 runtime fails the CreateContainer with the core's words, and kubelet shows them
-                 and retries, as through the CRI proxy (the same Event, from the same core).
+                 is written `created` at once, with it, in the one durable write before the
+                 answer (the container is listed first, for a reconcile in between). A refusal
+                 answers {"error": message}: the runtime fails the CreateContainer with the
+                 core's words, and kubelet shows them and retries, as through the CRI proxy (the
+                 same Event, from the same core).
     stop         the container exited: it holds no card any more (card_sharing.holds_card)
     remove       the core's `removed` (the ledger row released). A creation that failed after
                  the plugin answered reaches here as a remove too (NRI undoes its create).
