@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from elasticgpu import flags, probe_server
 from elasticgpu.agent import (
     discovery,
@@ -326,6 +328,7 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
     threads: list[threading.Thread] = []
+    nri_state = _Nri()
     hook: supervising.CriHook | None = None
     if cri_settings is not None:
         hook = _cri_hook(settings, cri_settings, parts, loops)
@@ -335,7 +338,8 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
         loops.list_containers = functools.partial(_containers, hook)
         threads.append(threading.Thread(target=hook.run, args=(stop,), name="cri", daemon=True))
         if settings.cri.node_hook == "nri":
-            threads.append(threading.Thread(target=_run_nri, args=(settings, hook, stop), name="nri", daemon=True))
+            threads.append(threading.Thread(target=_run_nri, args=(settings, hook, stop, nri_state), name="nri",
+                                            daemon=True))  # fmt: skip
     else:
         logger.info("the CRI proxy is off (--cri-proxy false): inventory only; no claim reaches a container here")
     threads.append(threading.Thread(target=parts.run, args=(stop,), name="parts", daemon=True))
@@ -349,6 +353,9 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     }  # fmt: skip
     if hook is not None:
         readyz = {"cri-socket": hook.not_serving, **readyz}
+    if hook is not None and settings.cri.node_hook == "nri":
+        # kubelet talks to the runtime itself: ready once the runtime calls the agent's plugin.
+        readyz = {"nri-plugin": nri_state.not_registered, **readyz}
     servers: list[probe_server.Endpoints] = []
     manager = service_manager.ServiceManager.from_environment()
     try:
@@ -380,13 +387,37 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     return 0
 
 
-def _run_nri(settings: AgentSettings, hook: supervising.CriHook, stop: threading.Event) -> None:
+@dataclass
+class _Nri:
+    """The NRI front while it runs (readiness reads it)."""
+
+    front: nri.NriFront | None = None
+
+    def not_registered(self) -> str | None:
+        """Why no claim reaches a container through NRI now (readiness), or None once the plugin is registered
+        with the runtime and its synchronize answered."""
+        if self.front is None or not self.front.synchronized.is_set():
+            return ("the NRI plugin is not registered with the runtime (not started, or the runtime's NRI socket "
+                    "does not answer): the runtime creates containers untouched meanwhile")
+        return None
+
+
+def _run_nri(settings: AgentSettings, hook: supervising.CriHook, stop: threading.Event, state: _Nri) -> None:
     """The NRI front on the CRI hook's core (its GatedHooks: one ledger, one CDI spec, one set of
-    isolation rooms), its plugin a supervised child; until `stop`."""
+    isolation rooms), its plugin a supervised child; until `stop`. The hook makes new GatedHooks each time
+    its (private) proxy restarts: the front follows them (hooks.FollowingHooks), never keeping closed ones."""
     while hook.hooks is None and not stop.wait(0.2):
         pass  # the core's hooks are made with the hook's first round
     if hook.hooks is None:
         return
+
+    def meanwhile(request: injection.ContainerRequest) -> hooks.PreparedCreate:
+        if injection.claim_of(request) is not None:
+            raise hooks.Refused(
+                f"pod {request.pod}, container {request.container!r}: the elasticgpu agent on node "
+                f"{hook.view.node_name} is restarting its claim hooks; kubelet retries this container by itself",
+                code=grpc.StatusCode.UNAVAILABLE)  # fmt: skip
+        return hooks.PreparedCreate(edit=injection.decide(request, hook.view, settings=hook.settings.injection))
 
     def evict(container: RuntimeContainer, why: str) -> None:
         proxy = hook.proxy
@@ -396,14 +427,24 @@ def _run_nri(settings: AgentSettings, hook: supervising.CriHook, stop: threading
         proxy.stop_container(container.id, timeout_s=10)
 
     cri = settings.cri
-    front = nri.NriFront(hooks=hook.hooks, view=hook.view, cdi_dir=Path(cri.cdi_dir), evict=evict)
+    following = hooks.FollowingHooks(lambda: hook.hooks, meanwhile=meanwhile)
+    front = nri.NriFront(hooks=following, view=hook.view, cdi_dir=Path(cri.cdi_dir), evict=evict)
     server = nri.FrontServer(front, Path(cri.nri_agent_socket)).start()
     binary = shutil.which(cri.nri_plugin) or cri.nri_plugin
     plugin = nri.PluginProcess(nri.PluginSettings(binary=binary, nri_socket=Path(cri.nri_socket),
-                                                  agent_socket=Path(cri.nri_agent_socket)))
+                                                  agent_socket=Path(cri.nri_agent_socket)),
+                               unregistered=front.synchronized.clear)  # fmt: skip
+    state.front = front
+
+    def follow() -> None:  # new hooks (the proxy restarted) settle with the front's listing at once
+        while not stop.wait(0.5):
+            following.follow()
+
+    threading.Thread(target=follow, name="nri-follow", daemon=True).start()
     try:
         plugin.run(stop)
     finally:
+        state.front = None
         server.close()
 
 

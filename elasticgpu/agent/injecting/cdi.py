@@ -31,6 +31,7 @@ import contextlib
 import json
 import os
 import stat
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,11 +175,7 @@ def resolve(directory: Path, names: Sequence[str]) -> ResolvedEdits:
         return ResolvedEdits()
     edits: list[dict[str, Any]] = []
     found: set[str] = set()
-    for path in sorted(directory.glob("*.json")):
-        try:
-            spec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # being replaced, or not ours: another spec names the device or nothing does
+    for spec in _specs(directory):
         kind = spec.get("kind", "")
         hits = [d for d in spec.get("devices") or [] if f"{kind}={d.get('name')}" in wanted]
         if not hits:
@@ -203,6 +200,36 @@ def resolve(directory: Path, names: Sequence[str]) -> ResolvedEdits:
         hooks.extend(hook for hook in edit.get("hooks") or [] if hook not in hooks)
     return ResolvedEdits(nodes=tuple(nodes.values()), mounts=tuple(mounts.values()), env=tuple(env.items()),
                          hooks=tuple(hooks))
+
+
+_SpecKey = tuple[int, int, int, int]  # (device, inode, size, mtime in ns) of a spec file
+_parsed: dict[Path, tuple[_SpecKey, dict[str, Any] | None]] = {}
+_parsed_lock = threading.Lock()
+
+
+def _specs(directory: Path) -> list[dict[str, Any]]:
+    """The parsed specs of `directory`, in name order, each read again only when its file changed (its
+    inode, size or mtime: specs are replaced by rename): one stat per file per CreateContainer, not a parse."""
+    specs = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            info = path.stat()
+        except OSError:
+            continue  # gone meanwhile
+        key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        with _parsed_lock:
+            cached = _parsed.get(path)
+        if cached is None or cached[0] != key:
+            try:
+                spec = json.loads(path.read_text())
+            except (OSError, ValueError):
+                spec = None  # being replaced, or not ours: another spec names the device or nothing does
+            cached = (key, spec if isinstance(spec, dict) else None)
+            with _parsed_lock:
+                _parsed[path] = cached
+        if cached[1] is not None:
+            specs.append(cached[1])
+    return specs
 
 
 def _node(entry: dict[str, Any]) -> ResolvedNode:

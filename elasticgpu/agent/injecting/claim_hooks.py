@@ -8,6 +8,8 @@
                               card's other claims (card_sharing.check: a whole card serves one
                               claim, slices sum within the card), then
                               ledger.record_started  -> the row is `started` BEFORE the runtime call
+                              (a front that knows the container's id before the runtime
+                              creates it, NRI, records the row `created` at once: one write)
     created          ledger.mark_created(row, container id)    } after the runtime answered, off the
     removed          ledger.mark_released(container id)        } call's path, in order (see below)
     create_failed    ledger.roll_back(row); but when the call ended without the runtime's
@@ -150,7 +152,7 @@ class ClaimHooks:
                 row_id = self._record_started(plain, claim, limits)
             with self._memory_lock:
                 self._open[row_id] = _OpenRow(
-                    claim=key, pod=plain.pod, container_id=None, gpus=claim.gpus, cores=claim.cores,
+                    claim=key, pod=plain.pod, container_id=plain.container_id, gpus=claim.gpus, cores=claim.cores,
                     memory_mib=claim.memory_mib,
                 )
         if limits is not None and self._limits is not None:
@@ -218,6 +220,7 @@ class ClaimHooks:
                     cores=claim.cores,
                     memory_mib=claim.memory_mib,
                     limits=limits,
+                    container_id=plain.container_id,
                 )
         except Exception as e:
             log.exception("ledger write for %s/%s failed", plain.pod, plain.container)
@@ -232,6 +235,8 @@ class ClaimHooks:
         if prepared.token is not None:
             with self._memory_lock:
                 if (row := self._open.get(prepared.token)) is not None:
+                    if row.container_id == container_id:
+                        return  # recorded `created` at once (the front named the id before the runtime's answer)
                     row.container_id = container_id
                 self._after.submit(self._write, self._ledger.mark_created, prepared.token, container_id)
 
@@ -244,9 +249,12 @@ class ClaimHooks:
             with self._claim_lock:
                 self._unsettled[prepared.token] = time.monotonic()
             return
-        self._ledger.roll_back(prepared.token)
         with self._memory_lock:
-            self._open.pop(prepared.token, None)
+            row = self._open.pop(prepared.token, None)
+        if row is not None and row.container_id is not None:
+            self._ledger.mark_released(row.container_id)  # recorded `created` at once: no longer `started`
+        else:
+            self._ledger.roll_back(prepared.token)
 
     def removed(self, container_id: str) -> None:
         """Release the container's row, queued after its `created` (a container without one is fine)."""

@@ -134,3 +134,71 @@ class PassThrough:
 
     def reconcile(self, containers: Sequence[RuntimeContainer], *, starting: bool) -> None:
         """Nothing to match."""
+
+
+class FollowingHooks:
+    """The hooks another part owns and may replace (the agent's CRI hook makes new ones each time its proxy
+    restarts): every call goes to the current ones, so a front never keeps hooks that were closed. While
+    there are none, `meanwhile` answers (a claim's container refused as retryable, the rest decided
+    without a ledger); what is lost meanwhile (a removal) is settled by the next hooks' start-up
+    reconciliation. The front's way of listing containers is given to each new hooks object before it is
+    used (`follow`)."""
+
+    def __init__(
+        self, current: Callable[[], ContainerHooks | None], *,
+        meanwhile: Callable[[injection.ContainerRequest], PreparedCreate],
+    ) -> None:  # fmt: skip
+        """`current`: the hooks now (None: none yet, or between a failure and a restart); `meanwhile`: the
+        answer to a request while there are none (raises Refused to refuse it)."""
+        self._current = current
+        self._meanwhile = meanwhile
+        self._list_containers: Callable[[], Sequence[RuntimeContainer]] | None = None
+        self._attached: ContainerHooks | None = None
+
+    def follow(self) -> None:
+        """Give the front's listing to new hooks now (their start-up reconciliation needs it), not only at
+        the next call: call it periodically."""
+        self._hooks()
+
+    def _hooks(self) -> ContainerHooks | None:
+        found = self._current()
+        if found is not None and found is not self._attached and self._list_containers is not None:
+            found.attach_runtime(self._list_containers)
+            self._attached = found
+        return found
+
+    def prepare_create(self, request: injection.ContainerRequest) -> PreparedCreate:
+        """The current hooks' decision (with the hooks that made it, for `created` and `create_failed`)."""
+        found = self._hooks()
+        if found is None:
+            return self._meanwhile(request)
+        prepared = found.prepare_create(request)
+        return PreparedCreate(edit=prepared.edit, token=(found, prepared), details=prepared.details)
+
+    def created(self, prepared: PreparedCreate, container_id: str) -> None:
+        """To the hooks that prepared it."""
+        if prepared.token is not None:
+            made_by, inner = prepared.token
+            made_by.created(inner, container_id)
+
+    def create_failed(self, prepared: PreparedCreate, code: grpc.StatusCode) -> None:
+        """To the hooks that prepared it."""
+        if prepared.token is not None:
+            made_by, inner = prepared.token
+            made_by.create_failed(inner, code)
+
+    def removed(self, container_id: str) -> None:
+        """To the current hooks (none: their start-up reconciliation releases it)."""
+        if (found := self._hooks()) is not None:
+            found.removed(container_id)
+
+    def attach_runtime(self, list_containers: Callable[[], Sequence[RuntimeContainer]]) -> None:
+        """Kept, and given to the current hooks and to each that replaces them."""
+        self._list_containers = list_containers
+        self._attached = None
+        self._hooks()
+
+    def reconcile(self, containers: Sequence[RuntimeContainer], *, starting: bool) -> None:
+        """The current hooks' (none: nothing recorded can be matched now)."""
+        if (found := self._hooks()) is not None:
+            found.reconcile(containers, starting=starting)

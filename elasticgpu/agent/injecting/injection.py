@@ -281,6 +281,7 @@ class ContainerRequest:
     privileged: bool = False  # linux.security_context.privileged
     run_as_user: int | None = None  # linux.security_context.run_as_user when the pod sets it (None: the image's user)
     pod_labels: Mapping[str, str] = field(default_factory=dict)  # the sandbox's labels: the pod's and kubelet's
+    container_id: str | None = None  # known before the runtime creates it (NRI names it): the row is `created` at once
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -416,13 +416,18 @@ class LedgerStore:
         cores: int,
         memory_mib: int,
         limits: tuple[int, int] | None = None,
+        container_id: str | None = None,
     ) -> int:
         """Record an injection about to be made (state "started"); returns the row id for the next steps.
 
         `limits`: (cores, memory MiB) the claim's limits file says as the container gets it mounted;
-        None: no limits file (the size cannot change while the container runs)."""
+        None: no limits file (the size cannot change while the container runs). `container_id`: the
+        container's id when the front knows it before the runtime creates the container (NRI names it in
+        its CreateContainer): the row is "created" at once, one write instead of two (a creation that then
+        fails reaches the front as a removal, and a row whose container is gone is released by reconcile)."""
         row = models.AllocationRow(
-            state=models.STARTED, container_id=None, pod_uid=pod_uid, pod_namespace=pod_namespace,
+            state=models.STARTED if container_id is None else models.CREATED, container_id=container_id,
+            pod_uid=pod_uid, pod_namespace=pod_namespace,
             pod_name=pod_name, container_name=container_name, claim_namespace=claim_namespace,
             claim_name=claim_name, elastic_gpu=elastic_gpu, gpu_uuids=list(gpu_uuids), cores=cores,
             memory_mib=memory_mib, started_at=_now(), limits_file=limits is not None,
@@ -431,6 +436,8 @@ class LedgerStore:
             row.requested_cores, row.requested_memory_mib = limits
             row.applied_cores, row.applied_memory_mib = limits
             row.limits_changed_at = row.started_at
+        if container_id is not None:
+            row.created_at = row.started_at
         with self._writing() as session:
             session.add(row)
             session.flush()

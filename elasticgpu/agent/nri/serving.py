@@ -13,9 +13,11 @@ local unix socket, one JSON line each way; every decision is the core's (agent/i
                  it, this time through the plugin, with its cards (or refuses it, saying why).
     create       prepare_create (one pass: the request in, one edit out) -> the adjustment
                  (translating.adjustment); NRI names the container's id here, so the ledger row
-                 is completed at once (`created`). A refusal answers {"error": message}: the
-                 runtime fails the CreateContainer with the core's words, and kubelet shows them
-                 and retries, as through the CRI proxy (the same Event, from the same core).
+                 is written `created` at once, with it, in the one durable write before the
+                 answer (the container is listed first, for a reconcile in between). A refusal
+                 answers {"error": message}: the runtime fails the CreateContainer with the
+                 core's words, and kubelet shows them and retries, as through the CRI proxy (the
+                 same Event, from the same core).
     stop         the container exited: it holds no card any more (card_sharing.holds_card)
     remove       the core's `removed` (the ledger row released). A creation that failed after
                  the plugin answered reaches here as a remove too (NRI undoes its create).
@@ -99,12 +101,19 @@ class NriFront:
 
     def _create(self, pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, Any]:
         request = translating.container_request(pod, container)
+        container_id = container.get("id", "")
+        # Listed before the core records its row (`created` at once, NRI naming the id): a reconcile in
+        # between must find the container, or it would release the row of a container being created.
+        with self._lock:
+            self._containers[container_id] = translating.runtime_container(container)
         try:
             prepared = self._hooks.prepare_create(request)
         except hooks.Refused as refusal:
+            self._forget(container_id)
             log.info("CreateContainer %s/%s refused: %s", request.pod, request.container, refusal.message)
             return {"error": refusal.message}
         except Exception:
+            self._forget(container_id)
             log.exception("CreateContainer %s/%s: the injection hook failed", request.pod, request.container)
             return {"error": "elasticgpu agent: internal error while preparing this container; kubelet retries "
                              "(see the elasticgpu agent's log on this node)"}
@@ -112,18 +121,22 @@ class NriFront:
             adjust = translating.adjustment(container, prepared.edit, self._cdi_dir)
         except UnresolvedDevice as e:
             self._hooks.create_failed(prepared, grpc.StatusCode.FAILED_PRECONDITION)
+            self._forget(container_id)
             return {"error": f"pod {request.pod}, container {request.container!r}: the elasticgpu agent cannot "
                              f"give its devices ({e}); kubelet retries"}
-        container_id = container.get("id", "")
-        with self._lock:
-            self._containers[container_id] = translating.runtime_container(
-                {**container, "annotations": {**(container.get("annotations") or {}),
-                                              **(prepared.edit.annotations if prepared.edit else {})}})
+        if prepared.edit is not None:
+            with self._lock:
+                self._containers[container_id] = translating.runtime_container(
+                    {**container, "annotations": {**(container.get("annotations") or {}), **prepared.edit.annotations}})
         self._hooks.created(prepared, container_id)
         if prepared.details:
             log.info("CreateContainer %s/%s -> %s: %s", request.pod, request.container, container_id,
                      prepared.details)
         return {"adjust": adjust}
+
+    def _forget(self, container_id: str) -> None:
+        with self._lock:
+            self._containers.pop(container_id, None)
 
     def _synchronize(self, containers: list[Mapping[str, Any]], pods: list[Mapping[str, Any]]) -> dict[str, Any]:
         listed = translating.runtime_containers(containers)

@@ -18,6 +18,7 @@ import logging
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,8 +54,11 @@ class PluginSettings:
 class PluginProcess:
     """The plugin, kept running (see the module docstring)."""
 
-    def __init__(self, settings: PluginSettings) -> None:
+    def __init__(self, settings: PluginSettings, *, unregistered: Callable[[], None] = lambda: None) -> None:
+        """`unregistered`: called before each start and after each exit of the plugin (it is not registered
+        with the runtime then; the front's next synchronize says it is again)."""
         self.settings = settings
+        self._unregistered = unregistered
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
         """How many times the plugin was started (for tests and metrics)."""
@@ -65,6 +69,7 @@ class PluginProcess:
         failures = 0
         while not stop.is_set():
             started = time.monotonic()
+            self._unregistered()
             try:
                 with self._lock:
                     self.process = subprocess.Popen(self.settings.command(), start_new_session=True)
@@ -75,12 +80,14 @@ class PluginProcess:
             else:
                 while not stop.is_set() and self.process.poll() is None:
                     stop.wait(0.2)
+                self._unregistered()
                 if stop.is_set():
                     break
                 log.warning("the NRI plugin exited with %s; starting it again", self.process.returncode)
             failures = 0 if time.monotonic() - started >= self.settings.healthy_after_s else failures + 1
             stop.wait(min(self.settings.longest_backoff_s, self.settings.first_backoff_s * 2 ** max(0, failures - 1)))
         self.terminate()
+        self._unregistered()
 
     def terminate(self) -> None:
         """End the plugin (SIGTERM, then SIGKILL after 5 s)."""

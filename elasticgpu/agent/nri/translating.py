@@ -62,6 +62,7 @@ def container_request(pod: Mapping[str, Any], container: Mapping[str, Any]) -> i
         privileged=privileged(container),
         run_as_user=None,  # not in NRI's Container (v0.6); MPS then serves the image's user
         pod_labels=labels,
+        container_id=container.get("id") or None,  # NRI names it before the runtime creates the container
     )
 
 
