@@ -10,6 +10,7 @@ runs with its card and nobody else's; a pod without a claim runs and sees none."
 from __future__ import annotations
 
 import contextlib
+import json
 import tempfile
 import time
 import uuid
@@ -35,6 +36,7 @@ pytestmark = [pytest.mark.realcluster, pytest.mark.timeout(300)]
 NODE = "realcluster-nri-node"
 WITHIN_S = 120.0
 CUSTOM = f"/apis/{names.GROUP}/{names.VERSION}"
+LIMITS_FILE = "/run/elasticgpu/limits.json"
 
 
 @dataclass
@@ -68,8 +70,6 @@ def _unclaimed_env_through_nri(endpoint: str, image: str) -> dict[str, str] | No
     runs (a kubelet removes sandboxes it does not know), and return the environment of its OCI spec;
     None when the creation failed. `NVIDIA_VISIBLE_DEVICES=void` there means the agent's NRI plugin is
     registered and answering (NRI fails open: untouched before)."""
-    import json
-
     import grpc
 
     from elasticgpu.agent.cri import api
@@ -250,6 +250,10 @@ def test_pods_with_claims_run_each_with_its_card_and_not_the_others(
         inside = container_env(nri_gpu_node.runtime_endpoint, namespace, name)
         assert inside.get("NVIDIA_VISIBLE_DEVICES") == cards[name], inside
         assert cards[other] not in " ".join(f"{k}={v}" for k, v in inside.items()), inside
+        # Its claim's limits file, mounted by the NRI adjustment (docs/resize-node.md).
+        assert inside.get("ELASTICGPU_LIMITS_FILE") == LIMITS_FILE, inside
+        limits = json.loads(container_exec(nri_gpu_node.runtime_endpoint, namespace, name, ["cat", LIMITS_FILE]))
+        assert (limits["claim"], limits["cores"], limits["memoryMiB"]) == (f"{namespace}/{name}", 60, 10240), limits
         # Its card's device node only (with the control nodes), not the other's.
         card_nodes = [d for d in _nvidia_devices(nri_gpu_node, namespace, name) if d.removeprefix("nvidia").isdigit()]
         assert len(card_nodes) == 1, card_nodes
