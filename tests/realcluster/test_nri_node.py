@@ -51,7 +51,8 @@ class NriGpuNode:
 def _agent_command(node: str, kubeconfig: Path, paths: components.AgentPaths, runtime_socket: Path,
                    nri_socket: Path, plugin: str, home: Path) -> list[str]:  # fmt: skip
     """The agent of `node` in NRI mode with the simulated backend (components.start_agent's flags, but
-    the NRI hook in place of the CRI proxy: its private CRI channel to containerd for stops)."""
+    the NRI hook in place of the CRI proxy; --cri-upstream: its private CRI channel to containerd, for
+    stops; no --cri-listen, which NRI mode does not serve)."""
     return components._elasticgpu(
         "agent", "run", "--node-name", node, "--kubeconfig", str(kubeconfig), "--backend", "simulated",
         "--simulation", str(paths.simulation), "--device-dir", str(paths.device_dir),
@@ -61,7 +62,6 @@ def _agent_command(node: str, kubeconfig: Path, paths: components.AgentPaths, ru
         "--cri-front-dir", str(paths.front_dir), "--limits-dir", str(home / "limits"),
         "--cri-proxy", "true", "--node-hook", "nri", "--nri-socket", str(nri_socket), "--nri-plugin", plugin,
         "--nri-agent-socket", str(home / "nri-agent.sock"), "--cri-upstream", str(runtime_socket),
-        "--cri-listen", str(home / "unused-cri.sock"), "--cri-front", "none",
     )  # fmt: skip
 
 
