@@ -123,13 +123,17 @@ class Reading:
 
     def waiting_claims(self) -> list[tuple[str, str, str | None]]:
         """(class, reason, creationTimestamp) of each claim that waits (the pending gauges):
-        the waiting index only, so a scrape costs nothing per Bound claim."""
+        the waiting index only, so a scrape costs nothing per Bound claim. The class is the one the
+        claim binds with: the default class for a claim that names none, so the alert on claims
+        Pending beside free capacity (whose capacity is per class) sees them too."""
         with self.lock:
+            default = self.view().default_class()
+            fallback = default.metadata.name or "" if default is not None else ""
             found = []
             for key in self._waiting:
                 claim = self._claims.get(key)
                 if claim is not None:
-                    found.append((claim.spec.class_name or "", claim.status.reason or "",
+                    found.append((claim.spec.class_name or fallback, claim.status.reason or "",
                                   claim.metadata.creation_timestamp))
             return found
 
