@@ -77,6 +77,36 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ELASTICGPU_CACHE", str(Path.home() / ".cache" / "elasticgpu"))) / "testruntime"
 
 
+def _nri_on(directory: Path, socket: Path) -> str:
+    """NRI switched on, its socket at `socket` and its plugin folders under `directory`."""
+    return f"""[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  disable_connections = false
+  socket_path = "{socket}"
+  plugin_path = "{directory}/nri/plugins"
+  plugin_config_path = "{directory}/nri/conf.d"
+  plugin_registration_timeout = "5s"
+  plugin_request_timeout = "2s"
+"""
+
+
+def _own_paths(directory: Path, version: int, unused_snapshotter: str) -> str:
+    """The config's head: its version, and the daemon's root, state, sockets and opt under `directory`."""
+    return f"""version = {version}
+root = "{directory}/root"
+state = "{directory}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.{unused_snapshotter}",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "{directory}/containerd.sock"
+[ttrpc]
+  address = "{directory}/containerd.sock.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{directory}/opt"
+"""
+
+
 def containerd_config(directory: Path, root: Path, image: str, cdi_dirs: Sequence[Path], *,
                       nri_socket: Path | None = None) -> str:
     """containerd 1.7 config (version 2): own paths under `directory`, CRI with CDI from `cdi_dirs`,
@@ -85,28 +115,8 @@ def containerd_config(directory: Path, root: Path, image: str, cdi_dirs: Sequenc
     under `directory` (no plugin is started by containerd: the agent connects its own)."""
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     spec_dirs = ", ".join(f'"{d}"' for d in cdi_dirs)
-    nri = "" if nri_socket is None else f"""[plugins."io.containerd.nri.v1.nri"]
-  disable = false
-  disable_connections = false
-  socket_path = "{nri_socket}"
-  plugin_path = "{directory}/nri/plugins"
-  plugin_config_path = "{directory}/nri/conf.d"
-  plugin_registration_timeout = "5s"
-  plugin_request_timeout = "2s"
-"""
-    return f"""version = 2
-root = "{directory}/root"
-state = "{directory}/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
-[grpc]
-  address = "{directory}/containerd.sock"
-[ttrpc]
-  address = "{directory}/containerd.sock.ttrpc"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{directory}/opt"
-[{cri}]
+    nri = "" if nri_socket is None else _nri_on(directory, nri_socket)
+    return _own_paths(directory, 2, "aufs") + f"""[{cri}]
   sandbox_image = "{image}"
   enable_cdi = true
   cdi_spec_dirs = [{spec_dirs}]
@@ -139,29 +149,9 @@ def containerd2_config(directory: Path, root: Path, image: str, cdi_dirs: Sequen
     images = 'plugins."io.containerd.cri.v1.images"'
     runtime = 'plugins."io.containerd.cri.v1.runtime"'
     spec_dirs = ", ".join(f'"{d}"' for d in cdi_dirs)
-    nri = '[plugins."io.containerd.nri.v1.nri"]\n  disable = true\n' if nri_socket is None else f"""\
-[plugins."io.containerd.nri.v1.nri"]
-  disable = false
-  disable_connections = false
-  socket_path = "{nri_socket}"
-  plugin_path = "{directory}/nri/plugins"
-  plugin_config_path = "{directory}/nri/conf.d"
-  plugin_registration_timeout = "5s"
-  plugin_request_timeout = "2s"
-"""
-    return f"""version = 3
-root = "{directory}/root"
-state = "{directory}/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs",
-  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
-[grpc]
-  address = "{directory}/containerd.sock"
-[ttrpc]
-  address = "{directory}/containerd.sock.ttrpc"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{directory}/opt"
-[{images}]
+    off = '[plugins."io.containerd.nri.v1.nri"]\n  disable = true\n'
+    nri = off if nri_socket is None else _nri_on(directory, nri_socket)
+    return _own_paths(directory, 3, "erofs") + f"""[{images}]
   snapshotter = "overlayfs"
   stats_collect_period = 3600
   [{images}.pinned_images]
