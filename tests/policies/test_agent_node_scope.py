@@ -146,9 +146,10 @@ def test_without_the_policies_an_agent_writes_any_node(
 
 
 @pytest.fixture
-def agent_policies(api_client: client.ApiClient, kube_cluster: TestCluster) -> Iterator[list[str]]:
+def agent_policies(api_client: client.ApiClient, kube_cluster: TestCluster, namespace: str) -> Iterator[list[str]]:
     """deploy/policies/agent-node-scope.yaml applied as deployed; deleted afterwards. Waits until
-    the API server enforces them (it reads policies through informers)."""
+    the API server enforces them (it reads policies and their bindings through informers, each on
+    its own: the Node policy in force says nothing of the Events one, so both are probed)."""
     documents = _documents()
     for doc in documents:
         server_side_apply(api_client, f"{ADMISSION}/{_plural(doc)}/{doc['metadata']['name']}", doc)
@@ -157,12 +158,19 @@ def agent_policies(api_client: client.ApiClient, kube_cluster: TestCluster) -> I
     try:
         with _agent(kube_cluster, None, probe) as unbound:
 
-            def enforced() -> bool:
+            def refused(write: Callable[[], object]) -> bool:
                 try:
-                    unbound.patch_node_labels({"nvidia.com/gpu.present": "true"})
+                    write()
                 except errors.KubeError as error:
                     return NOT_BOUND in str(error)
                 return False
+
+            def enforced() -> bool:
+                # Its own reason: an Event written before the policy is in force is none the tests count.
+                return refused(lambda: unbound.patch_node_labels({"nvidia.com/gpu.present": "true"})) and refused(
+                    lambda: unbound.create_event(namespace=namespace, involved={"kind": "GPU", "name": probe},
+                                                 type_="Normal", reason="PolicyProbe", message="probe",
+                                                 now="2026-12-03T00:00:00Z"))
 
             _wait(enforced, "the agent policies in force")
         yield [d["metadata"]["name"] for d in documents if d["kind"] == "ValidatingAdmissionPolicy"]
