@@ -144,6 +144,35 @@ def test_each_mount_and_privilege_is_one_the_agent_needs() -> None:
     assert _env(moved)["ELASTICGPU_AGENT_NRI_SOCKET"] == "/run/crio/nri/nri.sock"
 
 
+def test_moved_host_paths_are_mounted_at_their_node_paths_and_given_to_the_agent() -> None:
+    paths = {"ledger": "/data/egpu", "state": "/run/egpu/", "cdi": "/etc/cdi"}
+    daemonset = _daemonset({"agent": {"daemonset": {"hostPaths": paths}}})
+    pod = daemonset["spec"]["template"]["spec"]
+    container = _agent_container(daemonset)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounted = {m["mountPath"].rstrip("/"): volumes[m["name"]]["hostPath"]["path"].rstrip("/")
+               for m in container["volumeMounts"] if "hostPath" in volumes[m["name"]]}  # fmt: skip
+    for folder in paths.values():
+        assert mounted[folder.rstrip("/")] == folder.rstrip("/"), mounted
+    assert not {"/var/lib/elasticgpu", "/var/run/elasticgpu", "/var/run/cdi"} & set(mounted), mounted
+    settings = agent_settings.from_sources(None, {k: v for k, v in _env(container).items() if isinstance(v, str)})
+    assert settings.ledger.ledger_url == "sqlite:////data/egpu/ledger.db"
+    assert settings.cri.cdi_dir == "/etc/cdi"
+    assert settings.cri.limits_dir == "/run/egpu/limits"
+    assert settings.isolation.isolation_dir == "/run/egpu/isolation"
+    assert settings.cri.nri_agent_socket == "/run/egpu/nri-agent.sock"
+    # The defaults are the agent's own.
+    defaults = agent_settings.AgentSettings()
+    env = _env(_agent_container(_daemonset()))
+    assert env["ELASTICGPU_AGENT_LEDGER_URL"] == defaults.ledger.ledger_url
+    assert (env["ELASTICGPU_AGENT_CDI_DIR"], env["ELASTICGPU_AGENT_LIMITS_DIR"]) == (defaults.cri.cdi_dir,
+                                                                                 defaults.cri.limits_dir)  # fmt: skip
+    assert env["ELASTICGPU_AGENT_ISOLATION_DIR"] == defaults.isolation.isolation_dir
+    assert env["ELASTICGPU_AGENT_NRI_AGENT_SOCKET"] == defaults.cri.nri_agent_socket
+    with pytest.raises(helm_python.HelmError, match=re.escape("agent.env.ELASTICGPU_AGENT_CDI_DIR: the chart")):
+        _render({"agent": {"env": {"ELASTICGPU_AGENT_CDI_DIR": "/x"}}})
+
+
 def test_the_environment_is_the_agents_settings_and_the_node_comes_from_the_downward_api() -> None:
     values = {"agent": {"env": {"ELASTICGPU_AGENT_REFUSE_PRIVILEGED": "true"},
                         "daemonset": {"driverRoot": "/run/nvidia/driver"}}}
