@@ -127,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     webhook = commands.add_parser("webhook", help="run the pod admission webhook over HTTPS (blocking)")
     webhook_commands.add_arguments(webhook)
 
+    from elasticgpu import after_uninstall
+
+    after_uninstall.add_arguments(commands.add_parser(
+        "after-uninstall", help="remove what the product made at run time (helm uninstall's post-delete hook)",
+        description=(after_uninstall.__doc__ or "").split("\n\n")[1].replace("\n", " ")))
+
     from elasticgpu import demo
 
     demo_text = "see it work: a local API server, the controller, webhook and simulated agents, a few claims"

@@ -21,6 +21,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from elasticgpu import after_uninstall
 from elasticgpu.cli import build_parser, health_address
 from elasticgpu.controller.admission import WebhookSettings
 from elasticgpu.controller.admission.commands import settings_from
@@ -189,6 +190,8 @@ def test_cert_manager_renders_a_certificate_and_the_configuration_to_inject() ->
     assert not [
         doc for doc in objects if doc["kind"] in ("Role", "ClusterRole") and "webhook" in doc["metadata"]["name"]
     ]
+    assert settings.configuration_name not in yaml.safe_dump_all(
+        [doc for doc in objects if "helm.sh/hook" in doc["metadata"].get("annotations", {})])
     # The pods mount the Certificate's Secret.
     deployment = _one(objects, "Deployment", "elasticgpu-webhook")
     volumes = deployment["spec"]["template"]["spec"]["volumes"]
@@ -213,23 +216,36 @@ def test_an_unknown_certificates_value_is_refused_by_name() -> None:
         _render({"webhook": {"certificates": "vault"}})
 
 
-def test_helm_uninstall_removes_the_configuration_the_webhook_published() -> None:
+def test_helm_uninstall_removes_what_the_product_made_at_run_time() -> None:
     rendered = _render()
-    hook = rendered["helm-webhook-cleanup.yaml"]
-    job = _one(hook, "Job", "elasticgpu-webhook-cleanup")
-    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-delete"
+    hook = rendered["helm-uninstall-cleanup.yaml"]
+    job = _one(hook, "Job", "elasticgpu-uninstall-cleanup")
     assert all(doc["metadata"]["annotations"]["helm.sh/hook"] == "post-delete" for doc in hook)
-    (rule,) = _one(hook, "ClusterRole", "elasticgpu-webhook-cleanup")["rules"]
-    name = WebhookSettings().configuration_name
-    assert rule == {
-        "apiGroups": ["admissionregistration.k8s.io"],
-        "resources": ["mutatingwebhookconfigurations"],
-        "resourceNames": [name],
-        "verbs": ["delete"],
-    }
-    script = job["spec"]["template"]["spec"]["containers"][0]["command"][-1]
-    compile(script, "cleanup", "exec")
-    assert f'delete_mutating_webhook_configuration("{name}")' in script
+    # The names it deletes are the ones the webhook and the controller make, and its rules allow exactly those.
+    leftovers = after_uninstall.Leftovers(namespace="elasticgpu-system")
+    assert leftovers.webhook_configuration == WebhookSettings().configuration_name
+    assert leftovers.webhook_secret == WebhookSettings().secret_name
+    assert leftovers.leader_lease == build_parser().parse_args(["controller"]).leader_elect_name
+    (webhooks, custom) = _one(hook, "ClusterRole", "elasticgpu-uninstall-cleanup")["rules"]
+    assert webhooks == {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+                        "resourceNames": [leftovers.webhook_configuration], "verbs": ["delete"]}  # fmt: skip
+    assert custom["resources"] == list(after_uninstall.FINALIZED_PLURALS)
+    (secrets, leases) = _one(hook, "Role", "elasticgpu-uninstall-cleanup")["rules"]
+    assert secrets["resourceNames"] == [leftovers.webhook_secret] and secrets["verbs"] == ["delete"]
+    assert leases["resourceNames"] == [leftovers.leader_lease] and leases["verbs"] == ["delete"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    arguments = build_parser().parse_args(container["command"][1:])
+    assert container["command"][0] == "elasticgpu" and arguments.handler is after_uninstall.run
+    assert arguments.namespace == "elasticgpu-system"
+    # With cert-manager the configuration and the Secret are the release's: the hook leaves them to helm.
+    cert_managed = _render(CERT_MANAGER)["helm-uninstall-cleanup.yaml"]
+    (only,) = _one(cert_managed, "ClusterRole", "elasticgpu-uninstall-cleanup")["rules"]
+    assert only["resources"] == list(after_uninstall.FINALIZED_PLURALS)
+    (container,) = _one(cert_managed, "Job", "elasticgpu-uninstall-cleanup")["spec"]["template"]["spec"]["containers"]
+    arguments = build_parser().parse_args(container["command"][1:])
+    assert (arguments.webhook_configuration, arguments.webhook_secret) == ("", "")
+    # Off with uninstall.cleanup=false.
+    assert not _render({"uninstall": {"cleanup": False}}).get("helm-uninstall-cleanup.yaml")
     # Helm only: no plain manifest carries a hook.
     assert not [p for p, text in render_manifests.render().items() if "helm.sh/hook" in text]
 
