@@ -118,6 +118,12 @@ if [ "${1:-}" = "__build" ]; then
     fi
     ln -s "usr/$d" "$root/$d"
   done
+  # Absolute links made relative (Debian's /lib64/ld-linux-x86-64.so.2 -> /lib/x86_64-linux-gnu/...):
+  # the agent installer copies this /usr onto the node, where an absolute link would reach the
+  # node's own loader and libraries instead of the image's.
+  find "$root" -type l -lname '/*' -print | while read -r link; do
+    ln -sfn "$(realpath -ms --relative-to="$(dirname "$link")" "$root$(readlink "$link")")" "$link"
+  done
   # The loader and libraries the build runs the image's Python with (as the installer does).
   run_py() { "$root/usr/lib64/ld-linux-x86-64.so.2" --library-path "$root/usr/lib/x86_64-linux-gnu" "$root/usr/bin/python$PYVER" "$@"; }
 
