@@ -226,7 +226,7 @@ def known_environment() -> set[str]:
     from elasticgpu.agent import settings
 
     found: set[str] = set()
-    for folder in ("elasticgpu", "scripts", "deploy", "tests", "testserver", "testruntime"):
+    for folder in ("elasticgpu", "scripts", "deploy", "tests", "testserver", "testruntime", "image"):
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in (".py", ".sh", ".service", ".yaml", ".tpl") and path.is_file():
                 found.update(ENV.findall(path.read_text(errors="replace")))
