@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,9 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "one-controller": {"controller": {"replicas": 1, "leaderElect": False}},
     "no-default-class": {"defaultClass": {"enabled": False}},
     "no-aggregation": {"rbac": {"aggregateToDefaultRoles": False, "classesReadableByAll": False}},
+    "monitoring": {"prometheusRule": {"enabled": True, "labels": {"release": "prom"}},
+                   "grafana": {"dashboard": {"enabled": True, "namespace": "grafana"}}},
+    "monitoring-auto": {"prometheusRule": {"enabled": "auto"}, "metrics": {"serviceMonitor": {"enabled": "auto"}}},
     # null drops a default map key: both must drop it the same way.
     "installer-null-label": {"agent": {"nodeHook": "cri-proxy",
                                        "installer": {"nodeSelector": {"pool": "gpu", "nvidia.com/gpu.present": None}},
@@ -82,12 +86,14 @@ def _values_file(folder: Path, name: str, values: dict[str, Any]) -> Path:
     return path
 
 
-def _helm_template(helm: Helm, files: list[Path], sets: list[str], chart: Path = CHART) -> dict[str, list[str]]:
+def _helm_template(
+    helm: Helm, files: list[Path], sets: list[str], *, chart: Path = CHART, extra: Sequence[str] = ()
+) -> dict[str, list[str]]:
     """`helm template` as a user runs it, CRDs included: the file each document would land in under
     render-manifests.py's layout (templates/X.yaml -> X.yaml, policies.yaml -> policies/, crds/F),
     without Helm's hooks (render-manifests.py leaves them out: helm-*.yaml)."""
     args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE, "--include-crds"]
-    args += [a for f in files for a in ("-f", str(f))] + [a for s in sets for a in ("--set", s)]
+    args += [a for f in files for a in ("-f", str(f))] + [a for s in sets for a in ("--set", s)] + [*extra]
     out = helm.run(*args).stdout
     # split() with a group: [before, source1, doc1, source2, doc2, ...]
     parts = re.split(rf"^---\n# Source: {RELEASE}/(\S+)\n", out, flags=re.MULTILINE)
@@ -202,6 +208,23 @@ def test_the_plain_manifests_of_deploy_are_what_helm_renders(helm: Helm, tmp_pat
     assert {name for name in theirs if name.startswith("crds/")} == {f"crds/{p.name}" for p in CHART.glob("crds/*")}
     theirs = {name: docs for name, docs in theirs.items() if not name.startswith("crds/")}
     assert not _differences(theirs, committed), "\n".join(_differences(theirs, committed))
+
+
+def test_auto_monitoring_renders_where_helm_is_told_the_operators_kinds_are_served(helm: Helm) -> None:
+    """values.yaml's word for "auto": `helm template` renders the PrometheusRule and the ServiceMonitor only
+    with --api-versions naming them (helm install asks the cluster), each on its own."""
+    auto = ["prometheusRule.enabled=auto,metrics.serviceMonitor.enabled=auto"]
+
+    def kinds(*api_versions: str) -> set[str]:
+        rendered = _helm_template(helm, [], auto, extra=[a for v in api_versions for a in ("--api-versions", v)])
+        return {line.removeprefix("kind: ") for docs in rendered.values() for doc in docs
+                if "apiVersion: monitoring.coreos.com/v1" in doc for line in doc.splitlines()
+                if line.startswith("kind: ")}
+
+    assert kinds() == set()
+    assert kinds("monitoring.coreos.com/v1/PrometheusRule") == {"PrometheusRule"}
+    assert kinds("monitoring.coreos.com/v1/PrometheusRule", "monitoring.coreos.com/v1/ServiceMonitor") == {
+        "PrometheusRule", "ServiceMonitor"}
 
 
 def test_a_value_the_chart_refuses_is_refused_in_the_same_words(helm: Helm, tmp_path: Path) -> None:
