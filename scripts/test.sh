@@ -66,6 +66,16 @@ if ! bash image/build.sh; then
   echo "WARNING: $ELASTICGPU_IMAGE_UNAVAILABLE; the tests of the product image will be SKIPPED" >&2
 fi
 
+log "building helm from the Go module proxy (cached)"
+if helm_env=$(bash testhelm/build.sh); then
+  # The real helm for tests/deploy/test_helm_chart.py (and the helm install tier): tests/helm_binary.py reads it.
+  export "$(echo "$helm_env" | grep '^ELASTICGPU_HELM_BIN=')"
+else
+  # A failed build with nothing cached: the helm tests skip, naming this reason.
+  export ELASTICGPU_HELM_UNAVAILABLE="testhelm/build.sh could not build helm (Go or the Go module proxy)"
+  echo "WARNING: $ELASTICGPU_HELM_UNAVAILABLE; the tests that run the real helm will be SKIPPED" >&2
+fi
+
 log "ruff"
 .venv/bin/ruff check elasticgpu tests bench
 log "import layering"
