@@ -88,7 +88,9 @@ POD_GATEWAY = "10.244.0.1"
 CLUSTER_CIDR = "10.244.0.0/16"
 API_PORT = 6443
 NODE_DEVICE, PEER_DEVICE, BRIDGE = "egbox0", "egbox1", "egcni0"
-NODE = "box-node"
+NODE_PREFIX = "box-"
+"""A box's node is `box-<hex>`: kubelet's cgroupRoot is named after its node, and two boxes at once
+(the session's, and a test's own) must not manage each other's pods."""
 KUBE_PROXY = Identity("system:kube-proxy")  # bound to system:node-proxier by RBAC's bootstrap policy
 KUBE_PROXY_HEALTHZ_PORT = 10256
 START_TIMEOUT_S = 180.0
@@ -182,6 +184,8 @@ class NetworkNamespace:
         self.name = name
         self.path = f"/run/netns/{name}"
         self._thread: ThreadPoolExecutor | None = None
+        self.killed: dict[int, str] = {}
+        """What `delete` found still inside and killed (pid: command): empty when every part stopped itself."""
 
     @property
     def prefix(self) -> tuple[str, ...]:
@@ -219,10 +223,24 @@ class NetworkNamespace:
         process still inside (one we started: only ours enter it) is killed first."""
         if self._thread is not None:
             self._thread.shutdown(wait=True, cancel_futures=True)
-        for pid in self.pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while pids := self.pids():  # a killed process stays listed until its parent has reaped it
+            for pid in pids:
+                if pid not in self.killed:
+                    self.killed[pid] = _command_of(pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                break  # the namespace goes from /run/netns anyway; the test names what is still alive
+            time.sleep(0.1)
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=10)
+
+
+def _command_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "(gone)"
 
 
 def sweep_stale_namespaces() -> None:
@@ -324,7 +342,7 @@ class Box:
     kubelet: kubelet.Kubelet
     kube_proxy: processes.Child
     directory: Path
-    node: str = NODE
+    node: str
     node_address: str = NODE_ADDRESS
     pod_subnet: str = POD_SUBNET
     service_ip: str = SERVICE_IP
@@ -377,13 +395,13 @@ def give_pod_network(runtime_dir: Path, cni_bin: Path) -> None:
     (conf_dir / "10-box.conflist").write_text(json.dumps(cni_config(runtime_dir / "cni" / "ipam")))
 
 
-def kube_proxy_config(kubeconfig: Path) -> dict[str, Any]:
+def kube_proxy_config(kubeconfig: Path, node: str) -> dict[str, Any]:
     """kube-proxy's configuration: nftables mode, the cluster CIDR, conntrack left alone (global knobs)."""
     return {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
-        "hostnameOverride": NODE,
+        "hostnameOverride": node,
         "mode": "nftables",
         "clusterCIDR": CLUSTER_CIDR,
         "bindAddress": NODE_ADDRESS,
@@ -434,6 +452,7 @@ def running_box(*, verbosity: str | None = None) -> Iterator[Box]:
     netns = NetworkNamespace(f"{NETNS_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}")
     directory = Path(tempfile.mkdtemp(prefix="egbox-", dir="/tmp"))
     v = verbosity or os.environ.get("ELASTICGPU_K8S_V", "1")
+    name = f"{NODE_PREFIX}{uuid.uuid4().hex[:6]}"
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, directory, True)
         netns.create()
@@ -448,18 +467,19 @@ def running_box(*, verbosity: str | None = None) -> Iterator[Box]:
         runtime = stack.enter_context(running_containerd(nri=True, prefix=netns.prefix))
         give_pod_network(runtime.directory, Path(network["ELASTICGPU_TESTNETWORK_CNI_BIN"]))
         timings["containerd"] = time.monotonic() - began
-        node = stack.enter_context(kubelet.running_kubelet(plane, NODE, runtime.endpoint, node_ip=NODE_ADDRESS))
+        node = stack.enter_context(kubelet.running_kubelet(plane, name, runtime.endpoint, node_ip=NODE_ADDRESS))
         proxy_config = directory / "kube-proxy.yaml"
-        proxy_config.write_text(yaml.safe_dump(kube_proxy_config(plane.kubeconfig_for(KUBE_PROXY, component=True))))
+        proxy_kubeconfig = plane.kubeconfig_for(KUBE_PROXY, component=True)
+        proxy_config.write_text(yaml.safe_dump(kube_proxy_config(proxy_kubeconfig, name)))
         path = f"{network['ELASTICGPU_TESTNETWORK_BIN']}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         proxy = plane.children.start("kube-proxy", [
             *netns.prefix, str(plane.binary), "kube-proxy", "--config", str(proxy_config), "-v", v,
         ], log=directory / "kube-proxy.log", env={"PATH": path})  # fmt: skip
         stack.callback(proxy.stop)  # before kubelet's and the plane's exits (ExitStack: last in, first out)
         try:
-            core_ready = _node_ready(plane, NODE)
-            processes.wait_until(core_ready, f"Node {NODE} Ready", timeout_s=START_TIMEOUT_S,
-                                 children=[node.child, proxy])  # fmt: skip
+            with _node_ready(plane, name) as ready:
+                processes.wait_until(ready, f"Node {name} Ready", timeout_s=START_TIMEOUT_S,
+                                     children=[node.child, proxy])  # fmt: skip
             timings["node Ready"] = time.monotonic() - began
             processes.wait_until(netns.inside(_http_ok(f"http://127.0.0.1:{KUBE_PROXY_HEALTHZ_PORT}/healthz")),
                                  "kube-proxy healthy", timeout_s=START_TIMEOUT_S, children=[proxy])  # fmt: skip
@@ -470,10 +490,13 @@ def running_box(*, verbosity: str | None = None) -> Iterator[Box]:
         except processes.DemoError as e:
             raise BoxError(f"the box did not come up: {e}\n--- kube-proxy ---\n{proxy.tail(30)}\n"
                            f"--- kubelet ---\n{node.child.tail(30)}\n{plane.tails(15)}") from None  # fmt: skip
-        yield Box(netns, plane, runtime, node, proxy, directory, up_s=time.monotonic() - began, timings=timings)
+        yield Box(netns, plane, runtime, node, proxy, directory, name, up_s=time.monotonic() - began,
+                  timings=timings)  # fmt: skip
 
 
-def _node_ready(plane: control_plane.ControlPlane, node: str) -> Callable[[], bool]:
+@contextlib.contextmanager
+def _node_ready(plane: control_plane.ControlPlane, node: str) -> Iterator[Callable[[], bool]]:
+    """A check that Node `node` is Ready (its client closed on exit)."""
     from kubernetes import client, config
 
     api = config.new_client_from_config(config_file=str(plane.kubeconfig))
@@ -483,7 +506,10 @@ def _node_ready(plane: control_plane.ControlPlane, node: str) -> Callable[[], bo
         conditions = core.read_node(node).status.conditions or []
         return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
-    return ready
+    try:
+        yield ready
+    finally:
+        api.close()
 
 
 if __name__ == "__main__":
