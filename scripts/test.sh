@@ -42,6 +42,14 @@ if ! ELASTICGPU_TESTRUNTIME_CONTAINERD=2 bash testruntime/build.sh; then
   echo "WARNING: $ELASTICGPU_TESTRUNTIME2_UNAVAILABLE; the tests on containerd 2.x will be SKIPPED" >&2
 fi
 
+log "fetching the box's pod network: CNI plugins and nft from Debian (cached)"
+if ! bash testnetwork/build.sh; then
+  # A failed fetch with nothing cached: the tests on the box (a pod network inside a network
+  # namespace, tests/realcluster/box.py) skip, naming this reason.
+  export ELASTICGPU_TESTNETWORK_UNAVAILABLE="testnetwork/build.sh could not fetch Debian's containernetworking-plugins and nftables"
+  echo "WARNING: $ELASTICGPU_TESTNETWORK_UNAVAILABLE; the tests on the box (pod network, kube-proxy) will be SKIPPED" >&2
+fi
+
 log "fetching Prometheus and promtool from Debian (cached)"
 if prom_env=$(bash testprometheus/build.sh); then
   # The observability tests (tests/observability) read the binaries from these.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build (or find in the cache) elasticgpu-k8s: Kubernetes' own kube-apiserver,
-# kube-controller-manager, kube-scheduler and kubelet in one binary (main.go),
+# kube-controller-manager, kube-scheduler, kubelet and kube-proxy in one binary (main.go),
 # built from the k8s.io/kubernetes module as a library through the Go module
 # proxy (go.mod pins k8s.io/kubernetes and replaces each k8s.io/* staging module
 # with its published version of the same release; go.sum pins every checksum).
@@ -93,7 +93,7 @@ if ! (cd "$HERE" && nice -n 19 "$GO" build -trimpath -o "$work/$BIN_NAME" -ldfla
   rm -rf "$work"
   fallback "go build failed (compiler output above)"
 fi
-for c in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+for c in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
   "$work/$BIN_NAME" "$c" --version >/dev/null 2>&1 || { rm -rf "$work"; fallback "$BIN_NAME $c --version does not run"; }
 done
 {

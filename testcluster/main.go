@@ -3,8 +3,8 @@
 // out-of-tree scheduler plugins are built), for elasticgpu's real-cluster tests.
 //
 // Usage: elasticgpu-k8s <component> [flags]
-// where <component> is kube-apiserver, kube-controller-manager, kube-scheduler
-// or kubelet; the flags are the component's own. One binary links once and
+// where <component> is kube-apiserver, kube-controller-manager, kube-scheduler,
+// kubelet or kube-proxy; the flags are the component's own. One binary links once and
 // caches as one file; each process still runs exactly one component.
 package main
 
@@ -22,6 +22,7 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/version"  // version metric
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
@@ -31,6 +32,7 @@ var components = map[string]func() *cobra.Command{
 	"kube-controller-manager": controllermanager.NewControllerManagerCommand,
 	"kube-scheduler":          func() *cobra.Command { return scheduler.NewSchedulerCommand() },
 	"kubelet":                 func() *cobra.Command { return kubelet.NewKubeletCommand(context.Background()) },
+	"kube-proxy":              proxy.NewProxyCommand,
 }
 
 func usage() {

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,10 +185,13 @@ def _check_can_run() -> None:
 
 
 @contextlib.contextmanager
-def running_containerd(*, nri: bool = False, containerd: str = "1.7") -> Iterator[TestRuntime]:
+def running_containerd(*, nri: bool = False, containerd: str = "1.7",
+                       prefix: Sequence[str] = ()) -> Iterator[TestRuntime]:  # fmt: skip
     """Start a private containerd, import the busybox image, yield it; clean everything on exit.
     `nri`: NRI switched on in its config, its socket in the test's own folder (`TestRuntime.nri_socket`;
-    off otherwise, also on 2.x where it is on by default). `containerd`: "1.7" or "2" (2.1 today)."""
+    off otherwise, also on 2.x where it is on by default). `containerd`: "1.7" or "2" (2.1 today).
+    `prefix`: what containerd's command is started through (``nsenter --net=...``: the box's network
+    namespace, tests/realcluster/box.py; its shims and pods' sandboxes inherit it)."""
     _check_can_run()
     build = find_build(containerd=containerd)
     root = Path(build["ELASTICGPU_TESTRUNTIME_ROOT"])
@@ -221,7 +224,7 @@ def running_containerd(*, nri: bool = False, containerd: str = "1.7") -> Iterato
     try:
         with log.open("wb") as log_file:
             proc = spawning.spawn(
-                [str(root / "usr/bin/containerd"), "--config", str(config), "--log-level", "warn"],
+                [*prefix, str(root / "usr/bin/containerd"), "--config", str(config), "--log-level", "warn"],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=env,

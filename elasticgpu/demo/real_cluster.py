@@ -125,8 +125,10 @@ class Pki:
     validity: authority.Validity
 
     @classmethod
-    def create(cls, directory: Path) -> Pki:
-        """A new CA, serving certificate and service-account key pair under `directory`."""
+    def create(cls, directory: Path, *, extra_hosts: Sequence[str] = ()) -> Pki:
+        """A new CA, serving certificate and service-account key pair under `directory`; the serving
+        certificate names the API server's loopback and Service names and `extra_hosts` (the box's
+        node address, where the API server listens inside its network namespace)."""
         directory.mkdir(parents=True, exist_ok=True)
         now = datetime.datetime.now(datetime.UTC)
         validity = authority.Validity(now - datetime.timedelta(hours=1), now + datetime.timedelta(days=2))
@@ -134,7 +136,7 @@ class Pki:
         _write(directory / "ca.crt", pki.ca.cert_pem())
         _write(directory / "ca.key", pki.ca.key_pem())
         hosts = ["127.0.0.1", "localhost", SERVICE_IP, "kubernetes", "kubernetes.default",
-                 "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"]  # fmt: skip
+                 "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", *extra_hosts]  # fmt: skip
         serving = authority.issue(pki.ca, authority.subject("kube-apiserver"), usage=authority.SERVER_AUTH,
                                   hosts=hosts, validity=validity)  # fmt: skip
         _write(directory / "apiserver.crt", serving.cert_pem())
@@ -191,29 +193,54 @@ def write_kubeconfig(path: Path, server: str, ca_file: Path, cert: Path, key: Pa
     return path
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where the components run when not on the host's loopback: inside a network namespace (the
+    box of tests/realcluster/box.py), which the test process cannot reach directly.
+
+    `prefix` starts a command in it (``nsenter --net=/run/netns/NAME --``); `address` is where the
+    API server listens and what it advertises (the `kubernetes` Service's endpoint), on
+    `api_port`; `inside(check)` returns `check` made to run in the namespace (a thread that
+    entered it), for the health checks of the components that listen on its loopback;
+    `server` is the URL by which the test process reaches the API server (a forwarder)."""
+
+    prefix: tuple[str, ...]
+    address: str
+    api_port: int
+    inside: Callable[[Callable[[], bool]], Callable[[], bool]]
+    server: str
+
+
 @dataclass
 class ControlPlane:
     """A running control plane and how to reach it."""
 
     directory: Path
-    server: str
+    server: str  # how the test process (and the product's processes beside it) reach the API server
     pki: Pki
     kubeconfig: Path  # the admin's (system:masters)
     binary: Path
     children: processes.Children
     ports: dict[str, int] = field(default_factory=dict)
+    component_server: str = ""
+    """How the cluster's own components (controller manager, scheduler, kubelet, kube-proxy) reach
+    it: `server`, unless they run inside a network namespace (Placement)."""
+    placement: Placement | None = None
 
-    def kubeconfig_for(self, identity: Identity) -> Path:
-        """A kubeconfig for the client certificate of `identity` (made on first use)."""
-        path = self.directory / f"{identity.user.replace(':', '-')}.kubeconfig"
+    def kubeconfig_for(self, identity: Identity, *, component: bool = False) -> Path:
+        """A kubeconfig for the client certificate of `identity` (made on first use); `component`:
+        for a process that runs where the cluster's components run (`component_server`)."""
+        server = (self.component_server or self.server) if component else self.server
+        suffix = ".component" if component and server != self.server else ""
+        path = self.directory / f"{identity.user.replace(':', '-')}{suffix}.kubeconfig"
         if not path.exists():
             cert, key = self.pki.client(identity)
-            write_kubeconfig(path, self.server, self.pki.ca_file, cert, key, identity.user)
+            write_kubeconfig(path, server, self.pki.ca_file, cert, key, identity.user)
         return path
 
     def node_kubeconfig(self, node: str) -> Path:
-        """The kubeconfig kubelet of `node` uses (``system:node:<node>``)."""
-        return self.kubeconfig_for(node_identity(node))
+        """The kubeconfig kubelet of `node` uses (``system:node:<node>``), for where kubelet runs."""
+        return self.kubeconfig_for(node_identity(node), component=True)
 
     def ssl_context(self) -> ssl.SSLContext:
         """Client TLS context with the CA and the admin certificate (for raw HTTPS)."""
@@ -260,34 +287,49 @@ def _start(children: processes.Children, name: str, command: Sequence[str], log:
 
 
 def start(directory: Path, children: processes.Children, *, binary: Path, etcd_bin: Path,
-          verbosity: str = "1", timeout_s: float = START_TIMEOUT_S) -> ControlPlane:  # fmt: skip
-    """Start etcd, kube-apiserver, kube-controller-manager and kube-scheduler under `directory`.
+          verbosity: str = "1", timeout_s: float = START_TIMEOUT_S,
+          placement: Placement | None = None) -> ControlPlane:  # fmt: skip
+    """Start etcd, kube-apiserver, kube-controller-manager and kube-scheduler under `directory`,
+    on the host's loopback, or inside a network namespace with `placement`.
 
     Raises processes.DemoError (naming the component) when one does not come up; everything started
     is in `children` (stopped by its stop_all even then)."""
     free = local_cluster.free_port
-    pki = Pki.create(directory / "pki")
-    etcd_port, etcd_peer, api_port, cm_port, sched_port = free(), free(), free(), free(), free()
+    prefix: tuple[str, ...] = placement.prefix if placement else ()
+
+    def inside(check: Callable[[], bool]) -> Callable[[], bool]:
+        return placement.inside(check) if placement else check
+
+    pki = Pki.create(directory / "pki", extra_hosts=[placement.address] if placement else [])
+    # Inside a namespace the ports are free whatever the host's are (free() asks the host; harmless).
+    etcd_port, etcd_peer, cm_port, sched_port = free(), free(), free(), free()
+    api_port = placement.api_port if placement else free()
     etcd_url = f"http://127.0.0.1:{etcd_port}"
     etcd = _start(children, "etcd", [
-        str(etcd_bin), "--name", "default", "--data-dir", str(directory / "etcd"),
+        *prefix, str(etcd_bin), "--name", "default", "--data-dir", str(directory / "etcd"),
         "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
         "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
         "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
         "--initial-cluster", f"default=http://127.0.0.1:{etcd_peer}", "--unsafe-no-fsync", "--log-level", "warn",
-    ], directory / "etcd.log", lambda: _etcd_healthy(etcd_url), timeout_s=timeout_s)  # fmt: skip
+    ], directory / "etcd.log", inside(lambda: _etcd_healthy(etcd_url)), timeout_s=timeout_s)  # fmt: skip
 
-    server = f"https://127.0.0.1:{api_port}"
+    address = placement.address if placement else "127.0.0.1"
+    server = placement.server if placement else f"https://127.0.0.1:{api_port}"
     kubelet_cert, kubelet_key = pki.client(APISERVER_KUBELET_CLIENT)
     p = pki.directory
     plane = ControlPlane(directory, server, pki, directory / "admin.kubeconfig", binary, children,
                          {"etcd": etcd_port, "kube-apiserver": api_port, "kube-controller-manager": cm_port,
-                          "kube-scheduler": sched_port})  # fmt: skip
+                          "kube-scheduler": sched_port},
+                         component_server=f"https://{address}:{api_port}", placement=placement)  # fmt: skip
     admin_cert, admin_key = pki.client(ADMIN)
     write_kubeconfig(plane.kubeconfig, server, pki.ca_file, admin_cert, admin_key, ADMIN.user)
+    # On loopback the `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints validation
+    # refuses: no reconciler, and nothing reaches the API server through that Service. In the box the
+    # endpoint is the node address, which pods reach through the Service (kube-proxy).
+    reconciler = ["--endpoint-reconciler-type", "none"] if placement is None else []
     apiserver = _start(children, "kube-apiserver", [
-        str(binary), "kube-apiserver", "--etcd-servers", etcd_url,
-        "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", str(api_port),
+        *prefix, str(binary), "kube-apiserver", "--etcd-servers", etcd_url,
+        "--bind-address", address, "--advertise-address", address, "--secure-port", str(api_port),
         "--cert-dir", str(directory / "apiserver-certs"),
         "--tls-cert-file", str(p / "apiserver.crt"), "--tls-private-key-file", str(p / "apiserver.key"),
         "--client-ca-file", str(pki.ca_file),
@@ -299,16 +341,14 @@ def start(directory: Path, children: processes.Children, *, binary: Path, etcd_b
         "--kubelet-client-certificate", str(kubelet_cert), "--kubelet-client-key", str(kubelet_key),
         "--kubelet-preferred-address-types", "InternalIP,Hostname",
         "--allow-privileged=true",
-        # The `kubernetes` Service's endpoints would be 127.0.0.1, which Endpoints validation refuses
-        # (loopback): nothing in the tests reaches the API server through that Service.
-        "--endpoint-reconciler-type", "none",
+        *reconciler,
         "-v", verbosity,
     ], plane.log("kube-apiserver"), _https_ok(f"{server}/readyz", plane.ssl_context()),
         timeout_s=timeout_s, also=[etcd])  # fmt: skip
 
-    cm_config = plane.kubeconfig_for(CONTROLLER_MANAGER)
+    cm_config = plane.kubeconfig_for(CONTROLLER_MANAGER, component=True)
     controller_manager = _start(children, "kube-controller-manager", [
-        str(binary), "kube-controller-manager", "--kubeconfig", str(cm_config),
+        *prefix, str(binary), "kube-controller-manager", "--kubeconfig", str(cm_config),
         "--authentication-kubeconfig", str(cm_config), "--authorization-kubeconfig", str(cm_config),
         "--bind-address", "127.0.0.1", "--secure-port", str(cm_port), "--cert-dir", str(directory / "cm-certs"),
         "--use-service-account-credentials=true",
@@ -316,16 +356,16 @@ def start(directory: Path, children: processes.Children, *, binary: Path, etcd_b
         "--cluster-signing-cert-file", str(pki.ca_file), "--cluster-signing-key-file", str(p / "ca.key"),
         "--service-cluster-ip-range", SERVICE_CIDR,
         "-v", verbosity,
-    ], plane.log("kube-controller-manager"), _https_ok(f"https://127.0.0.1:{cm_port}/healthz", _unverified()),
+    ], plane.log("kube-controller-manager"), inside(_https_ok(f"https://127.0.0.1:{cm_port}/healthz", _unverified())),
         timeout_s=timeout_s, also=[etcd, apiserver])  # fmt: skip
 
-    sched_config = plane.kubeconfig_for(SCHEDULER)
+    sched_config = plane.kubeconfig_for(SCHEDULER, component=True)
     _start(children, "kube-scheduler", [
-        str(binary), "kube-scheduler", "--kubeconfig", str(sched_config),
+        *prefix, str(binary), "kube-scheduler", "--kubeconfig", str(sched_config),
         "--authentication-kubeconfig", str(sched_config), "--authorization-kubeconfig", str(sched_config),
         "--bind-address", "127.0.0.1", "--secure-port", str(sched_port), "--cert-dir", str(directory / "sched-certs"),
         "-v", verbosity,
-    ], plane.log("kube-scheduler"), _https_ok(f"https://127.0.0.1:{sched_port}/readyz", _unverified()),
+    ], plane.log("kube-scheduler"), inside(_https_ok(f"https://127.0.0.1:{sched_port}/readyz", _unverified())),
         timeout_s=timeout_s, also=[etcd, apiserver, controller_manager])  # fmt: skip
 
     # The service-account controller makes `default` in every namespace with the controller
@@ -356,10 +396,12 @@ def _sweep_stale_dirs() -> None:
 
 @contextlib.contextmanager
 def running_control_plane(
-    *, verbosity: str | None = None, spawn: processes.Spawn = processes.spawn_dying_with_us
+    *, verbosity: str | None = None, spawn: processes.Spawn = processes.spawn_dying_with_us,
+    placement: Placement | None = None,
 ) -> Iterator[ControlPlane]:
     """Start the real control plane in a fresh temporary folder; stop it and remove the folder on exit.
-    `spawn` starts each component (the tests pass theirs, tests/spawning.py).
+    `spawn` starts each component (the tests pass theirs, tests/spawning.py); `placement`: inside a
+    network namespace (see Placement) instead of on the host's loopback.
 
     Raises ControlPlaneUnavailable when the binaries are not built, processes.DemoError (with every
     component's log tail) when a component does not come up."""
@@ -370,7 +412,7 @@ def running_control_plane(
     children = processes.Children(spawn=spawn)
     try:
         try:
-            plane = start(directory, children, binary=binary, etcd_bin=etcd_bin,
+            plane = start(directory, children, binary=binary, etcd_bin=etcd_bin, placement=placement,
                           verbosity=verbosity or os.environ.get("ELASTICGPU_K8S_V", "1"))  # fmt: skip
         except processes.DemoError as e:
             logs = "\n".join(f"--- {c.name} ---\n{c.tail(40)}" for c in children.started)

@@ -5,6 +5,10 @@ ValidatingAdmissionPolicy and bound service-account tokens; kube-controller-mana
 
 Every test here is marked `realcluster` and skips, naming the command, when testcluster/build.sh
 has not built the binary (a cold build takes tens of minutes; the normal suite does not build it).
+
+`box` is another cluster of the same components with a pod network, inside a network namespace
+the test makes (tests/realcluster/box.py): pods without hostNetwork, kube-proxy, `kubectl exec`.
+`box_api_client` is its admin's client.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from elasticgpu.demo import processes
 from tests.conftest import crd_documents
 from tests.kube_cluster import TestCluster, find_kubectl, server_side_apply, wait_established
 from tests.realcluster import control_plane
+from tests.realcluster.box import Box
 
 
 @pytest.fixture(scope="session")
@@ -104,3 +109,32 @@ def kubelet_node(real_control_plane: control_plane.ControlPlane) -> Iterator[str
             yield node
     finally:
         runtime_context.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def box() -> Iterator[Box]:
+    """The box (tests/realcluster/box.py: a `Box`), made once per session and removed at its end;
+    skips naming what to build when a part is not built, fails when it is built but does not come up."""
+    from tests.realcluster import box as boxes
+
+    try:
+        context = boxes.running_box()
+        running = context.__enter__()
+    except (boxes.BoxUnavailable, control_plane.ControlPlaneUnavailable) as e:
+        pytest.skip(str(e))
+    except (boxes.BoxError, processes.DemoError) as e:
+        pytest.fail(f"the box did not come up: {e}", pytrace=False)
+    try:
+        yield running
+    finally:
+        context.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def box_api_client(box: Box) -> Iterator[client.ApiClient]:
+    """The box's admin client (system:masters), through its forwarder."""
+    api = config.new_client_from_config(config_file=str(box.kubeconfig))
+    try:
+        yield api
+    finally:
+        api.close()

@@ -47,9 +47,10 @@ __all__ = [
 
 
 @contextlib.contextmanager
-def running_control_plane(*, verbosity: str | None = None) -> Iterator[ControlPlane]:
+def running_control_plane(*, verbosity: str | None = None,
+                          placement: real_cluster.Placement | None = None) -> Iterator[ControlPlane]:  # fmt: skip
     """real_cluster.running_control_plane, its components started with tests/spawning.py's spawn."""
-    with real_cluster.running_control_plane(verbosity=verbosity, spawn=spawning.spawn) as plane:
+    with real_cluster.running_control_plane(verbosity=verbosity, spawn=spawning.spawn, placement=placement) as plane:
         yield plane
 
 
