@@ -10,7 +10,9 @@
 #            fetched with a private apt configuration and unpacked with `dpkg -x`: nothing is
 #            installed into this machine, no maintainer script runs
 #   on top   this project's wheel (`pip wheel --no-deps`) and its dependencies from PyPI, as
-#            binary wheels for CPython 3.11 on manylinux x86_64 up to the base's glibc
+#            binary wheels for CPython 3.11 on manylinux x86_64 up to the base's glibc; the
+#            agent's NRI plugin (nri-plugin/build.sh's static Go binary, cached) as
+#            /usr/local/bin/elasticgpu-nri-plugin, which the agent's DaemonSet pod runs
 #   config   User 65532:65532, Entrypoint ["elasticgpu"], Cmd ["--help"] (as deploy/Containerfile;
 #            tests/deploy/test_image.py checks that they agree)
 #
@@ -93,6 +95,7 @@ packaged_files() { # what `pip wheel .` packages: their paths and contents, for 
 if [ "${1:-}" = "__build" ]; then
   key=$2
   versions=$3
+  nri_plugin=${ELASTICGPU_IMAGE_NRI_PLUGIN:?the outer driver names the NRI plugin}
   out=$CACHE/$key
   work=$CACHE/work-$key
   rm -rf "$out.tmp" "$work"
@@ -165,6 +168,10 @@ if [ "${1:-}" = "__build" ]; then
   # files' times (the layer sets them all to 0).
   PYTHONHOME=$root/usr run_py -m compileall -q -j 2 --invalidation-mode unchecked-hash -s "$root" -p / "$stdlib" >/dev/null
 
+  # The agent's NRI plugin (agent settings' nri_plugin, looked up in PATH): without it the
+  # DaemonSet's agent (agent.nodeHook=nri) could not register with the runtime.
+  install -m 0755 "$nri_plugin" "$root/usr/local/bin/elasticgpu-nri-plugin"
+
   # 4. What a container needs besides: users (65532 is the manifests' runAsUser), a /tmp, the CA
   # bundle (ca-certificates' postinst would make it) where OpenSSL looks.
   mkdir -p "$root/etc/ssl/certs" "$root/tmp" "$root/proc" "$root/sys" "$root/dev" "$root/root" "$root/home/nonroot" "$root/usr/lib/ssl"
@@ -227,10 +234,17 @@ fi
 echo "$plan" | awk -v skip=" $LEFT_OUT " '$1 == "Inst" && !index(skip, " " $2 " ") {gsub(/[()]/, "", $3); print $2 "=" $3}' >"$versions"
 grep -q '^python3.11-minimal=' "$versions" || fallback "python3.11-minimal not in apt's plan: $(echo "$plan" | tail -n 3)"
 
-key=$( (packaged_files; echo "$IMAGE_NAME"; cat "$HERE/oci_archive.py") | cache_key "$HERE/build.sh" "$versions" -)
+# The NRI plugin, from its own cached build (a no-op when built).
+if ! nri_env=$(bash "$REPO/nri-plugin/build.sh"); then
+  fallback "nri-plugin/build.sh could not build the agent's NRI plugin"
+fi
+nri_plugin=$(echo "$nri_env" | sed -n 's/^ELASTICGPU_NRI_PLUGIN_BIN=//p')
+[ -x "$nri_plugin" ] || fallback "nri-plugin/build.sh named no plugin binary: $nri_env"
+
+key=$( (packaged_files; echo "$IMAGE_NAME"; cat "$HERE/oci_archive.py"; sha256sum <"$nri_plugin") | cache_key "$HERE/build.sh" "$versions" -)
 exit_if_up_to_date "$key"
 
 log "building the product image $IMAGE_NAME ($key) from $(wc -l <"$versions") Debian packages and PyPI"
 start=$(date +%s)
-build_step "$key" "$versions" || fallback "building the product image failed"
+ELASTICGPU_IMAGE_NRI_PLUGIN=$nri_plugin build_step "$key" "$versions" || fallback "building the product image failed"
 finish_build "$key" "$start" 2 # keeps the two newest builds

@@ -34,6 +34,7 @@ import helm_python
 import pytest
 import yaml
 
+from elasticgpu.agent import settings as agent_settings
 from elasticgpu.agent.cri import api
 from tests.containerd_runtime import RuntimeUnavailable, TestRuntime, running_containerd, sandbox_config
 from tests.product_image import ImageUnavailable, ProductImage, find_image, import_image
@@ -387,3 +388,17 @@ def test_the_controller_and_webhook_run_as_65532_on_a_read_only_root() -> None:
 def test_containerd_2_imports_and_runs_it(product_image: ProductImage, tmp_path: Path) -> None:
     with _runtime_with_image(product_image, "2", tmp_path) as on_2:
         _help(on_2.run(product_image.name))
+
+
+def test_the_agents_nri_plugin_is_in_the_image_where_the_agent_looks_for_it(pods: Pods,
+                                                                            product_image: ProductImage) -> None:
+    """The DaemonSet's agent (agent.nodeHook=nri) runs its NRI plugin by the name its settings give, looked up
+    in PATH: without the binary in the image the agent could not register with the runtime."""
+    plugin = agent_settings.CriSettings().nri_plugin
+    look_up = f'test -x "$(command -v {plugin})" && command -v {plugin}'
+    found = pods.run(product_image.name, command=["/bin/sh", "-c", look_up])
+    assert found.exit_code == 0, found.output
+    installed = found.output.strip().splitlines()[-1]
+    # The Containerfile puts it at the same path.
+    copied = re.search(rf"^COPY --from=\S+ \S+ {re.escape(installed)}$", CONTAINERFILE.read_text(), re.MULTILINE)
+    assert copied, installed
