@@ -36,10 +36,12 @@ API server by ``KUBERNETES_SERVICE_HOST`` (an IP), the API server calls the webh
 (ClusterIP; the name is only the TLS server name), the agent installer runs on the host network.
 kubelet is given no clusterDNS, so pods get the node's resolv.conf settings (none here).
 
-Why ``nsenter --net`` and not ``ip netns exec``: the latter also unshares the mount namespace
-(and remounts /sys, binds /etc/netns/NAME), so kubelet's volume mounts (the service-account token's
-tmpfs) would be invisible to containerd and runc, which create the containers. nsenter changes the
-network namespace only; the processes share the host's mounts as in the rest of the tier.
+Why ``nsenter --net --mount`` and not ``ip netns exec``: the latter unshares a mount namespace per
+process (and remounts /sys, binds /etc/netns/NAME), so kubelet's volume mounts (the service-account
+token's tmpfs) would be invisible to containerd and runc, which create the containers. Every process
+of the box joins one mount namespace of the box's own instead: a copy of the host's, with / made
+rshared in it as systemd makes it on a node (pods' Bidirectional and HostToContainer volumes need
+it; this machine's / is private), so nothing the box mounts reaches the host.
 
 Use: the session fixture `box` (tests/realcluster/conftest.py) yields a `Box`; `Box.kubeconfig`
 is the admin's (through the forwarder), `Box.plane` the ControlPlane (its `kubeconfig_for`),
@@ -183,6 +185,9 @@ class NetworkNamespace:
     def __init__(self, name: str) -> None:
         self.name = name
         self.path = f"/run/netns/{name}"
+        self.mounts_dir = Path(f"/run/{name}.mnt")
+        self.mounts = self.mounts_dir / "mnt"
+        """The box's own mount namespace (see `create`), kept alive by a bind mount of its file here."""
         self._thread: ThreadPoolExecutor | None = None
         self.killed: dict[int, str] = {}
         """What `delete` found still inside and killed (pid: command): empty when every part stopped itself."""
@@ -190,10 +195,21 @@ class NetworkNamespace:
     @property
     def prefix(self) -> tuple[str, ...]:
         """Starts a command in the namespace (network only: see the module's docstring)."""
-        return ("nsenter", f"--net={self.path}", "--")
+        return ("nsenter", f"--net={self.path}", f"--mount={self.mounts}", "--")
 
     def create(self) -> None:
         _run(["ip", "netns", "add", self.name], f"creating network namespace {self.name}")
+        # A mount namespace of the box's own, a copy of the host's with / made rshared in it, as on every
+        # systemd node: kubelet and the runtime need shared mounts for a pod's Bidirectional and
+        # HostToContainer volumes (the agent's DaemonSet has both; runc refuses "/ is not a shared or slave
+        # mount" otherwise). The host's own mounts stay private: nothing mounted in the box reaches it. Its
+        # file is bind-mounted in a private folder of its own (unshare refuses a shared parent).
+        self.mounts_dir.mkdir(mode=0o700, exist_ok=True)
+        _run(["mount", "--bind", str(self.mounts_dir), str(self.mounts_dir)], "a folder for the box's mounts")
+        _run(["mount", "--make-private", str(self.mounts_dir)], "making it private")
+        self.mounts.touch()
+        _run(["unshare", f"--mount={self.mounts}", "--propagation", "private", "true"], "the box's mount namespace")
+        _run(["nsenter", f"--mount={self.mounts}", "mount", "--make-rshared", "/"], "its / made rshared")
         # One worker thread, moved into the namespace once: every call submitted runs there.
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=self.name, initializer=_enter, initargs=(self.path,))
 
@@ -234,6 +250,11 @@ class NetworkNamespace:
                 break  # the namespace goes from /run/netns anyway; the test names what is still alive
             time.sleep(0.1)
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=10)
+        for mount in (self.mounts, self.mounts_dir):  # the mount namespace goes with its last holder
+            subprocess.run(["umount", str(mount)], capture_output=True, timeout=10)
+        with contextlib.suppress(OSError):
+            self.mounts.unlink()
+            self.mounts_dir.rmdir()
 
 
 def _command_of(pid: int) -> str:
