@@ -233,4 +233,4 @@ exit_if_up_to_date "$key"
 log "building the product image $IMAGE_NAME ($key) from $(wc -l <"$versions") Debian packages and PyPI"
 start=$(date +%s)
 build_step "$key" "$versions" || fallback "building the product image failed"
-finish_build "$key" "$start" 2 # keeps the two newest builds
+finish_build "$key" "$start" 3 # keeps the three newest builds (each checkout builds its own)
