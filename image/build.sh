@@ -150,7 +150,7 @@ if [ "${1:-}" = "__build" ]; then
   platforms="--platform manylinux2014_x86_64"
   for n in $(seq 17 "$glibc_minor"); do platforms="$platforms --platform manylinux_2_${n}_x86_64"; done
   # shellcheck disable=SC2086
-  "$pybuild" -m pip install --quiet --disable-pip-version-check --no-compile --no-cache-dir \
+  "$pybuild" -m pip install --quiet --disable-pip-version-check --no-compile \
     --target "$stdlib/dist-packages" $platforms --implementation cp \
     --python-version "$PYVER" --abi "cp${PYVER/./}" --only-binary=:all: "$work"/wheels/elasticgpu-*.whl
   rm -rf "$stdlib/dist-packages/bin" # scripts with the build's Python in their #!: written below

@@ -23,7 +23,7 @@ BUILD_SCRIPT = REPO_ROOT / "image" / "build.sh"
 UNAVAILABLE_ENV = "ELASTICGPU_IMAGE_UNAVAILABLE"
 """Set by scripts/test.sh to the reason when image/build.sh failed with nothing cached."""
 BUILD_TIMEOUT_S = 900
-"""A cold build: ~60 Debian packages and ~50 wheels fetched, the bytecode compiled (~3 min on 2 cores)."""
+"""A cold build: ~60 Debian packages and ~50 wheels fetched, the bytecode compiled (~4 min on 2 busy cores)."""
 IMPORT_TIMEOUT_S = 300
 """`ctr images import` unpacks the ~110 MB layer (~440 MB) into the snapshotter."""
 
