@@ -153,7 +153,7 @@ if [ "${1:-}" = "__build" ]; then
   platforms="--platform manylinux2014_x86_64"
   for n in $(seq 17 "$glibc_minor"); do platforms="$platforms --platform manylinux_2_${n}_x86_64"; done
   # shellcheck disable=SC2086
-  "$pybuild" -m pip install --quiet --disable-pip-version-check --no-compile --no-cache-dir \
+  "$pybuild" -m pip install --quiet --disable-pip-version-check --no-compile \
     --target "$stdlib/dist-packages" $platforms --implementation cp \
     --python-version "$PYVER" --abi "cp${PYVER/./}" --only-binary=:all: "$work"/wheels/elasticgpu-*.whl
   rm -rf "$stdlib/dist-packages/bin" # scripts with the build's Python in their #!: written below
@@ -247,4 +247,4 @@ exit_if_up_to_date "$key"
 log "building the product image $IMAGE_NAME ($key) from $(wc -l <"$versions") Debian packages and PyPI"
 start=$(date +%s)
 ELASTICGPU_IMAGE_NRI_PLUGIN=$nri_plugin build_step "$key" "$versions" || fallback "building the product image failed"
-finish_build "$key" "$start" 2 # keeps the two newest builds
+finish_build "$key" "$start" 3 # keeps the three newest builds (each checkout builds its own)

@@ -68,7 +68,11 @@ if ! bash nri-plugin/build.sh; then
 fi
 
 log "building the product image without a registry (cached)"
-if ! bash image/build.sh; then
+if image_env=$(bash image/build.sh); then
+  # This checkout's build, for tests/product_image.py: the cache's current.env may name another's by then.
+  echo "$image_env"
+  eval "export $(echo "$image_env" | grep '^ELASTICGPU_IMAGE_[A-Z]*=' | tr '\n' ' ')"
+else
   # A failed build with nothing cached: the tests of the image (tests/deploy/test_image.py) skip, naming this reason.
   export ELASTICGPU_IMAGE_UNAVAILABLE="image/build.sh could not build the product image (Debian's mirror or PyPI unreachable)"
   echo "WARNING: $ELASTICGPU_IMAGE_UNAVAILABLE; the tests of the product image will be SKIPPED" >&2

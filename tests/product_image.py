@@ -1,10 +1,11 @@
 """Where the product image built without a registry is: image/build.sh's OCI archive and its name.
 
-``find_image()`` reads ``<cache>/image/current.env`` (ELASTICGPU_IMAGE_ARCHIVE, ELASTICGPU_IMAGE_NAME)
-and, when nothing was built yet, runs image/build.sh once. When the image cannot be had (scripts/test.sh
-set ELASTICGPU_IMAGE_UNAVAILABLE because the build failed with nothing cached, or the build fails here)
-it raises ``ImageUnavailable`` with the reason, for the tests to skip with. ``import_image()`` puts
-it into a containerd the way a node gets it without a registry: ``ctr -n k8s.io images import``.
+``find_image()`` reads ELASTICGPU_IMAGE_ARCHIVE and ELASTICGPU_IMAGE_NAME from the environment
+(scripts/test.sh exports what image/build.sh printed) or else from ``<cache>/image/current.env``, and
+runs image/build.sh once when nothing was built yet. When the image cannot be had (scripts/test.sh set
+ELASTICGPU_IMAGE_UNAVAILABLE because the build failed with nothing cached, or the build fails here) it
+raises ``ImageUnavailable`` with the reason, for the tests to skip with. ``import_image()`` puts it
+into a containerd the way a node gets it without a registry: ``ctr -n k8s.io images import``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ BUILD_SCRIPT = REPO_ROOT / "image" / "build.sh"
 UNAVAILABLE_ENV = "ELASTICGPU_IMAGE_UNAVAILABLE"
 """Set by scripts/test.sh to the reason when image/build.sh failed with nothing cached."""
 BUILD_TIMEOUT_S = 900
-"""A cold build: ~60 Debian packages and ~50 wheels fetched, the bytecode compiled (~3 min on 2 cores)."""
+"""A cold build: ~60 Debian packages and ~50 wheels fetched, the bytecode compiled (~4 min on 2 busy cores)."""
 IMPORT_TIMEOUT_S = 300
 """`ctr images import` unpacks the ~110 MB layer (~440 MB) into the snapshotter."""
 
@@ -43,8 +44,13 @@ def cache_dir() -> Path:
 
 
 def _read() -> ProductImage | None:
-    env_file = cache_dir() / "current.env"
-    values = read_env_file(env_file) if env_file.exists() else {}
+    """scripts/test.sh exports what image/build.sh printed for this checkout; else the cache's current.env
+    (last written by whichever checkout sharing the cache built last)."""
+    if os.environ.get("ELASTICGPU_IMAGE_ARCHIVE"):
+        values = dict(os.environ)
+    else:
+        env_file = cache_dir() / "current.env"
+        values = read_env_file(env_file) if env_file.exists() else {}
     archive, name = values.get("ELASTICGPU_IMAGE_ARCHIVE", ""), values.get("ELASTICGPU_IMAGE_NAME", "")
     if archive and name and os.path.isfile(archive):
         return ProductImage(Path(archive), name)

@@ -217,20 +217,16 @@ def image_config(product_image: ProductImage) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _runtime_with_image(image: ProductImage, containerd: str, tmp: Path) -> Iterator[Pods]:
-    try:
-        runtime_cm = running_containerd(containerd=containerd)
-        runtime = runtime_cm.__enter__()
-    except RuntimeUnavailable as e:
-        pytest.skip(f"no test container runtime (containerd {containerd}): {e}")
-    try:
+    """A private containerd with the archive imported, as `ctr -n k8s.io images import` does on a node."""
+    with contextlib.ExitStack() as stack:
+        try:
+            runtime = stack.enter_context(running_containerd(containerd=containerd))
+        except RuntimeUnavailable as e:
+            pytest.skip(f"no test container runtime (containerd {containerd}): {e}")
         import_image(image, ctr=runtime.ctr, address=runtime.socket)
         pods = Pods(runtime, tmp)
-        try:
-            yield pods
-        finally:
-            pods.close()
-    finally:
-        runtime_cm.__exit__(None, None, None)
+        stack.callback(pods.close)
+        yield pods
 
 
 @pytest.fixture(scope="module")
@@ -331,11 +327,12 @@ def test_the_archive_is_the_image_the_chart_runs(product_image: ProductImage) ->
 
 def test_the_containerfile_and_the_script_agree(image_config: dict[str, Any]) -> None:
     """User, entry point and command: deploy/Containerfile's and the archive's are the same."""
-    text = CONTAINERFILE.read_text()
+    final_stage = re.split(r"^FROM ", CONTAINERFILE.read_text(), flags=re.MULTILINE)[-1]
 
     def instruction(name: str) -> str:
-        (found,) = re.findall(rf"^{name} (.+)$", text, flags=re.MULTILINE)[-1:]
-        return found.strip()
+        found: list[str] = re.findall(rf"^{name} (.+)$", final_stage, flags=re.MULTILINE)
+        assert found, f"deploy/Containerfile's last stage has no {name}"
+        return found[-1].strip()
 
     assert instruction("USER") == image_config["User"] == f"{IMAGE_USER}:{IMAGE_USER}"
     assert json.loads(instruction("ENTRYPOINT")) == image_config["Entrypoint"]
