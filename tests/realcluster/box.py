@@ -43,8 +43,11 @@ network namespace only; the processes share the host's mounts as in the rest of 
 
 Use: the session fixture `box` (tests/realcluster/conftest.py) yields a `Box`; `Box.kubeconfig`
 is the admin's (through the forwarder), `Box.plane` the ControlPlane (its `kubeconfig_for`),
-`Box.runtime` the containerd (its `nri_socket`, `image`), `Box.in_box(fn)` runs `fn` in the box's
-namespace (a connection from there), `Box.node` the node's name.
+`Box.runtime` the containerd (its `nri_socket`, alone in its folder, for the agent DaemonSet's
+``agent.nriSocket``; `image`, the busybox test image), `Box.import_image(tar)` puts an image into
+the node's containerd (no registry: pods use it with imagePullPolicy Never/IfNotPresent),
+`Box.in_box(fn)` runs `fn` in the box's namespace (a connection from there), `Box.node` the node's
+name (``box-<hex>``); the `box_api_client` fixture is the admin's client.
 
 Manual use: ``python -m tests.realcluster.box`` prints ``export KUBECONFIG=...`` and how long the
 box took to come up, and waits for Ctrl-C.
@@ -244,7 +247,15 @@ def _command_of(pid: int) -> str:
 
 
 def sweep_stale_namespaces() -> None:
-    """Delete the boxes of test processes that died without cleaning up (``egbox-<pid>-...``)."""
+    """Delete the boxes (namespaces and folders) of test processes that died without cleaning up
+    (``egbox-<pid>-...``, ``/tmp/egbox-*/owner.pid``)."""
+    for folder in Path("/tmp").glob(f"{NETNS_PREFIX}*"):
+        try:
+            os.kill(int((folder / "owner.pid").read_text()), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (OSError, ValueError):
+            continue
     for entry in Path("/run/netns").glob(f"{NETNS_PREFIX}*") if Path("/run/netns").is_dir() else []:
         try:
             owner = int(entry.name.removeprefix(NETNS_PREFIX).split("-")[0])
@@ -358,6 +369,15 @@ class Box:
         """`fn()` run in the box's network namespace."""
         return self.netns.call(fn, timeout_s)
 
+    def import_image(self, archive: Path, timeout_s: float = 120.0) -> None:
+        """Import an image archive (OCI or docker-archive tar) into the node's containerd (namespace
+        k8s.io, where kubelet looks), as a node without a registry gets one: pods then use it with
+        imagePullPolicy Never or IfNotPresent (every registry of the box is closed)."""
+        done = subprocess.run([str(self.runtime.ctr), "-a", str(self.runtime.socket), "-n", "k8s.io", "images",
+                               "import", str(archive)], capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+        if done.returncode != 0:
+            raise BoxError(f"importing {archive} into the box's containerd failed: {done.stderr.strip()}")
+
 
 def _make_network(netns: NetworkNamespace) -> None:
     """lo up; the node address on a veth pair inside the box; the default route there (see the
@@ -450,7 +470,8 @@ def running_box(*, verbosity: str | None = None) -> Iterator[Box]:
     began = time.monotonic()
     timings: dict[str, float] = {}
     netns = NetworkNamespace(f"{NETNS_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}")
-    directory = Path(tempfile.mkdtemp(prefix="egbox-", dir="/tmp"))
+    directory = Path(tempfile.mkdtemp(prefix=NETNS_PREFIX, dir="/tmp"))
+    (directory / "owner.pid").write_text(str(os.getpid()))
     v = verbosity or os.environ.get("ELASTICGPU_K8S_V", "1")
     name = f"{NODE_PREFIX}{uuid.uuid4().hex[:6]}"
     with contextlib.ExitStack() as stack:
