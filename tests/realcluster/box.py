@@ -197,8 +197,9 @@ class NetworkNamespace:
 
     def create(self) -> None:
         _run(["ip", "netns", "add", self.name], f"creating network namespace {self.name}")
-        # One worker thread, moved into the namespace once: every call submitted runs there.
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix=self.name, initializer=_enter, initargs=(self.path,))
+        # Worker threads, each moved into the namespace once: every call submitted runs there. More
+        # than one, so that a health check waiting on its timeout does not hold up the forwarder.
+        self._thread = ThreadPoolExecutor(4, thread_name_prefix=self.name, initializer=_enter, initargs=(self.path,))
 
     def ip(self, *args: str) -> str:
         """`ip -n NAME ARGS...` (iproute2 enters the namespace for that command only)."""
@@ -493,9 +494,10 @@ def running_box(*, verbosity: str | None = None) -> Iterator[Box]:
         proxy_kubeconfig = plane.kubeconfig_for(KUBE_PROXY, component=True)
         proxy_config.write_text(yaml.safe_dump(kube_proxy_config(proxy_kubeconfig, name)))
         path = f"{network['ELASTICGPU_TESTNETWORK_BIN']}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        # Its log beside the control plane's: in their tails on failure, kept by ELASTICGPU_TEST_KEEP_LOGS.
         proxy = plane.children.start("kube-proxy", [
             *netns.prefix, str(plane.binary), "kube-proxy", "--config", str(proxy_config), "-v", v,
-        ], log=directory / "kube-proxy.log", env={"PATH": path})  # fmt: skip
+        ], log=plane.log("kube-proxy"), env={"PATH": path})  # fmt: skip
         stack.callback(proxy.stop)  # before kubelet's and the plane's exits (ExitStack: last in, first out)
         try:
             with _node_ready(plane, name) as ready:
