@@ -511,8 +511,8 @@ def running_box(*, verbosity: str | None = None) -> Iterator[Box]:
                                  timeout_s=START_TIMEOUT_S, children=[proxy])  # fmt: skip
             timings["kube-proxy"] = time.monotonic() - began
         except processes.DemoError as e:
-            raise BoxError(f"the box did not come up: {e}\n--- kube-proxy ---\n{proxy.tail(30)}\n"
-                           f"--- kubelet ---\n{node.child.tail(30)}\n{plane.tails(15)}") from None  # fmt: skip
+            # Every component's log tail, kubelet's and kube-proxy's included (they are the plane's children).
+            raise BoxError(f"the box did not come up: {e}\n{plane.tails(30)}") from None
         yield Box(netns, plane, runtime, node, proxy, directory, name, up_s=time.monotonic() - began,
                   timings=timings)  # fmt: skip
 
