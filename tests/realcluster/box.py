@@ -406,6 +406,24 @@ def cni_config(state_dir: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
+CNI_CACHE = Path("/var/lib/cni")
+"""Where containerd 1.7's CNI library caches each sandbox's result (`results/<network>-<id>-<if>`),
+fixed (containerd 1.7 has no setting for it): the files go at each sandbox's teardown, the folders
+stay; `_remove_cni_cache` removes them when this box made them and no other box runs."""
+
+
+def _remove_cni_cache(existed_before: bool, own: str) -> None:
+    """Remove CNI_CACHE's empty folders if they did not exist before this box and no other box (of
+    any test process) is running; rmdir leaves anything not empty alone."""
+    others = [n for n in os.listdir("/run/netns") if n.startswith(NETNS_PREFIX) and n != own] \
+        if os.path.isdir("/run/netns") else []  # fmt: skip
+    if existed_before or others:
+        return
+    for folder in (CNI_CACHE / "results", CNI_CACHE):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
 def give_pod_network(runtime_dir: Path, cni_bin: Path) -> None:
     """Link the CNI plugins into the runtime's bin_dir and write the conflist (containerd watches it)."""
     bin_dir, conf_dir = runtime_dir / "cni" / "bin", runtime_dir / "cni" / "conf"
@@ -477,6 +495,7 @@ def running_box(*, verbosity: str | None = None) -> Iterator[Box]:
     name = f"{NODE_PREFIX}{uuid.uuid4().hex[:6]}"
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, directory, True)
+        stack.callback(_remove_cni_cache, CNI_CACHE.exists(), netns.name)  # after the netns is gone
         netns.create()
         stack.callback(netns.delete)
         _make_network(netns)

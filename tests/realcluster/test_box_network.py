@@ -188,6 +188,17 @@ def _running(pid: int) -> str | None:
     return None if state == "Z" else f"{state} ppid={ppid} {command}"
 
 
+def _sandbox_ids(endpoint: str) -> list[str]:
+    """The ids of the pod sandboxes of a containerd, through CRI."""
+    import grpc
+
+    from elasticgpu.agent.cri import api
+
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = api.services.RuntimeServiceStub(channel)
+        return [s.id for s in stub.ListPodSandbox(api.pb.ListPodSandboxRequest(), timeout=10).items]
+
+
 def _in_box_networks(address: str) -> bool:
     return any(ipaddress.IPv4Interface(address).ip in n for n in BOX_NETWORKS)
 
@@ -218,6 +229,9 @@ def test_a_box_leaves_nothing_behind() -> None:
             run_pod(client.CoreV1Api(api), "default", "leftover", running.runtime.image)
         finally:
             api.close()
+        sandboxes = _sandbox_ids(running.runtime.endpoint)
+        results = [f for f in boxes.CNI_CACHE.glob("results/*") if any(i in f.name for i in sandboxes)]
+        assert results, f"no CNI result cached for the pod's sandbox {sandboxes}?"
         pids = running.netns.pids()
         assert pids, "no process in the box's namespace?"
         during_netns = set(os.listdir("/run/netns"))
@@ -235,6 +249,7 @@ def test_a_box_leaves_nothing_behind() -> None:
     alive = {p: what for p in pids if (what := _running(p))}
     assert not alive, f"processes of the box still running: {alive}"
     assert not [f for f in folders if f.exists()]
+    assert not [f for f in results if f.exists()], "CNI results of the box's sandbox left in /var/lib/cni"
     assert not list(Path("/sys/fs/cgroup").glob(f"*/{cgroup_root.strip('/')}"))
     after_addresses, after_links = _host_view()
     assert sorted(after_addresses) == sorted(before_addresses)
