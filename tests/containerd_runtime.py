@@ -201,7 +201,11 @@ def running_containerd(*, nri: bool = False, containerd: str = "1.7",
     log = directory / "containerd.log"
     (directory / "cdi").mkdir()
     block_registries(directory / "certs.d")
-    nri_socket = directory / "nri.sock" if nri else None
+    # The socket in a folder of its own: a pod that mounts the socket's folder (the agent's NRI
+    # DaemonSet on the box: agent.nriSocket) gets nothing else of this containerd.
+    nri_socket = directory / "nri-socket" / "nri.sock" if nri else None
+    if nri_socket is not None:
+        nri_socket.parent.mkdir()
     make_config = containerd_config if containerd == "1.7" else containerd2_config
     config.write_text(make_config(directory, root, image, [directory / "cdi"], nri_socket=nri_socket))
     env = {

@@ -45,8 +45,11 @@ it; this machine's / is private), so nothing the box mounts reaches the host.
 
 Use: the session fixture `box` (tests/realcluster/conftest.py) yields a `Box`; `Box.kubeconfig`
 is the admin's (through the forwarder), `Box.plane` the ControlPlane (its `kubeconfig_for`),
-`Box.runtime` the containerd (its `nri_socket`, `image`), `Box.in_box(fn)` runs `fn` in the box's
-namespace (a connection from there), `Box.node` the node's name.
+`Box.runtime` the containerd (its `nri_socket`, alone in its folder, for the agent DaemonSet's
+``agent.nriSocket``; `image`, the busybox test image), `Box.import_image(tar)` puts an image into
+the node's containerd (no registry: pods use it with imagePullPolicy Never/IfNotPresent),
+`Box.in_box(fn)` runs `fn` in the box's namespace (a connection from there), `Box.node` the node's
+name (``box-<hex>``); the `box_api_client` fixture is the admin's client.
 
 Manual use: ``python -m tests.realcluster.box`` prints ``export KUBECONFIG=...`` and how long the
 box took to come up, and waits for Ctrl-C.
@@ -210,8 +213,9 @@ class NetworkNamespace:
         self.mounts.touch()
         _run(["unshare", f"--mount={self.mounts}", "--propagation", "private", "true"], "the box's mount namespace")
         _run(["nsenter", f"--mount={self.mounts}", "mount", "--make-rshared", "/"], "its / made rshared")
-        # One worker thread, moved into the namespace once: every call submitted runs there.
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix=self.name, initializer=_enter, initargs=(self.path,))
+        # Worker threads, each moved into the namespace once: every call submitted runs there. More
+        # than one, so that a health check waiting on its timeout does not hold up the forwarder.
+        self._thread = ThreadPoolExecutor(4, thread_name_prefix=self.name, initializer=_enter, initargs=(self.path,))
 
     def ip(self, *args: str) -> str:
         """`ip -n NAME ARGS...` (iproute2 enters the namespace for that command only)."""
@@ -265,7 +269,15 @@ def _command_of(pid: int) -> str:
 
 
 def sweep_stale_namespaces() -> None:
-    """Delete the boxes of test processes that died without cleaning up (``egbox-<pid>-...``)."""
+    """Delete the boxes (namespaces and folders) of test processes that died without cleaning up
+    (``egbox-<pid>-...``, ``/tmp/egbox-*/owner.pid``)."""
+    for folder in Path("/tmp").glob(f"{NETNS_PREFIX}*"):
+        try:
+            os.kill(int((folder / "owner.pid").read_text()), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (OSError, ValueError):
+            continue
     for entry in Path("/run/netns").glob(f"{NETNS_PREFIX}*") if Path("/run/netns").is_dir() else []:
         try:
             owner = int(entry.name.removeprefix(NETNS_PREFIX).split("-")[0])
@@ -379,6 +391,15 @@ class Box:
         """`fn()` run in the box's network namespace."""
         return self.netns.call(fn, timeout_s)
 
+    def import_image(self, archive: Path, timeout_s: float = 120.0) -> None:
+        """Import an image archive (OCI or docker-archive tar) into the node's containerd (namespace
+        k8s.io, where kubelet looks), as a node without a registry gets one: pods then use it with
+        imagePullPolicy Never or IfNotPresent (every registry of the box is closed)."""
+        done = subprocess.run([str(self.runtime.ctr), "-a", str(self.runtime.socket), "-n", "k8s.io", "images",
+                               "import", str(archive)], capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+        if done.returncode != 0:
+            raise BoxError(f"importing {archive} into the box's containerd failed: {done.stderr.strip()}")
+
 
 def _make_network(netns: NetworkNamespace) -> None:
     """lo up; the node address on a veth pair inside the box; the default route there (see the
@@ -404,6 +425,24 @@ def cni_config(state_dir: Path) -> dict[str, Any]:
                      "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(state_dir)},
         }],
     }  # fmt: skip
+
+
+CNI_CACHE = Path("/var/lib/cni")
+"""Where containerd 1.7's CNI library caches each sandbox's result (`results/<network>-<id>-<if>`),
+fixed (containerd 1.7 has no setting for it): the files go at each sandbox's teardown, the folders
+stay; `_remove_cni_cache` removes them when this box made them and no other box runs."""
+
+
+def _remove_cni_cache(existed_before: bool, own: str) -> None:
+    """Remove CNI_CACHE's empty folders if they did not exist before this box and no other box (of
+    any test process) is running; rmdir leaves anything not empty alone."""
+    others = [n for n in os.listdir("/run/netns") if n.startswith(NETNS_PREFIX) and n != own] \
+        if os.path.isdir("/run/netns") else []  # fmt: skip
+    if existed_before or others:
+        return
+    for folder in (CNI_CACHE / "results", CNI_CACHE):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def give_pod_network(runtime_dir: Path, cni_bin: Path) -> None:
@@ -471,11 +510,13 @@ def running_box(*, verbosity: str | None = None) -> Iterator[Box]:
     began = time.monotonic()
     timings: dict[str, float] = {}
     netns = NetworkNamespace(f"{NETNS_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}")
-    directory = Path(tempfile.mkdtemp(prefix="egbox-", dir="/tmp"))
+    directory = Path(tempfile.mkdtemp(prefix=NETNS_PREFIX, dir="/tmp"))
+    (directory / "owner.pid").write_text(str(os.getpid()))
     v = verbosity or os.environ.get("ELASTICGPU_K8S_V", "1")
     name = f"{NODE_PREFIX}{uuid.uuid4().hex[:6]}"
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, directory, True)
+        stack.callback(_remove_cni_cache, CNI_CACHE.exists(), netns.name)  # after the netns is gone
         netns.create()
         stack.callback(netns.delete)
         _make_network(netns)
@@ -493,9 +534,10 @@ def running_box(*, verbosity: str | None = None) -> Iterator[Box]:
         proxy_kubeconfig = plane.kubeconfig_for(KUBE_PROXY, component=True)
         proxy_config.write_text(yaml.safe_dump(kube_proxy_config(proxy_kubeconfig, name)))
         path = f"{network['ELASTICGPU_TESTNETWORK_BIN']}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        # Its log beside the control plane's: in their tails on failure, kept by ELASTICGPU_TEST_KEEP_LOGS.
         proxy = plane.children.start("kube-proxy", [
             *netns.prefix, str(plane.binary), "kube-proxy", "--config", str(proxy_config), "-v", v,
-        ], log=directory / "kube-proxy.log", env={"PATH": path})  # fmt: skip
+        ], log=plane.log("kube-proxy"), env={"PATH": path})  # fmt: skip
         stack.callback(proxy.stop)  # before kubelet's and the plane's exits (ExitStack: last in, first out)
         try:
             with _node_ready(plane, name) as ready:
@@ -509,8 +551,8 @@ def running_box(*, verbosity: str | None = None) -> Iterator[Box]:
                                  timeout_s=START_TIMEOUT_S, children=[proxy])  # fmt: skip
             timings["kube-proxy"] = time.monotonic() - began
         except processes.DemoError as e:
-            raise BoxError(f"the box did not come up: {e}\n--- kube-proxy ---\n{proxy.tail(30)}\n"
-                           f"--- kubelet ---\n{node.child.tail(30)}\n{plane.tails(15)}") from None  # fmt: skip
+            # Every component's log tail, kubelet's and kube-proxy's included (they are the plane's children).
+            raise BoxError(f"the box did not come up: {e}\n{plane.tails(30)}") from None
         yield Box(netns, plane, runtime, node, proxy, directory, name, up_s=time.monotonic() - began,
                   timings=timings)  # fmt: skip
 

@@ -11,7 +11,8 @@ What it needs on these machines (testcluster/README.md, "kubelet", says what was
   ``cgroupRoot`` so that two on one machine do not manage each other's pods;
 * a node IP that is not loopback (kubelet refuses one): kubelet picks the address of the default
   route; it listens on 127.0.0.1 only, and nothing in the tests asks the API server to reach it
-  (no logs/exec through the API server);
+  (no logs/exec through the API server). In the box (tests/realcluster/box.py) it runs inside the
+  box's network namespace with ``--node-ip`` the node address and listens there: exec works;
 * one kubelet per containerd: a kubelet removes every pod sandbox it does not know.
 """
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import socket
 import subprocess
 import time
 import uuid
@@ -110,6 +111,49 @@ def test_two_pods_reach_each_other_by_address(box: Box, box_api_client: client.A
     assert fetched.stdout.startswith("HTTP/1.") and fetched.stdout.rstrip().endswith(word), fetched.stdout
 
 
+def test_a_service_of_a_pod_is_reached_by_its_cluster_ip_from_a_pod_and_from_the_box(
+    box: Box, box_api_client: client.ApiClient, box_namespace: str
+) -> None:
+    """The way the API server calls a webhook: from the box (where it runs) to a Service's ClusterIP,
+    which kube-proxy sends to the pod behind it; and the same from another pod."""
+    core = client.CoreV1Api(box_api_client)
+    word = uuid.uuid4().hex
+    serve = f"mkdir -p /www && echo {word} > /www/index.html && exec httpd -f -p 8080 -h /www"
+    run_pod(core, box_namespace, "web", box.runtime.image, ["/bin/sh", "-c", serve])
+    service = core.create_namespaced_service(box_namespace, {
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    })  # fmt: skip
+    cluster_ip = service.spec.cluster_ip
+    assert ipaddress.IPv4Address(cluster_ip) in ipaddress.IPv4Network(boxes.SERVICE_CIDR)
+
+    def get() -> str:
+        connection = socket.create_connection((cluster_ip, 80), timeout=5)
+        with connection:
+            connection.sendall(b"GET /index.html HTTP/1.0\r\n\r\n")
+            answer = b""
+            while chunk := connection.recv(4096):
+                answer += chunk
+        return answer.decode(errors="replace")
+
+    # kube-proxy programs the Service once its EndpointSlice names the pod: not at once.
+    deadline = time.monotonic() + RUNNING_WITHIN_S
+    while True:
+        try:
+            answer = box.in_box(get)
+            break
+        except OSError:
+            assert time.monotonic() < deadline, f"the Service {cluster_ip}:80 not reached from the box"
+            time.sleep(0.5)
+    assert answer.startswith("HTTP/1.") and answer.rstrip().endswith(word), answer
+
+    run_pod(core, box_namespace, "caller", box.runtime.image)
+    ask = f"printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {cluster_ip} 80"
+    fetched = kubectl_exec(box, box_namespace, "caller", "sh", "-c", ask)
+    assert fetched.returncode == 0, fetched.stderr
+    assert fetched.stdout.rstrip().endswith(word), fetched.stdout
+
+
 def test_the_box_reaches_the_api_server_by_its_cluster_ip(box: Box) -> None:
     """What the API server needs to call a webhook by its Service: a ClusterIP works from the box
     itself (kube-proxy's rules in the box's output hook), TLS and all (the certificate names it)."""
@@ -144,6 +188,17 @@ def _running(pid: int) -> str | None:
     return None if state == "Z" else f"{state} ppid={ppid} {command}"
 
 
+def _sandbox_ids(endpoint: str) -> list[str]:
+    """The ids of the pod sandboxes of a containerd, through CRI."""
+    import grpc
+
+    from elasticgpu.agent.cri import api
+
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = api.services.RuntimeServiceStub(channel)
+        return [s.id for s in stub.ListPodSandbox(api.pb.ListPodSandboxRequest(), timeout=10).items]
+
+
 def _in_box_networks(address: str) -> bool:
     return any(ipaddress.IPv4Interface(address).ip in n for n in BOX_NETWORKS)
 
@@ -174,6 +229,9 @@ def test_a_box_leaves_nothing_behind() -> None:
             run_pod(client.CoreV1Api(api), "default", "leftover", running.runtime.image)
         finally:
             api.close()
+        sandboxes = _sandbox_ids(running.runtime.endpoint)
+        results = [f for f in boxes.CNI_CACHE.glob("results/*") if any(i in f.name for i in sandboxes)]
+        assert results, f"no CNI result cached for the pod's sandbox {sandboxes}?"
         pids = running.netns.pids()
         assert pids, "no process in the box's namespace?"
         during_netns = set(os.listdir("/run/netns"))
@@ -191,6 +249,7 @@ def test_a_box_leaves_nothing_behind() -> None:
     alive = {p: what for p in pids if (what := _running(p))}
     assert not alive, f"processes of the box still running: {alive}"
     assert not [f for f in folders if f.exists()]
+    assert not [f for f in results if f.exists()], "CNI results of the box's sandbox left in /var/lib/cni"
     assert not list(Path("/sys/fs/cgroup").glob(f"*/{cgroup_root.strip('/')}"))
     after_addresses, after_links = _host_view()
     assert sorted(after_addresses) == sorted(before_addresses)
