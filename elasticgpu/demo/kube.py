@@ -47,6 +47,20 @@ class DemoKube:
         content_type: str = "application/json",
     ) -> dict[str, Any]:
         """One call; the decoded answer, or DemoError (NotFound for 404)."""
+        data = self.raw(method, path, body=body, query=query, accept=accept, content_type=content_type)
+        return dict(json.loads(data)) if data else {}
+
+    def raw(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        accept: str = "application/json",
+        content_type: str = "application/json",
+    ) -> bytes:
+        """One call; the answer's bytes as sent (a container's log is text, not JSON), or DemoError."""
         import urllib3
 
         configuration = self._api.configuration
@@ -75,7 +89,7 @@ class DemoKube:
                 f"{method} {path}: the API server at {configuration.host} did not answer ({error})"
             ) from None
         if response.status < 300:
-            return dict(json.loads(response.data)) if response.data else {}
+            return bytes(response.data or b"")
         try:
             message = json.loads(response.data).get("message", "")
         except ValueError:
@@ -130,3 +144,9 @@ class DemoKube:
         selector = f"involvedObject.kind={kind},involvedObject.name={name}"
         answer = self.request("GET", f"/api/v1/namespaces/{namespace}/events", query={"fieldSelector": selector})
         return sorted(answer.get("items") or [], key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+
+    def logs(self, namespace: str, pod: str, container: str) -> str:
+        """A container's log, through the API server and its node's kubelet (what `kubectl logs` shows)."""
+        data = self.raw("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}/log", query={"container": container},
+                        accept="text/plain")  # fmt: skip
+        return data.decode(errors="replace")
