@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "testhelm" / "build.sh"
 GO_MOD = REPO / "testhelm" / "go.mod"
