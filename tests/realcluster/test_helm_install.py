@@ -268,6 +268,12 @@ def _bound(custom: client.CustomObjectsApi, namespace: str, name: str) -> dict[s
     return status if status.get("phase") == "Bound" else None
 
 
+def _binding(status: dict[str, Any] | None) -> dict[str, Any]:
+    """What binds the claim (the agent's usage report beside it changes as it samples)."""
+    assert status is not None, "not Bound"
+    return {key: status.get(key) for key in ("phase", "nodeName", "gpus", "allocatedResources")}
+
+
 def start_claim_pod(box: Box, api: client.ApiClient, namespace: str, name: str) -> tuple[Any, dict[str, Any]]:
     """A user's claim and a pod that names it, Running; the pod and the claim's status."""
     custom = client.CustomObjectsApi(api)
@@ -305,7 +311,11 @@ def test_a_users_claim_pod_runs_with_its_card_and_a_plain_pod_sees_none(
 def _refusals(core: client.CoreV1Api, namespace: str) -> list[str]:
     """Warning Events on the users' pods: a container the agent refused, a pod that failed to start."""
     return [f"{e.involved_object.name}: {e.reason}: {e.message}" for e in core.list_namespaced_event(namespace).items
-            if e.type == "Warning" and e.involved_object.kind == "Pod"]  # fmt: skip
+            if e.type == "Warning" and e.involved_object.kind == "Pod" and e.reason not in NO_CLUSTER_DNS]  # fmt: skip
+
+
+NO_CLUSTER_DNS = {"MissingClusterDNS"}
+"""kubelet's word for the box having no cluster DNS (nothing of the product resolves names: see box.py)."""
 
 
 def test_helm_upgrade_rolls_every_component_while_claims_stay_bound(
@@ -333,7 +343,7 @@ def test_helm_upgrade_rolls_every_component_while_claims_stay_bound(
     for pod in _product_pods(core, "agent"):
         assert {c.image_pull_policy for c in pod.spec.containers} == {"Never"}
     # The bound claim kept its card, its pod its container.
-    assert _bound(custom, team, "first") == bound
+    assert _binding(_bound(custom, team, "first")) == _binding(bound)
     still = core.read_namespaced_pod("first", team)
     assert still.metadata.uid == user_pod.metadata.uid and still.status.phase == "Running"
     assert [s.restart_count for s in still.status.container_statuses] == [0]
