@@ -493,12 +493,11 @@ def reaches(netns: NetworkNamespace, host: str, port: int) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def running_box(*, verbosity: str | None = None,
-                spawn: processes.Spawn = processes.spawn_dying_with_us) -> Iterator[Box]:  # fmt: skip
-    """Make the box, yield it once its node is Ready and the `kubernetes` Service answers from inside;
-    remove all of it on exit (also on failure). Raises BoxUnavailable (a part not built, not root),
-    ControlPlaneUnavailable, or BoxError/DemoError. `spawn` starts every component (the tests pass theirs)."""
+def check_prerequisites() -> dict[str, str]:
+    """What the box needs, checked before anything starts (a test skips, the demo stops, with the reason):
+    root, Kubernetes' own components with kube-proxy, etcd, the pod network's build, the node's containerd,
+    no clash with the host's addresses. Returns the network build's values (`find_network_build`).
+    Raises BoxUnavailable or ControlPlaneUnavailable."""
     _check_can_run()
     _check_kube_proxy(real_cluster.find_k8s_binary())
     real_cluster.find_etcd()
@@ -509,6 +508,16 @@ def running_box(*, verbosity: str | None = None,
         raise BoxUnavailable(str(e)) from None
     if found := clashes():
         raise BoxUnavailable(f"the box's addresses would clash with the host's: {'; '.join(found)}")
+    return network
+
+
+@contextlib.contextmanager
+def running_box(*, verbosity: str | None = None,
+                spawn: processes.Spawn = processes.spawn_dying_with_us) -> Iterator[Box]:  # fmt: skip
+    """Make the box, yield it once its node is Ready and the `kubernetes` Service answers from inside;
+    remove all of it on exit (also on failure). Raises BoxUnavailable (a part not built, not root),
+    ControlPlaneUnavailable, or BoxError/DemoError. `spawn` starts every component (the tests pass theirs)."""
+    network = check_prerequisites()
     sweep_stale_namespaces()
     began = time.monotonic()
     timings: dict[str, float] = {}

@@ -32,6 +32,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the binary of `bash testcluster/build.sh` (a cold build takes ~16 min; see testcluster/README.md)",
     )
     parser.add_argument(
+        "--install",
+        choices=("processes", "chart"),
+        default="processes",
+        help="how the product runs: `processes` (default), the controller, webhook and agents as processes of "
+        "this machine; `chart` (with --cluster real; root), `helm install` of deploy/chart on a one-node "
+        "Kubernetes with kubelet, containerd and a pod network in a network namespace of its own (the box), "
+        "the product image imported without a registry, the claims' pods real busybox pods; then helm "
+        "uninstall and the box removed (needs the builds of testcluster/, testruntime/, testnetwork/, "
+        "testhelm/ and image/)",
+    )
+    parser.add_argument(
         "--timeout-s",
         type=float,
         default=90.0,

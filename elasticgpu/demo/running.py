@@ -529,9 +529,18 @@ def run(args: argparse.Namespace) -> int:
     if args.kubeconfig and getattr(args, "cluster", "local") == "real":
         print("elasticgpu demo: error: --cluster real starts its own cluster; drop it or --kubeconfig", file=sys.stderr)
         return user_errors.EXIT_USAGE
+    chart = getattr(args, "install", "processes") == "chart"
+    if chart and (args.kubeconfig or getattr(args, "cluster", "local") != "real"):
+        print("elasticgpu demo: error: --install chart installs the chart on a cluster it starts itself: "
+              "give --cluster real (and no --kubeconfig)", file=sys.stderr)  # fmt: skip
+        return user_errors.EXIT_USAGE
     interrupts = Interrupts()
     interrupts.install()
     try:
+        if chart:
+            from elasticgpu.demo import chart as chart_demo
+
+            return chart_demo.run(args, out, say, interrupts)
         return _run(args, out, say, interrupts)
     except KeyboardInterrupt:  # before the run had anything to clean up
         say("elasticgpu demo: interrupted (nothing was left behind)", "red")

@@ -28,6 +28,7 @@ from elasticgpu.demo.box import (
     BoxUnavailable,
     Forwarder,
     NetworkNamespace,
+    check_prerequisites,
     clashes,
     cni_config,
     find_network_build,
@@ -41,8 +42,8 @@ from tests import spawning
 __all__ = [
     "API_PORT", "CLUSTER_CIDR", "CNI_CACHE", "NETNS_PREFIX", "NODE_ADDRESS", "NODE_NETWORK", "NODE_PREFIX",
     "POD_GATEWAY", "POD_SUBNET", "SERVICE_CIDR", "SERVICE_IP", "Box", "BoxError", "BoxUnavailable", "Forwarder",
-    "NetworkNamespace", "clashes", "cni_config", "find_network_build", "host_networks", "kube_proxy_config",
-    "reaches", "running_box", "sweep_stale_namespaces",
+    "NetworkNamespace", "check_prerequisites", "clashes", "cni_config", "find_network_build", "host_networks",
+    "kube_proxy_config", "reaches", "running_box", "sweep_stale_namespaces",
 ]  # fmt: skip
 
 
