@@ -178,16 +178,21 @@ class ChartDemo:
         k.create("/api/v1/namespaces", s.namespace_body())
         processes.wait_until(lambda: k.get(f"/api/v1{ns}/serviceaccounts/default"),
                              f"the default ServiceAccount of namespace {s.namespace}", timeout_s=60)  # fmt: skip
+
+        def gates() -> bool:
+            # helm's --wait sees the webhook's pods Ready; the API server reaches them through the Service
+            # once kube-proxy has its endpoints: until then a pod that names a claim is refused.
+            probe = k.create(f"/api/v1{ns}/pods", self._pod(s.probe_pod_body()), dry_run=True)
+            return any(g.get("name") == names.SCHEDULING_GATE for g in probe["spec"].get("schedulingGates") or [])
+
+        processes.wait_until(gates, "the chart's webhook to gate pods that use claims", timeout_s=self.args.timeout_s,
+                             interval_s=0.5)  # fmt: skip
         for body in s.class_bodies():
             k.create(f"{kube.CUSTOM}/{names.PLURAL_CLASS}", body)
         for body in s.claim_bodies():
             k.create(f"{kube.CUSTOM}{ns}/{names.PLURAL_CLAIM}", body)
         for use in s.uses:
-            body = s.pod_body(use)
-            (main,) = body["spec"]["containers"]
-            # The busybox the node's containerd holds already: the box has no registry to pull from.
-            main.update(image=self._box().runtime.image, imagePullPolicy="Never", command=SEE)
-            pod = k.create(f"/api/v1{ns}/pods", body)
+            pod = k.create(f"/api/v1{ns}/pods", self._pod(s.pod_body(use)))
             if not any(g.get("name") == names.SCHEDULING_GATE for g in pod["spec"].get("schedulingGates") or []):
                 raise DemoError(f"pod {s.namespace}/{use.pod} was admitted without the scheduling gate "
                                 f"{names.SCHEDULING_GATE}: the chart's webhook did not see it")  # fmt: skip
@@ -210,6 +215,13 @@ class ChartDemo:
                              f"claim {s.unfit_claim} to say why it is not bound",
                              timeout_s=self.args.timeout_s)  # fmt: skip
         return bound
+
+    def _pod(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A scenario pod as a real pod of the box: the busybox the node's containerd holds already (the
+        box has no registry to pull from), printing what it sees (`SEE`)."""
+        (main,) = body["spec"]["containers"]
+        main.update(image=self._box().runtime.image, imagePullPolicy="Never", command=SEE)
+        return body
 
     def see_containers(self, bound: dict[str, dict[str, Any]]) -> list[containers.Sight]:
         """Each container's log, read through the API server; DemoError if one does not see its card(s)."""

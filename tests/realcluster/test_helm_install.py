@@ -32,6 +32,7 @@ import yaml
 from kubernetes import client
 
 from elasticgpu.api import names
+from elasticgpu.demo.chart import chart_values
 from tests.helm_binary import Helm, helm_or_skip
 from tests.kube_cluster import find_kubectl
 from tests.product_image import ImageUnavailable, ProductImage, find_image, import_image
@@ -100,26 +101,9 @@ def diagnose(box: Box) -> str:
 
 def _values(box: Box, home: Path) -> dict[str, Any]:
     """The chart's defaults but for the node: simulated cards, the test containerd's NRI socket and CDI
-    folder, the agent's ledger and state in the test's own folder (the machine's are left alone)."""
-    assert box.runtime.nri_socket is not None
-    state = home / "state"
-    simulation = home / "simulation.yaml"
-    simulation.write_text(SIMULATION)
-    cdi = str(box.runtime.cdi_dir)
-    return {
-        "agent": {
-            "nriSocket": str(box.runtime.nri_socket),
-            "daemonset": {"hostPaths": {"ledger": str(home / "ledger"), "state": str(state), "cdi": cdi}},
-            "env": {
-                "ELASTICGPU_AGENT_BACKEND": "simulated",
-                # The node's / is the pod's /host (read-only): the simulation file is read from there.
-                "ELASTICGPU_AGENT_SIMULATION": f"/host{simulation}",
-                # The stand-in device nodes at a node path (the runtime binds them into containers by it).
-                "ELASTICGPU_AGENT_DEVICE_DIR": str(state / "devices"),
-                "ELASTICGPU_AGENT_HEARTBEAT_INTERVAL_S": "5",
-            },
-        },
-    }
+    folder, the agent's ledger and state in the test's own folder (the machine's are left alone); the
+    same values as `elasticgpu demo --cluster real --install chart` (elasticgpu/demo/chart.py)."""
+    return chart_values(box.runtime, home, SIMULATION)
 
 
 @pytest.fixture(scope="module")
