@@ -44,7 +44,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -260,11 +260,15 @@ def _start(children: processes.Children, name: str, command: Sequence[str], log:
 
 
 def start(directory: Path, children: processes.Children, *, binary: Path, etcd_bin: Path,
-          verbosity: str = "1", timeout_s: float = START_TIMEOUT_S) -> ControlPlane:  # fmt: skip
+          verbosity: str = "1", timeout_s: float = START_TIMEOUT_S,
+          extra_args: Mapping[str, Sequence[str]] | None = None) -> ControlPlane:  # fmt: skip
     """Start etcd, kube-apiserver, kube-controller-manager and kube-scheduler under `directory`.
+    `extra_args` adds flags per component (by name in COMPONENTS), after the ones set here: the
+    benches raise the controller manager's and scheduler's client limits with it.
 
     Raises processes.DemoError (naming the component) when one does not come up; everything started
     is in `children` (stopped by its stop_all even then)."""
+    extra = extra_args or {}
     free = local_cluster.free_port
     pki = Pki.create(directory / "pki")
     etcd_port, etcd_peer, api_port, cm_port, sched_port = free(), free(), free(), free(), free()
@@ -275,6 +279,7 @@ def start(directory: Path, children: processes.Children, *, binary: Path, etcd_b
         "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
         "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
         "--initial-cluster", f"default=http://127.0.0.1:{etcd_peer}", "--unsafe-no-fsync", "--log-level", "warn",
+        *extra.get("etcd", ()),
     ], directory / "etcd.log", lambda: _etcd_healthy(etcd_url), timeout_s=timeout_s)  # fmt: skip
 
     server = f"https://127.0.0.1:{api_port}"
@@ -302,7 +307,7 @@ def start(directory: Path, children: processes.Children, *, binary: Path, etcd_b
         # The `kubernetes` Service's endpoints would be 127.0.0.1, which Endpoints validation refuses
         # (loopback): nothing in the tests reaches the API server through that Service.
         "--endpoint-reconciler-type", "none",
-        "-v", verbosity,
+        "-v", verbosity, *extra.get("kube-apiserver", ()),
     ], plane.log("kube-apiserver"), _https_ok(f"{server}/readyz", plane.ssl_context()),
         timeout_s=timeout_s, also=[etcd])  # fmt: skip
 
@@ -315,7 +320,7 @@ def start(directory: Path, children: processes.Children, *, binary: Path, etcd_b
         "--service-account-private-key-file", str(p / "sa.key"), "--root-ca-file", str(pki.ca_file),
         "--cluster-signing-cert-file", str(pki.ca_file), "--cluster-signing-key-file", str(p / "ca.key"),
         "--service-cluster-ip-range", SERVICE_CIDR,
-        "-v", verbosity,
+        "-v", verbosity, *extra.get("kube-controller-manager", ()),
     ], plane.log("kube-controller-manager"), _https_ok(f"https://127.0.0.1:{cm_port}/healthz", _unverified()),
         timeout_s=timeout_s, also=[etcd, apiserver])  # fmt: skip
 
@@ -324,7 +329,7 @@ def start(directory: Path, children: processes.Children, *, binary: Path, etcd_b
         str(binary), "kube-scheduler", "--kubeconfig", str(sched_config),
         "--authentication-kubeconfig", str(sched_config), "--authorization-kubeconfig", str(sched_config),
         "--bind-address", "127.0.0.1", "--secure-port", str(sched_port), "--cert-dir", str(directory / "sched-certs"),
-        "-v", verbosity,
+        "-v", verbosity, *extra.get("kube-scheduler", ()),
     ], plane.log("kube-scheduler"), _https_ok(f"https://127.0.0.1:{sched_port}/readyz", _unverified()),
         timeout_s=timeout_s, also=[etcd, apiserver, controller_manager])  # fmt: skip
 
@@ -356,10 +361,12 @@ def _sweep_stale_dirs() -> None:
 
 @contextlib.contextmanager
 def running_control_plane(
-    *, verbosity: str | None = None, spawn: processes.Spawn = processes.spawn_dying_with_us
+    *, verbosity: str | None = None, spawn: processes.Spawn = processes.spawn_dying_with_us,
+    extra_args: Mapping[str, Sequence[str]] | None = None,
 ) -> Iterator[ControlPlane]:
     """Start the real control plane in a fresh temporary folder; stop it and remove the folder on exit.
-    `spawn` starts each component (the tests pass theirs, tests/spawning.py).
+    `spawn` starts each component (the tests pass theirs, tests/spawning.py); `extra_args` adds
+    flags per component (see `start`).
 
     Raises ControlPlaneUnavailable when the binaries are not built, processes.DemoError (with every
     component's log tail) when a component does not come up."""
@@ -371,7 +378,7 @@ def running_control_plane(
     try:
         try:
             plane = start(directory, children, binary=binary, etcd_bin=etcd_bin,
-                          verbosity=verbosity or os.environ.get("ELASTICGPU_K8S_V", "1"))  # fmt: skip
+                          verbosity=verbosity or os.environ.get("ELASTICGPU_K8S_V", "1"), extra_args=extra_args)  # fmt: skip
         except processes.DemoError as e:
             logs = "\n".join(f"--- {c.name} ---\n{c.tail(40)}" for c in children.started)
             raise processes.DemoError(f"{e}\n{logs}") from None
