@@ -361,7 +361,9 @@ def _sweep_stale_dirs() -> None:
 
 @contextlib.contextmanager
 def running_control_plane(
-    *, verbosity: str | None = None, spawn: processes.Spawn = processes.spawn_dying_with_us,
+    *,
+    verbosity: str | None = None,
+    spawn: processes.Spawn = processes.spawn_dying_with_us,
     extra_args: Mapping[str, Sequence[str]] | None = None,
 ) -> Iterator[ControlPlane]:
     """Start the real control plane in a fresh temporary folder; stop it and remove the folder on exit.
@@ -378,7 +380,8 @@ def running_control_plane(
     try:
         try:
             plane = start(directory, children, binary=binary, etcd_bin=etcd_bin,
-                          verbosity=verbosity or os.environ.get("ELASTICGPU_K8S_V", "1"), extra_args=extra_args)  # fmt: skip
+                          verbosity=verbosity or os.environ.get("ELASTICGPU_K8S_V", "1"),
+                          extra_args=extra_args)  # fmt: skip
         except processes.DemoError as e:
             logs = "\n".join(f"--- {c.name} ---\n{c.tail(40)}" for c in children.started)
             raise processes.DemoError(f"{e}\n{logs}") from None
