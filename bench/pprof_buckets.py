@@ -1,11 +1,15 @@
 """Where a Go process's CPU went, in the buckets of issue 37: CPU profiles (pprof `profile.pb.gz`,
 e.g. kube-apiserver's /debug/pprof/profile) attributed by function names, ms per pod side by side.
 
-Every sample's whole stack (inlined frames included) is matched against the buckets below in
-order; the first bucket with a matching frame takes the sample. The order says what a sample's
-time is *for*: GC first (a mark assist inside a CEL call is still GC), then the specific reasons
-(managedFields, CEL, CR schema work, watch), then the generic work they all do (encode/decode,
-copies), then the HTTP/TLS layer every request runs under, and `other`.
+Every sample's whole stack (inlined frames included) is matched in two steps:
+
+1. reasons, in order, any frame of the stack: GC (a mark assist inside a CEL call is still GC),
+   managedFields, CEL, CR schema work, watch (decode, cache, fan-out), admission webhook calls,
+   the etcd client, and the bench's own probes (/metrics, pprof); the first that matches takes it;
+2. else the work itself: the leaf-most frame that is not the Go runtime or the standard library's
+   generic helpers (reflect, strconv, sync, ...) decides between encode/decode and copies, HTTP/TLS
+   (net, crypto, syscalls) and `other`; a stack of nothing but runtime frames is `Go runtime`.
+   (Every request runs under net/http, so "any frame" would put all of it in HTTP/TLS.)
 
     python bench/pprof_buckets.py --pods 800 ours-slice=out/ours-slice-r1 dra-one=out/dra-one-r1
     python bench/pprof_buckets.py --pods 800 --top 15 --bucket other ours-slice=out/ours-slice-r1/*.pb.gz
@@ -27,26 +31,38 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# fmt: off
 BUCKETS: list[tuple[str, re.Pattern[str]]] = [
     ("GC", re.compile(r"^runtime\.(gcBgMarkWorker|gcAssistAlloc|gcDrain|bgsweep|bgscavenge|sweepone|markroot"
-                      r"|gcMarkDone|gcStart|deductSweepCredit)")),  # fmt: skip
+                      r"|gcMarkDone|gcStart|deductSweepCredit)")),
     ("managedFields", re.compile(r"structured-merge-diff|/fieldmanager|/util/managedfields")),
     ("CEL", re.compile(r"github\.com/google/cel-go|k8s\.io/apiserver/pkg/cel|/apiserver/schema/cel"
-                       r"|/admission/plugin/cel|/plugin/policy/|matchconditions")),  # fmt: skip
+                       r"|/admission/plugin/cel|/plugin/policy/|matchconditions")),
     ("CR schema (coercion, defaulting, pruning, OpenAPI validation)",
      re.compile(r"apiextensions-apiserver/pkg/apiserver/schema|apiextensions-apiserver/pkg/registry/customresource"
                 r"|kube-openapi/pkg/validation|apiextensions-apiserver/pkg/apiserver/validation"
-                r"|apiextensions-apiserver/pkg/apihelpers")),  # fmt: skip
+                r"|apiextensions-apiserver/pkg/apihelpers")),
     ("watch (decode, cache, fan-out)", re.compile(r"/storage/cacher|\(\*WatchServer\)|handlers\.serveWatch"
                                                   r"|/storage/etcd3\.\(\*watch|/storage/etcd3\.\(\*watcher"
-                                                  r"|watch\.\(\*StreamWatcher|/pkg/watch\.")),  # fmt: skip
-    ("admission webhooks", re.compile(r"/admission/plugin/webhook")),
-    ("etcd client (gRPC)", re.compile(r"go\.etcd\.io/etcd|google\.golang\.org/grpc|/storage/etcd3")),
+                                                  r"|watch\.\(\*StreamWatcher|/pkg/watch\.")),
+    ("admission webhook calls", re.compile(r"/admission/plugin/webhook")),
+    ("etcd client (gRPC)", re.compile(r"go\.etcd\.io/etcd|google\.golang\.org/grpc")),
+    ("bench probes (/metrics, pprof)", re.compile(r"prometheus/common/expfmt|prometheus/client_golang/prometheus\."
+                                                 r"\(\*Registry\)\.Gather|^runtime/pprof|net/http/pprof")),
+]
+LEAF_BUCKETS: list[tuple[str, re.Pattern[str]]] = [
     ("JSON/protobuf encode-decode, unstructured copies",
      re.compile(r"^encoding/json|sigs\.k8s\.io/json|json-iterator|/apis/meta/v1/unstructured|DeepCopy"
-                r"|/runtime/serializer|gogo/protobuf|google\.golang\.org/protobuf|/util/json")),  # fmt: skip
-    ("HTTP/TLS", re.compile(r"^net/http|^crypto/|golang\.org/x/net/http2|^net\.|^internal/poll|^syscall")),
+                r"|/runtime/serializer|gogo/protobuf|google\.golang\.org/protobuf|/util/json|^encoding/")),
+    ("HTTP/TLS", re.compile(r"^net/http|^crypto/|golang\.org/x/net/http2|^net\.|^internal/poll|^syscall"
+                            r"|^internal/runtime/syscall|^vendor/golang\.org/x/crypto|^p256|^bufio")),
 ]
+# Frames that say nothing about what the work is for: skipped when looking for the leaf's owner.
+GENERIC = re.compile(r"^(runtime\.|internal/(?!poll|runtime/syscall)|sync\.|sync/|reflect\.|strconv\.|bytes\."
+                     r"|strings\.|unicode|sort\.|slices\.|maps\.|math|hash|errors\.|fmt\.|memeqbody|indexbyte"
+                     r"|aeshash|cmpbody|gogo)")
+# fmt: on
+GO_RUNTIME = "Go runtime (scheduler, allocation)"
 OTHER = "other"
 
 
@@ -95,7 +111,7 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
             raise ValueError(f"unsupported protobuf wire type {wire}")
 
 
-def _ints(wire: int, value: int | bytes) -> list[int]:
+def _ints(value: int | bytes) -> list[int]:
     """A repeated integer field's entries, packed or not."""
     if isinstance(value, int):
         return [value]
@@ -116,7 +132,7 @@ def read_profile(path: Path, into: Profile) -> None:
     samples: list[tuple[list[int], list[int]]] = []
     locations: dict[int, list[int]] = {}
     functions: dict[int, int] = {}
-    for number, wire, value in _fields(data):
+    for number, _, value in _fields(data):
         if number == 6 and isinstance(value, bytes):
             strings.append(value.decode("utf-8", "replace"))
         elif number == 1 and isinstance(value, bytes):
@@ -125,11 +141,11 @@ def read_profile(path: Path, into: Profile) -> None:
         elif number == 2 and isinstance(value, bytes):
             ids: list[int] = []
             values: list[int] = []
-            for n, w, v in _fields(value):
+            for n, _, v in _fields(value):
                 if n == 1:
-                    ids += _ints(w, v)
+                    ids += _ints(v)
                 elif n == 2:
-                    values += _ints(w, v)
+                    values += _ints(v)
             samples.append((ids, values))
         elif number == 4 and isinstance(value, bytes):
             loc_id, funcs = 0, []
@@ -166,9 +182,16 @@ def load(spec: str) -> Profile:
 
 
 def bucket_of(stack: tuple[str, ...]) -> str:
-    """The first bucket (in BUCKETS' order) with a frame of `stack` matching it."""
+    """The first reason bucket with a frame of `stack` matching it, else the bucket of the
+    leaf-most frame that is not generic (see the module's docstring)."""
     for name, pattern in BUCKETS:
         if any(pattern.search(frame) for frame in stack):
+            return name
+    owner = next((frame for frame in stack if not GENERIC.search(frame)), None)
+    if owner is None:
+        return GO_RUNTIME
+    for name, pattern in LEAF_BUCKETS:
+        if pattern.search(owner):
             return name
     return OTHER
 
@@ -182,18 +205,19 @@ def buckets(profile: Profile) -> Counter[str]:
 
 
 def top_functions(profile: Profile, bucket: str, count: int) -> list[tuple[str, int]]:
-    """The leaf functions of `bucket`'s samples with the most CPU (flat ns)."""
+    """The functions that decided `bucket` for its samples with the most CPU: the leaf-most frame
+    not generic (the runtime's own frames where there is none)."""
     flat: Counter[str] = Counter()
     for stack, ns in profile.stacks.items():
         if stack and bucket_of(stack) == bucket:
-            flat[stack[0]] += ns
+            flat[next((frame for frame in stack if not GENERIC.search(frame)), stack[0])] += ns
     return flat.most_common(count)
 
 
 def table(profiles: dict[str, Profile], pods: int) -> str:
     """A markdown table: ms of CPU per pod per bucket, one column per profile (and its share)."""
     per = {label: buckets(p) for label, p in profiles.items()}
-    order = [name for name, _ in BUCKETS] + [OTHER]
+    order = [name for name, _ in [*BUCKETS, *LEAF_BUCKETS]] + [GO_RUNTIME, OTHER]
     lines = ["| bucket | " + " | ".join(f"{label} ms/pod (%)" for label in profiles) + " |",
              "|---|" + "---|" * len(profiles)]  # fmt: skip
     for name in order:
@@ -213,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("profiles", nargs="+", metavar="LABEL=PATHS", help="a label and its profile files")
     parser.add_argument("--pods", type=int, default=1, help="pods in each profiled run (ms per pod); 1: ms in all")
-    parser.add_argument("--top", type=int, default=0, help="also list this many leaf functions of --bucket")
+    parser.add_argument("--top", type=int, default=0, help="also list the top functions of --bucket")
     parser.add_argument("--bucket", default=OTHER, help=f"the bucket --top lists (default {OTHER})")
     args = parser.parse_args(argv)
     profiles: dict[str, Profile] = {}
@@ -225,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(profiles, args.pods))
     if args.top:
         for label, profile in profiles.items():
-            print(f"\n{label}: top {args.top} leaf functions of bucket {args.bucket!r} (ms per pod)")
+            print(f"\n{label}: top {args.top} functions (leaf-most not generic) of bucket {args.bucket!r} (ms per pod)")
             for name, ns in top_functions(profile, args.bucket, args.top):
                 print(f"  {ns / 1e6 / args.pods:8.3f}  {name}")
     return 0

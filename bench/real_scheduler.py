@@ -242,7 +242,8 @@ def create_dra(custom: Any, nodes: list[str], pool: ThreadPoolExecutor) -> None:
                            for i in range(CARDS_PER_NODE)]  # fmt: skip
             else:
                 devices = [{"name": f"gpu-{i}", "attributes": model, "allowMultipleAllocations": True, "capacity": {
-                    "cores": {"value": "100", "requestPolicy": {"default": "100", "validRange": {"min": "1", "step": "1"}}},
+                    "cores": {"value": "100",
+                              "requestPolicy": {"default": "100", "validRange": {"min": "1", "step": "1"}}},
                     "memory": {"value": "80Gi",
                                "requestPolicy": {"default": "80Gi", "validRange": {"min": "1Mi", "step": "1Mi"}}}}}
                            for i in range(CARDS_PER_NODE)]  # fmt: skip
@@ -275,7 +276,8 @@ def pod_body(name: str, kind: str) -> dict[str, Any]:
                                  "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}  # fmt: skip
     spec: dict[str, Any] = {"containers": [container]}
     if kind == "ours-slice":
-        meta["annotations"] = {names.inline_request_annotation("main"): f"gpu-core=10,gpu-memory=1Gi,class={SLICE_CLASS}"}
+        request = f"gpu-core=10,gpu-memory=1Gi,class={SLICE_CLASS}"
+        meta["annotations"] = {names.inline_request_annotation("main"): request}
     elif kind == "ours-whole":
         meta["annotations"] = {names.inline_request_annotation("main"): f"gpu=1,class={WHOLE_CLASS}"}
     elif kind.startswith("dra-"):
@@ -476,7 +478,8 @@ class Bench:
                                                                     limit=1)["items"]:  # fmt: skip
                 return False
             if kind.startswith("ours-"):
-                egpus = self.custom.list_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_ELASTIC_GPU)["items"]
+                egpus = self.custom.list_cluster_custom_object(names.GROUP, names.VERSION,
+                                                               names.PLURAL_ELASTIC_GPU)["items"]  # fmt: skip
                 return not any(((e.get("spec") or {}).get("claimRef") or {}).get("namespace") == namespace
                                for e in egpus)  # fmt: skip
             return True
@@ -503,7 +506,7 @@ def report(runs: list[Run], title: str) -> str:
         flag = "" if r.complete else f" ({r.pods - r.scheduled} not scheduled)"
         cpu = " | ".join(f"{r.cpu_ms_per_pod(c):.1f}" for c in COMPONENTS)
         lines.append(f"| {r.label} | {r.scheduled_per_s:.1f}{flag} | {r.p50_ms:.0f} / {r.p99_ms:.0f} | "
-                     f"{r.ready_claims if not r.kind == 'plain' else '-'} | {cpu} | {r.writes_per_pod():.2f} | "
+                     f"{r.ready_claims if r.kind != 'plain' else '-'} | {cpu} | {r.writes_per_pod():.2f} | "
                      f"{r.load:.1f} |")  # fmt: skip
     lines.append("\n(CPU in ms per pod; writes per pod without leases.)")
     kinds = list(dict.fromkeys(r.kind for r in runs if not r.label.endswith("(profiled)")))
@@ -587,11 +590,12 @@ def main(argv: list[str] | None = None) -> int:
                                        (WHOLE_CLASS, names.PROVISIONER_PHYSICAL)):  # fmt: skip
                 custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_CLASS, {
                     "apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": klass},
-                    "provisioner": provisioner, "bindingMode": "Immediate", "parameters": {"gpuModel": MODEL}})  # fmt: skip
-            for kind in KINDS:
-                core.create_namespace({"metadata": {"name": namespace_of(kind)}})
-                processes.wait_until(lambda ns=namespace_of(kind): core.read_namespaced_service_account("default", ns),
-                                     f"the default ServiceAccount of {namespace_of(kind)}", timeout_s=60)  # fmt: skip
+                    "provisioner": provisioner, "bindingMode": "Immediate",
+                    "parameters": {"gpuModel": MODEL}})  # fmt: skip
+            for namespace in map(namespace_of, KINDS):
+                core.create_namespace({"metadata": {"name": namespace}})
+                processes.wait_until(lambda ns=namespace: core.read_namespaced_service_account("default", ns),
+                                     f"the default ServiceAccount of {namespace}", timeout_s=60)  # fmt: skip
             create_templates(custom)
             # Nobody beats for the simulated cards (the reports of running claims must outlive the grace).
             # The controller watches every namespace (ours-whole and ours-slice have one each), with
@@ -643,9 +647,10 @@ def main(argv: list[str] | None = None) -> int:
         text += ("\n\nkube-apiserver CPU by bucket (bench/pprof_buckets.py; profiled runs only):\n\n"
                  + pprof_buckets.table(loaded, args.pods))  # fmt: skip
         go = shutil.which("go")
-        for kind, folder in profiles.items():
+        for folder in profiles.values():
             if go:
-                top = subprocess.run([go, "tool", "pprof", "-top", "-nodecount=60", *sorted(map(str, folder.glob("*.pb.gz")))],
+                files = sorted(map(str, folder.glob("*.pb.gz")))
+                top = subprocess.run([go, "tool", "pprof", "-top", "-nodecount=60", *files],
                                      capture_output=True, text=True, timeout=300)  # fmt: skip
                 (folder / "top.txt").write_text(top.stdout + top.stderr)
         text += f"\n\nprofiles (and `go tool pprof -top` in top.txt): {', '.join(map(str, profiles.values()))}"
@@ -653,7 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.md").write_text(text + "\n")
     (out / "runs.json").write_text(json.dumps([r.__dict__ for r in runs], indent=1))
     print(f"\nreport and runs in {out}; logs of the controller and webhook: {log_dir}")
-    return 0 if all(r.complete for r in runs) and all(r.ready_claims == r.pods for r in runs if r.kind != "plain") else 1
+    ready = all(r.ready_claims == r.pods for r in runs if r.kind != "plain")
+    return 0 if ready and all(r.complete for r in runs) else 1
 
 
 if __name__ == "__main__":
