@@ -35,7 +35,9 @@ from pathlib import Path
 BUCKETS: list[tuple[str, re.Pattern[str]]] = [
     ("GC", re.compile(r"^runtime\.(gcBgMarkWorker|gcAssistAlloc|gcDrain|bgsweep|bgscavenge|sweepone|markroot"
                       r"|gcMarkDone|gcStart|deductSweepCredit)")),
-    ("managedFields", re.compile(r"structured-merge-diff|/fieldmanager|/util/managedfields")),
+    # managedFieldsValidatingAdmissionController wraps the whole admission chain: not its frame.
+    ("managedFields", re.compile(r"structured-merge-diff|/fieldmanager\.(?!\(\*managedFieldsValidatingAdmission)"
+                                 r"|/util/managedfields|/internal/managedfields")),
     ("CEL", re.compile(r"github\.com/google/cel-go|k8s\.io/apiserver/pkg/cel|/apiserver/schema/cel"
                        r"|/admission/plugin/cel|/plugin/policy/|matchconditions")),
     ("CR schema (coercion, defaulting, pruning, OpenAPI validation)",
