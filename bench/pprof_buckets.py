@@ -40,13 +40,19 @@ BUCKETS: list[tuple[str, re.Pattern[str]]] = [
                                  r"|/util/managedfields|/internal/managedfields")),
     ("CEL", re.compile(r"github\.com/google/cel-go|k8s\.io/apiserver/pkg/cel|/apiserver/schema/cel"
                        r"|/admission/plugin/cel|/plugin/policy/|matchconditions")),
+    # Not customresource.(*StatusREST).Update nor schemaCoercingDecoder.Decode: they wrap the whole
+    # status write and the body's JSON decode; their strategies and the coercer are the schema work.
     ("CR schema (coercion, defaulting, pruning, OpenAPI validation)",
-     re.compile(r"apiextensions-apiserver/pkg/apiserver/schema|apiextensions-apiserver/pkg/registry/customresource"
-                r"|kube-openapi/pkg/validation|apiextensions-apiserver/pkg/apiserver/validation"
-                r"|apiextensions-apiserver/pkg/apihelpers")),
-    ("watch (decode, cache, fan-out)", re.compile(r"/storage/cacher|\(\*WatchServer\)|handlers\.serveWatch"
-                                                  r"|/storage/etcd3\.\(\*watch|/storage/etcd3\.\(\*watcher"
-                                                  r"|watch\.\(\*StreamWatcher|/pkg/watch\.")),
+     re.compile(r"apiextensions-apiserver/pkg/apiserver/schema|apiextensions-apiserver/pkg/apiserver/validation"
+                r"|apiextensions-apiserver/pkg/registry/customresource\.(customResourceStrategy|statusStrategy"
+                r"|customResourceValidator|validateKubeFinalizerName|generateWarnings)"
+                r"|apiextensions-apiserver/pkg/apiserver\.(\(\*unstructuredSchemaCoercer\)|schemaCoercingConverter"
+                r"|unstructuredDefaulter)|kube-openapi/pkg/validation|apiextensions-apiserver/pkg/apihelpers")),
+    # Not cacher.(*CacheDelegator): every write and get passes through it on its way to etcd.
+    ("watch (decode, cache, fan-out)", re.compile(r"/storage/cacher\.(?!\(\*CacheDelegator\))|/storage/cacher/"
+                                                  r"|\(\*WatchServer\)|handlers\.serveWatch"
+                                                  r"|/storage/etcd3\.\(\*watch|watch\.\(\*StreamWatcher"
+                                                  r"|apimachinery/pkg/watch\.")),
     ("admission webhook calls", re.compile(r"/admission/plugin/webhook")),
     ("etcd client (gRPC)", re.compile(r"go\.etcd\.io/etcd|google\.golang\.org/grpc")),
     ("bench probes (/metrics, pprof)", re.compile(r"prometheus/common/expfmt|prometheus/client_golang/prometheus\."
@@ -62,7 +68,7 @@ LEAF_BUCKETS: list[tuple[str, re.Pattern[str]]] = [
 # Frames that say nothing about what the work is for: skipped when looking for the leaf's owner.
 GENERIC = re.compile(r"^(runtime\.|internal/(?!poll|runtime/syscall)|sync\.|sync/|reflect\.|strconv\.|bytes\."
                      r"|strings\.|unicode|sort\.|slices\.|maps\.|math|hash|errors\.|fmt\.|memeqbody|indexbyte"
-                     r"|aeshash|cmpbody|gogo)")
+                     r"|aeshash|cmpbody|gcWriteBarrier|time\.runtimeNow|time\.Now|context\.)")
 # fmt: on
 GO_RUNTIME = "Go runtime (scheduler, allocation)"
 OTHER = "other"
