@@ -1,7 +1,8 @@
 """bench/real_scheduler.py at a tiny size on the real control plane: every kind (plain pods, ours
 whole and slice, DRA one device and shared devices) gets all its pods scheduled with every claim
 Bound or allocated, the writes per pod come from the API server's own counters, and a profiled
-run yields a CPU profile that bench/pprof_buckets.py attributes."""
+run yields a CPU profile that bench/pprof_buckets.py attributes. It runs with the raised client
+limits, so the launcher's extra flags per component are exercised too."""
 
 from __future__ import annotations
 
@@ -31,11 +32,13 @@ def test_the_bench_schedules_every_kind_and_counts_its_writes(tmp_path: Path) ->
     except real_cluster.ControlPlaneUnavailable as e:
         pytest.skip(str(e))
     done = subprocess.run([sys.executable, str(BENCH), "--nodes", "3", "--pods", str(PODS), "--timeout-s", "120",
-                           "--profile", "dra-one", "--out", str(tmp_path)],
+                           "--profile", "dra-one", "--limits", "raised", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     out = done.stdout
     assert done.returncode == 0, out[-4000:] + done.stderr[-4000:]
     assert "not scheduled" not in out, out
+    # the raised client limits reached the controller manager and scheduler (they started with them)
+    assert "limits: --kube-api-qps=500 --kube-api-burst=1000" in out, out
     runs = {_cells(line)[0]: _cells(line) for line in out.splitlines() if line.startswith("| ") and " #1 |" in line}
     assert set(runs) == {f"{kind} #1" for kind in KINDS}, out
     for kind in KINDS:
