@@ -54,6 +54,8 @@ def test_inline_claim_is_made_bound_and_removed_with_its_pod(world: World, defau
     assert claim["status"]["phase"] == "Bound"
     assert claim["status"]["users"] == [{"name": "web-0", "uid": pod["metadata"]["uid"]}]
     assert not _gated(world.get_pod("web-0"))
+    # Its bind is routine: no Event (issue 37; a claim a user made gets one, test_against_server.py).
+    assert world.events("Bound", name="web-0-main") == []
 
     world.delete_pod("web-0")
     settle(controller)
