@@ -28,41 +28,75 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_scheduler
 
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE"}
-_LINE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")
+_LINE = re.compile(r"^(?P<metric>apiserver_request_total|apiserver_request_duration_seconds_sum|"
+                   r"apiserver_watch_events_sizes_sum|apiserver_watch_events_total)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-def scrape(api_client: Any) -> Counter[tuple[str, str]]:
-    """apiserver_request_total of write verbs, summed over codes and scopes, by (resource, verb)."""
+def scrape(api_client: Any) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str]], Counter[str], Counter[str]]:
+    """apiserver_request_total of write verbs, summed over codes and scopes, by (resource, verb); the
+    seconds those requests took (apiserver_request_duration_seconds_sum: wall time in the server, a
+    proxy for its work per kind of write); watch events sent and their bytes, by resource."""
     response = api_client.call_api("GET", api_client.configuration.host + "/metrics")
     counts: Counter[tuple[str, str]] = Counter()
+    seconds: Counter[tuple[str, str]] = Counter()
+    watch_events: Counter[str] = Counter()
+    watch_bytes: Counter[str] = Counter()
     for line in response.read().decode().splitlines():
         match = _LINE.match(line)
         if match is None:
             continue
         labels = dict(_LABEL.findall(match["labels"]))
+        if match["metric"].startswith("apiserver_watch_events"):
+            kind = f"{labels.get('group') or 'core'}/{labels.get('resource', '')}"
+            into = watch_events if match["metric"].endswith("total") else watch_bytes
+            into[kind] += float(match["value"])  # type: ignore[assignment]
+            continue
         verb = labels.get("verb", "")
         if verb not in WRITE_VERBS:
             continue
         resource = "/".join(p for p in (labels.get("group") or "core", labels.get("resource", ""),
                                         labels.get("subresource", "")) if p)  # fmt: skip
-        counts[(resource, verb)] += int(float(match["value"]))
-    return counts
+        if match["metric"] == "apiserver_request_total":
+            counts[(resource, verb)] += int(float(match["value"]))
+        else:
+            seconds[(resource, verb)] += float(match["value"])  # type: ignore[assignment]
+    return counts, seconds, watch_events, watch_bytes
+
+
+def dump(custom: Any, core: Any, namespace: str, folder: Path) -> None:
+    """One pod, claim, ElasticGPU and GPU of the claims run as the API server holds them, with their sizes."""
+    from elasticgpu.api import names
+
+    folder.mkdir(parents=True, exist_ok=True)
+    pod = core.api_client.sanitize_for_serialization(core.read_namespaced_pod("p00000", namespace))
+    claim = custom.get_namespaced_custom_object(names.GROUP, names.VERSION, namespace, names.PLURAL_CLAIM,
+                                                "p00000-main")  # fmt: skip
+    egpu = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_ELASTIC_GPU,
+                                            claim["spec"]["elasticGPUName"])  # fmt: skip
+    gpu_name = names.gpu_object_name(egpu["status"]["gpus"][0]) if egpu.get("status", {}).get("gpus") else None
+    gpu = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_GPU, gpu_name) if gpu_name else {}
+    for kind, body in (("pod", pod), ("claim", claim), ("egpu", egpu), ("gpu", gpu)):
+        text = json.dumps(body, indent=1, sort_keys=True)
+        (folder / f"{kind}.json").write_text(text)
+        managed = len(json.dumps((body.get("metadata") or {}).get("managedFields") or []))
+        print(f"  {kind}: {len(json.dumps(body))} bytes, managedFields {managed}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settle-s", type=float, default=5.0, help="wait after each run before the last scrape")
     parser.add_argument("--json", help="write the per-run counts here")
+    parser.add_argument("--dump", help="write one object of each kind the claims run wrote here (JSON, sizes)")
     args, rest = parser.parse_known_args(argv)
     original = real_scheduler.run
     report: dict[str, Any] = {}
 
     def counted(custom: Any, core: Any, namespace: str, **kwargs: Any) -> dict[str, Any]:
-        before = scrape(custom.api_client)
+        before, s_before, w_before, b_before = scrape(custom.api_client)
         result = original(custom, core, namespace, **kwargs)
         time.sleep(args.settle_s)
-        after = scrape(custom.api_client)
+        after, s_after, w_after, b_after = scrape(custom.api_client)
         which = "claims" if kwargs.get("claims") else "plain"
         pods = kwargs["pods"]
         writes = {f"{r} {v}": (after[(r, v)] - before.get((r, v), 0)) for r, v in after}
@@ -72,11 +106,21 @@ def main(argv: list[str] | None = None) -> int:
         apiserver_cpu = result["cpu"].get("kube-apiserver", float("nan"))
         report[which] = {"pods": pods, "writes": writes, "total": total, "without_leases": total - leases,
                          "apiserver_cpu_s": apiserver_cpu, "scheduled_per_s": result["scheduled_per_s"]}  # fmt: skip
-        print(f"\n{which}: writes per pod ({pods} pods; counts / pods)")
+        ms = {f"{r} {v}": 1000 * (s_after[(r, v)] - s_before.get((r, v), 0)) / pods for r, v in s_after}
+        report[which]["server_ms_per_pod"] = {k: round(ms.get(k, 0.0), 3) for k in writes}
+        watched = {k: (w_after[k] - w_before.get(k, 0), b_after[k] - b_before.get(k, 0)) for k in w_after}
+        watched = {k: v for k, v in sorted(watched.items()) if v[0]}
+        report[which]["watch_events_per_pod"] = {k: round(v[0] / pods, 2) for k, v in watched.items()}
+        print(f"\n{which}: writes per pod ({pods} pods; counts, per pod, ms in the server per pod)")
         for key, n in writes.items():
-            print(f"  {key:60s} {n:6d}  {n / pods:6.2f}")
+            print(f"  {key:60s} {n:6d}  {n / pods:6.2f}  {ms.get(key, 0.0):7.2f} ms")
         print(f"  {'total':60s} {total:6d}  {total / pods:6.2f}")
         print(f"  {'total without node Leases':60s} {total - leases:6d}  {(total - leases) / pods:6.2f}")
+        print("  watch events sent per pod (and KiB per pod), by resource:")
+        for key, (n, size) in watched.items():
+            print(f"    {key:58s} {n / pods:6.2f}  {size / 1024 / pods:7.2f} KiB")
+        if args.dump and which == "claims":
+            dump(custom, core, namespace, Path(args.dump))
         print(f"  kube-apiserver CPU {apiserver_cpu:.2f} s = {1000 * apiserver_cpu / pods:.1f} ms per pod", flush=True)
         return result
 
