@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         result = original(custom, core, namespace, **kwargs)
         time.sleep(args.settle_s)
         after, s_after, w_after, b_after = scrape(custom.api_client)
-        which = "claims" if kwargs.get("claims") else "plain"
+        # By namespace: a run added to real_scheduler.py (another kind of pod) gets its own rows.
+        which = {real_scheduler.CLAIMS_NS: "claims", real_scheduler.PLAIN_NS: "plain"}.get(namespace, namespace)
         pods = kwargs["pods"]
         writes = {f"{r} {v}": (after[(r, v)] - before.get((r, v), 0)) for r, v in after}
         writes = {k: n for k, n in sorted(writes.items()) if n}
