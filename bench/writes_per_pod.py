@@ -33,7 +33,10 @@ _LINE = re.compile(r"^(?P<metric>apiserver_request_total|apiserver_request_durat
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-def scrape(api_client: Any) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str]], Counter[str], Counter[str]]:
+Scraped = tuple[Counter[tuple[str, str]], Counter[tuple[str, str]], Counter[str], Counter[str]]
+
+
+def scrape(api_client: Any) -> Scraped:
     """apiserver_request_total of write verbs, summed over codes and scopes, by (resource, verb); the
     seconds those requests took (apiserver_request_duration_seconds_sum: wall time in the server, a
     proxy for its work per kind of write); watch events sent and their bytes, by resource."""
@@ -64,6 +67,26 @@ def scrape(api_client: Any) -> tuple[Counter[tuple[str, str]], Counter[tuple[str
     return counts, seconds, watch_events, watch_bytes
 
 
+def delete_all(custom: Any, core: Any, namespace: str, timeout_s: float = 300.0) -> None:
+    """Delete every pod of `namespace` (grace 0: no kubelet runs to confirm), 16 at a time; wait until
+    the controller has released their claims and reclaimed their ElasticGPUs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from elasticgpu.api import names
+
+    pods = [p.metadata.name for p in core.list_namespaced_pod(namespace).items]
+    with ThreadPoolExecutor(real_scheduler.THREADS) as pool:
+        list(pool.map(lambda p: core.delete_namespaced_pod(p, namespace, grace_period_seconds=0), pods))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        claims = custom.list_namespaced_custom_object(names.GROUP, names.VERSION, namespace, names.PLURAL_CLAIM)
+        egpus = custom.list_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_ELASTIC_GPU)
+        if not claims["items"] and not egpus["items"]:
+            return
+        time.sleep(0.5)
+    print(f"  (claims or ElasticGPUs left after {timeout_s:.0f} s)", flush=True)
+
+
 def dump(custom: Any, core: Any, namespace: str, folder: Path) -> None:
     """One pod, claim, ElasticGPU and GPU of the claims run as the API server holds them, with their sizes."""
     from elasticgpu.api import names
@@ -87,29 +110,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settle-s", type=float, default=5.0, help="wait after each run before the last scrape")
     parser.add_argument("--json", help="write the per-run counts here")
+    parser.add_argument("--delete", action="store_true",
+                        help="after the claims run, delete its pods (at once, as a node's eviction does) and count"
+                        " the writes until their claims and ElasticGPUs are gone")
     parser.add_argument("--dump", help="write one object of each kind the claims run wrote here (JSON, sizes)")
     args, rest = parser.parse_known_args(argv)
     original = real_scheduler.run
     report: dict[str, Any] = {}
 
-    def counted(custom: Any, core: Any, namespace: str, **kwargs: Any) -> dict[str, Any]:
-        before, s_before, w_before, b_before = scrape(custom.api_client)
-        result = original(custom, core, namespace, **kwargs)
-        time.sleep(args.settle_s)
-        after, s_after, w_after, b_after = scrape(custom.api_client)
-        # By namespace: a run added to real_scheduler.py (another kind of pod) gets its own rows.
-        which = {real_scheduler.CLAIMS_NS: "claims", real_scheduler.PLAIN_NS: "plain"}.get(namespace, namespace)
-        pods = kwargs["pods"]
-        writes = {f"{r} {v}": (after[(r, v)] - before.get((r, v), 0)) for r, v in after}
+    def tell(which: str, pods: int, before: Scraped, after: Scraped, apiserver_cpu: float) -> None:
+        """Print and keep the writes, server time and watch events between two scrapes, per pod."""
+        (counts_0, seconds_0, events_0, bytes_0), (counts_1, seconds_1, events_1, bytes_1) = before, after
+        writes = {f"{r} {v}": (counts_1[(r, v)] - counts_0.get((r, v), 0)) for r, v in counts_1}
         writes = {k: n for k, n in sorted(writes.items()) if n}
         total = sum(writes.values())
         leases = sum(n for k, n in writes.items() if k.startswith("coordination.k8s.io/leases"))
-        apiserver_cpu = result["cpu"].get("kube-apiserver", float("nan"))
         report[which] = {"pods": pods, "writes": writes, "total": total, "without_leases": total - leases,
-                         "apiserver_cpu_s": apiserver_cpu, "scheduled_per_s": result["scheduled_per_s"]}  # fmt: skip
-        ms = {f"{r} {v}": 1000 * (s_after[(r, v)] - s_before.get((r, v), 0)) / pods for r, v in s_after}
+                         "apiserver_cpu_s": apiserver_cpu}  # fmt: skip
+        ms = {f"{r} {v}": 1000 * (seconds_1[(r, v)] - seconds_0.get((r, v), 0)) / pods for r, v in seconds_1}
         report[which]["server_ms_per_pod"] = {k: round(ms.get(k, 0.0), 3) for k in writes}
-        watched = {k: (w_after[k] - w_before.get(k, 0), b_after[k] - b_before.get(k, 0)) for k in w_after}
+        watched = {k: (events_1[k] - events_0.get(k, 0), bytes_1[k] - bytes_0.get(k, 0)) for k in events_1}
         watched = {k: v for k, v in sorted(watched.items()) if v[0]}
         report[which]["watch_events_per_pod"] = {k: round(v[0] / pods, 2) for k, v in watched.items()}
         print(f"\n{which}: writes per pod ({pods} pods; counts, per pod, ms in the server per pod)")
@@ -120,9 +140,27 @@ def main(argv: list[str] | None = None) -> int:
         print("  watch events sent per pod (and KiB per pod), by resource:")
         for key, (n, size) in watched.items():
             print(f"    {key:58s} {n / pods:6.2f}  {size / 1024 / pods:7.2f} KiB")
+        print(f"  kube-apiserver CPU {apiserver_cpu:.2f} s = {1000 * apiserver_cpu / pods:.1f} ms per pod", flush=True)
+
+    def counted(custom: Any, core: Any, namespace: str, **kwargs: Any) -> dict[str, Any]:
+        before = scrape(custom.api_client)
+        result = original(custom, core, namespace, **kwargs)
+        time.sleep(args.settle_s)
+        after = scrape(custom.api_client)
+        # By namespace: a run added to real_scheduler.py (another kind of pod) gets its own rows.
+        which = {real_scheduler.CLAIMS_NS: "claims", real_scheduler.PLAIN_NS: "plain"}.get(namespace, namespace)
+        pods = kwargs["pods"]
+        tell(which, pods, before, after, result["cpu"].get("kube-apiserver", float("nan")))
+        report[which]["scheduled_per_s"] = result["scheduled_per_s"]
         if args.dump and which == "claims":
             dump(custom, core, namespace, Path(args.dump))
-        print(f"  kube-apiserver CPU {apiserver_cpu:.2f} s = {1000 * apiserver_cpu / pods:.1f} ms per pod", flush=True)
+        if args.delete and which == "claims":
+            cpu = kwargs["cpu"]
+            before, cpu_before = scrape(custom.api_client), cpu()
+            delete_all(custom, core, namespace)
+            time.sleep(args.settle_s)
+            after = scrape(custom.api_client)
+            tell(f"{which} deleted", pods, before, after, cpu()["kube-apiserver"] - cpu_before["kube-apiserver"])
         return result
 
     real_scheduler.run = counted  # type: ignore[assignment]
