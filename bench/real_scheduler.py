@@ -1,37 +1,58 @@
-"""Pods that use claims on Kubernetes' own scheduler, against the scheduler's own ceiling.
+"""Pods that use claims on Kubernetes' own scheduler: ours against DRA's and plain pods, same nodes.
 
 Starts the real control plane (elasticgpu/demo/real_cluster.py: etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler; `bash testcluster/build.sh` builds the binary), installs
-the CRDs and writes, as kubelet and the node agent would:
+kube-controller-manager, kube-scheduler v1.36.3; `bash testcluster/build.sh` builds the binary),
+installs the CRDs and writes, as kubelet, the node agent and a DRA driver would:
 
   * N Node objects with allocatable (64 CPU, 256Gi, 110 pods) and a Ready condition, and their
-    Leases in kube-node-lease renewed every 10 s (so the node lifecycle controller keeps them Ready
-    and untainted; no kubelet runs, no runtime);
-  * 8 GPU objects per node, spec and status built by the agent's own code (`gpu_spec`,
-    `desired_status`: Healthy, a heartbeat); the controller runs with a heartbeat grace of 1 h, as
-    nobody beats after that;
+    Leases in kube-node-lease renewed every 10 s (no kubelet runs, no runtime);
+  * 8 GPU objects per node, built by the agent's own `gpu_spec`/`desired_status` (the controller
+    runs with a heartbeat grace of 1 h: nobody beats after that);
+  * for DRA (resource.k8s.io/v1, GA; consumable capacity is beta and on by default in 1.36), two
+    made-up drivers with one ResourceSlice per node each: `one.bench.example.com`, 8 devices per
+    node for exclusive use, and `shared.bench.example.com`, 8 devices per node with
+    `allowMultipleAllocations` and capacity `cores` 100 / `memory` 80Gi; a DeviceClass per driver;
 
-then runs the controller and the admission webhook as the demo does (`elasticgpu controller`,
-`elasticgpu webhook` as processes, one namespace), and two runs of P pods each, in one invocation:
+then runs our controller (all namespaces, leader election off) and webhook as processes, and runs
+of P pods per kind, each kind in its own namespace:
 
-  claims   pods with one inline slice (`elasticgpu.io/request.main: gpu-core=10,gpu-memory=1Gi,...`):
-           the webhook gates them, the controller makes and binds each pod's claim and lifts the
-           gate (with the claim's node as affinity), the scheduler places them;
-  plain    the same pods without the annotation, in their own namespace (the webhook's
-           matchConditions keep them from it; the controller does not watch there): the scheduler's
-           own ceiling on this machine in the same run.
+  plain       pods with no claim: the scheduler's own ceiling on this machine;
+  ours-whole  one inline whole card (`gpu=1`, class with provisioner elasticgpu.io/physical);
+  ours-slice  one inline slice (`gpu-core=10,gpu-memory=1Gi`, provisioner elasticgpu.io/gpushare);
+  dra-one     a ResourceClaimTemplate asking for one device of class bench-one;
+  dra-shared  a ResourceClaimTemplate asking for `cores: 10`, `memory: 1Gi` of one shared device.
 
-Pods are created by 16 threads as fast as the API server takes them (`--rate 0`, a burst) or at
-`--rate` per second. Measured (monotonic clock of this process; "created" is the return of the
-create call, "scheduled"/"Bound" the first watch event showing `spec.nodeName` / phase Bound):
-pods scheduled per second and claims bound per second (P / (last seen - first create)),
-created -> scheduled and created -> Bound p50/p99, and the CPU seconds each component used during
-the run (/proc/<pid>/stat). No kubelet runs, so no pod reaches Running: everything is measured to
-scheduled.
+Ours: the webhook gates the pod, the controller makes and binds its claim and lifts the gate, the
+scheduler places it. DRA: the controller manager's resourceclaim controller makes the claim from
+the template, the scheduler's DRA plugin allocates it and binds the pod. Either way a pod counts as
+scheduled when a watch first shows its `spec.nodeName`; afterwards the bench checks that every
+claim is Bound (ours) or allocated and reserved for its pod (DRA).
 
-    python bench/real_scheduler.py                              # 500 nodes x 8 cards, 5,000 pods per run
-    python bench/real_scheduler.py --nodes 100 --pods 1000      # the smaller size
-    python bench/real_scheduler.py --nodes 5 --pods 20          # smoke (tests/realcluster/test_real_scheduler_bench.py)
+`--repeat N` runs N rounds, the kinds rotated by one each round so that no kind always runs
+first; between runs the namespace's pods are deleted (grace 0) and its claims, and the bench
+waits until they and our ElasticGPUs are gone. Pods are created by 16 threads as fast as the API
+server takes them (`--rate R` for a steady rate). Per run: pods scheduled/s (P / (last scheduled
+- first create)), created -> scheduled p50/p99 (create call's return to the watch event), CPU ms
+per pod of each component (/proc/<pid>/stat, from before the first create until the writes
+stop after the last pod is scheduled), and writes per pod by resource, subresource and verb from
+the API server's own `apiserver_request_total` (deltas over the same window; `leases` are the
+nodes' heartbeats and leader election, time-bound, and left out of the totals).
+
+`--limits raised` starts the controller manager and the scheduler with `--kube-api-qps=500
+--kube-api-burst=1000` (stock: 20/30 and 50/100); `--kube-api-qps/--kube-api-burst` set other
+values. Our controller (Python kubernetes client) has no client-side rate limit; its work queue
+limits only retries (50/s, burst 500).
+
+`--profile KIND[,KIND]`: after the measured rounds, one more run of each such kind with the API
+server's CPU profiled throughout (/debug/pprof/profile in back-to-back 3 s windows; the files, a
+`go tool pprof -top` of them and bench/pprof_buckets.py's buckets, ms per pod side by side, go to
+`--out`). Profiled runs are reported apart, not averaged in.
+
+    python bench/real_scheduler.py --nodes 100 --pods 800 --repeat 2                  # stock limits
+    python bench/real_scheduler.py --nodes 100 --pods 800 --repeat 2 --limits raised
+    python bench/real_scheduler.py --nodes 100 --pods 800 --kinds ours-slice,dra-one --repeat 0 \\
+        --profile ours-slice,dra-one                                                  # profiles only
+    python bench/real_scheduler.py --nodes 3 --pods 6     # smoke (tests/realcluster/test_real_scheduler_bench.py)
 """
 
 from __future__ import annotations
@@ -40,13 +61,20 @@ import argparse
 import datetime
 import json
 import os
+import re
+import shutil
+import ssl
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +82,27 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+import pprof_buckets  # noqa: E402
 from first_seen import SeenClock  # noqa: E402
 
-from elasticgpu.api import names, pod_claims  # noqa: E402
+from elasticgpu.api import names  # noqa: E402
 
 CARDS_PER_NODE = 8
 MODEL = "NVIDIA BENCH-80GB"
 CARD_MIB = 81920
-REQUEST = "gpu-core=10,gpu-memory=1Gi"
-CLASS = "bench-real"
-CLAIMS_NS, PLAIN_NS = "bench-claims", "bench-plain"
+SLICE_CLASS, WHOLE_CLASS = "bench-slice", "bench-whole"
+ONE_DRIVER, SHARED_DRIVER = "one.bench.example.com", "shared.bench.example.com"
+ONE_CLASS, SHARED_CLASS = "bench-one", "bench-shared"
+RESOURCE = ("resource.k8s.io", "v1")
+KINDS = ("plain", "ours-whole", "ours-slice", "dra-one", "dra-shared")
 LEASE_RENEW_S = 10.0
 THREADS = 16
+PROFILE_WINDOW_S = 3
+RAISED = (500.0, 1000)
+WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "APPLY": "apply", "DELETE": "delete",
+               "DELETECOLLECTION": "deletecollection"}
+"""apiserver_request_total's write verbs (it says POST and PUT) and what the tables call them."""
+COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "controller", "webhook", "etcd", "bench")
 
 
 def _now() -> str:
@@ -85,8 +122,8 @@ def _cpu_s(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def _self_cpu_s() -> float:
-    return time.process_time()
+def namespace_of(kind: str) -> str:
+    return f"bench-{kind}"
 
 
 class Nodes:
@@ -154,14 +191,6 @@ def create_gpus(custom: Any, nodes: list[str], pool: ThreadPoolExecutor) -> None
     list(pool.map(one, enumerate(nodes)))
 
 
-def pod_body(name: str, *, claims: bool) -> dict[str, Any]:
-    """A pod of one container; with `claims`, one inline slice (the webhook gates it)."""
-    meta: dict[str, Any] = {"name": name}
-    if claims:
-        meta["annotations"] = {names.inline_request_annotation("main"): f"{REQUEST},class={CLASS}"}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                     "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}}  # fmt: skip
 
 
 class FirstSeen(SeenClock):
@@ -194,87 +223,344 @@ class FirstSeen(SeenClock):
                 time.sleep(0.05)
 
 
+
+
+def create_dra(custom: Any, nodes: list[str], pool: ThreadPoolExecutor) -> None:
+    """Two made-up DRA drivers' DeviceClasses and one ResourceSlice per node each, as a driver's
+    kubelet plugin would publish them: 8 exclusive devices, and 8 shareable ones with consumable
+    capacity (any whole number of cores 1..100, memory in MiB steps)."""
+    for klass, driver in ((ONE_CLASS, ONE_DRIVER), (SHARED_CLASS, SHARED_DRIVER)):
+        custom.create_cluster_custom_object(*RESOURCE, "deviceclasses", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": klass},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})  # fmt: skip
+    model = {"model": {"string": MODEL}}
+
+    def one(node: str) -> None:
+        for driver in (ONE_DRIVER, SHARED_DRIVER):
+            if driver == ONE_DRIVER:
+                devices = [{"name": f"gpu-{i}", "attributes": model, "capacity": {"memory": {"value": "80Gi"}}}
+                           for i in range(CARDS_PER_NODE)]  # fmt: skip
+            else:
+                devices = [{"name": f"gpu-{i}", "attributes": model, "allowMultipleAllocations": True, "capacity": {
+                    "cores": {"value": "100",
+                              "requestPolicy": {"default": "100", "validRange": {"min": "1", "step": "1"}}},
+                    "memory": {"value": "80Gi",
+                               "requestPolicy": {"default": "80Gi", "validRange": {"min": "1Mi", "step": "1Mi"}}}}}
+                           for i in range(CARDS_PER_NODE)]  # fmt: skip
+            custom.create_cluster_custom_object(*RESOURCE, "resourceslices", {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": f"{node}-{driver.split('.')[0]}"},
+                "spec": {"driver": driver, "nodeName": node, "devices": devices,
+                         "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}}})  # fmt: skip
+
+    list(pool.map(one, nodes))
+
+
+def create_templates(custom: Any) -> None:
+    """The ResourceClaimTemplates of the two DRA kinds, in their namespaces."""
+    requests = {
+        "dra-one": {"deviceClassName": ONE_CLASS, "allocationMode": "ExactCount", "count": 1},
+        "dra-shared": {"deviceClassName": SHARED_CLASS, "allocationMode": "ExactCount", "count": 1,
+                       "capacity": {"requests": {"cores": "10", "memory": "1Gi"}}},
+    }  # fmt: skip
+    for kind, exactly in requests.items():
+        custom.create_namespaced_custom_object(*RESOURCE, namespace_of(kind), "resourceclaimtemplates", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "gpu"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}})  # fmt: skip
+
+
+def pod_body(name: str, kind: str) -> dict[str, Any]:
+    """A pod of one container asking for 100m CPU and 64Mi, and for a GPU as `kind` does."""
+    meta: dict[str, Any] = {"name": name}
+    container: dict[str, Any] = {"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}  # fmt: skip
+    spec: dict[str, Any] = {"containers": [container]}
+    if kind == "ours-slice":
+        request = f"gpu-core=10,gpu-memory=1Gi,class={SLICE_CLASS}"
+        meta["annotations"] = {names.inline_request_annotation("main"): request}
+    elif kind == "ours-whole":
+        meta["annotations"] = {names.inline_request_annotation("main"): f"gpu=1,class={WHOLE_CLASS}"}
+    elif kind.startswith("dra-"):
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+        container["resources"]["claims"] = [{"name": "gpu"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
 def scheduled_watch(core: Any, namespace: str) -> FirstSeen:
     """When each pod of the namespace was first seen with spec.nodeName."""
     return FirstSeen(core.list_namespaced_pod, lambda o: bool((o.get("spec") or {}).get("nodeName")),
                      namespace=namespace)  # fmt: skip
 
 
-def bound_watch(custom: Any, namespace: str) -> FirstSeen:
-    """When each claim of the namespace was first seen Bound."""
-    return FirstSeen(custom.list_namespaced_custom_object, lambda o: (o.get("status") or {}).get("phase") == "Bound",
-                     group=names.GROUP, version=names.VERSION, namespace=namespace, plural=names.PLURAL_CLAIM)
+_LABELS = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-def run(custom: Any, core: Any, namespace: str, *, pods: int, rate: float, claims: bool, timeout_s: float,
-        cpu: Callable[[], dict[str, float]], children: list[Any]) -> dict[str, Any]:  # fmt: skip
-    """Create `pods` pods (a burst when `rate` is 0) and wait until every one is scheduled."""
-    scheduled = scheduled_watch(core, namespace)
-    bound = bound_watch(custom, namespace) if claims else None
-    for watch in (scheduled, bound):
-        if watch is not None:
-            watch.start()
-    time.sleep(1.0)  # the watches are open
-    names_ = [f"p{i:05d}" for i in range(pods)]
-    created: dict[str, float] = {}
-    cpu_before = cpu()
-    start = time.monotonic()
+class ApiServer:
+    """The API server's own endpoints over HTTPS with the admin's certificate: /metrics, pprof."""
 
-    def create(index: int) -> None:
-        if rate > 0:
-            delay = start + index / rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-        core.create_namespaced_pod(namespace, pod_body(names_[index], claims=claims))
-        created[names_[index]] = time.monotonic()
+    def __init__(self, server: str, context: ssl.SSLContext) -> None:
+        self.server, self.context = server, context
 
-    with ThreadPoolExecutor(THREADS) as pool:
-        list(pool.map(create, range(pods)))
-    created_s = time.monotonic() - start
-    deadline = time.monotonic() + timeout_s
-    while not (complete := scheduled.wait(names_, 1.0)) and time.monotonic() < deadline:
-        for child in children:
+    def get(self, path: str, timeout_s: float = 30) -> bytes:
+        with urllib.request.urlopen(f"{self.server}{path}", timeout=timeout_s, context=self.context) as answer:
+            return bytes(answer.read())
+
+    def writes(self) -> Counter[str]:
+        """apiserver_request_total of the write verbs, summed over codes and versions, keyed
+        `resource[/subresource] VERB` (the group left out: no two kinds here share a plural)."""
+        out: Counter[str] = Counter()
+        for line in self.get("/metrics").decode().splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels_text, _, value = line.rpartition("} ")
+            labels = dict(_LABELS.findall(labels_text))
+            if labels.get("verb") not in WRITE_VERBS:
+                continue
+            what = labels.get("resource", "?") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+            out[f"{what} {WRITE_VERBS[labels['verb']]}"] += int(float(value))
+        return out
+
+
+class Profiler:
+    """The API server's CPU profile in back-to-back windows until stopped (pprof cannot stop early)."""
+
+    def __init__(self, api: ApiServer, folder: Path) -> None:
+        self.api, self.folder = api, folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.files: list[Path] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            data = self.api.get(f"/debug/pprof/profile?seconds={PROFILE_WINDOW_S}", timeout_s=PROFILE_WINDOW_S + 60)
+            path = self.folder / f"cpu-{len(self.files):03d}.pb.gz"
+            path.write_bytes(data)
+            self.files.append(path)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class Run:
+    kind: str
+    label: str
+    pods: int
+    complete: bool = False
+    scheduled: int = 0
+    ready_claims: int = 0
+    create_per_s: float = 0.0
+    scheduled_per_s: float = 0.0
+    wall_s: float = 0.0
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    writes: dict[str, int] = field(default_factory=dict)
+    load: float = 0.0
+
+    def cpu_ms_per_pod(self, component: str) -> float:
+        return 1000 * self.cpu_s.get(component, 0.0) / self.pods
+
+    def writes_per_pod(self) -> float:
+        return sum(v for k, v in self.writes.items() if not k.startswith("leases")) / self.pods
+
+
+class Bench:
+    """One control plane with its nodes, drivers, controller and webhook; runs kinds on it."""
+
+    def __init__(self, core: Any, custom: Any, api: ApiServer, cpu: Callable[[], dict[str, float]],
+                 children: list[Any]) -> None:  # fmt: skip
+        self.core, self.custom, self.api, self.cpu, self.children = core, custom, api, cpu, children
+
+    def _alive(self) -> None:
+        for child in self.children:
             if child.process.poll() is not None:
                 raise SystemExit(f"{child.name} exited ({child.process.returncode}):\n{child.tail(20)}")
-    if bound is not None:
-        complete = bound.wait([pod_claims.inline_claim_name(n, "main") for n in names_], 10) and complete
-    cpu_after = cpu()
-    if not complete:  # why: the scheduler's word on one pod left, and the first node's taints
-        left = next(n for n in names_ if n not in scheduled.seen)
-        pod = core.read_namespaced_pod(left, namespace)
-        print(f"  pod {namespace}/{left}: nodeName={pod.spec.node_name} gates={pod.spec.scheduling_gates} "
-              f"conditions={[(c.type, c.status, c.message) for c in pod.status.conditions or []]}", flush=True)
-    for watch in (scheduled, bound):
-        if watch is not None:
-            watch.stop()
-    result: dict[str, Any] = {"pods": pods, "complete": complete, "create_per_s": pods / created_s,
-                              "cpu": {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}}  # fmt: skip
-    seen = [n for n in names_ if n in scheduled.seen]
-    result["scheduled"] = len(seen)
-    last = max((scheduled.seen[n] for n in seen), default=float("nan"))
-    result["scheduled_per_s"] = len(seen) / (last - start) if seen else 0.0
-    result["wall_s"] = last - start
-    result["sched_p50_ms"], result["sched_p99_ms"] = _percentiles([(scheduled.seen[n] - created[n]) * 1000
-                                                                  for n in seen])  # fmt: skip
-    if bound is not None:
-        by_claim = {pod_claims.inline_claim_name(n, "main"): n for n in names_}
-        got = {by_claim[c]: t for c, t in bound.seen.items() if c in by_claim}
-        result["bound"] = len(got)
-        last_bound = max(got.values(), default=float("nan"))
-        result["bound_per_s"] = len(got) / (last_bound - start) if got else 0.0
-        result["bound_p50_ms"], result["bound_p99_ms"] = _percentiles([(t - created[n]) * 1000
-                                                                      for n, t in got.items()])  # fmt: skip
-    return result
+
+    def run(self, kind: str, label: str, *, pods: int, rate: float, timeout_s: float,
+            profile: Path | None = None) -> Run:  # fmt: skip
+        """Create `pods` pods of `kind` (a burst when `rate` is 0), wait until every one is
+        scheduled and the writes stop, then check its claims and clean the namespace."""
+        namespace = namespace_of(kind)
+        result = Run(kind, label, pods)
+        scheduled = scheduled_watch(self.core, namespace)
+        scheduled.start()
+        time.sleep(1.0)  # the watch is open
+        pod_names = [f"p{i:05d}" for i in range(pods)]
+        created: dict[str, float] = {}
+        profiler = Profiler(self.api, profile) if profile else None
+        writes_before, cpu_before = self.api.writes(), self.cpu()
+        if profiler:
+            profiler.start()
+        start = time.monotonic()
+
+        def create(index: int) -> None:
+            if rate > 0:
+                delay = start + index / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            self.core.create_namespaced_pod(namespace, pod_body(pod_names[index], kind))
+            created[pod_names[index]] = time.monotonic()
+
+        with ThreadPoolExecutor(THREADS) as pool:
+            list(pool.map(create, range(pods)))
+        result.create_per_s = pods / (time.monotonic() - start)
+        deadline = time.monotonic() + timeout_s
+        while not (complete := scheduled.wait(pod_names, 1.0)) and time.monotonic() < deadline:
+            self._alive()
+        # The work a pod causes goes on after it is scheduled (the scheduler's and our Events, a
+        # claim's status): the window closes once the writes (but the time-bound Leases) stop.
+        writes_after, last = self.api.writes(), None
+        settle_deadline = time.monotonic() + 15
+        while time.monotonic() < settle_deadline:
+            current = {k: v for k, v in writes_after.items() if not k.startswith("leases")}
+            if current == last:
+                break
+            last = current
+            time.sleep(1.0)
+            writes_after = self.api.writes()
+        cpu_after = self.cpu()
+        if profiler:
+            profiler.stop()
+        scheduled.stop()
+        result.complete = complete
+        result.load = os.getloadavg()[0]
+        result.cpu_s = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
+        result.writes = {k: v - writes_before.get(k, 0) for k, v in writes_after.items()
+                         if v - writes_before.get(k, 0) > 0}  # fmt: skip
+        seen = [n for n in pod_names if n in scheduled.seen]
+        result.scheduled = len(seen)
+        last_seen = max((scheduled.seen[n] for n in seen), default=float("nan"))
+        result.scheduled_per_s = len(seen) / (last_seen - start) if seen else 0.0
+        result.wall_s = last_seen - start
+        result.p50_ms, result.p99_ms = _percentiles([(scheduled.seen[n] - created[n]) * 1000 for n in seen])
+        if not complete:  # why: the scheduler's word on one pod left
+            left = next(n for n in pod_names if n not in scheduled.seen)
+            pod = self.core.read_namespaced_pod(left, namespace)
+            print(f"  pod {namespace}/{left}: nodeName={pod.spec.node_name} gates={pod.spec.scheduling_gates} "
+                  f"conditions={[(c.type, c.status, c.message) for c in pod.status.conditions or []]}", flush=True)
+        result.ready_claims = self.ready_claims(kind)
+        self.clean(kind)
+        return result
+
+    def ready_claims(self, kind: str) -> int:
+        """Claims of the run that are Bound (ours) or allocated and reserved for their pod (DRA)."""
+        namespace = namespace_of(kind)
+        if kind.startswith("ours-"):
+            items = self.custom.list_namespaced_custom_object(names.GROUP, names.VERSION, namespace,
+                                                              names.PLURAL_CLAIM)["items"]  # fmt: skip
+            return sum(1 for c in items if (c.get("status") or {}).get("phase") == "Bound")
+        if kind.startswith("dra-"):
+            items = self.custom.list_namespaced_custom_object(*RESOURCE, namespace, "resourceclaims")["items"]
+            return sum(1 for c in items if (c.get("status") or {}).get("allocation")
+                       and (c.get("status") or {}).get("reservedFor"))  # fmt: skip
+        return 0
+
+    def clean(self, kind: str, timeout_s: float = 600) -> None:
+        """Delete the namespace's pods (grace 0: no kubelet confirms) and claims; wait until they
+        and our ElasticGPUs of the namespace are gone, so that the next run starts on free cards."""
+        namespace = namespace_of(kind)
+        self.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        claims = ((names.GROUP, names.VERSION, names.PLURAL_CLAIM) if kind.startswith("ours-")
+                  else (*RESOURCE, "resourceclaims") if kind.startswith("dra-") else None)  # fmt: skip
+        if claims:
+            self.custom.delete_collection_namespaced_custom_object(claims[0], claims[1], namespace, claims[2])
+
+        def gone() -> bool:
+            if self.core.list_namespaced_pod(namespace, limit=1).items:
+                return False
+            if claims and self.custom.list_namespaced_custom_object(claims[0], claims[1], namespace, claims[2],
+                                                                    limit=1)["items"]:  # fmt: skip
+                return False
+            if kind.startswith("ours-"):
+                egpus = self.custom.list_cluster_custom_object(names.GROUP, names.VERSION,
+                                                               names.PLURAL_ELASTIC_GPU)["items"]  # fmt: skip
+                return not any(((e.get("spec") or {}).get("claimRef") or {}).get("namespace") == namespace
+                               for e in egpus)  # fmt: skip
+            return True
+
+        deadline = time.monotonic() + timeout_s
+        while not gone():
+            self._alive()
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{namespace} not clean after {timeout_s:.0f} s")
+            time.sleep(1.0)
+        time.sleep(2.0)  # the release's last writes (GPU status) settle before the next run
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def report(runs: list[Run], title: str) -> str:
+    """The per-run table, the per-kind means, and the writes per pod by resource."""
+    lines = [title, "", "| run | pods/s | created->scheduled p50 / p99 ms | claims ready | API server | controller "
+             "manager | scheduler | our controller | our webhook | etcd | bench | writes/pod | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in runs:
+        flag = "" if r.complete else f" ({r.pods - r.scheduled} not scheduled)"
+        cpu = " | ".join(f"{r.cpu_ms_per_pod(c):.1f}" for c in COMPONENTS)
+        lines.append(f"| {r.label} | {r.scheduled_per_s:.1f}{flag} | {r.p50_ms:.0f} / {r.p99_ms:.0f} | "
+                     f"{r.ready_claims if r.kind != 'plain' else '-'} | {cpu} | {r.writes_per_pod():.2f} | "
+                     f"{r.load:.1f} |")  # fmt: skip
+    lines.append("\n(CPU in ms per pod; writes per pod without leases.)")
+    kinds = list(dict.fromkeys(r.kind for r in runs if not r.label.endswith("(profiled)")))
+    if not kinds:
+        return "\n".join(lines)
+    by_kind = {k: [r for r in runs if r.kind == k and not r.label.endswith("(profiled)")] for k in kinds}
+    lines += ["", "Means over the rounds:", "",
+              "| kind | runs | pods/s | p50 / p99 ms | API server ms/pod | controller manager | scheduler "
+              "| our controller | our webhook | etcd | writes/pod |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for kind, rs in by_kind.items():
+        cpu = " | ".join(f"{_mean([r.cpu_ms_per_pod(c) for r in rs]):.1f}" for c in COMPONENTS[:-1])
+        lines.append(f"| {kind} | {len(rs)} | {_mean([r.scheduled_per_s for r in rs]):.1f} | "
+                     f"{_mean([r.p50_ms for r in rs]):.0f} / {_mean([r.p99_ms for r in rs]):.0f} | {cpu} | "
+                     f"{_mean([r.writes_per_pod() for r in rs]):.2f} |")  # fmt: skip
+    keys = sorted({k for rs in by_kind.values() for r in rs for k in r.writes})
+    lines += ["", "Writes per pod by resource and verb (apiserver_request_total; leases are time-bound):", "",
+              "| resource verb | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]  # fmt: skip
+    for key in keys:
+        cells = [f"{_mean([r.writes.get(key, 0) / r.pods for r in by_kind[k]]):.2f}" for k in kinds]
+        if all(c == "0.00" for c in cells):  # a write or two in a run (a token, a lease): not per pod
+            continue
+        lines.append(f"| {key} | " + " | ".join("-" if c == "0.00" else c for c in cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", type=int, default=500)
-    parser.add_argument("--pods", type=int, default=5000, help="pods per run (claims, plain)")
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--pods", type=int, default=800, help="pods per run")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"kinds to run (default {','.join(KINDS)})")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of every kind, rotated each round (0: none)")
+    parser.add_argument("--limits", choices=("stock", "raised"), default="stock",
+                        help="client limits of the controller manager and scheduler (raised: qps 500, burst 1000)")
+    parser.add_argument("--kube-api-qps", type=float, help="the controller manager's and scheduler's QPS (overrides)")
+    parser.add_argument("--kube-api-burst", type=int, help="their burst (overrides --limits)")
+    parser.add_argument("--profile", default="", help="kinds to run once more with the API server profiled")
+    parser.add_argument("--out", type=Path, help="folder for profiles and results (default bench/out/real-scheduler-*)")
     parser.add_argument("--rate", type=float, default=0.0, help="pods created per second; 0: a burst (default)")
-    parser.add_argument("--runs", default="claims,plain", help="which runs, in order (default claims,plain)")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per run, for every pod to be scheduled")
     args = parser.parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+    profiled = [k for k in args.profile.split(",") if k]
+    for kind in {*kinds, *profiled} - set(KINDS):
+        parser.error(f"unknown kind {kind!r} (kinds: {', '.join(KINDS)})")
+    whole = [k for k in {*kinds, *profiled} if k in ("ours-whole", "dra-one")]
+    if whole and args.pods > args.nodes * CARDS_PER_NODE:
+        parser.error(f"{whole} need a card per pod: at most {args.nodes * CARDS_PER_NODE} pods on {args.nodes} nodes")
+    qps, burst = RAISED if args.limits == "raised" else (None, None)
+    qps, burst = args.kube_api_qps or qps, args.kube_api_burst or burst
+    limit_flags = [*([f"--kube-api-qps={qps:g}"] if qps else []), *([f"--kube-api-burst={burst}"] if burst else [])]
+    limits = " ".join(limit_flags) or "stock (controller manager 20/30, scheduler 50/100)"
+    out = args.out or REPO / "bench" / "out" / f"real-scheduler-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
 
     from kubernetes import client, config
 
@@ -282,10 +568,11 @@ def main(argv: list[str] | None = None) -> int:
     from elasticgpu.demo import components, processes, real_cluster
 
     began = time.monotonic()
-    results: dict[str, dict[str, Any]] = {}
+    runs: list[Run] = []
     log_dir = Path(tempfile.mkdtemp(prefix="egk8s-bench-"))
-    with real_cluster.running_control_plane(verbosity="0") as plane:
-        print(f"control plane up in {time.monotonic() - began:.0f} s ({plane.server})", flush=True)
+    extra = {"kube-controller-manager": limit_flags, "kube-scheduler": limit_flags}
+    with real_cluster.running_control_plane(verbosity="0", extra_args=extra) as plane:
+        print(f"control plane up in {time.monotonic() - began:.0f} s ({plane.server}); limits: {limits}", flush=True)
         for _ in apply_crds(kubeconfig=str(plane.kubeconfig)):
             pass
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))
@@ -298,25 +585,33 @@ def main(argv: list[str] | None = None) -> int:
             with ThreadPoolExecutor(THREADS) as pool:
                 nodes.create(pool)
                 create_gpus(custom, nodes.names, pool)
-            print(f"{args.nodes} nodes, {args.nodes * CARDS_PER_NODE} GPU objects written in "
-                  f"{time.monotonic() - t:.0f} s", flush=True)  # fmt: skip
-            custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_CLASS, {
-                "apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": CLASS},
-                "provisioner": names.PROVISIONER_GPUSHARE, "bindingMode": "Immediate",
-                "parameters": {"gpuModel": MODEL}})  # fmt: skip
-            for namespace in (CLAIMS_NS, PLAIN_NS):
+                create_dra(custom, nodes.names, pool)
+            print(f"{args.nodes} nodes, {args.nodes * CARDS_PER_NODE} GPU objects, {2 * args.nodes} ResourceSlices "
+                  f"written in {time.monotonic() - t:.0f} s", flush=True)  # fmt: skip
+            for klass, provisioner in ((SLICE_CLASS, names.PROVISIONER_GPUSHARE),
+                                       (WHOLE_CLASS, names.PROVISIONER_PHYSICAL)):  # fmt: skip
+                custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_CLASS, {
+                    "apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": klass},
+                    "provisioner": provisioner, "bindingMode": "Immediate",
+                    "parameters": {"gpuModel": MODEL}})  # fmt: skip
+            for namespace in map(namespace_of, KINDS):
                 core.create_namespace({"metadata": {"name": namespace}})
                 processes.wait_until(lambda ns=namespace: core.read_namespaced_service_account("default", ns),
                                      f"the default ServiceAccount of {namespace}", timeout_s=60)  # fmt: skip
+            create_templates(custom)
             # Nobody beats for the simulated cards (the reports of running claims must outlive the grace).
-            os.environ.update(ELASTICGPU_HEARTBEAT_GRACE_S="3600", ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S="3600")
-            controller = components.start_controller(children, kubeconfig=plane.kubeconfig, namespace=CLAIMS_NS,
-                                                     log_dir=log_dir)  # fmt: skip
-            webhook, _ = components.start_webhook(children, kubeconfig=plane.kubeconfig, namespace=CLAIMS_NS,
+            # The controller watches every namespace (ours-whole and ours-slice have one each), with
+            # its default resync; it watches only pods labelled as using claims.
+            controller = children.start("controller", [
+                sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(plane.kubeconfig),
+                "--leader-elect=false", "--health-probe-bind-address", "0"], log=log_dir / "controller.log", cwd=REPO,
+                env={"ELASTICGPU_HEARTBEAT_GRACE_S": "3600", "ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S": "3600"})  # fmt: skip
+            webhook, _ = components.start_webhook(children, kubeconfig=plane.kubeconfig, namespace="default",
                                                   configuration="elasticgpu-bench", log_dir=log_dir)  # fmt: skip
 
             def gated() -> bool:
-                probe = core.create_namespaced_pod(CLAIMS_NS, pod_body("probe", claims=True), dry_run="All")
+                probe = core.create_namespaced_pod(namespace_of("ours-slice"), pod_body("probe", "ours-slice"),
+                                                   dry_run="All")  # fmt: skip
                 return any(g.name == names.SCHEDULING_GATE for g in probe.spec.scheduling_gates or [])
 
             processes.wait_until(gated, "the webhook to gate pods that use claims", timeout_s=120,
@@ -324,41 +619,49 @@ def main(argv: list[str] | None = None) -> int:
             pids = {c.name: c.process.pid for c in [*plane.children.started, controller, webhook]}
 
             def cpu() -> dict[str, float]:
-                return {**{name: _cpu_s(pid) for name, pid in pids.items()}, "bench": _self_cpu_s()}
+                return {**{name: _cpu_s(pid) for name, pid in pids.items()}, "bench": time.process_time()}
 
-            for which in args.runs.split(","):
-                namespace = CLAIMS_NS if which == "claims" else PLAIN_NS
-                how = f"{args.rate:g}/s" if args.rate > 0 else "burst"
-                print(f"{which}: {args.pods} pods ({how}) ...", flush=True)
-                results[which] = run(custom, core, namespace, pods=args.pods, rate=args.rate,
-                                     claims=which == "claims", timeout_s=args.timeout_s, cpu=cpu,
-                                     children=[*plane.children.started, controller, webhook])  # fmt: skip
+            bench = Bench(core, custom, ApiServer(plane.server, plane.ssl_context()), cpu,
+                          [*plane.children.started, controller, webhook])  # fmt: skip
+            how = f"{args.rate:g}/s" if args.rate > 0 else "burst"
+            plan = [(kinds[(i + r) % len(kinds)], r, None) for r in range(args.repeat) for i in range(len(kinds))]
+            plan += [(k, -1, out / f"profile-{k}") for k in profiled]
+            for kind, round_, folder in plan:
+                label = f"{kind} #{round_ + 1}" if folder is None else f"{kind} (profiled)"
+                print(f"{label}: {args.pods} pods ({how}) ...", flush=True)
+                r = bench.run(kind, label, pods=args.pods, rate=args.rate, timeout_s=args.timeout_s, profile=folder)
+                runs.append(r)
+                print(f"  {r.scheduled_per_s:.1f} pods/s, API server {r.cpu_ms_per_pod('kube-apiserver'):.1f} ms/pod, "
+                      f"{r.writes_per_pod():.2f} writes/pod, claims ready {r.ready_claims}, load {r.load:.1f}",
+                      flush=True)  # fmt: skip
         finally:
             nodes.stop()
             children.stop_all()
             api.close()
 
-    how = f"created at {args.rate:g}/s" if args.rate > 0 else "created in a burst by 16 threads"
-    print(f"\nreal kube-scheduler (v1.36.3), {args.nodes} simulated nodes x {CARDS_PER_NODE} cards, {args.pods} pods "
-          f"per run, {how}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
-    print("| run | pods created/s | pods scheduled/s | claims bound/s | created->scheduled p50 / p99 ms"
-          " | created->Bound p50 / p99 ms | wall s |")
-    print("|---|---|---|---|---|---|---|")
-    ok = True
-    for which, r in results.items():
-        flag = "" if r["complete"] else f" ({r['pods'] - r['scheduled']} not scheduled)"
-        ok = ok and r["complete"]
-        bound = (f"{r['bound_per_s']:.1f}", f"{r['bound_p50_ms']:.0f} / {r['bound_p99_ms']:.0f}") if "bound" in r \
-            else ("-", "-")  # fmt: skip
-        print(f"| {which} | {r['create_per_s']:.1f} | {r['scheduled_per_s']:.1f}{flag} | {bound[0]} | "
-              f"{r['sched_p50_ms']:.0f} / {r['sched_p99_ms']:.0f} | {bound[1]} | {r['wall_s']:.1f} |")
-    print("\nCPU seconds per run, by component (share of the run's wall time):")
-    for which, r in results.items():
-        wall = r["wall_s"] if r["wall_s"] == r["wall_s"] else 1.0
-        print(f"  {which}: " + ", ".join(f"{k} {v:.1f} ({100 * v / wall:.0f}%)"
-                                          for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1])))  # fmt: skip
-    print(f"\nlogs of the controller and webhook: {log_dir}")
-    return 0 if ok else 1
+    title = (f"real kube-scheduler (v1.36.3), {args.nodes} simulated nodes x {CARDS_PER_NODE} cards, {args.pods} pods "
+             f"per run, {'created at ' + how if args.rate > 0 else 'created in a burst by 16 threads'}, "
+             f"{os.cpu_count()} CPUs; limits: {limits}; load average at the end {os.getloadavg()[0]:.1f}")  # fmt: skip
+    text = report(runs, title)
+    profiles = {r.kind: out / f"profile-{r.kind}" for r in runs if r.label.endswith("(profiled)")}
+    if profiles:
+        loaded = {kind: pprof_buckets.load(str(folder)) for kind, folder in profiles.items()}
+        text += ("\n\nkube-apiserver CPU by bucket (bench/pprof_buckets.py; profiled runs only):\n\n"
+                 + pprof_buckets.table(loaded, args.pods))  # fmt: skip
+        go = shutil.which("go")
+        for folder in profiles.values():
+            if go:
+                files = sorted(map(str, folder.glob("*.pb.gz")))
+                top = subprocess.run([go, "tool", "pprof", "-top", "-nodecount=60", *files],
+                                     capture_output=True, text=True, timeout=300)  # fmt: skip
+                (folder / "top.txt").write_text(top.stdout + top.stderr)
+        text += f"\n\nprofiles (and `go tool pprof -top` in top.txt): {', '.join(map(str, profiles.values()))}"
+    print("\n" + text)
+    (out / "report.md").write_text(text + "\n")
+    (out / "runs.json").write_text(json.dumps([r.__dict__ for r in runs], indent=1))
+    print(f"\nreport and runs in {out}; logs of the controller and webhook: {log_dir}")
+    ready = all(r.ready_claims == r.pods for r in runs if r.kind != "plain")
+    return 0 if ready and all(r.complete for r in runs) else 1
 
 
 if __name__ == "__main__":

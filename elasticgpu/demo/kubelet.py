@@ -75,6 +75,9 @@ def kubelet_config(plane: ControlPlane, node: str, runtime_endpoint: str, direct
         "syncFrequency": "10s",
         "fileCheckFrequency": "10s",
         "resolvConf": "",
+        # Its own folder, not the host's /var/log/pods: a kubelet stopped with pods still running (the
+        # end of every test node) leaves their log folders behind.
+        "podLogsDir": str(directory / "pod-logs"),
         "clusterDomain": "cluster.local",
         # The shared test machines are always short of something: no eviction in the tests.
         "evictionHard": {

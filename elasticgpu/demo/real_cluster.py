@@ -44,7 +44,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -288,12 +288,16 @@ def _start(children: processes.Children, name: str, command: Sequence[str], log:
 
 def start(directory: Path, children: processes.Children, *, binary: Path, etcd_bin: Path,
           verbosity: str = "1", timeout_s: float = START_TIMEOUT_S,
-          placement: Placement | None = None) -> ControlPlane:  # fmt: skip
+          placement: Placement | None = None,
+          extra_args: Mapping[str, Sequence[str]] | None = None) -> ControlPlane:  # fmt: skip
     """Start etcd, kube-apiserver, kube-controller-manager and kube-scheduler under `directory`,
-    on the host's loopback, or inside a network namespace with `placement`.
+    on the host's loopback, or inside a network namespace with `placement`. `extra_args` adds flags
+    per component (by name in COMPONENTS), after the ones set here: the benches raise the controller
+    manager's and scheduler's client limits with it.
 
     Raises processes.DemoError (naming the component) when one does not come up; everything started
     is in `children` (stopped by its stop_all even then)."""
+    extra = extra_args or {}
     free = local_cluster.free_port
     prefix: tuple[str, ...] = placement.prefix if placement else ()
 
@@ -311,6 +315,7 @@ def start(directory: Path, children: processes.Children, *, binary: Path, etcd_b
         "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
         "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
         "--initial-cluster", f"default=http://127.0.0.1:{etcd_peer}", "--unsafe-no-fsync", "--log-level", "warn",
+        *extra.get("etcd", ()),
     ], directory / "etcd.log", inside(lambda: _etcd_healthy(etcd_url)), timeout_s=timeout_s)  # fmt: skip
 
     address = placement.address if placement else "127.0.0.1"
@@ -342,7 +347,7 @@ def start(directory: Path, children: processes.Children, *, binary: Path, etcd_b
         "--kubelet-preferred-address-types", "InternalIP,Hostname",
         "--allow-privileged=true",
         *reconciler,
-        "-v", verbosity,
+        "-v", verbosity, *extra.get("kube-apiserver", ()),
     ], plane.log("kube-apiserver"), _https_ok(f"{server}/readyz", plane.ssl_context()),
         timeout_s=timeout_s, also=[etcd])  # fmt: skip
 
@@ -355,7 +360,7 @@ def start(directory: Path, children: processes.Children, *, binary: Path, etcd_b
         "--service-account-private-key-file", str(p / "sa.key"), "--root-ca-file", str(pki.ca_file),
         "--cluster-signing-cert-file", str(pki.ca_file), "--cluster-signing-key-file", str(p / "ca.key"),
         "--service-cluster-ip-range", SERVICE_CIDR,
-        "-v", verbosity,
+        "-v", verbosity, *extra.get("kube-controller-manager", ()),
     ], plane.log("kube-controller-manager"), inside(_https_ok(f"https://127.0.0.1:{cm_port}/healthz", _unverified())),
         timeout_s=timeout_s, also=[etcd, apiserver])  # fmt: skip
 
@@ -364,7 +369,7 @@ def start(directory: Path, children: processes.Children, *, binary: Path, etcd_b
         *prefix, str(binary), "kube-scheduler", "--kubeconfig", str(sched_config),
         "--authentication-kubeconfig", str(sched_config), "--authorization-kubeconfig", str(sched_config),
         "--bind-address", "127.0.0.1", "--secure-port", str(sched_port), "--cert-dir", str(directory / "sched-certs"),
-        "-v", verbosity,
+        "-v", verbosity, *extra.get("kube-scheduler", ()),
     ], plane.log("kube-scheduler"), inside(_https_ok(f"https://127.0.0.1:{sched_port}/readyz", _unverified())),
         timeout_s=timeout_s, also=[etcd, apiserver, controller_manager])  # fmt: skip
 
@@ -397,11 +402,12 @@ def _sweep_stale_dirs() -> None:
 @contextlib.contextmanager
 def running_control_plane(
     *, verbosity: str | None = None, spawn: processes.Spawn = processes.spawn_dying_with_us,
-    placement: Placement | None = None,
+    placement: Placement | None = None, extra_args: Mapping[str, Sequence[str]] | None = None,
 ) -> Iterator[ControlPlane]:
     """Start the real control plane in a fresh temporary folder; stop it and remove the folder on exit.
     `spawn` starts each component (the tests pass theirs, tests/spawning.py); `placement`: inside a
-    network namespace (see Placement) instead of on the host's loopback.
+    network namespace (see Placement) instead of on the host's loopback; `extra_args` adds flags per
+    component (see `start`).
 
     Raises ControlPlaneUnavailable when the binaries are not built, processes.DemoError (with every
     component's log tail) when a component does not come up."""
@@ -413,7 +419,8 @@ def running_control_plane(
     try:
         try:
             plane = start(directory, children, binary=binary, etcd_bin=etcd_bin, placement=placement,
-                          verbosity=verbosity or os.environ.get("ELASTICGPU_K8S_V", "1"))  # fmt: skip
+                          verbosity=verbosity or os.environ.get("ELASTICGPU_K8S_V", "1"),
+                          extra_args=extra_args)  # fmt: skip
         except processes.DemoError as e:
             logs = "\n".join(f"--- {c.name} ---\n{c.tail(40)}" for c in children.started)
             raise processes.DemoError(f"{e}\n{logs}") from None

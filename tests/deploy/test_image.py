@@ -297,13 +297,9 @@ def plan(work: Workload) -> Plan:
 
         return Plan(args=[], env={"ELASTICGPU_INSTALLER_ONCE": "1", "ELASTICGPU_SYSTEMCTL": "true"},
                     check=installed, after=_installed_python_runs)
-    if work.command[:2] == ["python", "-c"]:
-        # The cleanup hook's script: its Python and the kubernetes client are there, up to where it
-        # reads the in-cluster configuration (no cluster here).
-        def reached_the_cluster(ran: Ran) -> None:
-            assert ran.exit_code != 0 and "Service host/port is not set" in ran.output, ran.output
-
-        return Plan(args=[], env={}, check=reached_the_cluster)
+    if work.command[:2] == ["elasticgpu", "after-uninstall"]:
+        # helm uninstall's hook: the CLI by name on the image's PATH, its arguments parsed, then --help.
+        return Plan(args=["--help"], env={}, check=_help)
     raise AssertionError(f"{work.where} runs {shlex.join(work.command)}: tell plan() how to run it without a cluster")
 
 

@@ -54,6 +54,8 @@ def test_inline_claim_is_made_bound_and_removed_with_its_pod(world: World, defau
     assert claim["status"]["phase"] == "Bound"
     assert claim["status"]["users"] == [{"name": "web-0", "uid": pod["metadata"]["uid"]}]
     assert not _gated(world.get_pod("web-0"))
+    # Its bind is routine: no Event (issue 37; a claim a user made gets one, test_against_server.py).
+    assert world.events("Bound", name="web-0-main") == []
 
     world.delete_pod("web-0")
     settle(controller)
@@ -61,6 +63,10 @@ def test_inline_claim_is_made_bound_and_removed_with_its_pod(world: World, defau
     egpu = claim["spec"]["elasticGPUName"]
     with pytest.raises(errors.NotFound):  # reclaim policy Delete: its ElasticGPU went too
         world.kube.get_elastic_gpu(egpu)
+    # Released and deleted with its pod, as routine as its bind: no Events (issue 37).
+    said = [e["reason"] for e in world.kube.list_events(controller.kube.settings.events_namespace)
+            if (e.get("involvedObject") or {}).get("name") == egpu]
+    assert said == []
 
 
 def test_a_recreated_pod_gets_a_claim_of_its_own(world: World, default_class: str) -> None:

@@ -226,7 +226,7 @@ def test_a_box_leaves_nothing_behind() -> None:
     try:
         api = config.new_client_from_config(config_file=str(running.kubeconfig))
         try:
-            run_pod(client.CoreV1Api(api), "default", "leftover", running.runtime.image)
+            pod = run_pod(client.CoreV1Api(api), "default", "leftover", running.runtime.image)
         finally:
             api.close()
         sandboxes = _sandbox_ids(running.runtime.endpoint)
@@ -250,6 +250,7 @@ def test_a_box_leaves_nothing_behind() -> None:
     assert not alive, f"processes of the box still running: {alive}"
     assert not [f for f in folders if f.exists()]
     assert not [f for f in results if f.exists()], "CNI results of the box's sandbox left in /var/lib/cni"
+    assert not list(Path("/var/log/pods").glob(f"*_{pod.metadata.uid}")), "the pod's logs left in /var/log/pods"
     assert not list(Path("/sys/fs/cgroup").glob(f"*/{cgroup_root.strip('/')}"))
     after_addresses, after_links = _host_view()
     assert sorted(after_addresses) == sorted(before_addresses)

@@ -356,6 +356,28 @@ def test_deleting_the_leader_hands_over_within_the_lease(release: Release, box_a
     assert took <= duration + 5, f"hand-over took {took:.1f} s, the Lease's duration is {duration} s"
 
 
+def _left_of(box: Box, objects: list[dict[str, Any]]) -> list[str]:
+    """What is still there of the release's objects, of what the product made at run time (webhook
+    configuration, Secret, Lease) and of the uninstall hook's own objects (deleted once it succeeded);
+    only what every namespace has may stay."""
+    left = []
+    for doc in objects:
+        kind, meta = doc["kind"], doc["metadata"]
+        args = ["get", f"{kind}.{doc['apiVersion'].split('/')[0]}" if "/" in doc["apiVersion"] else kind,
+                meta["name"], "--ignore-not-found", "-o", "name"]  # fmt: skip
+        if meta.get("namespace") or kind not in CLUSTER_KINDS:
+            args += ["-n", meta.get("namespace", SYSTEM)]
+        found = _kubectl(box, *args)
+        assert found.returncode == 0, (args, found.stderr)
+        if found.stdout.strip():
+            left.append(found.stdout.strip())
+    swept = _kubectl(box, "get", ",".join(CLUSTER_SWEEP), "-o", "name")
+    left += [line for line in swept.stdout.split() if "elasticgpu" in line]
+    swept = _kubectl(box, "-n", SYSTEM, "get", ",".join(NAMESPACE_SWEEP), "-o", "name")
+    assert swept.returncode == 0, swept.stderr
+    return left + [line for line in swept.stdout.split() if line not in EVERY_NAMESPACE_HAS]
+
+
 def test_helm_uninstall_leaves_no_object_of_the_product_and_no_finalizer(
     release: Release, box_api_client: client.ApiClient, team: str
 ) -> None:
@@ -369,24 +391,15 @@ def test_helm_uninstall_leaves_no_object_of_the_product_and_no_finalizer(
     assert {c["metadata"]["name"] for c in claims_before} >= {"first", "second"}
     uninstalled = release.helm_run("uninstall", RELEASE, "-n", SYSTEM, "--wait", "--timeout", "5m")
     assert uninstalled.returncode == 0, f"helm uninstall failed:\n{uninstalled.stderr}\n{diagnose(box)}"
-    left = []
-    for doc in objects:
-        kind, meta = doc["kind"], doc["metadata"]
-        args = ["get", f"{kind}.{doc['apiVersion'].split('/')[0]}" if "/" in doc["apiVersion"] else kind,
-                meta["name"], "--ignore-not-found", "-o", "name"]  # fmt: skip
-        if meta.get("namespace") or kind not in CLUSTER_KINDS:
-            args += ["-n", meta.get("namespace", SYSTEM)]
-        found = _kubectl(box, *args)
-        assert found.returncode == 0, (args, found.stderr)
-        if found.stdout.strip():
-            left.append(found.stdout.strip())
-    # Nothing else either: what the product made at run time (webhook configuration, Secret, Lease) and the
-    # uninstall hook's own objects (deleted once it succeeded). Only what every namespace has stays.
-    swept = _kubectl(box, "get", ",".join(CLUSTER_SWEEP), "-o", "name")
-    left += [line for line in swept.stdout.split() if "elasticgpu" in line]
-    swept = _kubectl(box, "-n", SYSTEM, "get", ",".join(NAMESPACE_SWEEP), "-o", "name")
-    assert swept.returncode == 0, swept.stderr
-    left += [line for line in swept.stdout.split() if line not in EVERY_NAMESPACE_HAS]
+    # The release's pods go after their owners, by the garbage collector (helm deletes in the background).
+    left: list[str] = []
+
+    def nothing_left() -> bool:
+        left[:] = _left_of(box, objects)
+        return not left
+
+    with contextlib.suppress(AssertionError):
+        _wait(nothing_left, "nothing of the product left", timeout_s=90)
     assert not left, f"left after helm uninstall: {left}"
     # The CRDs and the users' claims stay (Helm keeps crds/), with no finalizer of the product left...
     claims = custom.list_namespaced_custom_object(*CUSTOM, team, names.PLURAL_CLAIM)["items"]

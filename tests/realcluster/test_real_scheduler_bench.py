@@ -1,5 +1,8 @@
-"""bench/real_scheduler.py at a tiny size: it runs on the real control plane and prints its figures
-(pods scheduled per second, claims bound per second, latencies) for both runs."""
+"""bench/real_scheduler.py at a tiny size on the real control plane: every kind (plain pods, ours
+whole and slice, DRA one device and shared devices) gets all its pods scheduled with every claim
+Bound or allocated, the writes per pod come from the API server's own counters, and a profiled
+run yields a CPU profile that bench/pprof_buckets.py attributes. It runs with the raised client
+limits, so the launcher's extra flags per component are exercised too."""
 
 from __future__ import annotations
 
@@ -14,19 +17,44 @@ from elasticgpu.demo import real_cluster
 pytestmark = pytest.mark.realcluster
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "real_scheduler.py"
+KINDS = ("plain", "ours-whole", "ours-slice", "dra-one", "dra-shared")
+PODS = 6
 
 
-def test_the_bench_schedules_every_pod_and_prints_its_figures() -> None:
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.split("|")[1:-1]]
+
+
+def test_the_bench_schedules_every_kind_and_counts_its_writes(tmp_path: Path) -> None:
     try:
         real_cluster.find_k8s_binary()
         real_cluster.find_etcd()
     except real_cluster.ControlPlaneUnavailable as e:
         pytest.skip(str(e))
-    done = subprocess.run([sys.executable, str(BENCH), "--nodes", "5", "--pods", "20", "--timeout-s", "120"],
-                          capture_output=True, text=True, timeout=400)  # fmt: skip
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    rows = {line.split("|")[1].strip(): line for line in done.stdout.splitlines() if line.startswith("| ")}
-    assert set(rows) >= {"claims", "plain"}, done.stdout
-    assert "not scheduled" not in done.stdout, done.stdout
-    claims = [cell.strip() for cell in rows["claims"].split("|")[1:-1]]
-    assert float(claims[2]) > 0 and float(claims[3]) > 0, rows["claims"]  # pods scheduled/s, claims bound/s
+    done = subprocess.run([sys.executable, str(BENCH), "--nodes", "3", "--pods", str(PODS), "--timeout-s", "120",
+                           "--profile", "dra-one", "--limits", "raised", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 0, out[-4000:] + done.stderr[-4000:]
+    assert "not scheduled" not in out, out
+    # the raised client limits reached the controller manager and scheduler (they started with them)
+    assert "limits: --kube-api-qps=500 --kube-api-burst=1000" in out, out
+    runs = {_cells(line)[0]: _cells(line) for line in out.splitlines() if line.startswith("| ") and " #1 |" in line}
+    assert set(runs) == {f"{kind} #1" for kind in KINDS}, out
+    for kind in KINDS:
+        row = runs[f"{kind} #1"]
+        assert float(row[1]) > 0, row  # pods scheduled/s
+        # claims ready: ours Bound, DRA allocated and reserved for the pod; plain has none
+        assert row[3] == ("-" if kind == "plain" else str(PODS)), row
+        assert float(row[4]) > 0, row  # the API server's CPU per pod
+    writes = {_cells(line)[0]: _cells(line)[1:] for line in out.split("Writes per pod by resource")[1].splitlines()
+              if line.startswith("| ") and not line.startswith("| resource verb")}  # fmt: skip
+    # columns in KINDS order: every pod is created and bound once; claims come from our
+    # controller (ours) or the resourceclaim controller (DRA), never the other's
+    assert writes["pods create"] == ["1.00"] * 5, writes
+    assert writes["pods/binding create"] == ["1.00"] * 5, writes
+    assert writes["elasticgpuclaims create"] == ["-", "1.00", "1.00", "-", "-"], writes
+    assert writes["resourceclaims create"] == ["-", "-", "-", "1.00", "1.00"], writes
+    assert "kube-apiserver CPU by bucket" in out and "| **total sampled** |" in out, out
+    assert list((tmp_path / "profile-dra-one").glob("*.pb.gz")), list(tmp_path.iterdir())
+    assert (tmp_path / "report.md").read_text().strip() in out

@@ -1,10 +1,12 @@
 """The claim's status writes: Pending, Lost, Bound and "in use" (deletion waits), each with its
-Event. Every write carries the claim's resourceVersion as a precondition; a conflict re-reads the
-claim into the picture and raises, so the retry decides from what the server holds.
+Event (none for the routine bind of an inline claim). Every write carries the claim's
+resourceVersion as a precondition; a conflict re-reads the claim into the picture and raises, so
+the retry decides from what the server holds.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +20,8 @@ from elasticgpu.controller.flow.binding.provisioner import capacity_of
 from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.picture import pod_index
 from elasticgpu.controller.picture.picture import Body, Picture
+
+logger = logging.getLogger(__name__)
 
 
 def condition(type_: str, reason: str, message: str, previous: list[Condition]) -> dict[str, Any]:
@@ -145,8 +149,17 @@ class ClaimStatus:
             # An inline claim serves the pod that owns it: said with the bind, not in a write of its own.
             status["users"] = [{"name": owner[0], "uid": owner[1]}]
         self.write(claim, status)
-        self.events.record(self.body(claim), type_=NORMAL, reason=binder.REASON_BOUND,
-                           message=f"provisioned ElasticGPU {egpu_name} and {message}" if placement else message)
+        said = f"provisioned ElasticGPU {egpu_name} and {message}" if placement else message
+        if owner is not None:
+            # An inline claim's bind is routine, one per pod: no Event (issue 37: an Event costs the
+            # API server as much as a bind's write, and a Deployment's replicas made one each). The
+            # user watches the pod, whose scheduling says the rest; the claim's Bound condition
+            # (with its transition time) and this log line are the record, as DRA's claim
+            # controller writes none for an allocation. A claim a user made keeps its Event.
+            logger.info("ElasticGPUClaim %s/%s: %s: %s", claim.metadata.namespace, claim.metadata.name,
+                        binder.REASON_BOUND, said)
+            return
+        self.events.record(self.body(claim), type_=NORMAL, reason=binder.REASON_BOUND, message=said)
 
     def _partition(self, egpu_name: str) -> dict[str, Any] | None:
         """The claim's MIG instance as `status.partition` (profile, cores, memory, start), or None."""

@@ -8,6 +8,7 @@ worker retries the key.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 
@@ -24,6 +25,20 @@ from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture.picture import Body, Picture
 from elasticgpu.controller.picture.reservations import now_rfc3339
 from elasticgpu.controller.settings import GPUHealthSettings
+
+logger = logging.getLogger(__name__)
+
+
+def routine_reclaim(egpu: ElasticGPU) -> bool:
+    """True for an ElasticGPU the controller provisioned for a claim (named from the claim's uid) whose
+    reclaim policy is Delete: its release and deletion follow the claim's (for an inline claim, the
+    pod's) on their own, once per pod, and nobody has anything to do, so they get no Normal Event
+    (issue 37: two Events per pod deletion, each costing the API server a write; the PV controller
+    writes none when it deletes a released volume either). The log keeps them; Warnings, a static
+    ElasticGPU and one that is retained (an admin must act) keep their Events."""
+    ref = egpu.spec.claim_ref
+    return (egpu.spec.reclaim_policy == "Delete" and ref is not None and bool(ref.uid)
+            and egpu.metadata.name == names.elastic_gpu_name_for_claim(ref.uid or ""))
 
 
 class ElasticGPUSync:
@@ -91,7 +106,10 @@ class ElasticGPUSync:
             self.metrics.released()
         if event and egpu.status.phase != phase:
             kind = WARNING if phase == "Failed" else NORMAL
-            self.events.record(answer, type_=kind, reason=reason, message=message)
+            if phase == "Released" and routine_reclaim(egpu):
+                logger.info("ElasticGPU %s: %s: %s", name, reason, message)  # no Event: see routine_reclaim
+            else:
+                self.events.record(answer, type_=kind, reason=reason, message=message)
         return written
 
     def set_phase(self, egpu: ElasticGPU, phase: str, reason: str, message: str) -> ElasticGPU:
@@ -321,6 +339,10 @@ class ElasticGPUSync:
         if delete and not egpu.metadata.deletion_timestamp:
             with contextlib.suppress(errors.NotFound):
                 self.kube.delete_elastic_gpu(name, uid=egpu.metadata.uid)
-            self.events.record(self.picture.egpu_body(name) or egpu.to_dict(), type_=NORMAL, reason="Reclaimed",
-                               message=f"reclaim policy Delete: capacity freed and ElasticGPU {name} deleted")
+            message = f"reclaim policy Delete: capacity freed and ElasticGPU {name} deleted"
+            if routine_reclaim(egpu):
+                logger.info("ElasticGPU %s: Reclaimed: %s", name, message)  # no Event: see routine_reclaim
+            else:
+                self.events.record(self.picture.egpu_body(name) or egpu.to_dict(), type_=NORMAL, reason="Reclaimed",
+                                   message=message)
 
