@@ -13,6 +13,12 @@ Modules, one responsibility each:
 - `showing`: `kubectl get`-style tables;
 - `running`: the phases in order, their deadlines and timings, the exit code.
 
+`--cluster real --install chart` (`chart`) runs the product as the chart's pods instead, on
+- `box`: a one-node Kubernetes in a network namespace of its own (`real_cluster`'s control plane,
+  `containerd`: the node's containerd with NRI, `kubelet`, kube-proxy, a pod network);
+- `helm`: the real helm of `testhelm/build.sh`; `product_image`: the image of `image/build.sh`.
+The tests start the same box, kubelet and containerd (tests/ re-exports these modules; never the reverse).
+
 Nothing outside one temporary directory is touched; everything started is stopped.
 """
 
