@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -37,6 +37,9 @@ from elasticgpu.api import names
 from elasticgpu.demo import box, containers, helm, kube, processes, product_image, real_cluster, scenario, showing
 from elasticgpu.demo.containerd import NodeRuntime
 from elasticgpu.demo.processes import DemoError
+
+if TYPE_CHECKING:
+    from elasticgpu.demo.running import Interrupts
 
 CHART = real_cluster.REPO_ROOT / "deploy" / "chart"
 RELEASE = "elasticgpu"
@@ -295,7 +298,7 @@ class ChartDemo:
         self.owned.close()
 
 
-def run(args: argparse.Namespace, out: Any, say: Callable[..., None], interrupts: Any) -> int:
+def run(args: argparse.Namespace, out: Any, say: Callable[..., None], interrupts: Interrupts) -> int:
     """The chart demo's phases, timed; 0 when every claim reached its container and the release came and went."""
     from elasticgpu.demo import running
 

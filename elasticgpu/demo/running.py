@@ -534,6 +534,10 @@ def run(args: argparse.Namespace) -> int:
         print("elasticgpu demo: error: --install chart installs the chart on a cluster it starts itself: "
               "give --cluster real (and no --kubeconfig)", file=sys.stderr)  # fmt: skip
         return user_errors.EXIT_USAGE
+    if chart and (args.no_runtime or args.no_agent):
+        # The chart's agent DaemonSet and the node's containerd are what the chart demo shows: not optional.
+        print("elasticgpu demo: error: --no-runtime and --no-agent are for --install processes", file=sys.stderr)
+        return user_errors.EXIT_USAGE
     interrupts = Interrupts()
     interrupts.install()
     try:

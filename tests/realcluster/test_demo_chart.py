@@ -33,6 +33,12 @@ def test_the_chart_needs_the_real_cluster() -> None:
     assert "--cluster real" in done.stderr, done.stderr
 
 
+def test_the_chart_has_its_agent_and_runtime() -> None:
+    done = _demo("--cluster", "real", "--install", "chart", "--no-agent", timeout_s=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--install processes" in done.stderr, done.stderr
+
+
 @pytest.mark.realcluster
 @pytest.mark.timeout(DEMO_TIMEOUT_S + 120)
 def test_the_demo_installs_the_chart_and_every_claim_reaches_a_pod() -> None:
