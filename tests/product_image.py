@@ -14,9 +14,10 @@ from elasticgpu.demo.product_image import (
     cache_dir,
     find_image,
     import_image,
+    this_checkouts_image,
 )
 
 __all__ = [
     "BUILD_SCRIPT", "BUILD_TIMEOUT_S", "IMPORT_TIMEOUT_S", "REPO_ROOT", "UNAVAILABLE_ENV", "ImageUnavailable",
-    "ProductImage", "cache_dir", "find_image", "import_image",
+    "ProductImage", "cache_dir", "find_image", "import_image", "this_checkouts_image",
 ]  # fmt: skip

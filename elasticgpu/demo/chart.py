@@ -131,8 +131,9 @@ class ChartDemo:
         if isinstance(found, str):
             raise DemoError(f"--install chart needs helm: {found}")
         self.helm = found
+        self.say("  the product image of this checkout (bash image/build.sh: cached, a first build takes minutes)")
         try:
-            image = product_image.find_image()
+            image = product_image.this_checkouts_image()
         except product_image.ImageUnavailable as error:
             raise DemoError(f"--install chart needs the product image: {error}") from None
         running = self._box()

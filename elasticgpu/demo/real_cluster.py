@@ -196,7 +196,7 @@ def write_kubeconfig(path: Path, server: str, ca_file: Path, cert: Path, key: Pa
 @dataclass(frozen=True)
 class Placement:
     """Where the components run when not on the host's loopback: inside a network namespace (the
-    box of tests/realcluster/box.py), which the test process cannot reach directly.
+    box of elasticgpu/demo/box.py), which the calling process cannot reach directly.
 
     `prefix` starts a command in it (``nsenter --net=/run/netns/NAME --``); `address` is where the
     API server listens and what it advertises (the `kubernetes` Service's endpoint), on

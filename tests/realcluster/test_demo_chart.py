@@ -49,7 +49,7 @@ def test_the_demo_installs_the_chart_and_every_claim_reaches_a_pod() -> None:
     if isinstance(found := helm.find_helm(), str):
         pytest.skip(f"no helm binary: {found}")
     try:
-        product_image.find_image()
+        product_image.this_checkouts_image()  # built here if need be: the demo's own call is then a cache hit
     except product_image.ImageUnavailable as e:
         pytest.skip(f"no product image: {e}")
     process = subprocess.Popen([sys.executable, "-m", "elasticgpu", "demo", "--cluster", "real", "--install", "chart"],
