@@ -7,7 +7,8 @@ Every test here is marked `realcluster` and skips, naming the command, when test
 has not built the binary (a cold build takes tens of minutes; the normal suite does not build it).
 
 `box` is another cluster of the same components with a pod network, inside a network namespace
-the test makes (elasticgpu/demo/box.py, through tests/realcluster/box.py): pods without hostNetwork, kube-proxy, `kubectl exec`.
+the test makes (elasticgpu/demo/box.py, through tests/realcluster/box.py): pods without hostNetwork,
+kube-proxy, `kubectl exec`.
 `box_api_client` is its admin's client.
 """
 
