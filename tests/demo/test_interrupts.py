@@ -43,7 +43,12 @@ def _interrupted_run(*, after_line: str | None, delay_s: float) -> tuple[int, st
 
 
 def _run_and_interrupt(tmp: Path, *, after_line: str | None, delay_s: float) -> tuple[int, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "elasticgpu", "demo"], cwd=ROOT, start_new_session=True,
+    # SIGINT as a terminal's foreground job has it: a shell's background job (`pytest ... &`) starts with
+    # SIGINT ignored, which Python then keeps, and the demo would never see the Ctrl-Cs.
+    command = [sys.executable, "-c", "import runpy, signal, sys;"
+               " signal.signal(signal.SIGINT, signal.default_int_handler); sys.argv = ['elasticgpu', 'demo'];"
+               " runpy.run_module('elasticgpu', run_name='__main__')"]
+    proc = subprocess.Popen(command, cwd=ROOT, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "COLUMNS": "200", "TMPDIR": str(tmp)})
     lines: list[str] = []

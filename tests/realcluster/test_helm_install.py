@@ -129,9 +129,25 @@ def release(box: Box, box_api_client: client.ApiClient) -> Iterator[Release]:
         installed = running.helm_run("install", RELEASE, str(CHART), "-n", SYSTEM, "--create-namespace",
                                      "-f", str(values), "--wait", "--timeout", INSTALL_TIMEOUT)  # fmt: skip
         assert installed.returncode == 0, f"helm install failed:\n{installed.stderr}\n{diagnose(box)}"
+        # helm's --wait sees the webhook's pods Ready; the API server reaches them through the Service once
+        # kube-proxy has programmed its endpoints (a moment later, in any cluster): until then a pod that
+        # names a claim is refused (failurePolicy Fail), which is what a user would meet, not a bug to hide.
+        probe = _pod("probe", box.runtime.image, "probe")
+        _wait(lambda: _gated(core, "default", probe), "the chart's webhook gates a pod that names a claim",
+              timeout_s=60, explain=lambda: diagnose(box))  # fmt: skip
         print(f"\nhelm install: image import {imported_s:.1f} s, install --wait "
               f"{time.monotonic() - began - imported_s:.1f} s")  # fmt: skip
         yield running
+
+
+def _gated(core: client.CoreV1Api, namespace: str, pod: dict[str, Any]) -> bool:
+    """A dry-run create of `pod` comes back with the webhook's scheduling gate (False while the webhook
+    cannot be reached: the API server refuses the pod)."""
+    try:
+        made = core.create_namespaced_pod(namespace, pod, dry_run="All")
+    except client.ApiException:
+        return False
+    return [g.name for g in made.spec.scheduling_gates or []] == [names.SCHEDULING_GATE]
 
 
 def _uninstall_quietly(release: Release) -> None:
