@@ -84,6 +84,7 @@ import yaml
 
 from elasticgpu.demo import kubelet, local_cluster, processes, real_cluster
 from elasticgpu.demo.containerd import NodeRuntime, RuntimeUnavailable, find_build, running_containerd
+from elasticgpu.demo.local_runtime import ctr_import
 from elasticgpu.demo.real_cluster import SERVICE_CIDR, SERVICE_IP, Identity, Placement
 
 T = TypeVar("T")
@@ -398,10 +399,8 @@ class Box:
         """Import an image archive (OCI or docker-archive tar) into the node's containerd (namespace
         k8s.io, where kubelet looks), as a node without a registry gets one: pods then use it with
         imagePullPolicy Never or IfNotPresent (every registry of the box is closed)."""
-        done = subprocess.run([str(self.runtime.ctr), "-a", str(self.runtime.socket), "-n", "k8s.io", "images",
-                               "import", str(archive)], capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
-        if done.returncode != 0:
-            raise BoxError(f"importing {archive} into the box's containerd failed: {done.stderr.strip()}")
+        if (error := ctr_import(self.runtime.ctr, self.runtime.socket, archive, timeout_s=timeout_s)) is not None:
+            raise BoxError(f"importing {archive} into the box's containerd failed: {error}")
 
 
 def _make_network(netns: NetworkNamespace) -> None:

@@ -30,7 +30,13 @@ import grpc
 
 from elasticgpu.demo import processes
 from elasticgpu.demo.local_cluster import read_env_file
-from elasticgpu.demo.local_runtime import block_registries, cache_dir, containerd2_config, containerd_config
+from elasticgpu.demo.local_runtime import (
+    block_registries,
+    cache_dir,
+    containerd2_config,
+    containerd_config,
+    ctr_import,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "testruntime" / "build.sh"
@@ -239,23 +245,9 @@ def running_containerd(*, nri: bool = False, containerd: str = "1.7", prefix: Se
                 start_new_session=True,
             )
         _wait_version(runtime.socket, proc, log)
-        imported = subprocess.run(
-            [
-                str(runtime.ctr),
-                "-a",
-                str(runtime.socket),
-                "-n",
-                "k8s.io",
-                "images",
-                "import",
-                build["ELASTICGPU_TESTRUNTIME_IMAGE"],
-            ],
-            capture_output=True,
-            env=env,
-            timeout=60,
-        )
-        if imported.returncode != 0:
-            raise RuntimeError(f"ctr images import failed: {imported.stderr.decode(errors='replace')}")
+        error = ctr_import(runtime.ctr, runtime.socket, build["ELASTICGPU_TESTRUNTIME_IMAGE"], env=env)
+        if error is not None:
+            raise RuntimeError(f"ctr images import failed: {error}")
         yield runtime
     finally:
         shims: list[int] = []

@@ -222,22 +222,17 @@ def start(directory: Path, children: processes.Children, *, nodes: Sequence[str]
         return True
 
     processes.wait_until(answers, "containerd's CRI Version", timeout_s=START_TIMEOUT_S, children=[child])
-    imported = subprocess.run(
-        [
-            str(root / "usr/bin/ctr"),
-            "-a",
-            str(runtime.socket),
-            "-n",
-            "k8s.io",
-            "images",
-            "import",
-            build["ELASTICGPU_TESTRUNTIME_IMAGE"],
-        ],
-        capture_output=True,
-        env={**os.environ, **env},
-        timeout=60,
-        check=False,
-    )
-    if imported.returncode != 0:
-        raise processes.DemoError(f"ctr images import failed: {imported.stderr.decode(errors='replace').strip()}")
+    error = ctr_import(root / "usr/bin/ctr", runtime.socket, build["ELASTICGPU_TESTRUNTIME_IMAGE"],
+                       env={**os.environ, **env})  # fmt: skip
+    if error is not None:
+        raise processes.DemoError(f"ctr images import failed: {error}")
     return runtime
+
+
+def ctr_import(ctr: Path, socket: Path, archive: Path | str, *, env: dict[str, str] | None = None,
+               timeout_s: float = 60.0) -> str | None:  # fmt: skip
+    """`ctr -a SOCKET -n k8s.io images import ARCHIVE`: an image archive into the namespace kubelet and the
+    CRI look in, as a node without a registry gets one. None when imported, else ctr's own error text."""
+    done = subprocess.run([str(ctr), "-a", str(socket), "-n", "k8s.io", "images", "import", str(archive)],
+                          capture_output=True, env=env, timeout=timeout_s, check=False)  # fmt: skip
+    return None if done.returncode == 0 else done.stderr.decode(errors="replace").strip()

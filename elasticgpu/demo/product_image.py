@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elasticgpu.demo.local_cluster import read_env_file
+from elasticgpu.demo.local_runtime import ctr_import
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "image" / "build.sh"
@@ -101,10 +102,8 @@ def this_checkouts_image() -> ProductImage:
     return ProductImage(Path(archive), name)
 
 
-def import_image(image: ProductImage, *, ctr: Path, address: Path, namespace: str = "k8s.io") -> None:
-    """`ctr -n NAMESPACE images import` of the archive into the containerd at `address` (its socket):
+def import_image(image: ProductImage, *, ctr: Path, address: Path) -> None:
+    """`ctr -n k8s.io images import` of the archive into the containerd at `address` (its socket):
     what an administrator does on a node with no registry; kubelet then finds the chart's image there."""
-    done = subprocess.run([str(ctr), "-a", str(address), "-n", namespace, "images", "import", str(image.archive)],
-                          capture_output=True, timeout=IMPORT_TIMEOUT_S)
-    if done.returncode != 0:
-        raise RuntimeError(f"ctr images import of {image.archive} failed: {done.stderr.decode(errors='replace')}")
+    if (error := ctr_import(ctr, address, image.archive, timeout_s=IMPORT_TIMEOUT_S)) is not None:
+        raise RuntimeError(f"ctr images import of {image.archive} failed: {error}")

@@ -12,11 +12,11 @@ import hashlib
 import io
 import json
 import os
-import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
 
+from elasticgpu.demo.local_runtime import ctr_import
 from tests.containerd_runtime import TestRuntime, find_build
 
 CUDA_LIKE_IMAGE = "elasticgpu.local/busybox-cuda:test"
@@ -66,11 +66,8 @@ def import_variant(runtime: TestRuntime, *, name: str = CUDA_LIKE_IMAGE, env: di
     archive.write_bytes(variant_archive(Path(build["ELASTICGPU_TESTRUNTIME_IMAGE"]), name=name,
                                         env=CUDA_ENV if env is None else env))
     root = Path(build["ELASTICGPU_TESTRUNTIME_ROOT"])
-    done = subprocess.run(
-        [str(runtime.ctr), "-a", str(runtime.socket), "-n", "k8s.io", "images", "import", str(archive)],
-        capture_output=True, timeout=60,
-        env={**os.environ, "PATH": f"{root}/usr/bin:{os.environ.get('PATH', '/usr/bin:/bin')}"},
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"ctr images import of {name} failed: {done.stderr.decode(errors='replace')}")
+    error = ctr_import(runtime.ctr, runtime.socket, archive,
+                       env={**os.environ, "PATH": f"{root}/usr/bin:{os.environ.get('PATH', '/usr/bin:/bin')}"})
+    if error is not None:
+        raise RuntimeError(f"ctr images import of {name} failed: {error}")
     return name
