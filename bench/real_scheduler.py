@@ -20,7 +20,10 @@ of P pods per kind, each kind in its own namespace:
   ours-whole  one inline whole card (`gpu=1`, class with provisioner elasticgpu.io/physical);
   ours-slice  one inline slice (`gpu-core=10,gpu-memory=1Gi`, provisioner elasticgpu.io/gpushare);
   dra-one     a ResourceClaimTemplate asking for one device of class bench-one;
-  dra-shared  a ResourceClaimTemplate asking for `cores: 10`, `memory: 1Gi` of one shared device.
+  dra-shared  a ResourceClaimTemplate asking for `cores: 10`, `memory: 1Gi` of one shared device;
+  claim-floor the fewest writes a claim kept as a custom resource needs (bench/claim_floor.py, a
+              process of its own): per pod the claim's create, complete, its Bound status and the
+              gate lift; no ElasticGPU, no reservation, no decisions. Not a product: a floor.
 
 Ours: the webhook gates the pod, the controller makes and binds its claim and lifts the gate, the
 scheduler places it. DRA: the controller manager's resourceclaim controller makes the claim from
@@ -82,6 +85,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+import claim_floor  # noqa: E402
 import pprof_buckets  # noqa: E402
 from first_seen import SeenClock  # noqa: E402
 
@@ -94,7 +98,9 @@ SLICE_CLASS, WHOLE_CLASS = "bench-slice", "bench-whole"
 ONE_DRIVER, SHARED_DRIVER = "one.bench.example.com", "shared.bench.example.com"
 ONE_CLASS, SHARED_CLASS = "bench-one", "bench-shared"
 RESOURCE = ("resource.k8s.io", "v1")
-KINDS = ("plain", "ours-whole", "ours-slice", "dra-one", "dra-shared")
+KINDS = ("plain", "ours-whole", "ours-slice", "dra-one", "dra-shared", "claim-floor")
+CLAIMS_OF_OURS = ("ours-whole", "ours-slice", "claim-floor")
+"""Kinds whose pods get ElasticGPUClaims."""
 LEASE_RENEW_S = 10.0
 THREADS = 16
 PROFILE_WINDOW_S = 3
@@ -102,7 +108,8 @@ RAISED = (500.0, 1000)
 WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "APPLY": "apply", "DELETE": "delete",
                "DELETECOLLECTION": "deletecollection"}
 """apiserver_request_total's write verbs (it says POST and PUT) and what the tables call them."""
-COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "controller", "webhook", "etcd", "bench")
+COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "controller", "webhook", "etcd",
+              "claim-floor", "bench")
 
 
 def _now() -> str:
@@ -280,6 +287,8 @@ def pod_body(name: str, kind: str) -> dict[str, Any]:
         meta["annotations"] = {names.inline_request_annotation("main"): request}
     elif kind == "ours-whole":
         meta["annotations"] = {names.inline_request_annotation("main"): f"gpu=1,class={WHOLE_CLASS}"}
+    elif kind == "claim-floor":
+        spec["schedulingGates"] = [{"name": claim_floor.GATE}]  # the floor lifts it (no webhook)
     elif kind.startswith("dra-"):
         spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
         container["resources"]["claims"] = [{"name": "gpu"}]
@@ -451,7 +460,7 @@ class Bench:
     def ready_claims(self, kind: str) -> int:
         """Claims of the run that are Bound (ours) or allocated and reserved for their pod (DRA)."""
         namespace = namespace_of(kind)
-        if kind.startswith("ours-"):
+        if kind in CLAIMS_OF_OURS:
             items = self.custom.list_namespaced_custom_object(names.GROUP, names.VERSION, namespace,
                                                               names.PLURAL_CLAIM)["items"]  # fmt: skip
             return sum(1 for c in items if (c.get("status") or {}).get("phase") == "Bound")
@@ -461,17 +470,29 @@ class Bench:
                        and (c.get("status") or {}).get("reservedFor"))  # fmt: skip
         return 0
 
+    def strip_floor_finalizers(self, namespace: str) -> None:
+        """Take the claim floor's finalizer off its claims (nobody else would)."""
+        items = self.custom.list_namespaced_custom_object(names.GROUP, names.VERSION, namespace,
+                                                          names.PLURAL_CLAIM)["items"]  # fmt: skip
+        for claim in items:
+            kept = [f for f in claim["metadata"].get("finalizers") or [] if f != claim_floor.FINALIZER]
+            if kept != (claim["metadata"].get("finalizers") or []):
+                self.custom.patch_namespaced_custom_object(names.GROUP, names.VERSION, namespace, names.PLURAL_CLAIM,
+                    claim["metadata"]["name"], {"metadata": {"finalizers": kept or None}})  # fmt: skip
+
     def clean(self, kind: str, timeout_s: float = 600) -> None:
         """Delete the namespace's pods (grace 0: no kubelet confirms) and claims; wait until they
         and our ElasticGPUs of the namespace are gone, so that the next run starts on free cards."""
         namespace = namespace_of(kind)
         self.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-        claims = ((names.GROUP, names.VERSION, names.PLURAL_CLAIM) if kind.startswith("ours-")
+        claims = ((names.GROUP, names.VERSION, names.PLURAL_CLAIM) if kind in CLAIMS_OF_OURS
                   else (*RESOURCE, "resourceclaims") if kind.startswith("dra-") else None)  # fmt: skip
         if claims:
             self.custom.delete_collection_namespaced_custom_object(claims[0], claims[1], namespace, claims[2])
 
         def gone() -> bool:
+            if kind == "claim-floor":
+                self.strip_floor_finalizers(namespace)
             if self.core.list_namespaced_pod(namespace, limit=1).items:
                 return False
             if claims and self.custom.list_namespaced_custom_object(claims[0], claims[1], namespace, claims[2],
@@ -500,8 +521,8 @@ def _mean(values: list[float]) -> float:
 def report(runs: list[Run], title: str) -> str:
     """The per-run table, the per-kind means, and the writes per pod by resource."""
     lines = [title, "", "| run | pods/s | created->scheduled p50 / p99 ms | claims ready | API server | controller "
-             "manager | scheduler | our controller | our webhook | etcd | bench | writes/pod | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "manager | scheduler | our controller | our webhook | etcd | claim floor | bench | writes/pod | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in runs:
         flag = "" if r.complete else f" ({r.pods - r.scheduled} not scheduled)"
         cpu = " | ".join(f"{r.cpu_ms_per_pod(c):.1f}" for c in COMPONENTS)
@@ -515,8 +536,8 @@ def report(runs: list[Run], title: str) -> str:
     by_kind = {k: [r for r in runs if r.kind == k and not r.label.endswith("(profiled)")] for k in kinds}
     lines += ["", "Means over the rounds:", "",
               "| kind | runs | pods/s | p50 / p99 ms | API server ms/pod | controller manager | scheduler "
-              "| our controller | our webhook | etcd | writes/pod |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| our controller | our webhook | etcd | claim floor | writes/pod |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for kind, rs in by_kind.items():
         cpu = " | ".join(f"{_mean([r.cpu_ms_per_pod(c) for r in rs]):.1f}" for c in COMPONENTS[:-1])
         lines.append(f"| {kind} | {len(rs)} | {_mean([r.scheduled_per_s for r in rs]):.1f} | "
@@ -594,6 +615,10 @@ def main(argv: list[str] | None = None) -> int:
                     "apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": klass},
                     "provisioner": provisioner, "bindingMode": "Immediate",
                     "parameters": {"gpuModel": MODEL}})  # fmt: skip
+            # The claim floor's class belongs to someone else: our controller leaves its claims alone.
+            custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_CLASS, {
+                "apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": claim_floor.CLASS},
+                "provisioner": "bench.example.com/claim-floor", "bindingMode": "Immediate"})  # fmt: skip
             for namespace in map(namespace_of, KINDS):
                 core.create_namespace({"metadata": {"name": namespace}})
                 processes.wait_until(lambda ns=namespace: core.read_namespaced_service_account("default", ns),
@@ -609,6 +634,11 @@ def main(argv: list[str] | None = None) -> int:
             webhook, _ = components.start_webhook(children, kubeconfig=plane.kubeconfig, namespace="default",
                                                   configuration="elasticgpu-bench", log_dir=log_dir)  # fmt: skip
 
+            floor = children.start("claim-floor", [
+                sys.executable, str(REPO / "bench" / "claim_floor.py"), "--kubeconfig", str(plane.kubeconfig),
+                "--namespace", namespace_of("claim-floor"), "--nodes", ",".join(nodes.names)],
+                log=log_dir / "claim-floor.log", cwd=REPO)  # fmt: skip
+
             def gated() -> bool:
                 probe = core.create_namespaced_pod(namespace_of("ours-slice"), pod_body("probe", "ours-slice"),
                                                    dry_run="All")  # fmt: skip
@@ -616,13 +646,13 @@ def main(argv: list[str] | None = None) -> int:
 
             processes.wait_until(gated, "the webhook to gate pods that use claims", timeout_s=120,
                                  children=[controller, webhook], interval_s=0.5)  # fmt: skip
-            pids = {c.name: c.process.pid for c in [*plane.children.started, controller, webhook]}
+            pids = {c.name: c.process.pid for c in [*plane.children.started, controller, webhook, floor]}
 
             def cpu() -> dict[str, float]:
                 return {**{name: _cpu_s(pid) for name, pid in pids.items()}, "bench": time.process_time()}
 
             bench = Bench(core, custom, ApiServer(plane.server, plane.ssl_context()), cpu,
-                          [*plane.children.started, controller, webhook])  # fmt: skip
+                          [*plane.children.started, controller, webhook, floor])  # fmt: skip
             how = f"{args.rate:g}/s" if args.rate > 0 else "burst"
             plan = [(kinds[(i + r) % len(kinds)], r, None) for r in range(args.repeat) for i in range(len(kinds))]
             plan += [(k, -1, out / f"profile-{k}") for k in profiled]

@@ -1,5 +1,5 @@
 """bench/real_scheduler.py at a tiny size on the real control plane: every kind (plain pods, ours
-whole and slice, DRA one device and shared devices) gets all its pods scheduled with every claim
+whole and slice, DRA one device and shared devices, the claim floor) gets all its pods scheduled with every claim
 Bound or allocated, the writes per pod come from the API server's own counters, and a profiled
 run yields a CPU profile that bench/pprof_buckets.py attributes. It runs with the raised client
 limits, so the launcher's extra flags per component are exercised too."""
@@ -17,7 +17,7 @@ from elasticgpu.demo import real_cluster
 pytestmark = pytest.mark.realcluster
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "real_scheduler.py"
-KINDS = ("plain", "ours-whole", "ours-slice", "dra-one", "dra-shared")
+KINDS = ("plain", "ours-whole", "ours-slice", "dra-one", "dra-shared", "claim-floor")
 PODS = 6
 
 
@@ -51,10 +51,14 @@ def test_the_bench_schedules_every_kind_and_counts_its_writes(tmp_path: Path) ->
               if line.startswith("| ") and not line.startswith("| resource verb")}  # fmt: skip
     # columns in KINDS order: every pod is created and bound once; claims come from our
     # controller (ours) or the resourceclaim controller (DRA), never the other's
-    assert writes["pods create"] == ["1.00"] * 5, writes
-    assert writes["pods/binding create"] == ["1.00"] * 5, writes
-    assert writes["elasticgpuclaims create"] == ["-", "1.00", "1.00", "-", "-"], writes
-    assert writes["resourceclaims create"] == ["-", "-", "-", "1.00", "1.00"], writes
+    assert writes["pods create"] == ["1.00"] * 6, writes
+    assert writes["pods/binding create"] == ["1.00"] * 6, writes
+    assert writes["elasticgpuclaims create"] == ["-", "1.00", "1.00", "-", "-", "1.00"], writes
+    assert writes["resourceclaims create"] == ["-", "-", "-", "1.00", "1.00", "-"], writes
+    # the claim floor: its claim's create and status, the gate lift, and nothing of ElasticGPUs or cards
+    assert writes["elasticgpuclaims/status patch"][5] == "1.00", writes
+    assert writes["pods patch"][5] == "1.00", writes
+    assert writes["elasticgpus create"][5] == "-" and writes["elasticgpuclaims patch"][5] == "-", writes
     assert "kube-apiserver CPU by bucket" in out and "| **total sampled** |" in out, out
     assert list((tmp_path / "profile-dra-one").glob("*.pb.gz")), list(tmp_path.iterdir())
     assert (tmp_path / "report.md").read_text().strip() in out
