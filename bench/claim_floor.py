@@ -8,7 +8,8 @@ request annotation, requests and class, and a finalizer, so no later spec write 
 its Bound status (our `ClaimStatus.bound` body: capacity, node, card, condition, isolation,
 policing, the pod as user), and the pod's gate lift (our `pod_gate.lift_patch`, pinning it to a
 node). The scheduler then binds it and writes its Event, as for ours. No ElasticGPU, no GPU
-reservation, no webhook (the bench creates the pod gated), no allocator: nodes in turn. So it is a
+reservation, no webhook (the bench creates the pod gated and labelled as using claims, the label
+pods are watched by), no allocator: nodes in turn. So it is a
 floor, not a controller: nothing stops two claims sharing a card's last share.
 
 Its claims name the class `bench-floor`, whose provisioner is someone else's: our controller watches

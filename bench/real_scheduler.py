@@ -289,6 +289,7 @@ def pod_body(name: str, kind: str) -> dict[str, Any]:
         meta["annotations"] = {names.inline_request_annotation("main"): f"gpu=1,class={WHOLE_CLASS}"}
     elif kind == "claim-floor":
         spec["schedulingGates"] = [{"name": claim_floor.GATE}]  # the floor lifts it (no webhook)
+        meta["labels"] = {names.LABEL_USES_CLAIMS: "true"}  # what the floor (and our controller) watches
     elif kind.startswith("dra-"):
         spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
         container["resources"]["claims"] = [{"name": "gpu"}]
