@@ -6,6 +6,7 @@ and the provisioners. Other modules import these constants instead of spelling s
 
 from __future__ import annotations
 
+import uuid
 from typing import Final
 
 GROUP: Final = "elasticgpu.io"
@@ -71,6 +72,19 @@ def elastic_gpu_name_for_claim(claim_uid: str) -> str:
     """Name of the ElasticGPU dynamically provisioned for a claim; derived from its UID so that
     a retried provisioning after a crash finds the object instead of creating a duplicate."""
     return f"egpu-{claim_uid.lower()}"
+
+
+# uuid5 namespace of inline claims' ElasticGPU names (any fixed uuid; never change it: names derive from it).
+_INLINE_NAMES = uuid.UUID("6f1c1a64-2b1e-5b8e-9d1a-5f0c2e3a7b41")
+
+
+def elastic_gpu_name_for_inline_claim(namespace: str, claim_name: str, pod_uid: str) -> str:
+    """Name of the ElasticGPU provisioned for an inline claim, known before the claim exists: from
+    its namespace, its name and its owner pod's uid (one claim per pod and container, and a pod
+    recreated under the same name has another uid). The controller creates the claim with this
+    name in `spec.elasticGPUName`, so its bind needs no spec write (issue 37). The namespace is in
+    it so that a claim in another namespace cannot name it as its own."""
+    return f"egpu-{uuid.uuid5(_INLINE_NAMES, f'{namespace}/{claim_name}/{pod_uid.lower()}')}"
 
 
 def gpu_object_name(uuid: str) -> str:

@@ -123,3 +123,44 @@ def test_inline_claim_protected_while_its_pod_runs(world: World, default_class: 
     world.delete_pod("w")
     settle(controller)
     assert _gone(world, "w-side")
+
+
+def test_inline_claim_is_created_as_its_bind_leaves_it(world: World, default_class: str) -> None:
+    """Issue 37: the controller makes an inline claim with its finalizer, its class and the name of
+    the ElasticGPU it provisions for it, so the bind writes no spec: the claim's generation stays 1
+    (a spec write, as the bind's patch of finalizer and elasticGPUName made, raises it to 2)."""
+    controller = controller_for(world)
+    pod = world.pod("gen-0", inline={"main": "gpu-core=20"})
+    settle(controller)
+    claim = world.get_claim("gen-0-main")
+    expected = names.elastic_gpu_name_for_inline_claim(world.namespace, "gen-0-main", pod["metadata"]["uid"])
+    assert claim["status"]["phase"] == "Bound", claim["status"]
+    assert claim["metadata"]["generation"] == 1, claim["metadata"]
+    assert claim["spec"]["elasticGPUName"] == expected
+    assert claim["spec"]["elasticGPUClassName"] == f"{world.prefix}-default"
+    assert claim["metadata"]["finalizers"] == [names.FINALIZER_CLAIM_PROTECTION]
+    egpu = world.kube.get_elastic_gpu(expected)
+    assert egpu["spec"]["claimRef"]["uid"] == claim["metadata"]["uid"]
+    assert egpu["status"]["phase"] == "Bound"
+    assert not _gated(world.get_pod("gen-0"))
+
+    world.delete_pod("gen-0")
+    settle(controller)
+    assert _gone(world, "gen-0-main")
+    with pytest.raises(errors.NotFound):
+        world.kube.get_elastic_gpu(expected)
+
+
+def test_inline_claim_binds_an_admins_available_elastic_gpu(world: World, default_class: str) -> None:
+    """With an Available ElasticGPU of its class free, an inline claim is made unnamed and binds it,
+    as a claim a user made would (a pre-named claim could not: spec.elasticGPUName is set once)."""
+    controller = controller_for(world)
+    static = f"{world.prefix}-static"
+    world.egpu(o.share_egpu(static, f"gpu-{world.prefix}-0", cores=50, memory="20Gi",
+                            class_name=f"{world.prefix}-default"))
+    settle(controller)
+    world.pod("st-0", inline={"main": "gpu-core=20"})
+    settle(controller)
+    claim = world.get_claim("st-0-main")
+    assert claim["status"]["phase"] == "Bound", claim["status"]
+    assert claim["spec"]["elasticGPUName"] == static

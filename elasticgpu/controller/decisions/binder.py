@@ -89,7 +89,7 @@ from elasticgpu.api import (
 )
 from elasticgpu.api.claim import WHOLE_CARD
 from elasticgpu.api.errors import InvalidSpec
-from elasticgpu.controller.decisions import gpu_health
+from elasticgpu.controller.decisions import gpu_health, provisioned_names
 
 # Reasons of claim conditions and Events (one CamelCase word a program can match).
 REASON_BOUND = "Bound"
@@ -337,8 +337,14 @@ def decide_claim(claim: ElasticGPUClaim, picture: Picture) -> ClaimDecision:
     """The next step for a claim. Pure: reads the claim and the picture, changes nothing."""
     if claim.metadata.deletion_timestamp:
         return Deleting()
-    if claim.spec.elastic_gpu_name:
-        return _decide_named(claim, claim.spec.elastic_gpu_name, picture)
+    name = claim.spec.elastic_gpu_name
+    if name and name not in picture.elastic_gpus and not is_bound(claim) and claim.status.phase != "Lost" \
+            and provisioned_names.prenamed(claim) == name:
+        # OBSERVATION: an inline claim, made with the name of the ElasticGPU to provision for it:
+        # provisioned like an unnamed claim, under that name, never bound to an admin's.
+        return _decide_unnamed(claim, picture, static=False)
+    if name:
+        return _decide_named(claim, name, picture)
     return _decide_unnamed(claim, picture)
 
 
@@ -396,7 +402,9 @@ def _decide_named(claim: ElasticGPUClaim, name: str, picture: Picture) -> ClaimD
     return BindToExisting(name)
 
 
-def _decide_unnamed(claim: ElasticGPUClaim, picture: Picture) -> ClaimDecision:
+def _decide_unnamed(claim: ElasticGPUClaim, picture: Picture, *, static: bool = True) -> ClaimDecision:
+    """`static`: whether an Available ElasticGPU an admin made may serve it (not for a claim that
+    names the ElasticGPU to provision: its name is set once)."""
     uid = claim.metadata.uid or ""
     prebound = picture.by_claim_uid.get(uid)
     if prebound is not None and prebound in picture.elastic_gpus:
@@ -424,7 +432,7 @@ def _decide_unnamed(claim: ElasticGPUClaim, picture: Picture) -> ClaimDecision:
                     " has bindingMode WaitForFirstConsumer, so the claim binds once a pod names it in an"
                     f" {names.ANNOTATION_CLAIM_PREFIX}<container> annotation")
     effective = klass.metadata.name if klass is not None else None
-    match = _best_static(claim, request, effective, picture)
+    match = _best_static(claim, request, effective, picture) if static else None
     if match is not None:
         return BindToExisting(match)
     if claim.spec.selector is not None:

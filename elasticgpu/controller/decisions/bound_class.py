@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
+from elasticgpu.controller.decisions import provisioned_names
 
 
 def class_of(claim: ElasticGPUClaim, egpu: ElasticGPU,
@@ -19,5 +20,5 @@ def resizable(claim: ElasticGPUClaim, egpu: ElasticGPU, classes: Mapping[str, El
     ElasticGPU was provisioned for it (named from its uid). A static ElasticGPU an admin made is
     never resized by a claim, as a pre-provisioned PV is not expanded by its claim."""
     klass = class_of(claim, egpu, classes)
-    dynamic = egpu.metadata.name == names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
+    dynamic = provisioned_names.is_provisioned_for(egpu.metadata.name or "", claim)
     return klass is not None and klass.allow_claim_resize and dynamic

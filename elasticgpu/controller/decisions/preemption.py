@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticgpu.allocator.preemption import Candidate
-from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names, timestamps
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, timestamps
+from elasticgpu.controller.decisions import provisioned_names
 
 FORMER_ANNOTATIONS = ("elasticgpu.io/preempting", "elasticgpu.io/preempted-by")
 """Where plans and marks lived before issue 33. A tenant may write a claim's annotations, so these are never
@@ -156,7 +157,7 @@ def candidate_of(egpu: ElasticGPU, claim: ElasticGPUClaim | None, priority: int,
         return None
     if egpu.metadata.deletion_timestamp or claim.spec.elastic_gpu_name != egpu.metadata.name:
         return None
-    if egpu.metadata.name != names.elastic_gpu_name_for_claim(claim.metadata.uid or ""):
+    if not provisioned_names.is_provisioned_for(egpu.metadata.name or "", claim):
         return None
     if ref.uid and ref.uid != claim.metadata.uid:
         return None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, names, pod_claims
+from elasticgpu.controller.decisions import provisioned_names
 from elasticgpu.controller.decisions.binder import points_to
 
 REASON_CLAIM_IN_USE = "ClaimInUse"
@@ -82,7 +83,7 @@ def decide_release(
     pods = tuple(sorted(pods_using))
     if pods:
         return KeepFinalizer(pods)
-    name = claim.spec.elastic_gpu_name or names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
+    name = claim.spec.elastic_gpu_name or provisioned_names.provisioned_name(claim)
     egpu = elastic_gpus.get(name)
     if egpu is not None and points_to(egpu, claim):
         return ReleaseClaim(name)

@@ -12,8 +12,8 @@ retries the key from what it then finds.
 
 from __future__ import annotations
 
-from elasticgpu.api import ElasticGPUClaim, names
-from elasticgpu.controller.decisions import binder, groups, pod_gate
+from elasticgpu.api import ElasticGPUClaim
+from elasticgpu.controller.decisions import binder, groups, pod_gate, provisioned_names
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.binding import policing_copy
 from elasticgpu.controller.flow.binding.claim_binding import ClaimBinding
@@ -123,7 +123,7 @@ class ClaimSync:
 
     def _provision(self, claim: ElasticGPUClaim, decision: binder.Provision) -> None:
         """A single claim's dynamic bind: reserve (the commit point), then the rest (`after_commit`)."""
-        key = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
+        key = provisioned_names.provisioned_name(claim)
         placement = self.reserver.reserve(claim, key, decision)
         if placement is None:
             return

@@ -45,7 +45,7 @@ from elasticgpu.allocator import PlacementRequest
 from elasticgpu.api import ElasticGPUClaim, names, pod_claims, timestamps
 from elasticgpu.api.errors import InvalidPodClaims
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, pod_gate
+from elasticgpu.controller.decisions import binder, pod_gate, provisioned_names
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.binding.claim_binding import ClaimBinding
 from elasticgpu.controller.flow.binding.commit import Commit
@@ -181,7 +181,9 @@ class PodSync:
         return True
 
     def _create_inline(self, pod: Body, request: pod_claims.InlineRequest) -> None:
-        body = inline_claims.build_claim(pod, request)
+        with self.picture.lock:
+            provisioned = inline_claims.provisioned_class(request, self.picture.view())
+        body = inline_claims.build_claim(pod, request, provisioned=provisioned)
         namespace, claim_name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             answer = self.kube.create_claim(body)
@@ -315,7 +317,7 @@ class PodSync:
                     message = provision.message if isinstance(provision, binder.Wait) else str(provision)
                     self._wait(pod, pod_gate.Wait(reason, f"claim {claim_name}: {message}", warning=True))
                     return
-                key = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
+                key = provisioned_names.provisioned_name(claim)
                 request = PlacementRequest(gpu=provision.request, models=provision.parameters.gpu_model,
                                            node_selector=provision.parameters.node_selector,
                                            isolation=provision.required_isolation,

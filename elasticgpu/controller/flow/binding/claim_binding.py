@@ -13,7 +13,7 @@ from collections.abc import Callable
 from elasticgpu.allocator import Placement
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, names, timestamps
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder
+from elasticgpu.controller.decisions import binder, provisioned_names
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.binding.claim_status import ClaimStatus
 from elasticgpu.controller.flow.binding.commit import Commit
@@ -50,7 +50,7 @@ class ClaimBinding:
         egpu = self.picture.egpu(egpu_name)
         if egpu is None:
             raise errors.BindingError(f"ElasticGPU {egpu_name} left the picture; the next sync re-decides")
-        if egpu_name != names.elastic_gpu_name_for_claim(claim.metadata.uid or "") and not self._charge_static(
+        if not provisioned_names.is_provisioned_for(egpu_name, claim) and not self._charge_static(
                 claim, egpu):
             return  # an admin pre-bound it: charged like any static bind (a dynamic one was at its commit)
         if egpu.status.phase != "Bound":

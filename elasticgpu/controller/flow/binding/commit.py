@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from elasticgpu.allocator import Placement, PlacementRequest
-from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ObjectReference, names
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ObjectReference
 from elasticgpu.api.gpu import GPUPartition
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, groups
+from elasticgpu.controller.decisions import binder, groups, provisioned_names
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.binding.provisioner import claim_ref_of
 from elasticgpu.controller.flow.machinery.workqueue import Key, WorkQueue
@@ -202,7 +202,7 @@ class Commit:
             klass = view.classes.get(decision.class_name)
             if klass is not None and klass.is_mig:
                 return None  # a MIG instance is planned by the ordinary sync (flow/mig_binding.py)
-            egpu_name = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
+            egpu_name = provisioned_names.provisioned_name(claim)
             if picture.ledger.held(egpu_name) is not None or egpu_name in picture.ledger.inventory.reservations:
                 return None  # held, or its last tentative reservation is still being undone
             request = PlacementRequest(gpu=decision.request, models=decision.parameters.gpu_model,

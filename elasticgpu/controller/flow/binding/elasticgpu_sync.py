@@ -18,7 +18,7 @@ from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import binder, running_holders
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.binding.commit import Commit
-from elasticgpu.controller.flow.binding.provisioner import capacity_of
+from elasticgpu.controller.flow.binding.provisioner import capacity_of, provisioned_for_its_claim
 from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.metrics import ControllerMetrics
@@ -30,15 +30,13 @@ logger = logging.getLogger(__name__)
 
 
 def routine_reclaim(egpu: ElasticGPU) -> bool:
-    """True for an ElasticGPU the controller provisioned for a claim (named from the claim's uid) whose
+    """True for an ElasticGPU the controller provisioned for a claim (`provisioned_for_its_claim`) whose
     reclaim policy is Delete: its release and deletion follow the claim's (for an inline claim, the
     pod's) on their own, once per pod, and nobody has anything to do, so they get no Normal Event
     (issue 37: two Events per pod deletion, each costing the API server a write; the PV controller
     writes none when it deletes a released volume either). The log keeps them; Warnings, a static
     ElasticGPU and one that is retained (an admin must act) keep their Events."""
-    ref = egpu.spec.claim_ref
-    return (egpu.spec.reclaim_policy == "Delete" and ref is not None and bool(ref.uid)
-            and egpu.metadata.name == names.elastic_gpu_name_for_claim(ref.uid or ""))
+    return egpu.spec.reclaim_policy == "Delete" and provisioned_for_its_claim(egpu)
 
 
 class ElasticGPUSync:

@@ -6,7 +6,8 @@ import hashlib
 from typing import Any
 
 from elasticgpu.allocator import Placement
-from elasticgpu.api import ElasticGPUClaim, ObjectReference, format_memory, names
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ObjectReference, format_memory, names
+from elasticgpu.controller.decisions import provisioned_names
 from elasticgpu.controller.decisions.binder import Provision
 from elasticgpu.controller.picture.reservations import Ledger
 
@@ -24,6 +25,22 @@ def label_value(value: str) -> str:
         return value
     digest = hashlib.sha256(value.encode()).hexdigest()[:10]
     return f"{value[:LABEL_VALUE_MAX - 11].rstrip('-._')}-{digest}"
+
+
+def provisioned_for_its_claim(egpu: ElasticGPU) -> bool:
+    """True when the controller provisioned `egpu` for the claim its claimRef names: named from that
+    claim's uid, or (an inline claim's, named before the claim existed: `provisioned_names`) labelled
+    with that claim as `build_elastic_gpu` labels it. Only the controller writes ElasticGPUs it
+    provisions; an admin's carries neither."""
+    ref = egpu.spec.claim_ref
+    if ref is None or not ref.uid:
+        return False
+    name = egpu.metadata.name or ""
+    if name == names.elastic_gpu_name_for_claim(ref.uid):
+        return True
+    labels = egpu.metadata.labels
+    return (name.startswith("egpu-") and labels.get(names.LABEL_CLAIM_NAMESPACE) == (ref.namespace or "")
+            and labels.get(names.LABEL_CLAIM_NAME) == label_value(ref.name or ""))
 
 
 def claim_ref_of(claim: ElasticGPUClaim) -> ObjectReference:
@@ -96,7 +113,7 @@ def build_elastic_gpu(
         "apiVersion": names.API_VERSION,
         "kind": names.KIND_ELASTIC_GPU,
         "metadata": {
-            "name": names.elastic_gpu_name_for_claim(claim.metadata.uid or ""),
+            "name": provisioned_names.provisioned_name(claim),
             "labels": {
                 names.LABEL_NODE: label_value(placement.node),
                 names.LABEL_CLAIM_NAMESPACE: claim.metadata.namespace or "",

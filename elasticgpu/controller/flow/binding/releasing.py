@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from elasticgpu.api import ElasticGPUClaim, names
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, release
+from elasticgpu.controller.decisions import binder, provisioned_names, release
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.binding.claim_status import ClaimStatus
 from elasticgpu.controller.flow.binding.commit import Commit
@@ -66,4 +66,4 @@ class Releaser:
             # reservation (its pods still run on the card, or it is being reclaimed): then once
             # the ElasticGPU's sync frees it (docs/quota.md).
             uid = claim.metadata.uid or ""
-            self.commit.quota.release(namespace, uid, decision.elastic_gpu or names.elastic_gpu_name_for_claim(uid))
+            self.commit.quota.release(namespace, uid, decision.elastic_gpu or provisioned_names.provisioned_name(claim))

@@ -30,10 +30,10 @@ from datetime import UTC, datetime
 
 from elasticgpu.allocator import Placement, PlacementRequest
 from elasticgpu.allocator.groups import GroupMember, GroupPlacement, GroupUnplaceable, place_group
-from elasticgpu.api import ElasticGPUClaim, ElasticGPUQuota, GPUAllocation, names, timestamps
+from elasticgpu.api import ElasticGPUClaim, ElasticGPUQuota, GPUAllocation, timestamps
 from elasticgpu.api.gpu import GPUAllocationGroup
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, group_attempts, groups, kept_room
+from elasticgpu.controller.decisions import binder, group_attempts, groups, kept_room, provisioned_names
 from elasticgpu.controller.flow.binding.claim_binding import ClaimBinding
 from elasticgpu.controller.flow.binding.claim_status import ClaimStatus
 from elasticgpu.controller.flow.binding.commit import Commit
@@ -128,7 +128,7 @@ class GroupBinding:
         """A single claim said NoCapacity: the same bounded wait as a group of one (the issue's
         "big claims can wait indefinitely"). Returns why no room is kept for it once its wait
         is over ("" when room is kept, or its wait is not over yet)."""
-        key = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
+        key = provisioned_names.provisioned_name(claim)
         waiter = kept_room.single_waiter(claim.metadata.namespace or "", claim.metadata.name or "")
         return self._keep_room(waiter, [_Member(claim, decision, key)], binder.REASON_NO_CAPACITY,
                                subject="this claim")
@@ -233,7 +233,7 @@ class GroupBinding:
     def _provision(self, claim: ElasticGPUClaim, decision: binder.Provision, group: str,
                    claims: list[ElasticGPUClaim]) -> None:
         namespace = claim.metadata.namespace or ""
-        own_key = names.elastic_gpu_name_for_claim(claim.metadata.uid or "")
+        own_key = provisioned_names.provisioned_name(claim)
         grace = self.settings.binding.group_partial_grace_s
         for attempt in range(self.settings.binding.conflict_retries):
             found = self._look(claim, group, claims)
@@ -303,7 +303,7 @@ class GroupBinding:
             view = picture.view()
             for member in claims:
                 said = binder.decide_claim(member, view)
-                key = names.elastic_gpu_name_for_claim(member.metadata.uid or "")
+                key = provisioned_names.provisioned_name(member)
                 mine = self.attempts.entries(key, member.metadata.name or "")
                 if isinstance(said, binder.Wait | binder.MarkLost):
                     if mine or picture.egpu(key) is not None:
