@@ -355,8 +355,15 @@ def test_helm_upgrade_rolls_every_component_while_claims_stay_bound(
 
 def test_deleting_the_leader_hands_over_within_the_lease(release: Release, box_api_client: client.ApiClient) -> None:
     core = client.CoreV1Api(box_api_client)
-    holder, duration = _wait(lambda: (h := _lease_holder(box_api_client))[0] and h, "a controller holds the Lease")
-    (leader,) = [p.metadata.name for p in _product_pods(core, "controller") if holder.startswith(f"{p.metadata.name}_")]
+
+    def held_by_a_pod() -> tuple[str, int] | None:
+        # After the upgrade's roll the Lease may still name a replaced pod for a moment.
+        holder, duration = _lease_holder(box_api_client)
+        pods = [p.metadata.name for p in _product_pods(core, "controller")
+                if holder and holder.startswith(f"{p.metadata.name}_")]  # fmt: skip
+        return (pods[0], duration) if pods else None
+
+    leader, duration = _wait(held_by_a_pod, "a running controller pod holds the Lease")
     deleted = time.monotonic()
     # As `kubectl delete pod` does: the default grace period, the controller's own SIGTERM handling.
     core.delete_namespaced_pod(leader, SYSTEM)

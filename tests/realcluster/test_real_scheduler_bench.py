@@ -58,7 +58,9 @@ def test_the_bench_schedules_every_kind_and_counts_its_writes(tmp_path: Path) ->
     # the claim floor: its claim's create and status, the gate lift, and nothing of ElasticGPUs or cards
     assert writes["elasticgpuclaims/status patch"][5] == "1.00", writes
     assert writes["pods patch"][5] == "1.00", writes
-    assert writes["elasticgpus create"][5] == "-" and writes["elasticgpuclaims patch"][5] == "-", writes
+    assert writes["elasticgpus create"][5] == "-", writes
+    # an inline claim is created as its bind leaves its spec (issue 37): no claim of any kind is patched
+    assert "elasticgpuclaims patch" not in writes, writes
     assert "kube-apiserver CPU by bucket" in out and "| **total sampled** |" in out, out
     assert list((tmp_path / "profile-dra-one").glob("*.pb.gz")), list(tmp_path.iterdir())
     assert (tmp_path / "report.md").read_text().strip() in out

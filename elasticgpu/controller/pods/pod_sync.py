@@ -469,9 +469,12 @@ def _class_of(claim: ElasticGPUClaim, view: binder.Picture) -> Any:
 
 
 def _waits_for_consumer(claim: ElasticGPUClaim, view: binder.Picture) -> bool:
-    """True when the claim is unbound, names no ElasticGPU, and its class (of ours) binds
-    WaitForFirstConsumer."""
-    if claim.status.phase == "Bound" or claim.spec.elastic_gpu_name or claim.metadata.deletion_timestamp:
+    """True when the claim is unbound, names no ElasticGPU (but the one to provision for it, not
+    made yet: an inline claim's), and its class (of ours) binds WaitForFirstConsumer."""
+    if claim.status.phase == "Bound" or claim.metadata.deletion_timestamp:
+        return False
+    named = claim.spec.elastic_gpu_name
+    if named and (provisioned_names.prenamed(claim) != named or named in view.elastic_gpus):
         return False
     if view.by_claim_uid.get(claim.metadata.uid or "") in view.elastic_gpus:
         return False  # provisioned already: its own sync completes the bind
