@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import null_controller
 
 from elasticgpu.api import names, timestamps
 from elasticgpu.controller.decisions import pod_gate
@@ -111,37 +114,9 @@ class Floor:
         self.kube.patch_pod(self.namespace, pod["metadata"]["name"], patch)
 
     def watch(self) -> None:
-        path = f"/api/v1/namespaces/{self.namespace}/pods"
-        version = ""
-        while True:
-            try:
-                if not version:
-                    items, version = self.kube._list(path)
-                    for item in items:
-                        self.offer(item)
-                for event in self.kube.watch(path, resource_version=version, timeout_s=900):
-                    obj = event.get("object") or {}
-                    if event.get("type") == "ERROR":
-                        version = ""
-                        break
-                    version = obj.get("metadata", {}).get("resourceVersion", version)
-                    if event.get("type") == "ADDED":
-                        self.offer(obj)
-            except Exception as err:  # reopen; a bench process must not die of one dropped watch
-                print(f"claim floor: watch reopened: {err}", file=sys.stderr, flush=True)
-                version = ""
-
-
-def strip_finalizers(kube: KubeApi, namespace: str) -> int:
-    """Take the floor's finalizer off every claim of `namespace` (the bench's clean); how many."""
-    done = 0
-    for claim in kube.list_claims(namespace):
-        meta = claim["metadata"]
-        if FINALIZER in (meta.get("finalizers") or []):
-            kept = [f for f in meta["finalizers"] if f != FINALIZER]
-            kube.patch_claim(namespace, meta["name"], {"metadata": {"finalizers": kept or None}})
-            done += 1
-    return done
+        """Offer every pod of the namespace as the watch (through the controller's pod selector) sees it."""
+        for pod in null_controller.watch_objects(self.kube, f"/api/v1/namespaces/{self.namespace}/pods"):
+            self.offer(pod)
 
 
 def main() -> None:

@@ -173,7 +173,7 @@ class NullController:
 
     def watch_claims(self) -> None:
         path = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{self.namespace}/{names.PLURAL_CLAIM}"
-        for obj in _watch(self.kube, path):
+        for obj in watch_objects(self.kube, path):
             name = obj["metadata"]["name"]
             if not (obj.get("status") or {}).get("phase") and name not in self._seen:
                 self._seen.add(name)
@@ -192,7 +192,7 @@ def _event(obj: Body, message: str) -> Body:
             "reportingComponent": COMPONENT, "firstTimestamp": now, "lastTimestamp": now, "count": 1}
 
 
-def _watch(kube: KubeApi, path: str) -> Any:
+def watch_objects(kube: KubeApi, path: str) -> Any:
     """Objects of every ADDED/MODIFIED event of `path`, from a fresh list version, forever."""
     version = ""
     while True:
@@ -209,11 +209,11 @@ def _watch(kube: KubeApi, path: str) -> Any:
                 if event.get("type") in ("ADDED", "MODIFIED"):
                     yield obj
         except Exception as err:  # reopen; a bench process must not die of one dropped watch
-            print(f"null controller: watch {path} reopened: {err}", file=sys.stderr, flush=True)
+            print(f"{Path(sys.argv[0]).stem}: watch {path} reopened: {err}", file=sys.stderr, flush=True)
 
 
 def _drain(kube: KubeApi, path: str) -> None:
-    for _ in _watch(kube, path):
+    for _ in watch_objects(kube, path):
         pass
 
 

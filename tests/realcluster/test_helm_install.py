@@ -340,6 +340,11 @@ def test_helm_upgrade_rolls_every_component_while_claims_stay_bound(
                    for c, pods in now.items())  # fmt: skip
 
     _wait(rolled, "every product pod replaced and ready", explain=lambda: diagnose(box))
+    # As after the install: the replaced webhook pods are reached through the Service once kube-proxy
+    # has programmed their endpoints, a moment after they are Ready (a full run met the refusal once).
+    probe = _pod("probe", box.runtime.image, "probe")
+    _wait(lambda: _gated(core, "default", probe), "the upgraded webhook gates a pod that names a claim",
+          timeout_s=60, explain=lambda: diagnose(box))  # fmt: skip
     for pod in _product_pods(core, "agent"):
         assert {c.image_pull_policy for c in pod.spec.containers} == {"Never"}
     # The bound claim kept its card, its pod its container.
