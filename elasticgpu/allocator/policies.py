@@ -154,7 +154,9 @@ class Fragmentation(Policy):
         """Score of a move that grows fragmentation by `growth` cores and leaves `left` free."""
         if self.quantum <= 0:
             return growth + 1e-9 * left
-        x = growth / 100.0
+        # Rounded first: the fast path and the reference sum the same growth in another order, and
+        # a growth of 0 (sigmoid exactly 0.5) must not floor to 50 on one path and 49 on the other.
+        x = round(growth, 9) / 100.0
         sigmoid = 1.0 / (1.0 + math.exp(x)) if x > -700 else 1.0
         return -math.floor(self.quantum * sigmoid)
 
