@@ -465,16 +465,20 @@ def _decide_unnamed(claim: ElasticGPUClaim, picture: Picture, *, static: bool = 
     )
 
 
+def is_free_static(egpu: ElasticGPU, class_name: str | None) -> bool:
+    """True when `egpu` is Available, not being deleted, bound to no claim and of class `class_name`:
+    one a claim of that class may bind before one is provisioned."""
+    return (egpu.status.phase == "Available" and not egpu.metadata.deletion_timestamp
+            and not (egpu.spec.claim_ref is not None and egpu.spec.claim_ref.name)
+            and (egpu.spec.elastic_gpu_class_name or None) == class_name)
+
+
 def _best_static(claim: ElasticGPUClaim, request: GpuRequest, class_name: str | None, picture: Picture) -> str | None:
     """The smallest Available, unbound ElasticGPU of the claim's class that matches and fits."""
     best: tuple[tuple[int, int, int, str], str] | None = None
     candidates = picture.elastic_gpus if picture.unclaimed_available is None else picture.unclaimed_available
     for name, egpu in candidates.items():
-        if egpu.status.phase != "Available" or egpu.metadata.deletion_timestamp:
-            continue
-        if egpu.spec.claim_ref is not None and egpu.spec.claim_ref.name:
-            continue
-        if (egpu.spec.elastic_gpu_class_name or None) != class_name:
+        if not is_free_static(egpu, class_name):
             continue
         if not selector_matches(claim.spec.selector, egpu.metadata.labels):
             continue

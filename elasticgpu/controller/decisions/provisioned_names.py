@@ -14,15 +14,24 @@ as before; one that does names the tenant's own claim in its own namespace and n
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 from elasticgpu.api import ElasticGPUClaim, names
+
+
+def controlling_pod(owner_references: Iterable[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """(name, uid) of the pod among `owner_references` that owns the object as its controller."""
+    for ref in owner_references:
+        if ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1" and ref.get("controller"):
+            return str(ref.get("name", "")), str(ref.get("uid", ""))
+    return None
 
 
 def owner_pod_uid(claim: ElasticGPUClaim) -> str | None:
     """The uid of the pod that owns `claim` as its controller (an inline claim), or None."""
-    for ref in claim.metadata.owner_references:
-        if ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1" and ref.get("controller"):
-            return str(ref.get("uid") or "") or None
-    return None
+    owner = controlling_pod(claim.metadata.owner_references)
+    return (owner[1] or None) if owner is not None else None
 
 
 def prenamed(claim: ElasticGPUClaim) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from elasticgpu.controller.decisions import pod_gate
+from elasticgpu.controller.decisions import pod_gate, provisioned_names
 from elasticgpu.controller.picture import versions
 
 Body = dict[str, Any]
@@ -25,10 +25,7 @@ Keys = list[Key]
 
 def owner_pod(claim: Mapping[str, Any]) -> tuple[str, str] | None:
     """(name, uid) of the pod that owns a claim as its controller (an inline claim), or None."""
-    for ref in (claim.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1" and ref.get("controller"):
-            return str(ref.get("name", "")), str(ref.get("uid", ""))
-    return None
+    return provisioned_names.controlling_pod((claim.get("metadata") or {}).get("ownerReferences") or [])
 
 
 def _placement_fields(node: Mapping[str, Any]) -> tuple[object, ...]:

@@ -51,11 +51,8 @@ def provisioned_class(request: InlineRequest, view: binder.Picture) -> ElasticGP
     if klass is None or klass.provisioner not in names.OWN_PROVISIONERS:
         return None
     candidates = view.elastic_gpus if view.unclaimed_available is None else view.unclaimed_available
-    for egpu in candidates.values():
-        if (egpu.status.phase == "Available" and not egpu.metadata.deletion_timestamp
-                and not (egpu.spec.claim_ref is not None and egpu.spec.claim_ref.name)
-                and (egpu.spec.elastic_gpu_class_name or None) == klass.metadata.name):
-            return None
+    if any(binder.is_free_static(egpu, klass.metadata.name) for egpu in candidates.values()):
+        return None
     return klass
 
 
