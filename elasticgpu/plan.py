@@ -8,8 +8,14 @@ ElasticGPUs the controller would create). A claim that stays Pending shows why.
 
 Input is read as strictly as `kubectl apply` with strict field validation reads it: a field the
 kind's CRD does not know is an error that names it and what was probably meant
-(`api.strict`), never dropped. A claim naming a class that does not exist stays Pending with
-reason ClassNotFound, as on a cluster, and the message names the classes there are.
+(`api.strict`), never dropped; a value the CRD's schema or CEL rules refuse (a claim of 150 cores,
+a resource `gpu-mem`) is an error too (the models' `check`, the same rules), exit 2, whatever
+`--strict` says. A claim naming a class that does not exist stays Pending with reason
+ClassNotFound, as on a cluster, and the message names the classes there are.
+
+Pods and workloads (Deployment, StatefulSet, ReplicaSet, Job, CronJob, DaemonSet) get the admission
+webhook's checks, and their inline requests are planned as the claims the controller would make
+(`plan_pods`).
 
 A short node list is a YAML document without `kind` (NODE_LIST_FORMAT; examples/plan/nodes.yaml):
 
@@ -25,12 +31,12 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import yaml
 from pydantic import ValidationError
 
-from elasticgpu import plan_mig, plan_resize, user_errors
+from elasticgpu import plan_mig, plan_pods, plan_resize, user_errors
 from elasticgpu.allocator import (
     Allocator,
     CardRecord,
@@ -83,6 +89,8 @@ class PlanInput:
     """Labels of the nodes that hold GPU objects (a class's nodeSelector matches them); from a
     cluster's Node objects (`kubectl egpu why`), empty offline."""
     quotas: list[ElasticGPUQuota] = field(default_factory=list)
+    pods: list[plan_pods.InputPods] = field(default_factory=list)
+    """Pods and workloads, checked as the webhook checks them; their inline claims are in `claims`."""
 
 
 @dataclass
@@ -151,8 +159,8 @@ def _files(paths: Iterable[str]) -> list[Path]:
     return out
 
 
-USED_KINDS = frozenset({names.KIND_GPU, names.KIND_CLASS, names.KIND_CLAIM, names.KIND_QUOTA})
-"""Kinds plan reads; others (ElasticGPUs, Pods, Namespaces of a larger manifest) are skipped with a note."""
+USED_KINDS = frozenset({names.KIND_GPU, names.KIND_CLASS, names.KIND_CLAIM, names.KIND_QUOTA, *plan_pods.KINDS})
+"""Kinds plan reads; others (ElasticGPUs, Namespaces, Services of a larger manifest) are skipped with a note."""
 
 
 def _documents(path: Path) -> list[Any]:
@@ -185,18 +193,21 @@ def read_inputs(paths: Iterable[str]) -> PlanInput:
         if kind is not None:
             name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
             where += f" ({kind} {name})" if name else f" ({kind})"
-            unknown = strict.unknown_fields(doc)
+            unknown = strict.unknown_fields(doc) if kind not in plan_pods.KINDS else []  # Kubernetes' own kinds
             if unknown:
                 raise user_errors.InputFileInvalid(f"{where}: {', '.join(unknown)}")
         try:
-            if kind is None and "nodes" in doc:
+            if kind in plan_pods.KINDS:
+                found.pods.append(plan_pods.read(doc, where))
+            elif kind is None and "nodes" in doc:
                 found.node_list.extend(_node_list(doc, where))
             elif kind == names.KIND_GPU:
-                found.gpus.append(GPU.model_validate(doc))
+                found.gpus.append(_checked(GPU.model_validate(doc)))
             elif kind == names.KIND_CLASS:
-                found.classes.append(ElasticGPUClass.model_validate(doc))
+                found.classes.append(_checked(ElasticGPUClass.model_validate(doc)))
             elif kind == names.KIND_CLAIM:
-                found.claims.append(ElasticGPUClaim.model_validate(doc))
+                # What the CRD's schema and CEL rules refuse at `kubectl apply` is refused here, not planned.
+                found.claims.append(_checked(ElasticGPUClaim.model_validate(doc)))
             elif kind == names.KIND_QUOTA:
                 model = ElasticGPUQuota.model_validate(doc)
                 model.check()
@@ -212,7 +223,22 @@ def read_inputs(paths: Iterable[str]) -> PlanInput:
             raise user_errors.InputFileInvalid(f"{where}: {strict.readable(err)}") from None
         except (ValueError, ElasticGPUError) as err:
             raise user_errors.InputFileInvalid(f"{where}: {err}") from None
+    # Inline requests become claims once their pods exist: after the files' claims, as the controller meets them.
+    try:
+        found.claims.extend(plan_pods.inline_claims(found.pods))
+        plan_pods.check_references(found.pods, found.claims)
+    except plan_pods.PodInvalid as err:
+        raise user_errors.InputFileInvalid(str(err)) from None
     return found
+
+
+_Checked = TypeVar("_Checked", GPU, ElasticGPUClass, ElasticGPUClaim)
+
+
+def _checked(model: _Checked) -> _Checked:
+    """`model` once its own `check` (the CRD's rules, the same words) passed; raises InvalidSpec."""
+    model.check()
+    return model
 
 
 def _objects(paths: Iterable[str]) -> Iterable[tuple[str, Any]]:
