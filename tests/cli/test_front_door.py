@@ -186,7 +186,7 @@ def test_the_readme_installs_what_its_commands_need_beyond_what_run_sh_installs(
     which installs the package without extras): the render command comes after the install of the
     `manifests` extra, and that extra holds Helm's engine."""
     run_sh = (ROOT / "scripts" / "run.sh").read_text()
-    assert re.search(r"pip install .*-e \.\s*$", run_sh, re.M), "scripts/run.sh installs extras now: update this test"
+    assert re.search(r"pip install [^\n]*-e \.(\s|$)", run_sh), "scripts/run.sh installs extras now: update this test"
     readme = (ROOT / "README.md").read_text()
     install, render = readme.find("pip install -q -e '.[manifests]'"), readme.find("scripts/render-manifests.py")
     assert 0 <= install < render, "README.md: install the manifests extra before scripts/render-manifests.py"
@@ -237,3 +237,40 @@ def test_run_sh_installs_only_when_pyproject_changed(tmp_path: Path) -> None:
     with (tmp_path / "pyproject.toml").open("a") as changed:
         changed.write("\n# a new dependency\n")
     assert run()[0].startswith("python -m pip install"), "pyproject.toml changed: reinstall"
+
+
+@pytest.mark.timeout(60)
+def test_run_sh_says_what_it_does_on_the_first_run_and_how_to_get_elasticgpu_on_path(tmp_path: Path) -> None:
+    """Issue 50: the first run was silent for ~44 s (venv, a quiet pip), and the README's next
+    command `elasticgpu demo ...` then failed with `command not found`. Run on a copy of the script
+    with a python3 on PATH whose venv's pip prints what pip prints, and no elasticgpu on PATH."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "run.sh", tmp_path / "scripts" / "run.sh")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    fake_pip = ("#!/bin/sh\n[ \"$2\" = pip ] || exit 0\n"
+                "printf 'Obtaining file:///x\\nCollecting pydantic>=2\\n  Downloading p.whl\\nCollecting kopf\\n"
+                "Installing collected packages: kopf, pydantic\\nSuccessfully installed kopf-1 pydantic-2\\n'\n")
+    (tools / "python3").write_text(
+        "#!/bin/sh\n[ \"$1 $2\" = \"-m venv\" ] || exit 3\nmkdir -p \"$3/bin\"\n"
+        f"cat > \"$3/bin/python\" <<'EOF'\n{fake_pip}EOF\n"
+        "printf '#!/bin/sh\\necho demo ran\\n' > \"$3/bin/elasticgpu\"\n"
+        "chmod +x \"$3/bin/python\" \"$3/bin/elasticgpu\"\n")
+    (tools / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tools}{os.pathsep}/usr/bin{os.pathsep}/bin"}
+    done = subprocess.run(["bash", str(tmp_path / "scripts" / "run.sh")], capture_output=True, text=True,
+                          timeout=30, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "demo ran\n"
+    told = done.stderr.splitlines()
+    assert told[0].startswith("run.sh: first run: making a virtual environment in .venv"), told
+    assert told[1].startswith("run.sh: installing elasticgpu and its dependencies into .venv"), told
+    assert "run.sh:   1 pydantic>=2" in told and "run.sh:   2 kopf" in told, told  # progress, a line a package
+    assert "run.sh: installed 2 packages" in told, told
+    assert f'export PATH="{tmp_path}/.venv/bin:$PATH"' in done.stderr, done.stderr
+    # With .venv/bin on PATH, no hint.
+    env["PATH"] = f"{tmp_path / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"
+    again = subprocess.run(["bash", str(tmp_path / "scripts" / "run.sh")], capture_output=True, text=True,
+                           timeout=30, env=env)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
