@@ -36,15 +36,21 @@ import elasticgpu.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import json
+import os
 import re
 import sys
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import yaml
 
 try:
     import helm_python
+    from helm_python import _native as helm_native
 except ModuleNotFoundError as missing:
     if missing.name != "helm_python":
         raise
@@ -83,19 +89,55 @@ def _tidy(text: str) -> str:
     return text.strip("\n") + "\n"
 
 
-def _rendered(values: dict[str, object]) -> dict[str, str]:
-    """template name (under templates/) -> the text the chart renders with `values`."""
-    chart = helm_python.Chart.load(CHART)
+GO_INFO_LINE = re.compile(r"^[0-9]{4}/[0-9]{2}/[0-9]{2} [0-9:]{8} INFO ")
+"""A line of Go's default logger at INFO, as Helm's chart loader writes it for each link in the chart."""
+
+
+@contextlib.contextmanager
+def _without_go_info_lines() -> Iterator[None]:
+    """Helm's chart loader logs `INFO found symbolic link in path` for each of the chart's links into
+    deploy/ (three, every run) through Go's default logger, straight to file descriptor 2:
+    helm_python's log switch does not reach it. Descriptor 2 goes to a file meanwhile; what is not
+    such an INFO line (a warning, an error) is passed on to stderr."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            for line in caught.read().decode(errors="replace").splitlines():
+                if not GO_INFO_LINE.match(line):
+                    print(line, file=sys.stderr)
+
+
+def _rendered(values: dict[str, object], api_versions: Sequence[str] = ()) -> dict[str, str]:
+    """template name (under templates/) -> the text the chart renders with `values`; `api_versions`
+    are what `.Capabilities.APIVersions` holds besides Helm's defaults, as `helm template --api-versions`
+    gives them."""
+    with _without_go_info_lines():
+        chart = helm_python.Chart.load(CHART)
     try:
-        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+        if api_versions:
+            # Chart.render does not take them; the library's render call does (helm-c-sdk's render
+            # options: name, namespace, api_versions, ... as JSON), and Helm puts them into
+            # .Capabilities.APIVersions exactly as `helm template --api-versions` does.
+            options = {"name": RELEASE, "namespace": NAMESPACE, "api_versions": list(api_versions)}
+            rendered: dict[str, str] = json.loads(helm_native.call_string(
+                "helm_render", chart._raw(), json.dumps(values), json.dumps(options)))
+        else:
+            rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE)
     finally:
         chart.close()
     return {template.split("/templates/", 1)[1]: text for template, text in rendered.items()}
 
 
-def render(values: dict[str, object] | None = None) -> dict[Path, str]:
+def render(values: dict[str, object] | None = None, *, api_versions: Sequence[str] = ()) -> dict[Path, str]:
     """The plain manifests the chart renders with `values` (default: PLAIN_VALUES, plus PLAIN_VARIANTS): path -> text."""
-    rendered = _rendered(PLAIN_VALUES if values is None else values)
+    rendered = _rendered(PLAIN_VALUES if values is None else values, api_versions)
     if values is None:
         for name, variant in PLAIN_VARIANTS.items():
             if not _has_objects(rendered.get(name, "")):
@@ -231,6 +273,23 @@ def user_values(files: list[str], sets: list[str]) -> dict[str, object]:
     return values
 
 
+AUTO_SWITCHES = {("metrics", "serviceMonitor", "enabled"): "monitoring.coreos.com/v1/ServiceMonitor",
+                 ("prometheusRule", "enabled"): "monitoring.coreos.com/v1/PrometheusRule"}
+"""Values that may be `auto` (render only where the cluster serves the API), and that API."""
+
+
+def _note_auto_switches(values: dict[str, object], api_versions: Sequence[str]) -> None:
+    """Say on stderr which `auto` switch renders nothing for want of --api-versions (helm install
+    asks the cluster; a renderer cannot)."""
+    for path, api in AUTO_SWITCHES.items():
+        value: object = values
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        if value == "auto" and api not in api_versions:
+            print(f"note: {'.'.join(path)}: auto renders nothing without --api-versions {api} (pass it when"
+                  " your cluster runs the Prometheus Operator)", file=sys.stderr)
+
+
 def _leaves(values: object, prefix: list[str] | None = None) -> list[list[str]]:
     prefix = prefix or []
     if not isinstance(values, dict) or not values:
@@ -260,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a value over the files (repeatable; a.b=1,c=x; a\\.b for a dot in a key); needs --out")
     parser.add_argument("--out", metavar="DIR", help="write the manifests and CRDs into DIR instead of deploy/")
+    parser.add_argument("-a", "--api-versions", action="append", default=[], metavar="GROUP/VERSION[/KIND]",
+                        help="an API your cluster serves, for the chart's `auto` switches (repeatable or comma"
+                        " separated, as helm template's): e.g. monitoring.coreos.com/v1/ServiceMonitor; needs --out")
     return parser
 
 
@@ -268,9 +330,10 @@ def main() -> int:
     -f/--set/--out: render your values into --out; exit 2 for values it cannot use."""
     parser = build_parser()
     args = parser.parse_args()
+    api_versions = [item.strip() for given in args.api_versions for item in given.split(",") if item.strip()]
     refusal = (
-        "-f and --set need --out DIR: deploy/ holds the chart's defaults (tests check it)"
-        if (args.values or args.set) and not args.out
+        "-f, --set and --api-versions need --out DIR: deploy/ holds the chart's defaults (tests check it)"
+        if (args.values or args.set or api_versions) and not args.out
         else "--check compares deploy/ with the chart's defaults; it takes no --out" if args.out and args.check
         else None
     )
@@ -280,7 +343,9 @@ def main() -> int:
     helm_python.disable_logging()  # its INFO lines about the chart's links into deploy/
     if args.out:
         try:
-            files = render(user_values(args.values, args.set))
+            values = user_values(args.values, args.set)
+            _note_auto_switches(values, api_versions)
+            files = render(values, api_versions=api_versions)
         except ValuesError as err:
             print(f"render-manifests.py: error: {err}", file=sys.stderr)
             return 2

@@ -72,7 +72,7 @@ def test_a_set_without_a_value_is_told_in_one_line(tmp_path: Path) -> None:
 
 def test_values_never_overwrite_deploy() -> None:
     assert _told(_render("--set", "image.tag=0.1.0")).endswith(
-        "error: -f and --set need --out DIR: deploy/ holds the chart's defaults (tests check it)"
+        "error: -f, --set and --api-versions need --out DIR: deploy/ holds the chart's defaults (tests check it)"
     )
 
 
@@ -80,3 +80,30 @@ def test_a_values_file_that_is_missing(tmp_path: Path) -> None:
     assert _told(_render("-f", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "o"))) == (
         f"render-manifests.py: error: -f {tmp_path / 'nope.yaml'}: cannot be read (No such file or directory)"
     )
+
+
+def test_api_versions_reach_the_chart_s_auto_switches_and_the_run_prints_no_go_log_lines(tmp_path: Path) -> None:
+    """Issue 50: `serviceMonitor.enabled: auto` rendered nothing, silently, since the script could not
+    be given `--api-versions`; and every run printed three `INFO found symbolic link` lines of Go's logger."""
+    without, given = tmp_path / "without", tmp_path / "given"
+    result = _render("--set", "metrics.serviceMonitor.enabled=auto,prometheusRule.enabled=auto", "--out", str(without))
+    assert result.returncode == 0, result.stderr
+    assert not [o for o in _objects(without / "metrics.yaml") if o["kind"] == "ServiceMonitor"]
+    notes = [line for line in result.stderr.splitlines() if line.strip()]
+    assert notes == [
+        "note: metrics.serviceMonitor.enabled: auto renders nothing without --api-versions"
+        " monitoring.coreos.com/v1/ServiceMonitor (pass it when your cluster runs the Prometheus Operator)",
+        "note: prometheusRule.enabled: auto renders nothing without --api-versions"
+        " monitoring.coreos.com/v1/PrometheusRule (pass it when your cluster runs the Prometheus Operator)",
+    ], result.stderr  # nothing else: no Go log line
+    result = _render("--set", "metrics.serviceMonitor.enabled=auto,prometheusRule.enabled=auto", "--out", str(given),
+                     "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor",
+                     "-a", "monitoring.coreos.com/v1/PrometheusRule,example.com/v1")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    [monitor] = [o for o in _objects(given / "metrics.yaml") if o["kind"] == "ServiceMonitor"]
+    assert monitor["metadata"]["name"] == "elasticgpu"
+    assert [o["kind"] for o in _objects(given / "monitoring.yaml")] == ["PrometheusRule"]
+
+
+def test_api_versions_need_out() -> None:
+    assert "--api-versions need --out DIR" in _told(_render("--api-versions", "monitoring.coreos.com/v1"))
