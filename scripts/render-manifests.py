@@ -136,7 +136,8 @@ def _rendered(values: dict[str, object], api_versions: Sequence[str] = ()) -> di
 
 
 def render(values: dict[str, object] | None = None, *, api_versions: Sequence[str] = ()) -> dict[Path, str]:
-    """The plain manifests the chart renders with `values` (default: PLAIN_VALUES, plus PLAIN_VARIANTS): path -> text."""
+    """The plain manifests the chart renders with `values` (default: PLAIN_VALUES, plus PLAIN_VARIANTS):
+    path -> text."""
     rendered = _rendered(PLAIN_VALUES if values is None else values, api_versions)
     if values is None:
         for name, variant in PLAIN_VARIANTS.items():
