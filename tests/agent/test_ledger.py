@@ -105,6 +105,21 @@ def migrate_to(url: str, revision: str) -> None:
     engine.dispose()
 
 
+def test_opening_a_fresh_ledger_logs_one_line_not_alembic_s(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 50: every agent start logged eight Alembic INFO lines (`Context impl SQLiteImpl.`, one per
+    revision run); the agent's own line says the migration once. Alembic's pass at DEBUG."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        LedgerStore.open(url_of(tmp_path / "ledger.db")).close()
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("alembic")] == []
+    assert len([r for r in caplog.records if r.name == ledger_store.__name__]) == 1, caplog.records
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG):
+        LedgerStore.open(url_of(tmp_path / "debug.db")).close()
+    assert any(r.name.startswith("alembic") for r in caplog.records)
+
+
 def test_at_least_two_revisions_in_one_line() -> None:
     assert len(REVISIONS) >= 2 and REVISIONS[-1] == HEAD
     downs = {revision: down for revision, down, _ in ledger_store.history()}

@@ -247,8 +247,23 @@ def make_engine(url: str) -> Engine:
 
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at; None for an empty database."""
-    with engine.connect() as connection:
+    with engine.connect() as connection, _alembic_quiet():
         return MigrationContext.configure(connection).get_current_revision()
+
+
+@contextlib.contextmanager
+def _alembic_quiet() -> Iterator[None]:
+    """Alembic's INFO lines (`Context impl SQLiteImpl.`, `Will assume non-transactional DDL.`, one
+    per revision run: eight at a fresh agent's start) stay out of an INFO log; the caller logs the
+    migration once, with its revisions. At DEBUG they pass."""
+    alembic_logger = logging.getLogger("alembic")
+    old = alembic_logger.level
+    if not alembic_logger.isEnabledFor(logging.DEBUG):
+        alembic_logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        alembic_logger.setLevel(old)
 
 
 def upgrade(engine: Engine, url: str) -> tuple[str | None, str]:
@@ -271,7 +286,7 @@ def upgrade(engine: Engine, url: str) -> tuple[str | None, str]:
                 " migrated it. Run that newer agent, or downgrade the database with the newer version's"
                 f" `elasticgpu agent db downgrade {scripts.get_current_head()}` before starting this one."
             )
-    with engine.begin() as connection:
+    with engine.begin() as connection, _alembic_quiet():
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
     after = current_revision(engine)
@@ -283,7 +298,7 @@ def downgrade(engine: Engine, url: str, revision: str) -> tuple[str | None, str 
     """Migrate down to `revision` (`-1`: one step, `base`: empty); returns (before, after)."""
     config = alembic_config(url)
     before = current_revision(engine)
-    with engine.begin() as connection:
+    with engine.begin() as connection, _alembic_quiet():
         config.attributes["connection"] = connection
         command.downgrade(config, revision)
     return before, current_revision(engine)
