@@ -79,7 +79,9 @@ def explain(inventory: Inventory, request: PlacementRequest, shape: Shape) -> Un
             if shape.models:
                 have = sorted({c.record.model for n in nodes for c in n.cards})
                 globs = "|".join(shape.models)
-                return Unplaceable(reason=f"no node has a {globs} card (models here: {', '.join(have) or 'none'})")
+                # NoCapacity, not NeverFits: a node with such cards may still join (an autoscaled pool).
+                return Unplaceable(reason=f"no node has a {globs} card yet (models here: {', '.join(have) or 'none'});"
+                                          " it binds once one joins, or fix the class's gpuModel")
             return Unplaceable(reason="no node that matches has any GPU card")
         nodes = with_model
     mode = request.needs_isolation if shape.cards == 0 else ""  # whole cards need no isolation

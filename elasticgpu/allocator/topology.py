@@ -145,6 +145,9 @@ def describe(cards: Sequence[CardState], nics: Sequence[str] = ()) -> str:
         parts = []
     elif linked == len(pairs):
         parts = [f"NVLink: all linked ({len(pairs)} pair{'s' if len(pairs) > 1 else ''})"]
+    elif linked == 0:
+        # Cards without NVLink (T4, L4, PCIe A100s) are normal, not a fault: say what joins them.
+        parts = ["no NVLink (PCIe between the cards)"]
     else:
         parts = [f"NVLink: {linked} of {len(pairs)} pairs linked"]
     parts.append("NUMA " + ",".join(str(n) for n in sorted({c.record.numa for c in ordered})))

@@ -225,7 +225,8 @@ def test_the_same_seed_gives_the_same_decisions() -> None:
     ("request_", "expected"),
     [
         (share(10, 49152), "a card 0 has 40Gi free, the claim asks 48Gi"),
-        (share(10, models=("H100*",)), "no node has a H100* card (models here: A100)"),
+        (share(10, models=("H100*",)), "no node has a H100* card yet (models here: A100); it binds once one joins,"
+                                       " or fix the class's gpuModel"),
         (whole(3), "a has 2 free cards (of 2), the claim asks 3 whole cards on one node"),
         (share(10, cpu_milli=64000), "a has 32 CPU free, the pod asks 64 CPU"),
         (share(10, node_selector={"zone": "x"}), "no node matches the node selector zone=x"),

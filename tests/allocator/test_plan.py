@@ -32,8 +32,10 @@ def test_plan_prints_a_table_with_reasons_for_pending_claims(capsys: pytest.Capt
     # The controller's reasons and words (issue 36): 96Gi can never fit an 80Gi card; no H100 is here yet.
     never = "NeverFits: no card in this cluster can ever give 20% cores, 96Gi: the largest is"
     assert never in lines["too-much-memory"]
+    # A missing model is NoCapacity, not NeverFits (a node with such cards may join), and the message says so.
     assert lines["wants-h100"].endswith("NoCapacity: no card can give 1 whole card: no node has a *H100* card"
-                                        " (models here: NVIDIA A100-SXM4-80GB, Tesla T4)")
+                                        " yet (models here: NVIDIA A100-SXM4-80GB, Tesla T4); it binds once one"
+                                        " joins, or fix the class's gpuModel")
 
 
 CLAIM = """\
