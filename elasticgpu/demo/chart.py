@@ -152,7 +152,11 @@ class ChartDemo:
         values.write_text(yaml.safe_dump(chart_values(running.runtime, home, self.scenario.simulation())))
         command = ("install", RELEASE, str(CHART), "-n", SYSTEM, "--create-namespace", "-f", str(values),
                    "--wait", "--timeout", INSTALL_TIMEOUT)  # fmt: skip
-        self.say(f"  $ helm {' '.join(command[:6])} -f values.yaml --wait   (values: {values})")
+        # The file goes with the run's folder: its text is shown, not its path (issue 50).
+        self.say(f"  $ helm {' '.join(command[:6])} -f values.yaml --wait   (values.yaml: the chart's defaults"
+                 " but for this node of simulated cards; a real GPU node needs none of it)")
+        for line in values.read_text().splitlines():
+            self.say(f"      {line}")
         began = time.monotonic()
         done = self._helm(*command)
         if done.returncode != 0:

@@ -149,7 +149,9 @@ class ClaimStatus:
             # An inline claim serves the pod that owns it: said with the bind, not in a write of its own.
             status["users"] = [{"name": owner[0], "uid": owner[1]}]
         self.write(claim, status)
-        said = f"provisioned ElasticGPU {egpu_name} and {message}" if placement else message
+        # "provisioned ElasticGPU X and bound to it on ...", not the name twice (issue 50).
+        said = (f"provisioned ElasticGPU {egpu_name} and {message.replace(f'ElasticGPU {egpu_name}', 'it', 1)}"
+                if placement else message)
         if owner is not None:
             # An inline claim's bind is routine, one per pod: no Event (issue 37: an Event costs the
             # API server as much as a bind's write, and a Deployment's replicas made one each). The
