@@ -107,3 +107,16 @@ def test_api_versions_reach_the_chart_s_auto_switches_and_the_run_prints_no_go_l
 
 def test_api_versions_need_out() -> None:
     assert "--api-versions need --out DIR" in _told(_render("--api-versions", "monitoring.coreos.com/v1"))
+
+
+def test_the_managed_cluster_sample_renders_with_keys_the_chart_has(tmp_path: Path) -> None:
+    """deploy/chart/values-managed-cluster.yaml (issue 50): every key is the chart's, and it renders the
+    agent as the NRI DaemonSet with no installer, and the monitoring objects where the API is served."""
+    sample = REPO / "deploy" / "chart" / "values-managed-cluster.yaml"
+    result = _render("-f", str(sample), "--out", str(tmp_path / "m"), "--api-versions",
+                     "monitoring.coreos.com/v1/ServiceMonitor,monitoring.coreos.com/v1/PrometheusRule")
+    assert result.returncode == 0 and result.stderr == "", result.stderr  # no unknown key, no note
+    daemonset = next(o for o in _objects(tmp_path / "m" / "agent-daemonset.yaml") if o["kind"] == "DaemonSet")
+    assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert not (tmp_path / "m" / "agent-installer.yaml").exists()
+    assert [o for o in _objects(tmp_path / "m" / "metrics.yaml") if o["kind"] == "ServiceMonitor"]
