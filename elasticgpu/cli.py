@@ -142,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
         " --kubeconfig's cluster), the controller, the webhook and two simulated node agents; a slice claim,"
         " a whole card, an inline request and one that cannot fit; what each container sees; all cleaned up"
         " after. Exit 0 when every claim reached its container."))
+    demo.add_sandbox_arguments(commands.add_parser(
+        "sandbox", help="keep the demo's cluster to try things in: sandbox up | status | down",
+        description="The demo's cluster (API server, simulated nodes and cards, agents, controller, webhook,"
+        " the default class gpushare), kept in the background for your own claims, pods and `kubectl egpu`;"
+        " `sandbox down` stops all of it."))
     return parser
 
 

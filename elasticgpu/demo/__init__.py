@@ -11,7 +11,8 @@ Modules, one responsibility each:
 - `containers`: each claim's container, run through the agent's CRI proxy as kubelet would,
   or (without a runtime) the agent's injection decision for it;
 - `showing`: `kubectl get`-style tables;
-- `running`: the phases in order, their deadlines and timings, the exit code.
+- `running`: the phases in order, their deadlines and timings, the exit code;
+- `sandbox`: `elasticgpu sandbox up | status | down`, the demo's cluster kept in the background.
 
 `--cluster real --install chart` (`chart`) runs the product as the chart's pods instead, on
 - `box`: a one-node Kubernetes in a network namespace of its own (`real_cluster`'s control plane,
@@ -24,6 +25,6 @@ Nothing outside one temporary directory is touched; everything started is stoppe
 
 from __future__ import annotations
 
-from elasticgpu.demo.commands import add_arguments, run
+from elasticgpu.demo.commands import add_arguments, add_sandbox_arguments, run, run_sandbox
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "add_sandbox_arguments", "run", "run_sandbox"]

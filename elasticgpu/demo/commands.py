@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kubeconfig",
         help="run against this cluster instead of a local API server "
         "(a namespace and simulated nodes of its own, deleted after; its API server must "
-        "reach this host's 127.0.0.1 for the webhook)",
+        "reach this host's 127.0.0.1 for the webhook: not kind or k3d, docs/sandbox.md)",
     )
     parser.add_argument("--context", help="kubeconfig context (with --kubeconfig)")
     parser.add_argument(
@@ -60,3 +60,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) and print where it is")
     parser.set_defaults(handler=run)
+
+
+def run_sandbox(args: argparse.Namespace) -> int:
+    """Handler of `elasticgpu sandbox` (see `sandbox`)."""
+    from elasticgpu.demo import sandbox
+
+    handler = {"up": sandbox.up, "down": sandbox.down, "status": sandbox.status, "serve": sandbox.serve}
+    return handler[args.action](args)
+
+
+def add_sandbox_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `elasticgpu sandbox up | status | down`."""
+    actions = parser.add_subparsers(dest="action", required=True, metavar="{up,status,down}")
+    up = actions.add_parser("up", help="start the demo's cluster in the background and keep it: nodes of simulated"
+                            " cards, their agents, the controller, the webhook, the default class gpushare")
+    hidden = actions.add_parser("serve")  # the background process `up` starts: not for typing
+    for command in (up, hidden):
+        command.add_argument("--cluster", choices=("local", "real"), default="local",
+                             help="`local`: the project's local API server (default); `real`: Kubernetes' own"
+                             " kube-apiserver, controller manager and scheduler (bash testcluster/build.sh once)")
+        command.add_argument("--timeout-s", type=float, default=90.0, help="seconds each start-up wait may take")
+        command.add_argument("--no-runtime", action="store_true",
+                             help="do not start the test containerd behind the agents even where it could run")
+    actions.add_parser("status", help="whether a sandbox is up, and its KUBECONFIG (exit 1 when none is)")
+    actions.add_parser("down", help="stop the sandbox and everything it started; remove its files")
+    parser.set_defaults(handler=run_sandbox)

@@ -56,18 +56,17 @@ class AgentPaths:
 
 
 def start_controller(
-    children: processes.Children, *, kubeconfig: Path, namespace: str, log_dir: Path, metrics_port: int = 0
+    children: processes.Children, *, kubeconfig: Path, namespace: str | None, log_dir: Path, metrics_port: int = 0
 ) -> processes.Child:
-    """The controller, for the demo's namespace, one replica without leader election; with
-    `metrics_port`, its /metrics (and probes) on 127.0.0.1 there, else none."""
+    """The controller, for the demo's namespace (None: every namespace, the sandbox's), one replica
+    without leader election; with `metrics_port`, its /metrics (and probes) on 127.0.0.1 there, else none."""
     return children.start(
         "controller",
         _elasticgpu(
             "controller",
             "--kubeconfig",
             str(kubeconfig),
-            "--namespace",
-            namespace,
+            *(("--namespace", namespace) if namespace else ()),
             "--leader-elect=false",
             "--health-probe-bind-address",
             f"127.0.0.1:{metrics_port}" if metrics_port else "0",

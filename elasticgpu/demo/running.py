@@ -175,8 +175,9 @@ class Demo:
                         metrics_port=self._metrics_port("elasticgpu-agent-metrics"),
                     )
                 )
-        controller = components.start_controller(
-            self.children, kubeconfig=self.kubeconfig, namespace=s.namespace, log_dir=self.directory,
+        controller = components.start_controller(  # a sandbox's serves every namespace: the user's too
+            self.children, kubeconfig=self.kubeconfig, namespace=None if getattr(self.args, "sandbox", False)
+            else s.namespace, log_dir=self.directory,
             metrics_port=self._metrics_port("elasticgpu-controller-metrics"),
         )
         webhook, _ = components.start_webhook(
@@ -614,6 +615,8 @@ def _run(args: argparse.Namespace, out: Any, say: Callable[..., None], interrupt
     if failure is not None:
         say(f"elasticgpu demo: FAILED: {_one_line(failure)}", "red")
         return 1
+    if not demo.external:  # the `$ kubectl get` lines above were asked of a cluster that is gone now
+        say("(that cluster is gone now: `elasticgpu sandbox up` keeps one to run such commands in)")
     if demo.runtime is not None:
         say("elasticgpu demo: OK: every claim reached its container", "green")
     else:

@@ -40,6 +40,7 @@ FOREIGN = {
     "--raw": "kubectl config view",
     "--type": "kubectl patch",
     "--api-versions": "helm template",
+    "--driver": "minikube start",
 }
 """Flags the docs name bare (in prose) that belong to another program, and whose."""
 
