@@ -161,7 +161,7 @@ sandbox: up: {state.get('cluster')}; nodes {', '.join(state.get('nodes') or [])}
   the controller (every namespace), the webhook, one agent per node; default class gpushare.
 {state.get('pods_note', '')}
   export KUBECONFIG={kubeconfig}
-  kubectl apply -f examples/workloads/claim-and-pod.yaml      # or any claim, pod, Deployment, Job of yours
+  kubectl apply -f examples/workloads/claim-and-pod.yaml      # {state.get('serves', 'or any claim or pod of yours')}
   kubectl get egpuc,egpu,pgpu; kubectl egpu top; kubectl egpu why notebook-gpu
   elasticgpu sandbox down                                     # stops everything, removes its files""")
 
@@ -262,6 +262,9 @@ def serve(args: argparse.Namespace) -> int:
             else "the local API server (apiextensions-apiserver and etcd)",
             "kubeconfig": str(where / KUBECONFIG), "directory": str(demo.directory), "nodes": demo.scenario.nodes,
             "pods_note": _pods_note(demo),
+            # The local API server serves core/v1 and the CRDs, not apps/v1 or batch/v1.
+            "serves": "or any claim, pod, Deployment, Job of yours" if demo.real
+            else "or any claim or pod of yours (Deployments, Jobs: sandbox up --cluster real)",
         })
         say("ready")
         stop.wait()
