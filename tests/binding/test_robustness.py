@@ -192,3 +192,15 @@ def test_a_bind_that_fails_after_creating_the_elastic_gpu_finishes_without_any_w
     egpu = kube.get_elastic_gpu(cluster.get_claim("c")["spec"]["elasticGPUName"])
     assert egpu["status"]["phase"] == "Bound"
     controller.close()
+
+
+def test_the_bind_s_event_names_the_provisioned_elastic_gpu_once(cluster: Cluster, kube: KubeApi) -> None:
+    """Issue 50: the Event said "provisioned ElasticGPU egpu-X and bound to ElasticGPU egpu-X on node"."""
+    class_name = _setup(cluster)
+    cluster.claim(o.claim("once", cores=10, memory="1Gi", class_name=class_name))
+    settle(new_controller(kube, cluster.namespace))
+    egpu = cluster.get_claim("once")["spec"]["elasticGPUName"]
+    [said] = [e["message"] for e in kube.list_events(cluster.namespace)
+              if e.get("reason") == binder.REASON_BOUND and e["involvedObject"]["name"] == "once"]
+    assert said.startswith(f"provisioned ElasticGPU {egpu} and bound to it on {cluster.prefix}-node"), said
+    assert said.count(egpu) == 1, said
