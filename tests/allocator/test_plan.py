@@ -191,3 +191,17 @@ def test_plan_shows_the_chosen_cards_topology(tmp_path: Path, capsys: pytest.Cap
         "GPU-2,GPU-3   NVLink: all linked (1 pair), NUMA 1, PCIe root 0000:00:03.0, NICs mlx5_0")
     assert "2 whole cards and 1 RDMA NIC" in lines["pair"]
     assert "Pending" in lines["trio"] and "topology NVLink" in lines["trio"]
+
+
+def test_plan_says_cards_without_nvlink_are_joined_by_pcie(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 50: four T4s (no NVLink) showed "NVLink: 0 of 6 pairs linked", which reads like a fault."""
+    nodes = [{"name": "t4-node", "cards": 4, "model": "Tesla T4", "memory": "16Gi"}]
+    whole = {"apiVersion": "elasticgpu.io/v1alpha1", "kind": "ElasticGPUClass", "metadata": {"name": "whole"},
+             "provisioner": "elasticgpu.io/physical"}
+    claim = {"apiVersion": "elasticgpu.io/v1alpha1", "kind": "ElasticGPUClaim",
+             "metadata": {"name": "four", "namespace": "ns"},
+             "spec": {"elasticGPUClassName": "whole", "resources": {"requests": {"nvidia.com/gpu": 4}}}}
+    found = plan.PlanInput(gpus=[], node_list=nodes, classes=[plan.ElasticGPUClass.model_validate(whole)],
+                           claims=[plan.ElasticGPUClaim.model_validate(claim)])
+    [result] = plan.plan(found)
+    assert result.placement is not None and result.message.startswith("no NVLink (PCIe between the cards)"), result
