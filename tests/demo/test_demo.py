@@ -93,6 +93,8 @@ def test_demo_shows_every_claim_in_its_container() -> None:
         assert re.search(rf"^\s*{phase}.*\s\d+\.\d\s*$", output, re.M), f"no time for phase {phase}:\n{output}"
     assert "Traceback" not in output
     assert demo_dirs() == before, "the demo left its temp dir behind"
+    # Its `$ kubectl get` lines were asked of a cluster that is gone: it says so, and what keeps one (issue 50).
+    assert "(that cluster is gone now: `elasticgpu sandbox up` keeps one to run such commands in)" in output
 
 
 def test_without_a_runtime_the_agents_decision_names_the_card() -> None:
