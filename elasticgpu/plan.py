@@ -229,6 +229,8 @@ def read_inputs(paths: Iterable[str]) -> PlanInput:
         plan_pods.check_references(found.pods, found.claims)
     except plan_pods.PodInvalid as err:
         raise user_errors.InputFileInvalid(str(err)) from None
+    for note in plan_pods.shared_claim_notes(found.pods):
+        print(note, file=sys.stderr)
     return found
 
 

@@ -60,7 +60,8 @@ def read(doc: Mapping[str, Any], where: str) -> InputPods:
     """The pods of one Pod or workload document; raises `PodInvalid` with the webhook's words."""
     kind = str(doc.get("kind"))
     metadata = doc.get("metadata") or {}
-    name = str(metadata.get("name") or metadata.get("generateName") or "")
+    # A generateName gets a random suffix on a cluster; `0` stands for it here.
+    name = str(metadata.get("name") or (f"{metadata['generateName']}0" if metadata.get("generateName") else ""))
     namespace = str(metadata.get("namespace") or "default")
     count: int | None = 1
     if kind == POD_KIND:
@@ -119,6 +120,19 @@ def inline_claims(found: Iterable[InputPods]) -> list[ElasticGPUClaim]:
                     "spec": request.spec.to_dict(),
                 }))
     return out
+
+
+def shared_claim_notes(found: Iterable[InputPods]) -> list[str]:
+    """A note for each workload whose pods all name one claim: a claim serves one pod at a time (as a
+    ReadWriteOnce volume), so all but one of them would wait; not an error, as on a cluster."""
+    notes = []
+    for entry in found:
+        if len(entry.pod_names) > 1 and entry.claims.references:
+            named = ", ".join(sorted({r.claim_name for r in entry.claims.references}))
+            notes.append(f"note: {entry.where}: its {len(entry.pod_names)} pods all name claim(s) {named}, which serve"
+                         " one pod at a time: the others would wait; an inline request"
+                         " (elasticgpu.io/request.<container>) gives each pod a claim of its own")
+    return notes
 
 
 def check_references(found: Iterable[InputPods], claims: Iterable[ElasticGPUClaim]) -> None:

@@ -128,3 +128,12 @@ def test_a_deployment_s_inline_request_the_cluster_refuses_is_an_error(
     code, out, err = _plan(capsys, deployment)
     assert code == user_errors.EXIT_USAGE, out
     assert "Deployment infer" in err and "elasticgpu.io/request.server" in err
+
+
+def test_a_deployment_whose_replicas_share_one_claim_gets_a_note(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A claim serves one pod at a time: replicas naming one claim would wait for each other (not an error)."""
+    shared = DEPLOYMENT.replace("elasticgpu.io/request.server: \"REQUEST\"", "egpuc.elasticgpu.io/server: notebook")
+    code, _, err = _plan(capsys, SAMPLE / "claims.yaml", _write(tmp_path, shared))
+    assert code == 0
+    assert "(Deployment infer): its 3 pods all name claim(s) notebook, which serve one pod at a time" in err, err
