@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -150,8 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_NOTE_ENV = "ELASTICGPU_EXIT_NOTE"
+"""A note to print last, on stderr, whatever the command's outcome: scripts/run.sh's word on how to get
+`elasticgpu` on PATH (run.sh execs the command, so that signals reach it, and cannot speak after it).
+Taken out of the environment first, so that no child process (the demo's controller, agents) repeats it."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `elasticgpu` console script."""
+    note = os.environ.pop(EXIT_NOTE_ENV, None)
     try:
         args = build_parser().parse_args(argv)
         return user_errors.guarded(args.handler, prog=f"elasticgpu {args.command}")(args)
@@ -160,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # not a traceback through whatever module was loading. `demo` handles its own (demo/running.py).
         print("elasticgpu: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        if note:
+            print(note, file=sys.stderr)
 
 
 EXIT_INTERRUPTED = 130

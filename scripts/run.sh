@@ -22,7 +22,7 @@ if [ ! -x .venv/bin/elasticgpu ] || [ "$(cat "$stamp" 2>/dev/null)" != "$wanted"
   # pip's own lines, one per package, as progress; the whole log is kept for a failure.
   if ! .venv/bin/python -m pip install --disable-pip-version-check --progress-bar off -e . 2>&1 \
       | tee .venv/pip.log \
-      | awk '/^(Collecting|Successfully installed)/ { if ($1 == "Collecting") { n++; printf "run.sh:   %d %s\n", n, $2 } else print "run.sh: installed " (NF - 2) " packages" ; fflush() }' >&2; then
+      | awk '/^(Collecting|Successfully installed)/ { if ($1 == "Collecting") { n++; printf "run.sh:   %d %s\n", n, $2 } else print "run.sh: installed " (NF - 2) " package" (NF == 3 ? "" : "s"); fflush() }' >&2; then
     say "pip failed; the end of .venv/pip.log:"
     tail -n 20 .venv/pip.log >&2
     exit 1
@@ -32,10 +32,9 @@ fi
 if [ "$#" -eq 0 ]; then
   set -- demo
 fi
-code=0
-.venv/bin/elasticgpu "$@" || code=$?
 if [ "$(command -v elasticgpu 2>/dev/null)" != "$PWD/.venv/bin/elasticgpu" ]; then
-  say "elasticgpu and kubectl-egpu are in $PWD/.venv/bin, not on your PATH; for the README's next commands:"
-  say "  export PATH=\"$PWD/.venv/bin:\$PATH\"     (this shell)   or   bash scripts/run.sh ARGS...   (any shell)"
+  # Said last, by elasticgpu itself as it exits (cli.main): exec keeps Ctrl-C and SIGTERM going straight to it.
+  export ELASTICGPU_EXIT_NOTE="run.sh: elasticgpu and kubectl-egpu are in $PWD/.venv/bin, not on your PATH; for the README's next commands:
+run.sh:   export PATH=\"$PWD/.venv/bin:\$PATH\"     (this shell)   or   bash scripts/run.sh ARGS...   (any shell)"
 fi
-exit "$code"
+exec .venv/bin/elasticgpu "$@"

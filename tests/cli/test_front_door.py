@@ -255,7 +255,7 @@ def test_run_sh_says_what_it_does_on_the_first_run_and_how_to_get_elasticgpu_on_
     (tools / "python3").write_text(
         "#!/bin/sh\n[ \"$1 $2\" = \"-m venv\" ] || exit 3\nmkdir -p \"$3/bin\"\n"
         f"cat > \"$3/bin/python\" <<'EOF'\n{fake_pip}EOF\n"
-        "printf '#!/bin/sh\\necho demo ran\\n' > \"$3/bin/elasticgpu\"\n"
+        "printf '#!/bin/sh\\necho demo ran\\necho \"$ELASTICGPU_EXIT_NOTE\" >&2\\n' > \"$3/bin/elasticgpu\"\n"
         "chmod +x \"$3/bin/python\" \"$3/bin/elasticgpu\"\n")
     (tools / "python3").chmod(0o755)
     env = {**os.environ, "PATH": f"{tools}{os.pathsep}/usr/bin{os.pathsep}/bin"}
@@ -273,4 +273,19 @@ def test_run_sh_says_what_it_does_on_the_first_run_and_how_to_get_elasticgpu_on_
     env["PATH"] = f"{tmp_path / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"
     again = subprocess.run(["bash", str(tmp_path / "scripts" / "run.sh")], capture_output=True, text=True,
                            timeout=30, env=env)
-    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert again.returncode == 0 and again.stderr.strip() == "", again.stderr
+
+
+def test_elasticgpu_prints_run_sh_s_note_last_and_hands_it_to_no_child(tmp_path: Path) -> None:
+    """run.sh execs elasticgpu (Ctrl-C and SIGTERM reach it directly) and so leaves its PATH note to it."""
+    env = {**os.environ, "ELASTICGPU_EXIT_NOTE": "run.sh: the note"}
+    done = subprocess.run([sys.executable, "-m", "elasticgpu", "plan", "-f", str(SAMPLE)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stderr.rstrip().splitlines()[-1] == "run.sh: the note", done.stderr
+    mistaken = subprocess.run([sys.executable, "-m", "elasticgpu", "plan", "-f", str(tmp_path / "none.yaml")],
+                              capture_output=True, text=True, timeout=120, env=env)
+    assert mistaken.returncode == 2 and mistaken.stderr.rstrip().splitlines()[-1] == "run.sh: the note"
+    probe = ("import os, sys; from elasticgpu import cli; sys.argv = ['elasticgpu']; "
+             "cli.main(['crds']); print('child sees', os.environ.get('ELASTICGPU_EXIT_NOTE'))")
+    seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert "child sees None" in seen.stdout, seen.stdout[-300:] + seen.stderr
