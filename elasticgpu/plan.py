@@ -374,14 +374,16 @@ def plan(found: PlanInput, *, seed: int = 0, inventory: Inventory | None = None)
     Each verdict comes from the controller's own decisions, in the controller's order:
     `binder.decide_claim` (class found, request valid for the class's provisioner, binding mode),
     then the placement under the class's policy, `capacity.never_fits` (NeverFits or NoCapacity),
-    then the namespace's quotas. What plan cannot know of a cluster: ElasticGPUs (it provisions
-    new ones only), pods, preemption by priority, and claim groups."""
+    then the namespace's quotas; a WaitForFirstConsumer claim that a pod of the input uses is bound for
+    it. What plan cannot know of a cluster: ElasticGPUs (it provisions new ones only), the pods'
+    scheduling constraints, preemption by priority, and claim groups."""
     inventory = build_inventory(found) if inventory is None else inventory
     classes = {c.metadata.name: c for c in found.classes if c.metadata.name}
     picture = _picture(classes, inventory)
     allocators: dict[str, Allocator] = {}
     migs = plan_mig.MigPlanner(found.gpus, found.node_labels)  # `partitioning: MIG` classes (plan_mig.py)
     results: list[ClaimResult] = []
+    consumed = plan_pods.consumed_claims(found.pods)
     for claim in found.claims:
         gpu_class = class_for(claim, classes)
         class_name = (gpu_class.metadata.name or "") if gpu_class else (claim.spec.class_name or "")
@@ -393,6 +395,19 @@ def plan(found: PlanInput, *, seed: int = 0, inventory: Inventory | None = None)
         if isinstance(decision, binder.Ignore):
             results.append(ClaimResult(claim, class_name, shown, None, f"left alone: {decision.why}"))
             continue
+        if (isinstance(decision, binder.Wait) and decision.reason == binder.REASON_WAIT_FOR_CONSUMER
+                and gpu_class is not None and not gpu_class.is_mig
+                and (claim.metadata.namespace or "default", claim.metadata.name or "") in consumed):
+            # A pod of the input uses it: the controller binds it for that pod (its other constraints,
+            # CPU and memory, node affinity, are the scheduler's: not planned here).
+            wanted = _provision_for(claim, gpu_class)
+            if wanted is not None:
+                result = _provision(claim, wanted, found, inventory, allocators, migs, seed=seed)
+                if result.placement is not None:
+                    result.message = "; ".join(m for m in ("bound for its pod (WaitForFirstConsumer)", result.message)
+                                               if m)
+                results.append(result)
+                continue
         if isinstance(decision, binder.Wait):
             result = ClaimResult(claim, class_name, shown, None, f"{decision.reason}: {decision.message}",
                                  reason=decision.reason)
@@ -424,21 +439,29 @@ def _placement_request(decision: binder.Provision) -> PlacementRequest:
                             isolation=decision.required_isolation, topology=decision.topology)
 
 
-def _would_fit(claim: ElasticGPUClaim, gpu_class: ElasticGPUClass, inventory: Inventory,
-               allocators: dict[str, Allocator], *, seed: int) -> Placement | None:
-    """Where a WaitForFirstConsumer claim would go now (nothing reserved), or None."""
-    if gpu_class.is_mig:
-        return None
+def _provision_for(claim: ElasticGPUClaim, gpu_class: ElasticGPUClass) -> binder.Provision | None:
+    """The binder's Provision of a claim under `gpu_class`, for a WaitForFirstConsumer claim (whose
+    request the binder already found valid for the class); None when it cannot be read."""
     try:
         request, _limit = claim.spec.gpu_request()
         parameters = gpu_class.parsed_parameters()
     except ElasticGPUError:
         return None
-    decision = binder.Provision(class_name=gpu_class.metadata.name or "", provisioner=gpu_class.provisioner,
-                                request=request, parameters=parameters,
-                                reclaim_policy=gpu_class.effective_reclaim_policy, isolation=gpu_class.isolation,
-                                topology=gpu_class.topology)
-    placed = _allocator(allocators, inventory, parameters.policy, seed).place(_placement_request(decision))
+    return binder.Provision(class_name=gpu_class.metadata.name or "", provisioner=gpu_class.provisioner,
+                            request=request, parameters=parameters,
+                            reclaim_policy=gpu_class.effective_reclaim_policy, isolation=gpu_class.isolation,
+                            topology=gpu_class.topology)
+
+
+def _would_fit(claim: ElasticGPUClaim, gpu_class: ElasticGPUClass, inventory: Inventory,
+               allocators: dict[str, Allocator], *, seed: int) -> Placement | None:
+    """Where a WaitForFirstConsumer claim would go now (nothing reserved), or None."""
+    if gpu_class.is_mig:
+        return None
+    decision = _provision_for(claim, gpu_class)
+    if decision is None:
+        return None
+    placed = _allocator(allocators, inventory, decision.parameters.policy, seed).place(_placement_request(decision))
     return placed if isinstance(placed, Placement) else None
 
 

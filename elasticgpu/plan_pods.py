@@ -122,6 +122,17 @@ def inline_claims(found: Iterable[InputPods]) -> list[ElasticGPUClaim]:
     return out
 
 
+def consumed_claims(found: Iterable[InputPods]) -> set[tuple[str, str]]:
+    """(namespace, name) of every claim a pod of the input uses, inline ones included: the first
+    consumer a WaitForFirstConsumer claim waits for."""
+    used: set[tuple[str, str]] = set()
+    for entry in found:
+        used.update((entry.namespace, reference.claim_name) for reference in entry.claims.references)
+        used.update((entry.namespace, request.claim_name(pod)) for pod in entry.pod_names
+                    for request in entry.claims.inline)
+    return used
+
+
 def shared_claim_notes(found: Iterable[InputPods]) -> list[str]:
     """A note for each workload whose pods all name one claim: a claim serves one pod at a time (as a
     ReadWriteOnce volume), so all but one of them would wait; not an error, as on a cluster."""

@@ -137,3 +137,21 @@ def test_a_deployment_whose_replicas_share_one_claim_gets_a_note(
     code, _, err = _plan(capsys, SAMPLE / "claims.yaml", _write(tmp_path, shared))
     assert code == 0
     assert "(Deployment infer): its 3 pods all name claim(s) notebook, which serve one pod at a time" in err, err
+
+
+def test_a_wait_for_first_consumer_claim_a_pod_uses_is_bound_for_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/claim-whole-card.yaml (class whole-a100, WaitForFirstConsumer) with a pod that uses it binds,
+    as the controller binds it once the pod exists; alone it waits for its first consumer."""
+    classes = ROOT / "examples" / "class-physical.yaml"
+    nodes = _write(tmp_path, "nodes: [{name: gpu-a, cards: 2, model: A100-SXM4-80GB, memory: 80Gi,"
+                             " labels: {pool: gpu}}]\n", "nodes.yaml")
+    claim = ROOT / "examples" / "claim-whole-card.yaml"
+    uses = POD.replace("team-a", "default").replace("ANNOTATIONS", "{egpuc.elasticgpu.io/train: trainer}")
+    pod = _write(tmp_path, uses, "pod.yaml")
+    assert cli.main(["plan", "-f", str(nodes), "-f", str(classes), "-f", str(claim)]) == 0
+    alone = capsys.readouterr().out
+    assert "Pending" in alone and "WaitingForFirstConsumer" in alone
+    assert cli.main(["plan", "--strict", "-f", str(nodes), "-f", str(classes), "-f", str(claim), "-f", str(pod)]) == 0
+    used = capsys.readouterr().out
+    assert "Bound" in used and "bound for its pod (WaitForFirstConsumer)" in used, used
