@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from elasticgpu.api import names
-from elasticgpu.demo import box, containers, helm, kube, processes, product_image, real_cluster, scenario, showing
-from elasticgpu.demo.containerd import NodeRuntime
-from elasticgpu.demo.processes import DemoError
+from elasticgpu.demo import containers, scenario, showing
+from elasticgpu.testbed import box, helm, kube, processes, product_image, real_cluster
+from elasticgpu.testbed.containerd import NodeRuntime
+from elasticgpu.testbed.processes import DemoError
 
 if TYPE_CHECKING:
     from elasticgpu.demo.running import Interrupts

@@ -32,8 +32,9 @@ from typing import Any
 
 from elasticgpu import user_errors
 from elasticgpu.api import names
-from elasticgpu.demo import components, containers, kube, local_cluster, local_runtime, processes, scenario, showing
-from elasticgpu.demo.processes import DemoError
+from elasticgpu.demo import containers, scenario, showing
+from elasticgpu.testbed import components, kube, local_cluster, local_runtime, processes
+from elasticgpu.testbed.processes import DemoError
 
 TMP_PREFIX = "egdemo-"  # short: unix socket paths must stay under 108 bytes
 OWNER_FILE = "owner.pid"
@@ -104,7 +105,7 @@ class Demo:
         from elasticgpu.api import kinds
 
         if self.real:
-            from elasticgpu.demo import real_cluster
+            from elasticgpu.testbed import real_cluster
 
             try:
                 plane = self.owned.enter_context(real_cluster.running_control_plane())
