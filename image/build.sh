@@ -224,11 +224,7 @@ apt_sources bookworm bookworm-updates
 if [ "${ELASTICGPU_APT_TRUSTED:-}" = 1 ]; then opts="[arch=amd64 trusted=yes]"; else opts="[arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]"; fi
 echo "deb $opts $SECURITY_MIRROR bookworm-security main" >>"$APTDIR/etc/sources.list"
 
-# A fresh index costs ~10 s; one younger than a day is good enough for the cache check.
-lists=$(ls -1t "$APTDIR"/state/lists/*_Packages* 2>/dev/null | head -n1 || true)
-if [ -z "$lists" ] || [ -n "$(find "$lists" -mmin +1440)" ]; then
-  apt_update "bookworm+bookworm-updates+bookworm-security"
-fi
+apt_update_daily "bookworm+bookworm-updates+bookworm-security"
 
 versions=$(mktemp)
 trap 'rm -f "$versions"' EXIT
