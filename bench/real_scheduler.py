@@ -1,6 +1,6 @@
 """Pods that use claims on Kubernetes' own scheduler: ours against DRA's and plain pods, same nodes.
 
-Starts the real control plane (elasticgpu/demo/real_cluster.py: etcd, kube-apiserver,
+Starts the real control plane (elasticgpu/testbed/real_cluster.py: etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler v1.36.3; `bash testcluster/build.sh` builds the binary),
 installs the CRDs and writes, as kubelet, the node agent and a DRA driver would:
 
@@ -587,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     from kubernetes import client, config
 
     from elasticgpu.crd_installer import apply_crds
-    from elasticgpu.demo import components, processes, real_cluster
+    from elasticgpu.testbed import components, processes, real_cluster
 
     began = time.monotonic()
     runs: list[Run] = []

@@ -1,6 +1,6 @@
 """kube-apiserver CPU per write, by the kind of write a claim pod makes: where each write's cost lies.
 
-Starts the real control plane (elasticgpu/demo/real_cluster.py), installs the CRDs, and makes, one
+Starts the real control plane (elasticgpu/testbed/real_cluster.py), installs the CRDs, and makes, one
 at a time from one thread, N writes of each kind the controller makes for one inline claim, with
 the bodies it makes (as bench/writes_per_pod.py --dump shows them): the claim's create, its bind
 patch (finalizer and spec.elasticGPUName), its Bound status patch, the ElasticGPU's create and its
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from elasticgpu.api import crd
     from elasticgpu.crd_installer import FIELD_MANAGER, KINDS, apply_crds
-    from elasticgpu.demo import real_cluster
+    from elasticgpu.testbed import real_cluster
 
     results: list[tuple[str, float, float]] = []
     with real_cluster.running_control_plane(verbosity="0") as plane:

@@ -184,9 +184,15 @@ if [ "${1:-}" = "__build" ]; then
   rm -rf "$root/usr/share/doc" "$root/usr/share/man" "$root/usr/share/info" "$root/usr/share/lintian"
   # Every program and library finds what it links inside the image: the loader run here would
   # otherwise fall back to this machine's own /usr/lib and hide a library the image lacks.
+  # Only the files the loader links are listed: like ldd, ask `--verify` first, which answers 1
+  # for a static executable (the NRI plugin's Go binary), where `--list` dies of SIGSEGV (and
+  # bash prints "Segmentation fault" into the log of a build that is fine).
   missing=$(find "$root/usr" \( -name '*.so' -o -name '*.so.*' -o -path '*/bin/*' -o -path '*/sbin/*' \) -type f -print0 |
     while IFS= read -r -d '' f; do
       [ "$(head -c 4 "$f" | od -An -tx1 | tr -d ' \n')" = 7f454c46 ] || continue
+      verified=0
+      "$root/usr/lib64/ld-linux-x86-64.so.2" --verify "$f" >/dev/null 2>&1 || verified=$?
+      [ "$verified" != 1 ] || continue # 1: not dynamically linked (0: dynamic; 2: static-pie, the loader itself)
       "$root/usr/lib64/ld-linux-x86-64.so.2" --library-path "$root/usr/lib/x86_64-linux-gnu" --list "$f" 2>/dev/null |
         awk -v f="${f#"$root"}" -v r="$root/" '$2 == "=>" && index($3, r) != 1 && $3 !~ /^\(/ {print f ": " $1 " => " $3 " " $4}' || true
     done)
@@ -218,11 +224,7 @@ apt_sources bookworm bookworm-updates
 if [ "${ELASTICGPU_APT_TRUSTED:-}" = 1 ]; then opts="[arch=amd64 trusted=yes]"; else opts="[arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]"; fi
 echo "deb $opts $SECURITY_MIRROR bookworm-security main" >>"$APTDIR/etc/sources.list"
 
-# A fresh index costs ~10 s; one younger than a day is good enough for the cache check.
-lists=$(ls -1t "$APTDIR"/state/lists/*_Packages* 2>/dev/null | head -n1 || true)
-if [ -z "$lists" ] || [ -n "$(find "$lists" -mmin +1440)" ]; then
-  apt_update "bookworm+bookworm-updates+bookworm-security"
-fi
+apt_update_daily "bookworm+bookworm-updates+bookworm-security"
 
 versions=$(mktemp)
 trap 'rm -f "$versions"' EXIT

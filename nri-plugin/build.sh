@@ -40,26 +40,15 @@ gover=$("$GO" env GOVERSION)
 key=$(cache_key "$HERE/main.go" "$HERE/go.mod" "$HERE/go.sum" "$HERE/build.sh" - <<<"$gover")
 exit_if_up_to_date "$key"
 
-export GOCACHE=$CACHE/gocache GOFLAGS=-mod=readonly GOTOOLCHAIN=local CGO_ENABLED=0
-work=$CACHE/work-$key
-rm -rf "$work"
-mkdir -p "$work"
+go_start "$key"
 log "building $BIN_NAME $key ($gover)"
 start=$(date +%s)
-if ! (cd "$HERE" && nice -n 19 "$GO" mod download) >"$work/download.log" 2>&1; then
-  cat "$work/download.log" >&2
-  fallback "go mod download failed (see above: the module and the proxy's answer)"
-fi
-if ! (cd "$HERE" && nice -n 19 "$GO" vet . && nice -n 19 "$GO" build -trimpath -ldflags "-s -w" -o "$work/$BIN_NAME" .) >&2; then
-  rm -rf "$work"
-  fallback "go vet or go build failed (output above)"
-fi
+go_download
+go_run "go vet failed (output above)" vet .
+go_run "go build failed (output above)" build -trimpath -ldflags "-s -w" -o "$work/$BIN_NAME" .
 {
   echo "# $BIN_NAME build $key ($(date -u +%Y-%m-%dT%H:%M:%SZ)) go=$gover"
   (cd "$HERE" && "$GO" list -m all 2>/dev/null | grep -E '^github.com/containerd/(nri|ttrpc) ') || true
 } >"$work/versions.txt"
-rm -rf "${CACHE:?}/${key:?}"
-mkdir -p "$CACHE/$key"
-mv "$work/$BIN_NAME" "$work/versions.txt" "$CACHE/$key/"
-rm -rf "$work"
+go_finish "$key" "$BIN_NAME" versions.txt
 finish_build "$key" "$start" 2

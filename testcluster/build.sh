@@ -72,27 +72,16 @@ kver=$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v1\./ {print $2; exit}' "$HERE/go.
 key=$(cache_key "$HERE/main.go" "$HERE/go.mod" "$HERE/go.sum" "$HERE/build.sh" - <<<"$gover")
 exit_if_up_to_date "$key"
 
-export GOCACHE=$CACHE/gocache GOFLAGS=-mod=readonly GOTOOLCHAIN=local CGO_ENABLED=0
-work=$CACHE/work-$key
-rm -rf "$work"
-mkdir -p "$work"
+go_start "$key"
 log "building $BIN_NAME $key (Kubernetes $kver, $gover; cold: tens of minutes on 2 shared cores)"
 start=$(date +%s)
-# The download is its own step so that a refused module is named as such (go mod download
-# prints the module and the proxy's answer), not lost among compiler output.
-if ! (cd "$HERE" && nice -n 19 "$GO" mod download) >"$work/download.log" 2>&1; then
-  cat "$work/download.log" >&2
-  fallback "go mod download failed (see above: the module and the proxy's answer)"
-fi
+go_download
 downloaded=$(date +%s)
 minor=$(echo "$kver" | cut -d. -f2)
 vpkg=k8s.io/component-base/version
 ldflags="-s -w -X $vpkg.gitVersion=$kver -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor -X $vpkg.gitTreeState=clean"
 ldflags="$ldflags -X $vpkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-if ! (cd "$HERE" && nice -n 19 "$GO" build -trimpath -o "$work/$BIN_NAME" -ldflags "$ldflags" .) >&2; then
-  rm -rf "$work"
-  fallback "go build failed (compiler output above)"
-fi
+go_run "go build failed (compiler output above)" build -trimpath -o "$work/$BIN_NAME" -ldflags "$ldflags" .
 for c in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
   "$work/$BIN_NAME" "$c" --version >/dev/null 2>&1 || { rm -rf "$work"; fallback "$BIN_NAME $c --version does not run"; }
 done
@@ -101,8 +90,5 @@ done
   echo "# go=$gover kubernetes=$kver download_s=$((downloaded - start)) build_s=$(($(date +%s) - downloaded))"
   (cd "$HERE" && "$GO" list -m all 2>/dev/null | grep '^k8s.io/') || true
 } >"$work/versions.txt"
-rm -rf "${CACHE:?}/${key:?}"
-mkdir -p "$CACHE/$key"
-mv "$work/$BIN_NAME" "$work/versions.txt" "$CACHE/$key/"
-rm -rf "$work"
+go_finish "$key" "$BIN_NAME" versions.txt
 finish_build "$key" "$start" 2 # keeps the two newest builds (each is ~200 MB)

@@ -44,25 +44,16 @@ gover=$("$GO" env GOVERSION)
 key=$(cache_key "$HERE/go.mod" "$HERE/go.sum" "$HERE/build.sh" - <<<"$gover")
 exit_if_up_to_date "$key"
 
-export GOCACHE=$CACHE/gocache GOFLAGS=-mod=readonly GOTOOLCHAIN=local CGO_ENABLED=0
-work=$CACHE/work-$key
-rm -rf "$work"
-mkdir -p "$work"
+go_start "$key"
 # The version go.mod pins: one source, stamped into the binary below.
 version=$(cd "$HERE" && "$GO" list -m -f '{{.Version}}' "$MODULE")
 log "building $MODULE $version $key ($gover)"
 start=$(date +%s)
-if ! (cd "$HERE" && nice -n 19 "$GO" mod download) >"$work/download.log" 2>&1; then
-  cat "$work/download.log" >&2
-  fallback "go mod download failed (see above: the module and the proxy's answer)"
-fi
+go_download
 log "modules downloaded in $(($(date +%s) - start))s"
 # As helm's Makefile for a tagged release: version set, metadata empty (no "+unreleased").
 ldflags="-s -w -X $MODULE/internal/version.version=$version -X $MODULE/internal/version.metadata="
-if ! (cd "$HERE" && nice -n 19 "$GO" build -trimpath -ldflags "$ldflags" -o "$work/$BIN_NAME" "$MODULE/cmd/helm") >&2; then
-  rm -rf "$work"
-  fallback "go build failed (output above)"
-fi
+go_run "go build failed (output above)" build -trimpath -ldflags "$ldflags" -o "$work/$BIN_NAME" "$MODULE/cmd/helm"
 # The binary must say what go.mod pinned: a wrong stamp fails here, not in a test.
 said=$("$work/$BIN_NAME" version --template '{{.Version}}')
 if [ "$said" != "$version" ]; then
@@ -74,8 +65,5 @@ fi
   "$work/$BIN_NAME" version
   (cd "$HERE" && "$GO" list -m all 2>/dev/null | grep -E "^($MODULE|k8s.io/client-go) ") || true
 } >"$work/versions.txt"
-rm -rf "${CACHE:?}/${key:?}"
-mkdir -p "$CACHE/$key"
-mv "$work/$BIN_NAME" "$work/versions.txt" "$CACHE/$key/"
-rm -rf "$work"
+go_finish "$key" "$BIN_NAME" versions.txt
 finish_build "$key" "$start" 2

@@ -67,24 +67,12 @@ fallback_if_offline ELASTICGPU_TESTPROMETHEUS_OFFLINE "not fetching"
 require_tools apt-get apt-cache dpkg sha256sum flock
 apt_sources bookworm
 
-# An index younger than a day is good enough (the key changes only when Debian publishes a new
-# version of the package).
-lists=$(ls -1t "$APTDIR"/state/lists/*_Packages* 2>/dev/null | head -n1 || true)
-if [ -z "$lists" ] || [ -n "$(find "$lists" -mmin +1440)" ]; then
-  apt_update bookworm
-fi
+apt_update_daily bookworm
 
 versions=$(mktemp)
 trap 'rm -f "$versions"' EXIT
-# shellcheck disable=SC2046,SC2086
-madison=$(apt-cache $(apt_opts) madison $(for ps in $PKGS; do echo "${ps%%:*}"; done) 2>/dev/null || true)
-for ps in $PKGS; do
-  p=${ps%%:*}
-  suite=${ps#*:}
-  v=$(echo "$madison" | awk -F'|' -v p="$p" -v s=" $suite/main " '{gsub(/ /, "", $1)} $1 == p && index($3, s) {gsub(/ /, "", $2); print $2; exit}')
-  [ -n "$v" ] || fallback "package $p not found in $suite"
-  echo "$p=$v" >>"$versions"
-done
+# shellcheck disable=SC2086
+pin_versions "$versions" $PKGS
 
 key=$(cache_key "$HERE/build.sh" "$versions")
 exit_if_up_to_date "$key"

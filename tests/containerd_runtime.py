@@ -1,6 +1,6 @@
 """A real containerd (with runc and CDI) for the CRI tests, started and stopped by the tests.
 
-The runtime itself moved to elasticgpu/demo/containerd.py (the demo's box starts it too, and the product
+The runtime itself moved to elasticgpu/testbed/containerd.py (the demo's box starts it too, and the product
 never imports tests/); this module re-exports it under its old names, starts containerd with the tests'
 spawn (tests/spawning.py), and keeps what only the tests write: the CRI configs kubelet would send.
 
@@ -14,8 +14,8 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from elasticgpu.demo import containerd as _containerd
-from elasticgpu.demo.containerd import (
+from elasticgpu.testbed import containerd as _containerd
+from elasticgpu.testbed.containerd import (
     BUILD_SCRIPT,
     CONTAINERD_VERSIONS,
     REPO_ROOT,
@@ -28,7 +28,7 @@ from elasticgpu.demo.containerd import (
     find_build,
     remove_all_pods,
 )
-from elasticgpu.demo.containerd import NodeRuntime as TestRuntime
+from elasticgpu.testbed.containerd import NodeRuntime as TestRuntime
 from tests import spawning
 
 __all__ = [
@@ -41,7 +41,7 @@ __all__ = [
 @contextlib.contextmanager
 def running_containerd(*, nri: bool = False, containerd: str = "1.7",
                        prefix: Sequence[str] = ()) -> Iterator[TestRuntime]:  # fmt: skip
-    """elasticgpu.demo.containerd.running_containerd, containerd started with the tests' spawn."""
+    """elasticgpu.testbed.containerd.running_containerd, containerd started with the tests' spawn."""
     with _containerd.running_containerd(nri=nri, containerd=containerd, prefix=prefix,
                                         spawn=spawning.spawn) as runtime:  # fmt: skip
         yield runtime

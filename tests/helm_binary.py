@@ -1,4 +1,4 @@
-"""The real helm for the tests (issue 35): elasticgpu/demo/helm.py (the demo installs the chart with it,
+"""The real helm for the tests (issue 35): elasticgpu/testbed/helm.py (the demo installs the chart with it,
 and the product never imports tests/), re-exported under its old import path, and `helm_or_skip()`,
 what a test calls: the binary, or a skip that names testhelm/build.sh and its reason."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from elasticgpu.demo.helm import (
+from elasticgpu.testbed.helm import (
     BIN_ENV,
     BUILD,
     BUILD_TIMEOUT_S,

@@ -3,7 +3,7 @@
 ``running_cluster()`` starts etcd and the test server on free loopback ports with a freshly
 generated CA, server and client certificate, waits until ``/readyz`` passes, writes a kubeconfig
 and stops everything (process groups killed, temporary directory removed) on exit. The launcher
-is ``elasticgpu/demo/local_cluster.py`` (``elasticgpu demo`` starts the same pair); the children
+is ``elasticgpu/testbed/local_cluster.py`` (``elasticgpu demo`` starts the same pair); the children
 are spawned by ``tests/spawning.py`` (they die with the test process).
 
 If ``ELASTICGPU_TEST_KUBECONFIG`` is set, nothing is started: that kubeconfig (kind, k3d, a real
@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from elasticgpu.demo import local_cluster, processes
+from elasticgpu.testbed import local_cluster, processes
 from tests import spawning
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -193,7 +193,7 @@ def find_kubectl() -> Path | None:
     return None
 
 
-# The launcher is elasticgpu/demo/local_cluster.py (`elasticgpu demo` starts the same pair); other
+# The launcher is elasticgpu/testbed/local_cluster.py (`elasticgpu demo` starts the same pair); other
 # tests use these two helpers of it by their old names.
 _free_port = local_cluster.free_port
 _write_certs = local_cluster.write_certs

@@ -1,9 +1,9 @@
-"""The product image for the tests: elasticgpu/demo/product_image.py (the demo imports it into its box
+"""The product image for the tests: elasticgpu/testbed/product_image.py (the demo imports it into its box
 too, and the product never imports tests/), re-exported under its old import path."""
 
 from __future__ import annotations
 
-from elasticgpu.demo.product_image import (
+from elasticgpu.testbed.product_image import (
     BUILD_SCRIPT,
     BUILD_TIMEOUT_S,
     IMPORT_TIMEOUT_S,

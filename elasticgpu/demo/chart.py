@@ -29,17 +29,16 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from elasticgpu.api import names
-from elasticgpu.demo import box, containers, helm, kube, processes, product_image, real_cluster, scenario, showing
-from elasticgpu.demo.containerd import NodeRuntime
-from elasticgpu.demo.processes import DemoError
-
-if TYPE_CHECKING:
-    from elasticgpu.demo.running import Interrupts
+from elasticgpu.demo import containers, scenario, showing
+from elasticgpu.demo.run_frame import INTERRUPTED, OWNER_FILE, TMP_PREFIX, Interrupts, Phases, sweep_stale_dirs
+from elasticgpu.testbed import box, helm, kube, processes, product_image, real_cluster
+from elasticgpu.testbed.containerd import NodeRuntime
+from elasticgpu.testbed.processes import DemoError
 
 CHART = real_cluster.REPO_ROOT / "deploy" / "chart"
 RELEASE = "elasticgpu"
@@ -305,12 +304,10 @@ class ChartDemo:
 
 def run(args: argparse.Namespace, out: Any, say: Callable[..., None], interrupts: Interrupts) -> int:
     """The chart demo's phases, timed; 0 when every claim reached its container and the release came and went."""
-    from elasticgpu.demo import running
-
-    running.sweep_stale_dirs()
-    phases = running.Phases()
-    directory = Path(tempfile.mkdtemp(prefix=running.TMP_PREFIX))
-    (directory / running.OWNER_FILE).write_text(str(os.getpid()))
+    sweep_stale_dirs()
+    phases = Phases()
+    directory = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
+    (directory / OWNER_FILE).write_text(str(os.getpid()))
     demo = ChartDemo(args, say, directory)
     failure: str | None = None
     try:
@@ -349,7 +346,7 @@ def run(args: argparse.Namespace, out: Any, say: Callable[..., None], interrupts
                 shutil.rmtree(directory, ignore_errors=True)
     if interrupts.count:
         say("elasticgpu demo: interrupted: stopped everything it started and removed the box", "red")
-        return running.INTERRUPTED
+        return INTERRUPTED
     total = time.monotonic() - phases.started
     out.print()
     out.print(showing.timings_table(phases.done, total))

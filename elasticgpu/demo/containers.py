@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from elasticgpu.demo.processes import DemoError
+from elasticgpu.testbed.processes import DemoError
 
 SEEN_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT_0")
 """The variables shown: the cards, and the compute and memory limits of a slice."""

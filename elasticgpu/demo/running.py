@@ -20,42 +20,22 @@ import argparse
 import contextlib
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from elasticgpu import user_errors
 from elasticgpu.api import names
-from elasticgpu.demo import components, containers, kube, local_cluster, local_runtime, processes, scenario, showing
-from elasticgpu.demo.processes import DemoError
+from elasticgpu.demo import containers, scenario, showing
+from elasticgpu.demo.run_frame import INTERRUPTED, OWNER_FILE, TMP_PREFIX, Interrupts, Phases, sweep_stale_dirs
+from elasticgpu.testbed import components, kube, local_cluster, local_runtime, processes
+from elasticgpu.testbed.processes import DemoError
 
-TMP_PREFIX = "egdemo-"  # short: unix socket paths must stay under 108 bytes
-OWNER_FILE = "owner.pid"
-"""In each run's folder: the pid of the demo that made it (`sweep_stale_dirs`)."""
 ADMISSION = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
-
-
-class Phases:
-    """Seconds per phase, printed at the end."""
-
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-        self.done: list[tuple[str, float]] = []
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """Time the block as phase `name` (recorded even when it fails)."""
-        began = time.monotonic()
-        try:
-            yield
-        finally:
-            self.done.append((name, time.monotonic() - began))
 
 
 class Demo:
@@ -104,7 +84,7 @@ class Demo:
         from elasticgpu.api import kinds
 
         if self.real:
-            from elasticgpu.demo import real_cluster
+            from elasticgpu.testbed import real_cluster
 
             try:
                 plane = self.owned.enter_context(real_cluster.running_control_plane())
@@ -473,53 +453,6 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-class Interrupts:
-    """Ctrl-C (SIGINT) and SIGTERM (a CI timeout, `kill`): the first unwinds the run like Ctrl-C
-    (KeyboardInterrupt), so that cleanup stops every child and removes the folder; any later one
-    is only counted. A second Ctrl-C once landed in the cleanup itself: a traceback, and 123 MB of
-    containerd state left in /tmp (issue 36). Installed only over the default handlers (a test
-    harness's own stay)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.shielded = False
-        """Set while cleaning up: an interrupt then only counts (the run ends right after anyway)."""
-        self.installed: list[tuple[int, Any]] = []
-
-    def __call__(self, signum: int, frame: object) -> None:
-        self.count += 1
-        if self.count == 1 and not self.shielded:
-            raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    def install(self) -> None:
-        """Take SIGINT and SIGTERM where they still have Python's defaults (main thread only)."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
-            previous = signal.getsignal(signum)
-            if previous is default:
-                self.installed.append((signum, previous))
-                signal.signal(signum, self)
-
-    def restore(self) -> None:
-        """Put back the handlers `install` replaced."""
-        for signum, previous in self.installed:
-            signal.signal(signum, previous)
-        self.installed.clear()
-
-
-def sweep_stale_dirs() -> None:
-    """Remove the folders of earlier demos whose process is gone (killed before it could clean up:
-    SIGKILL, a power cut); a folder of a demo still running, or without an owner, is left alone."""
-    for directory in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}*"):
-        try:
-            os.kill(int((directory / OWNER_FILE).read_text()), 0)
-        except ProcessLookupError:
-            shutil.rmtree(directory, ignore_errors=True)
-        except (OSError, ValueError):  # no owner file, not ours to read, or its owner lives
-            continue
-
-
 def run(args: argparse.Namespace) -> int:
     """Handler of `elasticgpu demo`: 0 when every claim reached its container, else 1 with the reason."""
     out = showing.console()
@@ -552,10 +485,6 @@ def run(args: argparse.Namespace) -> int:
         return INTERRUPTED
     finally:
         interrupts.restore()
-
-
-INTERRUPTED = 130
-"""The exit code after Ctrl-C (128 + SIGINT, as a shell reports it)."""
 
 
 def _run(args: argparse.Namespace, out: Any, say: Callable[..., None], interrupts: Interrupts) -> int:

@@ -35,8 +35,9 @@ from typing import Any
 
 from elasticgpu import user_errors
 from elasticgpu.api import names
-from elasticgpu.demo import kube
-from elasticgpu.demo.processes import DemoError
+from elasticgpu.demo import run_frame
+from elasticgpu.testbed import kube
+from elasticgpu.testbed.processes import DemoError
 
 STATE = "sandbox.json"
 LOG = "sandbox.log"
@@ -245,7 +246,7 @@ def serve(args: argparse.Namespace) -> int:
     demo: running.Demo | None = None
     code = 0
     try:
-        running.sweep_stale_dirs()
+        run_frame.sweep_stale_dirs()
         demo = running.Demo(demo_args, say)
         where_from = "Kubernetes' own control plane" if demo.real else "the local API server"
         say(f"1/3 API server and CRDs ({where_from})")

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from elasticgpu.agent.discovery import simulated
-from elasticgpu.demo import local_cluster, local_runtime, scenario
+from elasticgpu.demo import scenario
+from elasticgpu.testbed import local_cluster, local_runtime
 from tests.kube_cluster import KUBECONFIG_ENV, TestCluster
 
 DEMO_TIMEOUT_S = 300

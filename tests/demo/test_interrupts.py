@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticgpu.demo import local_cluster
+from elasticgpu.testbed import local_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from elasticgpu.demo import processes
-from elasticgpu.demo.processes import DemoError
+from elasticgpu.testbed import processes
+from elasticgpu.testbed.processes import DemoError
 
 
 def test_an_error_while_judging_hopelessness_is_not_yet_a_failure() -> None:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from elasticgpu.demo import local_runtime
 from elasticgpu.kubectl_plugin import command
+from elasticgpu.testbed import local_runtime
 from tests.observability import prometheus
 
 

@@ -1,8 +1,8 @@
-"""The box for the tier: elasticgpu/demo/box.py (moved there so that `elasticgpu demo --cluster real
+"""The box for the tier: elasticgpu/testbed/box.py (moved there so that `elasticgpu demo --cluster real
 --install chart` can start it without importing tests/), re-exported under its old import path;
 `running_box` starts every component with the tests' spawn (tests/spawning.py).
 
-Manual use: ``python -m elasticgpu.demo.box`` prints ``export KUBECONFIG=...`` and waits for Ctrl-C.
+Manual use: ``python -m elasticgpu.testbed.box`` prints ``export KUBECONFIG=...`` and waits for Ctrl-C.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from elasticgpu.demo import box as _box
-from elasticgpu.demo.box import (
+from elasticgpu.testbed import box as _box
+from elasticgpu.testbed.box import (
     API_PORT,
     CLUSTER_CIDR,
     CNI_CACHE,
@@ -49,6 +49,6 @@ __all__ = [
 
 @contextlib.contextmanager
 def running_box(*, verbosity: str | None = None) -> Iterator[Box]:
-    """elasticgpu.demo.box.running_box, its components started with the tests' spawn."""
+    """elasticgpu.testbed.box.running_box, its components started with the tests' spawn."""
     with _box.running_box(verbosity=verbosity, spawn=spawning.spawn) as running:
         yield running

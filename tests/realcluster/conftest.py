@@ -7,7 +7,7 @@ Every test here is marked `realcluster` and skips, naming the command, when test
 has not built the binary (a cold build takes tens of minutes; the normal suite does not build it).
 
 `box` is another cluster of the same components with a pod network, inside a network namespace
-the test makes (elasticgpu/demo/box.py, through tests/realcluster/box.py): pods without hostNetwork,
+the test makes (elasticgpu/testbed/box.py, through tests/realcluster/box.py): pods without hostNetwork,
 kube-proxy, `kubectl exec`.
 `box_api_client` is its admin's client.
 """
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client, config
 
-from elasticgpu.demo import processes
+from elasticgpu.testbed import processes
 from tests.conftest import crd_documents
 from tests.kube_cluster import TestCluster, find_kubectl, server_side_apply, wait_established
 from tests.realcluster import control_plane

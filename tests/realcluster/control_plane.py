@@ -1,9 +1,9 @@
-"""The real control plane of the tier: elasticgpu/demo/real_cluster.py (moved there so that
+"""The real control plane of the tier: elasticgpu/testbed/real_cluster.py (moved there so that
 `elasticgpu demo --cluster real` can start it without importing tests/), re-exported under its old
 import path; `running_control_plane` starts the components with the tests' spawn (tests/spawning.py).
 
 Manual use: ``python -m tests.realcluster.control_plane`` prints ``export KUBECONFIG=...`` and waits
-for Ctrl-C (as ``python -m elasticgpu.demo.real_cluster``).
+for Ctrl-C (as ``python -m elasticgpu.testbed.real_cluster``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import contextlib
 import runpy
 from collections.abc import Iterator
 
-from elasticgpu.demo import real_cluster
-from elasticgpu.demo.real_cluster import (
+from elasticgpu.testbed import real_cluster
+from elasticgpu.testbed.real_cluster import (
     ADMIN,
     APISERVER_KUBELET_CLIENT,
     BUILD_SCRIPT,
@@ -55,4 +55,4 @@ def running_control_plane(*, verbosity: str | None = None,
 
 
 if __name__ == "__main__":
-    runpy.run_module("elasticgpu.demo.real_cluster", run_name="__main__")
+    runpy.run_module("elasticgpu.testbed.real_cluster", run_name="__main__")

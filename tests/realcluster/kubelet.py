@@ -1,9 +1,9 @@
-"""Kubernetes' own kubelet for the tier: elasticgpu/demo/kubelet.py (moved there so that the demo's box
+"""Kubernetes' own kubelet for the tier: elasticgpu/testbed/kubelet.py (moved there so that the demo's box
 can start it without importing tests/), re-exported under its old import path."""
 
 from __future__ import annotations
 
-from elasticgpu.demo.kubelet import (
+from elasticgpu.testbed.kubelet import (
     CGROUP_MOUNT,
     CGROUP_REMOVE_TIMEOUT_S,
     HOST_NETWORK_ONLY,

@@ -24,7 +24,7 @@ import pytest
 from kubernetes import client
 
 from elasticgpu.api import names
-from elasticgpu.demo import local_cluster, processes
+from elasticgpu.testbed import local_cluster, processes
 from tests.kube_cluster import TestCluster, kube_request
 from tests.realcluster import install
 from tests.realcluster.control_plane import ControlPlane

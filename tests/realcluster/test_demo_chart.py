@@ -1,5 +1,5 @@
 """`elasticgpu demo --cluster real --install chart` (issue 35): the demo on the same path as a platform
-team. Run as a process with a deadline, it starts the box (elasticgpu/demo/box.py), imports the product
+team. Run as a process with a deadline, it starts the box (elasticgpu/testbed/box.py), imports the product
 image, `helm install`s deploy/chart, runs the scenario's claims as real busybox pods, shows what each
 container sees (its log, through the API server), uninstalls the release and removes the box."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticgpu.demo import box, helm, product_image, real_cluster
+from elasticgpu.testbed import box, helm, product_image, real_cluster
 
 DEMO_TIMEOUT_S = 600
 """The run takes ~50 s on an idle machine of 2 cores (box 14 s, install 17 s, uninstall 14 s); the rest

@@ -1,5 +1,5 @@
 """`elasticgpu demo --cluster real`: the demo starts Kubernetes' own control plane
-(elasticgpu/demo/real_cluster.py) and runs on it; without the binary it says which command builds it."""
+(elasticgpu/testbed/real_cluster.py) and runs on it; without the binary it says which command builds it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticgpu.demo import real_cluster
+from elasticgpu.testbed import real_cluster
 
 DEMO_TIMEOUT_S = 420
 

@@ -21,7 +21,7 @@ from kubernetes import client
 
 from elasticgpu.api import names
 from elasticgpu.controller.edge.leader import LeaderSettings
-from elasticgpu.demo import processes
+from elasticgpu.testbed import processes
 from tests.kube_cluster import TestCluster, kube_request
 from tests.realcluster import install
 from tests.realcluster.control_plane import ControlPlane

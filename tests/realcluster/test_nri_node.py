@@ -23,7 +23,7 @@ import pytest
 from kubernetes import client
 
 from elasticgpu.api import names
-from elasticgpu.demo import components, processes
+from elasticgpu.testbed import components, processes
 from tests.kube_cluster import TestCluster, kube_request
 from tests.realcluster import install, kubelet
 from tests.realcluster.control_plane import ControlPlane

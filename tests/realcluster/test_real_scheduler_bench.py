@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticgpu.demo import real_cluster
+from elasticgpu.testbed import real_cluster
 
 pytestmark = pytest.mark.realcluster
 

@@ -8,6 +8,7 @@ CDI devices and the device nodes they stand for, mounts, annotations) into their
 
     injection.py      the pure decision for one container (AgentView: the agent's picture)
     hooks.py          ContainerHooks: what a front asks around create/remove, in plain values
+    refused.py        Refused: how the core says no to a container (hooks passes it on)
     claim_hooks.py    ClaimHooks: injection decisions recorded in the ledger in two phases
     gated.py          GatedView/GatedHooks: the hooks while the agent's parts are opening; ledger rebuild
     card_sharing.py   whether a claim fits on its cards beside the claims running there

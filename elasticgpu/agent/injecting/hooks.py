@@ -34,22 +34,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
+from elasticgpu.agent.injecting.refused import Refused as Refused  # hooks.Refused, as the fronts name it
+
 if TYPE_CHECKING:
     from elasticgpu.agent.injecting import injection
-
-
-class Refused(Exception):
-    """A CreateContainer the agent refuses: the gRPC status kubelet gets, and text for the user.
-
-    kubelet shows `message` as the container's CreateContainerError and retries with backoff,
-    so the message says what to fix (FAILED_PRECONDITION) or that it will pass by itself
-    (UNAVAILABLE: the agent is still starting).
-    """
-
-    def __init__(self, message: str, *, code: grpc.StatusCode = grpc.StatusCode.FAILED_PRECONDITION) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
 
 
 @dataclass

@@ -4,7 +4,7 @@ Input: the container as kubelet asks for it (`ContainerRequest`: the pod from th
 `io.kubernetes.pod.*` labels and annotations, the container's env, CDI devices, annotations),
 the agent's view of claims and cards (`AgentView`, filled by the agent from the API server),
 and the pods that hold the claim now (from the ledger). Output: a `ContainerEdit` (the
-container's final env, CDI devices and annotations) or `hooks.Refused`.
+container's final env, CDI devices and annotations) or `Refused`.
 
     container names no claim (no egpuc.elasticgpu.io/<c>, no elasticgpu.io/request.<c>)
         its namespace carries elasticgpu.io/node-gpu-access=true (the node's own GPU pods:
@@ -59,8 +59,8 @@ from typing import Protocol
 import grpc
 
 from elasticgpu.agent import isolation, rdma
-from elasticgpu.agent.injecting import hooks
 from elasticgpu.agent.injecting.mig_annotation import MIG_ANNOTATION
+from elasticgpu.agent.injecting.refused import Refused
 from elasticgpu.api import names, pod_claims
 
 CDI_KIND = "elasticgpu.io/gpu"
@@ -319,13 +319,13 @@ def slice_of(claim: ClaimInfo, pod: PodRef, container: str, *, user: int | None 
                            memory_mib=claim.memory_mib, pod_uid=pod.uid, container=container, user=user)
 
 
-def unavailable(request: ContainerRequest, claim: ClaimInfo, error: isolation.Unavailable) -> hooks.Refused:
+def unavailable(request: ContainerRequest, claim: ClaimInfo, error: isolation.Unavailable) -> Refused:
     """The refusal of a container whose claim's isolation mode cannot serve it on this node."""
     subject = f"pod {request.pod}, container {request.container!r}: ElasticGPUClaim {claim.namespace}/{claim.name}"
     if error.retryable:
-        return hooks.Refused(f"{subject} is isolated by {claim.isolation}: {error.message}; kubelet retries this "
+        return Refused(f"{subject} is isolated by {claim.isolation}: {error.message}; kubelet retries this "
                              "container by itself", code=grpc.StatusCode.UNAVAILABLE)
-    return hooks.Refused(
+    return Refused(
         f"{subject} is isolated by {claim.isolation} (status.isolation, from its class), which this node cannot "
         f"provide: {error.message}. The node's GPUs do not list it in status.isolation, so the claim should not "
         "have bound here: delete the claim and the pod to bind again elsewhere, or ask the node's admin to install it"
@@ -333,13 +333,13 @@ def unavailable(request: ContainerRequest, claim: ClaimInfo, error: isolation.Un
 
 
 def claim_of(request: ContainerRequest) -> tuple[str, str] | None:
-    """(namespace, name) of the claim this container uses, None if it uses none; raises hooks.Refused
+    """(namespace, name) of the claim this container uses, None if it uses none; raises Refused
     for an annotation that cannot name a claim of the pod's namespace."""
     container, pod = request.container, request.pod
     reference = request.pod_annotations.get(names.claim_annotation(container))
     inline = names.inline_request_annotation(container) in request.pod_annotations
     if reference is not None and inline:
-        raise hooks.Refused(
+        raise Refused(
             f"pod {pod}: container {container!r} has both {names.claim_annotation(container)} and "
             f"{names.inline_request_annotation(container)}; a container uses one claim: keep one of the two"
         )
@@ -348,13 +348,13 @@ def claim_of(request: ContainerRequest) -> tuple[str, str] | None:
     if reference is None:
         return None
     if "/" in reference:
-        raise hooks.Refused(
+        raise Refused(
             f"pod {pod}: annotation {names.claim_annotation(container)}={reference!r} names a claim of another "
             f"namespace; claims are namespaced and a pod uses claims of its own namespace ({pod.namespace}) only: "
             "create the claim in this namespace and write its bare name"
         )
     if not pod_claims.is_dns1123_subdomain(reference):
-        raise hooks.Refused(
+        raise Refused(
             f"pod {pod}: annotation {names.claim_annotation(container)}={reference!r} is not a claim name "
             "(a DNS-1123 name: lowercase letters, digits, '-' and '.'); write the name of an ElasticGPUClaim"
         )
@@ -432,7 +432,7 @@ def decide(
         # RDMA NICs (issue 27) come from their own room, as a slice's limits come from its mode's.
         ours += nics.devices(claim.nics)
     except rdma.MissingNic as e:
-        raise hooks.Refused(f"pod {request.pod}, container {request.container!r}, claim {claim.namespace}/"
+        raise Refused(f"pod {request.pod}, container {request.container!r}, claim {claim.namespace}/"
                             f"{claim.name}: {e.message}") from e
     if settings.cdi_form in (CdiForm.FIELD, CdiForm.BOTH):
         devices.extend(ours)
@@ -477,13 +477,13 @@ def _refuse_privileged_unknown(request: ContainerRequest, view: AgentView, acces
     )
     if access is not None:  # the namespace could be read: say how to pass for good
         message += f". {_what_to_do(request)}"
-    raise hooks.Refused(message, code=grpc.StatusCode.UNAVAILABLE)
+    raise Refused(message, code=grpc.StatusCode.UNAVAILABLE)
 
 
 def _refuse_privileged(request: ContainerRequest, view: AgentView, access: bool | None) -> None:
     pod, container = request.pod, request.container
     if access is None:
-        raise hooks.Refused(
+        raise Refused(
             f"pod {pod}, container {container!r} is privileged and uses no ElasticGPUClaim; the elasticgpu agent on "
             f"node {view.node_name} cannot read namespace {pod.namespace} now to see whether it may use the node's "
             f"GPUs ({NODE_GPU_ACCESS_LABEL}); kubelet retries this container by itself",
@@ -495,7 +495,7 @@ def _refuse_privileged(request: ContainerRequest, view: AgentView, access: bool 
         f"included. {_what_to_do(request)}"
     )
     view.warn(pod, PRIVILEGED_REASON, message)
-    raise hooks.Refused(message)
+    raise Refused(message)
 
 
 def _refuse_privileged_claim(request: ContainerRequest, view: AgentView, claim: ClaimInfo) -> None:
@@ -512,7 +512,7 @@ def _refuse_privileged_claim(request: ContainerRequest, view: AgentView, claim: 
         "privileged containers see every card of their node)"
     )
     view.warn(request.pod, PRIVILEGED_CLAIM_REASON, message)
-    raise hooks.Refused(message)
+    raise Refused(message)
 
 
 def _checked_claim(
@@ -521,7 +521,7 @@ def _checked_claim(
     pod, container = request.pod, request.container
     subject = f"pod {pod}, container {container!r}: ElasticGPUClaim {namespace}/{name}"
     if (reason := view.not_ready_reason()) is not None:
-        raise hooks.Refused(
+        raise Refused(
             f"{subject}: the elasticgpu agent on node {view.node_name} is not ready yet ({reason}); "
             "kubelet retries this container by itself",
             code=grpc.StatusCode.UNAVAILABLE,
@@ -529,52 +529,52 @@ def _checked_claim(
     try:
         claim = view.claim(namespace, name)
     except Exception as e:  # the view may read the API server on demand; it may fail
-        raise hooks.Refused(
+        raise Refused(
             f"{subject}: the elasticgpu agent on node {view.node_name} could not read it "
             f"({type(e).__name__}: {e}); kubelet retries this container by itself",
             code=grpc.StatusCode.UNAVAILABLE,
         ) from e
     if claim is None:
-        raise hooks.Refused(
+        raise Refused(
             f"{subject} does not exist: create it, or fix the annotation {names.claim_annotation(container)}"
         )
     if claim.namespace != pod.namespace:
-        raise hooks.Refused(
+        raise Refused(
             f"{subject} belongs to namespace {claim.namespace}; a pod uses claims of its own namespace "
             f"({pod.namespace}) only: create the claim there"
         )
     if claim.phase != "Bound":
-        raise hooks.Refused(
+        raise Refused(
             f"{subject} is {claim.phase or 'Pending'}, not Bound: wait until `kubectl get egpuc -n {namespace} {name}` "
             "shows Bound (its events say why not); the pod should not have been scheduled yet: is its "
             "scheduling gate elasticgpu.io/claims removed by hand?"
         )
     if claim.node_name != view.node_name:
-        raise hooks.Refused(
+        raise Refused(
             f"{subject} is bound to a card on node {claim.node_name}, but the pod runs on node {view.node_name}: "
             f"delete the pod so that it is scheduled to {claim.node_name}, or use another claim"
         )
     if not claim.users:
-        raise hooks.Refused(
+        raise Refused(
             f"{subject} names no pod in status.users: the controller records the pod a claim serves before "
             "it lifts the pod's scheduling gate elasticgpu.io/claims; a pod created while the elasticgpu "
             "admission webhook was not running was never gated: delete it so that its controller recreates it"
         )
     if not any(user.is_pod(pod) for user in claim.users):
         served = ", ".join(f"{claim.namespace}/{user.name}" for user in claim.users)
-        raise hooks.Refused(
+        raise Refused(
             f"{subject} serves pod {served} (status.users); a claim serves one pod at a time (like a "
             "ReadWriteOnce volume): give each pod its own claim (an inline elasticgpu.io/request.<container> "
             "annotation does that for every replica), or delete the other pod"
         )
     others = sorted({holder for holder in holders if holder.uid != pod.uid}, key=str)
     if others:
-        raise hooks.Refused(
+        raise Refused(
             f"{subject} is still in use by pod {others[0]}, whose container on this node has not stopped; "
             "kubelet retries once it has (a claim serves one pod at a time)"
         )
     if not claim.gpus:
-        raise hooks.Refused(f"{subject} is Bound but names no card; the controller repairs this, kubelet retries")
+        raise Refused(f"{subject} is Bound but names no card; the controller repairs this, kubelet retries")
     return claim
 
 
@@ -583,7 +583,7 @@ def _cards(request: ContainerRequest, view: AgentView, claim: ClaimInfo) -> list
     for uuid in claim.gpus:
         card = view.card(uuid)
         if card is None:
-            raise hooks.Refused(
+            raise Refused(
                 f"pod {request.pod}, container {request.container!r}: card {uuid} of ElasticGPUClaim "
                 f"{claim.namespace}/{claim.name} is not known to the elasticgpu agent on node {view.node_name} "
                 "(not discovered yet, or removed); kubelet retries",

@@ -16,7 +16,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from elasticgpu.demo.local_runtime import ctr_import
+from elasticgpu.testbed.local_runtime import ctr_import
 from tests.containerd_runtime import TestRuntime, find_build
 
 CUDA_LIKE_IMAGE = "elasticgpu.local/busybox-cuda:test"

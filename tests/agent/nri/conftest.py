@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from elasticgpu.demo.local_cluster import read_env_file
-from elasticgpu.demo.local_runtime import cache_dir
+from elasticgpu.testbed.local_cluster import read_env_file
+from elasticgpu.testbed.local_runtime import cache_dir
 from tests.containerd_runtime import (
     CONTAINERD_VERSIONS,
     REPO_ROOT,

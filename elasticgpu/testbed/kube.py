@@ -12,7 +12,7 @@ import urllib.parse
 from typing import Any
 
 from elasticgpu.api import names
-from elasticgpu.demo.processes import DemoError
+from elasticgpu.testbed.processes import DemoError
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 """Accept header asking the server for its own table (the CRDs' printer columns): what kubectl prints."""

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import grpc
 
-from elasticgpu.demo import processes
-from elasticgpu.demo.local_cluster import read_env_file
-from elasticgpu.demo.local_runtime import (
+from elasticgpu.testbed import processes
+from elasticgpu.testbed.local_cluster import read_env_file
+from elasticgpu.testbed.local_runtime import (
     block_registries,
     cache_dir,
     containerd2_config,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from elasticgpu.demo import processes
+from elasticgpu.testbed import processes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "testserver" / "build.sh"

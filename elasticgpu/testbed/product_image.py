@@ -18,8 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from elasticgpu.demo.local_cluster import read_env_file
-from elasticgpu.demo.local_runtime import ctr_import
+from elasticgpu.testbed.local_cluster import read_env_file
+from elasticgpu.testbed.local_runtime import ctr_import
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "image" / "build.sh"

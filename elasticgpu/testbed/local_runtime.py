@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 
-from elasticgpu.demo import local_cluster, processes
+from elasticgpu.testbed import local_cluster, processes
 
 START_TIMEOUT_S = 30.0
 """Seconds containerd's CRI plugin gets to answer Version."""

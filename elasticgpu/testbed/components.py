@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from elasticgpu.demo import processes
-from elasticgpu.demo.local_cluster import REPO_ROOT, free_port
+from elasticgpu.testbed import processes
+from elasticgpu.testbed.local_cluster import REPO_ROOT, free_port
 
 START_TIMEOUT_S = 60.0
 """Seconds each component gets to come up."""

@@ -26,7 +26,7 @@ The binary comes from ``ELASTICGPU_K8S_BIN`` or ``<cache>/testcluster/current.en
 the testserver build (``ELASTICGPU_ETCD_BIN`` or ``<cache>/testserver/current.env``). Neither is
 built here: the cold build of Kubernetes takes tens of minutes (testcluster/README.md).
 
-Manual use: ``python -m elasticgpu.demo.real_cluster`` (or the old
+Manual use: ``python -m elasticgpu.testbed.real_cluster`` (or the old
 ``python -m tests.realcluster.control_plane``) prints ``export KUBECONFIG=...`` and waits
 for Ctrl-C.
 """
@@ -52,7 +52,7 @@ import yaml
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from elasticgpu import certificate_authority as authority
-from elasticgpu.demo import local_cluster, processes
+from elasticgpu.testbed import local_cluster, processes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "testcluster" / "build.sh"
@@ -196,7 +196,7 @@ def write_kubeconfig(path: Path, server: str, ca_file: Path, cert: Path, key: Pa
 @dataclass(frozen=True)
 class Placement:
     """Where the components run when not on the host's loopback: inside a network namespace (the
-    box of elasticgpu/demo/box.py), which the calling process cannot reach directly.
+    box of elasticgpu/testbed/box.py), which the calling process cannot reach directly.
 
     `prefix` starts a command in it (``nsenter --net=/run/netns/NAME --``); `address` is where the
     API server listens and what it advertises (the `kubernetes` Service's endpoint), on

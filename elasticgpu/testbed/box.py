@@ -54,7 +54,7 @@ the node's containerd (no registry: pods use it with imagePullPolicy Never/IfNot
 `Box.in_box(fn)` runs `fn` in the box's namespace (a connection from there), `Box.node` the node's
 name (``box-<hex>``); the `box_api_client` fixture is the admin's client.
 
-Manual use: ``python -m elasticgpu.demo.box`` prints ``export KUBECONFIG=...`` and how long the
+Manual use: ``python -m elasticgpu.testbed.box`` prints ``export KUBECONFIG=...`` and how long the
 box took to come up, and waits for Ctrl-C.
 """
 
@@ -82,10 +82,10 @@ from typing import Any, TypeVar
 
 import yaml
 
-from elasticgpu.demo import kubelet, local_cluster, processes, real_cluster
-from elasticgpu.demo.containerd import NodeRuntime, RuntimeUnavailable, find_build, running_containerd
-from elasticgpu.demo.local_runtime import ctr_import
-from elasticgpu.demo.real_cluster import SERVICE_CIDR, SERVICE_IP, Identity, Placement
+from elasticgpu.testbed import kubelet, local_cluster, processes, real_cluster
+from elasticgpu.testbed.containerd import NodeRuntime, RuntimeUnavailable, find_build, running_containerd
+from elasticgpu.testbed.local_runtime import ctr_import
+from elasticgpu.testbed.real_cluster import SERVICE_CIDR, SERVICE_IP, Identity, Placement
 
 T = TypeVar("T")
 
@@ -571,7 +571,7 @@ def running_box(*, verbosity: str | None = None,
 @contextlib.contextmanager
 def _node_ready(plane: real_cluster.ControlPlane, node: str) -> Iterator[Callable[[], bool]]:
     """A check that Node `node` is Ready (its client closed on exit)."""
-    from elasticgpu.demo import kube
+    from elasticgpu.testbed import kube
 
     api = kube.DemoKube(str(plane.kubeconfig))
 

@@ -11,7 +11,7 @@ What it needs on these machines (testcluster/README.md, "kubelet", says what was
   ``cgroupRoot`` so that two on one machine do not manage each other's pods;
 * a node IP that is not loopback (kubelet refuses one): kubelet picks the address of the default
   route; it listens on 127.0.0.1 only, and nothing in the tests asks the API server to reach it
-  (no logs/exec through the API server). In the box (elasticgpu/demo/box.py) it runs inside the
+  (no logs/exec through the API server). In the box (elasticgpu/testbed/box.py) it runs inside the
   box's network namespace with ``--node-ip`` the node address and listens there: exec works;
 * one kubelet per containerd: a kubelet removes every pod sandbox it does not know.
 """
@@ -31,8 +31,8 @@ from typing import Any
 
 import yaml
 
-from elasticgpu.demo import local_cluster, processes
-from elasticgpu.demo.real_cluster import ControlPlane
+from elasticgpu.testbed import local_cluster, processes
+from elasticgpu.testbed.real_cluster import ControlPlane
 
 START_TIMEOUT_S = 180.0
 
@@ -196,7 +196,7 @@ def remove_cgroup_root(root: str) -> None:
 
 
 def _remove_all_pods(runtime_endpoint: str) -> None:
-    from elasticgpu.demo.containerd import remove_pods_at
+    from elasticgpu.testbed.containerd import remove_pods_at
 
     remove_pods_at(runtime_endpoint)
 
