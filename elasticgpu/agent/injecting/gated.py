@@ -27,10 +27,15 @@ API client (starting.py), because kubelet reaches the runtime of every pod throu
 A ledger that was moved aside as corrupt (`owed_rebuild`) is rebuilt before that first
 reconciliation, from the runtime's containers (`rebuild`): every container the agent gave a
 claim carries the annotation `elasticgpu.io/claim: <namespace>/<name>` and kubelet's pod labels;
-its cards and limits are read back from the environment the agent wrote (NVIDIA_VISIBLE_DEVICES,
-CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_DEVICE_MEMORY_LIMIT_0): the container's own when its front's
-listing carries it (NRI's Synchronize), else `container_env` (the CRI front: the runtime's verbose status).
-Each becomes a `created` row, so the holders and card checks see it as if nothing was lost. A
+its cards and size are the claim's as the controller bound it (its status and ElasticGPU, through the
+view: only the controller writes them), never the container's environment: a tenant's image or pod
+spec may set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1 in a whole-card container, and a row rebuilt from it
+would let another claim's slice onto that card (issue 44.7). A claim the view cannot give (the API
+server unreachable, the claim gone, or bound elsewhere now) is recorded as whole cards of the cards
+the container was given (NVIDIA_VISIBLE_DEVICES as the agent wrote it, those of this node only): the
+card check then refuses every other claim on them until the container ends, which can waste a card
+but never serves one twice. Each becomes a `created` row, so the holders and card checks see it as
+if nothing was lost. A
 container holding a MIG instance also carries `elasticgpu.io/mig-instance` (`mig_annotation`):
 its card, size and ElasticGPU go on its row and the instance's `mig_instances` row is recorded
 again, so the start-up convergence keeps the instance (held) instead of leaving it as an
@@ -40,17 +45,17 @@ admin's, and the removal of its last holder destroys it.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
 import grpc
 
 from elasticgpu.agent import isolation, rdma
-from elasticgpu.agent.errors import LedgerStateError
+from elasticgpu.agent.errors import KubeError, LedgerStateError
 from elasticgpu.agent.injecting import claim_hooks, hooks, injection, limits_file, mig_annotation
 from elasticgpu.agent.ledger.models import MIG_CREATED
 from elasticgpu.agent.ledger.store import LedgerStore
+from elasticgpu.api import names
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +262,7 @@ class GatedHooks:
             if starting and self._owed_rebuild():
                 ledger = self._ledger()
                 assert ledger is not None  # the claim hooks exist only on an open ledger
-                count = rebuild(ledger, containers, self._container_env or (lambda _: {}))
+                count = rebuild(ledger, containers, self._container_env or (lambda _: {}), self._view)
                 log.info("the ledger %s was rebuilt from the runtime's containers: %d claim container(s)",
                          ledger.url, count)  # fmt: skip
                 self._rebuilt()
@@ -269,14 +274,28 @@ class GatedHooks:
             self._made.close()
 
 
-def _mib(value: str | None) -> int:
-    """MiB of a limit the agent wrote (`10240m`, `0=10240M`), 0 when absent or unreadable."""
-    found = re.search(r"(\d+)\s*[mM]?$", value or "")
-    return int(found.group(1)) if found else 0
+def _bound_size(view: injection.AgentView, namespace: str, name: str, container: hooks.RuntimeContainer,
+                container_env: Callable[[str], Mapping[str, str]]) -> tuple[list[str], int, int, str]:
+    """(cards, cores, memory MiB, ElasticGPU) a rebuilt row holds: the claim's, as the controller bound it to this
+    node; else whole cards of those the container was given (see the module docstring)."""
+    try:
+        info = view.claim(namespace, name)
+    except (KubeError, ConnectionError, OSError) as e:  # not now: a rebuild must not wait for it (NRI's neither)
+        info, why = None, f"its claim cannot be read now ({e})"
+    else:
+        why = "its claim is gone or no longer bound to this node"
+    if info is not None and info.phase == "Bound" and info.node_name == view.node_name and info.gpus:
+        return list(info.gpus), info.cores, 0 if info.whole_cards else info.memory_mib, info.elastic_gpu
+    env = container.env if container.env is not None else container_env(container.id)
+    given = [uuid for uuid in env.get(injection.ENV_VISIBLE_DEVICES, "").split(",")
+             if uuid.startswith("GPU-") and view.card(uuid) is not None]
+    log.warning("ledger rebuilt: container %s uses claim %s/%s, but %s: it is counted as holding its cards %s "
+                "whole until it ends", container.id, namespace, name, why, ",".join(given) or "(none)")
+    return given, names.CORES_PER_CARD, 0, ""
 
 
 def rebuild(ledger: LedgerStore, containers: Sequence[hooks.RuntimeContainer],
-            container_env: Callable[[str], Mapping[str, str]]) -> int:
+            container_env: Callable[[str], Mapping[str, str]], view: injection.AgentView) -> int:
     """Record a `created` row for every claim container of the runtime the ledger has no row of;
     returns how many were recorded (see the module docstring). Idempotent."""
     count = 0
@@ -285,19 +304,14 @@ def rebuild(ledger: LedgerStore, containers: Sequence[hooks.RuntimeContainer],
         if "/" not in claim or ledger.allocation_for_container(container.id) is not None:
             continue
         namespace, name = claim.split("/", 1)
-        env = container.env if container.env is not None else container_env(container.id)
-        gpus = [uuid for uuid in env.get(injection.ENV_VISIBLE_DEVICES, "").split(",") if uuid.startswith("GPU-")]
-        threads = env.get(injection.ENV_MPS_THREADS) or env.get(injection.ENV_HAMI_SM)  # MPS, HAMiCore or None
-        memory = _mib(env.get(f"{injection.ENV_HAMI_MEMORY_PREFIX}_0") or env.get(injection.ENV_MPS_MEMORY))
-        # A whole card has neither limit; a slice of memory only has no compute limit (0 cores).
-        cores = int(threads) if threads and threads.isdigit() else (0 if memory else 100)
-        elastic_gpu = ""
         mig = mig_annotation.parse(container.annotations.get(mig_annotation.MIG_ANNOTATION, ""))
         if mig is not None:
-            # A MIG instance is its own limit (no soft-limit environment) and NVIDIA_VISIBLE_DEVICES
-            # names it, not its card: what the row held is in the instance's annotation.
+            # A MIG instance is its own limit and NVIDIA_VISIBLE_DEVICES names it, not its card: what the
+            # row held is in the instance's annotation (the agent's own, on the container's config).
             gpus, cores, memory, elastic_gpu = [mig.card], mig.cores, mig.memory_mib, mig.elastic_gpu
             _rebuild_mig(ledger, mig)
+        else:
+            gpus, cores, memory, elastic_gpu = _bound_size(view, namespace, name, container, container_env)
         labels = container.labels
         row = ledger.record_started(
             pod_uid=labels.get(injection.LABEL_POD_UID, ""),
