@@ -17,8 +17,8 @@ from elasticgpu.agent import isolation
 # clients goes) and stays alive (its command line names the binary, as the real daemon's does); with no
 # argument it reads commands from stdin, one a line, as the real one, and records each with its card: `quit`
 # ends the server (the one it started: as the real `quit` reaches its daemon through the pipe, whatever a
-# container wrote into the pid file), `get_server_list` answers the pids listed in <pipe>/servers (MPS servers the test pretends
-# run), one a line.
+# container wrote into the pid file), `get_server_list` answers the pids listed in <pipe>/servers (MPS servers
+# the test pretends run), one a line.
 STAND_IN_CONTROL = """#!/bin/sh
 record={record}
 case "$1" in
