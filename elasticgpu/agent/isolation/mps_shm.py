@@ -3,14 +3,11 @@ control command with it at /dev/shm (see mps_daemons' `shm` and `start`)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
-from elasticgpu.agent.isolation import mps_finding
+from elasticgpu.agent.isolation import mps_finding, tmpfs
 
 log = logging.getLogger(__name__)
 
@@ -52,45 +49,21 @@ def wrapped(shm: Path, argv: list[str]) -> list[str]:
 
 def mount(shm: Path, *, size_mib: int, timeout_s: float) -> None:
     """`shm` is a tmpfs of `size_mib` (kept when it already is one: the card's containers hold it). Raises
-    RuntimeError saying why it cannot be mounted."""
-    if os.path.ismount(shm):
-        return
-    if size_mib < 1:  # tmpfs takes size=0 as no limit at all
+    NeedsAdmin saying why it cannot be mounted."""
+    if size_mib < 1:
         raise NeedsAdmin(f"the MPS /dev/shm size is {size_mib} MiB: set --mps-shm-size-mib to 1 or more")
-    shm.mkdir(parents=True, exist_ok=True)
+    _tool("mount")
     try:
-        done = subprocess.run([_tool("mount"), "-t", "tmpfs", "-o",
-                               f"size={size_mib}m,mode=1777,nosuid,nodev,noexec", SHM_SOURCE, str(shm)],
-                              stdin=subprocess.DEVNULL, capture_output=True, start_new_session=True,
-                              timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise RuntimeError(f"mounting a tmpfs of {size_mib} MiB at {shm} failed: {e}") from e
-    if done.returncode != 0:
-        said = done.stderr.decode(errors="replace").strip()[:200]
+        tmpfs.mount(shm, size_mib=size_mib, source=SHM_SOURCE, timeout_s=timeout_s)
+    except tmpfs.MountFailed as e:
         # No fallback to a plain folder: its memory would be unbounded (or on disk), and the clients'
         # shared memory would outlive the daemon in the node's state folder.
-        raise NeedsAdmin(f"mounting a tmpfs of {size_mib} MiB at {shm} failed ({said}): the agent needs "
-                         f"CAP_SYS_ADMIN in the host's mount namespace (it runs as root on the host) "
-                         f"to give the card's MPS daemon and clients their shared /dev/shm")
+        raise NeedsAdmin(f"{e}: the agent needs CAP_SYS_ADMIN in the host's mount namespace (it runs as root on "
+                         f"the host) to give the card's MPS daemon and clients their shared /dev/shm") from e
 
 
 def unmount(shm: Path, *, card: str, timeout_s: float) -> None:
     """Unmount and remove `shm` (a mount a container still holds stays alive there: lazily unmounted when
     busy)."""
-    for _ in range(4):  # a mount stacked on another (two agents by mistake) comes off one at a time
-        if not os.path.ismount(shm):
-            break
-        umount = shutil.which("umount") or "umount"
-        try:
-            done = subprocess.run([umount, str(shm)], stdin=subprocess.DEVNULL, capture_output=True,
-                                  start_new_session=True, timeout=timeout_s, check=False)
-            if done.returncode != 0:
-                subprocess.run([umount, "-l", str(shm)], stdin=subprocess.DEVNULL, capture_output=True,
-                               start_new_session=True, timeout=timeout_s, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            break
-    if os.path.ismount(shm):
+    if not tmpfs.unmount(shm, timeout_s=timeout_s):
         log.warning("the MPS /dev/shm of card %s at %s could not be unmounted; the next sync tries again", card, shm)
-        return
-    with contextlib.suppress(FileNotFoundError, OSError):
-        shm.rmdir()
