@@ -30,12 +30,14 @@ claim carries the annotation `elasticgpu.io/claim: <namespace>/<name>` and kubel
 its cards and size are the claim's as the controller bound it (its status and ElasticGPU, through the
 view: only the controller writes them), never the container's environment: a tenant's image or pod
 spec may set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1 in a whole-card container, and a row rebuilt from it
-would let another claim's slice onto that card (issue 44.7). A claim the view cannot give (the API
-server unreachable, the claim gone, or bound elsewhere now) is recorded as whole cards of the cards
-the container was given (NVIDIA_VISIBLE_DEVICES as the agent wrote it, those of this node only): the
-card check then refuses every other claim on them until the container ends, which can waste a card
-but never serves one twice. Each becomes a `created` row, so the holders and card checks see it as
-if nothing was lost. A
+would let another claim's slice onto that card (issue 44.7). While claims cannot be read (the API
+client not open yet, the API server out of reach) the rebuild, and with it the start-up
+reconciliation, waits (`LedgerRebuildWaits`: `settle` is retried by the CRI hook's loop, a front's
+reconcile returns without it; claims are refused as not ready meanwhile, as they would be without the
+API server anyway). A claim that is gone, or bound elsewhere now, is recorded as whole cards of those
+the container was given (NVIDIA_VISIBLE_DEVICES as the agent wrote it): the card check then refuses
+every other claim on them until the container ends, which can waste a card but never serves one
+twice. Each becomes a `created` row, so the holders and card checks see it as if nothing was lost. A
 container holding a MIG instance also carries `elasticgpu.io/mig-instance` (`mig_annotation`):
 its card, size and ElasticGPU go on its row and the instance's `mig_instances` row is recorded
 again, so the start-up convergence keeps the instance (held) instead of leaving it as an
@@ -51,7 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 import grpc
 
 from elasticgpu.agent import isolation, rdma
-from elasticgpu.agent.errors import KubeError, LedgerStateError
+from elasticgpu.agent.errors import KubeError, LedgerRebuildWaits, LedgerStateError
 from elasticgpu.agent.injecting import claim_hooks, hooks, injection, limits_file, mig_annotation
 from elasticgpu.agent.ledger.models import MIG_CREATED
 from elasticgpu.agent.ledger.store import LedgerStore
@@ -241,7 +243,10 @@ class GatedHooks:
         inner = self._hooks()
         if inner is None:
             return  # nothing recorded can be matched yet; `settle` runs the start-up one later
-        self._settle(inner, containers, starting=starting or not inner.reconciled.is_set())
+        try:
+            self._settle(inner, containers, starting=starting or not inner.reconciled.is_set())
+        except LedgerRebuildWaits as e:  # `settle` tries again from the CRI hook's loop; a front's call returns
+            log.debug("%s", e)
 
     def settle(self) -> bool:
         """Run the start-up reconciliation once the ledger is open and it has not run; True once it has run."""
@@ -280,17 +285,17 @@ def _bound_size(view: injection.AgentView, namespace: str, name: str, container:
     node; else whole cards of those the container was given (see the module docstring)."""
     try:
         info = view.claim(namespace, name)
-    except (KubeError, ConnectionError, OSError) as e:  # not now: a rebuild must not wait for it (NRI's neither)
-        info, why = None, f"its claim cannot be read now ({e})"
-    else:
-        why = "its claim is gone or no longer bound to this node"
+    except (KubeError, ConnectionError, OSError) as e:
+        raise LedgerRebuildWaits(f"the lost ledger is rebuilt once the claims of its containers can be read; "
+                                 f"ElasticGPUClaim {namespace}/{name} (container {container.id}) cannot be now: "
+                                 f"{e}") from e
     if info is not None and info.phase == "Bound" and info.node_name == view.node_name and info.gpus:
         return list(info.gpus), info.cores, 0 if info.whole_cards else info.memory_mib, info.elastic_gpu
     env = container.env if container.env is not None else container_env(container.id)
-    given = [uuid for uuid in env.get(injection.ENV_VISIBLE_DEVICES, "").split(",")
-             if uuid.startswith("GPU-") and view.card(uuid) is not None]
-    log.warning("ledger rebuilt: container %s uses claim %s/%s, but %s: it is counted as holding its cards %s "
-                "whole until it ends", container.id, namespace, name, why, ",".join(given) or "(none)")
+    given = [uuid for uuid in env.get(injection.ENV_VISIBLE_DEVICES, "").split(",") if uuid.startswith("GPU-")]
+    log.warning("ledger rebuilt: container %s uses claim %s/%s, which is gone or no longer bound to this node: it "
+                "is counted as holding its cards %s whole until it ends", container.id, namespace, name,
+                ",".join(given) or "(none)")  # fmt: skip
     return given, names.CORES_PER_CARD, 0, ""
 
 

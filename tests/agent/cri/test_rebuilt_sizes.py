@@ -5,8 +5,9 @@ proxy with the agent's gated hooks -> real containerd with CDI, real SQLite ledg
 A tenant's image may set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1 in a whole-card container (the agent writes
 no limit for a whole card, so the image's value stays). Before, the agent restarted on a lost ledger read
 that value back as the container's size: a 1% slice, and the card check let another tenant's 90% slice
-onto the card. A container whose claim cannot be read at the rebuild (gone, or the API server out of
-reach) holds its cards whole until it ends: a card may be wasted, never served twice.
+onto the card. While claims cannot be read (the API server out of reach) the rebuild waits, and claims with
+it; a container whose claim is gone holds its cards whole until it ends: a card may be wasted, never served
+twice.
 """
 
 from __future__ import annotations
@@ -35,10 +36,15 @@ TENANT_LIMITS = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "1", "CUDA_MPS_PINNED_DEVI
 
 
 class Unreachable(View):
-    """The view while the API server cannot be asked (the agent's claim view raises KubeUnavailable)."""
+    """The view while the API server cannot be asked (the agent's claim view raises KubeUnavailable), until
+    `reachable`."""
+
+    reachable = False
 
     def claim(self, namespace: str, name: str) -> injection.ClaimInfo | None:
-        raise errors.KubeUnavailable(f"ElasticGPUClaim {namespace}/{name}: the API server is out of reach")
+        if not self.reachable:
+            raise errors.KubeUnavailable(f"ElasticGPUClaim {namespace}/{name}: the API server is out of reach")
+        return super().claim(namespace, name)
 
 
 @contextmanager
@@ -51,11 +57,10 @@ def agent(view: View, ledger: store.LedgerStore, containerd: TestRuntime, socket
     hooks = gated.GatedHooks(view=view, ledger=lambda: ledger, settings=injection.InjectionSettings(),
                              owed_rebuild=lambda: lost_ledger and not rebuilt, rebuilt=lambda: rebuilt.append(True),
                              container_env=lambda container_id: started[0].container_env(container_id))  # fmt: skip
-    settings = ProxySettings(listen=socket, upstream=str(containerd.socket))
+    settings = ProxySettings(listen=socket, upstream=str(containerd.socket), reconcile_period_s=0.2)
     with CriProxy(settings, container_hooks=hooks) as proxy, Kubelet(f"unix://{socket}", containerd.image) as k:
         started.append(proxy)
         assert proxy.reconciled.wait(30)
-        assert rebuilt or not lost_ledger
         yield k
     hooks.close()
 
@@ -98,9 +103,8 @@ def test_a_whole_card_whose_image_sets_a_thread_percentage_is_rebuilt_whole(
         second.close()
 
 
-@pytest.mark.parametrize("reading", ["claim gone", "api server out of reach"])
-def test_a_container_whose_claim_cannot_be_read_is_rebuilt_holding_its_cards_whole(
-    containerd: TestRuntime, proxy_socket: Path, tmp_path: Path, reading: str,
+def test_a_container_whose_claim_is_gone_is_rebuilt_holding_its_cards_whole(
+    containerd: TestRuntime, proxy_socket: Path, tmp_path: Path,
 ) -> None:  # fmt: skip
     publish_cards(containerd.cdi_dir, containerd.directory / "dev")
     view = View()
@@ -113,18 +117,51 @@ def test_a_container_whose_claim_cannot_be_read_is_rebuilt_holding_its_cards_who
         assert k.env(main)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"  # the agent's, over the tenant's
     first.close()
 
-    later = Unreachable() if reading == "api server out of reach" else View()  # "claim gone": deleted by hand
+    later = View()  # the claim deleted by hand (its finalizer removed) while its pod runs
     second = store.LedgerStore.open(f"sqlite:///{tmp_path / 'second.db'}")
     try:
         with agent(later, second, containerd, proxy_socket, lost_ledger=True) as k:
             card = CARDS[0].uuid
             assert sizes(second) == [(main, "small", (card,), 100, 0)]
-            if reading == "claim gone":
-                later.add(slice_claim("team-b", "next", user="server", cores=10, memory_mib=1024))
-                refused = refused_create(k, k.run_pod("server", "team-b", annotations=uses("next")), main)
-                assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
-                assert "ElasticGPUClaim team-a/small" in (refused.details() or "")
+            later.add(slice_claim("team-b", "next", user="server", cores=10, memory_mib=1024))
+            refused = refused_create(k, k.run_pod("server", "team-b", annotations=uses("next")), main)
+            assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "ElasticGPUClaim team-a/small" in (refused.details() or "")
             k.remove_pod(trainer)
             wait_for("the row released with its container", lambda: not sizes(second), timeout=30)
+    finally:
+        second.close()
+
+
+def test_the_rebuild_waits_until_the_claims_can_be_read(
+    containerd: TestRuntime, proxy_socket: Path, tmp_path: Path,
+) -> None:  # fmt: skip
+    publish_cards(containerd.cdi_dir, containerd.directory / "dev")
+    view = Unreachable()
+    view.reachable = True
+    view.add(slice_claim("team-a", "small", user="trainer"))
+    first = store.LedgerStore.open(f"sqlite:///{tmp_path / 'first.db'}")
+    with agent(view, first, containerd, proxy_socket, lost_ledger=False) as k:
+        trainer = k.run_pod("trainer", "team-a", annotations=uses("small"))
+        main = k.create_container(trainer, "main", envs=TENANT_LIMITS)
+        k.start(main)
+    first.close()
+
+    view.reachable = False  # the restarted agent cannot read claims yet
+    second = store.LedgerStore.open(f"sqlite:///{tmp_path / 'second.db'}")
+    try:
+        with agent(view, second, containerd, proxy_socket, lost_ledger=True) as k:
+            assert sizes(second) == []  # nothing guessed: the rebuild waits
+            view.add(slice_claim("team-a", "more", user="helper"))
+            helper = k.run_pod("helper", "team-a", annotations=uses("more"))
+            with pytest.raises(grpc.RpcError) as waiting:
+                k.create_container(helper, "main")
+            assert waiting.value.code() == grpc.StatusCode.UNAVAILABLE  # kubelet retries
+            assert "not reconciled" in (waiting.value.details() or "")
+            view.reachable = True
+            wait_for("the row rebuilt with its claim's size", lambda: sizes(second), timeout=30)
+            assert sizes(second) == [(main, "small", (CARDS[0].uuid,), 30, 10240)]
+            k.remove_pod(helper)
+            k.remove_pod(trainer)
     finally:
         second.close()
