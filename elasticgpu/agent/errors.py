@@ -14,7 +14,8 @@
     │       └── MigNotFound         no such instance (NVML_ERROR_NOT_FOUND)
     ├── LedgerError                 the ledger database cannot be used
     │   ├── LedgerNewerThanCode     the database was migrated by a newer agent
-    │   └── LedgerStateError        a ledger call does not fit the row's state (a caller's bug)
+    │   ├── LedgerStateError        a ledger call does not fit the row's state (a caller's bug)
+    │   └── LedgerRebuildWaits      a lost ledger's rebuild waits until its containers' claims can be read
     ├── KubeError                   an API call failed (the loops retry it with backoff)
     │   ├── KubeNotFound            404: the object does not exist (any more)
     │   ├── KubeConflict            409: the resourceVersion precondition failed; re-read and retry
@@ -79,6 +80,11 @@ class LedgerNewerThanCode(LedgerError):
 
 class LedgerStateError(LedgerError):
     """A ledger call that does not fit the state of the row it names."""
+
+
+class LedgerRebuildWaits(LedgerError):
+    """A lost ledger is rebuilt from its containers' claims as the controller bound them: not before they can be
+    read (the start-up reconciliation is retried; claims wait meanwhile)."""
 
 
 class KubeError(AgentError):

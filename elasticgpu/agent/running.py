@@ -219,7 +219,7 @@ def _isolation_rooms(settings: AgentSettings, driver_root: Callable[[], str]) ->
     rooms: list[isolation.Room] = []
     if iso.mps:
         def control() -> str | None:
-            return driver.find_binary(isolation.mps_daemons.CONTROL, driver_root=driver_root(),
+            return driver.find_binary(isolation.mps_finding.CONTROL, driver_root=driver_root(),
                                       host_root=settings.cri.host_root)
 
         daemons = isolation.MpsDaemons(control=control, state_dir=state / "mps", settings=isolation.DaemonSettings(

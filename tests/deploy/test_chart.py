@@ -244,6 +244,12 @@ def test_helm_uninstall_removes_what_the_product_made_at_run_time() -> None:
     (container,) = _one(cert_managed, "Job", "elasticgpu-uninstall-cleanup")["spec"]["template"]["spec"]["containers"]
     arguments = build_parser().parse_args(container["command"][1:])
     assert (arguments.webhook_configuration, arguments.webhook_secret) == ("", "")
+    # Its rights go even when the Job fails (a ClusterRole that patches every claim must not outlive it); the
+    # failed Job stays for its logs until the next hook replaces it.
+    for doc in hook:
+        policy = set(doc["metadata"]["annotations"]["helm.sh/hook-delete-policy"].split(","))
+        wanted = {"before-hook-creation", "hook-succeeded"} | ({"hook-failed"} if doc["kind"] != "Job" else set())
+        assert policy == wanted, (doc["kind"], policy)
     # Off with uninstall.cleanup=false.
     assert not _render({"uninstall": {"cleanup": False}}).get("helm-uninstall-cleanup.yaml")
     # Helm only: no plain manifest carries a hook.
@@ -273,6 +279,37 @@ def test_the_service_monitor_is_off_by_default_and_scrapes_the_metrics_services(
     assert service["spec"]["selector"].items() <= controller["spec"]["template"]["metadata"]["labels"].items()
     with pytest.raises(helm_python.HelmError, match=re.escape("needs metrics.service")):
         _render({"metrics": {"service": False, "serviceMonitor": {"enabled": True}}})
+
+
+def test_network_policies_admit_only_the_scrapers_to_metrics_and_anyone_to_the_webhook() -> None:
+    """/metrics carries per-namespace figures (issue 44): by default only Prometheus of the namespace monitoring
+    reaches the metrics ports of the controller, the webhook and the agent; the webhook's HTTPS port admits any
+    source (the API server); no other port of those pods admits anything. A switch, and peers of one's own."""
+    objects = _objects()
+    policies = {doc["metadata"]["name"]: doc["spec"] for doc in objects if doc["kind"] == "NetworkPolicy"}
+    assert set(policies) == {"elasticgpu-controller", "elasticgpu-webhook", "elasticgpu-agent"}
+    default_from = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]  # fmt: skip
+    for name, spec in policies.items():
+        assert spec["policyTypes"] == ["Ingress"], name
+        # Each policy selects exactly the pods of its workload (the labels of its pod template).
+        (workload,) = [doc for doc in objects if doc["kind"] in ("Deployment", "DaemonSet") and all(
+            doc["spec"]["template"]["metadata"]["labels"].get(k) == v
+            for k, v in spec["podSelector"]["matchLabels"].items())]  # fmt: skip
+        ports = {port["containerPort"] for c in workload["spec"]["template"]["spec"]["containers"]
+                 for port in c.get("ports", [])}  # fmt: skip
+        open_to_all = {p["port"] for rule in spec["ingress"] if "from" not in rule for p in rule["ports"]}
+        scraped = {p["port"] for rule in spec["ingress"] if rule.get("from") == default_from for p in rule["ports"]}
+        assert all("from" not in rule or rule["from"] == default_from for rule in spec["ingress"]), name
+        if name == "elasticgpu-webhook":
+            assert open_to_all == {8443} and scraped == {8081} and ports == {8443, 8081}
+        else:
+            assert open_to_all == set() and scraped == ports and scraped, (name, ports)
+    mine = [{"namespaceSelector": {"matchLabels": {"team": "observability"}}}]
+    (agent,) = [doc for doc in _objects({"networkPolicy": {"metricsFrom": mine}})
+                if doc["kind"] == "NetworkPolicy" and doc["metadata"]["name"] == "elasticgpu-agent"]
+    assert agent["spec"]["ingress"] == [{"from": mine, "ports": [{"port": 9410, "protocol": "TCP"}]}]
+    assert not [doc for doc in _objects({"networkPolicy": {"enabled": False}}) if doc["kind"] == "NetworkPolicy"]
 
 
 def test_the_default_class_is_a_switch() -> None:

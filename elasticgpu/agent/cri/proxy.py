@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import stat
 import threading
 from collections.abc import Callable, Iterator
@@ -49,7 +48,7 @@ from typing import Any
 
 import grpc
 
-from elasticgpu.agent import errors
+from elasticgpu.agent import errors, private_socket
 from elasticgpu.agent.cri import api, translating
 from elasticgpu.agent.injecting import hooks
 from elasticgpu.agent.repeated_failures import RepeatedFailure
@@ -416,15 +415,11 @@ class CriProxy:
                 if not stat.S_ISSOCK(path.lstat().st_mode):
                     raise FileExistsError(f"{path} exists and is not a socket; choose another listen path or remove it")
                 path.unlink()  # a socket left by an earlier run
-            # Bind under umask 0177 so the socket is never, even for an instant, open to others.
-            old = os.umask(0o177)
-            try:
-                if not self._server.add_insecure_port(f"unix://{path}"):
+            # Never, even for an instant, open to others (and no process-wide umask: private_socket).
+            with private_socket.binding(path) as staged:
+                if not self._server.add_insecure_port(f"unix://{staged}"):
                     raise OSError(f"cannot listen on {path}")
-                bound = True
-            finally:
-                os.umask(old)
-            os.chmod(path, 0o600)
+            bound = True
             self._hooks.attach_runtime(self._forwarder.list_containers)
             self._server.start()
         except BaseException:

@@ -27,10 +27,17 @@ API client (starting.py), because kubelet reaches the runtime of every pod throu
 A ledger that was moved aside as corrupt (`owed_rebuild`) is rebuilt before that first
 reconciliation, from the runtime's containers (`rebuild`): every container the agent gave a
 claim carries the annotation `elasticgpu.io/claim: <namespace>/<name>` and kubelet's pod labels;
-its cards and limits are read back from the environment the agent wrote (NVIDIA_VISIBLE_DEVICES,
-CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_DEVICE_MEMORY_LIMIT_0): the container's own when its front's
-listing carries it (NRI's Synchronize), else `container_env` (the CRI front: the runtime's verbose status).
-Each becomes a `created` row, so the holders and card checks see it as if nothing was lost. A
+its cards and size are the claim's as the controller bound it (its status and ElasticGPU, through the
+view: only the controller writes them), never the container's environment: a tenant's image or pod
+spec may set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1 in a whole-card container, and a row rebuilt from it
+would let another claim's slice onto that card (issue 44.7). While claims cannot be read (the API
+client not open yet, the API server out of reach) the rebuild, and with it the start-up
+reconciliation, waits (`LedgerRebuildWaits`: `settle` is retried by the CRI hook's loop, a front's
+reconcile returns without it; claims are refused as not ready meanwhile, as they would be without the
+API server anyway). A claim that is gone, or bound elsewhere now, is recorded as whole cards of those
+the container was given (NVIDIA_VISIBLE_DEVICES as the agent wrote it): the card check then refuses
+every other claim on them until the container ends, which can waste a card but never serves one
+twice. Each becomes a `created` row, so the holders and card checks see it as if nothing was lost. A
 container holding a MIG instance also carries `elasticgpu.io/mig-instance` (`mig_annotation`):
 its card, size and ElasticGPU go on its row and the instance's `mig_instances` row is recorded
 again, so the start-up convergence keeps the instance (held) instead of leaving it as an
@@ -40,17 +47,17 @@ admin's, and the removal of its last holder destroys it.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
 import grpc
 
 from elasticgpu.agent import isolation, rdma
-from elasticgpu.agent.errors import LedgerStateError
+from elasticgpu.agent.errors import KubeError, LedgerRebuildWaits, LedgerStateError
 from elasticgpu.agent.injecting import claim_hooks, hooks, injection, limits_file, mig_annotation
 from elasticgpu.agent.ledger.models import MIG_CREATED
 from elasticgpu.agent.ledger.store import LedgerStore
+from elasticgpu.api import names
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +243,10 @@ class GatedHooks:
         inner = self._hooks()
         if inner is None:
             return  # nothing recorded can be matched yet; `settle` runs the start-up one later
-        self._settle(inner, containers, starting=starting or not inner.reconciled.is_set())
+        try:
+            self._settle(inner, containers, starting=starting or not inner.reconciled.is_set())
+        except LedgerRebuildWaits as e:  # `settle` tries again from the CRI hook's loop; a front's call returns
+            log.debug("%s", e)
 
     def settle(self) -> bool:
         """Run the start-up reconciliation once the ledger is open and it has not run; True once it has run."""
@@ -257,7 +267,7 @@ class GatedHooks:
             if starting and self._owed_rebuild():
                 ledger = self._ledger()
                 assert ledger is not None  # the claim hooks exist only on an open ledger
-                count = rebuild(ledger, containers, self._container_env or (lambda _: {}))
+                count = rebuild(ledger, containers, self._container_env or (lambda _: {}), self._view)
                 log.info("the ledger %s was rebuilt from the runtime's containers: %d claim container(s)",
                          ledger.url, count)  # fmt: skip
                 self._rebuilt()
@@ -269,14 +279,28 @@ class GatedHooks:
             self._made.close()
 
 
-def _mib(value: str | None) -> int:
-    """MiB of a limit the agent wrote (`10240m`, `0=10240M`), 0 when absent or unreadable."""
-    found = re.search(r"(\d+)\s*[mM]?$", value or "")
-    return int(found.group(1)) if found else 0
+def _bound_size(view: injection.AgentView, namespace: str, name: str, container: hooks.RuntimeContainer,
+                container_env: Callable[[str], Mapping[str, str]]) -> tuple[list[str], int, int, str]:
+    """(cards, cores, memory MiB, ElasticGPU) a rebuilt row holds: the claim's, as the controller bound it to this
+    node; else whole cards of those the container was given (see the module docstring)."""
+    try:
+        info = view.claim(namespace, name)
+    except (KubeError, ConnectionError, OSError) as e:
+        raise LedgerRebuildWaits(f"the lost ledger is rebuilt once the claims of its containers can be read; "
+                                 f"ElasticGPUClaim {namespace}/{name} (container {container.id}) cannot be now: "
+                                 f"{e}") from e
+    if info is not None and info.phase == "Bound" and info.node_name == view.node_name and info.gpus:
+        return list(info.gpus), info.cores, 0 if info.whole_cards else info.memory_mib, info.elastic_gpu
+    env = container.env if container.env is not None else container_env(container.id)
+    given = [uuid for uuid in env.get(injection.ENV_VISIBLE_DEVICES, "").split(",") if uuid.startswith("GPU-")]
+    log.warning("ledger rebuilt: container %s uses claim %s/%s, which is gone or no longer bound to this node: it "
+                "is counted as holding its cards %s whole until it ends", container.id, namespace, name,
+                ",".join(given) or "(none)")  # fmt: skip
+    return given, names.CORES_PER_CARD, 0, ""
 
 
 def rebuild(ledger: LedgerStore, containers: Sequence[hooks.RuntimeContainer],
-            container_env: Callable[[str], Mapping[str, str]]) -> int:
+            container_env: Callable[[str], Mapping[str, str]], view: injection.AgentView) -> int:
     """Record a `created` row for every claim container of the runtime the ledger has no row of;
     returns how many were recorded (see the module docstring). Idempotent."""
     count = 0
@@ -285,19 +309,14 @@ def rebuild(ledger: LedgerStore, containers: Sequence[hooks.RuntimeContainer],
         if "/" not in claim or ledger.allocation_for_container(container.id) is not None:
             continue
         namespace, name = claim.split("/", 1)
-        env = container.env if container.env is not None else container_env(container.id)
-        gpus = [uuid for uuid in env.get(injection.ENV_VISIBLE_DEVICES, "").split(",") if uuid.startswith("GPU-")]
-        threads = env.get(injection.ENV_MPS_THREADS) or env.get(injection.ENV_HAMI_SM)  # MPS, HAMiCore or None
-        memory = _mib(env.get(f"{injection.ENV_HAMI_MEMORY_PREFIX}_0") or env.get(injection.ENV_MPS_MEMORY))
-        # A whole card has neither limit; a slice of memory only has no compute limit (0 cores).
-        cores = int(threads) if threads and threads.isdigit() else (0 if memory else 100)
-        elastic_gpu = ""
         mig = mig_annotation.parse(container.annotations.get(mig_annotation.MIG_ANNOTATION, ""))
         if mig is not None:
-            # A MIG instance is its own limit (no soft-limit environment) and NVIDIA_VISIBLE_DEVICES
-            # names it, not its card: what the row held is in the instance's annotation.
+            # A MIG instance is its own limit and NVIDIA_VISIBLE_DEVICES names it, not its card: what the
+            # row held is in the instance's annotation (the agent's own, on the container's config).
             gpus, cores, memory, elastic_gpu = [mig.card], mig.cores, mig.memory_mib, mig.elastic_gpu
             _rebuild_mig(ledger, mig)
+        else:
+            gpus, cores, memory, elastic_gpu = _bound_size(view, namespace, name, container, container_env)
         labels = container.labels
         row = ledger.record_started(
             pod_uid=labels.get(injection.LABEL_POD_UID, ""),

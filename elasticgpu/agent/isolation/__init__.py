@@ -1,7 +1,7 @@
 """Isolation modes of a slice's container: None (advisory), MPS, HAMiCore, each a room of its own
 behind one seam (`base.Room`); the CRI hook asks `IsolationRooms` and never branches on a mode."""
 
-from elasticgpu.agent.isolation import mps_daemons
+from elasticgpu.agent.isolation import mps_ceiling, mps_daemons, mps_finding
 from elasticgpu.agent.isolation.base import (
     ANNOTATION_CARDS,
     ANNOTATION_MODE,
@@ -41,5 +41,7 @@ __all__ = [
     "RunningContainer",
     "Slice",
     "Unavailable",
+    "mps_ceiling",
     "mps_daemons",
+    "mps_finding",
 ]

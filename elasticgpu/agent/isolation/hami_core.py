@@ -9,7 +9,9 @@ not offer the mode, so such claims never bind there. Each container gets:
                                    the container loads it, children included)
     /tmp/vgpu                      a folder of its own (<state>/cache/<pod uid>_<container>), for
                                    CUDA_DEVICE_MEMORY_SHARED_CACHE: HAMi-core's accounting shared by
-                                   the container's processes, never by two containers
+                                   the container's processes, never by two containers; a tmpfs of
+                                   `cache_size_mib` (the container writes it: bounded, and never on
+                                   the node's disk), unmounted once the container is gone
     CUDA_DEVICE_MEMORY_LIMIT_<i>   the claim's MiB per device ordinal (`<n>m`)
     CUDA_DEVICE_SM_LIMIT(_<i>)     the claim's cores
 
@@ -22,12 +24,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from elasticgpu.agent.isolation import base, none
+from elasticgpu.agent.isolation import base, none, tmpfs
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,11 @@ CONTAINER_PRELOAD = "/etc/ld.so.preload"
 CONTAINER_CACHE_DIR = "/tmp/vgpu"
 CACHE_FILE = "vgpu.cache"
 ENV_SHARED_CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+CACHE_SIZE_MIB = 16
+"""MiB of a container's cache tmpfs: HAMi-core's shared region (one file, about 1 MiB for its 1024 process slots
+of 16 devices) with room to spare."""
+CACHE_SOURCE = "elasticgpu-hami-cache"
+"""The source name of the cache mounts (in /proc/mounts)."""
 _CACHE_NAME = re.compile(r"^[A-Za-z0-9-]+_[A-Za-z0-9._-]+$")
 
 
@@ -49,13 +55,15 @@ class HamiCoreRoom:
 
     mode = base.MODE_HAMI_CORE
 
-    def __init__(self, *, library: str, host_root: str, state_dir: Path, idle_grace_s: float = 30.0) -> None:
+    def __init__(self, *, library: str, host_root: str, state_dir: Path, idle_grace_s: float = 30.0,
+                 cache_size_mib: int = CACHE_SIZE_MIB) -> None:
         """`library`: the node path of libvgpu.so ("" when the admin gave none); `host_root`: where the
         agent sees the node's `/`; `state_dir`: the mode's folder on the node (preload file, caches);
         `idle_grace_s`: a cache folder prepared this recently is kept though the runtime does not list its
         container yet (it may still be creating it)."""
         self._library = library
         self._idle_grace_s = idle_grace_s
+        self._cache_size_mib = cache_size_mib
         self._seen = os.path.join(host_root, library.lstrip("/")) if library else ""
         self._state_dir = state_dir
         self.preload_file = state_dir / "ld.so.preload"
@@ -89,10 +97,15 @@ class HamiCoreRoom:
                 temporary.replace(self.preload_file)
             self._preload_checked = True
             cache = self.cache_dir(slice_)
-            cache.mkdir(mode=0o777, parents=True, exist_ok=True)
-            os.chmod(cache, 0o777)  # the container's processes may run as any user (mkdir's mode obeys umask)
+            cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # A tmpfs (mode 1777: the container's processes may run as any user): what the container writes
+            # there is bounded and never fills the node's disk.
+            tmpfs.mount(cache, size_mib=self._cache_size_mib, source=CACHE_SOURCE, timeout_s=10.0)
             os.utime(cache)  # prepared now: `sync` keeps it through the grace
-        except OSError as e:
+        except tmpfs.MountFailed as e:
+            raise base.Unavailable(f"cannot give the container its HAMi-core cache: {e} (the agent needs "
+                                   f"CAP_SYS_ADMIN in the host's mount namespace)", retryable=False) from e
+        except (OSError, RuntimeError) as e:
             raise base.Unavailable(f"cannot write HAMi-core's files under {self._state_dir}: {e}",
                                    retryable=True) from e
         return None
@@ -124,8 +137,11 @@ class HamiCoreRoom:
         for entry in entries:
             if entry.is_dir() and _CACHE_NAME.match(entry.name) and entry.name not in keep and (
                     now - entry.stat().st_mtime >= self._idle_grace_s):
-                shutil.rmtree(entry, ignore_errors=True)
-                log.debug("HAMi-core cache of %s removed: its container is gone", entry.name)
+                if tmpfs.unmount(entry, timeout_s=10.0):
+                    log.debug("HAMi-core cache of %s removed: its container is gone", entry.name)
+                else:
+                    log.warning("HAMi-core cache of %s at %s could not be unmounted; the next sync tries again",
+                                entry.name, entry)
 
     def close(self) -> None:
         """Nothing runs."""

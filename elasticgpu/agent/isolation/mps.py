@@ -20,7 +20,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from elasticgpu.agent.isolation import base, mps_daemons, none
+from elasticgpu.agent.isolation import base, mps_shm, none
+from elasticgpu.agent.isolation.mps_ceiling import Ceiling
 from elasticgpu.agent.isolation.mps_daemons import MpsDaemons
 
 CONTAINER_PIPE_DIR = "/run/nvidia-mps"
@@ -59,10 +60,10 @@ class MpsRoom:
         for uuid in slice_.uuids:
             try:
                 # The daemon's own ceiling (issue 33.7): what the client's environment says, a child can change.
-                self.daemons.ensure(uuid, mps_daemons.Ceiling.of(slice_.cores, slice_.memory_mib))
+                self.daemons.ensure(uuid, Ceiling.of(slice_.cores, slice_.memory_mib))
             except RuntimeError as e:  # NeedsAdmin: it will not pass by itself
                 raise base.Unavailable(f"the MPS control daemon of card {uuid} does not start: {e}",
-                                       retryable=not isinstance(e, mps_daemons.NeedsAdmin)) from e
+                                       retryable=not isinstance(e, mps_shm.NeedsAdmin)) from e
         return self._other_users(slice_)
 
     def _other_users(self, slice_: base.Slice) -> str | None:

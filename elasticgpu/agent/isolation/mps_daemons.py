@@ -2,6 +2,7 @@
 
     folders     <state>/<card uuid>/pipe (CUDA_MPS_PIPE_DIRECTORY; mounted into the card's MPS
                 containers) and <state>/<card uuid>/log (CUDA_MPS_LOG_DIRECTORY); <state>/<uuid>/lock
+                and the agent's record of the daemon (mps_folders: who may write each)
     shm         <state>/<card uuid>/shm: a tmpfs of `shm_size_mib` the agent mounts before the card's
                 first start. The MPS server and its clients share POSIX shared memory (/dev/shm), and a
                 container has a /dev/shm of its own: the daemon runs in a mount namespace of its own with
@@ -12,12 +13,14 @@
                 daemon, no container of the card: an agent killed before it cleaned up)
     start       `nvidia-cuda-mps-control -d` with CUDA_VISIBLE_DEVICES=<uuid> and both folders, through
                 `unshare --mount --propagation private` and `mount --bind <shm> /dev/shm` (util-linux:
-                a command line that execs the control binary); it daemonises and writes
-                <pipe>/nvidia-cuda-mps-control.pid, which is how it is found again (also after the agent
-                restarts: the daemon outlives it, its clients need it)
+                a command line that execs the control binary: mps_shm); it daemonises and writes
+                <pipe>/nvidia-cuda-mps-control.pid, a hint only (containers can write the pipe folder): the
+                process it names is checked to be the card's daemon (mps_finding) and recorded, with its
+                start time, where only the agent writes; that record is how it is found again (also after
+                the agent restarts: the daemon outlives it, its clients need it)
     never two   every start and stop holds the card's lock file (flock; two agents by mistake, or
-                two threads, wait for each other) and first reads the pid file: a live daemon whose
-                command line is the control binary's is adopted, never started twice
+                two threads, wait for each other) and first looks for the card's daemon: a live one
+                is adopted, never started twice
     supervise   a thread checks every wanted card each `check_interval_s`; a daemon gone (killed,
                 crashed) is started again, after a backoff that doubles per failure (to
                 `backoff_max_s`) and resets once it has run `backoff_max_s`
@@ -25,8 +28,9 @@
                 restarted) is taken over at the next sync: supervised while used, stopped once not
     stop        once no container of an MPS claim uses the card (`release_except`, from the
                 runtime's containers): `echo quit | nvidia-cuda-mps-control` with the same env and
-                namespace, then SIGKILL after `stop_timeout_s`; then the shm folder is unmounted
-    ceiling     the daemon side of the limits (issue 33.7). A client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+                namespace, then SIGKILL after `stop_timeout_s` (through a pidfd, once the process is checked
+                to be still the card's daemon); then the shm folder is unmounted
+    ceiling     the daemon side of the limits (issue 33.7; mps_ceiling). A client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
                 and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT are its own environment: a process can start a
                 child with other values. MPS obeys the lower of the client's value and the control
                 daemon's, so the agent sets the daemon's to the card's ceiling, the largest slice of an
@@ -49,31 +53,20 @@ runtime mounts the shm folder into containers, so it must see the tmpfs the agen
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
-import shutil
-import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from elasticgpu.agent.isolation import mps_finding, mps_shm
+from elasticgpu.agent.isolation.mps_ceiling import Ceiling
+from elasticgpu.agent.isolation.mps_folders import CardFolders
 
-CONTROL = "nvidia-cuda-mps-control"
-PID_FILE = "nvidia-cuda-mps-control.pid"
-SHM_SOURCE = "elasticgpu-mps-shm"
-"""The source name of the agent's shm tmpfs mounts (in /proc/mounts: tells them from others)."""
-TOOLS = ("unshare", "mount", "umount", "sh")
-"""What the daemon's own /dev/shm takes on the node (util-linux and a shell)."""
-# The wrapper the control binary is exec'd through, inside `unshare --mount`: the card's shm folder at
-# /dev/shm of the new namespace only (propagation private: the host's /dev/shm is untouched), then exec.
-_BIND_AND_EXEC = 'mount=$1 shm=$2; shift 2; "$mount" --bind "$shm" /dev/shm && exec "$@"'
-_WRAPPER_NAME = "elasticgpu-mps-shm-wrapper"
-"""The wrapper's $0: in the command lines of `unshare` and `sh` until the exec (never taken for the daemon)."""
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,59 +91,6 @@ class DaemonSettings:
     64 MiB for its daemons); bounds the node memory the card's MPS clients can pin there."""
 
 
-@dataclass(frozen=True, order=True)
-class Ceiling:
-    """The most one MPS client of a card may use: percent of its compute (100: no ceiling) and MiB of its memory
-    (0: no ceiling)."""
-
-    cores: int = 100
-    memory_mib: int = 0
-
-    @classmethod
-    def of(cls, cores: int, memory_mib: int) -> Ceiling:
-        """The ceiling of one slice: a memory-only slice (0 cores) has no compute ceiling, a slice without memory
-        (0 MiB) no memory ceiling."""
-        return cls(cores if 0 < cores < 100 else 100, max(memory_mib, 0))
-
-    def covering(self, other: Ceiling) -> Ceiling:
-        """The ceiling that lets through what either does (a dimension without a ceiling in either has none)."""
-        return Ceiling(max(self.cores, other.cores),
-                       0 if 0 in (self.memory_mib, other.memory_mib) else max(self.memory_mib, other.memory_mib))
-
-    def commands(self, servers: Iterable[int] = ()) -> list[str]:
-        """The control commands that put this ceiling on the daemon: its defaults for servers spawned later, and
-        each running server's own (MPS v2 interface; device 0: the daemon sees only its card)."""
-        found = []
-        if self.cores < 100:
-            found.append(f"set_default_active_thread_percentage {self.cores}")
-        if self.memory_mib > 0:
-            found.append(f"set_default_device_pinned_mem_limit 0 {self.memory_mib}M")
-        for server in servers:
-            if self.cores < 100:
-                found.append(f"set_active_thread_percentage {server} {self.cores}")
-            if self.memory_mib > 0:
-                found.append(f"set_device_pinned_mem_limit {server} 0 {self.memory_mib}M")
-        return found
-
-
-
-class NeedsAdmin(RuntimeError):
-    """A daemon cannot start until the node's admin acts (a tool missing, a tmpfs that cannot be mounted)."""
-
-
-def _alive(pid: int) -> bool:
-    """True for a running (not zombie) process whose command line is the control binary's (not the wrapper's
-    before its exec: its command line names the binary too)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
-    return (state not in ("Z", "X") and CONTROL.encode() in cmdline
-            and _WRAPPER_NAME.encode() not in cmdline.split(b"\0"))
-
-
 class MpsDaemons:
     """The node's MPS control daemons (see the module docstring). Thread-safe."""
 
@@ -158,7 +98,7 @@ class MpsDaemons:
                  settings: DaemonSettings = DaemonSettings(), clock: Callable[[], float] = time.monotonic) -> None:
         """`control`: the control binary as the agent sees it, None when the node has none (asked at each start)."""
         self._control = control
-        self._state_dir = state_dir
+        self.folders = CardFolders(state_dir)
         self._settings = settings
         self._clock = clock
         self._lock = threading.Lock()
@@ -174,157 +114,66 @@ class MpsDaemons:
         self.starts = 0
         """Daemons started by this process (for tests and logs)."""
 
-    # -- paths ---------------------------------------------------------------------------------
+    # -- paths and the daemon's process --------------------------------------------------------
 
     def folder(self, uuid: str) -> Path:
         """The card's folder under the state dir."""
-        return self._state_dir / uuid.lower()
+        return self.folders.folder(uuid)
 
     def pipe_dir(self, uuid: str) -> Path:
         """The card's CUDA_MPS_PIPE_DIRECTORY."""
-        return self.folder(uuid) / "pipe"
+        return self.folders.pipe_dir(uuid)
 
     def log_dir(self, uuid: str) -> Path:
         """The card's CUDA_MPS_LOG_DIRECTORY."""
-        return self.folder(uuid) / "log"
+        return self.folders.log_dir(uuid)
 
     def shm_dir(self, uuid: str) -> Path:
-        """The card's shared /dev/shm: a tmpfs the daemon and the card's MPS containers mount at /dev/shm."""
-        return self.folder(uuid) / "shm"
-
-    def env(self, uuid: str) -> dict[str, str]:
-        """The environment of the card's control daemon and of `quit`."""
-        return {**os.environ, "CUDA_VISIBLE_DEVICES": uuid, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(uuid)),
-                "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir(uuid))}
-
-    def pid(self, uuid: str) -> int | None:
-        """The pid of the card's live daemon, or None. The pid file first; without it (a container sees the
-        pipe folder writable and may have removed it), the process whose environment names the pipe folder."""
-        try:
-            pid = int((self.pipe_dir(uuid) / PID_FILE).read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return self._by_environment(uuid)
-        return pid if _alive(pid) else self._by_environment(uuid)
-
-    def _by_environment(self, uuid: str) -> int | None:
-        """The live control daemon whose CUDA_MPS_PIPE_DIRECTORY is the card's (a scan of /proc: only when the
-        pid file does not lead to one)."""
-        wanted = f"CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir(uuid)}".encode()
-        try:
-            entries = [entry for entry in os.listdir("/proc") if entry.isdigit()]
-        except OSError:
-            return None
-        found: dict[int, int] = {}  # pid -> parent pid
-        for entry in entries:
-            try:
-                if CONTROL.encode() not in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    continue
-                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-                parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if wanted in environ and _alive(int(entry)):
-                found[int(entry)] = parent
-        # The daemon, not a child it forked that has not yet exec'd (it has the daemon's command line).
-        return min((pid for pid, parent in found.items() if parent not in found), default=None)
-
-    @contextlib.contextmanager
-    def _card_lock(self, uuid: str) -> Iterator[None]:
-        folder = self.folder(uuid)
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / "lock", "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
-    # -- the daemon's /dev/shm -----------------------------------------------------------------
+        """The card's shared /dev/shm."""
+        return self.folders.shm_dir(uuid)
 
     def problem(self) -> str | None:
-        """Why the node cannot give a daemon its own /dev/shm (a tool missing from the agent's PATH), or None."""
-        missing = [tool for tool in TOOLS if shutil.which(tool) is None]
-        if missing:
-            return (f"{', '.join(missing)} not found in the agent's PATH: the MPS daemon's /dev/shm needs "
-                    f"util-linux (unshare, mount, umount) and sh on the node")
-        return None
+        """Why the node cannot give a daemon its own /dev/shm, or None."""
+        return mps_shm.problem()
 
-    def _tool(self, name: str) -> str:
-        found = shutil.which(name)
-        if found is None:
-            raise NeedsAdmin(self.problem() or f"{name} not found in the agent's PATH")
-        return found
+    def pid(self, uuid: str) -> int | None:
+        """The pid of the card's live daemon, or None: the agent's record first, else the daemon's pid file, else
+        a scan for the process whose environment names the pipe folder (the pid file is in a folder containers
+        can write: a tenant may remove it, or name another process there). Whatever leads to a process, it is
+        taken only when mps_finding says it is the card's daemon; then it is recorded."""
+        pipe = self.folders.pipe_dir(uuid)
+        recorded = self.folders.recorded(uuid)
+        if recorded is not None and mps_finding.start_time(recorded[0]) == recorded[1] \
+                and mps_finding.ours(recorded[0], pipe):
+            return recorded[0]
+        hinted = self.folders.hinted_pid(uuid)
+        pid = hinted if hinted is not None and mps_finding.ours(hinted, pipe) else mps_finding.by_environment(pipe)
+        if pid is None:
+            return None
+        started = mps_finding.start_time(pid)
+        if started is None:
+            return None
+        with contextlib.suppress(OSError):  # the folder removed meanwhile: found again by the next call
+            self.folders.record(uuid, pid, started)
+        return pid
 
     def _wrapped(self, uuid: str, argv: list[str]) -> list[str]:
-        """`argv` run in a mount namespace of its own with the card's shm folder at /dev/shm (an exec chain:
-        nothing runs in the agent's process between fork and exec)."""
-        return [self._tool("unshare"), "--mount", "--propagation", "private", "--", self._tool("sh"), "-c",
-                _BIND_AND_EXEC, _WRAPPER_NAME, self._tool("mount"), str(self.shm_dir(uuid)), *argv]
-
-    def _mount_shm(self, uuid: str) -> None:
-        """The card's shm folder is a tmpfs of `shm_size_mib` (kept when it already is one: the card's
-        containers hold it). Raises RuntimeError saying why it cannot be mounted."""
-        shm = self.shm_dir(uuid)
-        if os.path.ismount(shm):
-            return
-        size = self._settings.shm_size_mib
-        if size < 1:  # tmpfs takes size=0 as no limit at all
-            raise NeedsAdmin(f"the MPS /dev/shm size is {size} MiB: set --mps-shm-size-mib to 1 or more")
-        shm.mkdir(parents=True, exist_ok=True)
-        try:
-            done = subprocess.run([self._tool("mount"), "-t", "tmpfs", "-o",
-                                   f"size={size}m,mode=1777,nosuid,nodev,noexec", SHM_SOURCE, str(shm)],
-                                  stdin=subprocess.DEVNULL, capture_output=True, start_new_session=True,
-                                  timeout=self._settings.start_timeout_s, check=False)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise RuntimeError(f"mounting a tmpfs of {size} MiB at {shm} failed: {e}") from e
-        if done.returncode != 0:
-            said = done.stderr.decode(errors="replace").strip()[:200]
-            # No fallback to a plain folder: its memory would be unbounded (or on disk), and the clients'
-            # shared memory would outlive the daemon in the node's state folder.
-            raise NeedsAdmin(f"mounting a tmpfs of {size} MiB at {shm} failed ({said}): the agent needs "
-                             f"CAP_SYS_ADMIN in the host's mount namespace (it runs as root on the host) "
-                             f"to give the card's MPS daemon and clients their shared /dev/shm")
+        return mps_shm.wrapped(self.shm_dir(uuid), argv)
 
     def _unmount_shm(self, uuid: str) -> None:
-        """Unmount and remove the card's shm folder (a mount a container still holds stays alive there:
-        lazily unmounted when busy)."""
-        shm = self.shm_dir(uuid)
-        for _ in range(4):  # a mount stacked on another (two agents by mistake) comes off one at a time
-            if not os.path.ismount(shm):
-                break
-            umount = shutil.which("umount") or "umount"
-            try:
-                done = subprocess.run([umount, str(shm)], stdin=subprocess.DEVNULL, capture_output=True,
-                                      start_new_session=True, timeout=self._settings.stop_timeout_s, check=False)
-                if done.returncode != 0:
-                    subprocess.run([umount, "-l", str(shm)], stdin=subprocess.DEVNULL, capture_output=True,
-                                   start_new_session=True, timeout=self._settings.stop_timeout_s, check=False)
-            except (OSError, subprocess.TimeoutExpired):
-                break
-        if os.path.ismount(shm):
-            log.warning("the MPS /dev/shm of card %s at %s could not be unmounted; the next sync tries again",
-                        uuid, shm)
-            return
-        with contextlib.suppress(FileNotFoundError, OSError):
-            shm.rmdir()
+        mps_shm.unmount(self.shm_dir(uuid), card=uuid, timeout_s=self._settings.stop_timeout_s)
 
     def _clean_stale(self, keep: set[str]) -> list[str]:
         """Unmount the shm folders of cards without a daemon that nobody wants or uses (an agent killed
         before it cleaned up). Returns their uuids."""
         cleaned: list[str] = []
-        try:
-            folders = [entry for entry in self._state_dir.iterdir() if entry.is_dir()]
-        except FileNotFoundError:
-            return cleaned
-        for folder in folders:
-            key = folder.name
-            if key in keep or not (folder / "shm").exists():
+        for key in self.folders.cards():
+            if key in keep or not self.folders.shm_dir(key).exists():
                 continue
             with self._lock:
                 if key in self._wanted:
                     continue
-            with self._card_lock(key):
+            with self.folders.card_lock(key):
                 with self._lock:
                     if key in self._wanted:
                         continue
@@ -356,7 +205,7 @@ class MpsDaemons:
                 raise RuntimeError(f"its daemon (pid {pid}) runs without the card's /dev/shm at "
                                    f"{self.shm_dir(uuid)} (started by an earlier agent version); it is replaced "
                                    f"once no MPS container uses the card")
-            with self._card_lock(uuid):
+            with self.folders.card_lock(uuid):
                 self._apply_ceiling(uuid)
             return
         self._start(uuid)
@@ -395,7 +244,7 @@ class MpsDaemons:
         control = self._control_binary()
         try:
             done = subprocess.run(self._wrapped(uuid, [control]), input="".join(f"{c}\n" for c in commands).encode(),
-                                  env=self.env(uuid), capture_output=True, start_new_session=True,
+                                  env=self.folders.env(uuid), capture_output=True, start_new_session=True,
                                   timeout=self._settings.start_timeout_s, check=False)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise RuntimeError(f"{control} did not take {commands[0]!r}: {e}") from e
@@ -407,7 +256,7 @@ class MpsDaemons:
     def _control_binary(self) -> str:
         control = self._control()
         if control is None:
-            raise RuntimeError(f"{CONTROL} is not installed under the driver root")
+            raise RuntimeError(f"{mps_finding.CONTROL} is not installed under the driver root")
         return control
 
     def wanted(self) -> set[str]:
@@ -419,21 +268,13 @@ class MpsDaemons:
         """Take over the live daemons of the state folder this process did not start (an agent that
         restarted: its daemons outlived it): they are supervised, and stopped once unused. Returns their uuids."""
         adopted: list[str] = []
-        try:
-            folders = [entry for entry in self._state_dir.iterdir() if entry.is_dir()]
-        except FileNotFoundError:
-            return adopted
-        for folder in folders:
-            key = folder.name
+        for key in self.folders.cards():
             with self._lock:
                 if key in self._wanted:
                     continue
             if self.pid(key) is None:
                 continue
-            try:
-                spelled = (folder / "uuid").read_text().strip() or key
-            except OSError:
-                spelled = key
+            spelled = self.folders.spelled(key)
             with self._lock:
                 # As if prepared a grace ago: stopped at once when no container uses it.
                 self._wanted.setdefault(key, self._clock() - self._settings.idle_grace_s)
@@ -469,24 +310,22 @@ class MpsDaemons:
     # -- starting and stopping -----------------------------------------------------------------
 
     def _start(self, uuid: str) -> None:
-        control = self._control()
-        if control is None:
-            raise RuntimeError(f"{CONTROL} is not installed under the driver root")
-        with self._card_lock(uuid):
+        control = self._control_binary()
+        with self.folders.card_lock(uuid):
             if self.pid(uuid) is not None:
                 return  # started meanwhile (another thread, or an agent by mistake): never two
             self.pipe_dir(uuid).mkdir(parents=True, exist_ok=True)
             self.log_dir(uuid).mkdir(parents=True, exist_ok=True)
-            self._mount_shm(uuid)
-            (self.folder(uuid) / "uuid").write_text(uuid + "\n")  # as the driver spells it, for a later agent
-            with contextlib.suppress(FileNotFoundError):
-                (self.pipe_dir(uuid) / PID_FILE).unlink()  # a dead daemon's: the new one writes its own
+            mps_shm.mount(self.shm_dir(uuid), size_mib=self._settings.shm_size_mib,
+                          timeout_s=self._settings.start_timeout_s)
+            self.folders.write_uuid(uuid)
+            self.folders.forget(uuid)  # a dead daemon's: the new one writes its own
             errors_file = self.log_dir(uuid) / "start.err"
             try:
                 # Its output to a file, not a pipe: the daemon it forks may keep a pipe open, and a read
                 # of the pipe would wait for the daemon to end.
                 with open(errors_file, "wb") as err:
-                    done = subprocess.run(self._wrapped(uuid, [control, "-d"]), env=self.env(uuid),
+                    done = subprocess.run(self._wrapped(uuid, [control, "-d"]), env=self.folders.env(uuid),
                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                           start_new_session=True, timeout=self._settings.start_timeout_s,
                                           check=False)
@@ -498,7 +337,7 @@ class MpsDaemons:
             deadline = self._clock() + self._settings.start_timeout_s
             while self.pid(uuid) is None:
                 if self._clock() >= deadline:
-                    raise RuntimeError(f"{control} -d wrote no live pid in {self.pipe_dir(uuid) / PID_FILE}")
+                    raise RuntimeError(f"{control} -d started no daemon of its pipe folder {self.pipe_dir(uuid)}")
                 time.sleep(0.01)
             self.starts += 1
             with self._lock:
@@ -511,28 +350,35 @@ class MpsDaemons:
     def stop(self, uuid: str) -> None:
         """Quit the card's daemon (`quit`, then SIGKILL after the timeout) and remove its /dev/shm."""
         control = self._control()
-        with self._card_lock(uuid):
+        pipe = self.pipe_dir(uuid)
+        with self.folders.card_lock(uuid):
             pid = self.pid(uuid)
-            if pid is None:
+            started = None if pid is None else mps_finding.start_time(pid)
+            if pid is None or started is None:
                 self._unmount_shm(uuid)
+                self.folders.forget(uuid)
                 return
+
+            def running() -> bool:  # still the daemon found above (a pid reused meanwhile is not)
+                return mps_finding.start_time(pid) == started and mps_finding.ours(pid, pipe)
+
             if control is not None:
                 with contextlib.suppress(OSError, subprocess.TimeoutExpired, RuntimeError):
-                    subprocess.run(self._wrapped(uuid, [control]), input=b"quit\n", env=self.env(uuid),
+                    subprocess.run(self._wrapped(uuid, [control]), input=b"quit\n", env=self.folders.env(uuid),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                    timeout=self._settings.stop_timeout_s, check=False)
             deadline = self._clock() + self._settings.stop_timeout_s
-            while _alive(pid) and self._clock() < deadline:
+            while running() and self._clock() < deadline:
                 time.sleep(0.02)
-            if _alive(pid):
+            if running():
                 log.warning("MPS control daemon of card %s (pid %d) did not quit in %gs: killed", uuid, pid,
                             self._settings.stop_timeout_s)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                mps_finding.kill(pid, started, pipe)
                 deadline = self._clock() + self._settings.stop_timeout_s
-                while _alive(pid) and self._clock() < deadline:
+                while running() and self._clock() < deadline:
                     time.sleep(0.02)
             self._unmount_shm(uuid)
+            self.folders.forget(uuid)
         log.info("MPS control daemon of card %s stopped: no MPS claim uses the card", uuid)
 
     # -- supervising ---------------------------------------------------------------------------

@@ -16,8 +16,9 @@ from elasticgpu.agent import isolation
 # pipe folder, its card's uuid into its /dev/shm (SHM_FILE: where the real server's shared memory with its
 # clients goes) and stays alive (its command line names the binary, as the real daemon's does); with no
 # argument it reads commands from stdin, one a line, as the real one, and records each with its card: `quit`
-# ends the server, `get_server_list` answers the pids listed in <pipe>/servers (MPS servers the test pretends
-# run), one a line.
+# ends the server (the one it started: as the real `quit` reaches its daemon through the pipe, whatever a
+# container wrote into the pid file), `get_server_list` answers the pids listed in <pipe>/servers (MPS servers
+# the test pretends run), one a line.
 STAND_IN_CONTROL = """#!/bin/sh
 record={record}
 case "$1" in
@@ -28,12 +29,13 @@ case "$1" in
 serve)
     echo "$CUDA_VISIBLE_DEVICES" > /dev/shm/{shm_file}
     echo $$ > "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
+    echo $$ > "$CUDA_MPS_LOG_DIRECTORY/stand-in-server.pid"
     trap 'exit 0' TERM
     while :; do sleep 0.1; done ;;
 *)
     while read -r command; do
         echo "$command $CUDA_VISIBLE_DEVICES" >> "$record"
-        [ "$command" = quit ] && kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")"
+        [ "$command" = quit ] && kill "$(cat "$CUDA_MPS_LOG_DIRECTORY/stand-in-server.pid")"
         [ "$command" = get_server_list ] && cat "$CUDA_MPS_PIPE_DIRECTORY/servers" 2>/dev/null
     done
     exit 0 ;;

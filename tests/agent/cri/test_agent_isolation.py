@@ -43,7 +43,7 @@ def test_the_agent_offers_hami_core_where_the_library_is_and_its_claims_get_it(
     uuid = simulated.simulated_uuid(node, 0)
     world_gpus.append(names.gpu_object_name(uuid))
     agent = agent_factory(node, model, "--hami-core-library", str(library), "--isolation-dir",
-                          str(tmp_path / "isolation"))
+                          str(tmp_path / "isolation"), "--isolation-idle-grace-s", "0")
     wait_until_serving(world, agent, uuid, proxy_socket)
     wait_for("HAMiCore offered", lambda: offered(world, uuid) == ["HAMiCore"], timeout=30)
 
@@ -68,6 +68,9 @@ def test_the_agent_offers_hami_core_where_the_library_is_and_its_claims_get_it(
         assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT_0"]) == ("10240m", "30")
         assert k.exec(main, "cat", "/etc/ld.so.preload") == (0, "/usr/local/vgpu/libvgpu.so\n")
         k.remove_pod(running)
+    # The container's cache (a tmpfs) goes with it.
+    caches = tmp_path / "isolation/hami-core/cache"
+    wait_for("the cache unmounted and removed", lambda: not any(caches.iterdir()), timeout=30)
 
     library.unlink()  # the admin removed it: the node no longer provides the mode
     wait_for("HAMiCore no longer offered", lambda: offered(world, uuid) == [], timeout=30)

@@ -96,6 +96,11 @@ def agent_factory(kube_cluster: TestCluster, containerd: TestRuntime, proxy_sock
     yield make
     for agent in made:
         agent.kill()
+    # A killed agent leaves the tmpfs mounts of its isolation folders (MPS /dev/shm, HAMi-core caches): as on a
+    # node, its next start would take them up; here the test's folder goes.
+    points = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for point in reversed([p for p in points if p.startswith(f"{tmp_path}/")]):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True, timeout=30)
 
 
 @pytest.fixture

@@ -388,7 +388,7 @@ def test_the_ceiling_covers_every_mps_claim_of_the_card_and_outlives_a_restart(t
     """A second, larger claim on the card widens the ceiling, for running servers too (get_server_list); a memory-
     only slice lifts the compute ceiling; a daemon started again (killed, or a tenant's `quit`) gets it again."""
     iso = IsolationNode(tmp_path)
-    ceiling = isolation.mps_daemons.Ceiling
+    ceiling = isolation.mps_ceiling.Ceiling
     try:
         iso.daemons.ensure(CARD, ceiling.of(30, 10240))
         iso.daemons.ensure(CARD, ceiling.of(20, 4096))  # within the ceiling: nothing to send
