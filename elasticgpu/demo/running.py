@@ -332,50 +332,8 @@ class Demo:
 
     def show(self, sights: list[containers.Sight]) -> None:
         """The tables, the claims' cards, and why the unfit claim waits."""
-        k, s, out = self._kube(), self.scenario, showing.console()
-        out.print()
-        out.print(
-            showing.server_table(
-                f"$ kubectl get egpuc -n {s.namespace}",
-                k.table(f"{kube.CUSTOM}/namespaces/{s.namespace}/{names.PLURAL_CLAIM}"),
-            )
-        )
-        out.print()
-        selector = f"{names.LABEL_CLAIM_NAMESPACE}={s.namespace}"
-        out.print(
-            showing.server_table(
-                f"$ kubectl get egpu -l {selector}",
-                k.request(
-                    "GET",
-                    f"{kube.CUSTOM}/{names.PLURAL_ELASTIC_GPU}",
-                    query={"labelSelector": selector},
-                    accept=kube.TABLE,
-                ),
-            )
-        )
-        out.print()
-        gpu_selector = f"{names.LABEL_NODE} in ({','.join(s.nodes)})"
-        out.print(
-            showing.server_table(
-                f"$ kubectl get pgpu -l '{gpu_selector}'",
-                k.request(
-                    "GET", f"{kube.CUSTOM}/{names.PLURAL_GPU}", query={"labelSelector": gpu_selector}, accept=kube.TABLE
-                ),
-            )
-        )
-        out.print()
-        claims = k.get(f"{kube.CUSTOM}/namespaces/{s.namespace}/{names.PLURAL_CLAIM}").get("items") or []
-        isolation = {c["metadata"]["name"]: (c.get("status") or {}).get("isolation", "") for c in claims}
-        out.print(showing.sights_table(sights, isolation))
-        out.print()
-        for sight in sights:
-            where = "inside the container" if sight.source == "container" else "in the agent's decision (nothing ran)"
-            say = self.say
-            say(
-                f"ok claim {sight.claim} -> {sight.env.get('NVIDIA_VISIBLE_DEVICES')} on {sight.node}, "
-                f"seen by {sight.pod}/{sight.container} {where}"
-            )
-        self.say(f"as expected, {self.why(s.unfit_claim)}")
+        showing.show_run(self._kube(), self.scenario, sights, self.say)
+        self.say(f"as expected, {self.why(self.scenario.unfit_claim)}")
 
     def cleanup(self) -> None:
         """Stop every child and remove the temp dir; on a cluster the demo does not own, delete what it

@@ -7,15 +7,17 @@ exactly the columns kubectl prints; `rich` draws them.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from elasticgpu.api import format_memory
+from elasticgpu.api import format_memory, names
 from elasticgpu.demo.containers import Sight
+from elasticgpu.demo.scenario import Scenario
+from elasticgpu.testbed import kube
 
 _HAMI_MIB = re.compile(r"^(\d+)m$")
 
@@ -119,3 +121,50 @@ def timings_table(phases: Sequence[tuple[str, float]], total: float) -> Table:
         shown.add_row(name, f"{seconds:.1f}")
     shown.add_row("total", f"{total:.1f}")
     return shown
+
+
+def show_run(k: kube.DemoKube, s: Scenario, sights: Sequence[Sight], say: Callable[[str], None]) -> None:
+    """A run's tables as `kubectl get` prints them (claims, ElasticGPUs, GPUs), what each container saw,
+    and one line per claim naming its cards."""
+    out = console()
+    out.print()
+    out.print(
+        server_table(
+            f"$ kubectl get egpuc -n {s.namespace}",
+            k.table(f"{kube.CUSTOM}/namespaces/{s.namespace}/{names.PLURAL_CLAIM}"),
+        )
+    )
+    out.print()
+    selector = f"{names.LABEL_CLAIM_NAMESPACE}={s.namespace}"
+    out.print(
+        server_table(
+            f"$ kubectl get egpu -l {selector}",
+            k.request(
+                "GET",
+                f"{kube.CUSTOM}/{names.PLURAL_ELASTIC_GPU}",
+                query={"labelSelector": selector},
+                accept=kube.TABLE,
+            ),
+        )
+    )
+    out.print()
+    gpu_selector = f"{names.LABEL_NODE} in ({','.join(s.nodes)})"
+    out.print(
+        server_table(
+            f"$ kubectl get pgpu -l '{gpu_selector}'",
+            k.request(
+                "GET", f"{kube.CUSTOM}/{names.PLURAL_GPU}", query={"labelSelector": gpu_selector}, accept=kube.TABLE
+            ),
+        )
+    )
+    out.print()
+    claims = k.get(f"{kube.CUSTOM}/namespaces/{s.namespace}/{names.PLURAL_CLAIM}").get("items") or []
+    isolation = {c["metadata"]["name"]: (c.get("status") or {}).get("isolation", "") for c in claims}
+    out.print(sights_table(sights, isolation))
+    out.print()
+    for sight in sights:
+        where = "inside the container" if sight.source == "container" else "in the agent's decision (nothing ran)"
+        say(
+            f"ok claim {sight.claim} -> {sight.env.get('NVIDIA_VISIBLE_DEVICES')} on {sight.node}, "
+            f"seen by {sight.pod}/{sight.container} {where}"
+        )
