@@ -213,10 +213,12 @@ def _bound_elastic_gpus(view: cluster.Cluster, gpu_names: set[str]) -> list[str]
         share = (spec.get("gpuShare") or {}).get("gpuName")
         if share:
             cards.add(share)
-        phase = (egpu.get("status") or {}).get("phase")
-        if cards & gpu_names and phase in ("Bound", "Available", "Pending") and spec.get("claimRef"):
-            ref = spec["claimRef"]
-            held.append(f"{egpu['metadata']['name']} (claim {ref.get('namespace')}/{ref.get('name')}, {phase})")
+        # Any phase: a Released one with reclaim Retain keeps its reservation too, until an admin deletes it.
+        phase = (egpu.get("status") or {}).get("phase") or "no phase"
+        if cards & gpu_names:
+            ref = spec.get("claimRef") or {}
+            claim = f"claim {ref.get('namespace')}/{ref.get('name')}, " if ref else ""
+            held.append(f"{egpu['metadata']['name']} ({claim}{phase})")
     return held
 
 
@@ -253,8 +255,8 @@ def to_device_plugin(view: cluster.Cluster, node: str, args: argparse.Namespace)
     if held:
         raise user_errors.UserError(
             f"node {node}: ElasticGPUs still hold its cards: {', '.join(held)}; delete those claims (or move their"
-            " workloads to another node's claims) first: a claim outlives its pods, as a PersistentVolumeClaim does."
-            " Nothing was changed")
+            " workloads to another node's claims) and Released ElasticGPUs kept by reclaim Retain first: a claim"
+            " outlives its pods, as a PersistentVolumeClaim does. Nothing was changed")
     _cordon(view, node, "device-plugin", step)
     _drain(view, node, args, step, "elasticgpu claims", lambda _: True, f"{names.LABEL_USES_CLAIMS}=true")
     view.patch_node(node, {"metadata": {"labels": {node_handover.LABEL_AGENT: None}}})
