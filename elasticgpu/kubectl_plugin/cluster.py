@@ -188,7 +188,8 @@ class Cluster:
         options = client.V1DeleteOptions(grace_period_seconds=grace_s) if grace_s is not None else None
         body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace), delete_options=options)
         try:
-            self._core().create_namespaced_pod_eviction(name, namespace, body, _request_timeout=REQUEST_TIMEOUT_S)
+            self._core().create_namespaced_pod_eviction(name, namespace, body, _preload_content=False,
+                                                        _request_timeout=REQUEST_TIMEOUT_S)  # fmt: skip
         except ApiException as err:
             if err.status == 429:
                 return False
@@ -214,7 +215,8 @@ class Cluster:
     def delete_pod(self, namespace: str, name: str, *, grace_s: int | None) -> None:
         """Delete a pod (--disable-eviction), gone already is fine."""
         try:
-            self._core().delete_namespaced_pod(name, namespace, grace_period_seconds=grace_s,
+            # Not read back: an immediate deletion answers a Status, which the client cannot read as a Pod.
+            self._core().delete_namespaced_pod(name, namespace, grace_period_seconds=grace_s, _preload_content=False,
                                                _request_timeout=REQUEST_TIMEOUT_S)  # fmt: skip
         except ApiException as err:
             if err.status != 404:

@@ -249,7 +249,7 @@ def to_elasticgpu(view: cluster.Cluster, node: str, args: argparse.Namespace) ->
 
 
 def to_device_plugin(view: cluster.Cluster, node: str, args: argparse.Namespace) -> None:
-    step = Step(node, 7, args.step_timeout_s)
+    step = Step(node, 6, args.step_timeout_s)
     gpus = {g["metadata"]["name"] for g in view.node_gpus(node)}
     held = _bound_elastic_gpus(view, gpus)
     if held:
@@ -295,7 +295,7 @@ def to_device_plugin(view: cluster.Cluster, node: str, args: argparse.Namespace)
     step.wait(f"node {node} to offer nvidia.com/gpu again (the device plugin registers with kubelet)", plugin_back)
     _uncordon(view, node, step)
     print(f"node {node} is the device plugin's. Left on the node itself (no API object; remove by hand if you"
-          " want): the agent's ledger /var/lib/elasticgpu, its CDI spec /var/run/cdi/elasticgpu*.yaml and"
+          " want): the agent's ledger /var/lib/elasticgpu, its CDI spec /var/run/cdi/elasticgpu.io-gpu.json and"
           " /var/run/elasticgpu (docs/admin-guide.md, \"Moving a GPU Operator cluster\")")
 
 

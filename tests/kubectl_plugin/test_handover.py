@@ -193,7 +193,7 @@ def test_a_node_moves_to_elasticgpu_and_back(world: World, kube_cluster: TestClu
                                                labels={names.LABEL_USES_CLAIMS: "true"}))
     back = _handover(kube_cluster, world.node, "--to", "device-plugin", "--step-timeout-s", "120")
     assert back.returncode == 0, back.stdout + back.stderr
-    assert "[7/7]" in back.stdout and f"deleting {namespace}/claimer" in back.stdout
+    assert "[6/6]" in back.stdout and f"deleting {namespace}/claimer" in back.stdout
     assert world.pod_names() == {"web"}
     labels = world.labels()
     assert node_handover.LABEL_AGENT not in labels and labels[node_handover.LABEL_DEVICE_PLUGIN_DEPLOY] == "true"
