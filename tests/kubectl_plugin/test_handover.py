@@ -187,6 +187,13 @@ def test_a_node_moves_to_elasticgpu_and_back(world: World, kube_cluster: TestClu
     checks = doctor.checks(core.api_client.sanitize_for_serialization(core.read_node(world.node)),
                            world.gpu_objects(), [], time.time())
     assert [v for v, _, _ in checks if v in ("FAIL", "warn")] == [], checks
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    told = subprocess.run([str(VENV_BIN / "kubectl-egpu"), "doctor", world.node, "--kubeconfig",
+                           str(kube_cluster.kubeconfig)], capture_output=True, text=True, timeout=120, env=env)
+    assert told.returncode == 0, told.stdout + told.stderr
+    assert [line.split(":")[0] for line in told.stdout.splitlines()] == [
+        "ok   opted in", "ok   GPU Operator's device plugin", "ok   allocator conflicts", "ok   agent's cards",
+        "ok   node hook", "ok   toolkit setting"], told.stdout
 
     # And back: a pod that uses claims is drained; nothing of ours is left on the node.
     core.create_namespaced_pod(namespace, _pod("claimer", world.node, namespace,
