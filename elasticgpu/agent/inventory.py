@@ -13,6 +13,10 @@ For each card the agent owns:
   yet, so that ALLOCATABLE is never blank). One status write per card per heartbeat interval in steady
   state; a change of health, capacity or a large change of usage is written at once.
 
+The node's own conditions, on each of its cards (`node_conditions`, made by running.py; the controller does
+not read them, `kubectl egpu doctor` and `handover` do): `GpuAllocatorConflict`, `FailOpenWindow`, `NodeHook`
+(elasticgpu.api.node_handover).
+
 Conditions the controller reads:
 - `Heartbeat` (True, reason `AgentHeartbeat`): its `lastTransitionTime` is the time of the last
   heartbeat, renewed every `heartbeat_interval_s` while the agent sees the card (as a Lease's
