@@ -50,12 +50,14 @@ class TakeOver:
         self._lock = threading.Lock()
         self._live: list[node_handover.LiveAllocator] = []
         self._said: tuple[str, ...] | None = None  # the signs last told (log + Event), so each change is told once
+        self._checked = False  # a check has decided once
         self.allowed = threading.Event()
 
     @property
     def standing_by(self) -> bool:
-        """True while the agent waits for another allocator to go (or for its first check)."""
-        return not self.allowed.is_set()
+        """True while the agent waits for another allocator to go (False before its first check: it does not
+        know yet, and readiness says what it waits for then)."""
+        return self._checked and not self.allowed.is_set()
 
     def live(self) -> list[node_handover.LiveAllocator]:
         """The other allocators seen at the last check."""
@@ -83,8 +85,10 @@ class TakeOver:
             self._event(kube, node, "Normal", node_handover.EVENT_TAKING_OVER,
                         f"the elasticgpu agent takes this node's GPUs: {why}")
             self.allowed.set()
+            self._checked = True
             self._said = tuple(sign.what for sign in live)
             return
+        self._checked = True
         signs = tuple(sign.what for sign in live)
         if signs == self._said:
             return
