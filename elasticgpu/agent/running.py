@@ -358,8 +358,10 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     loops.node_conditions = functools.partial(_node_conditions, settings, takeover, hook, nri_state)
     readyz: dict[str, probe_server.Check] = {
         "device-backend": lambda: parts.problem_of("backend"),
+        # With NRI the ledger settles with the plugin's synchronize, which waits for the take-over.
         "ledger": lambda: parts.problem_of("ledger") or (
-            "not reconciled with the runtime's containers yet" if hook is not None and (
+            "not reconciled with the runtime's containers yet" if hook is not None and not (
+                settings.cri.node_hook == "nri" and takeover.standing_by) and (
                 hook.hooks is None or not hook.hooks.reconciled()) else None),
         "api-server": lambda: _api_problem(parts, settings.cri.api_ready_window_s),
         # Standing by beside another allocator is this agent's job for now: ready (a rollout never waits on it).
