@@ -77,3 +77,11 @@ def test_cards_are_published_once_each_beats_and_its_hook_is_registered() -> Non
     assert handover.cards_published([_gpu()], NOW) is None
     assert "no recent heartbeat" in str(handover.cards_published([_gpu(beat=OLD)], NOW))
     assert "node hook not registered (hook False)" in str(handover.cards_published([_gpu(hook="False")], NOW))
+
+
+def test_the_device_plugin_switch_is_a_label_set_or_removed() -> None:
+    assert handover._label_patch("nvidia.com/gpu.deploy.device-plugin=false") == {
+        "nvidia.com/gpu.deploy.device-plugin": "false"}
+    assert handover._label_patch("gpu-") == {"gpu": None}  # HAMi's device plugin selects gpu=on
+    with pytest.raises(Exception, match="write LABEL=VALUE or LABEL-"):
+        handover._label_patch("gpu")
