@@ -13,6 +13,10 @@ For each card the agent owns:
   yet, so that ALLOCATABLE is never blank). One status write per card per heartbeat interval in steady
   state; a change of health, capacity or a large change of usage is written at once.
 
+The node's own conditions, on each of its cards (`node_conditions`, made by running.py; the controller does
+not read them, `kubectl egpu doctor` and `handover` do): `GpuAllocatorConflict`, `FailOpenWindow`, `NodeHook`
+(elasticgpu.api.node_handover).
+
 Conditions the controller reads:
 - `Heartbeat` (True, reason `AgentHeartbeat`): its `lastTransitionTime` is the time of the last
   heartbeat, renewed every `heartbeat_interval_s` while the agent sees the card (as a Lease's
@@ -57,7 +61,7 @@ from elasticgpu.agent.health import CardHealth, HealthTracker
 from elasticgpu.agent.kube import AgentKube
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.settings import InventorySettings
-from elasticgpu.api import names, printing, timestamps
+from elasticgpu.api import names, node_handover, printing, timestamps
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +72,9 @@ node-scope policy lets it make there); the controller takes no new reservation o
 REASON_SEEN_ON_ANOTHER_NODE = "SeenOnAnotherNode"
 HEALTHY = "Healthy"
 APPLICATION_XID = "ApplicationXid"
-AGENT_CONDITIONS = (HEARTBEAT, HEALTHY, APPLICATION_XID)
+AGENT_CONDITIONS = (HEARTBEAT, HEALTHY, APPLICATION_XID, *node_handover.NODE_CONDITIONS)
+NodeCondition = tuple[str, str, str, str]
+"""A condition of the node that each of its GPUs carries: (type, status, reason, message)."""
 VANISHED = "Vanished"
 
 LABEL_PRESENT = "nvidia.com/gpu.present"
@@ -165,8 +171,10 @@ def desired_status(
     node_name: str,
     now: float,
     isolation: list[str] | None = None,
+    node_conditions: list[NodeCondition] | None = None,
 ) -> dict[str, Any]:
     """The status fields the agent owns, for a card that is present (`card`) or vanished (None).
+    `node_conditions`: the node's own (node_handover.NODE_CONDITIONS), written on each of its cards.
 
     The Heartbeat condition carries `now`; the caller decides whether it is time to write it.
     """
@@ -215,6 +223,8 @@ def desired_status(
             "message": f"application XID {event.xid} at {seen}: an application's error, recorded, not fatal for"
             " the card",
         })
+    for type_, cond_status, reason, message in node_conditions or []:
+        conditions.append(_condition(type_, cond_status, reason, message, previous.get(type_), now))
     result["conditions"] = sorted(conditions, key=lambda c: str(c.get("type")))
     return result
 
@@ -265,10 +275,13 @@ class Inventory:
         clock: Callable[[], float] = time.time,
         ledger: LedgerStore | None = None,
         isolation: Callable[[], list[str]] = list,
+        node_conditions: Callable[[], list[NodeCondition]] = list,
     ) -> None:
         """`ledger`: publish the running claims of its open rows (None: no `status.runningClaims`);
-        `isolation`: the isolation modes the node can provide now (MPS, HAMiCore), in each card's status."""
+        `isolation`: the isolation modes the node can provide now (MPS, HAMiCore), in each card's status;
+        `node_conditions`: the node's conditions now (another allocator, the toolkit, the node hook), on each card."""
         self._isolation = isolation
+        self._node_conditions = node_conditions
         self._kube = kube
         self._backend = backend
         self._health = health
@@ -522,6 +535,11 @@ class Inventory:
         except Exception:  # a check of the node's files failed: offer nothing rather than too much
             logger.exception("could not tell which isolation modes this node provides")
             modes = []
+        try:
+            node_conditions = self._node_conditions()
+        except Exception:  # a check of the node failed: its conditions are left out of this write
+            logger.exception("could not read this node's conditions")
+            node_conditions = []
         uuid = card.uuid if card is not None else str((self.objects().get(name, {}).get("spec") or {}).get("uuid", ""))
         for attempt in range(5):
             obj = self.objects().get(name)
@@ -531,7 +549,8 @@ class Inventory:
                 usage = self._usage.get(uuid) if card is not None else None
                 usage_due = uuid in self._urgent
             desired = desired_status(obj, card=card, health=self._health.health(uuid), usage=usage,
-                                     node_name=self._node, now=now, isolation=modes)
+                                     node_name=self._node, now=now, isolation=modes,
+                                     node_conditions=node_conditions)
             current = obj.get("status") or {}
             keys = tuple(key for key in desired if key != "usage")
             changed = _comparable(desired, keys) != _comparable(current, keys)

@@ -50,10 +50,12 @@ from elasticgpu.agent import (
     kube,
     metrics,
     mig,
+    node_checks,
     nri,
     policing,
     service_manager,
     starting,
+    taking_over,
     usage,
 )
 from elasticgpu.agent.cri import front, supervising
@@ -64,6 +66,7 @@ from elasticgpu.agent.injecting.hooks import RuntimeContainer
 from elasticgpu.agent.injecting.limits_file import LimitsFiles
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.settings import AgentSettings, CriSettings
+from elasticgpu.api import node_handover
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +205,8 @@ class _Loops:
     """The runtime's containers through the CRI hook's proxy: the holders publisher leaves out exited ones."""
     rooms: isolation.IsolationRooms | None = None
     """The node's isolation modes (the CRI hook's); inventory publishes those the node can provide."""
+    node_conditions: Callable[[], list[inventory.NodeCondition]] = list
+    """The node's conditions (another allocator, the toolkit's fail-open setting, the node hook), on each GPU."""
 
 
 def _containers(hook: supervising.CriHook) -> list[hooks.RuntimeContainer]:
@@ -243,9 +248,10 @@ def _open_kube(settings: AgentSettings, node: str) -> kube.AgentKube:
 
 
 def _start_loops(settings: AgentSettings, parts: starting.Parts, loops: _Loops, threads: list[threading.Thread],
-                 stop: threading.Event) -> None:  # fmt: skip
-    """Once every part is open: make inventory, health and usage and start their threads. Never raises."""
-    while not parts.ready.wait(0.5):
+                 stop: threading.Event, takeover: taking_over.TakeOver) -> None:  # fmt: skip
+    """Once every part is open and the agent may take the node's GPUs (taking_over.py): make inventory, health and
+    usage and start their threads. Never raises."""
+    while not (parts.ready.wait(0.5) and takeover.allowed.is_set()):
         if stop.is_set():
             return
     backend, ledger, agent_kube = parts.backend, parts.ledger, parts.kube
@@ -253,7 +259,8 @@ def _start_loops(settings: AgentSettings, parts: starting.Parts, loops: _Loops, 
     rooms = loops.rooms
     publisher = inventory.Inventory(kube=agent_kube, backend=backend, health=tracker, settings=settings.inventory,
                                     watch_timeout_s=settings.kube.watch_timeout_s, ledger=ledger,
-                                    isolation=rooms.offered if rooms is not None else list)
+                                    isolation=rooms.offered if rooms is not None else list,
+                                    node_conditions=loops.node_conditions)
     sampler = usage.UsageLoop(backend=backend, ledger=ledger, kube=agent_kube, inventory=publisher,
                               settings=settings.usage, ledger_settings=settings.ledger)
     sampler.policing = policing.Enforcer(kube=agent_kube, runtime=lambda: loops.runtime(), settings=settings.policing)
@@ -302,6 +309,9 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
             " spec.nodeName through the downward API)"
         )
     cri_settings = hook_settings(settings.cri) if settings.cri.cri_proxy else None
+    taking_over.check_mode(settings.take_over)
+    takeover = taking_over.TakeOver(settings=settings.take_over, node_name=node, host_root=settings.cri.host_root,
+                                    events_namespace=settings.inventory.events_namespace)  # fmt: skip
     d = settings.discovery
     parts = starting.Parts(
         backend=starting.Part(f"the device backend ({d.backend})", lambda: discovery.open_backend(
@@ -338,32 +348,39 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
         loops.list_containers = functools.partial(_containers, hook)
         threads.append(threading.Thread(target=hook.run, args=(stop,), name="cri", daemon=True))
         if settings.cri.node_hook == "nri":
-            threads.append(threading.Thread(target=_run_nri, args=(settings, hook, stop, nri_state), name="nri",
-                                            daemon=True))  # fmt: skip
+            threads.append(threading.Thread(target=_run_nri, args=(settings, hook, stop, nri_state, takeover),
+                                            name="nri", daemon=True))  # fmt: skip
     else:
         logger.info("the CRI proxy is off (--cri-proxy false): inventory only; no claim reaches a container here")
     threads.append(threading.Thread(target=parts.run, args=(stop,), name="parts", daemon=True))
+    threads.append(threading.Thread(target=takeover.run, args=(lambda: parts.kube, stop), name="take-over",
+                                    daemon=True))  # fmt: skip
+    loops.node_conditions = functools.partial(_node_conditions, settings, takeover, hook, nri_state)
     readyz: dict[str, probe_server.Check] = {
         "device-backend": lambda: parts.problem_of("backend"),
+        # With NRI the ledger settles with the plugin's synchronize, which waits for the take-over.
         "ledger": lambda: parts.problem_of("ledger") or (
-            "not reconciled with the runtime's containers yet" if hook is not None and (
+            "not reconciled with the runtime's containers yet" if hook is not None and not (
+                settings.cri.node_hook == "nri" and takeover.standing_by) and (
                 hook.hooks is None or not hook.hooks.reconciled()) else None),
         "api-server": lambda: _api_problem(parts, settings.cri.api_ready_window_s),
-        "loops": lambda: None if loops.publisher is not None else "inventory, health and usage are not started yet",
+        # Standing by beside another allocator is this agent's job for now: ready (a rollout never waits on it).
+        "loops": lambda: None if loops.publisher is not None or takeover.standing_by else (
+            "inventory, health and usage are not started yet"),
     }  # fmt: skip
     if hook is not None:
         readyz = {"cri-socket": hook.not_serving, **readyz}
     if hook is not None and settings.cri.node_hook == "nri":
         # kubelet talks to the runtime itself: ready once the runtime calls the agent's plugin.
-        readyz = {"nri-plugin": nri_state.not_registered, **readyz}
+        readyz = {"nri-plugin": lambda: None if takeover.standing_by else nri_state.not_registered(), **readyz}
     servers: list[probe_server.Endpoints] = []
     manager = service_manager.ServiceManager.from_environment()
     try:
         for thread in list(threads):
             thread.start()  # the CRI hook first: kubelet's socket before anything that can fail
         servers = _serve_http(settings, lambda: loops.sources, {"loops": lambda: _not_alive(threads, hook)}, readyz)
-        starter = threading.Thread(target=_start_loops, args=(settings, parts, loops, threads, stop), name="starter",
-                                   daemon=True)  # fmt: skip
+        starter = threading.Thread(target=_start_loops, args=(settings, parts, loops, threads, stop, takeover),
+                                   name="starter", daemon=True)  # fmt: skip
         starter.start()
         if manager.enabled:
             watched = hook
@@ -387,6 +404,40 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     return 0
 
 
+def _node_conditions(settings: AgentSettings, takeover: taking_over.TakeOver, hook: supervising.CriHook | None,
+                     nri_state: _Nri) -> list[inventory.NodeCondition]:  # fmt: skip
+    """The node's conditions on each of its GPUs: another allocator beside us, the toolkit's fail-open setting,
+    the node hook in place (`kubectl egpu doctor` and `kubectl egpu handover` read them)."""
+    live = takeover.live()
+    conflict: inventory.NodeCondition = (
+        node_handover.CONDITION_ALLOCATOR_CONFLICT, "True", "OtherAllocatorLive",
+        "; ".join(sign.what for sign in live) + ": another GPU allocator is live on this node beside the agent; both"
+        " may hand out these cards") if live else (
+        node_handover.CONDITION_ALLOCATOR_CONFLICT, "False", "NoOtherAllocator", "no other GPU allocator is live")
+    cri = settings.cri
+    if not cri.cri_proxy or cri.node_hook != "nri":
+        fail_open: inventory.NodeCondition = (
+            node_handover.CONDITION_FAIL_OPEN, "False", "NoNri",
+            "no NRI hook here: the CRI proxy (or no hook) never lets a container be created past the agent")
+    else:
+        exposure = node_checks.toolkit_exposure(cri.host_root, settings.take_over.toolkit_configs)
+        status, reason = (("True", "ToolkitAcceptsEnvvar") if exposure.exposed else
+                          ("False", "ToolkitIgnoresEnvvar") if exposure.exposed is False else
+                          ("Unknown", "NoToolkitConfig"))
+        fail_open = (node_handover.CONDITION_FAIL_OPEN, status, reason, exposure.message)
+    if hook is None:
+        problem: str | None = "--cri-proxy false: no claim reaches a container on this node"
+    elif cri.node_hook == "nri":
+        problem = nri_state.not_registered()
+    else:
+        problem = hook.not_serving()
+    node_hook: inventory.NodeCondition = (
+        (node_handover.CONDITION_NODE_HOOK, "False", "NotRegistered", problem) if problem else
+        (node_handover.CONDITION_NODE_HOOK, "True", "Registered",
+         "the NRI plugin is registered with the runtime" if cri.node_hook == "nri" else "the CRI proxy serves kubelet"))
+    return [conflict, fail_open, node_hook]
+
+
 @dataclass
 class _Nri:
     """The NRI front while it runs (readiness reads it)."""
@@ -402,10 +453,16 @@ class _Nri:
         return None
 
 
-def _run_nri(settings: AgentSettings, hook: supervising.CriHook, stop: threading.Event, state: _Nri) -> None:
+def _run_nri(settings: AgentSettings, hook: supervising.CriHook, stop: threading.Event, state: _Nri,
+             takeover: taking_over.TakeOver) -> None:  # fmt: skip
     """The NRI front on the CRI hook's core (its GatedHooks: one ledger, one CDI spec, one set of
     isolation rooms), its plugin a supervised child; until `stop`. The hook makes new GatedHooks each time
-    its (private) proxy restarts: the front follows them (hooks.FollowingHooks), never keeping closed ones."""
+    its (private) proxy restarts: the front follows them (hooks.FollowingHooks), never keeping closed ones.
+    Not registered with the runtime before the agent may take the node's GPUs (taking_over.py): meanwhile the
+    runtime creates every container untouched, as the other allocator expects."""
+    while not takeover.allowed.wait(0.5):
+        if stop.is_set():
+            return
     while hook.hooks is None and not stop.wait(0.2):
         pass  # the core's hooks are made with the hook's first round
     if hook.hooks is None:

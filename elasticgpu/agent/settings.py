@@ -32,6 +32,7 @@ SIMULATED_STATE = {
     "limits_dir": "limits",
     "isolation_dir": "isolation",
     "cri_listen": "cri.sock",
+    "device_plugin_dir": "device-plugins",  # a simulated node has no kubelet of its own: no device plugins
 }
 """The state paths that `--backend simulated` puts under `simulated_state_dir` when they are not given: the
 node's defaults (/var/lib, /var/run/cdi) need root and would touch a real node's runtime. The names under it."""
@@ -274,6 +275,28 @@ class IsolationSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TakeOverSettings:
+    """When the agent takes its node's GPUs: not while another GPU allocator is live there (docs/admin-guide.md,
+    "Moving a GPU Operator cluster")."""
+
+    other_allocators: str = "wait"
+    """`wait`: while a GPU device plugin is registered with kubelet on this node (its socket answers in
+    `device_plugin_dir`) or the Node offers `nvidia.com/gpu` (or HAMi's resources) in its allocatable, the agent
+    stands by: no NRI plugin, no GPU objects, no labels; it says which allocator in one line and an Event on
+    the Node, and takes over once it is gone. `ignore`: take over at once, beside it (a migration you manage:
+    both would hand out the same cards)."""
+    device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
+    """kubelet's device-plugin folder on the node (seen under `host_root`)."""
+    allocator_check_interval_s: float = 15.0
+    """Seconds between checks for another allocator (kubelet drops a gone plugin's allocatable within ~10 s)."""
+    toolkit_configs: str = ("/etc/nvidia-container-runtime/config.toml,"
+                            "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml")
+    """The NVIDIA container toolkit's config files on the node (plain install, the GPU Operator's toolkit),
+    comma-separated, seen under `host_root`: the first that exists says whether the node is exposed to the
+    fail-open window (`accept-nvidia-visible-devices-envvar-when-unprivileged`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentSettings:
     """Every setting of the agent, one dataclass per concern."""
 
@@ -287,6 +310,7 @@ class AgentSettings:
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     cri: CriSettings = field(default_factory=CriSettings)
     isolation: IsolationSettings = field(default_factory=IsolationSettings)
+    take_over: TakeOverSettings = field(default_factory=TakeOverSettings)
 
 
 _CONCERNS: dict[str, type[Any]] = {

@@ -46,8 +46,9 @@ SYSTEM = "elasticgpu-system"
 INSTALL_TIMEOUT = "8m"
 """helm's --wait: two controller and two webhook replicas and the agent Ready (~1 min on 2 busy cores)."""
 HELM_TIMEOUT_S = 600.0
-GPU_NODE_LABEL = {"nvidia.com/gpu.present": "true"}
-"""What NVIDIA's GPU feature discovery puts on a GPU node: the agent DaemonSet's nodeSelector."""
+GPU_NODE_LABEL = {"nvidia.com/gpu.present": "true", "elasticgpu.io/agent": "true"}
+"""What NVIDIA's GPU feature discovery puts on a GPU node, and the opt-in label of the agent DaemonSet's
+nodeSelector (issue 46)."""
 END_MARK = "--- seen"
 SEE = [
     "/bin/sh", "-c",

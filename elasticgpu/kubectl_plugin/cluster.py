@@ -2,8 +2,9 @@
 
 It loads the kubeconfig as kubectl does (`--kubeconfig`, else $KUBECONFIG, else ~/.kube/config;
 `--context`; the context's namespace unless `-n` is given) and returns the objects as the
-models of `elasticgpu.api`. Reading is all it does, but for one write: `release --force` sets one
-annotation on one ElasticGPU (`annotate_elastic_gpu`).
+models of `elasticgpu.api`. Reading is all it does, but for `release --force`, which sets one
+annotation on one ElasticGPU (`annotate_elastic_gpu`), and `handover`, an admin's command that cordons a
+node, evicts its GPU pods, labels it and deletes its GPU objects (the Node methods at the end).
 """
 
 from __future__ import annotations
@@ -144,6 +145,126 @@ class Cluster:
                 return {}  # a user who may read claims but not nodes still gets an answer
             raise _api_error(err, "nodes") from None
         return {str(n.metadata.name): dict(n.metadata.labels or {}) for n in nodes.items if n.metadata is not None}
+
+
+    # The Node and its pods, for `handover` and `doctor` (an admin's commands) ----------------------------------
+
+    def _core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    def _body(self, obj: Any) -> dict[str, Any]:
+        body: dict[str, Any] = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+        return body
+
+    def node(self, name: str) -> dict[str, Any]:
+        """The Node `name` as an API body; a missing one is the user's mistake."""
+        try:
+            return self._body(self._core().read_node(name, _request_timeout=REQUEST_TIMEOUT_S))
+        except ApiException as err:
+            if err.status == 404:
+                raise user_errors.UserError(f"Node {name} not found: check the name (kubectl get nodes)") from None
+            raise _api_error(err, "nodes") from None
+
+    def patch_node(self, name: str, body: dict[str, Any]) -> None:
+        """A merge patch of the Node `name` (labels, annotations, spec.unschedulable)."""
+        try:
+            self._core().patch_node(name, body, _request_timeout=REQUEST_TIMEOUT_S)
+        except ApiException as err:
+            raise _write_error(err, f"patch Node {name}", "patch on nodes") from None
+
+    def pods_on_node(self, node: str, *, label_selector: str = "") -> list[dict[str, Any]]:
+        """The pods of every namespace on `node` (spec.nodeName), as API bodies."""
+        try:
+            pods = self._core().list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}",
+                                                            label_selector=label_selector,
+                                                            _request_timeout=REQUEST_TIMEOUT_S)  # fmt: skip
+        except ApiException as err:
+            raise _api_error(err, "pods") from None
+        return [self._body(pod) for pod in pods.items]
+
+    def evict(self, namespace: str, name: str, *, grace_s: int | None) -> bool:
+        """Ask the API server to evict a pod (policy/v1 Eviction: PodDisruptionBudgets are honoured). True when
+        it is evicted or gone; False when a budget refuses it now (429: try again later)."""
+        options = client.V1DeleteOptions(grace_period_seconds=grace_s) if grace_s is not None else None
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace), delete_options=options)
+        try:
+            self._core().create_namespaced_pod_eviction(name, namespace, body, _preload_content=False,
+                                                        _request_timeout=REQUEST_TIMEOUT_S)  # fmt: skip
+        except ApiException as err:
+            if err.status == 429:
+                return False
+            if err.status == 404 and self._pod_exists(namespace, name):
+                raise user_errors.UserError(
+                    f"the API server serves no eviction of pods (pods/eviction answered 404 for {namespace}/{name}):"
+                    " pass --disable-eviction to delete the pods instead (PodDisruptionBudgets are then not"
+                    " consulted)") from None
+            if err.status == 404:
+                return True
+            raise _write_error(err, f"evict pod {namespace}/{name}", "create on pods/eviction") from None
+        return True
+
+    def _pod_exists(self, namespace: str, name: str) -> bool:
+        try:
+            self._core().read_namespaced_pod(name, namespace, _request_timeout=REQUEST_TIMEOUT_S)
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise _api_error(err, "pods") from None
+        return True
+
+    def delete_pod(self, namespace: str, name: str, *, grace_s: int | None) -> None:
+        """Delete a pod (--disable-eviction), gone already is fine."""
+        try:
+            # Not read back: an immediate deletion answers a Status, which the client cannot read as a Pod.
+            self._core().delete_namespaced_pod(name, namespace, grace_period_seconds=grace_s, _preload_content=False,
+                                               _request_timeout=REQUEST_TIMEOUT_S)  # fmt: skip
+        except ApiException as err:
+            if err.status != 404:
+                raise _write_error(err, f"delete pod {namespace}/{name}", "delete on pods") from None
+
+    def node_gpus(self, node: str) -> list[dict[str, Any]]:
+        """The GPU objects of `node` (the agent labels each with its node), as API bodies."""
+        try:
+            answer = self._custom().list_cluster_custom_object(
+                names.GROUP, names.VERSION, names.PLURAL_GPU, label_selector=f"{names.LABEL_NODE}={node}",
+                _request_timeout=REQUEST_TIMEOUT_S)
+        except ApiException as err:
+            raise _api_error(err, f"{names.PLURAL_GPU}.{names.GROUP}") from None
+        items: list[dict[str, Any]] = answer.get("items") or [] if isinstance(answer, dict) else []
+        return items
+
+    def delete_gpu(self, name: str) -> None:
+        """Delete one GPU object (gone already is fine)."""
+        try:
+            self._custom().delete_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_GPU, name,
+                                                        _request_timeout=REQUEST_TIMEOUT_S)  # fmt: skip
+        except ApiException as err:
+            if err.status != 404:
+                raise _write_error(err, f"delete GPU {name}", f"delete on {names.PLURAL_GPU}") from None
+
+    def elastic_gpu_bodies(self) -> list[dict[str, Any]]:
+        """Every ElasticGPU as an API body."""
+        return self._list(names.PLURAL_ELASTIC_GPU)
+
+    def node_events(self, node: str) -> list[dict[str, Any]]:
+        """The Events about the Node `node`, oldest first; [] when Events may not be listed."""
+        try:
+            events = self._core().list_event_for_all_namespaces(
+                field_selector=f"involvedObject.kind=Node,involvedObject.name={node}",
+                _request_timeout=REQUEST_TIMEOUT_S)
+        except ApiException as err:
+            if err.status in (400, 403):
+                return []
+            raise _api_error(err, "events") from None
+        bodies = [self._body(event) for event in events.items]
+        return sorted(bodies, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+
+
+def _write_error(err: ApiException, what: str, permission: str) -> user_errors.UserError:
+    if err.status in (401, 403):
+        return user_errors.UserError(f"the API server refused to {what} ({err.status} {err.reason}): the kubeconfig's"
+                                     f" user needs {permission} (an admin's command)")  # fmt: skip
+    return user_errors.UserError(f"{what}: the API server answered {err.status} {err.reason}: run the command again")
 
 
 def _api_error(err: ApiException, resource: str) -> user_errors.UserError:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from elasticgpu import __version__, user_errors
-from elasticgpu.kubectl_plugin import cluster, plan, release, top, usage, why
+from elasticgpu.kubectl_plugin import cluster, doctor, handover, plan, release, top, usage, why
 
 ClusterHandler = Callable[[argparse.Namespace, cluster.Cluster], int]
 
@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of `kubectl egpu` and its subcommands."""
     parser = argparse.ArgumentParser(
         prog="kubectl egpu",
-        description="See elasticgpu's GPUs and claims: top, why CLAIM, usage, plan; release --force EGPU (admin).",
+        description="See elasticgpu's GPUs and claims: top, why CLAIM, usage, plan; release --force EGPU, handover"
+                    " NODE, doctor NODE (admin).",
     )
     parser.add_argument("--version", action="version", version=f"kubectl-egpu {__version__}")
     _common(parser)
@@ -67,6 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
     _common(usage_parser, default=argparse.SUPPRESS)
     usage.add_arguments(usage_parser)
     usage_parser.set_defaults(handler=_connected(usage.run))
+
+    handover_parser = commands.add_parser(
+        "handover", help="move a node between the device plugin and elasticgpu, either way (admin)")
+    _common(handover_parser, default=argparse.SUPPRESS)
+    handover.add_arguments(handover_parser)
+    handover_parser.set_defaults(handler=_connected(handover.run))
+
+    doctor_parser = commands.add_parser(
+        "doctor", help="a node's checks: opted in, allocator conflicts, cards, node hook, toolkit setting")
+    _common(doctor_parser, default=argparse.SUPPRESS)
+    doctor.add_arguments(doctor_parser)
+    doctor_parser.set_defaults(handler=_connected(doctor.run))
 
     plan_parser = commands.add_parser("plan", help="bind claims offline, with no cluster (elasticgpu plan)")
     plan.add_arguments(plan_parser)

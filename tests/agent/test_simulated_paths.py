@@ -18,6 +18,7 @@ STATE = {
     "discovery": ("device_dir",),
     "cri": ("cdi_dir", "cri_front_dir", "limits_dir", "cri_listen"),
     "isolation": ("isolation_dir",),
+    "take_over": ("device_plugin_dir",),
 }
 
 

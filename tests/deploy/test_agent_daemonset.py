@@ -90,7 +90,7 @@ def test_the_pod_is_the_agent_identity_on_gpu_nodes_with_nothing_per_node() -> N
     # the pod, naming its node): no kubeconfig, no Secret.
     assert pod["serviceAccountName"] == "elasticgpu-agent" and pod["automountServiceAccountToken"] is True
     assert not [v for v in pod["volumes"] if "secret" in v]
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["nodeSelector"] == {"elasticgpu.io/agent": "true"}  # nodes opt in (issue 46)
     assert pod["tolerations"] == [{"operator": "Exists"}]
     assert pod["priorityClassName"] == "system-node-critical"
     # Host namespaces: the pid one only (NVML reports node pids, mapped to containers through /proc).
@@ -102,7 +102,7 @@ def test_the_pod_is_the_agent_identity_on_gpu_nodes_with_nothing_per_node() -> N
     labels = pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
     assert daemonset["spec"]["selector"]["matchLabels"].items() <= labels.items()
     # Values: another pool, no priority class.
-    pod = _daemonset({"agent": {"daemonset": {"nodeSelector": {"pool": "gpu", "nvidia.com/gpu.present": None},
+    pod = _daemonset({"agent": {"daemonset": {"nodeSelector": {"pool": "gpu", "elasticgpu.io/agent": None},
                                               "priorityClassName": ""}}})["spec"]["template"]["spec"]  # fmt: skip
     assert pod["nodeSelector"] == {"pool": "gpu"} and "priorityClassName" not in pod
     assert pod_labels["app.kubernetes.io/component"] == "agent"

@@ -406,7 +406,7 @@ def test_the_agent_installer_runs_on_gpu_nodes_and_never_as_the_agent() -> None:
     objects = _objects(CRI_PROXY)
     daemonset = _one(objects, "DaemonSet", "elasticgpu-agent-installer")
     pod = daemonset["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["nodeSelector"] == {"elasticgpu.io/agent": "true"}  # nodes opt in (issue 46)
     assert pod["hostPID"] and pod["containers"][0]["securityContext"]["privileged"]
     assert pod["automountServiceAccountToken"] is False
     config = _one(objects, "ConfigMap", "elasticgpu-agent-installer")["data"]
@@ -423,7 +423,7 @@ def test_the_agent_installer_runs_on_gpu_nodes_and_never_as_the_agent() -> None:
         {
             "agent": {
                 "nodeHook": "cri-proxy",
-                "installer": {"nodeSelector": {"pool": "gpu", "nvidia.com/gpu.present": None}},
+                "installer": {"nodeSelector": {"pool": "gpu", "elasticgpu.io/agent": None}},
                 "env": {"ELASTICGPU_AGENT_CRI_UPSTREAM": "unix:///run/crio/crio.sock"},
             }
         }

@@ -60,7 +60,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "monitoring-auto": {"prometheusRule": {"enabled": "auto"}, "metrics": {"serviceMonitor": {"enabled": "auto"}}},
     # null drops a default map key: both must drop it the same way.
     "installer-null-label": {"agent": {"nodeHook": "cri-proxy",
-                                       "installer": {"nodeSelector": {"pool": "gpu", "nvidia.com/gpu.present": None}},
+                                       "installer": {"nodeSelector": {"pool": "gpu", "elasticgpu.io/agent": None}},
                                        "env": {"ELASTICGPU_AGENT_CRI_UPSTREAM": "unix:///run/crio/crio.sock"}}},
 }
 
@@ -181,7 +181,7 @@ def test_values_files_and_sets_render_the_same_through_both(helm: Helm, tmp_path
     """test_render_values.py's case: -f then --set (later wins), a set list, a key the chart does not have."""
     values = _values_file(tmp_path, "my-values", {
         "image": {"repository": "registry.example.com/elasticgpu", "tag": "from-file"},
-        "agent": {"nodeHook": "cri-proxy", "installer": {"nodeSelector": {"nvidia.com/gpu.present": None,
+        "agent": {"nodeHook": "cri-proxy", "installer": {"nodeSelector": {"elasticgpu.io/agent": None,
                                                                            "pool": "gpu"}}},
         "defaultClass": {"name": "shared-a100"},
     })

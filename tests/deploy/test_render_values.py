@@ -35,7 +35,7 @@ def test_values_files_and_sets_render_into_a_folder_of_ones_own(tmp_path: Path) 
     values.write_text(yaml.safe_dump({
         "image": {"repository": "registry.example.com/elasticgpu", "tag": "from-file"},
         "agent": {"nodeHook": "cri-proxy",
-                  "installer": {"nodeSelector": {"nvidia.com/gpu.present": None, "pool": "gpu"}}},
+                  "installer": {"nodeSelector": {"elasticgpu.io/agent": None, "pool": "gpu"}}},
         "defaultClass": {"name": "shared-a100"},
     }))
     out = tmp_path / "manifests"

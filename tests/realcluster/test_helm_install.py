@@ -117,8 +117,10 @@ def release(box: Box, box_api_client: client.ApiClient) -> Iterator[Release]:
     import_image(image, ctr=box.runtime.ctr, address=box.runtime.socket)
     imported_s = time.monotonic() - began
     core = client.CoreV1Api(box_api_client)
-    # The GPU node's label, as NVIDIA's GPU feature discovery puts it (the DaemonSet's nodeSelector).
-    core.patch_node(box.node, {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}})
+    # The GPU node's label, as NVIDIA's GPU feature discovery puts it, and the opt-in label the platform
+    # engineer puts on a node chosen for the agent (the DaemonSet's nodeSelector; issue 46).
+    core.patch_node(box.node, {"metadata": {"labels": {"nvidia.com/gpu.present": "true",
+                                                       "elasticgpu.io/agent": "true"}}})
     with contextlib.ExitStack() as stack:
         home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="eghelm-", dir="/tmp")))
         values = home / "values.yaml"
