@@ -117,6 +117,6 @@ def test_the_managed_cluster_sample_renders_with_keys_the_chart_has(tmp_path: Pa
                      "monitoring.coreos.com/v1/ServiceMonitor,monitoring.coreos.com/v1/PrometheusRule")
     assert result.returncode == 0 and result.stderr == "", result.stderr  # no unknown key, no note
     daemonset = next(o for o in _objects(tmp_path / "m" / "agent-daemonset.yaml") if o["kind"] == "DaemonSet")
-    assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == {"elasticgpu.io/agent": "true"}  # nodes opt in
     assert not (tmp_path / "m" / "agent-installer.yaml").exists()
     assert [o for o in _objects(tmp_path / "m" / "metrics.yaml") if o["kind"] == "ServiceMonitor"]
