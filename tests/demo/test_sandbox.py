@@ -24,7 +24,7 @@ from kubernetes import client, config
 
 from elasticgpu.api import names
 from elasticgpu.controller.decisions import pod_gate
-from elasticgpu.demo import local_cluster
+from elasticgpu.testbed import local_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 UP_TIMEOUT_S = 400  # the sandbox's own wait is 600 s at most; the demo takes ~25 s on two busy cores
