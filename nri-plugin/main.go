@@ -15,6 +15,13 @@
 //   - any other container is created with NVIDIA_VISIBLE_DEVICES=void (-unanswered-env), as the
 //     agent would have done, so that a CUDA image's `all` gets no card through the NVIDIA hook.
 //
+// A container of neither kind that names a key of -unanswered-env twice (the image's ENV and the pod's env) with a
+// last value that gives a card is refused too: NRI replaces one entry and the runtime keeps the last (issue 44).
+//
+// The stub is NRI v0.8's, the first that joins a Synchronize the runtime splits past ttrpc's 4 MiB
+// (containerd/nri#111; containerd 2.x splits one): v0.6's took the first part for the whole and was closed.
+// The agent answers a Synchronize at once and settles after (the runtime allows 2 s for all of it).
+//
 // A Synchronize the agent does not answer ends the plugin (exit 1): the agent, its supervisor,
 // starts it again. So does the loss of the runtime's connection, and the end of its parent (the
 // agent): NRI then fails open, and the agent's next Synchronize finds what was created meanwhile.
@@ -140,6 +147,29 @@ func claimed(pod *api.PodSandbox, ctr *api.Container) bool {
 	return ref || inline
 }
 
+// namedTwice finds a key of env that the container names more than once with a last value that is neither
+// env's nor one that gives no card: NRI's adjustment replaces the first entry and the runtime keeps the last
+// (the agent's own check, nri/translating.py, where it answers). n is 0 when there is none.
+func namedTwice(ctr *api.Container, env []*api.KeyValue) (key string, n int, last string) {
+	for _, kv := range env {
+		count, value := 0, ""
+		for _, e := range ctr.GetEnv() {
+			if k, v, _ := strings.Cut(e, "="); k == kv.Key {
+				count, value = count+1, v
+			}
+		}
+		if count < 2 || value == kv.Value {
+			continue
+		}
+		switch strings.ToLower(strings.TrimSpace(value)) {
+		case "void", "none", "":
+			continue // no card either way
+		}
+		return kv.Key, count, value
+	}
+	return "", 0, ""
+}
+
 func (p *plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
 	ps := make([]proto.Message, 0, len(pods))
 	for _, x := range pods {
@@ -166,6 +196,9 @@ func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	if err != nil {
 		if claimed(pod, ctr) {
 			return nil, nil, fmt.Errorf("pod %s/%s, container %q uses an ElasticGPUClaim, and the elasticgpu agent on this node did not answer (%v); the container is not created without its cards, kubelet retries it", pod.GetNamespace(), pod.GetName(), ctr.GetName(), err)
+		}
+		if key, n, last := namedTwice(ctr, p.unansweredEnv); n > 0 {
+			return nil, nil, fmt.Errorf("pod %s/%s, container %q: its environment names %s %d times (the image's ENV and the pod's env); the runtime keeps the last (%q) and NRI can replace only one entry, and the elasticgpu agent on this node did not answer (%v): remove %s from the container's env in the pod spec; kubelet retries", pod.GetNamespace(), pod.GetName(), ctr.GetName(), key, n, last, err, key)
 		}
 		return &api.ContainerAdjustment{Env: p.unansweredEnv}, nil, nil
 	}

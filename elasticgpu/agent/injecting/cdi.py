@@ -202,6 +202,24 @@ def resolve(directory: Path, names: Sequence[str]) -> ResolvedEdits:
                          hooks=tuple(hooks))
 
 
+def card_nodes(directory: Path) -> dict[tuple[str, int, int], str]:
+    """Our card devices' nodes as the runtime makes them: (type, major, minor) -> the CDI name
+    (`elasticgpu.io/gpu=<uuid>`). A front whose runtime has resolved CDI devices before it is asked (NRI)
+    tells ours by them; a card whose node is missing on the node is left out."""
+    found: dict[tuple[str, int, int], str] = {}
+    for spec in _specs(directory):
+        if spec.get("kind") != injection.CDI_KIND:
+            continue
+        for device in spec.get("devices") or []:
+            for entry in (device.get("containerEdits") or {}).get("deviceNodes") or []:
+                try:
+                    node = _node(entry)
+                except (UnresolvedDevice, KeyError):
+                    continue
+                found[(node.type, node.major, node.minor)] = f"{injection.CDI_KIND}={device.get('name')}"
+    return found
+
+
 _SpecKey = tuple[int, int, int, int]  # (device, inode, size, mtime in ns) of a spec file
 _parsed: dict[Path, tuple[_SpecKey, dict[str, Any] | None]] = {}
 _parsed_lock = threading.Lock()
