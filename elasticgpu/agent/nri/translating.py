@@ -78,7 +78,8 @@ def our_devices(container: Mapping[str, Any], card_nodes: Mapping[tuple[str, int
     found = set()
     for node in (container.get("linux") or {}).get("devices") or []:
         try:
-            key = (str(node.get("type", "")), int(node.get("major", -1)), int(node.get("minor", -1)))
+            # protojson leaves out a zero (minor 0: the first card), and writes int64 as a string
+            key = (str(node.get("type", "")), int(node.get("major", 0)), int(node.get("minor", 0)))
         except (TypeError, ValueError):
             continue
         if (name := card_nodes.get(key)) is not None:
