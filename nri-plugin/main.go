@@ -38,6 +38,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
@@ -56,6 +57,7 @@ type plugin struct {
 	timeout       time.Duration
 	unansweredEnv []*api.KeyValue
 	pool          chan *conn
+	creating      atomic.Int64 // CreateContainers being answered: the plugin does not exit under them
 }
 
 type conn struct {
@@ -192,6 +194,8 @@ func (p *plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 }
 
 func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	p.creating.Add(1)
+	defer p.creating.Add(-1)
 	a, err := p.ask("create", map[string]proto.Message{"pod": pod, "container": ctr}, nil)
 	if err != nil {
 		if claimed(pod, ctr) {
@@ -264,6 +268,11 @@ func main() {
 	go func() {
 		for range time.Tick(200 * time.Millisecond) {
 			if os.Getppid() != parent {
+				// A CreateContainer in flight is answered first (a claim's is refused: the agent cannot answer):
+				// a plugin that vanished under it would let the runtime create the container untouched.
+				for deadline := time.Now().Add(2 * p.timeout); p.creating.Load() > 0 && time.Now().Before(deadline); {
+					time.Sleep(10 * time.Millisecond)
+				}
 				exit("the agent (its parent) is gone", 1)
 			}
 		}
