@@ -26,10 +26,10 @@ import pytest
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.injecting import claim_hooks, gated, injection
 from elasticgpu.agent.ledger import store
-from tests.agent.cri.images import import_variant
 from tests.agent.cri.kubelet import Kubelet
 from tests.agent.cri.node import CARDS, View, publish_cards, slice_claim
 from tests.agent.nri.test_nri_claims import start_agent
+from tests.agent.nri.test_nri_safety import imported_cuda_image
 from tests.containerd_runtime import TestRuntime
 
 NS = "team"
@@ -132,7 +132,7 @@ def test_container_without_claim_gets_no_gpu(front: Front, nri_containerd: TestR
     front.view.add(slice_claim(NS, "slice", user="mixed"))
     pod = k.run_pod("mixed", NS, annotations={"egpuc.elasticgpu.io/main": "slice"})  # the sidecar has none
     if asked.get("image") == "cuda":
-        asked = {**asked, "image": import_variant(nri_containerd)}
+        asked = {**asked, "image": imported_cuda_image(nri_containerd)}
     expected = outcome[front.name]
     if expected == "refused":
         with pytest.raises(grpc.RpcError) as refused:

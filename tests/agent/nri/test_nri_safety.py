@@ -62,10 +62,20 @@ def entries(kubelet: Kubelet, container_id: str, key: str) -> list[str]:
     return [e.split("=", 1)[1] for e in spec_env(kubelet, container_id) if e.split("=", 1)[0] == key]
 
 
+def imported_cuda_image(runtime: TestRuntime) -> str:
+    """The busybox image with a CUDA image's NVIDIA_VISIBLE_DEVICES=all, once the CRI sees it (containerd 2.x's
+    CRI image store learns of a `ctr` import from an event, a moment later)."""
+    name = import_variant(runtime)
+    with Kubelet(runtime.endpoint, runtime.image) as k:
+        assert wait_for(lambda: k.images.ImageStatus(k.pb.ImageStatusRequest(image=k.pb.ImageSpec(image=name)),
+                                                     timeout=10).HasField("image"), timeout_s=30), name
+    return name
+
+
 @pytest.fixture
 def cuda_image(nri_containerd: TestRuntime) -> str:
     """The busybox image with a CUDA image's NVIDIA_VISIBLE_DEVICES=all."""
-    return import_variant(nri_containerd)
+    return imported_cuda_image(nri_containerd)
 
 
 # --- item 1: a key named twice ---
