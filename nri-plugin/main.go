@@ -138,6 +138,10 @@ func (p *plugin) ask(op string, fields map[string]proto.Message, lists map[strin
 		}
 		_ = c.c.Close()
 		last = err
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			break // the agent is slow, not gone: a second wait would pass the runtime's own deadline (2 s)
+		}
 	}
 	return nil, last
 }

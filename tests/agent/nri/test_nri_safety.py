@@ -421,3 +421,38 @@ def test_claim_annotation_spec_left_as_before(nri_node: NriNode) -> None:
                                       envs={"NVIDIA_VISIBLE_DEVICES": "all"})
     assert entries(k, container_id, "NVIDIA_VISIBLE_DEVICES") == [CARDS[0].uuid]
     assert spec_annotations(k, container_id)["elasticgpu.io/claim"] == f"{NS}/slice"
+
+
+class SlowCreateFront(NriFront):
+    """A front that answers every CreateContainer past the plugin's 1.5 s (an agent stuck on its ledger)."""
+
+    def handle(self, message: Any) -> dict[str, Any]:
+        if message.get("op") == "create":
+            time.sleep(2.5)
+        return super().handle(message)
+
+
+def test_while_the_agent_does_not_answer_the_plugin_refuses_a_key_named_twice(
+    nri_containerd: TestRuntime, nri_plugin: str, tmp_path: Path
+) -> None:
+    """The plugin's own answer for an unclaimed container (NVIDIA_VISIBLE_DEVICES=void) has the same limit as the
+    agent's: before, a CUDA image's `all` named again in the pod's env stayed `all` while the agent was stuck."""
+    publish_cards(nri_containerd.cdi_dir, nri_containerd.directory / "dev")
+    view = View()
+    ledger = store.LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
+    core = gated.GatedHooks(view=view, ledger=lambda: ledger, settings=injection.InjectionSettings())
+    agent = start_agent(nri_containerd, nri_plugin, core, view, tmp_path / "agent.sock", front_class=SlowCreateFront)
+    try:
+        image = imported_cuda_image(nri_containerd)
+        with Kubelet(nri_containerd.endpoint, nri_containerd.image) as k:
+            pod = k.run_pod("stuck", NS)
+            with pytest.raises(grpc.RpcError) as refused:
+                k.create_container(pod, "twice", image=image, envs={"NVIDIA_VISIBLE_DEVICES": "all"})
+            details = refused.value.details() or ""
+            assert "names NVIDIA_VISIBLE_DEVICES 2 times" in details and "did not answer" in details, details
+            once = k.create_container(pod, "once", image=image)  # the plugin's own `void` replaces the image's
+            assert entries(k, once, "NVIDIA_VISIBLE_DEVICES") == ["void"]
+    finally:
+        agent.close()
+        core.close()
+        ledger.close()
