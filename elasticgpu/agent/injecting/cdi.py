@@ -203,12 +203,12 @@ def resolve(directory: Path, names: Sequence[str]) -> ResolvedEdits:
 
 
 def card_nodes(directory: Path) -> dict[tuple[str, int, int], str]:
-    """Our card devices' nodes as the runtime makes them: (type, major, minor) -> the CDI name
-    (`elasticgpu.io/gpu=<uuid>`). A front whose runtime has resolved CDI devices before it is asked (NRI)
-    tells ours by them; a card whose node is missing on the node is left out."""
+    """Our CDI devices' own nodes (cards', and RDMA NICs': injection.is_ours) as the runtime makes them:
+    (type, major, minor) -> the CDI name (`elasticgpu.io/gpu=<uuid>`). A front whose runtime has resolved CDI
+    devices before it is asked (NRI) tells ours by them; a device whose node is missing on the node is left out."""
     found: dict[tuple[str, int, int], str] = {}
     for spec in _specs(directory):
-        if spec.get("kind") != injection.CDI_KIND:
+        if not injection.is_ours(f"{spec.get('kind')}=any"):
             continue
         for device in spec.get("devices") or []:
             for entry in (device.get("containerEdits") or {}).get("deviceNodes") or []:
