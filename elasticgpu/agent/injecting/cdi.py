@@ -216,7 +216,7 @@ def card_nodes(directory: Path) -> dict[tuple[str, int, int], str]:
                     node = _node(entry)
                 except (UnresolvedDevice, KeyError):
                     continue
-                found[(node.type, node.major, node.minor)] = f"{injection.CDI_KIND}={device.get('name')}"
+                found[(node.type, node.major, node.minor)] = f"{spec.get('kind')}={device.get('name')}"
     return found
 
 
