@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build (or find in the cache) elasticgpu-nri-plugin: the agent's NRI front (main.go), a small main
-# around github.com/containerd/nri's stub, pinned by go.mod/go.sum to the NRI version containerd 1.7
-# vendors (v0.6.1 in containerd 1.7.24; the protocol is the same v1alpha1 that containerd 2.x speaks).
+# around github.com/containerd/nri's stub, pinned by go.mod/go.sum to NRI v0.8.0 (containerd 2.0's): the
+# first stub that joins a Synchronize the runtime splits past ttrpc's 4 MiB (containerd/nri#111); the
+# protocol is the same v1alpha1 that containerd 1.7 (NRI v0.6) and 2.x speak.
 #
 # Result: ${ELASTICGPU_CACHE:-$HOME/.cache/elasticgpu}/nriplugin/<key>/
 #   elasticgpu-nri-plugin, versions.txt

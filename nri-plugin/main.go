@@ -15,6 +15,13 @@
 //   - any other container is created with NVIDIA_VISIBLE_DEVICES=void (-unanswered-env), as the
 //     agent would have done, so that a CUDA image's `all` gets no card through the NVIDIA hook.
 //
+// A container of neither kind that names a key of -unanswered-env twice (the image's ENV and the pod's env) with a
+// last value that gives a card is refused too: NRI replaces one entry and the runtime keeps the last (issue 44).
+//
+// The stub is NRI v0.8's, the first that joins a Synchronize the runtime splits past ttrpc's 4 MiB
+// (containerd/nri#111; containerd 2.x splits one): v0.6's took the first part for the whole and was closed.
+// The agent answers a Synchronize at once and settles after (the runtime allows 2 s for all of it).
+//
 // A Synchronize the agent does not answer ends the plugin (exit 1): the agent, its supervisor,
 // starts it again. So does the loss of the runtime's connection, and the end of its parent (the
 // agent): NRI then fails open, and the agent's next Synchronize finds what was created meanwhile.
@@ -31,6 +38,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
@@ -49,6 +57,7 @@ type plugin struct {
 	timeout       time.Duration
 	unansweredEnv []*api.KeyValue
 	pool          chan *conn
+	creating      atomic.Int64 // CreateContainers being answered: the plugin does not exit under them
 }
 
 type conn struct {
@@ -129,6 +138,10 @@ func (p *plugin) ask(op string, fields map[string]proto.Message, lists map[strin
 		}
 		_ = c.c.Close()
 		last = err
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			break // the agent is slow, not gone: a second wait would pass the runtime's own deadline (2 s)
+		}
 	}
 	return nil, last
 }
@@ -138,6 +151,29 @@ func claimed(pod *api.PodSandbox, ctr *api.Container) bool {
 	_, ref := a[claimPrefix+ctr.GetName()]
 	_, inline := a[inlinePrefix+ctr.GetName()]
 	return ref || inline
+}
+
+// namedTwice finds a key of env that the container names more than once with a last value that is neither
+// env's nor one that gives no card: NRI's adjustment replaces the first entry and the runtime keeps the last
+// (the agent's own check, nri/translating.py, where it answers). n is 0 when there is none.
+func namedTwice(ctr *api.Container, env []*api.KeyValue) (key string, n int, last string) {
+	for _, kv := range env {
+		count, value := 0, ""
+		for _, e := range ctr.GetEnv() {
+			if k, v, _ := strings.Cut(e, "="); k == kv.Key {
+				count, value = count+1, v
+			}
+		}
+		if count < 2 || value == kv.Value {
+			continue
+		}
+		switch strings.ToLower(strings.TrimSpace(value)) {
+		case "void", "none", "":
+			continue // no card either way
+		}
+		return kv.Key, count, value
+	}
+	return "", 0, ""
 }
 
 func (p *plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
@@ -162,10 +198,15 @@ func (p *plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*
 }
 
 func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	p.creating.Add(1)
+	defer p.creating.Add(-1)
 	a, err := p.ask("create", map[string]proto.Message{"pod": pod, "container": ctr}, nil)
 	if err != nil {
 		if claimed(pod, ctr) {
 			return nil, nil, fmt.Errorf("pod %s/%s, container %q uses an ElasticGPUClaim, and the elasticgpu agent on this node did not answer (%v); the container is not created without its cards, kubelet retries it", pod.GetNamespace(), pod.GetName(), ctr.GetName(), err)
+		}
+		if key, n, last := namedTwice(ctr, p.unansweredEnv); n > 0 {
+			return nil, nil, fmt.Errorf("pod %s/%s, container %q: its environment names %s %d times (the image's ENV and the pod's env); the runtime keeps the last (%q) and NRI can replace only one entry, and the elasticgpu agent on this node did not answer (%v): remove %s from the container's env in the pod spec; kubelet retries", pod.GetNamespace(), pod.GetName(), ctr.GetName(), key, n, last, err, key)
 		}
 		return &api.ContainerAdjustment{Env: p.unansweredEnv}, nil, nil
 	}
@@ -231,6 +272,11 @@ func main() {
 	go func() {
 		for range time.Tick(200 * time.Millisecond) {
 			if os.Getppid() != parent {
+				// A CreateContainer in flight is answered first (a claim's is refused: the agent cannot answer):
+				// a plugin that vanished under it would let the runtime create the container untouched.
+				for deadline := time.Now().Add(2 * p.timeout); p.creating.Load() > 0 && time.Now().Before(deadline); {
+					time.Sleep(10 * time.Millisecond)
+				}
 				exit("the agent (its parent) is gone", 1)
 			}
 		}

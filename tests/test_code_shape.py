@@ -14,8 +14,6 @@ MAX_CLASS_LINES = 400
 LONG_LEFT = {"Preempter": 410}
 """Classes past the limit (by name, wherever they live), at most their length today: they may only shrink, and
 leave this list once they fit."""
-UMASK_LEFT = {"elasticgpu/agent/nri/serving.py"}
-"""Files that still call os.umask (the NRI front's socket: helper nri's area, issue 44); emptied as they go."""
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,7 +58,7 @@ def test_no_class_of_the_product_is_longer_than_400_lines() -> None:
 
 
 def test_no_process_wide_umask() -> None:
-    found = sorted(where for where, source in sources() if umask_calls(source) and where not in UMASK_LEFT)
+    found = sorted(where for where, source in sources() if umask_calls(source))
     assert not found, ("os.umask changes the mode of files every other thread creates meanwhile; create the file "
                        f"with an explicit mode instead: {found}")
 

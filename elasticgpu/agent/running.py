@@ -438,6 +438,11 @@ def _node_conditions(settings: AgentSettings, takeover: taking_over.TakeOver, ho
     return [conflict, fail_open, node_hook]
 
 
+NRI_RESYNC_S = 60.0
+"""How often the NRI front settles the ledger against the runtime's containers as its CRI lists them, and sweeps
+what runs without what it should have (nri/serving.py: a lost stop or remove event of NRI)."""
+
+
 @dataclass
 class _Nri:
     """The NRI front while it runs (readiness reads it)."""
@@ -485,7 +490,8 @@ def _run_nri(settings: AgentSettings, hook: supervising.CriHook, stop: threading
 
     cri = settings.cri
     following = hooks.FollowingHooks(lambda: hook.hooks, meanwhile=meanwhile)
-    front = nri.NriFront(hooks=following, view=hook.view, cdi_dir=Path(cri.cdi_dir), evict=evict)
+    front = nri.NriFront(hooks=following, view=hook.view, cdi_dir=Path(cri.cdi_dir), evict=evict,
+                         settings=hook.settings.injection)
     server = nri.FrontServer(front, Path(cri.nri_agent_socket)).start()
     binary = shutil.which(cri.nri_plugin) or cri.nri_plugin
     plugin = nri.PluginProcess(nri.PluginSettings(binary=binary, nri_socket=Path(cri.nri_socket),
@@ -494,8 +500,18 @@ def _run_nri(settings: AgentSettings, hook: supervising.CriHook, stop: threading
     state.front = front
 
     def follow() -> None:  # new hooks (the proxy restarted) settle with the front's listing at once
+        last = time.monotonic()
         while not stop.wait(0.5):
             following.follow()
+            if time.monotonic() - last >= NRI_RESYNC_S:
+                # NRI's events are the front's listing: a lost one would keep a row open (issue 44).
+                last = time.monotonic()
+                try:
+                    proxy = hook.proxy
+                    front.resync(proxy.list_containers() if proxy is not None else None)
+                except Exception as e:
+                    logger.warning("the NRI front's resync with the runtime's containers failed (%s); "
+                                   "again in %.0f s", e, NRI_RESYNC_S)
 
     threading.Thread(target=follow, name="nri-follow", daemon=True).start()
     try:

@@ -202,6 +202,24 @@ def resolve(directory: Path, names: Sequence[str]) -> ResolvedEdits:
                          hooks=tuple(hooks))
 
 
+def card_nodes(directory: Path) -> dict[tuple[str, int, int], str]:
+    """Our CDI devices' own nodes (cards', and RDMA NICs': injection.is_ours) as the runtime makes them:
+    (type, major, minor) -> the CDI name (`elasticgpu.io/gpu=<uuid>`). A front whose runtime has resolved CDI
+    devices before it is asked (NRI) tells ours by them; a device whose node is missing on the node is left out."""
+    found: dict[tuple[str, int, int], str] = {}
+    for spec in _specs(directory):
+        if not injection.is_ours(f"{spec.get('kind')}=any"):
+            continue
+        for device in spec.get("devices") or []:
+            for entry in (device.get("containerEdits") or {}).get("deviceNodes") or []:
+                try:
+                    node = _node(entry)
+                except (UnresolvedDevice, KeyError):
+                    continue
+                found[(node.type, node.major, node.minor)] = f"{spec.get('kind')}={device.get('name')}"
+    return found
+
+
 _SpecKey = tuple[int, int, int, int]  # (device, inode, size, mtime in ns) of a spec file
 _parsed: dict[Path, tuple[_SpecKey, dict[str, Any] | None]] = {}
 _parsed_lock = threading.Lock()

@@ -30,8 +30,14 @@ PLUGIN_UNAVAILABLE_ENV = "ELASTICGPU_NRI_PLUGIN_UNAVAILABLE"
 """Set by scripts/test.sh to the reason when nri-plugin/build.sh failed with nothing cached."""
 
 
+BINARY_ENV = "ELASTICGPU_NRI_PLUGIN_BIN"
+"""A plugin binary to test instead of the cached build (another version of main.go, built by hand)."""
+
+
 def plugin_binary() -> str:
-    """The cached plugin build (nri-plugin/build.sh, run once here when nothing names one)."""
+    """$ELASTICGPU_NRI_PLUGIN_BIN, or the cached build (nri-plugin/build.sh, run once here when none is)."""
+    if named := os.environ.get(BINARY_ENV):
+        return named
     env_file = cache_dir().parent / "nriplugin" / "current.env"
     values = read_env_file(env_file) if env_file.exists() else {}
     if not Path(values.get("ELASTICGPU_NRI_PLUGIN_BIN", "")).is_file():

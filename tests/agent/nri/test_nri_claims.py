@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -66,15 +67,16 @@ class Agent:
         self.server.close()
 
 
-def start_agent(containerd: TestRuntime, plugin: str, core: hooks.ContainerHooks, view: View, socket: Path) -> Agent:
-    front = NriFront(hooks=core, view=view, cdi_dir=containerd.cdi_dir, evict=_evict(containerd))
+def start_agent(containerd: TestRuntime, plugin: str, core: hooks.ContainerHooks, view: View, socket: Path, *,
+                evict: Any = None, front_class: type[NriFront] = NriFront, synchronized_s: float = 20) -> Agent:
+    front = front_class(hooks=core, view=view, cdi_dir=containerd.cdi_dir, evict=evict or _evict(containerd))
     server = FrontServer(front, socket).start()
     assert containerd.nri_socket is not None
     process = PluginProcess(PluginSettings(binary=plugin, nri_socket=containerd.nri_socket, agent_socket=socket))
     stop = threading.Event()
     thread = threading.Thread(target=process.run, args=(stop,), daemon=True)
     thread.start()
-    assert front.synchronized.wait(20), "the plugin did not register (containerd.log says why)"
+    assert front.synchronized.wait(synchronized_s), "the plugin did not register (containerd.log says why)"
     return Agent(front=front, server=server, plugin=process, stop=stop, thread=thread)
 
 

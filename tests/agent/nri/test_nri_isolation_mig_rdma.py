@@ -270,3 +270,13 @@ def test_a_privileged_container_without_claim_is_refused_with_an_event_when_the_
     finally:
         core.close()
         ledger.close()
+
+
+def test_our_nic_devices_without_a_claim_are_refused(rdma_node: Node) -> None:
+    """Issue 44 item 8: the runtime resolved the NIC's CDI device before NRI, and NRI cannot take it out."""
+    k = rdma_node.kubelet
+    with pytest.raises(grpc.RpcError) as refused:
+        k.create_container(k.run_pod("sneaky", NS), "main", cdi_devices=[f"{rdma.CDI_KIND}=mlx5_0"])
+    details = refused.value.details() or ""
+    assert f"{rdma.CDI_KIND}=mlx5_0 without an ElasticGPUClaim" in details, details
+    assert k.container_ids() == set()
