@@ -397,3 +397,120 @@ def test_a_quota_holds_a_claim_over_it_and_a_resize_within_it_under_the_charts_r
     _wait_status(api_client, f"{claims}/over", lambda s: s.get("phase") == "Bound", "the held claim after room freed")
     kube_request(api_client, "DELETE", f"{claims}/over")
     kube_request(api_client, "DELETE", f"{CUSTOM}/{names.PLURAL_CLASS}/{class_name}")
+
+
+WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
+LOOP = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+
+
+def _runnable_here(doc: dict[str, Any], image: str) -> dict[str, Any]:
+    """An example's object with only what this node cannot run swapped: the test image (no CUDA, no
+    registry), a shell in place of nvidia-smi, the host's network (the node has no CNI). Annotations,
+    claims, requests and workload shapes stay as the example has them."""
+    spec = doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"] if "template" in doc["spec"] \
+        else None  # fmt: skip
+    if spec is not None:
+        finishes = doc["kind"] == "Job"
+        spec.update({"hostNetwork": True, "terminationGracePeriodSeconds": 1})
+        for container in spec["containers"]:
+            container.update({"image": image, "imagePullPolicy": "Never",
+                              "command": ["/bin/sh", "-c", "echo done"] if finishes else LOOP})  # fmt: skip
+    return doc
+
+
+def _create(api_client: client.ApiClient, namespace: str, doc: dict[str, Any]) -> None:
+    kind = doc["kind"]
+    path = {"ElasticGPUClaim": f"{CUSTOM}/namespaces/{namespace}/{names.PLURAL_CLAIM}",
+            "Pod": f"/api/v1/namespaces/{namespace}/pods",
+            "Deployment": f"/apis/apps/v1/namespaces/{namespace}/deployments",
+            "Job": f"/apis/batch/v1/namespaces/{namespace}/jobs"}[kind]  # fmt: skip
+    answer = kube_request(api_client, "POST", path, body=doc)
+    assert answer.status == 201, f"{kind} {doc['metadata']['name']}: {answer.body}"
+
+
+def _container_sees(endpoint: str, namespace: str, pod: str, container: str) -> str:
+    """NVIDIA_VISIBLE_DEVICES as the container was created with it (its OCI spec, CRI ContainerStatus)."""
+    import grpc
+
+    from elasticgpu.agent.cri import api
+
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = api.services.RuntimeServiceStub(channel)
+        wanted = {"io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": pod,
+                  "io.kubernetes.container.name": container}  # fmt: skip
+        found = stub.ListContainers(api.pb.ListContainersRequest(
+            filter=api.pb.ContainerFilter(label_selector=wanted)), timeout=10).containers  # fmt: skip
+        assert found, f"no container {container} of {namespace}/{pod} in the node's runtime"
+        status = stub.ContainerStatus(api.pb.ContainerStatusRequest(container_id=found[0].id, verbose=True), timeout=10)
+    spec = json.loads(status.info["info"])["runtimeSpec"]
+    env = dict(item.split("=", 1) for item in spec["process"]["env"])
+    return env.get("NVIDIA_VISIBLE_DEVICES", "")
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in WORKLOADS.glob("*.yaml")))
+def test_each_workload_example_runs_on_the_real_control_plane(
+    api_client: client.ApiClient,
+    product: None,
+    gpu_node: GpuNode,
+    namespace: str,
+    example: str,
+) -> None:
+    """examples/workloads/ as a user applies them (issue 50): the real Deployment and Job controllers make
+    the pods, the webhook gates them, the controller binds each claim (a replica's inline claim, a
+    group's claims together) and lifts the gates, the scheduler and kubelet run them; each container is
+    created with exactly its claim's cards. Then everything is deleted and nothing of it is left."""
+    import yaml
+
+    core = client.CoreV1Api(api_client)
+    klass = {"apiVersion": names.API_VERSION, "kind": names.KIND_CLASS,
+             "metadata": {"name": f"examples-{uuid.uuid4().hex[:8]}",
+                          "annotations": {names.ANNOTATION_DEFAULT_CLASS: "true"}},  # the examples name no class
+             "provisioner": names.PROVISIONER_GPUSHARE, "reclaimPolicy": "Delete",
+             "bindingMode": "Immediate"}  # fmt: skip
+    assert kube_request(api_client, "POST", f"{CUSTOM}/{names.PLURAL_CLASS}", body=klass).status == 201
+    claims = f"{CUSTOM}/namespaces/{namespace}/{names.PLURAL_CLAIM}"
+    docs = [_runnable_here(d, gpu_node.image) for d in yaml.safe_load_all((WORKLOADS / example).read_text()) if d]
+    try:
+        for doc in docs:
+            _create(api_client, namespace, doc)
+        kinds = [d["kind"] for d in docs]
+        replicas = sum(d["spec"].get("replicas", 1) for d in docs if d["kind"] == "Deployment")
+        jobs = [d["metadata"]["name"] for d in docs if d["kind"] == "Job"]
+        deadline = time.monotonic() + 2 * WITHIN_S  # a loaded 2-core machine: controllers, webhook, kubelet
+        while True:
+            pods = core.list_namespaced_pod(namespace).items
+            running = [p for p in pods if p.status.phase == "Running"]
+            done = {j: kube_request(api_client, "GET", f"/apis/batch/v1/namespaces/{namespace}/jobs/{j}").json()
+                    .get("status", {}).get("succeeded", 0) for j in jobs}  # fmt: skip
+            want_running = kinds.count("Pod") + replicas
+            if len(running) == want_running and all(done.values()):
+                break
+            assert time.monotonic() < deadline, (
+                f"{example}: running {[p.metadata.name for p in running]} of {want_running}, jobs {done}, pods "
+                f"{[(p.metadata.name, p.status.phase, [g.name for g in p.spec.scheduling_gates or []]) for p in pods]}")
+            time.sleep(1)
+        bound = {c["metadata"]["name"]: c for c in kube_request(api_client, "GET", claims).json()["items"]}
+        assert len(bound) == kinds.count("ElasticGPUClaim") + replicas, sorted(bound)
+        phases = {n: c.get("status", {}).get("phase") for n, c in bound.items()}
+        assert set(phases.values()) == {"Bound"}, phases
+        assert {c["status"]["nodeName"] for c in bound.values()} == {gpu_node.name}
+        for pod in running:  # each running container holds exactly its own claim's cards
+            for container in pod.spec.containers:
+                owned = [n for n, c in bound.items()
+                         if any(r["uid"] == pod.metadata.uid for r in c["metadata"].get("ownerReferences") or [])]
+                claim_name = (pod.metadata.annotations or {}).get(names.claim_annotation(container.name)) or owned[0]
+                cards = ",".join(bound[claim_name]["status"]["gpus"])
+                seen = _container_sees(gpu_node.runtime_endpoint, namespace, pod.metadata.name, container.name)
+                assert seen == cards, f"{pod.metadata.name}/{container.name}: {claim_name} holds {cards}, sees {seen}"
+    finally:
+        for doc in reversed(docs):
+            kind, name = doc["kind"], doc["metadata"]["name"]
+            path = {"ElasticGPUClaim": f"{claims}/{name}", "Pod": f"/api/v1/namespaces/{namespace}/pods/{name}",
+                    "Deployment": f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+                    "Job": f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"}[kind]  # fmt: skip
+            kube_request(api_client, "DELETE", path, body={"propagationPolicy": "Background"})
+        deadline = time.monotonic() + 2 * WITHIN_S
+        while left := [c["metadata"]["name"] for c in kube_request(api_client, "GET", claims).json()["items"]]:
+            assert time.monotonic() < deadline, f"{example}: claims left after the workloads went: {left}"
+            time.sleep(1)
+        kube_request(api_client, "DELETE", f"{CUSTOM}/{names.PLURAL_CLASS}/{klass['metadata']['name']}")
