@@ -29,7 +29,7 @@ MAX_PLANS = 4
 class Chosen:
     """A set of victims the allocator chose: where they make room, and the candidates they were chosen from."""
 
-    preemption: Preemption
+    picked: Preemption
     where: str
     victims: list[preemption.Victim]
     candidates: dict[str, Candidate]
@@ -72,7 +72,7 @@ class VictimChooser:
                     self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
                                    delay_s=RECHECK_S, recheck=True)
                 break
-            refused = self.quota_refuses(claim, decision, chosen.preemption, chosen.victims)
+            refused = self.quota_refuses(claim, decision, chosen.picked, chosen.victims)
             if refused:
                 return refused
             protected = self.protected_keys(chosen.victims)

@@ -108,7 +108,7 @@ class Preempter:
 
     def _make_plan(self, claim: ElasticGPUClaim, chosen: Chosen, mine: preemption.ClaimPriority) -> Outcome:
         """Write `chosen` as `claim`'s plan (`status.preemption`, guarded) and follow it."""
-        picked, where, victims = chosen.preemption, chosen.where, chosen.victims
+        picked, where, victims = chosen.picked, chosen.where, chosen.victims
         namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
         status = preemption.plan_status(victims, node=picked.node, card=picked.card, where=where)
         patch = {"metadata": {"resourceVersion": claim.metadata.resource_version}, "status": {"preemption": status}}
