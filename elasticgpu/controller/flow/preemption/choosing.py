@@ -54,6 +54,7 @@ class VictimChooser:
         (it waits for its budget, `_follow`), else none."""
         first: Chosen | None = None
         left_out = self.evictions.protected()
+        remembered = bool(left_out)
         for _attempt in range(MAX_PLANS):
             with self.picture.lock:
                 candidates, in_flight = self.candidates(values, below=mine.value)
@@ -65,6 +66,11 @@ class VictimChooser:
                                         candidates=usable.values(), policy=decision.parameters.policy)
                 if isinstance(picked, Preemption):
                     chosen = Chosen(picked, self.where(picked), self.victims_of(picked), candidates)
+            if isinstance(picked, NoPreemption) and fallback and first is None and remembered:
+                # Only victims a budget protected lately would make room: ask their budgets again now
+                # (they may allow a disruption by now) rather than wait with nothing to wake this claim.
+                left_out, remembered = set(), False
+                continue
             if isinstance(picked, NoPreemption):
                 if in_flight:
                     # Lower-priority reservations whose claims are mid-bind (or mid-preemption by another
