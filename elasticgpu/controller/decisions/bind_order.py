@@ -32,7 +32,7 @@ from elasticgpu.api.errors import InvalidSpec
 from elasticgpu.api.gpu_class import BindOrder
 
 ANNOTATION_FAIR_SHARE_WEIGHT: Final = "elasticgpu.io/fair-share-weight"
-"""Namespace annotation: the namespace's weight under FairShare (a positive number, default 1):
+"""Namespace annotation: the namespace's weight under FairShare (a number from 0.01 to 100, default 1):
 a namespace of weight 2 is served as if it held half of what it holds."""
 
 NOT_YET: Final = "~"
@@ -67,7 +67,7 @@ class Waiting:
 
 
 class InvalidWeight(InvalidSpec):
-    """A namespace's fair-share weight annotation is not a positive number."""
+    """A namespace's fair-share weight annotation is not a number from 0.01 to 100."""
 
 
 MIN_WEIGHT = 0.01
