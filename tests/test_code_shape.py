@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_CLASS_LINES = 400
-LONG_LEFT = {"Preempter": 410}
+LONG_LEFT: dict[str, int] = {}
 """Classes past the limit (by name, wherever they live), at most their length today: they may only shrink, and
 leave this list once they fit."""
 

@@ -31,10 +31,10 @@ the ledger's open rows (the controller keeps a reservation while its claim is li
 
 A card whose object already exists for another node (its name is the card's uuid, and another
 node's agent created it first, by mistake or on purpose) is not taken over: the node-scope policy
-refuses that, and only an admin can tell which node really has the card. The agent writes the one
-thing the policy lets it write there, the condition `DuplicateUUID` (reason `SeenOnAnotherNode`,
-its message starting with `node <this node>:`), publishes its other cards as usual, and says so in
-its log; the controller then takes no new reservation on that card.
+refuses that, and only an admin can tell which node really has the card. The agent writes nothing
+there (issue 44: a report on another node's object let one node's token set every node's cards
+aside): it posts a Warning Event `DuplicateUUID` about its own Node that names the object and the
+other node, publishes its other cards as usual, and says so in its log.
 
 A card that discovery no longer reports is marked Unhealthy with reason `Vanished`; its object is
 never deleted by the agent (reservations may point at it, and a card that comes back is Healthy
@@ -45,7 +45,6 @@ what a Node owns (the controller does it too where no garbage collector runs; is
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import threading
@@ -298,6 +297,7 @@ class Inventory:
         self._labels_checked = 0.0  # when the Node's labels were last read back
         self._restored: set[str] = set()  # cards whose health was read back from their object after a start
         self._owner: dict[str, Any] | None = None  # the ownerReference to our Node (read again before each apply)
+        self._duplicates_said: set[tuple[str, str]] = set()  # (card uuid, other node) whose Event was written
         self._owner_read = False
         self.wake = threading.Event()
         """Set to write at once (a fatal XID, a large change of usage) instead of at the next interval."""
@@ -453,8 +453,9 @@ class Inventory:
             self._labels_checked = now
 
     def _report_duplicate(self, name: str, card: Card, now: float) -> bool:
-        """When GPU object `name` (of our `card`) belongs to another node: write the condition DuplicateUUID
-        on it (unless it says so already) and return True; False when it does not (the refusal is another)."""
+        """When GPU object `name` (of our `card`) belongs to another node: say so on our own Node (a Warning Event
+        DuplicateUUID, once per card per process: the policy lets an agent write nothing on another node's
+        object, issue 44) and return True; False when it does not (the refusal is another)."""
         try:
             obj = self._kube.read_gpu(name)
         except errors.KubeNotFound:
@@ -462,23 +463,24 @@ class Inventory:
         other = str((obj.get("spec") or {}).get("nodeName") or "")
         if not other or other == self._node:
             return False
-        message = (f"node {self._node}: its driver reports card {card.uuid} (index {card.index}) too, while this"
-                   f" object says node {other}; a uuid is one card: find the node that really has it (nvidia-smi -L"
-                   f" on both) and, if it is not {other}, delete this object (kubectl delete pgpu {name}): the agent"
-                   f" of {self._node} publishes it again")
-        conditions = (obj.get("status") or {}).get("conditions") or []
-        previous = next((c for c in conditions if c.get("type") == DUPLICATE_UUID), None)
-        if previous is None or previous.get("message") != message or previous.get("status") != "True":
-            logger.warning("card %s of node %s: its GPU object %s belongs to node %s; reported there as %s",
-                           card.uuid, self._node, name, other, DUPLICATE_UUID)
-            duplicate = {"type": DUPLICATE_UUID, "status": "True", "reason": REASON_SEEN_ON_ANOTHER_NODE,
-                         "message": message, "lastTransitionTime": rfc3339(now)}
-            kept = [c for c in conditions if c.get("type") != DUPLICATE_UUID]
-            # Changed or gone meanwhile (a 409, a 404): the next pass looks again.
-            with contextlib.suppress(errors.KubeConflict, errors.KubeNotFound):
-                self._kube.patch_gpu_status(name, resource_version=str(obj["metadata"]["resourceVersion"]),
-                                            status={"conditions": sorted([*kept, duplicate],
-                                                                         key=lambda c: str(c.get("type")))})
+        if (card.uuid, other) in self._duplicates_said:
+            return True
+        message = (f"node {self._node}: its driver reports card {card.uuid} (index {card.index}) too, while GPU object"
+                   f" {name} says node {other}; a uuid is one card: find the node that really has it (nvidia-smi -L"
+                   f" on both) and, if it is not {other}, delete that object (kubectl delete pgpu {name}): the agent"
+                   f" of {self._node} publishes it again; until then this node does not serve that card")
+        logger.warning("card %s of node %s: its GPU object %s belongs to node %s (%s)", card.uuid, self._node, name,
+                       other, DUPLICATE_UUID)
+        try:
+            self._kube.create_event(
+                namespace=self._settings.events_namespace,
+                involved={"apiVersion": "v1", "kind": "Node", "name": self._node,
+                          "uid": (self._owner or {}).get("uid")},
+                type_="Warning", reason=DUPLICATE_UUID, message=message, now=rfc3339(now))
+        except errors.KubeError as e:
+            logger.warning("Event about Node %s not written: %s", self._node, e)
+            return True  # said next time
+        self._duplicates_said.add((card.uuid, other))
         return True
 
     def _read_owner(self) -> None:

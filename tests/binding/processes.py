@@ -82,10 +82,12 @@ class ControllerProcesses:
 
 def wait_quiescent(kube: KubeApi, namespace: str, *, quiet_s: float, deadline_s: float,
                    done: Any = None, procs: ControllerProcesses | None = None,
-                   explain: Callable[[], str] | None = None) -> list[dict[str, Any]]:
+                   explain: Callable[[], str] | None = None, stall_s: float | None = None) -> list[dict[str, Any]]:
     """Poll the namespace's claims until none changed for `quiet_s` seconds (and `done(claims)`,
     when given, holds); returns them. Fails after `deadline_s` seconds, with what `explain()`
-    says and the controllers' logs."""
+    says and the controllers' logs; with `stall_s`, also once no claim changed for `stall_s` seconds
+    while `done` does not hold (a deadline from progress: a loaded machine that is slow but moving
+    gets up to `deadline_s`, one that settled short of `done` fails without waiting for it)."""
     start = time.monotonic()
     last: tuple[Any, ...] | None = None
     since = start
@@ -97,9 +99,10 @@ def wait_quiescent(kube: KubeApi, namespace: str, *, quiet_s: float, deadline_s:
             last, since = signature, now
         elif now - since >= quiet_s and (done is None or done(claims)):
             return claims
-        if now - start > deadline_s:
+        if now - start > deadline_s or (stall_s is not None and now - since > stall_s):
             phases = Counter((c.get("status") or {}).get("phase") for c in claims)
-            raise AssertionError(f"not quiescent after {deadline_s:.0f}s: {dict(phases)}\n"
+            raise AssertionError(f"not quiescent after {now - start:.0f}s ({now - since:.0f}s since a claim last"
+                                 f" changed): {dict(phases)}\n"
                                  + (explain() + "\n" if explain else "") + (procs.logs() if procs else ""))
         time.sleep(0.5)
 

@@ -4,6 +4,7 @@ gauges appear; with `resizePolicy: Auto` the claim's requests follow and the res
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from elasticgpu.api import names
@@ -140,3 +141,30 @@ def test_auto_shrinks_only_after_a_long_watch_never_below_the_peak(cluster: Clus
     assert claim["spec"]["resources"]["requests"] == {CORE: 20, MEMORY: "1536Mi"}, claim["spec"]
     assert claim["status"]["capacity"] == {CORE: 20, MEMORY: "1536Mi"}, claim["status"]
     assert claim["status"]["recommendation"]["state"] == "RightSized"
+
+
+def test_every_sample_counts_when_a_busy_controller_syncs_the_claim_once_for_several(
+        cluster: Cluster, kube: KubeApi) -> None:
+    """Issue 44 (the flaky `test_two_controllers_auto_resizing_the_same_claims_never_oversubscribe`): the work
+    queue coalesces a claim's changes, and the recommendation took only the usage its one sync saw: the samples
+    written in between were lost, so a slow controller recommended less than a quick one. Here three samples
+    arrive before the controller works at all: all three count."""
+    class_name = _setup(cluster, allowClaimResize=True, resizePolicy="Auto",
+                        maxSize={"cores": 55, "memory": 4096})
+    cluster.claim(o.claim("c", cores=30, memory="1Gi", class_name=class_name))
+    controller, _metrics = _controller(kube, cluster)
+    settle(controller)
+    for second, (cores, memory) in enumerate([(40, 2000), (45, 1800), (30, 1500)]):
+        kube.patch_claim_status(cluster.namespace, "c", {"status": {"usage": {
+            "coresUsed": cores, "memoryUsed": memory, "updateTime": f"2026-01-01T00:00:{second:02d}Z"}}})
+    deadline = time.monotonic() + 30
+    while True:  # until the watch delivered the last write into the picture (its key queued, not synced)
+        seen = controller.claim(cluster.namespace, "c")
+        if seen is not None and seen.status.usage is not None and seen.status.usage.cores_used == 30:
+            break
+        assert time.monotonic() < deadline, "the watch did not deliver the samples"
+        time.sleep(0.1)
+    settle(controller)
+    claim = cluster.get_claim("c")
+    # peak 45 % / 2000 MiB, +20 %: 55 % (at maxSize) and 2560 MiB, as when each sample is synced on its own.
+    assert claim["spec"]["resources"]["requests"] == {CORE: 55, MEMORY: "2560Mi"}, claim["status"]

@@ -9,6 +9,7 @@ not get the full card; when the entry goes, the reservation is freed and the sec
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from elasticgpu.api import names
@@ -18,6 +19,8 @@ from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.agent_status import write_gpu_status
 from tests.binding.conftest import Cluster, new_controller, settle
+from tests.pods.claim_world import World, world  # noqa: F401  # the fixture, re-exported for pytest
+from tests.pods.conftest import pod_update_policies  # noqa: F401  # the world fixture's own
 
 
 def _setup(cluster: Cluster) -> tuple[str, str]:
@@ -149,3 +152,58 @@ def test_which_entry_is_the_claim() -> None:
     assert not matches(no_uid, claim_ref=ObjectReference(namespace="other", name="c"), key="k")
     assert matches(entry, claim_ref=None, key=names.elastic_gpu_name_for_claim("u1"))
     assert not matches(no_uid, claim_ref=None, key=names.elastic_gpu_name_for_claim("u1"))
+
+
+def test_a_claim_deleted_while_its_card_is_in_use_stays_bound_and_billed(cluster: Cluster, kube: KubeApi) -> None:
+    """Issue 44 item 5: the tenant removes its claim's finalizer and deletes it while its containers run. The
+    card stays reserved and charged (above), so the ElasticGPU stays Bound and its accounting period open
+    until the agent no longer reports the claim running; then it is Released and reclaimed."""
+    gpu_name, class_name = _setup(cluster)
+    first = cluster.claim(o.claim("first", cores=100, memory=None, class_name=class_name))
+    controller = new_controller(kube, cluster.namespace)
+    settle(controller)
+    egpu_name = cluster.get_claim("first")["spec"]["elasticGPUName"]
+    write_gpu_status(kube, gpu_name, runningClaims=[_running(first, "p1")])
+    settle(controller)
+    since = kube.get_elastic_gpu(egpu_name)["status"]["accounting"]["since"]
+
+    _delete_claim(kube, cluster.namespace, "first")
+    settle(controller)
+    status = kube.get_elastic_gpu(egpu_name)["status"]
+    assert status["phase"] == "Bound", status
+    assert status["accounting"].get("since") == since, "the reservation is still billed to its namespace"
+
+    write_gpu_status(kube, gpu_name, runningClaims=[])
+    settle(controller)
+    assert _allocations(kube, gpu_name) == []
+    try:
+        kube.get_elastic_gpu(egpu_name)
+        raise AssertionError("the released ElasticGPU (reclaim Delete) still exists")
+    except errors.NotFound:
+        pass
+
+
+def test_a_claim_deleted_while_a_pod_bound_to_a_node_uses_it_stays_bound_until_the_pod_goes(
+        world: World, kube: KubeApi) -> None:  # noqa: F811  # the fixture
+    """Issue 44 item 5, before the agent reports anything: a pod the scheduler bound to a node names the claim;
+    the claim is deleted (finalizer removed by hand): the ElasticGPU stays Bound while the pod runs, and is
+    released once the pod is gone."""
+    gpu_name, class_name = _setup(world)
+    world.claim(o.claim("first", cores=100, memory=None, class_name=class_name))
+    controller = new_controller(kube, world.namespace)
+    settle(controller)
+    egpu_name = world.get_claim("first")["spec"]["elasticGPUName"]
+    world.pod("p1", claims={"main": "first"}, gated=False, node_name=f"{world.prefix}-node")
+    settle(controller)
+
+    _delete_claim(kube, world.namespace, "first")
+    settle(controller)
+    assert kube.get_elastic_gpu(egpu_name)["status"]["phase"] == "Bound"
+    assert _allocations(kube, gpu_name) == [egpu_name]
+
+    world.delete_pod("p1")
+    deadline = time.monotonic() + 60
+    while _allocations(kube, gpu_name):
+        assert time.monotonic() < deadline, kube.get_elastic_gpu(egpu_name)["status"]
+        controller.drain()
+        time.sleep(0.2)

@@ -265,10 +265,30 @@ def test_an_unhealthy_card_takes_no_new_reservations(cluster: Cluster, kube: Kub
     assert _phase(cluster, "c1") == "Bound"
 
 
-def test_a_card_another_node_reports_too_takes_no_new_reservations(cluster: Cluster, kube: KubeApi) -> None:
-    """Two nodes say they have one uuid (issue 23, item 8): the object's node may not be the card's
-    node (an agent can create another node's card first), so nothing new is placed on it until an
-    admin settles it (Ready=False, DuplicateUUID); what it holds is kept."""
+def test_a_card_an_admin_marks_duplicate_takes_no_new_reservations(cluster: Cluster, kube: KubeApi) -> None:
+    """Two nodes have one uuid (issue 23, item 8): the object's node may not be the card's node (an agent can
+    create another node's card first). An admin who marks it DuplicateUUID keeps new reservations off it
+    until settled (Ready=False, DuplicateUUID); what it holds is kept."""
+    gpu, class_name = _setup(cluster)
+    body = kube.get_gpu(gpu)
+    body["status"] = {"conditions": [{
+        "type": "DuplicateUUID", "status": "True", "reason": "ReportedByAdmin", "lastTransitionTime": _stamp(NOW),
+        "message": f"card {body['spec']['uuid']} is on node other too"}]}
+    kube.replace_gpu_status(body)
+    cluster.claim(o.claim("c1", cores=30, memory="10Gi", class_name=class_name))
+    controller = _controller(kube, cluster.namespace)
+    controller.rebuild()
+    _work(controller)
+    assert _phase(cluster, "c1") == "Pending"
+    assert _ready(kube, gpu) == ("False", "DuplicateUUID")
+    ready = next(c for c in kube.get_gpu(gpu)["status"]["conditions"] if c["type"] == "Ready")
+    assert "node other" in ready["message"] and "kubectl delete pgpu" in ready["message"]
+
+
+def test_another_nodes_duplicate_report_sets_no_card_aside(cluster: Cluster, kube: KubeApi) -> None:
+    """Issue 44: one node's token could write DuplicateUUID on every other node's GPU (the policy let an agent
+    make that one write on another node's object), and the controller set each card aside: reservations
+    stopped cluster-wide. A report another node wrote is acted on nowhere."""
     gpu, class_name = _setup(cluster)
     body = kube.get_gpu(gpu)
     body["status"] = {"conditions": [{
@@ -279,10 +299,7 @@ def test_a_card_another_node_reports_too_takes_no_new_reservations(cluster: Clus
     controller = _controller(kube, cluster.namespace)
     controller.rebuild()
     _work(controller)
-    assert _phase(cluster, "c1") == "Pending"
-    assert _ready(kube, gpu) == ("False", "DuplicateUUID")
-    ready = next(c for c in kube.get_gpu(gpu)["status"]["conditions"] if c["type"] == "Ready")
-    assert "node other" in ready["message"] and "kubectl delete pgpu" in ready["message"]
+    assert _phase(cluster, "c1") == "Bound"
 
 
 def test_a_fatal_xid_fails_the_elastic_gpu_and_loses_its_claim(

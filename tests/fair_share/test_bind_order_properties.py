@@ -228,3 +228,16 @@ def test_parse_weight() -> None:
             assert "team-a" in str(err) and bind_order.ANNOTATION_FAIR_SHARE_WEIGHT in str(err)
         else:
             raise AssertionError(f"weight {bad!r} was accepted")
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_a_weight_is_bounded_where_it_is_read(value: float) -> None:
+    """Issue 44: the weight took any float, so `1e308` ordered one namespace before every other for good. Only
+    0.01..100 is taken (deploy/policies/fair-share-weight.yaml refuses the rest at admission)."""
+    try:
+        weight = bind_order.parse_weight(repr(value), namespace="team-a")
+    except bind_order.InvalidWeight as err:
+        assert not bind_order.MIN_WEIGHT <= value <= bind_order.MAX_WEIGHT
+        assert "0.01 to 100" in str(err)
+    else:
+        assert bind_order.MIN_WEIGHT <= weight <= bind_order.MAX_WEIGHT

@@ -137,7 +137,7 @@ def test_a_bad_weight_is_weight_one_said_once_with_a_warning_event(
         controller.close()
     assert [(e["type"], e["reason"]) for e in events] == [("Warning", namespace_weight_feed.REASON_INVALID_WEIGHT)]
     message = events[0]["message"]
-    assert ns_b in message and bind_order.ANNOTATION_FAIR_SHARE_WEIGHT in message and "positive number" in message
+    assert ns_b in message and bind_order.ANNOTATION_FAIR_SHARE_WEIGHT in message and "0.01 to 100" in message
     said = [r for r in caplog.records if namespace_weight_feed.REASON_INVALID_WEIGHT in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "WARNING"
     assert phases == {"a3": "Bound", "b2": "Pending"}

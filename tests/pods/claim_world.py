@@ -61,11 +61,13 @@ class World(Cluster):
             cpu: str | None = None, memory: str | None = None, gated: bool = True, node_name: str | None = None,
             affinity_terms: list[dict[str, Any]] | None = None, tolerations: list[dict[str, Any]] | None = None,
             containers: tuple[str, ...] = ("main", "side"), labels: dict[str, str] | None = None,
-            pod_affinity: dict[str, Any] | None = None, host_port: int | None = None) -> dict[str, Any]:
+            pod_affinity: dict[str, Any] | None = None, host_port: int | None = None,
+            annotations: dict[str, str] | None = None) -> dict[str, Any]:
         """A pod as the admission webhook leaves it: `claims` container -> claim name, `inline`
         container -> inline request; gate and label set when it uses claims (`gated`).
         `pod_affinity`: the podAffinity / podAntiAffinity part of spec.affinity; `host_port`: one
-        on the first container."""
+        on the first container; `annotations`: more of them, as the pod's author writes them."""
+        extra = dict(annotations or {})
         annotations = {names.claim_annotation(c): v for c, v in (claims or {}).items()}
         annotations.update({names.inline_request_annotation(c): v for c, v in (inline or {}).items()})
         requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
@@ -74,7 +76,8 @@ class World(Cluster):
                             requests else {}} for i, c in enumerate(containers)],
             "terminationGracePeriodSeconds": 0,
         }
-        metadata: dict[str, Any] = {"name": name, "annotations": annotations, "labels": dict(labels or {})}
+        metadata: dict[str, Any] = {"name": name, "annotations": {**annotations, **extra},
+                                    "labels": dict(labels or {})}
         if host_port is not None:
             spec["containers"][0]["ports"] = [{"containerPort": host_port, "hostPort": host_port}]
         if annotations:

@@ -276,3 +276,26 @@ def test_upstream_class_with_egpu_binding_mode_alone_waits_for_its_pod(world: Wo
     bound = world.get_claim("upstream")["status"]
     assert bound["phase"] == "Bound" and bound["nodeName"] == a
     assert _pinned(world, "consumer") == a
+
+
+def test_a_node_a_gated_pod_names_for_itself_keeps_no_other_pod_off_it(world: World) -> None:
+    """Issue 44 item 6: a tenant's gated pod that never runs (its claim does not exist), annotated
+    `elasticgpu.io/selected-node: <node>` by its author with a required anti-affinity that matches every
+    pod, counted as a pod on that node, and kept every other pod's WaitForFirstConsumer claims off it. Only a
+    node the controller itself placed a pod on (its claims reserved there) or the scheduler bound it to
+    counts."""
+    a = world.node(f"{world.prefix}-a")
+    _gpu(world, a)
+    wffc = _wffc_class(world)
+    everyone = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchExpressions": [{"key": f"{world.prefix}-none", "operator": "DoesNotExist"}]},
+         "topologyKey": "kubernetes.io/hostname"}]}}
+    world.pod("phantom", claims={"main": "does-not-exist"}, pod_affinity=everyone,
+              annotations={names.ANNOTATION_SELECTED_NODE: a})
+    controller = controller_for(world)
+    settle(controller)
+    assert pod_gate.is_gated(world.get_pod("phantom")), "the phantom never runs"
+    world.pod("worker", inline={"main": f"gpu-core=20,gpu-memory=1Gi,class={wffc}"})
+    settle(controller)
+    assert _pinned(world, "worker") == a, world.claims_ready("worker")
+    assert world.get_claim("worker-main")["status"]["nodeName"] == a

@@ -321,16 +321,16 @@ def test_an_agent_reports_events_from_its_own_node_only(
     assert {(e.source.host, e.reporting_instance) for e in events if e.reason == "Probe"} == {(a, a)}
 
 
-def test_a_card_squatted_by_another_node_is_marked_duplicate(
+def test_a_card_squatted_by_another_node_is_reported_on_the_reporters_own_node(
     kube_cluster: TestCluster, api_client: client.ApiClient, scene: Scene, agent_policies: list[str], tmp_path: Path
 ) -> None:
     """Node A's agent creates the GPU object of a card of node B before B publishes it (issue 23, item 8).
 
     A name is a uuid: no policy can know which node really has the card, so A's create passes (its
-    spec.nodeName is A, as the policy requires). B's agent then sees its card's object held by A: it
-    may not take it over, but it reports the conflict, the one write the policy lets an agent make
-    on another node's GPU (condition DuplicateUUID naming B); the controller then sets the card aside,
-    and A's agent can neither remove that condition nor point its object's owner at another Node."""
+    spec.nodeName is A, as the policy requires). B's agent then sees its card's object held by A: it may not
+    take it over, nor write anything on it (issue 44: that one write let a node set every node's cards aside);
+    it reports the conflict on its own Node (a Warning Event DuplicateUUID) and publishes its other cards. A's
+    agent cannot point its object's owner at another Node."""
     import yaml as _yaml
 
     from elasticgpu.agent import discovery, health, inventory
@@ -342,6 +342,7 @@ def test_a_card_squatted_by_another_node_is_marked_duplicate(
     uuid_b = simulated.simulated_uuid(b, 0)
     squatted = names.gpu_object_name(uuid_b)
     spec = {"index": 0, "uuid": uuid_b, "model": "NVIDIA A100-SXM4-80GB", "memory": 81920, "nodeName": a}
+    settings = InventorySettings()
     try:
         with _agent(kube_cluster, a, a) as squatter:
             squatter.apply_gpu(squatted, labels={names.LABEL_NODE: a}, spec=spec)
@@ -351,27 +352,76 @@ def test_a_card_squatted_by_another_node_is_marked_duplicate(
                                          device_dir=tmp_path / "devices", inject_dir=tmp_path / "inject")
         with _agent(kube_cluster, b, b) as agent_b:
             inv = inventory.Inventory(kube=agent_b, backend=backend, health=health.HealthTracker(recovery_quiet_s=300),
-                                      settings=InventorySettings())
+                                      settings=settings)
             inv.reconcile()  # its other card is published all the same
+            inv.reconcile()  # said once, not once per pass
             backend.close()
         obj = kube_request(api_client, "GET", f"{GPUS}/{squatted}").json()
         assert obj["spec"]["nodeName"] == a, "B never takes A's object over"
-        duplicate = next((c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == "DuplicateUUID"),
-                         None)
-        assert duplicate is not None and duplicate["status"] == "True", obj.get("status")
-        assert duplicate["message"].startswith(f"node {b}:"), duplicate
+        assert not [c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == "DuplicateUUID"]
+        events = [e for e in client.CoreV1Api(api_client).list_namespaced_event(settings.events_namespace).items
+                  if e.reason == "DuplicateUUID" and e.involved_object.name == b]
+        assert len(events) == 1, events
+        assert (events[0].involved_object.kind, events[0].type, events[0].source.host) == ("Node", "Warning", b)
+        assert squatted in events[0].message and f"says node {a}" in events[0].message
         other = names.gpu_object_name(simulated.simulated_uuid(b, 1))
         assert kube_request(api_client, "GET", f"{GPUS}/{other}").json()["spec"]["nodeName"] == b
         with _agent(kube_cluster, a, a) as squatter:
-            version = squatter.read_gpu(squatted)["metadata"]["resourceVersion"]
-            _refused(lambda: squatter.patch_gpu_status(squatted, resource_version=version,
-                                                       status={"conditions": []}), "DuplicateUUID")
             node_b = client.CoreV1Api(api_client).read_node(b).metadata
             _refused(lambda: squatter.apply_gpu(squatted, labels={names.LABEL_NODE: a}, spec=spec, owner={
                 "apiVersion": "v1", "kind": "Node", "name": b, "uid": node_b.uid}), "ownerReferences")
         with _agent(kube_cluster, b, b) as agent_b:
-            # B may only report the conflict: nothing else of A's object.
             _refused(_usage_of(agent_b, squatted, 5), f"GPU {squatted}: spec.nodeName is {a}")
     finally:
         for name in (squatted, names.gpu_object_name(simulated.simulated_uuid(b, 1))):
             kube_request(api_client, "DELETE", f"{GPUS}/{name}")
+        for event in client.CoreV1Api(api_client).list_namespaced_event(settings.events_namespace).items:
+            if event.involved_object.name == b:
+                with contextlib.suppress(client.ApiException):
+                    client.CoreV1Api(api_client).delete_namespaced_event(event.metadata.name, settings.events_namespace)
+
+
+def test_no_agent_marks_another_nodes_card_duplicate(
+    kube_cluster: TestCluster, scene: Scene, agent_policies: list[str]
+) -> None:
+    """Issue 44: the agent of A wrote DuplicateUUID (message "node A: ...") on B's card, and on every other
+    node's, and the controller set them all aside. Now no write of any kind passes on another node's GPU."""
+    a, gpu = scene.nodes["a"], scene.gpus["b"]
+    with _agent(kube_cluster, a, a) as intruder:
+        version = intruder.read_gpu(gpu)["metadata"]["resourceVersion"]
+        mark = {"type": "DuplicateUUID", "status": "True", "reason": "SeenOnAnotherNode",
+                "message": f"node {a}: its driver reports this card too", "lastTransitionTime": "2026-12-03T00:00:00Z"}
+        _refused(lambda: intruder.patch_gpu_status(gpu, resource_version=version, status={"conditions": [mark]}),
+                 f"the agent of node {a} writes only the GPU objects of its own node")
+    assert not (scene.gpu("b").get("status") or {}).get("conditions")
+
+
+def test_an_agent_reports_events_only_about_what_it_serves(
+    kube_cluster: TestCluster, api_client: client.ApiClient, scene: Scene, agent_policies: list[str]
+) -> None:
+    """Issue 44: an agent posted Warning Events about any object. Now: pods, claims (in their own namespace),
+    GPUs and its own Node only."""
+    a, b = scene.nodes["a"], scene.nodes["b"]
+
+    def about(kind: str, name: str, namespace: str = "", api_version: str = "v1") -> Callable[[], object]:
+        def write() -> object:
+            involved = {"apiVersion": api_version, "kind": kind, "name": name}
+            if namespace:
+                involved["namespace"] = namespace
+            agent.create_event(namespace=scene.namespace, involved=involved, type_="Warning", reason="Forged",
+                               message="forged", now="2026-12-03T00:00:00Z")
+            return None
+
+        return write
+
+    with _agent(kube_cluster, a, a) as agent:
+        about("Pod", "mine", scene.namespace)()
+        about("Node", a)()
+        _refused(about("Node", b), f"about Node {b}", f"the agent of node {a} reports Events about its own Node")
+        _refused(about("Deployment", "web", scene.namespace, "apps/v1"), "about Deployment web",
+                 "only about pods, ElasticGPUClaims, GPUs and its own Node")
+        _refused(about("Namespace", scene.namespace), "about Namespace")
+        _refused(about("Pod", "elsewhere", "kube-system"), "about Pod kube-system/elsewhere",
+                 "lives in that object's namespace")
+    events = client.CoreV1Api(api_client).list_namespaced_event(scene.namespace).items
+    assert sorted(e.involved_object.kind for e in events if e.reason == "Forged") == ["Node", "Pod"]

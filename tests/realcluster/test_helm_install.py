@@ -20,6 +20,7 @@ import contextlib
 import json
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -142,14 +143,50 @@ def release(box: Box, box_api_client: client.ApiClient) -> Iterator[Release]:
         yield running
 
 
-def _gated(core: client.CoreV1Api, namespace: str, pod: dict[str, Any]) -> bool:
+def _gated(core: client.CoreV1Api, namespace: str, pod: dict[str, Any], *, refusals: list[str] | None = None) -> bool:
     """A dry-run create of `pod` comes back with the webhook's scheduling gate (False while the webhook
-    cannot be reached: the API server refuses the pod)."""
+    cannot be reached: the API server refuses the pod; `refusals` gets what it said)."""
     try:
         made = core.create_namespaced_pod(namespace, pod, dry_run="All")
-    except client.ApiException:
+    except client.ApiException as err:
+        if refusals is not None:
+            refusals.append(f"{time.strftime('%H:%M:%S')} HTTP {err.status}: {str(err.body)[:300]}")
         return False
-    return [g.name for g in made.spec.scheduling_gates or []] == [names.SCHEDULING_GATE]
+    gated = [g.name for g in made.spec.scheduling_gates or []] == [names.SCHEDULING_GATE]
+    if not gated and refusals is not None:
+        refusals.append(f"{time.strftime('%H:%M:%S')} created without the gate: {made.spec.scheduling_gates}")
+    return gated
+
+
+class _CreatingPods:
+    """Creates `pod` (a dry run, which the webhook answers as a real create) about twice a second on a thread of
+    its own, as users do, and keeps what the API server refused."""
+
+    def __init__(self, core: client.CoreV1Api, pod: dict[str, Any]) -> None:
+        self.core, self.pod = core, pod
+        self.made = 0
+        self.refused: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="creating-pods", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def more(self, count: int) -> None:
+        """Return once `count` more creates were answered (or the thread stopped)."""
+        target = self.made + len(self.refused) + count
+        while self.made + len(self.refused) < target and self._thread.is_alive():
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if _gated(self.core, "default", self.pod, refusals=self.refused):
+                self.made += 1
+            self._stop.wait(0.5)
 
 
 def _uninstall_quietly(release: Release) -> None:
@@ -331,22 +368,28 @@ def test_helm_upgrade_rolls_every_component_while_claims_stay_bound(
     bound = _bound(custom, team, "first")
     assert bound, "the claim of the previous test is not Bound"
     user_pod = core.read_namespaced_pod("first", team)
-    # A value every pod template carries: the rollout replaces every pod of the product.
-    upgraded = release.helm_run("upgrade", RELEASE, str(CHART), "-n", SYSTEM, "--reuse-values",
-                                "--set", "image.pullPolicy=Never", "--wait", "--timeout", INSTALL_TIMEOUT)  # fmt: skip
-    assert upgraded.returncode == 0, f"helm upgrade failed:\n{upgraded.stderr}\n{diagnose(box)}"
+    # Users create pods all along the rollout: not one may be refused (issue 44: a replaced webhook replica
+    # stopped at once while kube-proxy still sent it the API server's calls: "connection refused").
+    creating = _CreatingPods(client.CoreV1Api(box_api_client), _pod("probe", box.runtime.image, "probe"))
+    creating.start()
+    try:
+        # A value every pod template carries: the rollout replaces every pod of the product.
+        upgraded = release.helm_run("upgrade", RELEASE, str(CHART), "-n", SYSTEM, "--reuse-values", "--set",
+                                    "image.pullPolicy=Never", "--wait", "--timeout", INSTALL_TIMEOUT)  # fmt: skip
+        assert upgraded.returncode == 0, f"helm upgrade failed:\n{upgraded.stderr}\n{diagnose(box)}"
 
-    def rolled() -> bool:
-        now = {c: _product_pods(core, c) for c in before}
-        return all(pods and all(_ready(p) and p.metadata.name not in before[c] for p in pods)
-                   for c, pods in now.items())  # fmt: skip
+        def rolled() -> bool:
+            now = {c: _product_pods(core, c) for c in before}
+            return all(pods and all(_ready(p) and p.metadata.name not in before[c] for p in pods)
+                       for c, pods in now.items())  # fmt: skip
 
-    _wait(rolled, "every product pod replaced and ready", explain=lambda: diagnose(box))
-    # As after the install: the replaced webhook pods are reached through the Service once kube-proxy
-    # has programmed their endpoints, a moment after they are Ready (a full run met the refusal once).
-    probe = _pod("probe", box.runtime.image, "probe")
-    _wait(lambda: _gated(core, "default", probe), "the upgraded webhook gates a pod that names a claim",
-          timeout_s=60, explain=lambda: diagnose(box))  # fmt: skip
+        _wait(rolled, "every product pod replaced and ready", explain=lambda: diagnose(box))
+        creating.more(10)  # and a few after the last replaced replica went
+    finally:
+        creating.stop()
+    assert creating.made >= 10, creating.made
+    assert not creating.refused, f"{len(creating.refused)} of {creating.made + len(creating.refused)} pod" \
+        f" creates refused while the webhook rolled: {creating.refused[:3]}\n{diagnose(box)}"
     for pod in _product_pods(core, "agent"):
         assert {c.image_pull_policy for c in pod.spec.containers} == {"Never"}
     # The bound claim kept its card, its pod its container.

@@ -32,7 +32,7 @@ from elasticgpu.api.errors import InvalidSpec
 from elasticgpu.api.gpu_class import BindOrder
 
 ANNOTATION_FAIR_SHARE_WEIGHT: Final = "elasticgpu.io/fair-share-weight"
-"""Namespace annotation: the namespace's weight under FairShare (a positive number, default 1):
+"""Namespace annotation: the namespace's weight under FairShare (a number from 0.01 to 100, default 1):
 a namespace of weight 2 is served as if it held half of what it holds."""
 
 NOT_YET: Final = "~"
@@ -67,7 +67,15 @@ class Waiting:
 
 
 class InvalidWeight(InvalidSpec):
-    """A namespace's fair-share weight annotation is not a positive number."""
+    """A namespace's fair-share weight annotation is not a number from 0.01 to 100."""
+
+
+MIN_WEIGHT = 0.01
+"""The least FairShare weight a namespace may have (deploy/policies/fair-share-weight.yaml says the same)."""
+MAX_WEIGHT = 100.0
+"""The greatest: a weight orders one namespace before every other, so it is bounded where it is read too (a
+namespace written past the policy, or where the policy is not installed, keeps weight 1 and an Event says why;
+issue 44)."""
 
 
 def parse_weight(value: str | None, *, namespace: str) -> float:
@@ -79,9 +87,9 @@ def parse_weight(value: str | None, *, namespace: str) -> float:
         weight = float(value)
     except ValueError:
         weight = math.nan
-    if not math.isfinite(weight) or weight <= 0:
+    if not math.isfinite(weight) or not MIN_WEIGHT <= weight <= MAX_WEIGHT:
         raise InvalidWeight(field=f"Namespace {namespace}: metadata.annotations[{ANNOTATION_FAIR_SHARE_WEIGHT}]",
-                            rule="must be a positive number", value=value,
+                            rule=f"must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}", value=value,
                             fix="set it to e.g. \"2\" (served as if it held half) or remove it (weight 1)")
     return weight
 

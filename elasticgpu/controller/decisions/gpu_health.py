@@ -10,12 +10,14 @@ condition, `Ready`:
   ready (`Ready=False`, reason `HeartbeatExpired`). The allocator places nothing new on it;
   reservations it holds are kept (the card may well still run them; only its agent is silent);
 - a GPU that never had a heartbeat (written by hand or by another tool) is taken as it is;
-- a GPU with the condition `DuplicateUUID` (True) is not ready either (`Ready=False`, reason
-  `DuplicateUUID`): another node's agent reports the same card uuid. A GPU object is named by its
-  uuid and any agent can create the object of another node's card first; which node really has
-  it only an admin can tell (the node-scope policy lets an agent write nothing else on another
-  node's object), so nothing new is placed there until the condition is gone (the reservations it
-  holds are kept, as for an expired heartbeat). When it goes, `Ready=True` (`DuplicateUUIDResolved`);
+- a GPU with the condition `DuplicateUUID` (True) set by an admin is not ready either (`Ready=False`,
+  reason `DuplicateUUID`): two nodes have the card's uuid, and which really has it only an admin
+  can tell; nothing new is placed there until the condition is gone (the reservations it holds are
+  kept, as for an expired heartbeat). When it goes, `Ready=True` (`DuplicateUUIDResolved`). A
+  condition another node's agent wrote (reason `SeenOnAnotherNode`, or a message `node <other>: ...`
+  naming a node that is not the GPU's), as the node-scope policy allowed before issue 44, sets
+  nothing aside: one node's token could write it on every node's cards. The agent now reports a
+  duplicate on its own Node (a Warning Event) and writes nothing on another node's object;
 - a GPU whose heartbeat is fresh again gets `Ready=True` (`HeartbeatRenewed`) only when it
   had been marked not ready: a GPU never marked carries no `Ready` condition, so a healthy
   cluster costs no writes.
@@ -36,6 +38,7 @@ Nothing here does I/O or reads the clock: `now` is a parameter.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -49,8 +52,10 @@ READY = "Ready"
 REASON_HEARTBEAT_EXPIRED = "HeartbeatExpired"
 REASON_HEARTBEAT_RENEWED = "HeartbeatRenewed"
 DUPLICATE_UUID = "DuplicateUUID"
-"""The condition (written by another node's agent) and the `Ready` reason of a card two nodes report."""
+"""The condition (an admin's mark) and the `Ready` reason of a card two nodes report."""
 REASON_DUPLICATE_RESOLVED = "DuplicateUUIDResolved"
+REASON_SEEN_ON_ANOTHER_NODE = "SeenOnAnotherNode"
+"""The reason another node's agent gave its `DuplicateUUID` report (before issue 44): ignored."""
 REASON_VANISHED = "Vanished"
 XID_PREFIX = "Xid"
 
@@ -86,9 +91,19 @@ def heartbeat_at(gpu: GPU) -> float | None:
     return None
 
 
+def another_nodes_report(reason: str, message: str, node: str) -> bool:
+    """True for a `DuplicateUUID` condition another node's agent wrote about a GPU of `node` (its reason, or its
+    message naming another node): what one node says of another's cards is acted on nowhere."""
+    if reason == REASON_SEEN_ON_ANOTHER_NODE:
+        return True
+    named = re.match(r"node ([^:\s]+):", message)
+    return named is not None and named.group(1) != node
+
+
 def readiness(gpu: GPU, *, now: float, grace_s: float) -> Readiness:
     """Whether `gpu` takes new reservations at `now` with a heartbeat grace of `grace_s`."""
-    duplicate = next((c for c in gpu.status.conditions if c.type == DUPLICATE_UUID and c.status == "True"), None)
+    duplicate = next((c for c in gpu.status.conditions if c.type == DUPLICATE_UUID and c.status == "True"
+                      and not another_nodes_report(c.reason or "", c.message or "", gpu.spec.node_name)), None)
     if duplicate is not None:
         # OBSERVATION: another node's agent reports this card too: which node has it is the admin's call.
         name, node = gpu.metadata.name or "", gpu.spec.node_name

@@ -214,14 +214,21 @@ class KubeApi(KubeRequests):
 
     # -- preemption (flow/preemption/preempting.py) ---------------------------------------------------------
 
-    def evict_pod(self, namespace: str, name: str, *, uid: str | None = None) -> None:
+    def evict_pod(self, namespace: str, name: str, *, uid: str | None = None, dry_run: bool = False) -> None:
         """Evict a pod through the Eviction API (policy/v1), so that PodDisruptionBudgets are honoured.
         Raises EvictionBlocked (HTTP 429) while a budget allows no disruption, and NotFound when the pod
-        is gone or the server has no eviction subresource (the caller tells the two apart)."""
+        is gone or the server has no eviction subresource (the caller tells the two apart). `dry_run`: the
+        server checks the budgets and evicts nothing (`deleteOptions.dryRun: [All]`, as `kubectl drain
+        --dry-run=server` asks)."""
         body: Body = {"apiVersion": "policy/v1", "kind": "Eviction",
                       "metadata": {"name": name, "namespace": namespace}}
+        options: Body = {}
         if uid:
-            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+            options["preconditions"] = {"uid": uid}
+        if dry_run:
+            options["dryRun"] = ["All"]
+        if options:
+            body["deleteOptions"] = options
         try:
             self._call("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body=body)
         except errors.ApiUnavailable as err:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
-from elasticgpu.controller.decisions import binder, capacity
+from elasticgpu.controller.decisions import binder, capacity, provisioned_names, release
 from elasticgpu.controller.picture import (
     compact,
     namespace_weights,
@@ -205,6 +205,27 @@ class Reading:
         """Names of the running pods that use a claim (a copy)."""
         with self.lock:
             return set(self._pod_claims.get((namespace, claim), set()))
+
+    def placed_on(self, node: str) -> list[Body]:
+        """The pods not yet bound that the controller itself placed on `node`: pinned there (`pod_index.pinned_to`)
+        and using a claim whose reservation the GPUs hold on that node. A pod's own `selected-node` annotation or
+        node affinity, which its author may write at create, counts for nothing by itself (issue 44 item 6: a
+        gated pod that never runs, naming a node and repelling every pod, kept other pods off it); the
+        reservation is the controller's own record, on the GPU objects only it writes. A pod the scheduler bound
+        is in the node's pod list instead, as the scheduler counts it."""
+        with self.lock:
+            placed: list[Body] = []
+            for body in self.pods.pinned_to(node):
+                namespace = (body.get("metadata") or {}).get("namespace", "")
+                for name in sorted(release.claims_of_pod(body)):
+                    claim = self.claim(namespace, name)
+                    if claim is None:
+                        continue
+                    held = self.ledger.held(claim.spec.elastic_gpu_name or provisioned_names.provisioned_name(claim))
+                    if held is not None and held.node == node:
+                        placed.append(body)
+                        break
+            return placed
 
     def view(self) -> binder.Picture:
         """The binder's view of the picture. It shares the picture's maps (no copy: decisions run

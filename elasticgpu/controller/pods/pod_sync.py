@@ -423,7 +423,7 @@ class PodSync:
             if node is not None:
                 others = self.kube.list_pods_on_node(proposal.node)
                 with self.picture.lock:
-                    others += self.picture.pods.pinned_to(proposal.node)
+                    others += self.picture.placed_on(proposal.node)
                 short = (pod_placement.fits_resources(pod, node, others)
                          if pod_placement.allocatable(node) is not None else "")
                 why = f"has too little room for the pod: {short}" if short else pod_neighbours.fits_neighbours(

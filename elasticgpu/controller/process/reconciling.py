@@ -84,6 +84,7 @@ class Controller:
                              liveness=self.liveness, settings=binding, pods=self.pods, gpus=self.gpus)
         self.informer = Informer(kube=kube, picture=self.picture, queue=self.queue, namespace=namespace,
                                  liveness=self.liveness, events=self.events)
+        self.informer.on_claim = self.claims.recommender.observe
         if self.events.thread is not None:
             self.liveness.track(self.events.thread)
         self.repair = Repair(kube=kube, picture=self.picture, queue=self.queue, informer=self.informer,

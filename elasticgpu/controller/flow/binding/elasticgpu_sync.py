@@ -15,7 +15,7 @@ import time
 from elasticgpu.allocator import Placement
 from elasticgpu.api import GPU, ElasticGPU, ElasticGPUClaim, accounting, names
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, running_holders
+from elasticgpu.controller.decisions import binder, release, running_holders
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.binding.commit import Commit
 from elasticgpu.controller.flow.binding.provisioner import capacity_of, provisioned_for_its_claim
@@ -225,8 +225,28 @@ class ElasticGPUSync:
                 return
             if names.FINALIZER_CLAIM_PROTECTION in (fresh["metadata"].get("finalizers") or []):
                 return  # its own release path runs
+        if egpu.status.phase == "Bound" and (self._pods_still_using(egpu) or self._keep_while_running(egpu)):
+            # OBSERVATION: the claim is gone (its finalizer removed by hand) but a pod that used it still runs, or
+            # the node's agent reports its containers on the card: the card is still theirs, so the ElasticGPU
+            # stays Bound and accounted (issue 44 item 5: Released stopped the bill while the card stayed
+            # reserved and charged). The pod's departure, or the agent's GPU write, wakes it; so does the recheck.
+            self._recheck(egpu.metadata.name or "")
+            return
         self.set_phase(egpu, "Released", binder.REASON_RELEASED, f"claim {ref.namespace}/{ref.name} was deleted")
         self.queue.add(("egpu", egpu.metadata.name or ""))
+
+    def _pods_still_using(self, egpu: ElasticGPU) -> list[str]:
+        """The pods, bound to a node and not terminated, that name `egpu`'s claim (which is gone): they run with its
+        card, so the ElasticGPU stays theirs (Bound, accounted) until they are gone."""
+        ref = egpu.spec.claim_ref
+        if ref is None or not ref.name:
+            return []
+        namespace = ref.namespace or ""
+        with self.picture.lock:
+            users = sorted(self.picture.pods_using(namespace, ref.name))
+            bodies = [self.picture.pods.pod(namespace, pod) for pod in users]
+        return [f"{namespace}/{(body.get('metadata') or {}).get('name', '')}" for body in bodies
+                if body is not None and (body.get("spec") or {}).get("nodeName") and release.pod_is_running(body)]
 
     def _running_holders(self, egpu: ElasticGPU) -> list[running_holders.RunningHolder]:
         """The claims the agents report running on the cards of `egpu`'s reservation (those whose report

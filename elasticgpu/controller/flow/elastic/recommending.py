@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from elasticgpu.api import ElasticGPUClaim, InvalidRequest, names, timestamps
 from elasticgpu.api.gpu_class import ElasticGPUClass
@@ -121,6 +122,26 @@ class Recommender:
                                        shrink_after_s=self.settings.shrink_after_s)
         if target is not None:
             self._auto_resize(claim, target, rec)
+
+    def observe(self, body: dict[str, Any]) -> None:
+        """A claim as the watch delivered it: its usage sample goes into its window now, if the claim has one
+        (a sync made it). The work queue coalesces a claim's changes, so a sync sees only the latest sample:
+        on a busy controller the agent's samples in between were lost and the recommendation (and an Auto
+        resize) depended on the controller's speed (issue 44: two controllers disagreed, a test never settled)."""
+        uid = str((body.get("metadata") or {}).get("uid") or "")
+        usage = (body.get("status") or {}).get("usage") or {}
+        key = usage.get("updateTime")
+        if not uid or not key:
+            return
+        try:
+            sample = recommend.Sample(time.monotonic(), int(usage.get("coresUsed") or 0),
+                                      int(usage.get("memoryUsed") or 0))
+        except (TypeError, ValueError):
+            return  # the sync reads it through the model, and says nothing either
+        with self._lock:
+            window = self._windows.get(uid)
+            if window is not None:
+                window.add(sample, key=str(key))
 
     def sizes(self) -> list[ClaimSizes]:
         """The figures of the claims still in the picture (for the gauges, read at each scrape);

@@ -73,6 +73,9 @@ class Informer:
         self.picture = picture
         self.queue = queue
         self.namespace = namespace
+        self.on_claim: Callable[[Body], None] | None = None
+        """Sees every claim the watch delivers, before its key is queued (the recommender's usage samples: the
+        queue coalesces a claim's changes, and a sync sees only the last of them)."""
         self._unwatched_pods: dict[tuple[str, str], str] = {}
         """Pods the label-selected watch reported DELETED that a GET found alive (their label was
         removed), by (namespace, name) -> uid: read again at every relist until they are gone."""
@@ -90,6 +93,8 @@ class Informer:
             return
         if kind == "pod" and event_type == "DELETED" and not self._pod_gone(body):
             return  # still alive without the label: its claims stay in use
+        if kind == "claim" and event_type != "DELETED" and self.on_claim is not None:
+            self.on_claim(body)
         self.queue.add_all(self.picture.observe(kind, event_type, body))
 
     def _pod_gone(self, body: Body) -> bool:

@@ -22,7 +22,7 @@ from elasticgpu.controller.picture.picture import Body, Picture
 logger = logging.getLogger(__name__)
 
 REASON_INVALID_WEIGHT = "InvalidFairShareWeight"
-"""Event reason on a Namespace whose FairShare weight annotation is not a positive number."""
+"""Event reason on a Namespace whose FairShare weight annotation is not a number from 0.01 to 100."""
 
 
 class NamespaceWeightFeed:

@@ -17,17 +17,19 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 
-from elasticgpu.allocator import PlacementRequest, quota
-from elasticgpu.allocator.preemption import Candidate, NoPreemption, Preemption, choose_victims
-from elasticgpu.api import ElasticGPUClaim, ElasticGPUClass, ElasticGPUQuota
+from elasticgpu.allocator import PlacementRequest
+from elasticgpu.allocator.preemption import Candidate, NoPreemption, choose_victims
+from elasticgpu.api import ElasticGPUClaim, ElasticGPUClass
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, groups, preemption, release
+from elasticgpu.controller.decisions import binder, preemption
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.binding.commit import Commit
 from elasticgpu.controller.flow.binding.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.binding.reserving import PreemptionOutcome as Outcome
 from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
+from elasticgpu.controller.flow.preemption.choosing import Chosen, VictimChooser
+from elasticgpu.controller.flow.preemption.evicting import Evictions
 from elasticgpu.controller.flow.preemption.priority_classes import PriorityClasses
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture.picture import Body, Picture
@@ -61,6 +63,8 @@ class Preempter:
         self.elastic_gpus = elastic_gpus
         self.pending = pending
         self.priority_classes = PriorityClasses(kube)
+        self.evictions = Evictions(kube=kube, picture=picture)
+        self.chooser = VictimChooser(kube=kube, picture=picture, queue=queue, commit=commit, evictions=self.evictions)
 
     # -- entry points ------------------------------------------------------------------------------
 
@@ -76,7 +80,18 @@ class Preempter:
         if plan is not None:
             stale = self._stale(claim, decision, request, plan, mine, values)
             if not stale:
-                return self._follow(claim, plan)
+                outcome, blocked = self._follow(claim, plan)
+                if not blocked or not mine.preempts:
+                    return outcome
+                # OBSERVATION: a budget protects a victim's pods, so nothing of this plan was evicted or
+                # failed: take another plan whose victims no budget protects, if there is one; else wait.
+                other = self.chooser.choose(claim, decision, request, mine, values, fallback=False)
+                if not isinstance(other, Chosen):
+                    return outcome
+                logger.info("claim %s: a PodDisruptionBudget protects a victim of its plan; planning around it",
+                            preemption.preemptor_name(claim))
+                self._unmark_spared(claim, plan.victims)
+                return self._make_plan(self._drop_plan(claim), other, mine)
             # OBSERVATION: the plan no longer holds (a class changed its priority or policy, a quota shrank,
             # the victims would no longer make room): stop here; victims already failed stay failed.
             logger.info("claim %s: dropping its preemption plan: %s", preemption.preemptor_name(claim), stale)
@@ -86,25 +101,16 @@ class Preempter:
             return Outcome(False, mine.note)
         if not any(value < mine.value for value in values.values()):
             return Outcome(False)  # no class of lower priority: nothing can be a victim (the common case)
-        with self.picture.lock:
-            candidates, in_flight = self._candidates(values, below=mine.value)
-            chosen = choose_victims(self.picture.ledger.inventory, request, priority=mine.value,
-                                    candidates=candidates.values(), policy=decision.parameters.policy)
-            if isinstance(chosen, Preemption):
-                where = self._where(chosen)
-                victims = self._victims(chosen)
-        if isinstance(chosen, NoPreemption):
-            if in_flight:
-                # Lower-priority reservations whose claims are mid-bind (or mid-preemption by another claim):
-                # they may be victims in a moment, and nothing else would wake this claim then.
-                self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
-                               delay_s=RECHECK_S, recheck=True)
-            return Outcome(False, f"no preemption: {chosen.reason}")
-        refused = self._quota_refuses(claim, decision, chosen, victims)
-        if refused:
-            return Outcome(False, f"no preemption: {refused}")
+        chosen = self.chooser.choose(claim, decision, request, mine, values, fallback=True)
+        if isinstance(chosen, str):
+            return Outcome(False, f"no preemption: {chosen}")
+        return self._make_plan(claim, chosen, mine)
+
+    def _make_plan(self, claim: ElasticGPUClaim, chosen: Chosen, mine: preemption.ClaimPriority) -> Outcome:
+        """Write `chosen` as `claim`'s plan (`status.preemption`, guarded) and follow it."""
+        picked, where, victims = chosen.picked, chosen.where, chosen.victims
         namespace, name = claim.metadata.namespace or "", claim.metadata.name or ""
-        status = preemption.plan_status(victims, node=chosen.node, card=chosen.card, where=where)
+        status = preemption.plan_status(victims, node=picked.node, card=picked.card, where=where)
         patch = {"metadata": {"resourceVersion": claim.metadata.resource_version}, "status": {"preemption": status}}
         try:
             answer = self.kube.patch_claim_status(namespace, name, patch)
@@ -112,10 +118,12 @@ class Preempter:
             self._refresh(namespace, name)
             raise
         claim = self.picture.put_claim(answer)
-        shown = ", ".join(f"{v.claim} (priority {candidates[v.elastic_gpu].priority})" for v in victims)
+        shown = ", ".join(f"{v.claim} (priority {chosen.candidates[v.elastic_gpu].priority})" for v in victims)
         self.events.record(self._body(claim), type_=NORMAL, reason=preemption.REASON_PREEMPTING,
                            message=f"priority {mine.value}: preempting claim(s) {shown} on {where}")
-        return self._follow(claim, preemption.Plan(node=chosen.node, card=chosen.card, where=where, victims=victims))
+        outcome, _blocked = self._follow(
+            claim, preemption.Plan(node=picked.node, card=picked.card, where=where, victims=victims))
+        return outcome
 
     def settled(self, namespace: str, name: str) -> None:
         """The claim is Bound: its plan, if any, is done; `status.preemption` goes."""
@@ -140,55 +148,6 @@ class Preempter:
     def _priorities(self, classes: Mapping[str, ElasticGPUClass]) -> dict[str, preemption.ClaimPriority]:
         """Each class's priority (a PriorityClass read at most once per class per call, outside the lock)."""
         return {name: preemption.priority_of(klass, self.priority_classes.get) for name, klass in classes.items()}
-
-    def _candidates(self, values: Mapping[str, int], *, below: int) -> tuple[dict[str, Candidate], int]:
-        """The Bound claims of a class of priority below `below`, as candidates, and how many reservations of
-        such a class are not candidates now (mid-bind, or being preempted) (under the picture's lock)."""
-        picture = self.picture
-        default = picture.view().default_class()
-        fallback = default.metadata.name or "" if default is not None else ""
-        found: dict[str, Candidate] = {}
-        skipped = 0
-        # A claim group is a victim as a whole or not at all (docs/gangs.md): its members are gathered here,
-        # whatever their priority; one that may not be a victim keeps the whole group (the allocator judges
-        # the priorities).
-        members: dict[str, list[Candidate | None]] = {}
-        for key in list(picture.ledger.inventory.reservations):
-            egpu = picture.egpu(key)
-            if egpu is None or egpu.spec.claim_ref is None:
-                skipped += 1  # a reservation whose ElasticGPU is being created
-                continue
-            value = values.get(egpu.spec.elastic_gpu_class_name or fallback, 0)
-            ref = egpu.spec.claim_ref
-            claim = picture.claim(ref.namespace or "", ref.name or "")
-            group = f"{ref.namespace}/{groups.group_name(claim)}" if claim is not None and groups.group_name(
-                claim) else ""
-            if value >= below and not group:
-                continue
-            candidate = preemption.candidate_of(egpu, claim, value, marked=self._mark_holds(claim, key))
-            if group:
-                members.setdefault(group, []).append(
-                    dataclasses.replace(candidate, group=group) if candidate is not None else None)
-            elif candidate is not None:
-                found[key] = candidate
-            if candidate is None and claim is not None and claim.status.phase != "Bound" \
-                    and not claim.metadata.deletion_timestamp and value < below:
-                skipped += 1  # mid-bind: a victim in a moment
-        for group_members in members.values():
-            if all(c is not None for c in group_members):
-                found.update((c.key, c) for c in group_members if c is not None)
-        return found, skipped
-
-    def _mark_holds(self, claim: ElasticGPUClaim | None, key: str) -> bool:
-        """Whether `claim`'s `preempted-by` mark still stands: its preemptor exists and its plan names `key`.
-        A mark left by a preemptor that was deleted, or bound elsewhere, keeps nobody from being a victim."""
-        by = preemption.preempted_by(claim) if claim is not None else ""
-        if not by:
-            return False
-        namespace, _, name = by.partition("/")
-        preemptor = self.picture.claim(namespace, name)
-        plan = preemption.plan_of(preemptor) if preemptor is not None else None
-        return plan is not None and any(v.elastic_gpu == key for v in plan.victims)
 
     def _stale(self, claim: ElasticGPUClaim, decision: binder.Provision, request: PlacementRequest,
                plan: preemption.Plan, mine: preemption.ClaimPriority, values: Mapping[str, int]) -> str:
@@ -218,49 +177,13 @@ class Preempter:
                                     candidates=[Candidate(key=v.elastic_gpu, priority=mine.value - 1) for v in held])
         if isinstance(chosen, NoPreemption):
             return f"its victims would no longer make room on {plan.where}"
-        return self._quota_refuses(claim, decision, chosen, plan.victims)
-
-    def _where(self, chosen: Preemption) -> str:
-        if chosen.card:
-            return self.picture.ledger.inventory.card(chosen.card).record.describe()
-        return f"node {chosen.node}"
-
-    def _victims(self, chosen: Preemption) -> list[preemption.Victim]:
-        victims = []
-        for key in chosen.victims:
-            egpu = self.picture.egpu(key)
-            ref = egpu.spec.claim_ref if egpu is not None else None
-            if ref is None:
-                continue
-            victims.append(preemption.Victim(elastic_gpu=key, namespace=ref.namespace or "", name=ref.name or "",
-                                             uid=ref.uid or ""))
-        return victims
-
-    def _quota_refuses(self, claim: ElasticGPUClaim, decision: binder.Provision, chosen: Preemption,
-                       victims: list[preemption.Victim]) -> str:
-        """Why a quota of the claim's namespace would refuse it even once the victims are gone ("" if none):
-        then preempting would free room for nothing. The victims' own charges (same namespace) are counted
-        as given back; the bind itself is charged as any bind."""
-        guard = self.commit.quota
-        namespace = claim.metadata.namespace or ""
-        if guard is None or not guard.limits(namespace, claim.metadata.name):
-            return ""
-        gone = {v.uid for v in victims if v.namespace == namespace}
-        models = []
-        for body in self.kube.list_quotas(namespace):
-            model = ElasticGPUQuota.model_validate(body)
-            kept = [c for c in model.status.charges if c.uid not in gone]
-            models.append(model.model_copy(update={"status": model.status.model_copy(update={"charges": kept})}))
-        verdict = quota.check(models, uid=claim.metadata.uid or "", class_name=decision.class_name,
-                              amount=quota.amount_of(chosen.placement))
-        if isinstance(verdict, quota.Exceeded | quota.Unreadable):
-            return verdict.message
-        return ""
+        return self.chooser.quota_refuses(claim, decision, chosen, plan.victims)
 
     # -- carrying out ------------------------------------------------------------------------------
 
-    def _follow(self, claim: ElasticGPUClaim, plan: preemption.Plan) -> Outcome:
-        """Steps 2 to 4 for the victims still held; the claim's status says what it waits for."""
+    def _follow(self, claim: ElasticGPUClaim, plan: preemption.Plan) -> tuple[Outcome, set[str]]:
+        """Steps 2 to 4 for the victims still held; the claim's status says what it waits for. Also returns
+        the ElasticGPUs of the victims a budget protects: then no victim of the plan was evicted or failed."""
         victims, where = plan.victims, plan.where
         me = preemption.preemptor_name(claim)
         with self.picture.lock:
@@ -270,45 +193,55 @@ class Preempter:
             # another claim meanwhile. Drop the plan; the next sync makes a new one.
             self._drop_plan(claim)
             self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""))
-            return Outcome(True)
+            return Outcome(True), set()
         live: list[tuple[preemption.Victim, ElasticGPUClaim | None]] = []
         for victim in held:
             model = self.picture.claim(victim.namespace, victim.name)
             if model is not None and model.metadata.uid != victim.uid:
                 model = None  # another claim of the same name: the victim itself is gone
             owner = preemption.preempted_by(model) if model is not None else ""
-            if owner and owner != me and self._mark_holds(model, victim.elastic_gpu):
+            if owner and owner != me and self.chooser.mark_holds(model, victim.elastic_gpu):
                 # OBSERVATION: another preemptor marked this victim first: this plan cannot be kept.
                 self._abandon(claim, victims)
-                return Outcome(True)
+                return Outcome(True), set()
             live.append((victim, model))
         for victim, model in live:
             if model is not None and preemption.preempted_by(model) != me:
                 self._mark(model, claim, victim, where)  # unmarked, or a stale mark (its preemptor gone)
+        # All or nothing (issue 44 item 4): every pod of the plan is asked first (a dry run), and a victim
+        # fails only when no pod of the plan was refused, so a budget on one victim costs the others nothing.
         blocked: list[str] = []
-        for victim, model in live:
-            refused = self._evict_pods(model) if model is not None else []
-            if refused and model is not None:
-                blocked += refused
-                self._say_held(model, refused)
-                continue
-            self._fail(victim, me)
+        protected: set[str] = set()
+        for dry_run in (True, False):
+            for victim, model in live:
+                refused = self.evictions.refused(model, dry_run=dry_run) if model is not None else []
+                if refused and model is not None:
+                    blocked += refused
+                    protected.add(victim.elastic_gpu)
+                    self._say_held(model, refused)
+            if blocked:
+                break
+        if not blocked:
+            for victim, _model in live:
+                self._fail(victim, me)
+        else:
+            self.evictions.protect(protected)
         with self.picture.lock:
             freed = not any(self.picture.ledger.held(v.elastic_gpu) is not None for v in held)
         if freed:
             # OBSERVATION: every victim's room is free already (nothing ran there): bind now, in this sync,
             # rather than after a status write and a wake-up (the preemption latency, bench/preemption.py).
-            return Outcome(True, retry=True)
+            return Outcome(True, retry=True), set()
         message = ""
         if blocked:
             message = (f"the eviction of pod(s) {', '.join(blocked)} is refused for now by a PodDisruptionBudget;"
-                       f" retried every {BLOCKED_RECHECK_S:g}s")
+                       f" no victim is preempted until every one's pods may go; retried every {BLOCKED_RECHECK_S:g}s")
             self.events.record(self._body(claim), type_=WARNING, reason=preemption.REASON_EVICTION_BLOCKED,
                                message=message)
         self.pending(claim, preemption.REASON_PREEMPTING, preemption.waiting_message(victims, where, blocked=message))
         self.queue.add(("claim", claim.metadata.namespace or "", claim.metadata.name or ""),
                        delay_s=BLOCKED_RECHECK_S if blocked else RECHECK_S, recheck=True)
-        return Outcome(True)
+        return Outcome(True), protected
 
     def _mark(self, victim: ElasticGPUClaim, preemptor: ElasticGPUClaim, entry: preemption.Victim,
               where: str) -> None:
@@ -350,38 +283,6 @@ class Preempter:
                                                                 victim.metadata.name or "", {
                 "metadata": {"resourceVersion": victim.metadata.resource_version},
                 "status": {"conditions": conditions}}))
-
-    def _evict_pods(self, victim: ElasticGPUClaim) -> list[str]:
-        """Step 3: evict the running pods that use the victim; the pods whose eviction was refused (429)."""
-        namespace, name = victim.metadata.namespace or "", victim.metadata.name or ""
-        with self.picture.lock:
-            pods = [(user, self.picture.pods.pod(namespace, user))
-                    for user in sorted(self.picture.pods_using(namespace, name))]
-        refused: list[str] = []
-        for user, body in pods:
-            if body is None or not release.pod_is_running(body) or (body.get("metadata") or {}).get(
-                    "deletionTimestamp"):
-                continue  # gone, done, or already terminating
-            uid = (body.get("metadata") or {}).get("uid")
-            try:
-                self.kube.evict_pod(namespace, user, uid=uid)
-            except errors.EvictionBlocked:
-                refused.append(f"{namespace}/{user}")
-            except errors.Conflict:
-                continue  # the uid precondition: that pod is gone, another of the name is not ours to evict
-            except errors.NotFound:
-                self._delete_without_eviction(namespace, user, uid)
-        return refused
-
-    def _delete_without_eviction(self, namespace: str, name: str, uid: str | None) -> None:
-        """A 404 from the eviction: the pod is gone, or the server has no eviction subresource (the test
-        server): a live read tells which; a pod still there is deleted plainly."""
-        try:
-            self.kube.get_pod(namespace, name)
-        except errors.NotFound:
-            return
-        with contextlib.suppress(errors.NotFound, errors.Conflict):
-            self.kube.delete_pod(namespace, name, uid=uid)
 
     def _fail(self, victim: preemption.Victim, me: str) -> None:
         """Step 4: the victim's ElasticGPU Failed (reason Preempted); its sync frees the room once the agent
