@@ -81,9 +81,12 @@ class TakeOver:
         if not self.allowed.is_set() and (not live or ignore):
             why = ("no other GPU allocator is live here" if not live else
                    "--other-allocators ignore, beside " + "; ".join(sign.what for sign in live))
-            logger.info("node %s: taking over its GPUs (%s)", self._node, why)
-            self._event(kube, node, "Normal", node_handover.EVENT_TAKING_OVER,
-                        f"the elasticgpu agent takes this node's GPUs: {why}")
+            if self._checked or live:  # it stood by, or takes over beside one: worth an Event; a plain start is not
+                logger.info("node %s: taking over its GPUs (%s)", self._node, why)
+                self._event(kube, node, "Normal", node_handover.EVENT_TAKING_OVER,
+                            f"the elasticgpu agent takes this node's GPUs: {why}")
+            else:
+                logger.debug("node %s: taking over its GPUs (%s)", self._node, why)
             self.allowed.set()
             self._checked = True
             self._said = tuple(sign.what for sign in live)

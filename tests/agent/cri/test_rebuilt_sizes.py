@@ -159,7 +159,9 @@ def test_the_rebuild_waits_until_the_claims_can_be_read(
             assert waiting.value.code() == grpc.StatusCode.UNAVAILABLE  # kubelet retries
             assert "not reconciled" in (waiting.value.details() or "")
             view.reachable = True
-            wait_for("the row rebuilt with its claim's size", lambda: sizes(second), timeout=30)
+            # The rebuild writes a row as the hook does, started then created (its container id): wait for both.
+            wait_for("the row rebuilt with its claim's size", lambda: all(row[0] for row in sizes(second))
+                     and sizes(second), timeout=30)  # fmt: skip
             assert sizes(second) == [(main, "small", (CARDS[0].uuid,), 30, 10240)]
             k.remove_pod(helper)
             k.remove_pod(trainer)
