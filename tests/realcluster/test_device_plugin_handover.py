@@ -56,6 +56,9 @@ COMMAND_WITHIN_S = 420.0
 CUSTOM = f"/apis/{names.GROUP}/{names.VERSION}"
 AGENT_POD_LABELS = {"app.kubernetes.io/name": "elasticgpu", "app.kubernetes.io/component": "agent"}
 STAND_IN = "agent-stand-in"
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+"""kubelet's device-plugin folder: fixed in kubelet (pluginapi.DevicePluginPath), not under --root-dir; the agent's
+default --device-plugin-dir too."""
 UUIDS = [simulated_uuid(NODE, i) for i in range(CARDS)]
 SLEEP = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
 ALLOCATED = re.compile(r"^allocated (\S+) at ([0-9.]+)$")
@@ -82,9 +85,19 @@ class HandoverNode:
     starts: list[str] = field(default_factory=list)
     """What the stand-ins did, in order (for the failure messages)."""
 
-    @property
-    def device_plugin_dir(self) -> Path:
-        return self.kubelet.directory / "root" / "device-plugins"
+    device_plugin_dir: Path = DEVICE_PLUGIN_DIR
+    kubelet_socket_inode: int = 0
+    """kubelet.sock's inode once this node's kubelet made it: another kubelet started on the machine makes a new one
+    (and empties the folder), which this test cannot survive; told plainly (`check_folder`)."""
+
+    def check_folder(self) -> None:
+        try:
+            now = (self.device_plugin_dir / "kubelet.sock").stat().st_ino
+        except FileNotFoundError:
+            now = 0
+        assert now == self.kubelet_socket_inode, (
+            f"another kubelet started on this machine during the test: {self.device_plugin_dir}/kubelet.sock was made"
+            " again (kubelet hard-codes that folder; this test needs it to itself)")
 
     def start_plugin(self) -> None:
         self.plugin = self.plane.children.start("fake device plugin", [
@@ -167,6 +180,9 @@ class HandoverNode:
 def _wait(done: Any, what: str, node: HandoverNode, within_s: float = WITHIN_S) -> Any:
     deadline = time.monotonic() + within_s
     while not (found := done()):
+        node.check_folder()
+        assert node.plugin is None or node.plugin.running(), f"the fake device plugin exited\n{node.tails()}"
+        assert node.agent is None or node.agent.running(), f"the agent exited\n{node.tails()}"
         assert time.monotonic() < deadline, f"{what} did not happen within {within_s:.0f} s\n{node.tails()}"
         time.sleep(0.5)
     return found
@@ -211,7 +227,11 @@ def handover_node(
             conditions = core.read_node(NODE).status.conditions or []
             return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
-        _wait(ready, f"Node {NODE} Ready", node)
+        deadline = time.monotonic() + WITHIN_S
+        while not (ready() and (DEVICE_PLUGIN_DIR / "kubelet.sock").exists()):
+            assert time.monotonic() < deadline, f"Node {NODE} not Ready\n{running.child.tail(20)}"
+            time.sleep(0.5)
+        node.kubelet_socket_inode = (DEVICE_PLUGIN_DIR / "kubelet.sock").stat().st_ino
         node.start_plugin()
         _wait(lambda: node.offered() == CARDS, f"kubelet to offer nvidia.com/gpu: {CARDS} from the fake plugin", node)
         yield node
@@ -277,6 +297,7 @@ def _handover(node: HandoverNode, namespace: str, to: str, watched: str, samples
     deadline = time.monotonic() + COMMAND_WITHIN_S
     try:
         while command.running():
+            node.check_folder()
             node.act()
             pods = {p.metadata.name: p for p in node.core.list_namespaced_pod(namespace).items}
             watched_pod = pods.get(watched)
