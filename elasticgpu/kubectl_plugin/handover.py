@@ -5,7 +5,9 @@ A node's cards have one allocator at a time (elasticgpu.api.node_handover). Movi
     to elasticgpu                                   to device-plugin
     1 cordon                                        1 cordon
     2 drain the pods that use nvidia.com/gpu        2 drain the pods that use claims
-      (evictions: PodDisruptionBudgets hold it)       (evictions)
+      (evictions: PodDisruptionBudgets hold it)       (evictions); wait until the ElasticGPUs of
+                                                      deleted claims are gone (refused up front
+                                                      while a claim not being deleted holds a card)
     3 the device plugin off for this node           3 the agent off: label elasticgpu.io/agent removed;
       (nvidia.com/gpu.deploy.device-plugin=false,     wait until its pod has left the node
       the GPU Operator's own switch); wait until    4 our GPU objects of the node deleted (refused while
