@@ -19,7 +19,8 @@ import yaml
 from kubernetes import client, config
 
 from elasticgpu.api import names
-from elasticgpu.testbed import box, helm, product_image, real_cluster
+from elasticgpu.testbed import box
+from tests.realcluster import box as chart_box
 
 ROOT = Path(__file__).resolve().parents[2]
 UP_TIMEOUT_S = 660  # the sandbox's own wait is 600 s; the chart demo's box and install take ~35 s when idle
@@ -43,16 +44,7 @@ def _wait(check: Any, what: str) -> Any:
 
 @pytest.fixture
 def where() -> Iterator[Path]:
-    try:
-        box.check_prerequisites()
-    except (box.BoxUnavailable, real_cluster.ControlPlaneUnavailable) as e:
-        pytest.skip(str(e))
-    if isinstance(found := helm.find_helm(), str):
-        pytest.skip(f"no helm binary: {found}")
-    try:
-        product_image.this_checkouts_image()  # built here if need be: the sandbox's own call is then a cache hit
-    except product_image.ImageUnavailable as e:
-        pytest.skip(f"no product image: {e}")
+    chart_box.skip_unless_the_chart_can_run()
     with tempfile.TemporaryDirectory(prefix="egsbc-") as directory:
         path = Path(directory) / "sandbox"
         try:
