@@ -80,6 +80,11 @@ def add_sandbox_arguments(parser: argparse.ArgumentParser) -> None:
         command.add_argument("--cluster", choices=("local", "real"), default="local",
                              help="`local`: the project's local API server (default); `real`: Kubernetes' own"
                              " kube-apiserver, controller manager and scheduler (bash testcluster/build.sh once)")
+        command.add_argument("--install", choices=("processes", "chart"), default="processes",
+                             help="`processes` (default): the demo's controller, webhook and agents as processes;"
+                             " `chart` (with --cluster real; root): the chart demo's box kept, deploy/chart installed"
+                             " by helm, pods that really run (the builds of testcluster/, testruntime/,"
+                             " testnetwork/, testhelm/ and image/)")
         command.add_argument("--timeout-s", type=float, default=90.0, help="seconds each start-up wait may take")
         command.add_argument("--no-runtime", action="store_true",
                              help="do not start the test containerd behind the agents even where it could run")

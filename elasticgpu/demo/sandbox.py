@@ -35,7 +35,7 @@ from typing import Any
 
 from elasticgpu import user_errors
 from elasticgpu.api import names
-from elasticgpu.demo import run_frame
+from elasticgpu.demo import run_frame, sandbox_chart
 from elasticgpu.testbed import kube
 from elasticgpu.testbed.processes import DemoError
 
@@ -113,6 +113,11 @@ def up(args: argparse.Namespace) -> int:
                "--timeout-s", str(args.timeout_s)]
     if args.no_runtime:
         command.append("--no-runtime")
+    if args.install == "chart":
+        if args.cluster != "real" or os.geteuid() != 0:
+            raise SandboxFailed("--install chart needs --cluster real and root (the box: a network namespace, kubelet,"
+                                " containerd), as `elasticgpu demo --cluster real --install chart` does")
+        command += ["--install", "chart"]
     print(f"sandbox: starting in the background (log: {where / LOG}) ...", flush=True)
     with (where / LOG).open("ab") as log:
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -243,10 +248,20 @@ def serve(args: argparse.Namespace) -> int:
     def say(text: str, _style: str | None = None) -> None:
         print(text, flush=True)
 
-    demo: running.Demo | None = None
+    demo: running.Demo | sandbox_chart.ChartSandbox | None = None
     code = 0
     try:
         run_frame.sweep_stale_dirs()
+        if getattr(args, "install", "processes") == "chart":
+            demo = sandbox_chart.ChartSandbox(args, say)
+            kept = demo.start()
+            shutil.copy(kept.pop("kubeconfig_from"), where / KUBECONFIG)
+            (where / KUBECONFIG).chmod(0o600)
+            _write_state(where, {"pid": os.getpid(), "ready": True, "kubeconfig": str(where / KUBECONFIG),
+                                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **kept})
+            say("ready")
+            stop.wait()
+            return 0
         demo = running.Demo(demo_args, say)
         where_from = "Kubernetes' own control plane" if demo.real else "the local API server"
         say(f"1/3 API server and CRDs ({where_from})")

@@ -246,6 +246,10 @@ class Cluster:
         """Every ElasticGPU as an API body."""
         return self._list(names.PLURAL_ELASTIC_GPU)
 
+    def claim_bodies(self) -> list[dict[str, Any]]:
+        """Every ElasticGPUClaim, of every namespace, as an API body."""
+        return self._list(names.PLURAL_CLAIM)
+
     def node_events(self, node: str) -> list[dict[str, Any]]:
         """The Events about the Node `node`, oldest first; [] when Events may not be listed."""
         try:

@@ -47,39 +47,20 @@ def build_parser() -> argparse.ArgumentParser:
     _common(parser)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    top_parser = commands.add_parser("top", help="per node and card: reserved, used, health, claims")
-    _common(top_parser, default=argparse.SUPPRESS)
-    top.add_arguments(top_parser)
-    top_parser.set_defaults(handler=_connected(top.run))
-
-    why_parser = commands.add_parser("why", help="why a claim is Pending (or Bound, or Lost), and what it lacks")
-    _common(why_parser, default=argparse.SUPPRESS)
-    why.add_arguments(why_parser)
-    why_parser.set_defaults(handler=_connected(why.run))
-
-    release_parser = commands.add_parser(
-        "release", help="--force: free an ElasticGPU's reservation its node's agent still reports in use (admin)")
-    _common(release_parser, default=argparse.SUPPRESS)
-    release.add_arguments(release_parser)
-    release_parser.set_defaults(handler=_connected(release.run))
-
-    usage_parser = commands.add_parser(
-        "usage", help="per namespace and class: reserved, used and waste (from Prometheus, or the objects now)")
-    _common(usage_parser, default=argparse.SUPPRESS)
-    usage.add_arguments(usage_parser)
-    usage_parser.set_defaults(handler=_connected(usage.run))
-
-    handover_parser = commands.add_parser(
-        "handover", help="move a node between the device plugin and elasticgpu, either way (admin)")
-    _common(handover_parser, default=argparse.SUPPRESS)
-    handover.add_arguments(handover_parser)
-    handover_parser.set_defaults(handler=_connected(handover.run))
-
-    doctor_parser = commands.add_parser(
-        "doctor", help="a node's checks: opted in, allocator conflicts, cards, node hook, toolkit setting")
-    _common(doctor_parser, default=argparse.SUPPRESS)
-    doctor.add_arguments(doctor_parser)
-    doctor_parser.set_defaults(handler=_connected(doctor.run))
+    connected = (  # the subcommands that read the cluster: (name, help, module with add_arguments and run)
+        ("top", "per node and card: reserved, used, health, claims", top),
+        ("why", "why a claim is Pending (or Bound, or Lost), and what it lacks", why),
+        ("release", "--force: free an ElasticGPU's reservation its node's agent still reports in use (admin)",
+         release),
+        ("usage", "per namespace and class: reserved, used and waste (from Prometheus, or the objects now)", usage),
+        ("handover", "move a node between the device plugin and elasticgpu, either way (admin)", handover),
+        ("doctor", "a node's checks: opted in, allocator conflicts, cards, node hook, toolkit setting", doctor),
+    )
+    for name, summary, module in connected:
+        sub = commands.add_parser(name, help=summary)
+        _common(sub, default=argparse.SUPPRESS)
+        module.add_arguments(sub)
+        sub.set_defaults(handler=_connected(module.run))
 
     plan_parser = commands.add_parser("plan", help="bind claims offline, with no cluster (elasticgpu plan)")
     plan.add_arguments(plan_parser)

@@ -5,7 +5,9 @@ A node's cards have one allocator at a time (elasticgpu.api.node_handover). Movi
     to elasticgpu                                   to device-plugin
     1 cordon                                        1 cordon
     2 drain the pods that use nvidia.com/gpu        2 drain the pods that use claims
-      (evictions: PodDisruptionBudgets hold it)       (evictions)
+      (evictions: PodDisruptionBudgets hold it)       (evictions); wait until the ElasticGPUs of
+                                                      deleted claims are gone (refused up front
+                                                      while a claim not being deleted holds a card)
     3 the device plugin off for this node           3 the agent off: label elasticgpu.io/agent removed;
       (nvidia.com/gpu.deploy.device-plugin=false,     wait until its pod has left the node
       the GPU Operator's own switch); wait until    4 our GPU objects of the node deleted (refused while
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from elasticgpu import user_errors
@@ -205,10 +207,21 @@ def cards_published(gpus: list[dict[str, Any]], now: float, *, fresh_s: float = 
     return None
 
 
-def _bound_elastic_gpus(view: cluster.Cluster, gpu_names: set[str]) -> list[str]:
+def _deleting_claims(view: cluster.Cluster) -> set[tuple[str, str]]:
+    """(namespace, name) of the claims being deleted: claim protection keeps each while a pod uses it."""
+    return {((c.get("metadata") or {}).get("namespace", ""), (c.get("metadata") or {}).get("name", ""))
+            for c in view.claim_bodies() if (c.get("metadata") or {}).get("deletionTimestamp")}  # fmt: skip
+
+
+def _bound_elastic_gpus(view: cluster.Cluster, gpu_names: set[str],
+                        going: Collection[tuple[str, str]] = ()) -> list[str]:  # fmt: skip
+    """The ElasticGPUs that hold one of `gpu_names`, less those of the claims in `going`."""
     held = []
     for egpu in view.elastic_gpu_bodies():
         spec = egpu.get("spec") or {}
+        ref = spec.get("claimRef") or {}
+        if (ref.get("namespace"), ref.get("name")) in going:
+            continue
         cards = set((spec.get("physicalGPU") or {}).get("gpuNames") or [])
         share = (spec.get("gpuShare") or {}).get("gpuName")
         if share:
@@ -216,7 +229,6 @@ def _bound_elastic_gpus(view: cluster.Cluster, gpu_names: set[str]) -> list[str]
         # Any phase: a Released one with reclaim Retain keeps its reservation too, until an admin deletes it.
         phase = (egpu.get("status") or {}).get("phase") or "no phase"
         if cards & gpu_names:
-            ref = spec.get("claimRef") or {}
             claim = f"claim {ref.get('namespace')}/{ref.get('name')}, " if ref else ""
             held.append(f"{egpu['metadata']['name']} ({claim}{phase})")
     return held
@@ -251,14 +263,21 @@ def to_elasticgpu(view: cluster.Cluster, node: str, args: argparse.Namespace) ->
 def to_device_plugin(view: cluster.Cluster, node: str, args: argparse.Namespace) -> None:
     step = Step(node, 6, args.step_timeout_s)
     gpus = {g["metadata"]["name"] for g in view.node_gpus(node)}
-    held = _bound_elastic_gpus(view, gpus)
+    # A claim being deleted does not hold the move back: its pods are drained below, then claim protection lets
+    # it go and the controller releases its ElasticGPU (waited for before the GPU objects go).
+    held = _bound_elastic_gpus(view, gpus, _deleting_claims(view))
     if held:
         raise user_errors.UserError(
-            f"node {node}: ElasticGPUs still hold its cards: {', '.join(held)}; delete those claims (or move their"
-            " workloads to another node's claims) and Released ElasticGPUs kept by reclaim Retain first: a claim"
-            " outlives its pods, as a PersistentVolumeClaim does. Nothing was changed")
+            f"node {node}: ElasticGPUs still hold its cards: {', '.join(held)}; delete those claims (their pods may"
+            " still run: this command drains them) or move their workloads to another node's claims, and delete"
+            " Released ElasticGPUs kept by reclaim Retain, first: a claim outlives its pods, as a"
+            " PersistentVolumeClaim does. Nothing was changed")
     _cordon(view, node, "device-plugin", step)
     _drain(view, node, args, step, "elasticgpu claims", lambda _: True, f"{names.LABEL_USES_CLAIMS}=true")
+    step.wait(f"the ElasticGPUs of the deleted claims on node {node} to go (each once its claim's pods have left)",
+              lambda: ", ".join(_bound_elastic_gpus(view, gpus)) or None,
+              lambda: "is the controller running? an ElasticGPU its claim's reclaim Retain keeps stays Released:"
+                      " delete it")
     view.patch_node(node, {"metadata": {"labels": {node_handover.LABEL_AGENT: None}}})
     step.say(f"removed the label {node_handover.LABEL_AGENT} from node {node}: the agent's DaemonSet leaves it")
 

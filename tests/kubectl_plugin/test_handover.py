@@ -27,6 +27,7 @@ from kubernetes.client.rest import ApiException
 
 from elasticgpu.api import names, node_handover
 from elasticgpu.kubectl_plugin import doctor
+from elasticgpu.kubectl_plugin.handover import POLL_S
 from tests.kube_cluster import TestCluster
 
 VENV_BIN = Path(sys.executable).parent
@@ -246,3 +247,50 @@ def test_the_way_back_refuses_while_a_claim_holds_a_card(world: World, kube_clus
         assert world.labels()[node_handover.LABEL_AGENT] == "true"
     finally:
         world.custom.delete_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_ELASTIC_GPU, egpu)
+
+
+def test_the_way_back_drains_the_pods_of_a_deleted_claim_and_waits_for_its_elasticgpu(
+    world: World, kube_cluster: TestCluster, namespace: str
+) -> None:
+    """A deleted claim that claim protection keeps while its pod runs does not hold the way back (it did: the
+    command refused again after 'delete those claims', found on the real kubelet); its ElasticGPU is waited for
+    before the node's GPU objects go."""
+    assert _handover(kube_cluster, world.node, "--to", "elasticgpu", "--step-timeout-s", "120").returncode == 0
+    card = world.gpu_objects()[0]["metadata"]["name"]
+    world.custom.create_namespaced_custom_object(names.GROUP, names.VERSION, namespace, names.PLURAL_CLAIM, {
+        "apiVersion": names.API_VERSION, "kind": names.KIND_CLAIM,
+        "metadata": {"name": "going", "finalizers": ["test.elasticgpu.io/in-use"]},
+        "spec": {"elasticGPUClassName": "any", "resources": {"requests": {names.RESOURCE_CORE: 30}}}})  # fmt: skip
+    world.custom.delete_namespaced_custom_object(names.GROUP, names.VERSION, namespace, names.PLURAL_CLAIM, "going")
+    egpu = f"egpu-going-{world.node}"
+    world.custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_ELASTIC_GPU, {
+        "apiVersion": names.API_VERSION, "kind": "ElasticGPU", "metadata": {"name": egpu},
+        "spec": {"capacity": {names.RESOURCE_CORE: 30}, "gpuShare": {"gpuName": card},
+                 "claimRef": {"namespace": namespace, "name": "going", "kind": "ElasticGPUClaim"}}})  # fmt: skip
+    world.core.create_namespaced_pod(namespace, _pod("claimer", world.node, namespace,
+                                                     labels={names.LABEL_USES_CLAIMS: "true"}))  # fmt: skip
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    command = subprocess.Popen([str(VENV_BIN / "kubectl-egpu"), "handover", world.node, "--to", "device-plugin",
+                                "--kubeconfig", str(kube_cluster.kubeconfig), "--disable-eviction",
+                                "--grace-period-s", "0", "--step-timeout-s", "120"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while "claimer" in world.pod_names():
+            assert command.poll() is None, command.communicate()[0]
+            assert time.monotonic() < deadline, "the claim's pod was not drained"
+            time.sleep(0.2)
+        time.sleep(3 * POLL_S)  # the command now waits for the ElasticGPU: the GPU objects must stay meanwhile
+        assert command.poll() is None and len(world.gpu_objects()) == GPUS
+        # What the controller does once the pod is gone: the claim goes, its ElasticGPU is deleted.
+        world.custom.patch_namespaced_custom_object(names.GROUP, names.VERSION, namespace, names.PLURAL_CLAIM,
+                                                    "going", {"metadata": {"finalizers": None}})  # fmt: skip
+        world.custom.delete_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_ELASTIC_GPU, egpu)
+        out, _ = command.communicate(timeout=120)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+    assert command.returncode == 0, out
+    assert f"the ElasticGPUs of the deleted claims on node {world.node} to go" in out, out
+    assert world.gpu_objects() == [] and world.labels()[node_handover.LABEL_DEVICE_PLUGIN_DEPLOY] == "true"

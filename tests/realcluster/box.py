@@ -43,7 +43,7 @@ __all__ = [
     "API_PORT", "CLUSTER_CIDR", "CNI_CACHE", "NETNS_PREFIX", "NODE_ADDRESS", "NODE_NETWORK", "NODE_PREFIX",
     "POD_GATEWAY", "POD_SUBNET", "SERVICE_CIDR", "SERVICE_IP", "Box", "BoxError", "BoxUnavailable", "Forwarder",
     "NetworkNamespace", "check_prerequisites", "clashes", "cni_config", "find_network_build", "host_networks",
-    "kube_proxy_config", "reaches", "running_box", "sweep_stale_namespaces",
+    "kube_proxy_config", "reaches", "running_box", "skip_unless_the_chart_can_run", "sweep_stale_namespaces",
 ]  # fmt: skip
 
 
@@ -52,3 +52,23 @@ def running_box(*, verbosity: str | None = None) -> Iterator[Box]:
     """elasticgpu.testbed.box.running_box, its components started with the tests' spawn."""
     with _box.running_box(verbosity=verbosity, spawn=spawning.spawn) as running:
         yield running
+
+
+def skip_unless_the_chart_can_run() -> None:
+    """Skip (naming what to build) unless the box, helm and this checkout's product image are there: what
+    `elasticgpu demo` and `elasticgpu sandbox` need for `--install chart`. The image is built here if need
+    be, so that the command's own call is then a cache hit."""
+    import pytest
+
+    from elasticgpu.testbed import helm, product_image, real_cluster
+
+    try:
+        check_prerequisites()
+    except (BoxUnavailable, real_cluster.ControlPlaneUnavailable) as e:
+        pytest.skip(str(e))
+    if isinstance(found := helm.find_helm(), str):
+        pytest.skip(f"no helm binary: {found}")
+    try:
+        product_image.this_checkouts_image()
+    except product_image.ImageUnavailable as e:
+        pytest.skip(f"no product image: {e}")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from elasticgpu.testbed import box, helm, product_image, real_cluster
+from elasticgpu.testbed import box
+from tests.realcluster import box as chart_box
 
 DEMO_TIMEOUT_S = 600
 """The run takes ~50 s on an idle machine of 2 cores (box 14 s, install 17 s, uninstall 14 s); the rest
@@ -42,16 +43,7 @@ def test_the_chart_has_its_agent_and_runtime() -> None:
 @pytest.mark.realcluster
 @pytest.mark.timeout(DEMO_TIMEOUT_S + 120)
 def test_the_demo_installs_the_chart_and_every_claim_reaches_a_pod() -> None:
-    try:
-        box.check_prerequisites()
-    except (box.BoxUnavailable, real_cluster.ControlPlaneUnavailable) as e:
-        pytest.skip(str(e))
-    if isinstance(found := helm.find_helm(), str):
-        pytest.skip(f"no helm binary: {found}")
-    try:
-        product_image.this_checkouts_image()  # built here if need be: the demo's own call is then a cache hit
-    except product_image.ImageUnavailable as e:
-        pytest.skip(f"no product image: {e}")
+    chart_box.skip_unless_the_chart_can_run()
     process = subprocess.Popen([sys.executable, "-m", "elasticgpu", "demo", "--cluster", "real", "--install", "chart"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:

@@ -9,7 +9,7 @@ into its spec-wide edits, for the capabilities a CUDA image asks for (compute, u
     binaries    nvidia-smi, nvidia-debugdump, nvidia-persistenced, nvidia-cuda-mps-control,
                 nvidia-cuda-mps-server
     firmware    /lib/firmware/nvidia/<driver version>/ (the GSP firmware the driver loads)
-    IPC         the persistenced and fabric manager sockets, the MPS pipe folder (when present)
+    IPC         the persistenced and fabric manager sockets (when present; never the node's MPS pipe folder)
     hook        `nvidia-ctk hook update-ldcache --folder <each library folder>` when nvidia-ctk
                 is on the node, so images whose loader does not search the multiarch folder
                 by default (and `ldconfig -p` users) find them too
@@ -64,7 +64,10 @@ LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr
                 "/lib/x86_64-linux-gnu", "/lib64", "/usr/local/nvidia/lib64")
 BINARY_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/nvidia/bin")
 FIRMWARE_DIRS = ("/lib/firmware", "/usr/lib/firmware")
-IPC_PATHS = ("/var/run/nvidia-persistenced/socket", "/var/run/nvidia-fabricmanager/socket", "/tmp/nvidia-mps")
+IPC_PATHS = ("/var/run/nvidia-persistenced/socket", "/var/run/nvidia-fabricmanager/socket")
+"""The node's daemon sockets a CUDA process may ask. Not the node's MPS pipe folder (/tmp/nvidia-mps), which
+NVIDIA's toolkit mounts: a daemon someone else runs there would answer every tenant of the node (`quit`
+included); the MPS mode gives each card a pipe folder of its own (isolation/mps.py)."""
 READ_ONLY = ("ro", "nosuid", "nodev", "bind")
 IPC_OPTIONS = ("nosuid", "nodev", "bind")  # a socket is connected to, the MPS pipes are written
 

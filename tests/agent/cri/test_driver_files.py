@@ -181,3 +181,26 @@ def test_a_library_s_own_soname_is_mounted(tmp_path: Path) -> None:
     (folder / f"libnvidia-gpucomp.so.{VERSION}").write_bytes(real.read_bytes())
     files = driver.find(version=VERSION, driver_root=str(tmp_path), nvidia_ctk="")
     assert {m.container_path for m in files.mounts} == {f"{LIBS}/libnvidia-gpucomp.so.{VERSION}", f"{LIBS}/libz.so.1"}
+
+
+def test_the_node_s_own_mps_pipe_folder_never_reaches_a_claim_container(tmp_path: Path) -> None:
+    """Issue 44's audit: an MPS daemon someone else runs on the node (NVIDIA's device plugin, an admin) keeps its
+    pipes in the node's /tmp/nvidia-mps; mounted into every claim container, any tenant of the node could talk to
+    it (`quit` included). The product's MPS mode gives each card a pipe folder of its own (docs/isolation.md), so
+    the spec mounts none of the node's; the node's daemon sockets (persistenced, fabric manager) stay."""
+    sim = backend(tmp_path / "sim")
+    root = sim.driver_root()
+    assert root is not None
+    host = tmp_path / "host"
+    (host / "tmp" / "nvidia-mps").mkdir(parents=True)
+    (host / "tmp" / "nvidia-mps" / "control").write_text("")
+    (host / "var" / "run" / "nvidia-persistenced").mkdir(parents=True)
+    (host / "var" / "run" / "nvidia-persistenced" / "socket").write_text("")
+    # The driver root is seen through the host root by the agent: the stand-in's path, as a path on `host`.
+    (host / root.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(root, host / root.lstrip("/"))
+    files = driver.find(version=VERSION, driver_root=root, host_root=str(host), nvidia_ctk="")
+    paths = {m.container_path for m in files.mounts}
+    assert "/var/run/nvidia-persistenced/socket" in paths  # the node's daemons that every CUDA process may ask
+    assert f"{LIBS}/libcuda.so.{VERSION}" in paths
+    assert not [p for p in paths if p.startswith("/tmp/nvidia-mps")], sorted(paths)
