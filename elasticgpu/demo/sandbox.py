@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -252,36 +253,16 @@ def serve(args: argparse.Namespace) -> int:
     code = 0
     try:
         run_frame.sweep_stale_dirs()
-        if getattr(args, "install", "processes") == "chart":
+        if args.install == "chart":
             demo = sandbox_chart.ChartSandbox(args, say)
             kept = demo.start()
-            shutil.copy(kept.pop("kubeconfig_from"), where / KUBECONFIG)
-            (where / KUBECONFIG).chmod(0o600)
-            _write_state(where, {"pid": os.getpid(), "ready": True, "kubeconfig": str(where / KUBECONFIG),
-                                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **kept})
-            say("ready")
-            stop.wait()
-            return 0
-        demo = running.Demo(demo_args, say)
-        where_from = "Kubernetes' own control plane" if demo.real else "the local API server"
-        say(f"1/3 API server and CRDs ({where_from})")
-        demo.start_cluster()
-        say("2/3 node agents (simulated cards), controller, webhook")
-        demo.start_components()
-        say("3/3 the default class gpushare (examples/class-gpushare.yaml) and the namespace default")
-        _apply_defaults(demo)
-        shutil.copy(demo.kubeconfig, where / KUBECONFIG)
+        else:
+            demo = running.Demo(demo_args, say)
+            kept = _start_processes(demo, say)
+        shutil.copy(kept.pop("kubeconfig_from"), where / KUBECONFIG)
         (where / KUBECONFIG).chmod(0o600)
-        _write_state(where, {
-            "pid": os.getpid(), "ready": True, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "cluster": "Kubernetes' own control plane (kube-apiserver, controller manager, scheduler)" if demo.real
-            else "the local API server (apiextensions-apiserver and etcd)",
-            "kubeconfig": str(where / KUBECONFIG), "directory": str(demo.directory), "nodes": demo.scenario.nodes,
-            "pods_note": _pods_note(demo),
-            # The local API server serves core/v1 and the CRDs, not apps/v1 or batch/v1.
-            "serves": "or any claim, pod, Deployment, Job of yours" if demo.real
-            else "or any claim or pod of yours (Deployments, Jobs: sandbox up --cluster real)",
-        })
+        _write_state(where, {"pid": os.getpid(), "ready": True, "kubeconfig": str(where / KUBECONFIG),
+                             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **kept})
         say("ready")
         stop.wait()
     except KeyboardInterrupt:
@@ -297,6 +278,27 @@ def serve(args: argparse.Namespace) -> int:
             say("stopping: every process the sandbox started, and its files")
             demo.cleanup()
     return code
+
+
+def _start_processes(demo: Any, say: Callable[[str], None]) -> dict[str, Any]:
+    """The demo's cluster and components up, the defaults applied; the fields of the sandbox's state (with
+    `kubeconfig_from`, the cluster's kubeconfig to copy)."""
+    where_from = "Kubernetes' own control plane" if demo.real else "the local API server"
+    say(f"1/3 API server and CRDs ({where_from})")
+    demo.start_cluster()
+    say("2/3 node agents (simulated cards), controller, webhook")
+    demo.start_components()
+    say("3/3 the default class gpushare (examples/class-gpushare.yaml) and the namespace default")
+    _apply_defaults(demo)
+    return {
+        "cluster": "Kubernetes' own control plane (kube-apiserver, controller manager, scheduler)" if demo.real
+        else "the local API server (apiextensions-apiserver and etcd)",
+        "kubeconfig_from": str(demo.kubeconfig), "directory": str(demo.directory), "nodes": demo.scenario.nodes,
+        "pods_note": _pods_note(demo),
+        # The local API server serves core/v1 and the CRDs, not apps/v1 or batch/v1.
+        "serves": "or any claim, pod, Deployment, Job of yours" if demo.real
+        else "or any claim or pod of yours (Deployments, Jobs: sandbox up --cluster real)",
+    }
 
 
 def _apply_defaults(demo: Any) -> None:
