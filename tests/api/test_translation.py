@@ -155,7 +155,8 @@ def test_another_vendor_is_one_line_of_the_table() -> None:
                                      "example.com/vgpu": {"meaning": "slice", "cores": 10, "memory": "4Gi"}})
     done = translation.translate_pod(_pod(_asks("a", {"amd.com/gpu": 2}), _asks("b", {"example.com/vgpu": 3})),
                                      table=table, cards=CARDS)
-    assert {t.container: t.request for t in done} == {"a": "gpu=2,class=a100", "b": "gpu-core=30,gpu-memory=12288,class=a100"}
+    assert {t.container: t.request for t in done} == {
+        "a": "gpu=2,class=a100", "b": "gpu-core=30,gpu-memory=12288,class=a100"}
 
 
 # --- invariants --------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from elasticgpu.controller.settings import ControllerSettings, QuotaSettings
 from tests.binding import objects as o
 from tests.kube_cluster import TestCluster
 from tests.pods.claim_world import World, kube, settle, wait_for, world
-from tests.pods.conftest import WebhookProcess, fresh_namespace, free_port, remove_configuration, start_webhook
+from tests.pods.conftest import WebhookProcess, free_port, fresh_namespace, remove_configuration, start_webhook
 
 __all__ = ["kube", "world"]  # fixtures
 
@@ -113,7 +113,7 @@ def _wait_translating(world: World) -> None:
 
 
 def _reviews(port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:  # noqa: S310 loopback
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
         text = answer.read().decode()
     return sum(float(value) for value in re.findall(r"^elasticgpu_webhook_reviews_total\{[^}]*\} (\S+)$", text, re.M))
 

@@ -20,8 +20,8 @@ from elasticgpu.controller.admission.metrics import WebhookMetrics
 from elasticgpu.controller.admission.mounting import MountedCertificate
 from elasticgpu.controller.admission.publishing import AdmissionApi
 from elasticgpu.controller.admission.serving import HttpsServer, Reviewer
-from elasticgpu.controller.admission.translating import Translator
 from elasticgpu.controller.admission.settings import WebhookSettings
+from elasticgpu.controller.admission.translating import Translator
 
 logger = logging.getLogger(__name__)
 

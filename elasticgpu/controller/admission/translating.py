@@ -138,9 +138,9 @@ class Translator:
             return
         if self._reader.list_in_namespace(ELASTIC_QUOTAS, namespace):
             return  # the ElasticGPUQuota charges every claim, translated ones included
-        quota, key = limited[0]
+        quota_name, key = limited[0]
         raise TranslationRefused(
-            f"pod {pod_name}: ResourceQuota {namespace}/{quota} limits {key}, which no longer counts once"
+            f"pod {pod_name}: ResourceQuota {namespace}/{quota_name} limits {key}, which no longer counts once"
             f" {', '.join(sorted(asked))} is translated into a claim: create an ElasticGPUQuota in namespace"
             f" {namespace} with the same limit ({names.RESOURCE_NVIDIA_GPU} whole cards, {names.RESOURCE_CORE} 100 per"
             " card; docs/quota.md), or remove the namespace's label"
@@ -152,7 +152,8 @@ class Translator:
             if named not in facts.classes:
                 known = ", ".join(sorted(facts.classes)) or "none"
                 raise TranslationRefused(
-                    f"pod {pod_name}: namespace {namespace} annotation {names.ANNOTATION_TRANSLATE_CLASS}: ElasticGPUClass"
+                    f"pod {pod_name}: namespace {namespace} annotation {names.ANNOTATION_TRANSLATE_CLASS}:"
+                    " ElasticGPUClass"
                     f" {named} does not exist (classes: {known}): fix the namespace's annotation")
             return str(named)
         if facts.default_class is None:
