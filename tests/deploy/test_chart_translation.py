@@ -53,7 +53,7 @@ def test_cert_manager_renders_the_configuration_the_webhook_publishes() -> None:
     published = webhook_configuration(settings, b"")
     for hook in published["webhooks"]:
         del hook["clientConfig"]["caBundle"]
-    assert [h["name"] for h in configuration["webhooks"]] == ["translate.pods.elasticgpu.io", "pods.elasticgpu.io"]
+    assert [h["name"] for h in configuration["webhooks"]] == ["pods.elasticgpu.io", "translate.pods.elasticgpu.io"]
     assert configuration["webhooks"] == published["webhooks"]
 
 
