@@ -5,6 +5,7 @@ the one the webhook publishes, and the chart refuses translation beside DRA's ex
 from __future__ import annotations
 
 import json
+import re
 
 import helm_python
 import pytest
@@ -61,7 +62,8 @@ def test_translation_and_dra_s_extended_resource_device_class_are_refused_togeth
     values = {**ON, "dra": {"extendedResourceDeviceClass": {"enabled": True}}}
     chart = helm_python.Chart.load(CHART)
     try:
-        with pytest.raises(Exception, match="translation.enabled and dra.extendedResourceDeviceClass.enabled"):
+        both = re.escape("translation.enabled and dra.extendedResourceDeviceClass.enabled")
+        with pytest.raises(Exception, match=both):
             chart.render(values, name="elasticgpu", namespace="elasticgpu-system")
     finally:
         chart.close()
