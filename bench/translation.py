@@ -14,6 +14,7 @@ annotation, gate, label), so what follows admission (the controller's claim, bin
 object path; bench/pods.py measures that part.
 
     python bench/translation.py                       # 4 rounds of 50 pods per phase
+    python bench/translation.py --namespace-cache-s 0 # the namespace read for every translated pod
     python bench/translation.py --rounds 2 --pods 20  # smoke run
 """
 
@@ -132,6 +133,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--pods", type=int, default=50, help="pods per phase and round")
     parser.add_argument("--cache-s", type=float, default=10.0, help="the webhook's --translation-cache-s")
+    parser.add_argument("--namespace-cache-s", type=float, default=2.0,
+                        help="the webhook's --translation-namespace-cache-s (0: the namespace read for every pod)")
     args = parser.parse_args()
 
     from tests.pods.conftest import free_port, start_webhook
@@ -142,6 +145,7 @@ def main() -> int:
         webhook = start_webhook(cluster, api, namespace="default", log_dir=Path(logs),
                                 configuration_name=f"bench-{uuid.uuid4().hex[:6]}",
                                 extra_args=("--translate", "--translation-cache-s", str(args.cache_s),
+                                            "--translation-namespace-cache-s", str(args.namespace_cache_s),
                                             "--metrics-bind-address", f"127.0.0.1:{free_port()}"))
         try:
             _wait_translating(api)
@@ -152,7 +156,8 @@ def main() -> int:
                     results[kind][1].append(per_pod)
         finally:
             webhook.stop()
-    print(f"{args.rounds} rounds x {args.pods} pods per phase, alternating; the webhook's cache {args.cache_s:g} s")
+    print(f"{args.rounds} rounds x {args.pods} pods per phase, alternating; the webhook's caches: cluster"
+          f" {args.cache_s:g} s, namespace {args.namespace_cache_s:g} s")
     print("| pod as written | admission p50 ms | p99 ms | mean ms | API writes per pod | webhook reads per pod |")
     print("|---|---|---|---|---|---|")
     for kind, (latencies, counts) in results.items():

@@ -45,7 +45,8 @@ def translating(
     metrics = free_port()
     with fresh_namespace(api_client, "translate") as home, tempfile.TemporaryDirectory() as logs:
         process = start_webhook(kube_cluster, api_client, namespace=home, log_dir=Path(logs), extra_args=(
-            "--translate", "--translation-cache-s", "0", "--metrics-bind-address", f"127.0.0.1:{metrics}"))
+            "--translate", "--translation-cache-s", "0",
+            "--translation-namespace-cache-s", "0", "--metrics-bind-address", f"127.0.0.1:{metrics}"))
         try:
             yield process, metrics
         finally:

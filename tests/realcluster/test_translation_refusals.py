@@ -37,7 +37,8 @@ def translating(kube_cluster: TestCluster, api_client: client.ApiClient, crds_in
     core.create_namespace({"metadata": {"name": home}})
     with tempfile.TemporaryDirectory() as logs:
         process = start_webhook(kube_cluster, api_client, namespace=home, log_dir=Path(logs), extra_args=(
-            "--translate", "--translate-resources", table, "--translation-cache-s", "0"))
+            "--translate", "--translate-resources", table, "--translation-cache-s", "0",
+            "--translation-namespace-cache-s", "0"))
         try:
             yield process
         finally:

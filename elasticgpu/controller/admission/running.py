@@ -40,7 +40,8 @@ class Webhook:
             if api is None:
                 raise ValueError("Webhook: translation reads the cluster: an AdmissionApi is needed")
             self.translator = Translator(reader=api, table=settings.translation_table(),
-                                         cache_s=settings.translation_cache_s)
+                                         cache_s=settings.translation_cache_s,
+                                         namespace_cache_s=settings.translation_namespace_cache_s)
             reviewer = functools.partial(reviewing.review, translate=self.translator.translate)
         self.server = HttpsServer(
             host=settings.listen_host, port=settings.port, path=settings.path, reviewer=reviewer,
