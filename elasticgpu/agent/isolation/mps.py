@@ -18,11 +18,12 @@ limits.env, docs/resize-node.md); running ones keep theirs.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
 
 from elasticgpu.agent.isolation import base, mps_shm, none
 from elasticgpu.agent.isolation.mps_ceiling import Ceiling
-from elasticgpu.agent.isolation.mps_daemons import MpsDaemons
 
 CONTAINER_PIPE_DIR = "/run/nvidia-mps"
 """Where a container sees its card's MPS pipe folder (not /tmp/nvidia-mps, which the CDI spec may mount)."""
@@ -32,12 +33,24 @@ CONTAINER_SHM_DIR = "/dev/shm"
 """Where a container sees its card's shared memory with the MPS server (the daemon's /dev/shm too)."""
 
 
+class Daemons(Protocol):
+    """The node's MPS control daemons as the room uses them: run here (`mps_daemons.MpsDaemons`) or by the MPS
+    daemon service, outside the agent's cgroup (`mps_client.MpsDaemonsClient`)."""
+
+    def problem(self) -> str | None: ...
+    def ensure(self, uuid: str, ceiling: Ceiling | None = None) -> None: ...
+    def release_except(self, used: Iterable[str]) -> list[str]: ...
+    def pipe_dir(self, uuid: str) -> Path: ...
+    def shm_dir(self, uuid: str) -> Path: ...
+    def close(self) -> None: ...
+
+
 class MpsRoom:
     """base.Room of mode MPS (see the module docstring)."""
 
     mode = base.MODE_MPS
 
-    def __init__(self, daemons: MpsDaemons, *, control: Callable[[], str | None], control_setting: str) -> None:
+    def __init__(self, daemons: Daemons, *, control: Callable[[], str | None], control_setting: str) -> None:
         """`control`: the control binary found under the driver root now (None: the node cannot run MPS);
         `control_setting`: where it was looked for, for the message that says so."""
         self.daemons = daemons
