@@ -337,7 +337,7 @@ class PodSync:
             # free them and start over, but never one whose ElasticGPU exists already (the other
             # controller's bind went on; the picture may not show it yet: a live read). Freeing that
             # one would leave its ElasticGPU without its reservation (Lost); the rest goes beside it.
-            made = {key for key in held if self._elastic_gpu_exists(key)}
+            made = {key for key in held if _elastic_gpu_exists(self.picture, self.kube, key)}
             keep_nodes = {held[key].node for key in made}
             if len(keep_nodes) > 1:
                 where = ", ".join(f"ElasticGPU {key} on {held[key].node}" for key in sorted(made))
@@ -398,16 +398,6 @@ class PodSync:
             self.binding.after_commit(claim, provision, key, placement)
         for claim, egpu, _node in statics.values():
             self.binding.bind_existing(claim, egpu)
-
-    def _elastic_gpu_exists(self, name: str) -> bool:
-        """A live read: the picture may not show yet an ElasticGPU another controller just made."""
-        if self.picture.egpu(name) is not None:
-            return True
-        try:
-            self.kube.get_elastic_gpu(name)
-        except errors.NotFound:
-            return False
-        return True
 
     def _node_of(self, egpu_name: str) -> str:
         """The node of an ElasticGPU's cards ("" when the picture does not know them)."""
@@ -473,6 +463,17 @@ class PodSync:
             raise
         self.picture.put_pod(answer)
         return answer
+
+
+def _elastic_gpu_exists(picture: Picture, kube: KubeApi, name: str) -> bool:
+    """A live read: the picture may not show yet an ElasticGPU another controller just made."""
+    if picture.egpu(name) is not None:
+        return True
+    try:
+        kube.get_elastic_gpu(name)
+    except errors.NotFound:
+        return False
+    return True
 
 
 def _is_live(pod: Body, uid: str) -> bool:
