@@ -42,11 +42,10 @@ class MpsDaemonsClient:
         return self.folders.shm_dir(uuid)
 
     def problem(self) -> str | None:
-        """Why the node cannot run MPS daemons now (the service's answer, or that it does not answer)."""
-        try:
-            return self._ask({"op": "problem"}).get("problem")
-        except RuntimeError as e:
-            return str(e)
+        """Why the node cannot run MPS daemons (the service's answer); raises MpsServiceUnreachable or
+        MpsServiceRefused while it cannot be asked (that passes by itself)."""
+        said = self._ask({"op": "problem"}).get("problem")
+        return said if isinstance(said, str) else None
 
     def pid(self, uuid: str) -> int | None:
         found = self._ask({"op": "pid", "uuid": uuid}).get("pid")

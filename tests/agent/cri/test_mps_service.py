@@ -229,3 +229,27 @@ def test_only_the_owner_reaches_the_service_and_a_bad_request_is_answered(tmp_pa
     finally:
         _end(service)
         node.close()
+
+
+def test_the_agent_s_mps_room_refuses_retryably_while_the_service_is_away(tmp_path: Path) -> None:
+    """The agent's side as running.py builds it with --mps-daemons-socket: while the service does not answer, an
+    MPS container is refused retryably, naming the service, the cards stop offering MPS, and a sync of the runtime's
+    containers neither fails nor stops anything; once the service answers, the container gets its daemon."""
+    node = IsolationNode(tmp_path / "node")
+    room = isolation.MpsRoom(_client(node), control=lambda: str(node.control), control_setting="the test")
+    slice_ = isolation.Slice(claim="team/c", uuids=(CARD,), cores=30, memory_mib=1024, pod_uid="u", container="main")
+    service = None
+    try:
+        with pytest.raises(isolation.Unavailable) as refused:
+            room.prepare(slice_)
+        assert refused.value.retryable and "elasticgpu-mps" in refused.value.message
+        assert "does not answer" in (room.problem() or "")
+        room.sync([])  # no exception: the next sync tries again
+        service = _start_service(node)
+        assert room.problem() is None
+        room.prepare(slice_)
+        [daemon] = node.servers()
+        assert _client(node).pid(CARD) == daemon and node.commands(CARD)[-2:] == CEILING.commands()
+    finally:
+        _end(service)
+        node.close()
