@@ -45,6 +45,14 @@ def _run(args: argparse.Namespace) -> int:
     return run_agent(settings.from_sources(args), log_level=str(args.log_level))
 
 
+def _mps_daemons(args: argparse.Namespace) -> int:
+    from elasticgpu.agent import mps_serving
+    from elasticgpu.logs import configure_logging
+
+    configure_logging(level=str(args.log_level))
+    return mps_serving.serve(settings.from_sources(args))
+
+
 def _guarded(handler: object) -> object:
     def call(args: argparse.Namespace) -> int:
         try:
@@ -75,6 +83,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     settings.add_arguments(run)
     run.set_defaults(handler=_guarded(_run))
+
+    mps = commands.add_parser(
+        "mps-daemons", help="run the node's MPS control daemons outside the agent (blocking; DaemonSet elasticgpu-mps)",
+        description="Run the node's MPS control daemons and answer the agent's requests on --mps-daemons-socket"
+        " (default: mps-daemons.sock in --isolation-dir), so that an agent restart leaves them and their clients"
+        " alone (docs/isolation.md). Takes the agent's settings: the same flags and ELASTICGPU_AGENT_* variables.",
+    )
+    mps.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    settings.add_arguments(mps, concerns=("cri", "isolation"))
+    mps.set_defaults(handler=_guarded(_mps_daemons))
 
     db = commands.add_parser("db", help="migrate or inspect the agent's ledger database (Alembic)")
     db_commands = db.add_subparsers(dest="db_command", required=True)

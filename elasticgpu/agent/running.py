@@ -50,6 +50,7 @@ from elasticgpu.agent import (
     kube,
     metrics,
     mig,
+    mps_serving,
     node_checks,
     nri,
     policing,
@@ -223,13 +224,10 @@ def _isolation_rooms(settings: AgentSettings, driver_root: Callable[[], str]) ->
     state = Path(iso.isolation_dir)
     rooms: list[isolation.Room] = []
     if iso.mps:
-        def control() -> str | None:
-            return driver.find_binary(isolation.mps_finding.CONTROL, driver_root=driver_root(),
-                                      host_root=settings.cri.host_root)
-
-        daemons = isolation.MpsDaemons(control=control, state_dir=state / "mps", settings=isolation.DaemonSettings(
-            stop_timeout_s=iso.mps_stop_timeout_s, check_interval_s=iso.mps_check_interval_s,
-            idle_grace_s=iso.isolation_idle_grace_s, shm_size_mib=iso.mps_shm_size_mib))
+        control = mps_serving.control_finder(settings, driver_root)
+        daemons: isolation.Daemons = (
+            isolation.MpsDaemonsClient(socket_path=Path(iso.mps_daemons_socket), state_dir=state / "mps")
+            if iso.mps_daemons_socket else mps_serving.daemons_here(settings, control))
         rooms.append(isolation.MpsRoom(daemons, control=control,
                                        control_setting="looked for under the driver root, --driver-root"))
     rooms.append(isolation.HamiCoreRoom(library=iso.hami_core_library, host_root=settings.cri.host_root,

@@ -269,6 +269,10 @@ class IsolationSettings:
     mps_shm_size_mib: int = 64
     """MiB of the tmpfs each card's MPS daemon and its MPS containers share as /dev/shm (mounted by the agent at
     <isolation_dir>/mps/<uuid>/shm; NVIDIA's device plugin mounts 64 MiB for its daemons)."""
+    mps_daemons_socket: str = ""
+    """Unix socket of the node's MPS daemon service (`elasticgpu agent mps-daemons`: the chart's DaemonSet
+    elasticgpu-mps), which runs the MPS control daemons outside the agent's cgroup so that they and their clients
+    outlive an agent restart; empty: the agent runs them itself, and they end with it (docs/isolation.md)."""
     isolation_idle_grace_s: float = 30.0
     """Seconds a card's MPS daemon and a container's HAMi-core cache are kept after a container was prepared,
     while the runtime does not list the container yet."""

@@ -185,7 +185,8 @@ def test_the_environment_is_the_agents_settings_and_the_node_comes_from_the_down
     assert env["ELASTICGPU_AGENT_DRIVER_ROOT"] == "/run/nvidia/driver"
     assert env["ELASTICGPU_AGENT_REFUSE_PRIVILEGED"] == "true"
     # The agent's own pods pass its privileged rule (a user's entries are kept beside).
-    assert env["ELASTICGPU_AGENT_PRIVILEGED_PODS"] == f"{NAMESPACE}/app.kubernetes.io/component=agent"
+    assert env["ELASTICGPU_AGENT_PRIVILEGED_PODS"] == (f"{NAMESPACE}/app.kubernetes.io/component=agent,"
+                                                       f"{NAMESPACE}/app.kubernetes.io/component=mps")
     names = [e["name"] for e in container["env"]]
     assert len(names) == len(set(names)), names
     assert set(names) - _known_settings() <= PENDING_SETTINGS, set(names) - _known_settings()
@@ -195,6 +196,39 @@ def test_the_environment_is_the_agents_settings_and_the_node_comes_from_the_down
     # A setting the chart owns cannot be given twice.
     with pytest.raises(helm_python.HelmError, match=re.escape("agent.env.ELASTICGPU_AGENT_NRI_SOCKET: the chart")):
         _render({"agent": {"env": {"ELASTICGPU_AGENT_NRI_SOCKET": "/x.sock"}}})
+
+
+def test_the_mps_daemons_run_in_a_daemonset_of_their_own_that_the_agent_reaches() -> None:
+    """Issue 44: the MPS control daemons live in elasticgpu-mps's cgroup, not the agent's, so an agent rollout
+    leaves them alone; the agent asks them over the socket both pods name, in the isolation folder both mount."""
+    values = {"agent": {"env": {"ELASTICGPU_AGENT_MPS_SHM_SIZE_MIB": "128"},
+                        "daemonset": {"hostPaths": {"state": "/run/egpu"}, "driverRoot": "/run/nvidia/driver"}}}
+    objects = _objects(values)
+    agent = _env(_agent_container(_one(objects, "DaemonSet", "elasticgpu-agent")))
+    mps_set = _one(objects, "DaemonSet", "elasticgpu-mps")
+    pod = mps_set["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["elasticgpu", "agent", "mps-daemons"]
+    assert build_parser().parse_args(["agent", "mps-daemons"]).handler is not None
+    mine = agent_settings.from_sources(None, {k: v for k, v in _env(container).items() if isinstance(v, str)})
+    theirs = agent_settings.from_sources(None, {k: v for k, v in agent.items() if isinstance(v, str)})
+    assert mine.isolation.mps_daemons_socket == theirs.isolation.mps_daemons_socket \
+        == "/run/egpu/isolation/mps-daemons.sock"
+    assert mine.isolation.isolation_dir == theirs.isolation.isolation_dir == "/run/egpu/isolation"
+    assert mine.isolation.mps_shm_size_mib == 128 and mine.cri.driver_root == "/run/nvidia/driver"
+    assert mine.cri.host_root == "/host"
+    # Its mounts reach the node where the runtime mounts the card folders from; no token, and no rolling update.
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/run/egpu"]["mountPropagation"] == "Bidirectional"
+    assert pod["automountServiceAccountToken"] is False and pod["hostPID"] is True
+    assert mps_set["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert pod["nodeSelector"] == _one(objects, "DaemonSet", "elasticgpu-agent")["spec"]["template"]["spec"][
+        "nodeSelector"]
+    # Off: the agent runs the daemons itself again (they end with it).
+    off = _objects({"agent": {"mps": {"enabled": False}}})
+    assert not [o for o in off if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "elasticgpu-mps"]
+    assert "ELASTICGPU_AGENT_MPS_DAEMONS_SOCKET" not in _env(_agent_container(_one(off, "DaemonSet",
+                                                                                   "elasticgpu-agent")))
 
 
 def test_probes_and_metrics_are_on_the_port_the_agent_serves() -> None:

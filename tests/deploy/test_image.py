@@ -297,6 +297,9 @@ def plan(work: Workload) -> Plan:
 
         return Plan(args=[], env={"ELASTICGPU_INSTALLER_ONCE": "1", "ELASTICGPU_SYSTEMCTL": "true"},
                     check=installed, after=_installed_python_runs)
+    if work.command[:3] == ["elasticgpu", "agent", "mps-daemons"]:
+        # The MPS daemon service (DaemonSet elasticgpu-mps): the CLI by name, its settings parsed, then --help.
+        return Plan(args=["--help"], env={}, check=_help)
     if work.command[:2] == ["elasticgpu", "after-uninstall"]:
         # helm uninstall's hook: the CLI by name on the image's PATH, its arguments parsed, then --help.
         return Plan(args=["--help"], env={}, check=_help)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from elasticgpu.api import names
+from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import pod_gate
 from tests.binding import objects as o
 from tests.pods.claim_world import World, controller_for, kube, settle, world
@@ -299,3 +302,41 @@ def test_a_node_a_gated_pod_names_for_itself_keeps_no_other_pod_off_it(world: Wo
     settle(controller)
     assert _pinned(world, "worker") == a, world.claims_ready("worker")
     assert world.get_claim("worker-main")["status"]["nodeName"] == a
+
+
+def test_two_controllers_reserved_on_two_nodes_and_one_elastic_gpu_exists(world: World) -> None:
+    """The interleaving of test_pod_race's flake, step by step. Controller B reserved the pod's
+    claim x on a and y on b (before the node was agreed) and already made x's ElasticGPU;
+    controller A's picture holds both reservations but not that ElasticGPU yet. A must free only
+    y's reservation (its ElasticGPU does not exist) and keep x's: freeing that one would leave
+    x's ElasticGPU without its reservation (Lost). Then y is placed on a, beside x."""
+    a, b = world.node(f"{world.prefix}-a"), world.node(f"{world.prefix}-b")
+    on_a, on_b = _gpu(world, a), _gpu(world, b)
+    wffc = _wffc_class(world)
+    claims = {name: world.claim(o.claim(name, cores=40, memory="1Gi", class_name=wffc)) for name in ("x", "y")}
+    egpus = {name: names.elastic_gpu_name_for_claim(c["metadata"]["uid"]) for name, c in claims.items()}
+    refs = {name: {"apiVersion": names.API_VERSION, "kind": names.KIND_CLAIM, "namespace": world.namespace,
+                   "name": name, "uid": c["metadata"]["uid"]} for name, c in claims.items()}
+    for name, gpu_name in (("x", on_a), ("y", on_b)):  # B's reservations, on two nodes
+        gpu = world.kube.get_gpu(gpu_name)
+        gpu["status"] = {"allocations": [{"elasticGPU": egpus[name], "cores": 40, "memory": 1024,
+                                          "claimRef": refs[name]}]}
+        world.kube.replace_gpu_status(gpu)
+    world.pod("p", claims={"main": "x", "side": "y"})
+    controller = controller_for(world)
+    controller.rebuild()  # A's picture: both reservations, no ElasticGPU
+    world.egpu({  # B's bind of x goes on: its ElasticGPU, as build_elastic_gpu makes it
+        "apiVersion": names.API_VERSION, "kind": names.KIND_ELASTIC_GPU,
+        "metadata": {"name": egpus["x"], "finalizers": [names.FINALIZER_EGPU_PROTECTION]},
+        "spec": {"capacity": {names.RESOURCE_CORE: 40, names.RESOURCE_MEMORY: "1Gi"}, "claimRef": refs["x"],
+                 "nodeName": a, "elasticGPUClassName": wffc, "reclaimPolicy": "Delete",
+                 "gpuShare": {"gpuName": on_a}}})
+    with pytest.raises(errors.BindingError, match="placing again"):
+        controller.pods.sync(world.namespace, "p")
+    assert [a_["elasticGPU"] for a_ in _allocations(world, on_a)] == [egpus["x"]], "x's reservation was freed"
+    assert _allocations(world, on_b) == []
+    settle(controller)
+    x, y = world.get_claim("x"), world.get_claim("y")
+    assert (x["status"]["phase"], y["status"]["phase"]) == ("Bound", "Bound")
+    assert x["status"]["nodeName"] == y["status"]["nodeName"] == a
+    assert _pinned(world, "p") == a

@@ -42,6 +42,10 @@ other privileged pods out), not the whole namespace. */}}
 {{- define "elasticgpu.agentEnv" -}}
 {{- $component := ternary "agent" "agent-installer" (eq (include "elasticgpu.nodeHook" .) "nri") }}
 {{- $own := printf "%s/app.kubernetes.io/component=%s" (include "elasticgpu.namespace" .) $component }}
+{{- if and (eq $component "agent") .Values.agent.mps.enabled }}
+{{- /* elasticgpu-mps is privileged too and uses no claim: exempt from --refuse-privileged as the agent is */}}
+{{- $own = printf "%s,%s/app.kubernetes.io/component=mps" $own (include "elasticgpu.namespace" .) }}
+{{- end }}
 {{- $env := deepCopy (.Values.agent.env | default dict) }}
 {{- $users := get $env "ELASTICGPU_AGENT_PRIVILEGED_PODS" | toString }}
 {{- $_ := set $env "ELASTICGPU_AGENT_PRIVILEGED_PODS" (ternary (printf "%s,%s" $own $users) $own (ne $users "")) }}

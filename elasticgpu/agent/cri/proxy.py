@@ -50,7 +50,7 @@ import grpc
 
 from elasticgpu.agent import errors, private_socket
 from elasticgpu.agent.cri import api, translating
-from elasticgpu.agent.injecting import hooks
+from elasticgpu.agent.injecting import hooks, injection
 from elasticgpu.agent.repeated_failures import RepeatedFailure
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ REMOVE_POD_SANDBOX = api.method_path(api.RUNTIME_SERVICE, "RemovePodSandbox")
 LIST_CONTAINERS = api.method_path(api.RUNTIME_SERVICE, "ListContainers")
 CONTAINER_STATUS = api.method_path(api.RUNTIME_SERVICE, "ContainerStatus")
 STOP_CONTAINER = api.method_path(api.RUNTIME_SERVICE, "StopContainer")
+REMOVE_CONTAINER = api.method_path(api.RUNTIME_SERVICE, "RemoveContainer")
 INTERCEPTED_METHODS = frozenset({CREATE_CONTAINER, REMOVE_CONTAINER, REMOVE_POD_SANDBOX})
 LONG_METHODS = frozenset(
     {api.method_path(api.RUNTIME_SERVICE, name) for name in (
@@ -136,6 +137,7 @@ class _Forwarder(grpc.GenericRpcHandler):
         self._list: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(LIST_CONTAINERS)
         self._status: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(CONTAINER_STATUS)
         self._stop: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(STOP_CONTAINER)
+        self._remove: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(REMOVE_CONTAINER)
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[bytes, bytes] | None:
         method = handler_call_details.method
@@ -267,6 +269,14 @@ class _Forwarder(grpc.GenericRpcHandler):
                 self._pass_error(e, context)
                 raise
             container_id = api.pb.CreateContainerResponse.FromString(answer).container_id
+            if prepared.edit is not None and (wrong := self._shadowed(container_id, prepared.edit)):
+                message = (f"elasticgpu agent: the container's image sets {', '.join(wrong)} in its ENV, and the"
+                           " runtime puts the image's entries before the agent's, where a CUDA process reads them:"
+                           " use an image that does not set these variables (the agent sets them from the claim)")
+                log.info("CreateContainer %s -> %s refused: %s", _describe(request), container_id, message)
+                self._remove_quietly(container_id)
+                self._after(lambda p: self._hooks.create_failed(p, grpc.StatusCode.FAILED_PRECONDITION), prepared)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
             self._after(lambda p: self._hooks.created(p, container_id), prepared)
             if prepared.details:
                 log.info("CreateContainer %s -> %s: %s", _describe(request), container_id, prepared.details)
@@ -317,6 +327,25 @@ class _Forwarder(grpc.GenericRpcHandler):
                 if isinstance(parsed, dict):
                     info.update(parsed)
         return info
+
+    def _shadowed(self, container_id: str, edit: injection.ContainerEdit) -> list[str]:
+        """What a reader of the created container's env takes instead of the agent's value (translating.shadowed)."""
+        if not any(k.startswith(translating.AGENT_KEY_PREFIXES) or k == injection.ENV_VISIBLE_DEVICES
+                   for k, _ in edit.envs):
+            return []
+        try:
+            return translating.shadowed(self.container_info(container_id), edit)
+        except grpc.RpcError as e:  # not read: the container stays, as before this check
+            log.warning("CreateContainer -> %s: its spec could not be read to check its env: %s", container_id, e)
+            return []
+
+    def _remove_quietly(self, container_id: str) -> None:
+        """Remove a container this proxy refuses after the runtime made it (kubelet never learns its id)."""
+        request = api.pb.RemoveContainerRequest(container_id=container_id).SerializeToString()
+        try:
+            self._remove(request, timeout=self._settings.list_timeout_s)
+        except grpc.RpcError as e:  # the next reconcile of the hooks finds it (no row is kept for it)
+            log.warning("removing refused container %s failed: %s", container_id, e)
 
     def stop_container(self, container_id: str, *, timeout_s: int) -> None:
         """Stop one container as kubelet would (issue 25, over-limit policing): the runtime sends

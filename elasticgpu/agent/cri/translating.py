@@ -85,6 +85,33 @@ def runtime_container(container: Any) -> hooks.RuntimeContainer:
     )
 
 
+AGENT_KEY_PREFIXES = ("CUDA_MPS_", "CUDA_DEVICE_")
+"""The limit keys the agent sets, read by a process's getenv (CUDA, the MPS client, HAMi-core): the first entry."""
+
+
+def shadowed(info: dict[str, Any], edit: injection.ContainerEdit) -> list[str]:
+    """The keys the agent set whose entry a reader takes is not the agent's, in the created container's spec (from
+    its verbose status): the runtime puts the image's ENV before the CRI config's envs, so an image that sets a
+    limit key comes first, where getenv reads (the NVIDIA hook reads NVIDIA_VISIBLE_DEVICES' last entry). Each as
+    `KEY=<what is read> (the agent's <value>)`; empty when the spec is not in the answer (another runtime)."""
+    process = (info.get("runtimeSpec") or {}).get("process") or {}
+    entries: dict[str, list[str]] = {}
+    for item in process.get("env") or []:
+        if isinstance(item, str) and "=" in item:
+            key, value = item.split("=", 1)
+            entries.setdefault(key, []).append(value)
+    found = []
+    for key, ours in edit.envs:
+        values = entries.get(key)
+        if not values:
+            continue
+        if key.startswith(AGENT_KEY_PREFIXES) and values[0] != ours:
+            found.append(f"{key}={values[0]} (the agent's {ours})")
+        elif key == injection.ENV_VISIBLE_DEVICES and values[-1] != ours:
+            found.append(f"{key}={values[-1]} (the agent's {ours})")
+    return found
+
+
 def container_env(info: dict[str, Any]) -> dict[str, str]:
     """The environment of a container from the runtime's verbose status (OCI spec, else CRI config)."""
     process = (info.get("runtimeSpec") or {}).get("process") or {}

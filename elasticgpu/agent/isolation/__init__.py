@@ -17,8 +17,10 @@ from elasticgpu.agent.isolation.base import (
     Unavailable,
 )
 from elasticgpu.agent.isolation.hami_core import HamiCoreRoom
-from elasticgpu.agent.isolation.mps import MpsRoom
+from elasticgpu.agent.isolation.mps import Daemons, MpsRoom
+from elasticgpu.agent.isolation.mps_client import MpsDaemonsClient, MpsServiceUnreachable
 from elasticgpu.agent.isolation.mps_daemons import DaemonSettings, MpsDaemons
+from elasticgpu.agent.isolation.mps_service import MpsDaemonService
 from elasticgpu.agent.isolation.none import NoneRoom
 from elasticgpu.agent.isolation.rooms import IsolationRooms
 
@@ -31,11 +33,15 @@ __all__ = [
     "MODE_NONE",
     "Contribution",
     "DaemonSettings",
+    "Daemons",
     "HamiCoreRoom",
     "IsolationRooms",
     "Mount",
+    "MpsDaemonService",
     "MpsDaemons",
+    "MpsDaemonsClient",
     "MpsRoom",
+    "MpsServiceUnreachable",
     "NoneRoom",
     "Room",
     "RunningContainer",

@@ -17,12 +17,17 @@ limits.env, docs/resize-node.md); running ones keep theirs.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
 
 from elasticgpu.agent.isolation import base, mps_shm, none
 from elasticgpu.agent.isolation.mps_ceiling import Ceiling
-from elasticgpu.agent.isolation.mps_daemons import MpsDaemons
+from elasticgpu.agent.isolation.mps_client import MpsServiceRefused, MpsServiceUnreachable
+
+log = logging.getLogger(__name__)
 
 CONTAINER_PIPE_DIR = "/run/nvidia-mps"
 """Where a container sees its card's MPS pipe folder (not /tmp/nvidia-mps, which the CDI spec may mount)."""
@@ -32,12 +37,24 @@ CONTAINER_SHM_DIR = "/dev/shm"
 """Where a container sees its card's shared memory with the MPS server (the daemon's /dev/shm too)."""
 
 
+class Daemons(Protocol):
+    """The node's MPS control daemons as the room uses them: run here (`mps_daemons.MpsDaemons`) or by the MPS
+    daemon service, outside the agent's cgroup (`mps_client.MpsDaemonsClient`)."""
+
+    def problem(self) -> str | None: ...
+    def ensure(self, uuid: str, ceiling: Ceiling | None = None) -> None: ...
+    def release_except(self, used: Iterable[str]) -> list[str]: ...
+    def pipe_dir(self, uuid: str) -> Path: ...
+    def shm_dir(self, uuid: str) -> Path: ...
+    def close(self) -> None: ...
+
+
 class MpsRoom:
     """base.Room of mode MPS (see the module docstring)."""
 
     mode = base.MODE_MPS
 
-    def __init__(self, daemons: MpsDaemons, *, control: Callable[[], str | None], control_setting: str) -> None:
+    def __init__(self, daemons: Daemons, *, control: Callable[[], str | None], control_setting: str) -> None:
         """`control`: the control binary found under the driver root now (None: the node cannot run MPS);
         `control_setting`: where it was looked for, for the message that says so."""
         self.daemons = daemons
@@ -45,17 +62,27 @@ class MpsRoom:
         self._users: dict[str, dict[tuple[str, str], int]] = {}  # card -> (pod uid, container) -> uid it runs as
         self._control = control
         self._control_setting = control_setting
+        self._unreachable = False  # the MPS daemon service did not answer the last sync (said once)
 
     def problem(self) -> str | None:
         """Why the node cannot run MPS, or None."""
         if self._control() is None:
             return f"the driver's nvidia-cuda-mps-control is not installed ({self._control_setting})"
-        return self.daemons.problem()
+        try:
+            return self.daemons.problem()
+        except (MpsServiceUnreachable, MpsServiceRefused) as e:
+            return str(e)
 
     def prepare(self, slice_: base.Slice) -> str | None:
         """The daemon of the claim's card runs, with its ceiling; `Unavailable` (retryable) when it cannot start.
         Returns a warning when the container runs as another uid than the card's other MPS containers."""
-        if (problem := self.problem()) is not None:
+        if self._control() is None:
+            raise base.Unavailable(f"the driver's nvidia-cuda-mps-control is not installed ({self._control_setting})")
+        try:
+            problem = self.daemons.problem()
+        except (MpsServiceUnreachable, MpsServiceRefused) as e:  # the service restarting: passes by itself
+            raise base.Unavailable(str(e), retryable=True) from e
+        if problem is not None:
             raise base.Unavailable(problem)
         for uuid in slice_.uuids:
             try:
@@ -113,7 +140,16 @@ class MpsRoom:
                 users.setdefault(uuid, {})[(container.pod_uid, container.name)] = int(said[ANNOTATION_USER])
         with self._lock:
             self._users = users
-        self.daemons.release_except(base.cards_in_use(self.mode, containers))
+        try:
+            self.daemons.release_except(base.cards_in_use(self.mode, containers))
+        except MpsServiceUnreachable as e:
+            if not self._unreachable:  # once per outage: the next sync tries again
+                log.warning("MPS daemons not released: %s", e)
+            self._unreachable = True
+            return
+        if self._unreachable:
+            log.info("the MPS daemon service answers again")
+        self._unreachable = False
 
     def close(self) -> None:
         """Stop supervising; the daemons keep serving their containers."""

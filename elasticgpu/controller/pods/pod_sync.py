@@ -31,6 +31,9 @@ Crash cases: reserved, no ElasticGPU yet: the next sync finds the reservations h
 (`Ledger.held`) and finishes them on their node; a pod deleted meanwhile leaves an orphan
 reservation, which the resync frees after its grace. Gate lifted before the pod's condition was
 set to True: the condition is cosmetic; the next change of the pod does not need it.
+Reservations of one pod on two nodes (two controllers before the node was agreed): those whose
+ElasticGPU does not exist yet are freed and placed again, beside the one whose ElasticGPU exists
+(read live: the picture may lag the other controller's create), which is never freed.
 """
 
 from __future__ import annotations
@@ -331,11 +334,23 @@ class PodSync:
         held_nodes = {p.node for p in held.values()}
         if len(held_nodes) > 1:
             # Reservations of one pod on two nodes (two controllers before the node was agreed):
-            # free them all and start over.
-            for key in held:
-                self.commit.free_reservation(key)
+            # free them and start over, but never one whose ElasticGPU exists already (the other
+            # controller's bind went on; the picture may not show it yet: a live read). Freeing that
+            # one would leave its ElasticGPU without its reservation (Lost); the rest goes beside it.
+            made = {key for key in held if _elastic_gpu_exists(self.picture, self.kube, key)}
+            keep_nodes = {held[key].node for key in made}
+            if len(keep_nodes) > 1:
+                where = ", ".join(f"ElasticGPU {key} on {held[key].node}" for key in sorted(made))
+                self._wait(pod, pod_gate.Wait(pod_gate.REASON_FAILED_PLACEMENT, f"the pod's claims were provisioned"
+                                              f" on different nodes ({where}); a pod runs on one node: delete"
+                                              " the claims of one node", warning=True))
+                return
+            for key in sorted(held):
+                if key not in made and held[key].node not in keep_nodes:
+                    self.commit.free_reservation(key)
             raise errors.BindingError(f"pod {namespace}/{meta.get('name')}: its claims were reserved on"
-                                      f" {', '.join(sorted(held_nodes))}; freed, placing again")
+                                      f" {', '.join(sorted(held_nodes))}; freed those not on"
+                                      f" {next(iter(keep_nodes), 'a node with an ElasticGPU')}, placing again")
         static_nodes = {node for _claim, _egpu, node in statics.values()}
         if len(static_nodes | ({decision.node} if decision.node and statics else set())) > 1:
             where = ", ".join(f"{name} -> ElasticGPU {egpu} on {node}" for name, (_c, egpu, node) in sorted(
@@ -448,6 +463,17 @@ class PodSync:
             raise
         self.picture.put_pod(answer)
         return answer
+
+
+def _elastic_gpu_exists(picture: Picture, kube: KubeApi, name: str) -> bool:
+    """A live read: the picture may not show yet an ElasticGPU another controller just made."""
+    if picture.egpu(name) is not None:
+        return True
+    try:
+        kube.get_elastic_gpu(name)
+    except errors.NotFound:
+        return False
+    return True
 
 
 def _is_live(pod: Body, uid: str) -> bool:
