@@ -44,6 +44,7 @@ from elasticgpu.api import names
 logger = logging.getLogger(__name__)
 
 GPUS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL_GPU}"
+RESOURCE_SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 @dataclass(frozen=True)
@@ -308,3 +309,28 @@ class AgentKube:
             content_type="application/merge-patch+json", query={"fieldManager": self._field_manager},
             what=f"label Node {self.node_name}", write="node_labels",
         )
+
+    # DRA: this node's ResourceSlice (by name; the admission policy checks spec.nodeName), claims by name -----
+
+    def read_resource_slice(self, name: str) -> dict[str, Any]:
+        """One ResourceSlice; raises `KubeNotFound`."""
+        return self._request("GET", f"{RESOURCE_SLICES_PATH}/{name}", what=f"read ResourceSlice {name}")
+
+    def apply_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply of a whole ResourceSlice (creates it when absent)."""
+        name = body["metadata"]["name"]
+        return self._request(
+            "PATCH", f"{RESOURCE_SLICES_PATH}/{name}", body=body, content_type="application/apply-patch+yaml",
+            query={"fieldManager": self._field_manager, "force": "true"}, what=f"apply ResourceSlice {name}",
+            write="resource_slice",
+        )
+
+    def delete_resource_slice(self, name: str) -> None:
+        """Delete a ResourceSlice; raises `KubeNotFound` when it is gone already."""
+        self._request("DELETE", f"{RESOURCE_SLICES_PATH}/{name}", what=f"delete ResourceSlice {name}",
+                      write="resource_slice")
+
+    def read_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """One resource.k8s.io/v1 ResourceClaim (kubelet names it in NodePrepareResources); raises `KubeNotFound`."""
+        return self._request("GET", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
+                             what=f"read ResourceClaim {namespace}/{name}")
