@@ -304,16 +304,16 @@ def _start_dra(settings: AgentSettings, agent_kube: kube.AgentKube, loops: _Loop
                stop: threading.Event) -> None:  # fmt: skip
     """The DRA driver (docs/dra.md): the kubelet plugin's sockets and the ResourceSlice publisher. A plugin that
     cannot listen is retried until it can (kubelet's folder may appear late); the agent's other work goes on."""
-    from elasticgpu.agent.dra import checkpoint, plugin_serving, preparing, slice_publishing
+    from elasticgpu.agent import dra  # its protos are compiled only on a node that is a DRA driver
 
-    store = checkpoint.Checkpoint(Path(settings.dra.dra_checkpoint))
+    store = dra.Checkpoint(Path(settings.dra.dra_checkpoint))
     if loops.hook is not None:
         loops.hook.dra_devices = store.devices_of_pod  # containers kubelet prepared through DRA stay as they are
-    preparer = preparing.Preparer(node=agent_kube.node_name, read_claim=agent_kube.read_resource_claim,
+    preparer = dra.Preparer(node=agent_kube.node_name, read_claim=agent_kube.read_resource_claim,
                                   list_gpus=lambda: agent_kube.list_gpus()[0], store=store,
                                   cdi_dir=Path(settings.cri.cdi_dir))  # fmt: skip
-    plugin = plugin_serving.KubeletPlugin(preparer, kubelet_dir=Path(settings.dra.dra_kubelet_dir))
-    slices = slice_publishing.SlicePublisher(agent_kube)
+    plugin = dra.KubeletPlugin(preparer, kubelet_dir=Path(settings.dra.dra_kubelet_dir))
+    slices = dra.SlicePublisher(agent_kube)
     thread = threading.Thread(target=slices.run, args=(stop,), name="dra-slices", daemon=True)
     thread.start()
     threads.append(thread)
