@@ -221,7 +221,7 @@ class GPU(KubeModel):
         rule(
             "!has(self.status) || !has(self.status.owner) || self.status.owner != 'DRA'"
             " || !has(self.status.allocations) || size(self.status.allocations) == 0",
-            "status.allocations: a card whose status.owner is DRA holds no ElasticGPU reservation; move it back"
+            "status.owner: a card DRA owns holds no ElasticGPU reservation in status.allocations; move it back"
             " (spec.owner: ElasticGPU) and wait for status.owner to follow",
             reason="FieldValueInvalid",
         ),
