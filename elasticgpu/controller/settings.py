@@ -152,6 +152,17 @@ class GPUHealthSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OwnerMoveSettings:
+    """How a card moves between our controller and DRA (`owner_move`, docs/dra.md)."""
+
+    unpublish_grace_s: float = 10.0
+    """Seconds a move from DRA back to ElasticGPU waits, counted from when it started waiting, before it
+    may flip even with no ResourceClaim on the card: the driver drops the card from its ResourceSlice
+    when spec.owner changes, and a scheduler that allocated from the slice it read just before writes its
+    claim within this time (its cache lags by milliseconds). Far below any drain, so it costs nothing."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RecommendSettings:
     """Recommendations from measured use and `resizePolicy: Auto` (`decisions.recommend`)."""
 
@@ -181,6 +192,7 @@ class ControllerSettings:
     retry: RetrySettings = field(default_factory=RetrySettings)
     watch: WatchSettings = field(default_factory=WatchSettings)
     gpu_health: GPUHealthSettings = field(default_factory=GPUHealthSettings)
+    owner_move: OwnerMoveSettings = field(default_factory=OwnerMoveSettings)
     quota: QuotaSettings = field(default_factory=QuotaSettings)
     recommend: RecommendSettings = field(default_factory=RecommendSettings)
 
