@@ -21,8 +21,9 @@ from kubernetes import client
 
 from elasticgpu.agent import errors
 from elasticgpu.agent import kube as agent_api
-from elasticgpu.agent.dra import checkpoint, claim_cdi, device_names, plugin_serving, preparing, protocol
+from elasticgpu.agent.dra import checkpoint, claim_cdi, plugin_serving, preparing, protocol, slice_content
 from elasticgpu.agent.dra.slice_publishing import SlicePublisher
+from elasticgpu.api import dra_names
 from tests.agent.dra.test_slice_content import gpu
 from tests.kube_cluster import kube_request
 
@@ -44,7 +45,7 @@ def admin_kube(api_client: client.ApiClient, node: str) -> Iterator[agent_api.Ag
         yield kube
     finally:
         with contextlib.suppress(errors.KubeNotFound):
-            kube.delete_resource_slice(device_names.slice_name(node))
+            kube.delete_resource_slice(slice_content.slice_name(node))
 
 
 def test_the_slice_is_accepted_bumps_its_generation_and_goes_with_the_last_dra_card(
@@ -52,7 +53,7 @@ def test_the_slice_is_accepted_bumps_its_generation_and_goes_with_the_last_dra_c
 ) -> None:
     publisher = SlicePublisher(admin_kube)
     assert publisher.publish([gpu(0), gpu(1, desired="ElasticGPU", effective="ElasticGPU")])
-    stored = admin_kube.read_resource_slice(device_names.slice_name(node))
+    stored = admin_kube.read_resource_slice(slice_content.slice_name(node))
     assert stored["spec"]["driver"] == "gpu.elasticgpu.io"
     assert stored["spec"]["nodeName"] == node
     assert stored["spec"]["pool"] == {"name": node, "generation": 1, "resourceSliceCount": 1}
@@ -64,13 +65,13 @@ def test_the_slice_is_accepted_bumps_its_generation_and_goes_with_the_last_dra_c
     # A fresh agent (no memory of what it wrote) compares with the server and writes nothing either.
     assert not SlicePublisher(admin_kube).publish([gpu(0)])
     assert publisher.publish([gpu(0), gpu(1)])
-    stored = admin_kube.read_resource_slice(device_names.slice_name(node))
+    stored = admin_kube.read_resource_slice(slice_content.slice_name(node))
     assert stored["spec"]["pool"]["generation"] == 2
     assert [d["name"] for d in stored["spec"]["devices"]] == ["gpu-0", "gpu-1"]
     # The platform team takes both back: the slice goes.
     assert publisher.publish([gpu(0, desired="ElasticGPU"), gpu(1, desired="ElasticGPU")])
     with pytest.raises(errors.KubeNotFound):
-        admin_kube.read_resource_slice(device_names.slice_name(node))
+        admin_kube.read_resource_slice(slice_content.slice_name(node))
 
 
 # Kubelet's side of the plugin API -----------------------------------------------------------------------------
@@ -128,7 +129,7 @@ def allocated_claim(api: client.ApiClient, namespace: str, node: str, device: st
     })  # fmt: skip
     assert created.status == 201, created.body
     claim = created.json()
-    result: dict[str, Any] = {"request": "gpu", "driver": device_names.DRIVER, "pool": node, "device": device}
+    result: dict[str, Any] = {"request": "gpu", "driver": dra_names.DRIVER_NAME, "pool": node, "device": device}
     if consumed is not None:
         result["consumedCapacity"] = consumed
         result["shareID"] = str(uuid.uuid4())

@@ -1,8 +1,7 @@
 """The agent as the DRA driver `gpu.elasticgpu.io` for the cards a platform team hands to DRA (docs/dra.md).
 
-    device_names.py      driver, pool and device names (the interface with the controller side)
     card_owners.py       who owns a card: spec.owner / status.owner of its GPU object, read defensively
-    slice_content.py     pure: the node's GPU objects -> the ResourceSlice's devices
+    slice_content.py     pure: the node's GPU objects -> the ResourceSlice (names: elasticgpu/api/dra_names.py)
     slice_publishing.py  SlicePublisher: keeps the node's ResourceSlice true (list + watch of its GPUs)
     protocol.py          the kubelet plugin protos (registration v1, DRA v1 and v1beta1), compiled at import
     preparing.py         Preparer: NodePrepareResources / NodeUnprepareResources as plain calls
@@ -17,10 +16,10 @@ kubelet prepared through DRA.
 """
 
 from elasticgpu.agent.dra.checkpoint import Checkpoint
-from elasticgpu.agent.dra.device_names import DRIVER
 from elasticgpu.agent.dra.plugin_serving import KubeletPlugin
 from elasticgpu.agent.dra.preparing import Preparer
 from elasticgpu.agent.dra.slice_publishing import SlicePublisher
+from elasticgpu.api.dra_names import DRIVER_NAME as DRIVER
 
 __all__ = [
     "DRIVER",

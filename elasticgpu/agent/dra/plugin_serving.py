@@ -24,19 +24,20 @@ from typing import Any
 import grpc
 
 from elasticgpu.agent import private_socket
-from elasticgpu.agent.dra import checkpoint, device_names, preparing, protocol
+from elasticgpu.agent.dra import checkpoint, preparing, protocol
+from elasticgpu.api import dra_names
 
 log = logging.getLogger(__name__)
 
 
 def registration_socket(kubelet_dir: Path) -> Path:
     """Where kubelet's plugin watcher looks for the driver's registration socket."""
-    return kubelet_dir / "plugins_registry" / f"{device_names.DRIVER}-reg.sock"
+    return kubelet_dir / "plugins_registry" / f"{dra_names.DRIVER_NAME}-reg.sock"
 
 
 def service_socket(kubelet_dir: Path) -> Path:
     """The socket of the DRA service (named to kubelet in GetInfo)."""
-    return kubelet_dir / "plugins" / device_names.DRIVER / "dra.sock"
+    return kubelet_dir / "plugins" / dra_names.DRIVER_NAME / "dra.sock"
 
 
 class _Registration:
@@ -48,7 +49,7 @@ class _Registration:
 
     def GetInfo(self, request: Any, context: Any) -> Any:
         return protocol.registration_pb.PluginInfo(
-            type=protocol.DRA_PLUGIN_TYPE, name=device_names.DRIVER, endpoint=str(self._endpoint),
+            type=protocol.DRA_PLUGIN_TYPE, name=dra_names.DRIVER_NAME, endpoint=str(self._endpoint),
             supported_versions=list(protocol.SUPPORTED_SERVICES),
         )  # fmt: skip
 
@@ -70,9 +71,9 @@ class PluginState:
         with self._lock:
             if ok != self.is_registered or error != self.error:
                 if ok:
-                    log.info("kubelet registered DRA driver %s", device_names.DRIVER)
+                    log.info("kubelet registered DRA driver %s", dra_names.DRIVER_NAME)
                 else:
-                    log.warning("kubelet refused DRA driver %s: %s", device_names.DRIVER, error)
+                    log.warning("kubelet refused DRA driver %s: %s", dra_names.DRIVER_NAME, error)
             self.is_registered, self.error = ok, error
         self.changed.set()
 
@@ -160,7 +161,7 @@ class KubeletPlugin:
         except BaseException:
             self.stop()
             raise
-        log.info("DRA driver %s serving on %s", device_names.DRIVER, self._service_path)
+        log.info("DRA driver %s serving on %s", dra_names.DRIVER_NAME, self._service_path)
 
     def stop(self) -> None:
         """Stop serving and remove the sockets (kubelet's watcher sees the registration go)."""

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from elasticgpu.agent import errors
-from elasticgpu.agent.dra import card_owners, checkpoint, claim_cdi, device_names, slice_content
+from elasticgpu.agent.dra import card_owners, checkpoint, claim_cdi, slice_content
+from elasticgpu.api import dra_names, quantities
 from elasticgpu.api import errors as api_errors
-from elasticgpu.api import quantities
 
 _BARE = re.compile(r"^\s*[0-9]+\s*$")
 
@@ -115,19 +115,21 @@ class Preparer:
                  claim: dict[str, Any]) -> tuple[tuple[checkpoint.PreparedDevice, ...], dict[str, int]]:  # fmt: skip
         allocation = (claim.get("status") or {}).get("allocation") or {}
         results = [r for r in (allocation.get("devices") or {}).get("results") or []
-                   if r.get("driver") == device_names.DRIVER]  # fmt: skip
+                   if r.get("driver") == dra_names.DRIVER_NAME]  # fmt: skip
         if not results:
-            raise ClaimNotReady(f"{ref} has no device of driver {device_names.DRIVER} in status.allocation yet")
+            raise ClaimNotReady(f"{ref} has no device of driver {dra_names.DRIVER_NAME} in status.allocation yet")
         gpus = {gpu.get("spec", {}).get("index"): gpu for gpu in self._list_gpus()}
-        pool = device_names.pool_name(self._node)
+        pool = dra_names.pool_name(self._node)
         prepared: list[checkpoint.PreparedDevice] = []
         memory: dict[str, int] = {}
         for result in results:
             where = f"{ref}, device {result.get('pool')}/{result.get('device')}"
             if result.get("pool") != pool:
                 raise ClaimRefused(f"{where}: the pool is not this node's ({pool}); the claim was allocated elsewhere")
-            index = device_names.device_index(str(result.get("device")))
-            gpu = gpus.get(index) if index is not None else None
+            index = dra_names.card_index(str(result.get("device")))
+            # Only whole devices are published (gpu-<index>); a carved one (gpu-<index>-<part>) is none of ours yet.
+            whole = index is not None and dra_names.device_name(index) == result.get("device")
+            gpu = gpus.get(index) if whole else None
             if gpu is None:
                 raise ClaimRefused(
                     f"{where}: node {self._node} has no such card (no GPU object with spec.index {index})")

@@ -1,7 +1,7 @@
 """What the node's ResourceSlice says: pure, from the node's GPU objects (what the agent published
 from discovery) to the `spec` of one resource.k8s.io/v1 ResourceSlice.
 
-One pool per node (device_names.pool_name), one slice in it, one device per card that
+One pool per node (names: elasticgpu/api/dra_names.py), one slice in it, one device per card that
 card_owners says DRA may offer, healthy or of unknown health (an Unhealthy card is left out, so the
 scheduler places no new claim on it; claims already allocated keep running until they end).
 
@@ -23,7 +23,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from elasticgpu.agent.dra import card_owners, device_names
+from elasticgpu.agent.dra import card_owners
+from elasticgpu.api import dra_names
 
 CORES = "cores"
 MEMORY = "memory"
@@ -50,7 +51,7 @@ def _device(gpu: dict[str, Any]) -> dict[str, Any] | None:
     if spec.get("pcieRoot"):
         attributes["pcieRoot"] = {"string": str(spec["pcieRoot"])}
     return {
-        "name": device_names.device_name(index),
+        "name": dra_names.device_name(index),
         "attributes": attributes,
         "capacity": {
             CORES: {"value": str(CORES_PER_CARD), "requestPolicy": {
@@ -75,6 +76,11 @@ def devices(gpus: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(found, key=lambda device: str(device["name"]))
 
 
+def slice_name(node: str) -> str:
+    """The name of `node`'s ResourceSlice (one per node: a pool of at most 128 devices fits one)."""
+    return f"{node}-{dra_names.DRIVER_NAME}"
+
+
 def digest(devices_: list[dict[str, Any]]) -> str:
     """The DIGEST_ANNOTATION value of `devices_`."""
     return hashlib.sha256(json.dumps(devices_, sort_keys=True).encode()).hexdigest()
@@ -84,9 +90,9 @@ def slice_body(node: str, devices_: list[dict[str, Any]], *, generation: int) ->
     """The whole ResourceSlice object (for a server-side apply) of `node` with `devices_`."""
     return {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": device_names.slice_name(node), "annotations": {DIGEST_ANNOTATION: digest(devices_)}},
+        "metadata": {"name": slice_name(node), "annotations": {DIGEST_ANNOTATION: digest(devices_)}},
         "spec": {
-            "driver": device_names.DRIVER, "nodeName": node, "devices": devices_,
-            "pool": {"name": device_names.pool_name(node), "generation": generation, "resourceSliceCount": 1},
+            "driver": dra_names.DRIVER_NAME, "nodeName": node, "devices": devices_,
+            "pool": {"name": dra_names.pool_name(node), "generation": generation, "resourceSliceCount": 1},
         },
     }  # fmt: skip

@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 from elasticgpu.agent import errors, kube
-from elasticgpu.agent.dra import device_names, slice_content
+from elasticgpu.agent.dra import slice_content
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class SlicePublisher:
     def __init__(self, api: kube.AgentKube) -> None:
         self._api = api
         self._node = api.node_name
-        self._name = device_names.slice_name(api.node_name)
+        self._name = slice_content.slice_name(api.node_name)
         # The digest of the devices last known on the server, NO_SLICE for none; None: unknown (read again).
         self._published: str | None = None
         self.publishes = 0

@@ -8,7 +8,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticgpu.agent.dra import card_owners, device_names, slice_content
+from elasticgpu.agent.dra import card_owners, slice_content
+from elasticgpu.api import dra_names
 
 OWNERS = st.sampled_from([None, "ElasticGPU", "DRA", "dra", ""])
 
@@ -62,12 +63,6 @@ def test_the_slice_holds_exactly_the_healthy_cards_dra_owns_on_both_sides(
 ) -> None:
     gpus = [gpu(i, desired=d, effective=e, health=h) for i, (d, e, h) in enumerate(cards)]
     offered = {device["name"] for device in slice_content.devices(gpus)}
-    expected = {device_names.device_name(i) for i, (d, e, h) in enumerate(cards)
+    expected = {dra_names.device_name(i) for i, (d, e, h) in enumerate(cards)
                 if d == "DRA" and e == "DRA" and h != "Unhealthy"}  # fmt: skip
     assert offered == expected
-
-
-def test_device_names_round_trip_and_refuse_strangers() -> None:
-    assert device_names.device_index(device_names.device_name(12)) == 12
-    for stranger in ("gpu-", "gpu-01", "gpu--1", "mig-1", "gpu-1a"):
-        assert device_names.device_index(stranger) is None
