@@ -53,17 +53,13 @@ class DraNode:
     restart: Any  # () -> None: kill -9 the agent and start it again, as a DaemonSet would
 
 
-def _wait(what: str, check: Any, children: list[processes.Child]) -> Any:
-    found: list[Any] = []
-
-    def probe() -> bool:
-        value = check()
-        if value:
-            found.append(value)
-        return bool(value)
-
-    processes.wait_until(probe, what, timeout_s=WITHIN_S, children=children)
-    return found[-1]
+def _wait(what: str, check: Any, node: DraNode) -> Any:
+    try:
+        return processes.wait_until(check, what, timeout_s=WITHIN_S, children=[node.agent, node.kubelet.child])
+    except processes.DemoError as e:
+        kubelet_log = node.kubelet.child.log.read_text(errors="replace").splitlines()
+        about = [line for line in kubelet_log if "plugin" in line.lower() or "dra" in line.lower()][-25:]
+        raise AssertionError(f"{e}\nagent:\n{node.agent.tail(25)}\nkubelet (plugins, DRA):\n" + "\n".join(about)) from e
 
 
 @pytest.fixture(scope="module")
@@ -149,9 +145,8 @@ def _pod(name: str, template: str, image: str) -> dict[str, Any]:
 def test_a_whole_card_claim_runs_on_its_card_and_survives_a_kill_of_the_agent(
     api_client: client.ApiClient, product: None, dra_node: DraNode, namespace: str
 ) -> None:
-    children = [dra_node.agent, dra_node.kubelet.child]
     gpus = _wait(f"the agent's 2 GPU objects of {NODE}", lambda: len(_gpus(api_client)) == 2 and _gpus(api_client),
-                 children)  # fmt: skip
+                 dra_node)  # fmt: skip
     card, ours = gpus[0], gpus[1]
     patched = kube_request(api_client, "PATCH", f"{GPUS}/{card['metadata']['name']}",
                            body={"spec": {"owner": "DRA"}},
@@ -159,14 +154,14 @@ def test_a_whole_card_claim_runs_on_its_card_and_survives_a_kill_of_the_agent(
     assert patched.status == 200, patched.body
     _wait("the controller to make card 0 DRA's (status.owner)", lambda: kube_request(
         api_client, "GET", f"{GPUS}/{card['metadata']['name']}").json().get("status", {}).get("owner") == "DRA",
-        children)  # fmt: skip
+        dra_node)  # fmt: skip
     slice_path = f"{RESOURCE}/resourceslices/{slice_content.slice_name(NODE)}"
     published = _wait("the node's ResourceSlice with card 0 only", lambda: (
         (answer := kube_request(api_client, "GET", slice_path)).status == 200 and
-        [d["name"] for d in answer.json()["spec"]["devices"]] == ["gpu-0"] and answer.json()), children)
+        [d["name"] for d in answer.json()["spec"]["devices"]] == ["gpu-0"] and answer.json()), dra_node)
     assert published["spec"]["nodeName"] == NODE
     _wait("kubelet to register the DRA driver", lambda: "registered DRA driver" in dra_node.agent.log.read_text(
-        errors="replace"), children)  # fmt: skip
+        errors="replace"), dra_node)  # fmt: skip
 
     template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "whole"},
                 "spec": {"spec": {"devices": {"requests": [
@@ -198,10 +193,12 @@ def test_a_whole_card_claim_runs_on_its_card_and_survives_a_kill_of_the_agent(
 
     # kill -9 between prepare and unprepare: the restarted agent answers kubelet's unprepare from its checkpoint.
     dra_node.restart()
-    children = [dra_node.agent, dra_node.kubelet.child]
     core.delete_namespaced_pod("user", namespace)
     _wait("the pod gone and its claim unprepared", lambda: (
         "user" not in [p.metadata.name for p in core.list_namespaced_pod(namespace).items]
-        and uid not in json.loads(dra_node.checkpoint.read_text())["claims"]), children)
+        and uid not in json.loads(dra_node.checkpoint.read_text())["claims"]), dra_node)
     assert not (dra_node.cdi_dir / claim_cdi.spec_file(uid)).exists()
     assert plugin_serving.registration_socket(dra_node.kubelet.directory / "root").exists()
+    # Every call of the driver (slices, claims) under deploy/agent.yaml's RBAC and the node-scope policies.
+    refused = [line for line in dra_node.agent.log.read_text(errors="replace").splitlines() if "HTTP 403" in line]
+    assert not refused, "the agent was refused under the chart's RBAC and policies:\n" + "\n".join(refused[:10])
