@@ -172,8 +172,8 @@ def test_registration_names_the_driver_its_socket_and_the_dra_services(
         info = kubelet.info()
         assert (info.type, info.name) == ("DRAPlugin", "gpu.elasticgpu.io")
         assert info.endpoint == str(plugin_dirs["kubelet"] / "plugins" / "gpu.elasticgpu.io" / "dra.sock")
-        assert list(info.supported_versions) == ["k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
-                                                 "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"]  # fmt: skip
+        # kubelet's labels (drapbv1.DRAPluginService), as test_dra_kubelet shows kubelet 1.36 accepts them.
+        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
         assert oct(kubelet.registration_path.stat().st_mode & 0o777) == "0o600"
     assert not kubelet.registration_path.exists()  # a stopped plugin withdraws its registration
 

@@ -21,11 +21,13 @@ import grpc
 
 DRA_PLUGIN_TYPE = "DRAPlugin"
 """`PluginInfo.type` of a DRA driver (k8s.io/kubelet/pkg/apis/pluginregistration/v1 constants.go)."""
-DRA_V1_SERVICE = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
-DRA_V1BETA1_SERVICE = "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
+DRA_V1_SERVICE = "v1.DRAPlugin"
+DRA_V1BETA1_SERVICE = "v1beta1.DRAPlugin"
 SUPPORTED_SERVICES = (DRA_V1_SERVICE, DRA_V1BETA1_SERVICE)
-"""`PluginInfo.supported_versions`: the gRPC services served, newest first (kubelet >= 1.32 reads
-service names there)."""
+"""`PluginInfo.supported_versions`: the services served, newest first, under kubelet's short labels
+(`DRAPluginService` in k8s.io/kubelet's dra/v1 and v1beta1 types.go), not their gRPC names: kubelet
+1.36 refuses `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` ("none of services supported by the plugin
+are supported by the kubelet"). The calls still go to the gRPC paths of the protos' packages."""
 
 
 def _load(name: str) -> tuple[Any, Any]:
