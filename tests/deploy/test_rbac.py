@@ -228,6 +228,10 @@ def test_the_agent_needs_no_permission_its_manifest_lacks(
                                            None),
                 "read_gpu": lambda: agent_kube.read_gpu(gpu_name),
                 "apply_gpu": lambda: agent_kube.apply_gpu(gpu_name, labels=gpu["metadata"]["labels"], spec=gpu["spec"]),
+                # A new card's object with its Node's default owner (issue 48), removed by the world's cleanup.
+                "create_gpu": lambda: world._gpus.append(agent_kube.create_gpu(
+                    f"{gpu_name}-created", labels=gpu["metadata"]["labels"],
+                    spec={**gpu["spec"], "uuid": f"{gpu_name}-CREATED", "owner": "DRA"})["metadata"]["name"]),
                 "patch_gpu_status": lambda: agent_kube.patch_gpu_status(
                     gpu_name, resource_version=agent_kube.read_gpu(gpu_name)["metadata"]["resourceVersion"],
                     status={"usage": {}}),
