@@ -142,9 +142,9 @@ def _pod(name: str, template: str, image: str) -> dict[str, Any]:
                                      "command": SLEEP}]}}  # fmt: skip
 
 
-def test_a_whole_card_claim_runs_on_its_card_and_survives_a_kill_of_the_agent(
-    api_client: client.ApiClient, product: None, dra_node: DraNode, namespace: str
-) -> None:
+@pytest.fixture(scope="module")
+def dra_card(api_client: client.ApiClient, product: None, dra_node: DraNode) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Card 0 of the node moved to DRA by the controller and published; card 1 stays ours."""
     gpus = _wait(f"the agent's 2 GPU objects of {NODE}", lambda: len(_gpus(api_client)) == 2 and _gpus(api_client),
                  dra_node)  # fmt: skip
     card, ours = gpus[0], gpus[1]
@@ -162,20 +162,34 @@ def test_a_whole_card_claim_runs_on_its_card_and_survives_a_kill_of_the_agent(
     assert published["spec"]["nodeName"] == NODE
     _wait("kubelet to register the DRA driver", lambda: "registered DRA driver" in dra_node.agent.log.read_text(
         errors="replace"), dra_node)  # fmt: skip
+    return card, ours
 
-    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "whole"},
-                "spec": {"spec": {"devices": {"requests": [
-                    {"name": "gpu", "exactly": {"deviceClassName": "gpu.elasticgpu.io"}}]}}}}  # fmt: skip
-    made = kube_request(api_client, "POST", f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates", body=template)
+
+def _running(core: client.CoreV1Api, namespace: str, name: str, node: DraNode) -> Any:
+    deadline = time.monotonic() + WITHIN_S
+    while (pod := core.read_namespaced_pod(name, namespace)).status.phase != "Running":
+        assert pod.status.phase == "Pending", pod.status
+        assert time.monotonic() < deadline, (f"pod not Running: {pod.status}\n{node.kubelet.child.tail(30)}\n"
+                                             f"{node.agent.tail(30)}")  # fmt: skip
+        time.sleep(0.5)
+    return pod
+
+
+def _template(api: client.ApiClient, namespace: str, name: str, exactly: dict[str, Any]) -> None:
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}}  # fmt: skip
+    made = kube_request(api, "POST", f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates", body=template)
     assert made.status == 201, made.body
+
+
+def test_a_whole_card_claim_runs_on_its_card_and_survives_a_kill_of_the_agent(
+    api_client: client.ApiClient, dra_node: DraNode, dra_card: tuple[dict[str, Any], dict[str, Any]], namespace: str
+) -> None:
+    card, ours = dra_card
+    _template(api_client, namespace, "whole", {"deviceClassName": "gpu.elasticgpu.io"})
     core = client.CoreV1Api(api_client)
     core.create_namespaced_pod(namespace, _pod("user", "whole", dra_node.image))
-    deadline = time.monotonic() + WITHIN_S
-    while (pod := core.read_namespaced_pod("user", namespace)).status.phase != "Running":
-        assert pod.status.phase == "Pending", pod.status
-        assert time.monotonic() < deadline, (f"pod not Running: {pod.status}\n{dra_node.kubelet.child.tail(30)}\n"
-                                             f"{dra_node.agent.tail(30)}")  # fmt: skip
-        time.sleep(0.5)
+    pod = _running(core, namespace, "user", dra_node)
     assert pod.spec.node_name == NODE
     [status] = pod.status.resource_claim_statuses
     claim = kube_request(api_client, "GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims/"
@@ -202,3 +216,33 @@ def test_a_whole_card_claim_runs_on_its_card_and_survives_a_kill_of_the_agent(
     # Every call of the driver (slices, claims) under deploy/agent.yaml's RBAC and the node-scope policies.
     refused = [line for line in dra_node.agent.log.read_text(errors="replace").splitlines() if "HTTP 403" in line]
     assert not refused, "the agent was refused under the chart's RBAC and policies:\n" + "\n".join(refused[:10])
+
+
+def test_two_pods_share_a_card_through_consumable_capacity_and_a_missing_model_stays_pending(
+    api_client: client.ApiClient, dra_node: DraNode, dra_card: tuple[dict[str, Any], dict[str, Any]], namespace: str
+) -> None:
+    card, _ = dra_card
+    share = {"requests": {"cores": "30", "memory": "10Gi"}}
+    _template(api_client, namespace, "slice", {"deviceClassName": "gpu.elasticgpu.io", "capacity": share})
+    _template(api_client, namespace, "h100", {"deviceClassName": "gpu.elasticgpu.io", "selectors": [{"cel": {
+        "expression": 'device.attributes["gpu.elasticgpu.io"].model.startsWith("H100")'}}]})  # fmt: skip
+    core = client.CoreV1Api(api_client)
+    for name in ("a", "b"):
+        core.create_namespaced_pod(namespace, _pod(name, "slice", dra_node.image))
+    core.create_namespaced_pod(namespace, _pod("wants-h100", "h100", dra_node.image))
+    for name in ("a", "b"):
+        _running(core, namespace, name, dra_node)
+        inside = container_env(dra_node.runtime_endpoint, namespace, name)
+        assert inside.get("NVIDIA_VISIBLE_DEVICES") == card["spec"]["uuid"], inside
+        assert (inside.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), inside.get("CUDA_DEVICE_MEMORY_LIMIT_0")) == (
+            "30", "10240m"), inside  # fmt: skip
+    # The node has no H100: the scheduler says so on the pod, which stays Pending.
+    reason = _wait("the scheduler's reason on the pod that asks an H100", lambda: next(
+        (c.message for c in core.read_namespaced_pod("wants-h100", namespace).status.conditions or []
+         if c.type == "PodScheduled" and c.status == "False" and c.message), None), dra_node)  # fmt: skip
+    assert "claim" in reason.lower() or "device" in reason.lower(), reason
+    assert core.read_namespaced_pod("wants-h100", namespace).status.phase == "Pending"
+    for name in ("a", "b", "wants-h100"):
+        core.delete_namespaced_pod(name, namespace)
+    _wait("the pods gone and every claim unprepared", lambda: not core.list_namespaced_pod(namespace).items and not
+          json.loads(dra_node.checkpoint.read_text())["claims"], dra_node)  # fmt: skip
