@@ -94,7 +94,7 @@ class SlicePublisher:
                     else:
                         continue
                     self.publish(list(gpus.values()))
-            except errors.KubeError as e:
+            except Exception as e:  # the loop never dies: a KubeError, or an object it cannot read
                 if str(e) != last_error:
                     log.warning("DRA ResourceSlice of node %s: %s; retrying", self._node, e)
                     last_error = str(e)
