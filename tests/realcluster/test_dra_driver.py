@@ -194,6 +194,10 @@ def test_prepare_returns_the_cards_cdi_ids_idempotently_and_survives_a_restart(
         spec = json.loads((plugin_dirs["cdi"] / claim_cdi.spec_file(uid)).read_text())
         assert spec["devices"][0]["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=GPU-0001"]  # whole: no limits
         assert kubelet.prepare(whole).claims[uid] == answer  # again: the same answer
+        # A reboot empties a tmpfs spec folder while kubelet keeps the claim prepared: prepare writes it again.
+        (plugin_dirs["cdi"] / claim_cdi.spec_file(uid)).unlink()
+        assert kubelet.prepare(whole).claims[uid] == answer
+        assert json.loads((plugin_dirs["cdi"] / claim_cdi.spec_file(uid)).read_text()) == spec
     # kill -9 between prepare and unprepare: nothing in memory survives; the checkpoint answers.
     with running_plugin(admin_kube, plugin_dirs, gpus) as kubelet:
         again = kubelet.prepare(whole, v1beta1=True).claims[uid]

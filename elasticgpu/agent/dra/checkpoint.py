@@ -56,6 +56,7 @@ class ClaimEntry:
     state: str
     devices: tuple[PreparedDevice, ...] = ()
     pods: tuple[str, ...] = field(default=())  # uids of the pods the claim was reserved for
+    env: tuple[str, ...] = ()  # the claim's CDI spec environment (claim_cdi.env), to write it again
 
 
 def _entry_from(data: dict[str, Any]) -> ClaimEntry:
@@ -64,7 +65,7 @@ def _entry_from(data: dict[str, Any]) -> ClaimEntry:
         for d in data.get("devices", [])
     )
     return ClaimEntry(uid=data["uid"], namespace=data["namespace"], name=data["name"], state=data["state"],
-                      devices=devices, pods=tuple(data.get("pods", ())))  # fmt: skip
+                      devices=devices, pods=tuple(data.get("pods", ())), env=tuple(data.get("env", ())))  # fmt: skip
 
 
 def _checksum(entries: dict[str, Any]) -> str:

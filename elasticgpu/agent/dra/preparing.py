@@ -81,15 +81,18 @@ class Preparer:
         """Prepare `ref` (see the module docstring); raises PrepareFailed."""
         entry = self._store.get(ref.uid)
         if entry is not None and entry.state == checkpoint.COMPLETED:
+            # The spec folder may be a tmpfs that a reboot emptied while kubelet kept the claim prepared.
+            claim_cdi.write(self._cdi_dir, ref.uid, list(entry.env))
             return entry
         claim = self._read(ref)
         devices, memory = self._devices(ref, claim)
         pods = tuple(str(r.get("uid")) for r in (claim.get("status") or {}).get("reservedFor") or []
                      if r.get("resource") == "pods" and r.get("uid"))  # fmt: skip
+        env = tuple(claim_cdi.env(devices, card_memory_mib=memory))
         entry = checkpoint.ClaimEntry(uid=ref.uid, namespace=ref.namespace, name=ref.name,
-                                      state=checkpoint.STARTED, devices=devices, pods=pods)  # fmt: skip
+                                      state=checkpoint.STARTED, devices=devices, pods=pods, env=env)  # fmt: skip
         self._store.put(entry)
-        claim_cdi.write(self._cdi_dir, ref.uid, claim_cdi.env(devices, card_memory_mib=memory))
+        claim_cdi.write(self._cdi_dir, ref.uid, list(env))
         done = checkpoint.ClaimEntry(**{**entry.__dict__, "state": checkpoint.COMPLETED})
         self._store.put(done)
         return done
