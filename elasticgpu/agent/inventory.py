@@ -120,6 +120,18 @@ def node_owner(node: dict[str, Any]) -> dict[str, Any] | None:
     return {"apiVersion": "v1", "kind": "Node", "name": meta["name"], "uid": meta["uid"]}
 
 
+def default_card_owner(node: dict[str, Any]) -> str | None:
+    """The spec.owner a new GPU object of this Node gets: its label `elasticgpu.io/gpu-owner` when that is
+    ElasticGPU or DRA; None (the CRD's default, ElasticGPU) when absent or anything else."""
+    value = ((node.get("metadata") or {}).get("labels") or {}).get(names.LABEL_GPU_OWNER)
+    return value if value in names.OWNERS else None
+
+
+def agent_spec(obj: dict[str, Any]) -> dict[str, Any]:
+    """The part of a GPU object's spec the agent writes: all of it but `owner` (the platform team's)."""
+    return {k: v for k, v in (obj.get("spec") or {}).items() if k != "owner"}
+
+
 def owned_by(obj: dict[str, Any], owner: dict[str, Any] | None) -> bool:
     """True when `obj` already names `owner` among its ownerReferences (or there is no owner to name)."""
     if owner is None:
@@ -297,6 +309,7 @@ class Inventory:
         self._labels_checked = 0.0  # when the Node's labels were last read back
         self._restored: set[str] = set()  # cards whose health was read back from their object after a start
         self._owner: dict[str, Any] | None = None  # the ownerReference to our Node (read again before each apply)
+        self._card_owner: str | None = None  # spec.owner of a new card's object: the Node's elasticgpu.io/gpu-owner
         self._duplicates_said: set[tuple[str, str]] = set()  # (card uuid, other node) whose Event was written
         self._owner_read = False
         self.wake = threading.Event()
@@ -420,11 +433,13 @@ class Inventory:
             spec = gpu_spec(card, self._node)
             if not self._owner_read:
                 self._read_owner()
-            if obj is None or obj.get("spec") != spec or (obj.get("metadata", {}).get("labels") or {}).get(
+            if obj is None or agent_spec(obj) != spec or (obj.get("metadata", {}).get("labels") or {}).get(
                 names.LABEL_NODE
             ) != self._node or not owned_by(obj, self._owner):
                 self._read_owner()  # an apply is rare: the Node may have been registered again (another uid)
                 try:
+                    if obj is None and self._card_owner is not None:
+                        self._create_with_owner(name, labels=labels, spec=spec)
                     obj = self._kube.apply_gpu(name, labels=labels, spec=spec, owner=self._owner)
                 except errors.KubeError as e:
                     if e.status == 403 and self._report_duplicate(name, card, now):
@@ -483,12 +498,26 @@ class Inventory:
         self._duplicates_said.add((card.uuid, other))
         return True
 
+    def _create_with_owner(self, name: str, *, labels: dict[str, str], spec: dict[str, Any]) -> None:
+        """Create a new card's object with the Node's default owner; one that exists keeps its own."""
+        try:
+            self._kube.create_gpu(name, labels=labels, spec={**spec, "owner": self._card_owner}, owner=self._owner)
+        except errors.KubeError as e:
+            if e.status != 409:
+                raise
+            return  # it exists (our view lagged): its spec.owner is the platform team's, kept as it is
+        logger.info("card %s: created with owner %s (label %s of Node %s)", name, self._card_owner,
+                    names.LABEL_GPU_OWNER, self._node)
+
     def _read_owner(self) -> None:
         """Read our Node's uid for the GPU objects' ownerReference; without it (the Node cannot be read) the
-        objects are written without one, said once: the controller still collects them by spec.nodeName."""
+        objects are written without one, said once: the controller still collects them by spec.nodeName.
+        The Node's label elasticgpu.io/gpu-owner, read with it, is the owner a new card's object gets."""
         self._owner_read = True
         try:
-            self._owner = node_owner(self._kube.read_node())
+            node = self._kube.read_node()
+            self._owner = node_owner(node)
+            self._card_owner = default_card_owner(node)
         except errors.KubeError as e:
             if self._owner is None:
                 logger.warning("Node %s cannot be read (%s): its GPU objects get no ownerReference to it",

@@ -11,7 +11,9 @@ anyway (heartbeats, watches), at no cost.
 
 Writes:
 - GPU spec and labels: server-side apply (field manager `elasticgpu-agent`, forced): the agent owns
-  them entirely and an apply that changes nothing is a no-op on the server.
+  them entirely and an apply that changes nothing is a no-op on the server. Except `spec.owner`,
+  the platform team's (docs/dra.md): never in an apply; a new card gets its Node's default
+  (label `elasticgpu.io/gpu-owner`) through one create under the manager `elasticgpu-agent-create`.
 - GPU and claim status: JSON merge patch with `metadata.resourceVersion` as precondition. The
   status' `conditions` is an atomic list shared with the controller; a read-modify-write with a
   precondition is the only way to replace our conditions without erasing the controller's.
@@ -44,6 +46,7 @@ from elasticgpu.api import names
 logger = logging.getLogger(__name__)
 
 GPUS_PATH = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL_GPU}"
+RESOURCE_SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 @dataclass(frozen=True)
@@ -233,6 +236,20 @@ class AgentKube:
             query={"fieldManager": self._field_manager, "force": "true"}, what=f"apply GPU {name}", write="gpu_apply",
         )
 
+    def create_gpu(self, name: str, *, labels: dict[str, str], spec: dict[str, Any],
+                   owner: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Create the GPU object (POST; raises `KubeConflict` when it exists). Used only to give a new card the
+        node's default spec.owner: under its own field manager, so the agent's applies (which never carry
+        spec.owner) neither own nor remove it, and the platform team's later patch of it stands."""
+        metadata: dict[str, Any] = {"name": name, "labels": labels}
+        if owner is not None:
+            metadata["ownerReferences"] = [owner]
+        body = {"apiVersion": names.API_VERSION, "kind": names.KIND_GPU, "metadata": metadata, "spec": spec}
+        return self._request(
+            "POST", GPUS_PATH, body=body, query={"fieldManager": f"{self._field_manager}-create"},
+            what=f"create GPU {name}", write="gpu_create",
+        )
+
     def patch_gpu_status(self, name: str, *, resource_version: str, status: dict[str, Any]) -> dict[str, Any]:
         """Merge-patch fields of the GPU's status, only if the object is still at `resource_version`."""
         body = {"metadata": {"resourceVersion": resource_version}, "status": status}
@@ -308,3 +325,28 @@ class AgentKube:
             content_type="application/merge-patch+json", query={"fieldManager": self._field_manager},
             what=f"label Node {self.node_name}", write="node_labels",
         )
+
+    # DRA: this node's ResourceSlice (by name; the admission policy checks spec.nodeName), claims by name -----
+
+    def read_resource_slice(self, name: str) -> dict[str, Any]:
+        """One ResourceSlice; raises `KubeNotFound`."""
+        return self._request("GET", f"{RESOURCE_SLICES_PATH}/{name}", what=f"read ResourceSlice {name}")
+
+    def apply_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply of a whole ResourceSlice (creates it when absent)."""
+        name = body["metadata"]["name"]
+        return self._request(
+            "PATCH", f"{RESOURCE_SLICES_PATH}/{name}", body=body, content_type="application/apply-patch+yaml",
+            query={"fieldManager": self._field_manager, "force": "true"}, what=f"apply ResourceSlice {name}",
+            write="resource_slice",
+        )
+
+    def delete_resource_slice(self, name: str) -> None:
+        """Delete a ResourceSlice; raises `KubeNotFound` when it is gone already."""
+        self._request("DELETE", f"{RESOURCE_SLICES_PATH}/{name}", what=f"delete ResourceSlice {name}",
+                      write="resource_slice")
+
+    def read_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """One resource.k8s.io/v1 ResourceClaim (kubelet names it in NodePrepareResources); raises `KubeNotFound`."""
+        return self._request("GET", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
+                             what=f"read ResourceClaim {namespace}/{name}")

@@ -208,6 +208,10 @@ class _Loops:
     """The node's isolation modes (the CRI hook's); inventory publishes those the node can provide."""
     node_conditions: Callable[[], list[inventory.NodeCondition]] = list
     """The node's conditions (another allocator, the toolkit's fail-open setting, the node hook), on each GPU."""
+    hook: supervising.CriHook | None = None
+    """The node hook (CRI proxy or NRI), None with --cri-proxy false."""
+    dra: Any = None
+    """The DRA driver's kubelet plugin (dra/plugin_serving.KubeletPlugin) once it listens; None: not a DRA driver."""
 
 
 def _containers(hook: supervising.CriHook) -> list[hooks.RuntimeContainer]:
@@ -290,6 +294,37 @@ def _start_loops(settings: AgentSettings, parts: starting.Parts, loops: _Loops, 
     for thread in started:
         thread.start()
     threads.extend(started)
+    if settings.dra.dra:
+        _start_dra(settings, agent_kube, loops, threads, stop)
+
+
+def _start_dra(settings: AgentSettings, agent_kube: kube.AgentKube, loops: _Loops, threads: list[threading.Thread],
+               stop: threading.Event) -> None:  # fmt: skip
+    """The DRA driver (docs/dra.md): the kubelet plugin's sockets and the ResourceSlice publisher. A plugin that
+    cannot listen is retried until it can (kubelet's folder may appear late); the agent's other work goes on."""
+    from elasticgpu.agent import dra  # its protos are compiled only on a node that is a DRA driver
+
+    store = dra.Checkpoint(Path(settings.dra.dra_checkpoint))
+    if loops.hook is not None:
+        loops.hook.dra_devices = store.devices_of_pod  # containers kubelet prepared through DRA stay as they are
+    preparer = dra.Preparer(node=agent_kube.node_name, read_claim=agent_kube.read_resource_claim,
+                                  list_gpus=lambda: agent_kube.list_gpus()[0], store=store,
+                                  cdi_dir=Path(settings.cri.cdi_dir))  # fmt: skip
+    plugin = dra.KubeletPlugin(preparer, kubelet_dir=Path(settings.dra.dra_kubelet_dir))
+    slices = dra.SlicePublisher(agent_kube)
+    thread = threading.Thread(target=slices.run, args=(stop,), name="dra-slices", daemon=True)
+    thread.start()
+    threads.append(thread)
+    delay = 1.0
+    while not stop.is_set():
+        try:
+            plugin.start()
+            loops.dra = plugin
+            return
+        except OSError as e:
+            logger.warning("the DRA kubelet plugin cannot listen under %s (%s); retrying", plugin.kubelet_dir, e)
+            stop.wait(delay)
+            delay = min(delay * 2, 30.0)
 
 
 def main(settings: AgentSettings, *, log_level: str = "info") -> int:
@@ -307,6 +342,9 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
             " spec.nodeName through the downward API)"
         )
     cri_settings = hook_settings(settings.cri) if settings.cri.cri_proxy else None
+    if settings.dra.dra and cri_settings is None:
+        raise errors.AgentError("--dra true needs the node hook (--cri-proxy true): it writes the cards' CDI spec"
+                                " that prepared ResourceClaims name; turn the hook on or --dra off")
     taking_over.check_mode(settings.take_over)
     takeover = taking_over.TakeOver(settings=settings.take_over, node_name=node, host_root=settings.cri.host_root,
                                     events_namespace=settings.inventory.events_namespace)  # fmt: skip
@@ -340,6 +378,7 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
     hook: supervising.CriHook | None = None
     if cri_settings is not None:
         hook = _cri_hook(settings, cri_settings, parts, loops)
+        loops.hook = hook
         loops.limits = hook.limits
         cri_hook = hook
         loops.runtime = lambda: cri_hook.proxy  # issue 25: policing stops containers through the proxy's channel
@@ -398,6 +437,8 @@ def main(settings: AgentSettings, *, log_level: str = "info") -> int:
             server.shutdown()
         if loops.rooms is not None:
             loops.rooms.close()  # supervision stops; MPS daemons keep serving their containers
+        if loops.dra is not None:
+            loops.dra.stop()  # prepared claims stay in the checkpoint: the next agent answers for them
         parts.close()
     return 0
 

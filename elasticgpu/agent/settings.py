@@ -33,6 +33,7 @@ SIMULATED_STATE = {
     "isolation_dir": "isolation",
     "cri_listen": "cri.sock",
     "device_plugin_dir": "device-plugins",  # a simulated node has no kubelet of its own: no device plugins
+    "dra_checkpoint": "dra-checkpoint.json",
 }
 """The state paths that `--backend simulated` puts under `simulated_state_dir` when they are not given: the
 node's defaults (/var/lib, /var/run/cdi) need root and would touch a real node's runtime. The names under it."""
@@ -301,6 +302,19 @@ class TakeOverSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DraSettings:
+    """The DRA driver `gpu.elasticgpu.io` (docs/dra.md): the cards a platform team hands to DRA."""
+
+    dra: bool = False
+    """true: publish this node's DRA cards in a ResourceSlice and serve kubelet's DRA plugin API (needs
+    Kubernetes 1.34+); false: the agent is no DRA driver and DRA cards of this node are offered to nobody."""
+    dra_kubelet_dir: str = "/var/lib/kubelet"
+    """kubelet's root folder: the registration socket goes under `plugins_registry/`, the service under `plugins/`."""
+    dra_checkpoint: str = "/var/lib/elasticgpu/dra-checkpoint.json"
+    """The file that says which ResourceClaims this node prepared (survives agent restarts; keep it on the node)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentSettings:
     """Every setting of the agent, one dataclass per concern."""
 
@@ -315,6 +329,7 @@ class AgentSettings:
     cri: CriSettings = field(default_factory=CriSettings)
     isolation: IsolationSettings = field(default_factory=IsolationSettings)
     take_over: TakeOverSettings = field(default_factory=TakeOverSettings)
+    dra: DraSettings = field(default_factory=DraSettings)
 
 
 _CONCERNS: dict[str, type[Any]] = {

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from elasticgpu.api.gpu import GPU
+from elasticgpu.api.gpu import GPU, open_to_elastic_gpu
 from elasticgpu.api.quantities import format_memory
 from elasticgpu.api.resources import GpuRequest
 
@@ -81,7 +81,8 @@ class CardRecord:
 
     @classmethod
     def from_gpu(cls, gpu: GPU) -> CardRecord:
-        """The allocator's view of a GPU object; Unhealthy only when its agent says so."""
+        """The allocator's view of a GPU object; Unhealthy when its agent says so, and (to new placements)
+        when the card is not ours alone: spec.owner or status.owner says DRA (docs/dra.md)."""
         spec = gpu.spec
         return cls(
             uuid=spec.uuid,
@@ -93,7 +94,8 @@ class CardRecord:
             links=frozenset(spec.links),
             pcie_root=spec.pcie_root or "",
             nics=frozenset(spec.nics),
-            health=Health.UNHEALTHY if gpu.status.health == "Unhealthy" else Health.HEALTHY,
+            health=Health.UNHEALTHY if gpu.status.health == "Unhealthy" or not open_to_elastic_gpu(gpu)
+            else Health.HEALTHY,
             isolation=frozenset(gpu.status.isolation),
         )
 

@@ -9,7 +9,7 @@ from pydantic import Field
 from elasticgpu.api import names
 from elasticgpu.api.errors import InvalidSpec
 from elasticgpu.api.meta import Condition, ObjectMeta, ObjectReference
-from elasticgpu.api.schema import KubeModel, ResourceValue, crd_field, rule
+from elasticgpu.api.schema import SCHEMA_DEFAULT, KubeModel, ResourceValue, crd_field, rule
 
 # Bounds the CEL cost of the sums over allocations; far above what 100 cores can hold.
 MAX_ALLOCATIONS = 256
@@ -17,6 +17,8 @@ NAMED_BY_UUID = "must be spec.uuid in lower case (GPU objects are named by their
 
 
 CardIsolation = Literal["MPS", "HAMiCore"]
+GPUOwner = Literal["ElasticGPU", "DRA"]
+"""Who may allocate the card: our controller (ElasticGPU) or Kubernetes' DRA through our driver (docs/dra.md)."""
 
 
 class GPUSpec(KubeModel):
@@ -40,6 +42,13 @@ class GPUSpec(KubeModel):
         " found them in /sys/class/infiniband; a claim asking for elasticgpu.io/rdma gets NICs from this list.",
     )
     mig: bool = Field(default=False, description="True when MIG mode is enabled on the card.")
+    owner: GPUOwner = Field(
+        default=names.OWNER_ELASTIC_GPU,
+        description="The DESIRED owner of the card, set by the platform team: ElasticGPU (our claims) or DRA"
+        " (ResourceClaims through the elasticgpu DRA driver). The node's agent keeps it when it rewrites the spec;"
+        " the controller moves status.owner here once nothing holds the card on the old side (docs/dra.md).",
+        json_schema_extra=crd_field(**{SCHEMA_DEFAULT: True}),
+    )
 
 
 class GPULimit(KubeModel):
@@ -185,6 +194,12 @@ class GPUStatus(KubeModel):
         description="Claims whose containers run on the card, written by the node's agent; the controller"
         " keeps their reservations until they are gone.",
     )
+    owner: GPUOwner | None = Field(
+        default=None,
+        description="The EFFECTIVE owner of the card, written only by the controller: ElasticGPU or DRA. It follows"
+        " spec.owner once nothing holds the card on the old side (the OwnerMove condition says what the move"
+        " waits for); absent: ElasticGPU.",
+    )
 
 
 class GPU(KubeModel):
@@ -202,6 +217,14 @@ class GPU(KubeModel):
             "status.allocations: the memory of all reservations must not exceed spec.memory",
             reason="FieldValueInvalid",
         ),
+        # One owner per card (docs/dra.md): a card DRA owns holds no reservation of ours, whoever writes.
+        rule(
+            "!has(self.status) || !has(self.status.owner) || self.status.owner != 'DRA'"
+            " || !has(self.status.allocations) || size(self.status.allocations) == 0",
+            "status.owner: a card DRA owns holds no ElasticGPU reservation in status.allocations; move it back"
+            " (spec.owner: ElasticGPU) and wait for status.owner to follow",
+            reason="FieldValueInvalid",
+        ),
     ]
 
     api_version: str = Field(default=names.API_VERSION, description="elasticgpu.io/v1alpha1")
@@ -215,3 +238,21 @@ class GPU(KubeModel):
         on load). Raises `InvalidSpec` naming the field."""
         if self.metadata.name != names.gpu_object_name(self.spec.uuid):
             raise InvalidSpec(field="metadata.name", rule=NAMED_BY_UUID, value=self.metadata.name)
+
+
+def effective_owner(gpu: GPU) -> GPUOwner:
+    """Who owns the card now: status.owner, or ElasticGPU where the controller has not written it yet
+    (cards from before owners existed; a driver never serves a card whose status.owner is not DRA)."""
+    return gpu.status.owner or names.OWNER_ELASTIC_GPU
+
+
+def open_to_elastic_gpu(gpu: GPU) -> bool:
+    """True when our allocator may place on the card: desired and effective owner are both ElasticGPU,
+    so new reservations stop the moment the platform team sets spec.owner to DRA."""
+    return gpu.spec.owner == names.OWNER_ELASTIC_GPU and effective_owner(gpu) == names.OWNER_ELASTIC_GPU
+
+
+def open_to_dra(gpu: GPU) -> bool:
+    """True when the DRA driver may publish (and prepare) the card: desired and effective owner are both
+    DRA, so publishing stops the moment spec.owner leaves DRA."""
+    return gpu.spec.owner == names.OWNER_DRA and effective_owner(gpu) == names.OWNER_DRA

@@ -157,6 +157,10 @@ GPU_KIND = KindInfo(
             "Allocatable", "string", ".status.allocatableSummary", "Free cores (percent) and memory, e.g. 70%/40Gi."
         ),
         PrinterColumn("Health", "string", ".status.health", "Healthy, Unhealthy or Unknown."),
+        # Who allocates the card (docs/dra.md): the effective owner, and the desired one beside it, so a move
+        # under way shows as two different words; the OwnerMove condition says what it waits for.
+        PrinterColumn("Owner", "string", ".status.owner", "ElasticGPU or DRA: who allocates the card now."),
+        PrinterColumn("Desired", "string", ".spec.owner", "The owner the platform team set; differs during a move."),
         _age(),
     ),
     crd_file="gpu.yaml",

@@ -64,6 +64,20 @@ FINALIZER_CLAIM_PROTECTION: Final = "elasticgpu.io/claim-protection"
 FINALIZER_EGPU_PROTECTION: Final = "elasticgpu.io/egpu-protection"
 SCHEDULING_GATE: Final = "elasticgpu.io/claims"
 
+# Who owns a card (issue 48, docs/dra.md): GPU spec.owner (desired, the platform team's) and status.owner
+# (effective, the controller's), and the condition that says what a move waits for.
+OWNER_ELASTIC_GPU: Final = "ElasticGPU"
+OWNER_DRA: Final = "DRA"
+OWNERS: Final = (OWNER_ELASTIC_GPU, OWNER_DRA)
+LABEL_GPU_OWNER: Final = "elasticgpu.io/gpu-owner"
+"""On a Node: the spec.owner ("ElasticGPU" or "DRA") its agent gives a GPU object it creates; an existing
+object keeps its own (the platform team patches spec.owner per card)."""
+CONDITION_OWNER_MOVE: Final = "OwnerMove"
+"""GPU condition, written by the controller: True (reason Done) when status.owner equals spec.owner,
+False (reason Waiting) while a move waits for the old side to let go; the message says for what."""
+REASON_OWNER_WAITING: Final = "Waiting"
+REASON_OWNER_DONE: Final = "Done"
+
 # CDI kind under which the agent publishes devices (`elasticgpu.io/gpu=<uuid>`).
 CDI_KIND: Final = "elasticgpu.io/gpu"
 

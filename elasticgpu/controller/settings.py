@@ -152,6 +152,17 @@ class GPUHealthSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OwnerMoveSettings:
+    """How a card moves between our controller and DRA (`owner_move`, docs/dra.md)."""
+
+    unpublish_grace_s: float = 10.0
+    """Seconds a move from DRA back to ElasticGPU waits, counted from when it started waiting, before it
+    may flip even with no ResourceClaim on the card: the driver drops the card from its ResourceSlice
+    when spec.owner changes, and a scheduler that allocated from the slice it read just before writes its
+    claim within this time (its cache lags by milliseconds). Far below any drain, so it costs nothing."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RecommendSettings:
     """Recommendations from measured use and `resizePolicy: Auto` (`decisions.recommend`)."""
 
@@ -181,6 +192,7 @@ class ControllerSettings:
     retry: RetrySettings = field(default_factory=RetrySettings)
     watch: WatchSettings = field(default_factory=WatchSettings)
     gpu_health: GPUHealthSettings = field(default_factory=GPUHealthSettings)
+    owner_move: OwnerMoveSettings = field(default_factory=OwnerMoveSettings)
     quota: QuotaSettings = field(default_factory=QuotaSettings)
     recommend: RecommendSettings = field(default_factory=RecommendSettings)
 
@@ -198,6 +210,7 @@ class ControllerSettings:
             f"ELASTICGPU_NODE_GONE_GRACE_S ({GPUHealthSettings.node_gone_grace_s:g}), "
             f"ELASTICGPU_GROUP_PARTIAL_GRACE_S ({BindingSettings.group_partial_grace_s:g}), "
             f"ELASTICGPU_GROUP_RESERVE_AFTER_S ({BindingSettings.group_reserve_after_s:g}), "
+            f"ELASTICGPU_OWNER_UNPUBLISH_GRACE_S ({OwnerMoveSettings.unpublish_grace_s:g}), "
             f"ELASTICGPU_WATCH ({WatchSettings.engine}; or kopf)"
         )
 
@@ -205,8 +218,8 @@ class ControllerSettings:
     def from_env(cls, environ: dict[str, str] | None = None) -> ControllerSettings:
         """Settings with `ELASTICGPU_RESYNC_INTERVAL_S`, `ELASTICGPU_RELIST_INTERVAL_S`,
         `ELASTICGPU_ORPHAN_GRACE_S`, `ELASTICGPU_HEARTBEAT_GRACE_S`, `ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S`,
-        `ELASTICGPU_NODE_GONE_GRACE_S`, `ELASTICGPU_BINDING_WORKERS` and `ELASTICGPU_WATCH` read from the
-        environment where set."""
+        `ELASTICGPU_NODE_GONE_GRACE_S`, `ELASTICGPU_BINDING_WORKERS`, `ELASTICGPU_OWNER_UNPUBLISH_GRACE_S` and
+        `ELASTICGPU_WATCH` read from the environment where set."""
         env = os.environ if environ is None else environ
         resync = ResyncSettings(
             interval_s=float(env.get("ELASTICGPU_RESYNC_INTERVAL_S", ResyncSettings.interval_s)),
@@ -234,4 +247,6 @@ class ControllerSettings:
                 f" ELASTICGPU_HEARTBEAT_GRACE_S={gpu_health.heartbeat_grace_s:g}: the agent's reports must outlive"
                 " the moment its card stops taking new reservations; raise it (default"
                 f" {GPUHealthSettings.running_claims_expire_s:g})")
-        return cls(binding=binding, resync=resync, watch=watch, gpu_health=gpu_health)
+        owner_move = OwnerMoveSettings(unpublish_grace_s=float(env.get("ELASTICGPU_OWNER_UNPUBLISH_GRACE_S",
+                                                                       OwnerMoveSettings.unpublish_grace_s)))
+        return cls(binding=binding, resync=resync, watch=watch, gpu_health=gpu_health, owner_move=owner_move)

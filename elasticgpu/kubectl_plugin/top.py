@@ -2,7 +2,8 @@
 
 Everything comes from the GPU objects: `status.allocations` (the controller's reservations),
 `status.usage` and `status.runningClaims` (written by the node's agent), `status.health` and
-the `Ready` condition (the controller's heartbeat check). One row per card, sorted by node and
+the `Ready` condition (the controller's heartbeat check), `spec.owner` and `status.owner` (who
+allocates the card). One row per card, sorted by node and
 index, then one TOTAL row per node that has more than one card.
 """
 
@@ -11,10 +12,13 @@ from __future__ import annotations
 import argparse
 
 from elasticgpu.api import GPU, format_memory, names
+from elasticgpu.api.gpu import effective_owner
 from elasticgpu.kubectl_plugin import cluster, table
 
-HEADER = ("NODE", "GPU", "INDEX", "MODEL", "HEALTH", "CORES", "CORES-USED", "MEMORY", "MEMORY-USED", "CLAIMS")
-"""CORES: percent of the card reserved; MEMORY: reserved/total; *-USED: measured by the agent."""
+HEADER = ("NODE", "GPU", "INDEX", "MODEL", "HEALTH", "OWNER", "CORES", "CORES-USED", "MEMORY", "MEMORY-USED",
+          "CLAIMS")
+"""OWNER: who allocates the card (ElasticGPU or DRA; `ElasticGPU->DRA` while a move waits, docs/dra.md);
+CORES: percent of the card reserved; MEMORY: reserved/total; *-USED: measured by the agent."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +34,11 @@ def _health(gpu: GPU) -> str:
     if ready is not None and ready.status == "False":
         return f"{health},NotReady({ready.reason})" if ready.reason else f"{health},NotReady"
     return health
+
+
+def _owner(gpu: GPU) -> str:
+    current = effective_owner(gpu)
+    return current if gpu.spec.owner == current else f"{current}->{gpu.spec.owner}"
 
 
 def _claims(gpu: GPU, namespace: str | None) -> str:
@@ -73,7 +82,7 @@ def rows(gpus: list[GPU], *, namespace: str | None) -> list[list[str]]:
             usage = gpu.status.usage
             out.append([
                 node, gpu.metadata.name or names.gpu_object_name(gpu.spec.uuid), str(gpu.spec.index),
-                gpu.spec.model, _health(gpu), f"{cores}%",
+                gpu.spec.model, _health(gpu), _owner(gpu), f"{cores}%",
                 f"{usage.cores_used}%" if usage is not None else "-",
                 f"{format_memory(memory)}/{format_memory(gpu.spec.memory)}",
                 format_memory(usage.memory_used) if usage is not None else "-",
@@ -84,7 +93,7 @@ def rows(gpus: list[GPU], *, namespace: str | None) -> list[list[str]]:
                 totals[i] += value
         if len(cards) > 1:
             # Cores of a node add up in cards: 250% is two and a half cards reserved.
-            out.append([node, "TOTAL", "-", "-", "-", f"{totals[0]}%", f"{totals[2]}%",
+            out.append([node, "TOTAL", "-", "-", "-", "-", f"{totals[0]}%", f"{totals[2]}%",
                         f"{format_memory(totals[1])}/{format_memory(totals[4])}", format_memory(totals[3]), "-"])
     return out
 

@@ -119,9 +119,10 @@ def start_agent(
     runtime_socket: Path | None,
     log_dir: Path,
     metrics_port: int = 0,
+    extra: tuple[str, ...] = (),
 ) -> processes.Child:
     """One node's agent with the simulated backend; its CRI proxy only when a runtime is given;
-    with `metrics_port`, its /metrics on 127.0.0.1 there."""
+    with `metrics_port`, its /metrics on 127.0.0.1 there; `extra`: more flags (e.g. `--dra true`)."""
     cri = (
         [
             "--cri-proxy",
@@ -168,6 +169,7 @@ def start_agent(
             "--cri-front-dir",
             str(paths.front_dir),
             *cri,
+            *extra,
         ),
         log=log_dir / f"agent-{node}.log",
         cwd=REPO_ROOT,

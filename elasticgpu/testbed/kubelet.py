@@ -135,9 +135,10 @@ def start(plane: ControlPlane, node: str, runtime_endpoint: str, *, directory: P
 
 @contextlib.contextmanager
 def running_kubelet(plane: ControlPlane, node: str, runtime_endpoint: str, *,
-                    node_ip: str | None = None) -> Iterator[Kubelet]:  # fmt: skip
-    """A kubelet for `node` (stopped, its folder removed, on exit); `node_ip`: see `start`."""
-    directory = Path(tempfile.mkdtemp(prefix=f"egkl-{node}-", dir="/tmp"))
+                    node_ip: str | None = None, directory: Path | None = None) -> Iterator[Kubelet]:  # fmt: skip
+    """A kubelet for `node` (stopped, its folder removed, on exit); `node_ip`: see `start`; `directory`: its
+    folder (made when absent; its root-dir is `directory/root`), a fresh one under /tmp by default."""
+    directory = directory or Path(tempfile.mkdtemp(prefix=f"egkl-{node}-", dir="/tmp"))
     kubelet = start(plane, node, runtime_endpoint, directory=directory, node_ip=node_ip)
     try:
         yield kubelet

@@ -26,3 +26,10 @@ def test_policing_exports_the_decision_and_the_enforcer() -> None:
         "observe", "policy_of",
     ]
     assert all(hasattr(policing, name) for name in policing.__all__)
+
+
+def test_dra_exports_what_the_agent_wires() -> None:
+    from elasticgpu.agent import dra
+
+    assert sorted(dra.__all__) == ["Checkpoint", "DRIVER", "KubeletPlugin", "Preparer", "SlicePublisher"]
+    assert all(hasattr(dra, name) for name in dra.__all__)

@@ -77,7 +77,7 @@ def test_crd_and_model_agree_field_by_field(info: KindInfo) -> None:
         ),
         (BY_KIND["ElasticGPUClass"], "egpuclass",
          ["Provisioner", "BindingMode", "EgpuBindingMode", "Reclaim", "Isolation", "Age"]),
-        (BY_KIND["GPU"], "pgpu", ["Node", "Model", "Memory", "Allocatable", "Health", "Age"]),
+        (BY_KIND["GPU"], "pgpu", ["Node", "Model", "Memory", "Allocatable", "Health", "Owner", "Desired", "Age"]),
     ],
     ids=lambda value: getattr(value, "kind", None) or str(value)[:8],
 )

@@ -64,8 +64,8 @@ def test_the_agent_policies_judge_the_bound_service_account() -> None:
     user = f"system:serviceaccount:{subject['namespace']}:{subject['name']}"
     policies = _objects("policies/agent-node-scope.yaml")
     judged = [doc for (kind, _), doc in policies.items() if kind == "ValidatingAdmissionPolicy"]
-    # GPUs, its Node, claim status, Events.
-    assert len(judged) == 4
+    # GPUs, its Node, claim status, Events, its ResourceSlices (the DRA driver).
+    assert len(judged) == 5
     for policy in judged:
         (condition,) = policy["spec"]["matchConditions"]
         assert condition["expression"] == f"request.userInfo.username == '{user}'"

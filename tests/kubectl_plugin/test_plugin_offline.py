@@ -40,6 +40,15 @@ def test_a_card_whose_agent_went_silent_shows_not_ready_and_its_orphan_running_c
     [row] = top.rows([gpu], namespace=None)
     assert dict(zip(top.HEADER, row, strict=True)) == {
         "NODE": "n1", "GPU": "gpu-a", "INDEX": "0", "MODEL": "M", "HEALTH": "Healthy,NotReady(HeartbeatExpired)",
-        "CORES": "0%", "CORES-USED": "-", "MEMORY": "0Mi/16Gi", "MEMORY-USED": "-", "CLAIMS": "a/gone:released+running"}
+        "OWNER": "ElasticGPU", "CORES": "0%", "CORES-USED": "-", "MEMORY": "0Mi/16Gi", "MEMORY-USED": "-",
+        "CLAIMS": "a/gone:released+running"}
     [row] = top.rows([gpu], namespace="b")
     assert row[-1] == ""
+
+
+def test_top_shows_who_owns_each_card_and_a_move_under_way() -> None:
+    moving, dras = _gpu({"owner": "ElasticGPU"}), _gpu({"owner": "DRA"})
+    moving.spec.owner = dras.spec.owner = "DRA"
+    owners = [dict(zip(top.HEADER, row, strict=True))["OWNER"]
+              for row in top.rows([_gpu({}), moving, dras], namespace=None) if row[1] != "TOTAL"]
+    assert owners == ["ElasticGPU", "ElasticGPU->DRA", "DRA"]

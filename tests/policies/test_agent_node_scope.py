@@ -281,6 +281,37 @@ def test_an_agent_never_changes_allocations_nor_the_controllers_fields(
     assert scene.claim("a")["status"]["phase"] == "Bound"
 
 
+def test_an_agent_never_changes_who_owns_its_card(
+    kube_cluster: TestCluster, scene: Scene, agent_policies: list[str], api_client: client.ApiClient
+) -> None:
+    """Issue 48: spec.owner is the platform team's, status.owner and OwnerMove the controller's. The agent's
+    apply (which never carries spec.owner) keeps the platform team's value; a write that changes any is refused."""
+    a, gpu = scene.nodes["a"], scene.gpus["a"]
+    patched = kube_request(api_client, "PATCH", f"{GPUS}/{gpu}", body={"spec": {"owner": "DRA"}},
+                           headers={"Content-Type": "application/merge-patch+json"})  # the platform team
+    assert patched.status == 200, patched.json()
+    _status(api_client, f"{GPUS}/{gpu}", {"allocations": None, "owner": "DRA", "conditions": [
+        {"type": "OwnerMove", "status": "True", "reason": "Done", "message": "the card belongs to DRA",
+         "lastTransitionTime": "2026-12-03T00:00:00Z"}]})  # the controller
+    with _agent(kube_cluster, a, a) as agent:
+        spec = {k: v for k, v in agent.read_gpu(gpu)["spec"].items() if k != "owner"}
+        agent.apply_gpu(gpu, labels={names.LABEL_NODE: a}, spec={**spec, "model": "renamed"})
+        assert scene.gpu("a")["spec"]["owner"] == "DRA", "the agent's apply keeps the platform team's owner"
+        _refused(lambda: agent.apply_gpu(gpu, labels={names.LABEL_NODE: a}, spec={**spec, "owner": "ElasticGPU"}),
+                 f"GPU {gpu}: spec.owner: the platform team sets who owns the card",
+                 f"the agent of node {a} keeps it as it is")
+        for status in ({"owner": "ElasticGPU"}, {"owner": None}, {"conditions": []}):
+
+            def write(status: dict[str, Any] = status) -> object:
+                version = agent.read_gpu(gpu)["metadata"]["resourceVersion"]
+                return agent.patch_gpu_status(gpu, resource_version=version, status=status)
+
+            _refused(write, "status.owner and the OwnerMove condition are the controller's",
+                     f"the agent of node {a} never changes them")
+    assert scene.gpu("a")["spec"]["model"] == "renamed"
+    assert scene.gpu("a")["status"]["owner"] == "DRA"
+
+
 def test_a_token_bound_to_no_node_writes_nothing(
     kube_cluster: TestCluster, scene: Scene, agent_policies: list[str]
 ) -> None:

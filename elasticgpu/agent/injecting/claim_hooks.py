@@ -46,7 +46,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent import futures
 from dataclasses import dataclass, replace
 
@@ -90,12 +90,15 @@ class ClaimHooks:
         limits: limits_file.LimitsFiles | None = None,
         rooms: isolation.IsolationRooms | None = None,
         nics: rdma.RdmaRoom = rdma.NO_RDMA,
+        dra_devices: Callable[[str], Collection[str]] = lambda pod_uid: (),
     ) -> None:
         """`settle_after_s`: how long a row left open by an unanswered CreateContainer waits
         before a reconcile decides it (the runtime may still be creating the container);
         `limits`: the claims' limits files, mounted into every claim container (None: none, a
         running container then keeps the size it was created with); `rooms`: the node's isolation
-        modes (None: only mode None, advisory); `nics`: the node's RDMA NICs (agent/rdma; default none)."""
+        modes (None: only mode None, advisory); `nics`: the node's RDMA NICs (agent/rdma; default none);
+        `dra_devices`: the CDI devices the DRA driver prepared for a pod, by its uid (its containers stay DRA's)."""
+        self._dra_devices = dra_devices
         self._nics = nics
         self._limits = limits
         self.rooms = rooms or isolation.IsolationRooms()
@@ -129,7 +132,8 @@ class ClaimHooks:
         plain = request
         key = injection.claim_of(plain)
         if key is None:
-            return hooks.PreparedCreate(edit=injection.decide(plain, self._view, settings=self._settings))
+            return hooks.PreparedCreate(edit=injection.decide(plain, self._view, settings=self._settings,
+                                                              dra_devices=self._dra_devices(plain.pod.uid)))
         if not self.reconciled.is_set():
             raise hooks.Refused(
                 f"pod {plain.pod}, container {plain.container!r}: the elasticgpu agent on node "

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import grpc
 
@@ -142,13 +142,15 @@ class GatedHooks:
         rooms: isolation.IsolationRooms | None = None,
         wrap: Wrap | None = None,
         nics: rdma.RdmaRoom = rdma.NO_RDMA,
+        dra_devices: Callable[[str], Collection[str]] = lambda pod_uid: (),
     ) -> None:
         """`wrap`: hooks around the claim hooks (see the module docstring; None: the claim hooks alone);
         `ledger`: the ledger once open, else None; `owed_rebuild`: True while the ledger is new
         because a corrupt one was moved aside (`rebuilt` is called once it has been rebuilt);
         `container_env`: a container's environment, asked of the runtime (for the rebuild of containers
         listed without it); `rooms`: the node's isolation modes (kept by the agent across front restarts);
-        `nics`: its RDMA NICs."""
+        `nics`: its RDMA NICs; `dra_devices`: the CDI devices the DRA driver prepared for a pod (by uid)."""
+        self._dra_devices = dra_devices
         self._rooms = rooms
         self._nics = nics
         self._wrap = wrap
@@ -178,7 +180,7 @@ class GatedHooks:
                 if self._made is None:
                     self._made = claim_hooks.ClaimHooks(view=self._view, ledger=ledger, settings=self._settings,
                                                         limits=self._limits, rooms=self._rooms,
-                                                        nics=self._nics)
+                                                        nics=self._nics, dra_devices=self._dra_devices)
                 inner = self._made
                 outer = inner if self._wrap is None else self._wrap(inner, self._view, ledger)
                 if outer is None:
@@ -205,7 +207,8 @@ class GatedHooks:
             return self._outer().prepare_create(request)
         plain = request
         if injection.claim_of(plain) is None:
-            return hooks.PreparedCreate(edit=injection.decide(plain, self._view, settings=self._settings))
+            return hooks.PreparedCreate(edit=injection.decide(plain, self._view, settings=self._settings,
+                                                              dra_devices=self._dra_devices(plain.pod.uid)))
         # A claim before the start-up reconciliation: say everything that is missing, not only the first.
         reasons = [self._view.not_ready_reason(), "its ledger is not open yet" if inner is None else
                    "its ledger is not reconciled with the runtime's containers yet"]  # fmt: skip

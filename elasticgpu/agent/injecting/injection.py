@@ -64,6 +64,7 @@ from elasticgpu.agent.injecting.refused import Refused
 from elasticgpu.api import names, pod_claims
 
 CDI_KIND = "elasticgpu.io/gpu"
+CDI_CLAIM_KIND = "elasticgpu.io/claim"  # a ResourceClaim the DRA driver prepared (agent/dra/claim_cdi.py)
 """Our CDI kind: device `elasticgpu.io/gpu=<card uuid>` of the spec cdi.py writes."""
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CDI_ANNOTATION_KEY = f"{CDI_ANNOTATION_PREFIX}elasticgpu"
@@ -302,8 +303,8 @@ def cdi_device(uuid: str) -> str:
 
 
 def is_ours(device: str) -> bool:
-    """True for a CDI device name of our kinds (cards, and RDMA NICs: agent/rdma)."""
-    return device.split("=", 1)[0] == CDI_KIND or rdma.is_ours(device)
+    """True for a CDI device name of our kinds (cards, DRA claims, and RDMA NICs: agent/rdma)."""
+    return device.split("=", 1)[0] in (CDI_KIND, CDI_CLAIM_KIND) or rdma.is_ours(device)
 
 
 def _our_env(key: str) -> bool:
@@ -389,8 +390,12 @@ def decide(
     settings: InjectionSettings = InjectionSettings(),
     rooms: isolation.IsolationRooms = _ADVISORY_ONLY,
     nics: rdma.RdmaRoom = rdma.NO_RDMA,
+    dra_devices: Collection[str] = (),
 ) -> ContainerEdit:
     """The edit for this container, or raise Refused (see the module docstring).
+
+    `dra_devices`: the CDI devices the agent's DRA driver prepared for this container's pod (the
+    ResourceClaims reserved for it, from the driver's checkpoint: never from what the pod says).
 
     `holders`: pods with a live or starting container on the claim (the ledger's open rows); `rooms`:
     the isolation modes of the node, whose room for the claim's mode contributes a slice's limits
@@ -398,6 +403,12 @@ def decide(
     """
     key = claim_of(request)
     envs, devices, annotations = _without_ours(request)
+    asked = [d for d in request.cdi_devices if is_ours(d)]
+    if key is None and asked and dra_devices and set(asked) <= set(dra_devices):
+        # OBSERVATION: kubelet gave the container devices our DRA driver prepared for this pod: it is
+        # DRA's, as kubelet made it (its claim's CDI spec sets NVIDIA_VISIBLE_DEVICES and the limits).
+        # A cdi.k8s.io/ annotation naming ours is still dropped: only the CRI field is kubelet's.
+        return ContainerEdit(envs=tuple(request.envs), cdi_devices=tuple(request.cdi_devices), annotations=annotations)
     if key is None:
         access = view.node_gpu_access(request.pod.namespace)
         if access:

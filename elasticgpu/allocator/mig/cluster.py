@@ -18,7 +18,7 @@ from elasticgpu.allocator.mig import slots as slot_rules
 from elasticgpu.allocator.mig.placing import MigAllocator, MigCard, MigInstance, MigPlacement, MigPolicy
 from elasticgpu.allocator.mig.profiles import MigModel, model_for
 from elasticgpu.allocator.shapes import model_matches
-from elasticgpu.api.gpu import GPU
+from elasticgpu.api.gpu import GPU, open_to_elastic_gpu
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ def build(cards: Iterable[ClusterCard], *, models: tuple[str, ...] = (), node_se
     for card in cards:
         gpu, spec = card.gpu, card.gpu.spec
         model = model_for(spec.model, spec.memory)
-        if not spec.mig or model is None or not card.ready or gpu.status.health == "Unhealthy":
+        if (not spec.mig or model is None or not card.ready or gpu.status.health == "Unhealthy"
+                or not open_to_elastic_gpu(gpu)):  # a card moving to DRA, or DRA's: no new instance
             continue
         if models and not model_matches(spec.model, models):
             continue

@@ -1,5 +1,6 @@
 """The GPU sync: keep a GPU's readiness in the picture and its `Ready` condition on the server
-in step with its agent's heartbeat (`gpu_health` decides).
+in step with its agent's heartbeat (`gpu_health` decides), and move its effective owner
+(`status.owner`, `OwnerMove`) once nothing holds it on the old side (`owner_move` decides).
 
 One sync reads one way: under the picture's lock it reads the GPU and asks the decisions once
 (`gpu_step.decide`: the readiness, when to look again, the body to write) and keeps the
@@ -22,25 +23,33 @@ import threading
 import time
 from collections.abc import Callable
 
-from elasticgpu.api import GPU, timestamps
+from elasticgpu.api import GPU, dra_names, names, timestamps
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import gpu_step
+from elasticgpu.controller.decisions import gpu_step, owner_move
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
 from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.picture import node_presence
 from elasticgpu.controller.picture.picture import Body, Picture
-from elasticgpu.controller.settings import GPUHealthSettings
+from elasticgpu.controller.settings import GPUHealthSettings, OwnerMoveSettings
 
 logger = logging.getLogger(__name__)
+
+REASON_OWNER_MOVED = "OwnerMoved"
+"""Normal Event on a GPU whose effective owner (status.owner) the controller just moved (docs/dra.md)."""
 
 
 class GPUSync:
     """Syncs one GPU's readiness at a time (see the module docstring)."""
 
     def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, events: EventRecorder,
-                 settings: GPUHealthSettings, clock: Callable[[], float] = time.time) -> None:
-        """`clock`: seconds since the epoch (the heartbeat's clock; tests may pass their own)."""
+                 settings: GPUHealthSettings, clock: Callable[[], float] = time.time,
+                 dra: Callable[[str, int], owner_move.DraHolders] | None = None,
+                 owner_settings: OwnerMoveSettings | None = None) -> None:
+        """`clock`: seconds since the epoch (the heartbeat's clock; tests may pass their own). `dra`: what
+        ResourceClaims hold of a card (pool, index); None: unknown, so no card moves back from DRA."""
+        self.dra = dra
+        self.owner_settings = owner_settings or OwnerMoveSettings()
         self.kube = kube
         self.picture = picture
         self.queue = queue
@@ -75,6 +84,42 @@ class GPUSync:
         self._recheck(name, step.recheck_in_s)
         if step.condition is not None and step.body is not None:
             self._write(name, step.body, step.condition)
+        self._move_owner(name)
+
+    def _move_owner(self, name: str) -> None:
+        """Decide the card's effective owner (`owner_move`) from the GPU as the picture holds it now and
+        what DRA holds of it, and write it when it changes (with the picture's resourceVersion: a
+        reservation or an agent write in between is a 409, and the retry decides again)."""
+        picture = self.picture
+        with picture.lock:
+            held = picture.ledger.gpu_and_body(name)
+            if held is None:
+                return
+            gpu, body = held
+            dra = (self.dra(dra_names.pool_name(gpu.spec.node_name), gpu.spec.index) if self.dra is not None
+                   else owner_move.DraHolders(known=False, why_unknown="this controller reads no ResourceClaims"))
+            step = owner_move.decide(gpu, body, dra=dra, now=self._clock(), now_rfc3339=timestamps.now_rfc3339(),
+                                     grace_s=self.owner_settings.unpublish_grace_s)
+        if step.recheck_in_s is not None:
+            self.queue.add(("gpu", name), delay_s=step.recheck_in_s, recheck=True)
+        if step.body is None:
+            return
+        try:
+            answer = self.kube.replace_gpu_status(step.body)
+        except (errors.NotFound, errors.Conflict):
+            try:  # as `_write`: read it again; the retry decides from what it finds
+                self.picture.gpu_written(self.kube.get_gpu(name))
+            except errors.NotFound:
+                self.picture.forget_gpu(name)
+                return
+            raise
+        self.picture.gpu_written(answer)
+        if not step.moved:
+            return
+        logger.info("GPU %s: owner is now %s (%s)", name, step.owner, step.condition["message"])
+        self.events.record(answer, type_=NORMAL, reason=REASON_OWNER_MOVED, message=step.condition["message"])
+        if step.owner == names.OWNER_ELASTIC_GPU:
+            self.queue.add_all(self.picture.pending_claim_keys())  # the card takes reservations again
 
     def _delete(self, name: str, gpu: GPU) -> None:
         """Delete GPU `name`, whose Node has been gone for the grace, once a live read confirms the Node

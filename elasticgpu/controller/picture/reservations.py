@@ -34,7 +34,7 @@ from elasticgpu.allocator import (
 )
 from elasticgpu.allocator.mig import model_for, partitions_fit
 from elasticgpu.api import GPU, GPUAllocation, ObjectReference, allocatable_summary, format_memory, names, timestamps
-from elasticgpu.api.gpu import GPUPartition
+from elasticgpu.api.gpu import GPUPartition, open_to_elastic_gpu
 from elasticgpu.controller.errors import CardOverfilled
 from elasticgpu.controller.picture import compact, versions
 
@@ -486,4 +486,5 @@ def _load(allocations: list[Body]) -> tuple[int, int, int, bool]:
 
 
 def _health(model: GPU) -> Health:
-    return Health.UNHEALTHY if model.status.health == "Unhealthy" else Health.HEALTHY
+    # A card that is not ours alone (spec.owner or status.owner DRA) takes no new reservation.
+    return Health.UNHEALTHY if model.status.health == "Unhealthy" or not open_to_elastic_gpu(model) else Health.HEALTHY

@@ -22,7 +22,8 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from elasticgpu.api import ElasticGPU, ElasticGPUClaim
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, dra_names
+from elasticgpu.api.gpu import effective_owner
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.binding.commit import Commit
 from elasticgpu.controller.flow.binding.elasticgpu_sync import ElasticGPUSync
@@ -33,6 +34,7 @@ from elasticgpu.controller.flow.machinery.failures import Failures
 from elasticgpu.controller.flow.machinery.handoff import HandOff
 from elasticgpu.controller.flow.machinery.informer import Informer
 from elasticgpu.controller.flow.machinery.liveness import Liveness
+from elasticgpu.controller.flow.machinery.resource_claim_feed import ResourceClaimFeed
 from elasticgpu.controller.flow.machinery.workqueue import Key, WorkQueue
 from elasticgpu.controller.flow.quota_guard import QuotaGuard
 from elasticgpu.controller.flow.repair import Repair
@@ -77,8 +79,11 @@ class Controller:
                                 settings=self.settings)
         self.pods = PodSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
                             commit=self.commit, binding=self.claims.binding)
+        # Which cards ResourceClaims hold: a card moves back from DRA only once none does (docs/dra.md).
+        self.resource_claims = ResourceClaimFeed(kube=kube, on_cards=self._dra_cards_changed, liveness=self.liveness)
         self.gpus = GPUSync(kube=kube, picture=self.picture, queue=self.queue, events=self.events,
-                            settings=self.settings.gpu_health)
+                            settings=self.settings.gpu_health, dra=self.resource_claims.holders,
+                            owner_settings=self.settings.owner_move)
         self.worker = Worker(queue=self.queue, claims=self.claims, elastic_gpus=self.elastic_gpus,
                              commit=self.commit, hand_off=self.hand_off, events=self.events, failures=self.failures,
                              liveness=self.liveness, settings=binding, pods=self.pods, gpus=self.gpus)
@@ -104,6 +109,19 @@ class Controller:
         metrics.watch_claim_sizes(self.claims.recommender.sizes)
         self.picture.on_egpu_gone = metrics.watch_accounting(self._elastic_gpus_now)
         metrics.watch_quotas(self.quota.fill)
+
+    def _dra_cards_changed(self, cards: set[tuple[str, int]] | None) -> None:
+        """Queue the GPUs moving between owners whose DRA holders changed (None: every such GPU)."""
+        with self.picture.lock:
+            ledger = self.picture.ledger
+            keys: list[Key] = []
+            for name in ledger.gpu_names():
+                gpu = ledger.gpu(name)
+                if gpu is None or gpu.spec.owner == effective_owner(gpu):
+                    continue  # no move under way: what DRA holds changes nothing for it
+                if cards is None or (dra_names.pool_name(gpu.spec.node_name), gpu.spec.index) in cards:
+                    keys.append(("gpu", name))
+        self.queue.add_all(keys)
 
     def _elastic_gpus_now(self) -> list[ElasticGPU]:
         """Every ElasticGPU of the picture (a copy taken under its lock, for a scrape)."""

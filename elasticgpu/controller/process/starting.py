@@ -25,6 +25,8 @@ def start_threads(controller: Controller, stop: threading.Event) -> list[threadi
         threading.Thread(target=controller.run_worker, args=(stop,), name="binder", daemon=True),
         threading.Thread(target=controller.repair.run, args=(stop,), kwargs={"after": garbage.collect_and_freeze},
                          name="resync", daemon=True),
+        threading.Thread(target=controller.resource_claims.run, args=(stop,), name="watch-resourceclaim",
+                         daemon=True),
     ]
     for thread in threads:
         thread.start()

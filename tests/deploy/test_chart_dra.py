@@ -1,0 +1,60 @@
+"""The chart's DRA driver (dra.*, docs/dra.md): off by default; on, the agent's pod is the driver (its
+settings, kubelet's plugin folders) and the DeviceClasses ship; the KEP-5004 class is refused beside our
+own translation of nvidia.com/gpu, which would take the same pods."""
+
+from __future__ import annotations
+
+import re
+
+import helm_python
+import pytest
+
+from elasticgpu.agent import settings
+from tests.deploy.test_chart import _objects, _one, _render
+
+ON = {"dra": {"enabled": True}}
+
+
+def _agent_container(objects: list[dict]) -> dict:  # type: ignore[type-arg]
+    daemonset = _one(objects, "DaemonSet", "elasticgpu-agent")
+    (container,) = [c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "agent"]
+    return dict(container)
+
+
+def test_off_by_default() -> None:
+    objects = _objects()
+    assert not [doc for doc in objects if doc["kind"] == "DeviceClass"]
+    assert not [e for e in _agent_container(objects)["env"] if e["name"].startswith("ELASTICGPU_AGENT_DRA")]
+
+
+def test_on_the_agent_is_the_driver_and_the_classes_ship() -> None:
+    objects = _objects(ON)
+    classes = {doc["metadata"]["name"]: doc for doc in objects if doc["kind"] == "DeviceClass"}
+    assert set(classes) == {"gpu.elasticgpu.io", "gpu-slice.elasticgpu.io"}
+    assert classes["gpu.elasticgpu.io"]["spec"]["selectors"] == [
+        {"cel": {"expression": 'device.driver == "gpu.elasticgpu.io"'}}]
+    container = _agent_container(objects)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    # Each is a real setting of the agent (its environment variable), with the chart's paths.
+    assert env[settings._env("dra")] == "true"
+    assert env[settings._env("dra_kubelet_dir")] == "/var/lib/kubelet"
+    assert env[settings._env("dra_checkpoint")] == "/var/lib/elasticgpu/dra-checkpoint.json"
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu.elasticgpu.io"} <= mounts
+    rules = _one(objects, "ClusterRole", "elasticgpu-agent")["rules"]
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+            "verbs": ["get", "create", "patch", "delete"]} in rules  # fmt: skip
+
+
+def test_the_extended_resource_class_maps_nvidia_gpu() -> None:
+    objects = _objects({"dra": {"enabled": True, "extendedResourceDeviceClass": {"enabled": True}}})
+    assert _one(objects, "DeviceClass", "nvidia-gpu.elasticgpu.io")["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+
+
+def test_the_extended_resource_class_is_refused_beside_our_translation() -> None:
+    with pytest.raises(helm_python.HelmError, match=re.escape("dra.extendedResourceDeviceClass.enabled and "
+                                                              "translation.enabled both take pods")):  # fmt: skip
+        _render({"dra": {"enabled": True, "extendedResourceDeviceClass": {"enabled": True}},
+                 "translation": {"enabled": True}})  # fmt: skip
+    with pytest.raises(helm_python.HelmError, match=re.escape("needs dra.enabled")):
+        _render({"dra": {"extendedResourceDeviceClass": {"enabled": True}}})

@@ -1,0 +1,248 @@
+"""The DRA driver on Kubernetes' own kubelet (1.36.3) and scheduler, with the test containerd (CDI on):
+the agent of a GPU node runs with `--dra true` in front of containerd, as the chart runs it (its
+Node-bound token, deploy/agent.yaml's RBAC, the policies); the controller moves a card to DRA; a pod
+with a ResourceClaimTemplate of DeviceClass gpu.elasticgpu.io reaches Running with that card and
+nothing else; kill -9 of the agent between prepare and unprepare loses nothing: the restarted agent
+unprepares the claim when the pod goes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from elasticgpu.agent.dra import claim_cdi, plugin_serving, slice_content
+from elasticgpu.api import names
+from elasticgpu.testbed import components, processes
+from tests.kube_cluster import TestCluster, kube_request
+from tests.realcluster import install, kubelet
+from tests.realcluster.control_plane import ControlPlane
+from tests.realcluster.test_claim_pod import _container_env, container_env
+from tests.realcluster.test_claim_pod import product as product  # the module fixture: controller and webhook
+
+pytestmark = pytest.mark.realcluster
+
+NODE = "realcluster-dra-node"
+SIMULATION = "driver: {version: 550.54.15, cuda: '12.4'}\ncards: [{model: A100, memory: 81920, numa: 0, count: 2}]\n"
+WITHIN_S = 180.0
+GPUS = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL_GPU}"
+RESOURCE = "/apis/resource.k8s.io/v1"
+DEVICE_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.elasticgpu.io"},
+                "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.elasticgpu.io"'}}]}}  # fmt: skip
+
+
+@dataclass
+class DraNode:
+    name: str
+    agent: processes.Child
+    kubelet: kubelet.Kubelet
+    image: str
+    runtime_endpoint: str
+    cdi_dir: Path
+    checkpoint: Path
+    restart: Any  # () -> None: kill -9 the agent and start it again, as a DaemonSet would
+
+
+def _wait(what: str, check: Any, node: DraNode) -> Any:
+    try:
+        return processes.wait_until(check, what, timeout_s=WITHIN_S, children=[node.agent, node.kubelet.child])
+    except processes.DemoError as e:
+        kubelet_log = node.kubelet.child.log.read_text(errors="replace").splitlines()
+        about = [line for line in kubelet_log if "plugin" in line.lower() or "dra" in line.lower()][-25:]
+        raise AssertionError(f"{e}\nagent:\n{node.agent.tail(25)}\nkubelet (plugins, DRA):\n" + "\n".join(about)) from e
+
+
+@pytest.fixture(scope="module")
+def dra_node(kube_cluster: TestCluster, real_control_plane: ControlPlane, api_client: client.ApiClient,
+             crds_installed: list[str]) -> Iterator[DraNode]:  # fmt: skip
+    from tests.containerd_runtime import RuntimeUnavailable, running_containerd
+
+    install.apply_file(api_client, install.DEPLOY / "agent.yaml")
+    install.apply_file(api_client, install.DEPLOY / "policies" / "agent-node-scope.yaml")
+    with contextlib.suppress(client.ApiException):
+        kube_request(api_client, "POST", f"{RESOURCE}/deviceclasses", body=DEVICE_CLASS)
+    core = client.CoreV1Api(api_client)
+    core.create_node({"metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}})
+    with contextlib.ExitStack() as stack:
+        try:
+            runtime = stack.enter_context(running_containerd())
+        except RuntimeUnavailable as e:
+            pytest.skip(str(e))
+        home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="egdk-", dir="/tmp")))
+        kubelet_home = home / "kubelet"
+        token = install.agent_kubeconfig(kube_cluster, NODE, home)
+        paths = components.AgentPaths.under(home, NODE, runtime.cdi_dir)
+        paths.simulation.write_text(SIMULATION)
+        checkpoint = home / "dra-checkpoint.json"
+        agents: list[processes.Child] = []
+
+        def start() -> processes.Child:
+            agent = components.start_agent(
+                real_control_plane.children, node=NODE, kubeconfig=token, paths=paths, events_namespace="default",
+                runtime_socket=runtime.socket, log_dir=home,
+                extra=("--dra", "true", "--dra-kubelet-dir", str(kubelet_home / "root"),
+                       "--dra-checkpoint", str(checkpoint)))  # fmt: skip
+            agents.append(agent)
+            processes.wait_until(paths.cri_socket.exists, f"the CRI socket of the agent of {NODE}",
+                                 timeout_s=WITHIN_S, children=[agent])  # fmt: skip
+            return agent
+
+        agent = start()
+        stack.callback(lambda: [a.stop() for a in agents])
+        kubelet.give_network_config(runtime.directory / "cni" / "conf")
+        running = stack.enter_context(kubelet.running_kubelet(real_control_plane, NODE, f"unix://{paths.cri_socket}",
+                                                              directory=kubelet_home))  # fmt: skip
+
+        def ready() -> bool:
+            conditions = core.read_node(NODE).status.conditions or []
+            return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+        processes.wait_until(ready, f"Node {NODE} Ready", timeout_s=WITHIN_S, children=[agent, running.child])
+        node = DraNode(NODE, agent, running, runtime.image, runtime.endpoint, runtime.cdi_dir, checkpoint,
+                       restart=None)  # fmt: skip
+
+        def restart() -> None:
+            os.killpg(node.agent.process.pid, signal.SIGKILL)
+            node.agent.process.wait(timeout=30)
+            paths.cri_socket.unlink(missing_ok=True)  # left by the killed agent; the new one's means it is up
+            node.agent = start()
+
+        node.restart = restart
+        yield node
+    with contextlib.suppress(client.ApiException):
+        core.delete_node(NODE)
+
+
+def _gpus(api: client.ApiClient) -> list[dict[str, Any]]:
+    answer = kube_request(api, "GET", GPUS, query=[("labelSelector", f"{names.LABEL_NODE}={NODE}")])
+    assert answer.status == 200, answer.body
+    return sorted(answer.json()["items"], key=lambda g: g["spec"]["index"])
+
+
+SLEEP = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+
+
+def _pod(name: str, template: str, image: str) -> dict[str, Any]:
+    return {"metadata": {"name": name},
+            "spec": {"hostNetwork": True, "terminationGracePeriodSeconds": 1,
+                     "nodeSelector": {"kubernetes.io/hostname": NODE},
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                     "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
+                                     "resources": {"claims": [{"name": "gpu"}]},
+                                     "command": SLEEP}]}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def dra_card(api_client: client.ApiClient, product: None, dra_node: DraNode) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Card 0 of the node moved to DRA by the controller and published; card 1 stays ours."""
+    gpus = _wait(f"the agent's 2 GPU objects of {NODE}", lambda: len(_gpus(api_client)) == 2 and _gpus(api_client),
+                 dra_node)  # fmt: skip
+    card, ours = gpus[0], gpus[1]
+    patched = kube_request(api_client, "PATCH", f"{GPUS}/{card['metadata']['name']}",
+                           body={"spec": {"owner": "DRA"}},
+                           headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+    assert patched.status == 200, patched.body
+    _wait("the controller to make card 0 DRA's (status.owner)", lambda: kube_request(
+        api_client, "GET", f"{GPUS}/{card['metadata']['name']}").json().get("status", {}).get("owner") == "DRA",
+        dra_node)  # fmt: skip
+    slice_path = f"{RESOURCE}/resourceslices/{slice_content.slice_name(NODE)}"
+    published = _wait("the node's ResourceSlice with card 0 only", lambda: (
+        (answer := kube_request(api_client, "GET", slice_path)).status == 200 and
+        [d["name"] for d in answer.json()["spec"]["devices"]] == ["gpu-0"] and answer.json()), dra_node)
+    assert published["spec"]["nodeName"] == NODE
+    _wait("kubelet to register the DRA driver", lambda: "registered DRA driver" in dra_node.agent.log.read_text(
+        errors="replace"), dra_node)  # fmt: skip
+    return card, ours
+
+
+def _running(core: client.CoreV1Api, namespace: str, name: str, node: DraNode) -> Any:
+    deadline = time.monotonic() + WITHIN_S
+    while (pod := core.read_namespaced_pod(name, namespace)).status.phase != "Running":
+        assert pod.status.phase == "Pending", pod.status
+        assert time.monotonic() < deadline, (f"pod not Running: {pod.status}\n{node.kubelet.child.tail(30)}\n"
+                                             f"{node.agent.tail(30)}")  # fmt: skip
+        time.sleep(0.5)
+    return pod
+
+
+def _template(api: client.ApiClient, namespace: str, name: str, exactly: dict[str, Any]) -> None:
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}}  # fmt: skip
+    made = kube_request(api, "POST", f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates", body=template)
+    assert made.status == 201, made.body
+
+
+def test_a_whole_card_claim_runs_on_its_card_and_survives_a_kill_of_the_agent(
+    api_client: client.ApiClient, dra_node: DraNode, dra_card: tuple[dict[str, Any], dict[str, Any]], namespace: str
+) -> None:
+    card, ours = dra_card
+    _template(api_client, namespace, "whole", {"deviceClassName": "gpu.elasticgpu.io"})
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_pod(namespace, _pod("user", "whole", dra_node.image))
+    pod = _running(core, namespace, "user", dra_node)
+    assert pod.spec.node_name == NODE
+    [status] = pod.status.resource_claim_statuses
+    claim = kube_request(api_client, "GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims/"
+                         f"{status.resource_claim_name}").json()  # fmt: skip
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"], result["device"]) == ("gpu.elasticgpu.io", NODE, "gpu-0")
+    uid = claim["metadata"]["uid"]
+    # The container has its card and nobody else's: what containerd made of the CDI devices kubelet asked.
+    inside = container_env(dra_node.runtime_endpoint, namespace, "user")
+    assert inside.get("NVIDIA_VISIBLE_DEVICES") == card["spec"]["uuid"], inside
+    assert ours["spec"]["uuid"] not in json.dumps(_container_env(dra_node.runtime_endpoint, namespace, "user"))
+    assert (dra_node.cdi_dir / claim_cdi.spec_file(uid)).exists()
+    entries = json.loads(dra_node.checkpoint.read_text())["claims"]
+    assert entries[uid]["state"] == "completed" and pod.metadata.uid in entries[uid]["pods"]
+
+    # kill -9 between prepare and unprepare: the restarted agent answers kubelet's unprepare from its checkpoint.
+    dra_node.restart()
+    core.delete_namespaced_pod("user", namespace)
+    _wait("the pod gone and its claim unprepared", lambda: (
+        "user" not in [p.metadata.name for p in core.list_namespaced_pod(namespace).items]
+        and uid not in json.loads(dra_node.checkpoint.read_text())["claims"]), dra_node)
+    assert not (dra_node.cdi_dir / claim_cdi.spec_file(uid)).exists()
+    assert plugin_serving.registration_socket(dra_node.kubelet.directory / "root").exists()
+    # Every call of the driver (slices, claims) under deploy/agent.yaml's RBAC and the node-scope policies.
+    refused = [line for line in dra_node.agent.log.read_text(errors="replace").splitlines() if "HTTP 403" in line]
+    assert not refused, "the agent was refused under the chart's RBAC and policies:\n" + "\n".join(refused[:10])
+
+
+def test_two_pods_share_a_card_through_consumable_capacity_and_a_missing_model_stays_pending(
+    api_client: client.ApiClient, dra_node: DraNode, dra_card: tuple[dict[str, Any], dict[str, Any]], namespace: str
+) -> None:
+    card, _ = dra_card
+    share = {"requests": {"cores": "30", "memory": "10Gi"}}
+    _template(api_client, namespace, "slice", {"deviceClassName": "gpu.elasticgpu.io", "capacity": share})
+    _template(api_client, namespace, "h100", {"deviceClassName": "gpu.elasticgpu.io", "selectors": [{"cel": {
+        "expression": 'device.attributes["gpu.elasticgpu.io"].model.startsWith("H100")'}}]})  # fmt: skip
+    core = client.CoreV1Api(api_client)
+    for name in ("a", "b"):
+        core.create_namespaced_pod(namespace, _pod(name, "slice", dra_node.image))
+    core.create_namespaced_pod(namespace, _pod("wants-h100", "h100", dra_node.image))
+    for name in ("a", "b"):
+        _running(core, namespace, name, dra_node)
+        inside = container_env(dra_node.runtime_endpoint, namespace, name)
+        assert inside.get("NVIDIA_VISIBLE_DEVICES") == card["spec"]["uuid"], inside
+        assert (inside.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), inside.get("CUDA_DEVICE_MEMORY_LIMIT_0")) == (
+            "30", "10240m"), inside  # fmt: skip
+    # The node has no H100: the scheduler says so on the pod, which stays Pending.
+    reason = _wait("the scheduler's reason on the pod that asks an H100", lambda: next(
+        (c.message for c in core.read_namespaced_pod("wants-h100", namespace).status.conditions or []
+         if c.type == "PodScheduled" and c.status == "False" and c.message), None), dra_node)  # fmt: skip
+    assert "claim" in reason.lower() or "device" in reason.lower(), reason
+    assert core.read_namespaced_pod("wants-h100", namespace).status.phase == "Pending"
+    for name in ("a", "b", "wants-h100"):
+        core.delete_namespaced_pod(name, namespace)
+    _wait("the pods gone and every claim unprepared", lambda: not core.list_namespaced_pod(namespace).items and not
+          json.loads(dra_node.checkpoint.read_text())["claims"], dra_node)  # fmt: skip
