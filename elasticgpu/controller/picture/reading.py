@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names
 from elasticgpu.controller.decisions import binder, capacity, provisioned_names, release
 from elasticgpu.controller.picture import (
     compact,
@@ -186,6 +186,24 @@ class Reading:
         """Every ElasticGPU by name (the live map: read it under `lock`; keys and `get` are
         cheap, iterating the values builds the model of every Bound one, `records`)."""
         return self._egpus
+
+    def elastic_gpus_changed(self, known: Mapping[str, str | None]
+                             ) -> list[tuple[str, str | None, ElasticGPU | None]]:
+        """(name, resourceVersion, model) of every ElasticGPU, the model None where `known`
+        holds that name at that version already: a scrape builds the model of what changed only."""
+        with self.lock:
+            found: list[tuple[str, str | None, ElasticGPU | None]] = []
+            for name in self._egpus:
+                version = self._egpus.version(name)
+                same = version is not None and known.get(name) == version
+                found.append((name, version, None if same else self._egpus.peek(name)))
+            return found
+
+    def per_claim_metric_classes(self) -> set[str]:
+        """Names of the classes annotated `elasticgpu.io/per-claim-metrics: "true"` (docs/metrics.md)."""
+        with self.lock:
+            return {name for name, klass in self._classes.items()
+                    if (klass.metadata.annotations or {}).get(names.ANNOTATION_PER_CLAIM_METRICS) == "true"}
 
     def claim_counts(self) -> dict[tuple[str, str], int]:
         """Claims by (phase, class) (a copy; the `elasticgpu_claims` gauge)."""

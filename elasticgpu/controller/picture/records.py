@@ -140,6 +140,30 @@ class Models(Mapping[K, M]):
                 return entry.head
             return {"metadata": {"resourceVersion": entry.version}}
 
+    def version(self, key: K) -> str | None:
+        """The kept object's resourceVersion (None: not kept, or it had none); builds no model."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if isinstance(entry, _Moving):
+                return (entry.head.get("metadata") or {}).get("resourceVersion")
+            return entry.version
+
+    def peek(self, key: K) -> M | None:
+        """The model of `key` like `get`, but one at rest is built without entering the cache: a
+        reader that walks every object (a scrape) must not push out what the syncs use."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if isinstance(entry, _Moving):
+                return entry.model
+            found = self._cache.get(key)
+            if found is not None:
+                return found[0]
+            return compact.share_fields(self._type.model_validate(orjson.loads(entry.packed)))
+
     def resting(self) -> int:
         """How many objects are kept at rest (as JSON)."""
         with self._lock:
