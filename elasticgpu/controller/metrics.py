@@ -261,21 +261,47 @@ def _accounting_labels(egpu: ElasticGPU) -> Labels:
             egpu.spec.elastic_gpu_class_name or "", egpu.metadata.name or "")
 
 
+Triple = tuple[int, int, int]
+"""core seconds, memory MiB-seconds, card seconds: plain ints in the per-scrape loop (50,000
+dataclasses built per scrape were most of its cost)."""
+
+
 class _Tracked:
     """One ElasticGPU as the accounting collector last read it."""
 
-    __slots__ = ("base", "labels", "last", "period", "version")
+    __slots__ = ("base", "closed", "key", "labels", "last", "since", "size", "version")
 
-    def __init__(self, labels: Labels, version: str | None, period: accounting.Period,
-                 base: accounting.Accrued) -> None:
+    def __init__(self, labels: Labels, version: str | None, period: accounting.Period, tenure: float) -> None:
         self.labels = labels
-        self.version = version
-        self.period = period
-        self.base = base
+        self.key = (labels[0], labels[2])
+        self.version: str | None = None
+        self.closed: Triple = (0, 0, 0)
+        self.since: int | None = None
+        self.size: Triple = (0, 0, 0)
+        self.read(version, period)
+        self.base = self.at(tenure)
         """Its value when this process began to lead (0 for one bound since): the namespace
         totals count only what accrued during this tenure."""
-        self.last = base
+        self.last = self.base
         """Its value at the last scrape (folded into the closed totals if it vanishes unseen)."""
+
+    def read(self, version: str | None, period: accounting.Period) -> None:
+        self.version = version
+        self.closed = (period.closed.core_seconds, period.closed.memory_mib_seconds, period.closed.card_seconds)
+        self.since = period.since
+        self.size = (period.size.cores, period.size.memory_mib, period.size.cards)
+
+    def at(self, now: float) -> Triple:
+        """`accounting.Period.at`, in plain ints."""
+        if self.since is None:
+            return self.closed
+        seconds = max(0, accounting.now_seconds(now) - self.since)
+        return (self.closed[0] + self.size[0] * seconds, self.closed[1] + self.size[1] * seconds,
+                self.closed[2] + self.size[2] * seconds)
+
+
+def _accrued(value: Triple) -> accounting.Accrued:
+    return accounting.Accrued(*value)
 
 
 def _minus(a: accounting.Accrued, b: accounting.Accrued) -> accounting.Accrued:
@@ -347,23 +373,27 @@ class _AccountingCollector(Collector):
         with self._lock:
             tracked = self._tracked.pop(name, None)
             if self._since is not None and labels[1]:
-                base = tracked.base if tracked is not None else accounting.period_of(body).at(self._since)
+                base = _accrued(tracked.base) if tracked is not None else accounting.period_of(body).at(self._since)
                 self._close(labels, final, base)
                 self._ended.add(name)
             if opted:
                 self._gone[name] = (labels, final, now + ACCOUNTING_LINGER_S)
 
-    def _read(self, listed: Iterable[tuple[str, str | None, ElasticGPU | None]], now: float
-              ) -> dict[str, tuple[Labels, accounting.Accrued]]:
-        """Bring `_tracked` up to date from `listed`; each claimed ElasticGPU's labels and value now."""
-        since = self._since if self._since is not None else now
-        values: dict[str, tuple[Labels, accounting.Accrued]] = {}
+    def _read(self, listed: Iterable[tuple[str, str | None, ElasticGPU | None]], now: float, opted: set[str]
+              ) -> tuple[dict[tuple[str, str], list[int]], dict[str, tuple[Labels, Triple]]]:
+        """Bring `_tracked` up to date from `listed`: the totals by (namespace, class), and the
+        labels and value of each claimed ElasticGPU of an `opted` class."""
+        tenure = self._since if self._since is not None else now
+        totals: dict[tuple[str, str], list[int]] = {key: [v.core_seconds, v.memory_mib_seconds, v.card_seconds]
+                                                    for key, v in self._closed.items()}
+        rows: dict[str, tuple[Labels, Triple]] = {}
         seen: set[str] = set()
+        ended, tracked_by_name = self._ended, self._tracked
         for name, version, egpu in listed:
             seen.add(name)
-            if name in self._ended:
+            if name in ended:
                 continue
-            tracked = self._tracked.get(name)
+            tracked = tracked_by_name.get(name)
             if egpu is not None:
                 if egpu.spec.claim_ref is None or not egpu.spec.claim_ref.name:
                     continue
@@ -371,20 +401,28 @@ class _AccountingCollector(Collector):
                     continue  # never Bound: nothing accrued
                 period = accounting.period_of(accounting.view(egpu))
                 if tracked is None:
-                    tracked = _Tracked(_accounting_labels(egpu), version, period, period.at(since))
-                    self._tracked[name] = tracked
+                    tracked = tracked_by_name[name] = _Tracked(_accounting_labels(egpu), version, period, tenure)
                 else:
-                    tracked.version, tracked.period = version, period
+                    tracked.read(version, period)
             if tracked is None:
                 continue
-            tracked.last = tracked.period.at(now)
-            values[name] = (tracked.labels, tracked.last)
-        for name in set(self._tracked) - seen:
+            last = tracked.last = tracked.at(now)
+            base = tracked.base
+            total = totals.get(tracked.key)
+            if total is None:
+                total = totals[tracked.key] = [0, 0, 0]
+            # Never below 0 per unit: a total must never go down.
+            total[0] += max(0, last[0] - base[0])
+            total[1] += max(0, last[1] - base[1])
+            total[2] += max(0, last[2] - base[2])
+            if tracked.labels[2] in opted:
+                rows[name] = (tracked.labels, last)
+        for name in set(tracked_by_name) - seen:
             # Gone without its last body (a relist missed the delete): keep what it had accrued.
-            vanished = self._tracked.pop(name)
-            self._close(vanished.labels, vanished.last, vanished.base)
-        self._ended &= seen
-        return values
+            vanished = tracked_by_name.pop(name)
+            self._close(vanished.labels, _accrued(vanished.last), _accrued(vanished.base))
+        ended &= seen
+        return totals, rows
 
     def collect(self) -> Iterator[Metric]:
         accounting_labels = ["namespace", "claim", "class", "elasticgpu"]
@@ -418,26 +456,22 @@ class _AccountingCollector(Collector):
             # Outside our lock: the listing takes the picture's, and `gone` is called under it.
             listed = list(self._elastic_gpus(known))
             with self._lock:
-                rows: dict[str, tuple[Labels, accounting.Accrued]] = {}
+                rows: dict[str, tuple[Labels, Triple]] = {}
                 for name, (at, final, until) in list(self._gone.items()):
                     if until < now:
                         del self._gone[name]
                     else:
-                        rows[name] = (at, final)
-                totals = dict(self._closed)
-                for name, (at, value) in self._read(listed, now).items():
-                    key = (at[0], at[2])
-                    totals[key] = totals.get(key, accounting.Accrued()) + _minus(value, self._tracked[name].base)
-                    if at[2] in opted:
-                        rows[name] = (at, value)
+                        rows[name] = (at, (final.core_seconds, final.memory_mib_seconds, final.card_seconds))
+                totals, live = self._read(listed, now, opted)
+                rows.update(live)
             for _, (at, value) in sorted(rows.items()):
-                cores.add_metric(list(at), value.core_seconds)
-                memory.add_metric(list(at), value.memory_byte_seconds)
-                cards.add_metric(list(at), value.card_seconds)
-            for (namespace, class_name), value in sorted(totals.items()):
-                total_cores.add_metric([namespace, class_name], value.core_seconds)
-                total_memory.add_metric([namespace, class_name], value.memory_byte_seconds)
-                total_cards.add_metric([namespace, class_name], value.card_seconds)
+                cores.add_metric(list(at), value[0])
+                memory.add_metric(list(at), value[1] * accounting.MIB)
+                cards.add_metric(list(at), value[2])
+            for (namespace, class_name), total in sorted(totals.items()):
+                total_cores.add_metric([namespace, class_name], total[0])
+                total_memory.add_metric([namespace, class_name], total[1] * accounting.MIB)
+                total_cards.add_metric([namespace, class_name], total[2])
         yield from (cores, memory, cards, total_cores, total_memory, total_cards)
 
 

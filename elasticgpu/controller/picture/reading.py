@@ -160,6 +160,11 @@ class Reading:
         with self.lock:
             return self._claims.get((namespace, name))
 
+    def claim_uid(self, namespace: str, name: str) -> str | None:
+        """The uid of the claim the picture holds (None: none); builds no model."""
+        with self.lock:
+            return self._claims.uid((namespace, name))
+
     def claim_body(self, namespace: str, name: str) -> Body | None:
         """The head of the claim's body the picture holds (apiVersion, kind, metadata as the
         server sent them, `compact.identity`); spec and status are in its model (`claim`)."""
@@ -193,8 +198,7 @@ class Reading:
         holds that name at that version already: a scrape builds the model of what changed only."""
         with self.lock:
             found: list[tuple[str, str | None, ElasticGPU | None]] = []
-            for name in self._egpus:
-                version = self._egpus.version(name)
+            for name, version in self._egpus.versions():
                 same = version is not None and known.get(name) == version
                 found.append((name, version, None if same else self._egpus.peek(name)))
             return found

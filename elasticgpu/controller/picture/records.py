@@ -54,13 +54,15 @@ class _Moving(Generic[M]):
 
 
 class _Resting:
-    """An object at rest: the JSON of its body and its resourceVersion (compared at every put)."""
+    """An object at rest: the JSON of its body, its resourceVersion (compared at every put) and
+    its uid (a scrape asks whether the object it knows is still the one kept)."""
 
-    __slots__ = ("packed", "version")
+    __slots__ = ("packed", "uid", "version")
 
-    def __init__(self, packed: bytes, version: str | None) -> None:
+    def __init__(self, packed: bytes, version: str | None, uid: str | None) -> None:
         self.packed = packed
         self.version = version
+        self.uid = uid
 
 
 class Models(Mapping[K, M]):
@@ -92,7 +94,8 @@ class Models(Mapping[K, M]):
                 self._cache.pop(key, None)
                 self._entries[key] = _Moving(model, head)
                 return
-            self._entries[key] = _Resting(packed, (head.get("metadata") or {}).get("resourceVersion"))
+            meta = head.get("metadata") or {}
+            self._entries[key] = _Resting(packed, meta.get("resourceVersion"), meta.get("uid"))
             self._remember(key, model, head)
 
     def pop(self, key: K) -> None:
@@ -149,6 +152,23 @@ class Models(Mapping[K, M]):
             if isinstance(entry, _Moving):
                 return (entry.head.get("metadata") or {}).get("resourceVersion")
             return entry.version
+
+    def uid(self, key: K) -> str | None:
+        """The kept object's uid (None: not kept); builds no model."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if isinstance(entry, _Moving):
+                return (entry.head.get("metadata") or {}).get("uid")
+            return entry.uid
+
+    def versions(self) -> list[tuple[K, str | None]]:
+        """(key, resourceVersion) of every kept object, in one pass; builds no model."""
+        with self._lock:
+            return [(key, entry.version if isinstance(entry, _Resting)
+                     else (entry.head.get("metadata") or {}).get("resourceVersion"))
+                    for key, entry in self._entries.items()]
 
     def peek(self, key: K) -> M | None:
         """The model of `key` like `get`, but one at rest is built without entering the cache: a

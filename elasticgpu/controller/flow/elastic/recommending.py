@@ -151,9 +151,8 @@ class Recommender:
             entries = list(self._sizes.values())
         kept = []
         for entry in entries:
-            with self.picture.lock:
-                claim = self.picture.claim(entry.namespace, entry.name)
-            if claim is not None and claim.metadata.uid == entry.uid:
+            # The uid alone: building each claim's model here cost ~20 µs a claim at every scrape.
+            if self.picture.claim_uid(entry.namespace, entry.name) == entry.uid:
                 kept.append(entry)
             else:
                 self._forget(entry.uid)
