@@ -18,12 +18,15 @@ claim had before issue 49).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import resource
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -82,36 +85,50 @@ def _scrape(url: str) -> Scrape:
 
 
 def _prometheus(address: str, directory: Path, interval_s: float) -> dict[str, float]:
-    """Let the tests' real Prometheus scrape `address` a few times; its own figures of the scrape."""
+    """Let the tests' real Prometheus (testprometheus/build.sh) scrape `address` every
+    `interval_s` (timeout the same) three times; its own figures of those scrapes."""
     from tests.observability import prometheus as real
 
     found = real.binaries()
     if isinstance(found, str):
         raise SystemExit(found)
-    server = real.Prometheus(found.prometheus, directory, targets={"controller": [address]}, rule_files=[],
-                             port=real._free_port())
-    # The tests scrape every second with a 900 ms timeout; at this size give it room (a reload
-    # with a longer interval) and read what each scrape cost (scrape_duration_seconds).
-    config = directory / "prometheus.yml"
+    port = real._free_port()
+    config = {"global": {"scrape_interval": f"{interval_s:g}s", "scrape_timeout": f"{interval_s:g}s"},
+              "scrape_configs": [{"job_name": "controller", "static_configs": [{"targets": [address]}]}]}
+    (directory / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+    with (directory / "prometheus.log").open("wb") as log:
+        process = subprocess.Popen(
+            [str(found.prometheus), f"--config.file={directory / 'prometheus.yml'}",
+             f"--storage.tsdb.path={directory / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/api/v1/query?"
+
+    def value(expr: str) -> float:
+        with urllib.request.urlopen(url + urllib.parse.urlencode({"query": expr}), timeout=30) as answer:
+            result = json.load(answer)["data"]["result"]
+        return float(result[0]["value"][1]) if result else float("nan")
+
     try:
-        server.wait_ready(120)
-        config.write_text(config.read_text().replace("scrape_interval: 1s", f"scrape_interval: {interval_s:g}s")
-                          .replace("scrape_timeout: 900ms", f"scrape_timeout: {interval_s:g}s"))
-        urllib.request.urlopen(urllib.request.Request(f"{server.url}/-/reload", method="POST"), timeout=30).close()
-        time.sleep(interval_s * 3.5)  # three scrapes at the new interval, none from before the reload
-        window = f"[{round(interval_s * 3)}s]"
-
-        def value(expr: str) -> float:
-            found = server.query(expr)
-            return float(found[0]["value"][1]) if found else float("nan")
-
-        return {"max_s": value(f'max_over_time(scrape_duration_seconds{{job="controller"}}{window})'),
+        deadline = time.monotonic() + interval_s * 4 + 120
+        scrapes = 0.0
+        while time.monotonic() < deadline and not scrapes >= 3:
+            time.sleep(interval_s / 2)
+            with contextlib.suppress(OSError, KeyError, ValueError):
+                scrapes = value('count_over_time(scrape_duration_seconds{job="controller"}[1h])')
+        window = "[1h]"
+        return {"scrapes": scrapes,
+                "max_s": value(f'max_over_time(scrape_duration_seconds{{job="controller"}}{window})'),
                 "min_s": value(f'min_over_time(scrape_duration_seconds{{job="controller"}}{window})'),
                 "up_min": value(f'min_over_time(up{{job="controller"}}{window})'),
                 "samples": value('scrape_samples_scraped{job="controller"}'),
                 "series": value('count({job="controller"})')}
     finally:
-        server.stop()
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
 
 
 def main() -> None:

@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -248,8 +249,30 @@ ACCOUNTING_LINGER_S = 600.0
 """Seconds an ElasticGPU's final accrued value stays exported after its deletion: many scrapes see
 it, so the time between the last scrape and its release is not lost to Prometheus."""
 
-ElasticGPUsChanged = Callable[[Mapping[str, str | None]], Iterable[tuple[str, str | None, ElasticGPU | None]]]
-"""`Picture.elastic_gpus_changed`: (name, resourceVersion, model or None when unchanged) of each."""
+Held = ElasticGPU | bytes | None
+"""An ElasticGPU as the picture holds it: its model, the JSON of its body, or None (unchanged)."""
+ElasticGPUsChanged = Callable[[Mapping[str, str | None]], Iterable[tuple[str, str | None, Held]]]
+"""`Picture.elastic_gpus_changed`: (name, resourceVersion, held) of each."""
+
+
+def _facts(held: ElasticGPU | bytes) -> tuple[Labels, accounting.Period] | None:
+    """Labels and accounting period of a claimed ElasticGPU that has accrued (None: not that)."""
+    if isinstance(held, bytes):
+        body = orjson.loads(held)
+        spec, status, meta = body.get("spec") or {}, body.get("status") or {}, body.get("metadata") or {}
+        ref = spec.get("claimRef") or {}
+        if not ref.get("name"):
+            return None
+        if status.get("phase") != accounting.OPEN_PHASE and not status.get("accounting"):
+            return None  # never Bound: nothing accrued
+        labels = (str(ref.get("namespace") or ""), str(ref["name"]), str(spec.get("elasticGPUClassName") or ""),
+                  str(meta.get("name") or ""))
+        return labels, accounting.period_of(body)
+    if held.spec.claim_ref is None or not held.spec.claim_ref.name:
+        return None
+    if held.status.phase != accounting.OPEN_PHASE and held.status.accounting is None:
+        return None
+    return _accounting_labels(held), accounting.period_of(accounting.view(held))
 
 Labels = tuple[str, str, str, str]
 """namespace, claim, class, elasticgpu."""
@@ -379,7 +402,7 @@ class _AccountingCollector(Collector):
             if opted:
                 self._gone[name] = (labels, final, now + ACCOUNTING_LINGER_S)
 
-    def _read(self, listed: Iterable[tuple[str, str | None, ElasticGPU | None]], now: float, opted: set[str]
+    def _read(self, listed: Iterable[tuple[str, str | None, Held]], now: float, opted: set[str]
               ) -> tuple[dict[tuple[str, str], list[int]], dict[str, tuple[Labels, Triple]]]:
         """Bring `_tracked` up to date from `listed`: the totals by (namespace, class), and the
         labels and value of each claimed ElasticGPU of an `opted` class."""
@@ -389,21 +412,19 @@ class _AccountingCollector(Collector):
         rows: dict[str, tuple[Labels, Triple]] = {}
         seen: set[str] = set()
         ended, tracked_by_name = self._ended, self._tracked
-        for name, version, egpu in listed:
+        for name, version, held in listed:
             seen.add(name)
             if name in ended:
                 continue
             tracked = tracked_by_name.get(name)
-            if egpu is not None:
-                if egpu.spec.claim_ref is None or not egpu.spec.claim_ref.name:
+            if held is not None:
+                facts = _facts(held)
+                if facts is None:
                     continue
-                if egpu.status.phase != accounting.OPEN_PHASE and egpu.status.accounting is None:
-                    continue  # never Bound: nothing accrued
-                period = accounting.period_of(accounting.view(egpu))
                 if tracked is None:
-                    tracked = tracked_by_name[name] = _Tracked(_accounting_labels(egpu), version, period, tenure)
+                    tracked = tracked_by_name[name] = _Tracked(facts[0], version, facts[1], tenure)
                 else:
-                    tracked.read(version, period)
+                    tracked.read(version, facts[1])
             if tracked is None:
                 continue
             last = tracked.last = tracked.at(now)

@@ -193,15 +193,11 @@ class Reading:
         return self._egpus
 
     def elastic_gpus_changed(self, known: Mapping[str, str | None]
-                             ) -> list[tuple[str, str | None, ElasticGPU | None]]:
-        """(name, resourceVersion, model) of every ElasticGPU, the model None where `known`
-        holds that name at that version already: a scrape builds the model of what changed only."""
-        with self.lock:
-            found: list[tuple[str, str | None, ElasticGPU | None]] = []
-            for name, version in self._egpus.versions():
-                same = version is not None and known.get(name) == version
-                found.append((name, version, None if same else self._egpus.peek(name)))
-            return found
+                             ) -> list[tuple[str, str | None, ElasticGPU | bytes | None]]:
+        """(name, resourceVersion, held) of every ElasticGPU: held is None where `known` has that
+        name at that version, else its model or, at rest, the JSON of its body (`records`); a
+        scrape builds nothing for what did not change, and no model at all."""
+        return self._egpus.changed(known)
 
     def per_claim_metric_classes(self) -> set[str]:
         """Names of the classes annotated `elasticgpu.io/per-claim-metrics: "true"` (docs/metrics.md)."""

@@ -143,16 +143,6 @@ class Models(Mapping[K, M]):
                 return entry.head
             return {"metadata": {"resourceVersion": entry.version}}
 
-    def version(self, key: K) -> str | None:
-        """The kept object's resourceVersion (None: not kept, or it had none); builds no model."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            if isinstance(entry, _Moving):
-                return (entry.head.get("metadata") or {}).get("resourceVersion")
-            return entry.version
-
     def uid(self, key: K) -> str | None:
         """The kept object's uid (None: not kept); builds no model."""
         with self._lock:
@@ -163,26 +153,20 @@ class Models(Mapping[K, M]):
                 return (entry.head.get("metadata") or {}).get("uid")
             return entry.uid
 
-    def versions(self) -> list[tuple[K, str | None]]:
-        """(key, resourceVersion) of every kept object, in one pass; builds no model."""
+    def changed(self, known: Mapping[K, str | None]) -> list[tuple[K, str | None, M | bytes | None]]:
+        """(key, resourceVersion, what it holds) of every kept object in one pass, building no
+        model: None where `known` has that key at that version, else the model of an object in
+        motion or the JSON of one at rest (a reader of every object parses it outside the lock)."""
         with self._lock:
-            return [(key, entry.version if isinstance(entry, _Resting)
-                     else (entry.head.get("metadata") or {}).get("resourceVersion"))
-                    for key, entry in self._entries.items()]
-
-    def peek(self, key: K) -> M | None:
-        """The model of `key` like `get`, but one at rest is built without entering the cache: a
-        reader that walks every object (a scrape) must not push out what the syncs use."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            if isinstance(entry, _Moving):
-                return entry.model
-            found = self._cache.get(key)
-            if found is not None:
-                return found[0]
-            return compact.share_fields(self._type.model_validate(orjson.loads(entry.packed)))
+            found: list[tuple[K, str | None, M | bytes | None]] = []
+            for key, entry in self._entries.items():
+                held: M | bytes
+                if isinstance(entry, _Resting):
+                    version, held = entry.version, entry.packed
+                else:
+                    version, held = (entry.head.get("metadata") or {}).get("resourceVersion"), entry.model
+                found.append((key, version, None if version is not None and known.get(key) == version else held))
+            return found
 
     def resting(self) -> int:
         """How many objects are kept at rest (as JSON)."""
