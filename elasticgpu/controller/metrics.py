@@ -407,8 +407,7 @@ class _AccountingCollector(Collector):
         """Bring `_tracked` up to date from `listed`: the totals by (namespace, class), and the
         labels and value of each claimed ElasticGPU of an `opted` class."""
         tenure = self._since if self._since is not None else now
-        totals: dict[tuple[str, str], list[int]] = {key: [v.core_seconds, v.memory_mib_seconds, v.card_seconds]
-                                                    for key, v in self._closed.items()}
+        totals: dict[tuple[str, str], list[int]] = {}
         rows: dict[str, tuple[Labels, Triple]] = {}
         seen: set[str] = set()
         ended, tracked_by_name = self._ended, self._tracked
@@ -443,6 +442,12 @@ class _AccountingCollector(Collector):
             vanished = tracked_by_name.pop(name)
             self._close(vanished.labels, _accrued(vanished.last), _accrued(vanished.base))
         ended &= seen
+        # The closed part last: it includes those that vanished just now (no dip in between).
+        for key, value in self._closed.items():
+            total = totals.setdefault(key, [0, 0, 0])
+            total[0] += value.core_seconds
+            total[1] += value.memory_mib_seconds
+            total[2] += value.card_seconds
         return totals, rows
 
     def collect(self) -> Iterator[Metric]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
@@ -119,8 +119,11 @@ steps = st.lists(st.one_of(
 ), max_size=40)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(steps=steps)
+@example(steps=[("bind", 1), ("tick", 10), ("delete", 1), ("tick", 5)])
+@example(steps=[("bind", 1), ("tick", 10), ("resize", 1), ("tick", 5), ("vanish", 1), ("bind", 2), ("tick", 3)])
+@example(steps=[("bind", 1), ("tick", 10), ("lose", 0), ("tick", 7), ("lead", 0), ("tick", 4), ("release", 1)])
 def test_namespace_totals_never_go_down_within_a_tenure_and_count_what_accrued_in_it(
         steps: list[tuple[str, int]]) -> None:
     clock, picture = Clock(), Picture()
