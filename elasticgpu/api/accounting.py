@@ -41,7 +41,7 @@ from elasticgpu.api.elastic_gpu import ElasticGPU
 from elasticgpu.api.errors import ElasticGPUError
 from elasticgpu.api.quantities import parse_count, parse_memory_mib
 
-__all__ = ["Accrued", "Size", "accrued", "fold", "now_seconds", "size_of", "view"]
+__all__ = ["Accrued", "Period", "Size", "accrued", "fold", "now_seconds", "period_of", "size_of", "view"]
 
 MIB = 1024 * 1024
 OPEN_PHASE = "Bound"
@@ -139,6 +139,33 @@ def accrued(body: Mapping[str, Any], *, now: float) -> Accrued:
     if since is None:
         return closed
     return closed + _over(size_of(status.get("capacity") or {}), now_seconds(now) - since)
+
+
+@dataclass(frozen=True)
+class Period:
+    """What `accrued` reads from one version of an ElasticGPU, parsed once: the closed sums, the
+    open period's start (None: none open) and the size it accrues at. A scrape of 50,000
+    ElasticGPUs computes `at(now)` for each, and parses a body again only when it changed."""
+
+    closed: Accrued
+    since: int | None
+    size: Size
+
+    def at(self, now: float) -> Accrued:
+        """The value at `now`: `accrued(body, now=now)` of the body this was read from."""
+        if self.since is None:
+            return self.closed
+        return self.closed + _over(self.size, now_seconds(now) - self.since)
+
+
+def period_of(body: Mapping[str, Any]) -> Period:
+    """The `Period` of the ElasticGPU `body` (as the API serves it, or `view` of a model)."""
+    status = body.get("status") or {}
+    accounting = status.get("accounting")
+    closed = _closed(accounting) if isinstance(accounting, Mapping) else Accrued()
+    since = _since(status, body.get("metadata") or {})
+    size = size_of(status.get("capacity") or {}) if since is not None else Size()
+    return Period(closed=closed, since=since, size=size)
 
 
 def fold(body: Mapping[str, Any], *, phase: str, capacity: Mapping[str, Any] | None,

@@ -48,6 +48,9 @@ ANNOTATION_SELECTED_NODE: Final = "elasticgpu.io/selected-node"
 ANNOTATION_FORCE_RELEASE: Final = "elasticgpu.io/force-release"
 """On an ElasticGPU, "true": free its reservation even while its node's agent reports its claim running
 (an admin's way out for a node whose agent cannot report any more; `kubectl egpu release --force`)."""
+ANNOTATION_PER_CLAIM_METRICS: Final = "elasticgpu.io/per-claim-metrics"
+"""On an ElasticGPUClass, "true": the controller also exports per-claim series for the class's claims
+(accounting per ElasticGPU, sizes per claim); without it, namespace totals only (docs/metrics.md)."""
 LABEL_NODE: Final = "elasticgpu.io/node"
 LABEL_CLAIM_NAMESPACE: Final = "elasticgpu.io/claim-namespace"
 LABEL_CLAIM_NAME: Final = "elasticgpu.io/claim-name"

@@ -20,9 +20,23 @@ object and call its methods; nothing else here knows about the controller.
     elasticgpu_class_free_memory_bytes{class}      free memory on those cards, bytes
     elasticgpu_class_free_cards{class}             those cards nobody holds any of (whole cards)
     elasticgpu_claim_{requested,used,recommended}_cores{namespace,claim}
-                                                   per Bound share claim: its request, its last
-                                                   measured use, the recommendation (0: none yet)
+                                                   per Bound share claim of a class that opts in
+                                                   (annotation elasticgpu.io/per-claim-metrics):
+                                                   its request, its last measured use, the
+                                                   recommendation (0: none yet)
     elasticgpu_claim_{requested,used,recommended}_memory_bytes{namespace,claim}  the same, bytes
+    elasticgpu_namespace_{recommendable_requested,recommended}_{cores,memory_bytes}{namespace,class}
+                                                   the same summed over the claims that have a
+                                                   recommendation, for every class
+    elasticgpu_reserved_{core,memory_byte,card}_seconds_total{namespace,claim,class,elasticgpu}
+                                                   per ElasticGPU of a class that opts in: what it
+                                                   reserved since its first bind (leader only)
+    elasticgpu_namespace_reserved_{core,memory_byte,card}_seconds_total{namespace,class}
+                                                   the same summed per namespace and class, since
+                                                   this replica began to lead (leader only)
+
+Per-claim series are opt-in per class (issue 49): at 50,000 claims they were 450,000 series and a
+scrape of tens of MB; the totals are a few series per namespace and class whatever the count.
     process_*                                      CPU, RSS, open files of this process
 """
 
@@ -33,6 +47,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -152,18 +167,22 @@ class ClaimSizes(Protocol):
     def recommended_cores(self) -> int: ...
     @property
     def recommended_memory(self) -> int: ...
+    @property
+    def class_name(self) -> str: ...
 
 
 _MIB = 1024 * 1024
 
 
 class _ClaimSizesCollector(Collector):
-    """Per-claim gauges (issue 17: requested, used, recommended), read at each scrape. Labeled by
-    namespace and claim, one series per Bound share claim of a class whose resizePolicy is not
-    Off: what a platform team needs to see which claims waste or lack capacity."""
+    """Claim sizes (issue 17: requested, used, recommended) of the Bound share claims of classes
+    whose resizePolicy is not Off, read at each scrape: per claim (labels namespace, claim) for
+    the classes that opt in (`per_claim()`, issue 49), and always per namespace and class, over
+    the claims that have a recommendation, so the two sums compare (what resizing would save)."""
 
-    def __init__(self, sizes: Callable[[], Sequence[ClaimSizes]]) -> None:
+    def __init__(self, sizes: Callable[[], Sequence[ClaimSizes]], per_claim: Callable[[], set[str]]) -> None:
         self._sizes = sizes
+        self._per_claim = per_claim
 
     def collect(self) -> Iterator[Metric]:
         labels = ["namespace", "claim"]
@@ -186,7 +205,32 @@ class _ClaimSizesCollector(Collector):
                 "elasticgpu_claim_recommended_memory_bytes", "Memory recommended from the measured peak, bytes"
                 " (0: none yet).", labels=labels),
         }
+        total_labels = ["namespace", "class"]
+        totals = {
+            "requested_cores": GaugeMetricFamily(
+                "elasticgpu_namespace_recommendable_requested_cores", "Cores the namespace's claims of the class"
+                " that have a recommendation request (percent of one card, summed).", labels=total_labels),
+            "recommended_cores": GaugeMetricFamily(
+                "elasticgpu_namespace_recommended_cores", "Cores recommended for those claims, summed.",
+                labels=total_labels),
+            "requested_memory_bytes": GaugeMetricFamily(
+                "elasticgpu_namespace_recommendable_requested_memory_bytes", "Memory those claims request, bytes.",
+                labels=total_labels),
+            "recommended_memory_bytes": GaugeMetricFamily(
+                "elasticgpu_namespace_recommended_memory_bytes", "Memory recommended for those claims, bytes.",
+                labels=total_labels),
+        }
+        opted = self._per_claim()
+        sums: dict[tuple[str, str], list[int]] = {}
         for entry in self._sizes():
+            if entry.recommended_cores or entry.recommended_memory:
+                row = sums.setdefault((entry.namespace, entry.class_name), [0, 0, 0, 0])
+                row[0] += entry.requested_cores
+                row[1] += entry.recommended_cores
+                row[2] += entry.requested_memory * _MIB
+                row[3] += entry.recommended_memory * _MIB
+            if entry.class_name not in opted:
+                continue
             at = [entry.namespace, entry.name]
             families["requested_cores"].add_metric(at, entry.requested_cores)
             families["used_cores"].add_metric(at, entry.used_cores)
@@ -194,37 +238,150 @@ class _ClaimSizesCollector(Collector):
             families["requested_memory_bytes"].add_metric(at, entry.requested_memory * _MIB)
             families["used_memory_bytes"].add_metric(at, entry.used_memory * _MIB)
             families["recommended_memory_bytes"].add_metric(at, entry.recommended_memory * _MIB)
+        for key, row in sorted(sums.items()):
+            for family, value in zip(totals.values(), row, strict=True):
+                family.add_metric(list(key), value)
         yield from families.values()
+        yield from totals.values()
 
 
 ACCOUNTING_LINGER_S = 600.0
 """Seconds an ElasticGPU's final accrued value stays exported after its deletion: many scrapes see
 it, so the time between the last scrape and its release is not lost to Prometheus."""
 
+Held = ElasticGPU | bytes | None
+"""An ElasticGPU as the picture holds it: its model, the JSON of its body, or None (unchanged)."""
+ElasticGPUsChanged = Callable[[Mapping[str, str | None]], Iterable[tuple[str, str | None, Held]]]
+"""`Picture.elastic_gpus_changed`: (name, resourceVersion, held) of each."""
 
-def _accounting_labels(egpu: ElasticGPU) -> tuple[str, str, str, str]:
+
+def _facts(held: ElasticGPU | bytes) -> tuple[Labels, accounting.Period] | None:
+    """Labels and accounting period of a claimed ElasticGPU that has accrued (None: not that)."""
+    if isinstance(held, bytes):
+        body = orjson.loads(held)
+        spec, status, meta = body.get("spec") or {}, body.get("status") or {}, body.get("metadata") or {}
+        ref = spec.get("claimRef") or {}
+        if not ref.get("name"):
+            return None
+        if status.get("phase") != accounting.OPEN_PHASE and not status.get("accounting"):
+            return None  # never Bound: nothing accrued
+        labels = (str(ref.get("namespace") or ""), str(ref["name"]), str(spec.get("elasticGPUClassName") or ""),
+                  str(meta.get("name") or ""))
+        return labels, accounting.period_of(body)
+    if held.spec.claim_ref is None or not held.spec.claim_ref.name:
+        return None
+    if held.status.phase != accounting.OPEN_PHASE and held.status.accounting is None:
+        return None
+    return _accounting_labels(held), accounting.period_of(accounting.view(held))
+
+Labels = tuple[str, str, str, str]
+"""namespace, claim, class, elasticgpu."""
+
+
+def _accounting_labels(egpu: ElasticGPU) -> Labels:
     ref = egpu.spec.claim_ref
     return (ref.namespace or "" if ref is not None else "", ref.name or "" if ref is not None else "",
             egpu.spec.elastic_gpu_class_name or "", egpu.metadata.name or "")
 
 
-class _AccountingCollector(Collector):
-    """What each ElasticGPU has reserved since its first bind (issue 38, `api.accounting`),
-    computed at each scrape from the object's own status: the same value whichever replica
-    computes it, before or after a restart. Exported only while this process leads, so that a
-    plain `sum(increase(...))` over the replicas counts each ElasticGPU once."""
+Triple = tuple[int, int, int]
+"""core seconds, memory MiB-seconds, card seconds: plain ints in the per-scrape loop (50,000
+dataclasses built per scrape were most of its cost)."""
 
-    def __init__(self, elastic_gpus: Callable[[], Iterable[ElasticGPU]], leading: Callable[[], bool],
-                 clock: Callable[[], float]) -> None:
+
+class _Tracked:
+    """One ElasticGPU as the accounting collector last read it."""
+
+    __slots__ = ("base", "closed", "key", "labels", "last", "since", "size", "version")
+
+    def __init__(self, labels: Labels, version: str | None, period: accounting.Period, tenure: float) -> None:
+        self.labels = labels
+        self.key = (labels[0], labels[2])
+        self.version: str | None = None
+        self.closed: Triple = (0, 0, 0)
+        self.since: int | None = None
+        self.size: Triple = (0, 0, 0)
+        self.read(version, period)
+        self.base = self.at(tenure)
+        """Its value when this process began to lead (0 for one bound since): the namespace
+        totals count only what accrued during this tenure."""
+        self.last = self.base
+        """Its value at the last scrape (folded into the closed totals if it vanishes unseen)."""
+
+    def read(self, version: str | None, period: accounting.Period) -> None:
+        self.version = version
+        self.closed = (period.closed.core_seconds, period.closed.memory_mib_seconds, period.closed.card_seconds)
+        self.since = period.since
+        self.size = (period.size.cores, period.size.memory_mib, period.size.cards)
+
+    def at(self, now: float) -> Triple:
+        """`accounting.Period.at`, in plain ints."""
+        if self.since is None:
+            return self.closed
+        seconds = max(0, accounting.now_seconds(now) - self.since)
+        return (self.closed[0] + self.size[0] * seconds, self.closed[1] + self.size[1] * seconds,
+                self.closed[2] + self.size[2] * seconds)
+
+
+def _accrued(value: Triple) -> accounting.Accrued:
+    return accounting.Accrued(*value)
+
+
+def _minus(a: accounting.Accrued, b: accounting.Accrued) -> accounting.Accrued:
+    """`a - b`, never below 0 per unit (a total must never go down)."""
+    return accounting.Accrued(max(0, a.core_seconds - b.core_seconds),
+                              max(0, a.memory_mib_seconds - b.memory_mib_seconds),
+                              max(0, a.card_seconds - b.card_seconds))
+
+
+class _AccountingCollector(Collector):
+    """What the ElasticGPUs reserved (issue 38, `api.accounting`), exported only while this
+    process leads, so that a plain `sum(increase(...))` over the replicas counts each once:
+
+    - always, per namespace and class (issue 49): what accrued since this process began to lead,
+      a counter that starts at 0 with each tenure (Prometheus reads that as a reset); a few
+      series per namespace, however many claims;
+    - per ElasticGPU, for the classes that opt in (`per_claim()`), its absolute value from its
+      own status: the same whichever replica computes it, before or after a restart.
+
+    Each ElasticGPU's status is parsed once per resourceVersion (`accounting.Period`): a scrape
+    of 50,000 costs a multiplication each, not a model built each."""
+
+    def __init__(self, elastic_gpus: ElasticGPUsChanged, leading: Callable[[], bool],
+                 clock: Callable[[], float], per_claim: Callable[[], set[str]]) -> None:
         self._elastic_gpus = elastic_gpus
         self._leading = leading
         self._clock = clock
+        self._per_claim = per_claim
         self._lock = threading.Lock()
-        self._gone: dict[str, tuple[tuple[str, str, str, str], accounting.Accrued, float]] = {}
-        """Deleted ElasticGPUs: labels, final value, until when to export it (`clock`)."""
+        self._gone: dict[str, tuple[Labels, accounting.Accrued, float]] = {}
+        """Deleted ElasticGPUs of opted-in classes: labels, final value, until when to export it."""
+        self._since: float | None = None
+        """When this tenure began (`clock`), None while not leading."""
+        self._tracked: dict[str, _Tracked] = {}
+        self._closed: dict[tuple[str, str], accounting.Accrued] = {}
+        """What ElasticGPUs gone during this tenure accrued in it, by (namespace, class)."""
+        self._ended: set[str] = set()
+        """ElasticGPUs whose end `gone` counted, while a listing taken before may still hold them."""
+
+    def lead(self, leading: bool) -> None:
+        """A tenure begins (the totals start at 0) or ends (nothing is exported)."""
+        with self._lock:
+            if leading and self._since is None:
+                self._since = self._clock()
+            elif not leading:
+                self._since = None
+                self._tracked.clear()
+                self._closed.clear()
+                self._ended.clear()
+
+    def _close(self, labels: Labels, value: accounting.Accrued, base: accounting.Accrued) -> None:
+        key = (labels[0], labels[2])
+        self._closed[key] = self._closed.get(key, accounting.Accrued()) + _minus(value, base)
 
     def gone(self, body: Mapping[str, Any]) -> None:
-        """The watch's last body of a deleted ElasticGPU: keep its final value `ACCOUNTING_LINGER_S`."""
+        """The watch's last body of a deleted ElasticGPU: its final value goes into the totals,
+        and, for an opted-in class, stays exported `ACCOUNTING_LINGER_S`."""
         if not body.get("status"):
             return  # a relist's head without status: nothing to compute from
         try:
@@ -233,8 +390,65 @@ class _AccountingCollector(Collector):
             return
         now = self._clock()
         final = accounting.accrued(body, now=now)
+        name = egpu.metadata.name or ""
+        labels = _accounting_labels(egpu)
+        opted = labels[2] in self._per_claim()  # before our lock: the picture's is never taken inside it
         with self._lock:
-            self._gone[egpu.metadata.name or ""] = (_accounting_labels(egpu), final, now + ACCOUNTING_LINGER_S)
+            tracked = self._tracked.pop(name, None)
+            if self._since is not None and labels[1]:
+                base = _accrued(tracked.base) if tracked is not None else accounting.period_of(body).at(self._since)
+                self._close(labels, final, base)
+                self._ended.add(name)
+            if opted:
+                self._gone[name] = (labels, final, now + ACCOUNTING_LINGER_S)
+
+    def _read(self, listed: Iterable[tuple[str, str | None, Held]], now: float, opted: set[str]
+              ) -> tuple[dict[tuple[str, str], list[int]], dict[str, tuple[Labels, Triple]]]:
+        """Bring `_tracked` up to date from `listed`: the totals by (namespace, class), and the
+        labels and value of each claimed ElasticGPU of an `opted` class."""
+        tenure = self._since if self._since is not None else now
+        totals: dict[tuple[str, str], list[int]] = {}
+        rows: dict[str, tuple[Labels, Triple]] = {}
+        seen: set[str] = set()
+        ended, tracked_by_name = self._ended, self._tracked
+        for name, version, held in listed:
+            seen.add(name)
+            if name in ended:
+                continue
+            tracked = tracked_by_name.get(name)
+            if held is not None:
+                facts = _facts(held)
+                if facts is None:
+                    continue
+                if tracked is None:
+                    tracked = tracked_by_name[name] = _Tracked(facts[0], version, facts[1], tenure)
+                else:
+                    tracked.read(version, facts[1])
+            if tracked is None:
+                continue
+            last = tracked.last = tracked.at(now)
+            base = tracked.base
+            total = totals.get(tracked.key)
+            if total is None:
+                total = totals[tracked.key] = [0, 0, 0]
+            # Never below 0 per unit: a total must never go down.
+            total[0] += max(0, last[0] - base[0])
+            total[1] += max(0, last[1] - base[1])
+            total[2] += max(0, last[2] - base[2])
+            if tracked.labels[2] in opted:
+                rows[name] = (tracked.labels, last)
+        for name in set(tracked_by_name) - seen:
+            # Gone without its last body (a relist missed the delete): keep what it had accrued.
+            vanished = tracked_by_name.pop(name)
+            self._close(vanished.labels, _accrued(vanished.last), _accrued(vanished.base))
+        ended &= seen
+        # The closed part last: it includes those that vanished just now (no dip in between).
+        for key, value in self._closed.items():
+            total = totals.setdefault(key, [0, 0, 0])
+            total[0] += value.core_seconds
+            total[1] += value.memory_mib_seconds
+            total[2] += value.card_seconds
+        return totals, rows
 
     def collect(self) -> Iterator[Metric]:
         accounting_labels = ["namespace", "claim", "class", "elasticgpu"]
@@ -247,27 +461,44 @@ class _AccountingCollector(Collector):
         cards = CounterMetricFamily(
             "elasticgpu_reserved_card_seconds", "Whole-card seconds the ElasticGPU reserved for its claim while Bound"
             " (slices count 0 here, their cores count above), since its first bind.", labels=accounting_labels)
+        total_labels = ["namespace", "class"]
+        total_cores = CounterMetricFamily(
+            "elasticgpu_namespace_reserved_core_seconds", "Card-core seconds the namespace's ElasticGPUs of the class"
+            " reserved while Bound (100 = one card for one second), since this replica began to lead.",
+            labels=total_labels)
+        total_memory = CounterMetricFamily(
+            "elasticgpu_namespace_reserved_memory_byte_seconds", "GPU memory byte-seconds the namespace's"
+            " ElasticGPUs of the class reserved while Bound, since this replica began to lead.", labels=total_labels)
+        total_cards = CounterMetricFamily(
+            "elasticgpu_namespace_reserved_card_seconds", "Whole-card seconds the namespace's ElasticGPUs of the"
+            " class reserved while Bound, since this replica began to lead.", labels=total_labels)
         if self._leading():
             now = self._clock()
-            rows: dict[str, tuple[tuple[str, str, str, str], accounting.Accrued]] = {}
+            opted = self._per_claim()
             with self._lock:
+                if self._since is None:
+                    self._since = now
+                known = {name: t.version for name, t in self._tracked.items()}
+            # Outside our lock: the listing takes the picture's, and `gone` is called under it.
+            listed = list(self._elastic_gpus(known))
+            with self._lock:
+                rows: dict[str, tuple[Labels, Triple]] = {}
                 for name, (at, final, until) in list(self._gone.items()):
                     if until < now:
                         del self._gone[name]
                     else:
-                        rows[name] = (at, final)
-            for egpu in self._elastic_gpus():
-                if egpu.spec.claim_ref is None or not egpu.spec.claim_ref.name:
-                    continue
-                if egpu.status.phase != accounting.OPEN_PHASE and egpu.status.accounting is None:
-                    continue  # never Bound: nothing accrued
-                rows[egpu.metadata.name or ""] = (_accounting_labels(egpu),
-                                                  accounting.accrued(accounting.view(egpu), now=now))
+                        rows[name] = (at, (final.core_seconds, final.memory_mib_seconds, final.card_seconds))
+                totals, live = self._read(listed, now, opted)
+                rows.update(live)
             for _, (at, value) in sorted(rows.items()):
-                cores.add_metric(list(at), value.core_seconds)
-                memory.add_metric(list(at), value.memory_byte_seconds)
-                cards.add_metric(list(at), value.card_seconds)
-        yield from (cores, memory, cards)
+                cores.add_metric(list(at), value[0])
+                memory.add_metric(list(at), value[1] * accounting.MIB)
+                cards.add_metric(list(at), value[2])
+            for (namespace, class_name), total in sorted(totals.items()):
+                total_cores.add_metric([namespace, class_name], total[0])
+                total_memory.add_metric([namespace, class_name], total[1] * accounting.MIB)
+                total_cards.add_metric([namespace, class_name], total[2])
+        yield from (cores, memory, cards, total_cores, total_memory, total_cards)
 
 
 class ControllerMetrics:
@@ -300,6 +531,7 @@ class ControllerMetrics:
         self.leader = Gauge("elasticgpu_leader", "1 while this process holds the leader Lease, else 0.",
                             registry=self.registry)
         self._leads = False
+        self._accounting: _AccountingCollector | None = None
         self.bind_seconds = Histogram("elasticgpu_claim_bind_duration_seconds",
                                       "Seconds from a claim's creation to its bind.", ["mode"],
                                       buckets=WAIT_BUCKETS, registry=self.registry)
@@ -357,12 +589,17 @@ class ControllerMetrics:
         """Record whether this process holds the leader Lease."""
         self.leader.set(1 if is_leader else 0)
         self._leads = is_leader
+        if self._accounting is not None:
+            self._accounting.lead(is_leader)
 
-    def watch_accounting(self, elastic_gpus: Callable[[], Iterable[ElasticGPU]], *,
+    def watch_accounting(self, elastic_gpus: ElasticGPUsChanged, *, per_claim: Callable[[], set[str]],
                          clock: Callable[[], float] = time.time) -> Callable[[Mapping[str, Any]], None]:
-        """Export what each ElasticGPU of `elastic_gpus()` reserved, at each scrape while this
-        process leads; the function returned takes the last body of a deleted ElasticGPU."""
-        collector = _AccountingCollector(elastic_gpus, lambda: self._leads, clock)
+        """Export what the ElasticGPUs of `elastic_gpus` reserved, at each scrape while this
+        process leads: totals per namespace and class always, per ElasticGPU for the classes
+        named by `per_claim()`; the function returned takes the last body of a deleted one."""
+        collector = _AccountingCollector(elastic_gpus, lambda: self._leads, clock, per_claim)
+        collector.lead(self._leads)
+        self._accounting = collector
         self.registry.register(collector)
         return collector.gone
 
@@ -378,6 +615,8 @@ class ControllerMetrics:
         """Read each quota's (namespace, quota, key, used, hard) from `fill()` at each scrape."""
         self.registry.register(_QuotaCollector(fill))
 
-    def watch_claim_sizes(self, sizes: Callable[[], Sequence[ClaimSizes]]) -> None:
-        """Read each claim's requested, used and recommended size from `sizes()` at each scrape."""
-        self.registry.register(_ClaimSizesCollector(sizes))
+    def watch_claim_sizes(self, sizes: Callable[[], Sequence[ClaimSizes]], *,
+                          per_claim: Callable[[], set[str]]) -> None:
+        """Read each claim's requested, used and recommended size from `sizes()` at each scrape;
+        per claim for the classes named by `per_claim()`, per namespace and class always."""
+        self.registry.register(_ClaimSizesCollector(sizes, per_claim))

@@ -111,23 +111,25 @@ class Scenario:
         return {"allocatable": room, "capacity": room}
 
     def class_bodies(self) -> list[dict[str, Any]]:
-        """A class of slices and one of whole cards, limited to the demo's card model."""
+        """A class of slices and one of whole cards, limited to the demo's card model; both opt in
+        to per-claim series (the demo shows every panel and `kubectl egpu usage` per class)."""
         common = {
             "apiVersion": names.API_VERSION,
             "kind": names.KIND_CLASS,
             "reclaimPolicy": "Delete",
             "bindingMode": "Immediate",
         }
+        opted = {names.ANNOTATION_PER_CLAIM_METRICS: "true"}
         return [
             {
                 **common,
-                "metadata": {"name": self.shared_class, "labels": {DEMO_LABEL: self.run_id}},
+                "metadata": {"name": self.shared_class, "labels": {DEMO_LABEL: self.run_id}, "annotations": opted},
                 "provisioner": names.PROVISIONER_GPUSHARE,
                 "parameters": {"gpuModel": self.model, "policy": "binpack"},
             },
             {
                 **common,
-                "metadata": {"name": self.whole_class, "labels": {DEMO_LABEL: self.run_id}},
+                "metadata": {"name": self.whole_class, "labels": {DEMO_LABEL: self.run_id}, "annotations": opted},
                 "provisioner": names.PROVISIONER_PHYSICAL,
                 "parameters": {"gpuModel": self.model},
             },

@@ -102,14 +102,18 @@ def _selector(namespace: str | None) -> str:
 
 
 def reserved_query(metric: str, window: str, namespace: str | None) -> str:
-    """PromQL: what each (namespace, class) reserved in the last `window`, per ElasticGPU its last
-    value minus its last value before the window (0 for one bound inside it), then summed. Each
-    replica reports the same absolute value, so `max by` merges the series of two replicas."""
+    """PromQL: what each (namespace, class) reserved in the last `window`. Where the class has
+    per-ElasticGPU series (it opts in, docs/metrics.md): per ElasticGPU its last value minus its
+    last value before the window (0 for one bound inside it), then summed; each replica reports
+    the same absolute value, so `max by` merges the series of two replicas. Other classes: the
+    increase of the namespace totals (`elasticgpu_namespace_reserved_*`, leader only)."""
     series = f"{metric}{_selector(namespace)}"
     by = "max by (namespace, class, elasticgpu)"
     last = f"{by} (max_over_time({series}[{window}]))"
     before = f"{by} (max_over_time({series}[{LOOKBACK}] offset {window}))"
-    return f"sum by (namespace, class) ({last} - ({before} or {last} * 0))"
+    totals = metric.replace("elasticgpu_reserved_", "elasticgpu_namespace_reserved_", 1) + _selector(namespace)
+    return (f"sum by (namespace, class) ({last} - ({before} or {last} * 0))"
+            f" or sum by (namespace, class) (increase({totals}[{window}]))")
 
 
 def used_query(metric: str, window: str, namespace: str | None) -> str:

@@ -46,7 +46,9 @@ def test_reserved_seconds_survive_restart_and_leader_change_without_double_count
     model = f"T{cluster.prefix}"
     cluster.gpu(o.gpu(f"gpu-{cluster.prefix}-0", node=f"{cluster.prefix}-node", model=model))
     class_name = f"{cluster.prefix}-class"
-    cluster.klass(o.klass(class_name, parameters={"gpuModel": model}))
+    body = o.klass(class_name, parameters={"gpuModel": model})
+    body["metadata"]["annotations"] = {names.ANNOTATION_PER_CLAIM_METRICS: "true"}  # the per-ElasticGPU series
+    cluster.klass(body)
     cluster.claim(o.claim("train", cores=30, memory="10Gi", class_name=class_name))
 
     first, _, first_registry = _started(kube, cluster.namespace, leading=True)
@@ -74,6 +76,10 @@ def test_reserved_seconds_survive_restart_and_leader_change_without_double_count
     assert after == 30 * (int(time.time()) - int(since)) or after == 30 * (int(time.time()) - 1 - int(since))
     mib_seconds = _reserved(standby_registry, egpu, "elasticgpu_reserved_memory_byte_seconds_total")
     assert mib_seconds is not None and mib_seconds == after / 30 * 10240 * 2**20
+    # The namespace total counts this tenure only: from (about) 0 at the takeover, never down.
+    totals = {"namespace": cluster.namespace, "class": class_name}
+    total = standby_registry.get_sample_value("elasticgpu_namespace_reserved_core_seconds_total", totals)
+    assert total is not None and total <= 30 * 2, total
 
     # Release: the period is folded once, in the same write as the phase, and the value stops.
     kube.delete_claim(cluster.namespace, "train")
@@ -106,7 +112,11 @@ def test_reserved_seconds_survive_restart_and_leader_change_without_double_count
     assert value is not None, "a released or deleted ElasticGPU must stay exported with its final value"
     if final is not None:
         assert "since" not in final and final["coreSeconds"] == value
+    final_total = standby_registry.get_sample_value("elasticgpu_namespace_reserved_core_seconds_total", totals)
+    assert final_total is not None and final_total >= total, (total, final_total)
     time.sleep(1.1)
     assert _reserved(standby_registry, egpu) == value, "the value must stop when the reservation ends"
     assert value >= after
+    assert standby_registry.get_sample_value("elasticgpu_namespace_reserved_core_seconds_total", totals
+                                             ) == final_total, "a released ElasticGPU's time stays in the total"
 

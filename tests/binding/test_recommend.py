@@ -22,8 +22,9 @@ def _setup(cluster: Cluster, **fields: Any) -> str:
     model = f"T{cluster.prefix}"
     cluster.gpu(o.gpu(f"gpu-{cluster.prefix}-0", node=f"{cluster.prefix}-node", index=0, model=model))
     class_name = f"{cluster.prefix}-class"
-    cluster.klass({**o.klass(class_name, provisioner=names.PROVISIONER_GPUSHARE, parameters={"gpuModel": model}),
-                   **fields})
+    body = o.klass(class_name, provisioner=names.PROVISIONER_GPUSHARE, parameters={"gpuModel": model})
+    body["metadata"]["annotations"] = {names.ANNOTATION_PER_CLAIM_METRICS: "true"}  # the per-claim gauges
+    cluster.klass({**body, **fields})
     return class_name
 
 
@@ -74,6 +75,9 @@ def test_measured_use_makes_a_recommendation_and_an_event(cluster: Cluster, kube
     assert _gauge(metrics, "elasticgpu_claim_used_cores", cluster) == 12
     assert _gauge(metrics, "elasticgpu_claim_recommended_cores", cluster) == 15
     assert _gauge(metrics, "elasticgpu_claim_recommended_memory_bytes", cluster) == 1280 * 1024 * 1024
+    totals = {"namespace": cluster.namespace, "class": class_name}
+    assert metrics.registry.get_sample_value("elasticgpu_namespace_recommendable_requested_cores", totals) == 80
+    assert metrics.registry.get_sample_value("elasticgpu_namespace_recommended_cores", totals) == 15
 
     _agent_measures(kube, cluster, controller, [(11, 950)])  # the same state: no second Event
     assert len([e for e in _events(kube, cluster.namespace) if e["reason"] == "OverSized"]) == 1

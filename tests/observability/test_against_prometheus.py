@@ -65,6 +65,9 @@ def test_every_dashboard_query_shows_the_demo(observed: tuple[Any, prometheus.Pr
     namespace = demo.scenario.namespace
     reserved = server.query("sum by (namespace) (rate(elasticgpu_reserved_core_seconds_total[1m]))")
     assert {s["metric"]["namespace"] for s in reserved} == {namespace}, reserved
+    # The namespace totals (every class; what the panels read) reserve what the per-claim series do.
+    totals = server.query("sum by (namespace) (rate(elasticgpu_namespace_reserved_core_seconds_total[1m]))")
+    assert {s["metric"]["namespace"] for s in totals} == {namespace}, totals
 
 
 @pytest.mark.timeout(300)

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, names
 from elasticgpu.controller.decisions import binder, capacity, provisioned_names, release
 from elasticgpu.controller.picture import (
     compact,
@@ -160,6 +160,11 @@ class Reading:
         with self.lock:
             return self._claims.get((namespace, name))
 
+    def claim_uid(self, namespace: str, name: str) -> str | None:
+        """The uid of the claim the picture holds (None: none); builds no model."""
+        with self.lock:
+            return self._claims.uid((namespace, name))
+
     def claim_body(self, namespace: str, name: str) -> Body | None:
         """The head of the claim's body the picture holds (apiVersion, kind, metadata as the
         server sent them, `compact.identity`); spec and status are in its model (`claim`)."""
@@ -186,6 +191,19 @@ class Reading:
         """Every ElasticGPU by name (the live map: read it under `lock`; keys and `get` are
         cheap, iterating the values builds the model of every Bound one, `records`)."""
         return self._egpus
+
+    def elastic_gpus_changed(self, known: Mapping[str, str | None]
+                             ) -> list[tuple[str, str | None, ElasticGPU | bytes | None]]:
+        """(name, resourceVersion, held) of every ElasticGPU: held is None where `known` has that
+        name at that version, else its model or, at rest, the JSON of its body (`records`); a
+        scrape builds nothing for what did not change, and no model at all."""
+        return self._egpus.changed(known)
+
+    def per_claim_metric_classes(self) -> set[str]:
+        """Names of the classes annotated `elasticgpu.io/per-claim-metrics: "true"` (docs/metrics.md)."""
+        with self.lock:
+            return {name for name, klass in self._classes.items()
+                    if (klass.metadata.annotations or {}).get(names.ANNOTATION_PER_CLAIM_METRICS) == "true"}
 
     def claim_counts(self) -> dict[tuple[str, str], int]:
         """Claims by (phase, class) (a copy; the `elasticgpu_claims` gauge)."""

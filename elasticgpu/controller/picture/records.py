@@ -54,13 +54,15 @@ class _Moving(Generic[M]):
 
 
 class _Resting:
-    """An object at rest: the JSON of its body and its resourceVersion (compared at every put)."""
+    """An object at rest: the JSON of its body, its resourceVersion (compared at every put) and
+    its uid (a scrape asks whether the object it knows is still the one kept)."""
 
-    __slots__ = ("packed", "version")
+    __slots__ = ("packed", "uid", "version")
 
-    def __init__(self, packed: bytes, version: str | None) -> None:
+    def __init__(self, packed: bytes, version: str | None, uid: str | None) -> None:
         self.packed = packed
         self.version = version
+        self.uid = uid
 
 
 class Models(Mapping[K, M]):
@@ -92,7 +94,8 @@ class Models(Mapping[K, M]):
                 self._cache.pop(key, None)
                 self._entries[key] = _Moving(model, head)
                 return
-            self._entries[key] = _Resting(packed, (head.get("metadata") or {}).get("resourceVersion"))
+            meta = head.get("metadata") or {}
+            self._entries[key] = _Resting(packed, meta.get("resourceVersion"), meta.get("uid"))
             self._remember(key, model, head)
 
     def pop(self, key: K) -> None:
@@ -139,6 +142,31 @@ class Models(Mapping[K, M]):
             if isinstance(entry, _Moving):
                 return entry.head
             return {"metadata": {"resourceVersion": entry.version}}
+
+    def uid(self, key: K) -> str | None:
+        """The kept object's uid (None: not kept); builds no model."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if isinstance(entry, _Moving):
+                return (entry.head.get("metadata") or {}).get("uid")
+            return entry.uid
+
+    def changed(self, known: Mapping[K, str | None]) -> list[tuple[K, str | None, M | bytes | None]]:
+        """(key, resourceVersion, what it holds) of every kept object in one pass, building no
+        model: None where `known` has that key at that version, else the model of an object in
+        motion or the JSON of one at rest (a reader of every object parses it outside the lock)."""
+        with self._lock:
+            found: list[tuple[K, str | None, M | bytes | None]] = []
+            for key, entry in self._entries.items():
+                held: M | bytes
+                if isinstance(entry, _Resting):
+                    version, held = entry.version, entry.packed
+                else:
+                    version, held = (entry.head.get("metadata") or {}).get("resourceVersion"), entry.model
+                found.append((key, version, None if version is not None and known.get(key) == version else held))
+            return found
 
     def resting(self) -> int:
         """How many objects are kept at rest (as JSON)."""

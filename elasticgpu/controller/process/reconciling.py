@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from elasticgpu.api import ElasticGPU, ElasticGPUClaim, dra_names
+from elasticgpu.api import ElasticGPUClaim, dra_names
 from elasticgpu.api.gpu import effective_owner
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.binding.commit import Commit
@@ -106,8 +106,9 @@ class Controller:
         self.pods.metrics = metrics
         metrics.watch_picture(claims=self.picture.claim_counts, free=self.picture.free_by_class,
                               waiting=self.picture.waiting_claims)
-        metrics.watch_claim_sizes(self.claims.recommender.sizes)
-        self.picture.on_egpu_gone = metrics.watch_accounting(self._elastic_gpus_now)
+        metrics.watch_claim_sizes(self.claims.recommender.sizes, per_claim=self.picture.per_claim_metric_classes)
+        self.picture.on_egpu_gone = metrics.watch_accounting(self.picture.elastic_gpus_changed,
+                                                             per_claim=self.picture.per_claim_metric_classes)
         metrics.watch_quotas(self.quota.fill)
 
     def _dra_cards_changed(self, cards: set[tuple[str, int]] | None) -> None:
@@ -122,11 +123,6 @@ class Controller:
                 if cards is None or (dra_names.pool_name(gpu.spec.node_name), gpu.spec.index) in cards:
                     keys.append(("gpu", name))
         self.queue.add_all(keys)
-
-    def _elastic_gpus_now(self) -> list[ElasticGPU]:
-        """Every ElasticGPU of the picture (a copy taken under its lock, for a scrape)."""
-        with self.picture.lock:
-            return list(self.picture.elastic_gpus().values())
 
     @property
     def ledger(self) -> Ledger:

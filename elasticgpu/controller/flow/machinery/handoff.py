@@ -29,6 +29,8 @@ class HandOff:
         """Keys whose steps after the commit point run on a pool thread."""
         self._dirty: set[Key] = set()
         """Keys in flight whose sync was asked for meanwhile: queued again when done."""
+        self._closed = False
+        """Set by `close`: the process stops (a lost Lease, a signal) and takes no new binds."""
 
     @property
     def enabled(self) -> bool:
@@ -57,8 +59,13 @@ class HandOff:
         """Run `work` on the pool with `keys` in flight; a failure retries `keys[0]` (`Failures`)."""
         assert self._pool is not None
         with self._lock:
+            if self._closed:
+                # The process is stopping: what this bind would write after its commit point is
+                # left as a crash there leaves it (the next leader's sync or repair finishes it),
+                # not retried here once per queued key (a log line each) until the exit.
+                return
             self._in_flight.update(keys)
-        self._pool.submit(self._run, keys, work)
+            self._pool.submit(self._run, keys, work)
 
     def _run(self, keys: tuple[Key, ...], work: Callable[[], None]) -> None:
         failed = False
@@ -84,5 +91,7 @@ class HandOff:
 
     def close(self) -> None:
         """Wait for the binds in flight (bounded by their calls' timeouts)."""
+        with self._lock:
+            self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=True)

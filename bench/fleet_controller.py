@@ -1,0 +1,255 @@
+"""The controller at fleet size on the real local API server (issue 49 item 2).
+
+Starts the local test server (tests/kube_cluster.py) with the CRDs, creates `--cards` GPU objects
+(8 per node) and `--claims` claims of one gpushare class (25 cores, 10 GiB each: four per card,
+so 50,000 claims need 12,500 of the 40,000 cards), in parallel, and lets the real controller
+(`python -m elasticgpu controller`, leader election on) bind them all: every reservation, ElasticGPU
+and claim status is the controller's own. The controller reaches the server through a TCP relay
+(tests/controller/relay.py) that can refuse and cut its connections. Then, in order:
+
+  1. start to first bind: the controller stopped (SIGTERM: it releases the Lease), a fresh one
+     started and a probe claim created at once; seconds from the process start to the probe Bound
+     (list everything, build the picture, take the Lease, bind);
+  2. leader kill -9: a standby started and ready beside the leader, the leader killed with
+     SIGKILL and a probe claim created at once; seconds to the probe Bound (the Lease expires:
+     15 s after the last renewal, then the new leader binds);
+  3. the API server restarted under it: the relay refuses new connections and cuts the open ones
+     for `--outage` seconds, then accepts again; the LIST requests the server counts in the next
+     60 s (a storm of relists would show), a probe created after the outage bound, every claim
+     still Bound, and each Bound claim's ElasticGPU reserved exactly once on the GPUs;
+  4. at rest: the leader's CPU over `--rest` seconds (share of one core) and its RSS, from /proc.
+
+    python bench/fleet_controller.py                                  # 40,000 cards, 50,000 claims
+    python bench/fleet_controller.py --cards 4000 --claims 5000       # a tenth (this shared box)
+    python bench/fleet_controller.py --cards 80 --claims 100 --rest 5 --outage 3   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from binding import _cpu_s, _rss_mib, _writes, bound_watch  # noqa: E402
+from crd_server import test_server_with_crds  # noqa: E402
+
+from elasticgpu.api import names  # noqa: E402
+
+NAMESPACE = "fleet"
+CLASS = "fleet"
+MODEL = "FLEET-A100"
+
+
+def _gpu(index: int) -> dict[str, Any]:
+    name = f"gpu-fleet-{index:06d}"
+    return {"apiVersion": names.API_VERSION, "kind": names.KIND_GPU, "metadata": {"name": name},
+            "spec": {"index": index % 8, "uuid": name.upper(), "model": MODEL, "memory": 81920,
+                     "nodeName": f"fleet-node-{index // 8:05d}"}}
+
+
+def _claim(name: str) -> dict[str, Any]:
+    return {"apiVersion": names.API_VERSION, "kind": names.KIND_CLAIM,
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"elasticGPUClassName": CLASS,
+                     "resources": {"requests": {names.RESOURCE_CORE: 25, names.RESOURCE_MEMORY: "10Gi"}}}}
+
+
+def _relayed_kubeconfig(kubeconfig: Path, port: int, out: Path) -> Path:
+    """The test server's kubeconfig, its server moved to the relay's port (same host, same TLS)."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    for cluster in config["clusters"]:
+        server = urllib.parse.urlsplit(cluster["cluster"]["server"])
+        cluster["cluster"]["server"] = f"{server.scheme}://{server.hostname}:{port}"
+    out.write_text(yaml.safe_dump(config))
+    return out
+
+
+class Controllers:
+    """Controller processes of the run, each with its log under bench/out/."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.started = 0
+
+    def start(self) -> subprocess.Popen[bytes]:
+        self.started += 1
+        log = (REPO / "bench" / "out" / f"fleet-controller-{self.started}.log").open("wb")
+        return subprocess.Popen(
+            [sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(self.kubeconfig),
+             "--namespace", NAMESPACE, "--leader-elect-namespace", NAMESPACE, "--log-level", "warning",
+             "--health-probe-bind-address", "127.0.0.1:0"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _probe(kube: Any, watch: Any, name: str, timeout_s: float) -> float | None:
+    """Create the claim `name` now; seconds until the watch sees it Bound (None: not in time)."""
+    began = time.monotonic()
+    kube.create_claim(_claim(name))
+    if not watch.wait([name], timeout_s):
+        return None
+    return watch.seen[name] - began
+
+
+def _lists(kube: Any) -> float:
+    return sum(v for k, v in _writes_all(kube).items() if k.startswith("LIST "))
+
+
+def _writes_all(kube: Any) -> dict[str, float]:
+    # `binding._writes` keeps writes only; the same /metrics, every verb.
+    _method, url, headers, _body, _post = kube._api.param_serialize(
+        method="GET", resource_path="/metrics", header_params={"Accept": "text/plain"}, auth_settings=["BearerToken"])
+    text = kube._api.call_api("GET", url, header_params=headers).read().decode()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.index("}")].split(","))
+        verb = labels.get("verb", "").strip('"')
+        resource = labels.get("resource", "").strip('"')
+        key = f"{verb} {resource}"
+        counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def _check_books(kube: Any) -> dict[str, int]:
+    """Every claim Bound; every Bound claim's ElasticGPU reserved exactly once over all GPUs."""
+    claims = kube.list_claims(NAMESPACE)
+    bound = {c["metadata"]["name"]: c["spec"].get("elasticGPUName") for c in claims
+             if (c.get("status") or {}).get("phase") == "Bound"}
+    held: dict[str, int] = {}
+    for gpu in kube.list_gpus():
+        for allocation in (gpu.get("status") or {}).get("allocations") or []:
+            held[allocation["elasticGPU"]] = held.get(allocation["elasticGPU"], 0) + 1
+    return {"claims": len(claims), "bound": len(bound),
+            "lost": sum(1 for egpu in bound.values() if held.get(egpu or "", 0) == 0),
+            "doubled": sum(1 for egpu in bound.values() if held.get(egpu or "", 0) > 1),
+            "reservations": sum(held.values())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cards", type=int, default=40_000)
+    parser.add_argument("--claims", type=int, default=50_000)
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--fill-timeout", type=float, default=3600.0, help="seconds for every claim to bind")
+    parser.add_argument("--outage", type=float, default=10.0, help="seconds the relay refuses the controller")
+    parser.add_argument("--rest", type=float, default=60.0, help="seconds of CPU measured at rest")
+    args = parser.parse_args()
+    (REPO / "bench" / "out").mkdir(exist_ok=True)
+
+    from kubernetes import client
+
+    from elasticgpu.controller.edge.kube import KubeApi
+    from tests.controller.relay import Relay
+
+    figures: dict[str, Any] = {"cards": args.cards, "claims": args.claims, "cpus": os.cpu_count()}
+    with test_server_with_crds() as (cluster, api):
+        kube = KubeApi.from_kubeconfig(str(cluster.kubeconfig))
+        client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
+        server = urllib.parse.urlsplit(yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]
+                                       ["server"])
+        relay = Relay((server.hostname or "127.0.0.1", server.port or 443))
+        controllers = Controllers(_relayed_kubeconfig(cluster.kubeconfig, relay.port,
+                                                      REPO / "bench" / "out" / "fleet-kubeconfig.yaml"))
+        began = time.monotonic()
+        with ThreadPoolExecutor(args.threads) as pool:
+            list(pool.map(lambda i: kube.create_gpu(_gpu(i)), range(args.cards)))
+        figures["create_gpus_s"] = round(time.monotonic() - began, 1)
+        kube.create_class({"apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": CLASS},
+                           "provisioner": names.PROVISIONER_GPUSHARE, "parameters": {"gpuModel": MODEL}})
+        watch = bound_watch(kube, NAMESPACE)
+        watch.start()
+        leader = controllers.start()
+        claims = [f"claim-{i:06d}" for i in range(args.claims)]
+        began = time.monotonic()
+        with ThreadPoolExecutor(args.threads) as pool:
+            list(pool.map(lambda n: kube.create_claim(_claim(n)), claims))
+        figures["create_claims_s"] = round(time.monotonic() - began, 1)
+        standby = None
+        try:
+            # A leader that cannot renew its Lease in time (a loaded server) exits to restart as a
+            # standby, as under a Deployment; here the bench is its restartPolicy.
+            deadline = time.monotonic() + args.fill_timeout
+            figures["fill_restarts"] = 0
+            while not watch.wait(claims, 5.0) and time.monotonic() < deadline:
+                if leader.poll() is not None:
+                    figures["fill_restarts"] += 1
+                    leader = controllers.start()
+            if not all(n in watch.seen for n in claims):
+                figures["fill_unbound"] = sum(n not in watch.seen for n in claims)
+            figures["fill_s"] = round(max(watch.seen.values()) - began, 1)
+            print(f"filled: {json.dumps(figures)}", flush=True)
+
+            # 1. start to first bind
+            leader.send_signal(signal.SIGTERM)
+            leader.wait(timeout=60)
+            leader = controllers.start()
+            started = time.monotonic()
+            kube.create_claim(_claim("probe-start"))
+            figures["start_to_first_bind_s"] = (round(watch.seen["probe-start"] - started, 1)
+                                                if watch.wait(["probe-start"], 600) else None)
+            figures["start_rss_mib"] = round(_rss_mib(leader.pid))
+
+            # 2. leader kill -9 with a standby beside it (ready: it has listed and built its picture)
+            standby = controllers.start()
+            time.sleep(max(30.0, figures["start_to_first_bind_s"] or 30.0))
+            leader.kill()
+            leader.wait(timeout=30)
+            figures["kill9_to_first_bind_s"] = _probe(kube, watch, "probe-kill", 600)
+            leader, standby = standby, None
+
+            # 3. the API server restarted under it
+            lists_before = _lists(kube)
+            relay.refuse()
+            relay.cut()
+            time.sleep(args.outage)
+            relay.accept_again()
+            back = time.monotonic()
+            kube.create_claim(_claim("probe-outage"))
+            # A leader that could not renew through the outage (renew deadline 10 s) exits to
+            # restart as a standby: restarted here as its Deployment would.
+            figures["outage_restarts"] = 0
+            while not watch.wait(["probe-outage"], 2.0) and time.monotonic() - back < 600:
+                if leader.poll() is not None:
+                    figures["outage_restarts"] += 1
+                    leader = controllers.start()
+            figures["after_outage_first_bind_s"] = (round(watch.seen["probe-outage"] - back, 1)
+                                                    if "probe-outage" in watch.seen else None)
+            time.sleep(max(0.0, 60.0 - (time.monotonic() - back)))
+            figures["lists_in_60s_after_outage"] = _lists(kube) - lists_before
+            figures["books"] = _check_books(kube)
+
+            # 4. at rest
+            time.sleep(10)
+            cpu, at = _cpu_s(leader.pid), time.monotonic()
+            time.sleep(args.rest)
+            figures["rest_cpu_share"] = round((_cpu_s(leader.pid) - cpu) / (time.monotonic() - at), 4)
+            figures["rest_rss_mib"] = round(_rss_mib(leader.pid))
+            figures["writes_total"] = {k: v for k, v in _writes(kube).items() if v}
+        finally:
+            for proc in (leader, standby):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=30)
+            watch.stop()
+            relay.close()
+            kube.close()
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
