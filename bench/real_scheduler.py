@@ -202,17 +202,28 @@ def create_gpus(custom: Any, nodes: list[str], pool: ThreadPoolExecutor) -> None
 
 class FirstSeen(SeenClock):
     """When each object of a list was first seen meeting `condition`, through a watch of the kubernetes
-    client (`list_call(**kwargs)` is the list function; raw objects, no deserialisation)."""
+    client (`list_call(**kwargs)` is the list function; raw objects, no deserialisation). After an
+    error the watch re-opens from the last version seen; after 410 Gone (that version is compacted
+    away) it lists again, and what the list shows meeting `condition` counts as seen at the list."""
 
     def __init__(self, list_call: Callable[..., Any], condition: Callable[[dict[str, Any]], bool],
                  **kwargs: Any) -> None:  # fmt: skip
         self.list_call, self.condition, self.kwargs = list_call, condition, kwargs
         super().__init__()
-        self._version = self.list_call(**kwargs, _preload_content=False)
-        self._version = json.loads(self._version.data)["metadata"]["resourceVersion"]
+        self.relists = 0
+        self._version = self._list()
+
+    def _list(self) -> str:
+        """List, note what meets the condition already, and return the list's resourceVersion."""
+        answer = json.loads(self.list_call(**self.kwargs, _preload_content=False).data)
+        for obj in answer.get("items") or []:
+            if self.condition(obj):
+                self.note(obj["metadata"]["name"])
+        return str(answer["metadata"]["resourceVersion"])
 
     def _run(self) -> None:
         from kubernetes import watch
+        from kubernetes.client.rest import ApiException
 
         while not self._stop.is_set():
             stream = watch.Watch()
@@ -225,11 +236,25 @@ class FirstSeen(SeenClock):
                         self.note(obj["metadata"]["name"])
                     if self._stop.is_set():
                         stream.stop()
+            except ApiException as err:
+                if err.status == 410:  # the version is gone: only a list says what happened meanwhile
+                    print(f"  (watch expired: {err.reason}; listing again)", file=sys.stderr)
+                    self.relists += 1
+                    self._relist()
+                else:
+                    self._reopen(err)
             except Exception as err:  # reopened from the last version seen; the bench must not die of one drop
-                print(f"  (watch re-opened: {err})", file=sys.stderr)
-                time.sleep(0.05)
+                self._reopen(err)
 
+    def _relist(self) -> None:
+        try:
+            self._version = self._list()
+        except Exception as err:  # the next pass lists again (the version is still gone)
+            self._reopen(err)
 
+    def _reopen(self, err: Exception) -> None:
+        print(f"  (watch re-opened: {err})", file=sys.stderr)
+        self._stop.wait(0.05)
 
 
 def create_dra(custom: Any, nodes: list[str], pool: ThreadPoolExecutor) -> None:
