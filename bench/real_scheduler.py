@@ -139,6 +139,24 @@ def _cpu_s(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def patiently(call: Callable[[], Any], what: str, timeout_s: float = 600) -> Any:
+    """`call()`, again with backoff while the API server answers 429/5xx or the connection fails
+    (a delete of 1,000 pods on a loaded machine outlives the server's 60 s request timeout)."""
+    from kubernetes.client.rest import ApiException
+
+    deadline, delay = time.monotonic() + timeout_s, 0.5
+    while True:
+        try:
+            return call()
+        except (ApiException, OSError) as err:
+            status = getattr(err, "status", None)
+            if (status is not None and status != 429 and status < 500) or time.monotonic() > deadline:
+                raise
+            print(f"  ({what}: {status or err}; again in {delay:.1f} s)", file=sys.stderr, flush=True)
+            time.sleep(delay)
+            delay = min(2 * delay, 15.0)
+
+
 def namespace_of(kind: str) -> str:
     return f"bench-{kind}"
 
@@ -309,9 +327,11 @@ def publish_slices(custom: Any, driver: str, nodes: list[str], pool: ThreadPoolE
 def withdraw_slices(custom: Any, driver: str, timeout_s: float = 600) -> None:
     """Delete one driver's ResourceSlices and wait until none is listed."""
     selector = f"{SLICE_LABEL}={driver.split('.')[0]}"
-    custom.delete_collection_cluster_custom_object(*RESOURCE, "resourceslices", label_selector=selector)
+    patiently(lambda: custom.delete_collection_cluster_custom_object(*RESOURCE, "resourceslices",
+                                                                     label_selector=selector), "delete slices")
     deadline = time.monotonic() + timeout_s
-    while custom.list_cluster_custom_object(*RESOURCE, "resourceslices", label_selector=selector, limit=1)["items"]:
+    while patiently(lambda: custom.list_cluster_custom_object(*RESOURCE, "resourceslices", label_selector=selector,
+                                                              limit=1)["items"], "list slices"):  # fmt: skip
         if time.monotonic() > deadline:
             raise SystemExit(f"{driver}'s ResourceSlices not gone after {timeout_s:.0f} s")
         time.sleep(1.0)
@@ -567,11 +587,12 @@ class Bench:
         """Delete the namespace's pods (grace 0: no kubelet confirms) and claims; wait until they
         and our ElasticGPUs of the namespace are gone, so that the next run starts on free cards."""
         namespace = namespace_of(kind)
-        self.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        patiently(lambda: self.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0), "delete pods")
         claims = ((names.GROUP, names.VERSION, names.PLURAL_CLAIM) if kind in CLAIMS_OF_OURS
                   else (*RESOURCE, "resourceclaims") if kind.startswith("dra-") else None)  # fmt: skip
         if claims:
-            self.custom.delete_collection_namespaced_custom_object(claims[0], claims[1], namespace, claims[2])
+            patiently(lambda: self.custom.delete_collection_namespaced_custom_object(*claims[:2], namespace, claims[2]),
+                      "delete claims")  # fmt: skip
 
         def gone() -> bool:
             if kind == "claim-floor":
@@ -589,7 +610,7 @@ class Bench:
             return True
 
         deadline = time.monotonic() + timeout_s
-        while not gone():
+        while not patiently(gone, f"{namespace} clean"):
             self._alive()
             if time.monotonic() > deadline:
                 raise SystemExit(f"{namespace} not clean after {timeout_s:.0f} s")
@@ -759,6 +780,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{label}: {args.pods} pods ({how}) ...", flush=True)
                 r = bench.run(kind, label, pods=args.pods, rate=args.rate, timeout_s=args.timeout_s, profile=folder)
                 runs.append(r)
+                (out / "runs.json").write_text(json.dumps([r.__dict__ for r in runs], indent=1))  # kept if cut off
                 print(f"  {r.scheduled_per_s:.1f} pods/s, API server {r.cpu_ms_per_pod('kube-apiserver'):.1f} ms/pod, "
                       f"{r.writes_per_pod():.2f} writes/pod, claims ready {r.ready_claims}, load {r.load:.1f}",
                       flush=True)  # fmt: skip
