@@ -709,7 +709,10 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     runs: list[Run] = []
     log_dir = Path(tempfile.mkdtemp(prefix="egk8s-bench-"))
-    extra = {"kube-controller-manager": [*limit_flags, *grace], "kube-scheduler": limit_flags}
+    # One of each: a lost leader lease (renewals miss their 10 s deadline on a loaded machine) would
+    # end the scheduler mid-run.
+    alone = ["--leader-elect=false"]
+    extra = {"kube-controller-manager": [*limit_flags, *grace, *alone], "kube-scheduler": [*limit_flags, *alone]}
     with real_cluster.running_control_plane(verbosity="0", extra_args=extra) as plane:
         print(f"control plane up in {time.monotonic() - began:.0f} s ({plane.server}); limits: {limits}", flush=True)
         for _ in apply_crds(kubeconfig=str(plane.kubeconfig)):
