@@ -49,6 +49,8 @@ def figures(paths: list[Path]) -> Figures:
                 "pods_s": statistics.fmean(r["scheduled_per_s"] for r in rs),
                 **{c: statistics.fmean(per_pod(r, (c,)) for r in rs) for c in (*CONTROL_PLANE, "controller")},
                 "ours": statistics.fmean(per_pod(r, OURS) for r in rs),
+                "apiserver_raw": statistics.fmean(1000 * r["cpu_raw_s"]["kube-apiserver"] / r["pods"] for r in rs),
+                "scheduler_raw": statistics.fmean(1000 * r["cpu_raw_s"]["kube-scheduler"] / r["pods"] for r in rs),
                 "all": statistics.fmean(per_pod(r, (*CONTROL_PLANE, *OURS)) for r in rs),
                 "load": statistics.fmean(r["load"] for r in rs),
                 "complete": float(all(r["complete"] for r in rs) and ready),
@@ -61,8 +63,8 @@ def figures(paths: list[Path]) -> Figures:
 
 def table(data: Figures) -> str:
     lines = ["| nodes | kind | runs x pods | pods/s | / plain | API server | controller manager | scheduler | "
-             "our controller | ours in all | etcd | all components | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "our controller | ours in all | etcd | all components | API server, scheduler raw | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for nodes in sorted(data):
         for kind in (k for k in KINDS if k in data[nodes]):
             f = data[nodes][kind]
@@ -70,7 +72,8 @@ def table(data: Figures) -> str:
             lines.append(f"| {nodes} | {kind} | {f['runs']:.0f} x {f['pods']:.0f} | {f['pods_s']:.1f}{flag} | "
                          f"{f['vs_plain']:.2f} | {f['kube-apiserver']:.1f} | {f['kube-controller-manager']:.1f} | "
                          f"{f['kube-scheduler']:.1f} | {f['controller']:.1f} | {f['ours']:.1f} | {f['etcd']:.1f} | "
-                         f"{f['all']:.1f} | {f['load']:.1f} |")  # fmt: skip
+                         f"{f['all']:.1f} | {f['apiserver_raw']:.1f}, {f['scheduler_raw']:.1f} | "
+                         f"{f['load']:.1f} |")  # fmt: skip
     return "\n".join(lines)
 
 
