@@ -5,8 +5,9 @@ kube-controller-manager, kube-scheduler v1.36.3; `bash testcluster/build.sh` bui
 installs the CRDs and writes, as kubelet, the node agent and a DRA driver would:
 
   * N Node objects with allocatable (64 CPU, 256Gi, 110 pods) and a Ready condition, and their
-    Leases in kube-node-lease renewed every 10 s, nodes/50 s above 500 nodes with the node grace of
-    the controller manager raised to 5 periods (no kubelet runs, no runtime);
+    Leases in kube-node-lease renewed every 10 s (nodes/50 s above 500 nodes), spread over the
+    period, with the controller manager's node grace at 5 periods, at least 300 s (no kubelet runs,
+    no runtime); the controller manager and scheduler run with leader election off;
   * 8 GPU objects per node, built by the agent's own `gpu_spec`/`desired_status` (the controller
     runs with a heartbeat grace of 1 h: nobody beats after that), when an ours kind runs;
   * for DRA (resource.k8s.io/v1, GA; consumable capacity is beta and on by default in 1.36), two
