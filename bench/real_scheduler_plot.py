@@ -91,7 +91,8 @@ def plot(data: Figures, png: Path) -> None:
             if not points or (kind == "plain" and key in ("ours", "vs_plain")):
                 continue
             style = "--" if kind.startswith("dra-") else ":" if kind in ("plain", "claim-floor") else "-"
-            ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=kind)
+            ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=kind,
+                    color=f"C{KINDS.index(kind)}")
         ax.set_xscale("log")
         ax.set_xticks(sizes, [str(n) for n in sizes])
         ax.set_xlabel("nodes (8 cards each)")
