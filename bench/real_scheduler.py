@@ -5,13 +5,17 @@ kube-controller-manager, kube-scheduler v1.36.3; `bash testcluster/build.sh` bui
 installs the CRDs and writes, as kubelet, the node agent and a DRA driver would:
 
   * N Node objects with allocatable (64 CPU, 256Gi, 110 pods) and a Ready condition, and their
-    Leases in kube-node-lease renewed every 10 s (no kubelet runs, no runtime);
+    Leases in kube-node-lease renewed every 10 s (nodes/50 s above 500 nodes), spread over the
+    period, with the controller manager's node grace at 5 periods, at least 300 s (no kubelet runs,
+    no runtime); the controller manager and scheduler run with leader election off;
   * 8 GPU objects per node, built by the agent's own `gpu_spec`/`desired_status` (the controller
-    runs with a heartbeat grace of 1 h: nobody beats after that);
+    runs with a heartbeat grace of 1 h: nobody beats after that), when an ours kind runs;
   * for DRA (resource.k8s.io/v1, GA; consumable capacity is beta and on by default in 1.36), two
-    made-up drivers with one ResourceSlice per node each: `one.bench.example.com`, 8 devices per
-    node for exclusive use, and `shared.bench.example.com`, 8 devices per node with
-    `allowMultipleAllocations` and capacity `cores` 100 / `memory` 80Gi; a DeviceClass per driver;
+    made-up drivers, a DeviceClass each: `one.bench.example.com`, 8 devices per node for exclusive
+    use, and `shared.bench.example.com`, 8 devices per node with `allowMultipleAllocations` and
+    capacity `cores` 100 / `memory` 80Gi. A DRA run publishes one ResourceSlice per node of its own
+    driver only (before its idle window) and withdraws them after, so the scheduler sees 8 usable
+    devices per node, never both drivers' 16;
 
 then runs our controller (all namespaces, leader election off) and webhook as processes, and runs
 of P pods per kind, each kind in its own namespace:
@@ -36,10 +40,13 @@ first; between runs the namespace's pods are deleted (grace 0) and its claims, a
 waits until they and our ElasticGPUs are gone. Pods are created by 16 threads as fast as the API
 server takes them (`--rate R` for a steady rate). Per run: pods scheduled/s (P / (last scheduled
 - first create)), created -> scheduled p50/p99 (create call's return to the watch event), CPU ms
-per pod of each component (/proc/<pid>/stat, from before the first create until the writes
-stop after the last pod is scheduled), and writes per pod by resource, subresource and verb from
-the API server's own `apiserver_request_total` (deltas over the same window; `leases` are the
-nodes' heartbeats and leader election, time-bound, and left out of the totals).
+per pod of each component (/proc/<pid>/stat, from the first create to the last pod scheduled,
+less the component's idle rate over `--idle-s` (20 s) just before the run times as long), and
+writes per pod by resource, subresource and verb from the API server's own
+`apiserver_request_total` (deltas until the writes settle after the last pod is scheduled;
+`leases` are the nodes' heartbeats and leader election, time-bound, and left out of the totals).
+The watch that times pods re-opens from the last version after an error and lists again after
+410 Gone.
 
 `--limits raised` starts the controller manager and the scheduler with `--kube-api-qps=500
 --kube-api-burst=1000` (stock: 20/30 and 50/100); `--kube-api-qps/--kube-api-burst` set other
@@ -102,6 +109,11 @@ KINDS = ("plain", "ours-whole", "ours-slice", "dra-one", "dra-shared", "claim-fl
 CLAIMS_OF_OURS = ("ours-whole", "ours-slice", "claim-floor")
 """Kinds whose pods get ElasticGPUClaims."""
 LEASE_RENEW_S = 10.0
+"""kubelet's renewal period; above 500 nodes the bench renews every nodes/50 s (at most 50 renewals/s:
+500/s at 5,000 nodes would take a core of this machine's two) and raises the node grace to match."""
+NODE_GRACE_RENEWALS = 5
+NODE_GRACE_MIN_S = 300
+"""The node lifecycle controller's grace (stock 50 s): 5 renewal periods, at least 300 s."""
 THREADS = 16
 PROFILE_WINDOW_S = 3
 RAISED = (500.0, 1000)
@@ -129,6 +141,24 @@ def _cpu_s(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def patiently(call: Callable[[], Any], what: str, timeout_s: float = 600) -> Any:
+    """`call()`, again with backoff while the API server answers 429/5xx or the connection fails
+    (a delete of 1,000 pods on a loaded machine outlives the server's 60 s request timeout)."""
+    from kubernetes.client.rest import ApiException
+
+    deadline, delay = time.monotonic() + timeout_s, 0.5
+    while True:
+        try:
+            return call()
+        except (ApiException, OSError) as err:
+            status = getattr(err, "status", None)
+            if (status is not None and status != 429 and status < 500) or time.monotonic() > deadline:
+                raise
+            print(f"  ({what}: {status or err}; again in {delay:.1f} s)", file=sys.stderr, flush=True)
+            time.sleep(delay)
+            delay = min(2 * delay, 15.0)
+
+
 def namespace_of(kind: str) -> str:
     return f"bench-{kind}"
 
@@ -136,8 +166,8 @@ def namespace_of(kind: str) -> str:
 class Nodes:
     """The simulated nodes: Node objects with allocatable and Ready, their Leases kept renewed."""
 
-    def __init__(self, core: Any, coordination: Any, count: int) -> None:
-        self.core, self.coordination = core, coordination
+    def __init__(self, core: Any, coordination: Any, count: int, renew_s: float) -> None:
+        self.core, self.coordination, self.renew_s = core, coordination, renew_s
         self.names = [f"bench-node-{i:04d}" for i in range(count)]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, daemon=True)
@@ -164,10 +194,20 @@ class Nodes:
         # it unreachable) after its grace period (50 s) without a renewal. 16 threads: with 4, a
         # round of 500 renewals took longer than the grace under the claims burst (a node got
         # tainted, the pods of its claims stayed Pending).
+        # The renewals of a round are spread over the period, as kubelets' phases are: a burst of
+        # 5,000 every 100 s would make an idle window's rate depend on whether it caught one.
+        def renew(node: str) -> None:
+            self.coordination.patch_namespaced_lease(node, "kube-node-lease", {"spec": {"renewTime": _now()}})
+
+        step = self.renew_s / max(1, len(self.names))
         with ThreadPoolExecutor(THREADS) as pool:
-            while not self._stop.wait(LEASE_RENEW_S):
-                list(pool.map(lambda n: self.coordination.patch_namespaced_lease(
-                    n, "kube-node-lease", {"spec": {"renewTime": _now()}}), self.names))
+            while not self._stop.is_set():
+                began = time.monotonic()
+                for i, node in enumerate(self.names):
+                    if self._stop.wait(max(0.0, began + i * step - time.monotonic())):
+                        return
+                    pool.submit(renew, node)
+                self._stop.wait(max(0.0, began + self.renew_s - time.monotonic()))
 
     def stop(self) -> None:
         self._stop.set()
@@ -202,17 +242,28 @@ def create_gpus(custom: Any, nodes: list[str], pool: ThreadPoolExecutor) -> None
 
 class FirstSeen(SeenClock):
     """When each object of a list was first seen meeting `condition`, through a watch of the kubernetes
-    client (`list_call(**kwargs)` is the list function; raw objects, no deserialisation)."""
+    client (`list_call(**kwargs)` is the list function; raw objects, no deserialisation). After an
+    error the watch re-opens from the last version seen; after 410 Gone (that version is compacted
+    away) it lists again, and what the list shows meeting `condition` counts as seen at the list."""
 
     def __init__(self, list_call: Callable[..., Any], condition: Callable[[dict[str, Any]], bool],
                  **kwargs: Any) -> None:  # fmt: skip
         self.list_call, self.condition, self.kwargs = list_call, condition, kwargs
         super().__init__()
-        self._version = self.list_call(**kwargs, _preload_content=False)
-        self._version = json.loads(self._version.data)["metadata"]["resourceVersion"]
+        self.relists = 0
+        self._version = self._list()
+
+    def _list(self) -> str:
+        """List, note what meets the condition already, and return the list's resourceVersion."""
+        answer = json.loads(self.list_call(**self.kwargs, _preload_content=False).data)
+        for obj in answer.get("items") or []:
+            if self.condition(obj):
+                self.note(obj["metadata"]["name"])
+        return str(answer["metadata"]["resourceVersion"])
 
     def _run(self) -> None:
         from kubernetes import watch
+        from kubernetes.client.rest import ApiException
 
         while not self._stop.is_set():
             stream = watch.Watch()
@@ -225,42 +276,77 @@ class FirstSeen(SeenClock):
                         self.note(obj["metadata"]["name"])
                     if self._stop.is_set():
                         stream.stop()
+            except ApiException as err:
+                if err.status == 410:  # the version is gone: only a list says what happened meanwhile
+                    print(f"  (watch expired: {err.reason}; listing again)", file=sys.stderr)
+                    self.relists += 1
+                    self._relist()
+                else:
+                    self._reopen(err)
             except Exception as err:  # reopened from the last version seen; the bench must not die of one drop
-                print(f"  (watch re-opened: {err})", file=sys.stderr)
-                time.sleep(0.05)
+                self._reopen(err)
+
+    def _relist(self) -> None:
+        try:
+            self._version = self._list()
+        except Exception as err:  # the next pass lists again (the version is still gone)
+            self._reopen(err)
+
+    def _reopen(self, err: Exception) -> None:
+        print(f"  (watch re-opened: {err})", file=sys.stderr)
+        self._stop.wait(0.05)
 
 
-
-
-def create_dra(custom: Any, nodes: list[str], pool: ThreadPoolExecutor) -> None:
-    """Two made-up DRA drivers' DeviceClasses and one ResourceSlice per node each, as a driver's
-    kubelet plugin would publish them: 8 exclusive devices, and 8 shareable ones with consumable
-    capacity (any whole number of cores 1..100, memory in MiB steps)."""
+def create_device_classes(custom: Any) -> None:
+    """A DeviceClass per made-up DRA driver (CEL selector on the driver)."""
     for klass, driver in ((ONE_CLASS, ONE_DRIVER), (SHARED_CLASS, SHARED_DRIVER)):
         custom.create_cluster_custom_object(*RESOURCE, "deviceclasses", {
             "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": klass},
             "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})  # fmt: skip
+
+
+DRIVER_OF = {"dra-one": ONE_DRIVER, "dra-shared": SHARED_DRIVER}
+SLICE_LABEL = "bench.example.com/driver"
+
+
+def publish_slices(custom: Any, driver: str, nodes: list[str], pool: ThreadPoolExecutor) -> None:
+    """One ResourceSlice per node of one made-up driver, as its kubelet plugin would publish them:
+    `one`, 8 exclusive devices; `shared`, 8 shareable devices with consumable capacity (any whole
+    number of cores 1..100, memory in MiB steps). Only the running DRA kind's driver is published,
+    so its scheduler sees 8 devices per node, all usable, as on a node with one GPU driver."""
     model = {"model": {"string": MODEL}}
+    if driver == ONE_DRIVER:
+        devices = [{"name": f"gpu-{i}", "attributes": model, "capacity": {"memory": {"value": "80Gi"}}}
+                   for i in range(CARDS_PER_NODE)]  # fmt: skip
+    else:
+        devices = [{"name": f"gpu-{i}", "attributes": model, "allowMultipleAllocations": True, "capacity": {
+            "cores": {"value": "100", "requestPolicy": {"default": "100", "validRange": {"min": "1", "step": "1"}}},
+            "memory": {"value": "80Gi",
+                       "requestPolicy": {"default": "80Gi", "validRange": {"min": "1Mi", "step": "1Mi"}}}}}
+                   for i in range(CARDS_PER_NODE)]  # fmt: skip
+    short = driver.split(".")[0]
 
     def one(node: str) -> None:
-        for driver in (ONE_DRIVER, SHARED_DRIVER):
-            if driver == ONE_DRIVER:
-                devices = [{"name": f"gpu-{i}", "attributes": model, "capacity": {"memory": {"value": "80Gi"}}}
-                           for i in range(CARDS_PER_NODE)]  # fmt: skip
-            else:
-                devices = [{"name": f"gpu-{i}", "attributes": model, "allowMultipleAllocations": True, "capacity": {
-                    "cores": {"value": "100",
-                              "requestPolicy": {"default": "100", "validRange": {"min": "1", "step": "1"}}},
-                    "memory": {"value": "80Gi",
-                               "requestPolicy": {"default": "80Gi", "validRange": {"min": "1Mi", "step": "1Mi"}}}}}
-                           for i in range(CARDS_PER_NODE)]  # fmt: skip
-            custom.create_cluster_custom_object(*RESOURCE, "resourceslices", {
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                "metadata": {"name": f"{node}-{driver.split('.')[0]}"},
-                "spec": {"driver": driver, "nodeName": node, "devices": devices,
-                         "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}}})  # fmt: skip
+        custom.create_cluster_custom_object(*RESOURCE, "resourceslices", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{short}", "labels": {SLICE_LABEL: short}},
+            "spec": {"driver": driver, "nodeName": node, "devices": devices,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}}})  # fmt: skip
 
     list(pool.map(one, nodes))
+
+
+def withdraw_slices(custom: Any, driver: str, timeout_s: float = 600) -> None:
+    """Delete one driver's ResourceSlices and wait until none is listed."""
+    selector = f"{SLICE_LABEL}={driver.split('.')[0]}"
+    patiently(lambda: custom.delete_collection_cluster_custom_object(*RESOURCE, "resourceslices",
+                                                                     label_selector=selector), "delete slices")
+    deadline = time.monotonic() + timeout_s
+    while patiently(lambda: custom.list_cluster_custom_object(*RESOURCE, "resourceslices", label_selector=selector,
+                                                              limit=1)["items"], "list slices"):  # fmt: skip
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{driver}'s ResourceSlices not gone after {timeout_s:.0f} s")
+        time.sleep(1.0)
 
 
 def create_templates(custom: Any) -> None:
@@ -370,8 +456,14 @@ class Run:
     p50_ms: float = float("nan")
     p99_ms: float = float("nan")
     cpu_s: dict[str, float] = field(default_factory=dict)
+    """Net CPU seconds per component from the first create to the last pod scheduled: `cpu_raw_s`
+    less what the component used at idle (`idle_cpu_per_s`, measured just before) over as long."""
+    cpu_raw_s: dict[str, float] = field(default_factory=dict)
+    idle_cpu_per_s: dict[str, float] = field(default_factory=dict)
+    cpu_window_s: float = 0.0
     writes: dict[str, int] = field(default_factory=dict)
     load: float = 0.0
+    nodes: int = 0
 
     def cpu_ms_per_pod(self, component: str) -> float:
         return 1000 * self.cpu_s.get(component, 0.0) / self.pods
@@ -384,8 +476,16 @@ class Bench:
     """One control plane with its nodes, drivers, controller and webhook; runs kinds on it."""
 
     def __init__(self, core: Any, custom: Any, api: ApiServer, cpu: Callable[[], dict[str, float]],
-                 children: list[Any]) -> None:  # fmt: skip
+                 children: list[Any], nodes: list[str], idle_s: float) -> None:  # fmt: skip
         self.core, self.custom, self.api, self.cpu, self.children = core, custom, api, cpu, children
+        self.nodes, self.idle_s = nodes, idle_s
+
+    def idle_rates(self) -> dict[str, float]:
+        """CPU seconds per second of each component with no pods coming: leases, resyncs, probes."""
+        before, t = self.cpu(), time.monotonic()
+        time.sleep(self.idle_s)
+        after, elapsed = self.cpu(), time.monotonic() - t
+        return {k: (after[k] - before.get(k, 0.0)) / elapsed for k in after}
 
     def _alive(self) -> None:
         for child in self.children:
@@ -397,7 +497,15 @@ class Bench:
         """Create `pods` pods of `kind` (a burst when `rate` is 0), wait until every one is
         scheduled and the writes stop, then check its claims and clean the namespace."""
         namespace = namespace_of(kind)
-        result = Run(kind, label, pods)
+        result = Run(kind, label, pods, nodes=len(self.nodes))
+        driver = DRIVER_OF.get(kind)
+        if driver:
+            t = time.monotonic()
+            with ThreadPoolExecutor(THREADS) as pool:
+                publish_slices(self.custom, driver, self.nodes, pool)
+            print(f"  {len(self.nodes)} ResourceSlices of {driver} in {time.monotonic() - t:.0f} s", flush=True)
+        # The idle window also lets the scheduler's informers and the writes before it settle.
+        result.idle_cpu_per_s = self.idle_rates()
         scheduled = scheduled_watch(self.core, namespace)
         scheduled.start()
         time.sleep(1.0)  # the watch is open
@@ -423,6 +531,9 @@ class Bench:
         deadline = time.monotonic() + timeout_s
         while not (complete := scheduled.wait(pod_names, 1.0)) and time.monotonic() < deadline:
             self._alive()
+        # CPU to the last pod scheduled: what comes after (Events, a claim's status) is not on the
+        # pod's path, and a window that waits for it takes in background work too.
+        cpu_after, window_s = self.cpu(), time.monotonic() - start
         # The work a pod causes goes on after it is scheduled (the scheduler's and our Events, a
         # claim's status): the window closes once the writes (but the time-bound Leases) stop.
         writes_after, last = self.api.writes(), None
@@ -434,13 +545,14 @@ class Bench:
             last = current
             time.sleep(1.0)
             writes_after = self.api.writes()
-        cpu_after = self.cpu()
         if profiler:
             profiler.stop()
         scheduled.stop()
         result.complete = complete
         result.load = os.getloadavg()[0]
-        result.cpu_s = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
+        result.cpu_window_s = window_s
+        result.cpu_raw_s = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
+        result.cpu_s = {k: v - result.idle_cpu_per_s.get(k, 0.0) * window_s for k, v in result.cpu_raw_s.items()}
         result.writes = {k: v - writes_before.get(k, 0) for k, v in writes_after.items()
                          if v - writes_before.get(k, 0) > 0}  # fmt: skip
         seen = [n for n in pod_names if n in scheduled.seen]
@@ -456,6 +568,8 @@ class Bench:
                   f"conditions={[(c.type, c.status, c.message) for c in pod.status.conditions or []]}", flush=True)
         result.ready_claims = self.ready_claims(kind)
         self.clean(kind)
+        if driver:
+            withdraw_slices(self.custom, driver)
         return result
 
     def ready_claims(self, kind: str) -> int:
@@ -485,11 +599,12 @@ class Bench:
         """Delete the namespace's pods (grace 0: no kubelet confirms) and claims; wait until they
         and our ElasticGPUs of the namespace are gone, so that the next run starts on free cards."""
         namespace = namespace_of(kind)
-        self.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        patiently(lambda: self.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0), "delete pods")
         claims = ((names.GROUP, names.VERSION, names.PLURAL_CLAIM) if kind in CLAIMS_OF_OURS
                   else (*RESOURCE, "resourceclaims") if kind.startswith("dra-") else None)  # fmt: skip
         if claims:
-            self.custom.delete_collection_namespaced_custom_object(claims[0], claims[1], namespace, claims[2])
+            patiently(lambda: self.custom.delete_collection_namespaced_custom_object(*claims[:2], namespace, claims[2]),
+                      "delete claims")  # fmt: skip
 
         def gone() -> bool:
             if kind == "claim-floor":
@@ -507,7 +622,7 @@ class Bench:
             return True
 
         deadline = time.monotonic() + timeout_s
-        while not gone():
+        while not patiently(gone, f"{namespace} clean"):
             self._alive()
             if time.monotonic() > deadline:
                 raise SystemExit(f"{namespace} not clean after {timeout_s:.0f} s")
@@ -530,7 +645,14 @@ def report(runs: list[Run], title: str) -> str:
         lines.append(f"| {r.label} | {r.scheduled_per_s:.1f}{flag} | {r.p50_ms:.0f} / {r.p99_ms:.0f} | "
                      f"{r.ready_claims if r.kind != 'plain' else '-'} | {cpu} | {r.writes_per_pod():.2f} | "
                      f"{r.load:.1f} |")  # fmt: skip
-    lines.append("\n(CPU in ms per pod; writes per pod without leases.)")
+    lines.append("\n(CPU in ms per pod, from the first create to the last pod scheduled, less the idle rate just "
+                 "before the run over as long; writes per pod without leases, until they settle.)")
+    lines += ["", "Idle before each run (CPU ms per s: leases, resyncs, the bench's probes) and the CPU window:", "",
+              "| run | window s | " + " | ".join(COMPONENTS) + " |",
+              "|---|---|" + "---|" * len(COMPONENTS)]  # fmt: skip
+    for r in runs:
+        idle = " | ".join(f"{1000 * r.idle_cpu_per_s.get(c, 0.0):.1f}" for c in COMPONENTS)
+        lines.append(f"| {r.label} | {r.cpu_window_s:.1f} | {idle} |")
     kinds = list(dict.fromkeys(r.kind for r in runs if not r.label.endswith("(profiled)")))
     if not kinds:
         return "\n".join(lines)
@@ -569,6 +691,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="folder for profiles and results (default bench/out/real-scheduler-*)")
     parser.add_argument("--rate", type=float, default=0.0, help="pods created per second; 0: a burst (default)")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per run, for every pod to be scheduled")
+    parser.add_argument("--idle-s", type=float, default=2 * LEASE_RENEW_S,
+                        help="idle window before each run whose CPU rate is subtracted (default %(default)g s)")
+    parser.add_argument("--lease-renew-s", type=float,
+                        help=f"nodes' lease renewal period (default {LEASE_RENEW_S:g} s, nodes/50 s above 500 nodes)")
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     profiled = [k for k in args.profile.split(",") if k]
@@ -581,6 +707,11 @@ def main(argv: list[str] | None = None) -> int:
     qps, burst = args.kube_api_qps or qps, args.kube_api_burst or burst
     limit_flags = [*([f"--kube-api-qps={qps:g}"] if qps else []), *([f"--kube-api-burst={burst}"] if burst else [])]
     limits = " ".join(limit_flags) or "stock (controller manager 20/30, scheduler 50/100)"
+    renew_s = args.lease_renew_s or max(LEASE_RENEW_S, args.nodes / 50)
+    cards = args.nodes * CARDS_PER_NODE if {"ours-whole", "ours-slice"} & {*kinds, *profiled} else 0
+    # Generous: the node lifecycle is not what is measured, and a loaded machine delays renewals (at
+    # load 35, 500 nodes' renewals every 10 s fell behind the stock 50 s and every node was tainted).
+    grace = [f"--node-monitor-grace-period={max(NODE_GRACE_RENEWALS * renew_s, NODE_GRACE_MIN_S):.0f}s"]
     out = args.out or REPO / "bench" / "out" / f"real-scheduler-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
 
@@ -592,7 +723,10 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     runs: list[Run] = []
     log_dir = Path(tempfile.mkdtemp(prefix="egk8s-bench-"))
-    extra = {"kube-controller-manager": limit_flags, "kube-scheduler": limit_flags}
+    # One of each: a lost leader lease (renewals miss their 10 s deadline on a loaded machine) would
+    # end the scheduler mid-run.
+    alone = ["--leader-elect=false"]
+    extra = {"kube-controller-manager": [*limit_flags, *grace, *alone], "kube-scheduler": [*limit_flags, *alone]}
     with real_cluster.running_control_plane(verbosity="0", extra_args=extra) as plane:
         print(f"control plane up in {time.monotonic() - began:.0f} s ({plane.server}); limits: {limits}", flush=True)
         for _ in apply_crds(kubeconfig=str(plane.kubeconfig)):
@@ -600,16 +734,17 @@ def main(argv: list[str] | None = None) -> int:
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))
         api.configuration.connection_pool_maxsize = THREADS * 2
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-        nodes = Nodes(core, client.CoordinationV1Api(api), args.nodes)
+        nodes = Nodes(core, client.CoordinationV1Api(api), args.nodes, renew_s)
         children = processes.Children()
         try:
             t = time.monotonic()
             with ThreadPoolExecutor(THREADS) as pool:
                 nodes.create(pool)
-                create_gpus(custom, nodes.names, pool)
-                create_dra(custom, nodes.names, pool)
-            print(f"{args.nodes} nodes, {args.nodes * CARDS_PER_NODE} GPU objects, {2 * args.nodes} ResourceSlices "
-                  f"written in {time.monotonic() - t:.0f} s", flush=True)  # fmt: skip
+                if cards:  # 2 writes per card: at 5,000 nodes, 80,000 writes that only ours needs
+                    create_gpus(custom, nodes.names, pool)
+                create_device_classes(custom)
+            print(f"{args.nodes} nodes, {cards} GPU objects written in "
+                  f"{time.monotonic() - t:.0f} s; leases renewed every {renew_s:g} s {' '.join(grace)}", flush=True)
             for klass, provisioner in ((SLICE_CLASS, names.PROVISIONER_GPUSHARE),
                                        (WHOLE_CLASS, names.PROVISIONER_PHYSICAL)):  # fmt: skip
                 custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_CLASS, {
@@ -653,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
                 return {**{name: _cpu_s(pid) for name, pid in pids.items()}, "bench": time.process_time()}
 
             bench = Bench(core, custom, ApiServer(plane.server, plane.ssl_context()), cpu,
-                          [*plane.children.started, controller, webhook, floor])  # fmt: skip
+                          [*plane.children.started, controller, webhook, floor], nodes.names, args.idle_s)  # fmt: skip
             how = f"{args.rate:g}/s" if args.rate > 0 else "burst"
             plan = [(kinds[(i + r) % len(kinds)], r, None) for r in range(args.repeat) for i in range(len(kinds))]
             plan += [(k, -1, out / f"profile-{k}") for k in profiled]
@@ -662,6 +797,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{label}: {args.pods} pods ({how}) ...", flush=True)
                 r = bench.run(kind, label, pods=args.pods, rate=args.rate, timeout_s=args.timeout_s, profile=folder)
                 runs.append(r)
+                (out / "runs.json").write_text(json.dumps([r.__dict__ for r in runs], indent=1))  # kept if cut off
                 print(f"  {r.scheduled_per_s:.1f} pods/s, API server {r.cpu_ms_per_pod('kube-apiserver'):.1f} ms/pod, "
                       f"{r.writes_per_pod():.2f} writes/pod, claims ready {r.ready_claims}, load {r.load:.1f}",
                       flush=True)  # fmt: skip
@@ -672,7 +808,9 @@ def main(argv: list[str] | None = None) -> int:
 
     title = (f"real kube-scheduler (v1.36.3), {args.nodes} simulated nodes x {CARDS_PER_NODE} cards, {args.pods} pods "
              f"per run, {'created at ' + how if args.rate > 0 else 'created in a burst by 16 threads'}, "
-             f"{os.cpu_count()} CPUs; limits: {limits}; load average at the end {os.getloadavg()[0]:.1f}")  # fmt: skip
+             f"{os.cpu_count()} CPUs; limits: {limits}; leases renewed every {renew_s:g} s; CPU to the last pod "
+             f"scheduled less {args.idle_s:g} s idle's rate; "
+             f"load average at the end {os.getloadavg()[0]:.1f}")  # fmt: skip
     text = report(runs, title)
     profiles = {r.kind: out / f"profile-{r.kind}" for r in runs if r.label.endswith("(profiled)")}
     if profiles:

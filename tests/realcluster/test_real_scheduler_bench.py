@@ -32,14 +32,15 @@ def test_the_bench_schedules_every_kind_and_counts_its_writes(tmp_path: Path) ->
     except real_cluster.ControlPlaneUnavailable as e:
         pytest.skip(str(e))
     done = subprocess.run([sys.executable, str(BENCH), "--nodes", "3", "--pods", str(PODS), "--timeout-s", "120",
-                           "--profile", "dra-one", "--limits", "raised", "--out", str(tmp_path)],
+                           "--profile", "dra-one", "--limits", "raised", "--out", str(tmp_path), "--idle-s", "3"],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     out = done.stdout
     assert done.returncode == 0, out[-4000:] + done.stderr[-4000:]
     assert "not scheduled" not in out, out
     # the raised client limits reached the controller manager and scheduler (they started with them)
     assert "limits: --kube-api-qps=500 --kube-api-burst=1000" in out, out
-    runs = {_cells(line)[0]: _cells(line) for line in out.splitlines() if line.startswith("| ") and " #1 |" in line}
+    per_run = out.split("Idle before each run")[0]  # the idle table's rows are named by run too
+    runs = {_cells(line)[0]: _cells(line) for line in per_run.splitlines() if line.startswith("| ") and " #1 |" in line}
     assert set(runs) == {f"{kind} #1" for kind in KINDS}, out
     for kind in KINDS:
         row = runs[f"{kind} #1"]
@@ -61,6 +62,10 @@ def test_the_bench_schedules_every_kind_and_counts_its_writes(tmp_path: Path) ->
     assert writes["elasticgpus create"][5] == "-", writes
     # an inline claim is created as its bind leaves its spec (issue 37): no claim of any kind is patched
     assert "elasticgpuclaims patch" not in writes, writes
+    # CPU is counted to the last pod scheduled, less the idle rate measured before each run
+    assert "Idle before each run" in out, out
+    # each DRA run published only its own driver's slices, and withdrew them after
+    assert "3 ResourceSlices of one.bench.example.com" in out and "3 ResourceSlices of shared.bench.example.com" in out
     assert "kube-apiserver CPU by bucket" in out and "| **total sampled** |" in out, out
     assert list((tmp_path / "profile-dra-one").glob("*.pb.gz")), list(tmp_path.iterdir())
     assert (tmp_path / "report.md").read_text().strip() in out
