@@ -100,3 +100,13 @@ def claim_annotation(container: str) -> str:
 def inline_request_annotation(container: str) -> str:
     """Pod annotation carrying an inline request for one container."""
     return f"{ANNOTATION_INLINE_REQUEST_PREFIX}{container}"
+
+# Translation of device-plugin resources (`nvidia.com/gpu`, HAMi's names) into inline claims at
+# admission (issue 45, docs/translation.md).
+LABEL_TRANSLATE_RESOURCES: Final = "elasticgpu.io/translate-resources"
+"""On a Namespace, "true": its pods' GPU extended resources become their inline claims (with the chart's
+`translation.enabled`)."""
+ANNOTATION_TRANSLATE_CLASS: Final = "elasticgpu.io/translate-class"
+"""On a Namespace: the ElasticGPUClass its translated requests use (absent: the default class)."""
+ANNOTATION_TRANSLATED: Final = "elasticgpu.io/translated"
+"""On a pod (written by the webhook): JSON, per container, the resources removed and the request written."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from elasticgpu import flags
+from elasticgpu.api.translation import InvalidTranslationTable
 from elasticgpu.controller.admission.running import run_webhook
 from elasticgpu.controller.admission.settings import WebhookSettings
 from elasticgpu.logs import configure_logging
@@ -27,6 +28,9 @@ _FIELDS = (
     "cert_dir",
     "health_probe_bind_address",
     "metrics_bind_address",
+    "translate",
+    "translate_resources",
+    "translation_cache_s",
 )
 
 
@@ -70,8 +74,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-bind-address", type=flags.bind_address,
                         help="[host]:port of plain-HTTP /metrics (default 0: off; the same address as"
                         " --health-probe-bind-address: one server)")
+    parser.add_argument("--translate", action="store_true", default=None,
+                        help="turn nvidia.com/gpu (and HAMi's names) of pods in namespaces labelled"
+                        " elasticgpu.io/translate-resources=true into their inline claims (docs/translation.md)")
+    parser.add_argument("--translate-resources", type=_translation_table, metavar="JSON",
+                        help="the table of translated names: JSON name -> {meaning: cards|memoryMiB|memoryPercent|"
+                        "corePercent|slice, cores, memory} (default: NVIDIA's and HAMi's names)")
+    parser.add_argument("--translation-cache-s", type=float,
+                        help=f"seconds classes, cards and DeviceClasses are reused (default {d.translation_cache_s})")
     flags.add_logging(parser)
     parser.set_defaults(handler=run)
+
+
+def _translation_table(text: str) -> str:
+    """Checked at start: a bad table stops the webhook with the entry and the fix, not at the first pod."""
+    try:
+        WebhookSettings(translate_resources=text).translation_table()
+    except InvalidTranslationTable as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    return text
 
 
 def settings_from(args: argparse.Namespace) -> WebhookSettings:

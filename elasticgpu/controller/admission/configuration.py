@@ -30,6 +30,15 @@ MATCH_EXPRESSION = f"({_has_our_annotations('object')}) || ({_has_our_annotation
 """CEL: the pod (or, on UPDATE, its previous version) names a claim or asks for one."""
 
 
+def translation_expression(resource_names: list[str]) -> str:
+    """CEL: a container or init container of the pod asks one of `resource_names` (limits or requests)."""
+    listed = "[" + ", ".join(f"'{name}'" for name in sorted(resource_names)) + "]"
+    asks = (f"has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k in {listed})) ||"
+            f" (has(c.resources.requests) && c.resources.requests.exists(k, k in {listed})))")
+    return (f"object != null && ((has(object.spec.initContainers) && object.spec.initContainers.exists(c, {asks}))"
+            f" || object.spec.containers.exists(c, {asks}))")
+
+
 def client_config(settings: WebhookSettings, ca_bundle: bytes) -> dict[str, Any]:
     """How the API server reaches the webhook: `url`, else the Service."""
     bundle = base64.b64encode(ca_bundle).decode()
@@ -44,7 +53,9 @@ def client_config(settings: WebhookSettings, ca_bundle: bytes) -> dict[str, Any]
     return {"service": service, "caBundle": bundle}
 
 
-def _webhook(settings: WebhookSettings, ca_bundle: bytes, *, name: str, operation: str, failure: str) -> dict[str, Any]:
+def _webhook(settings: WebhookSettings, ca_bundle: bytes, *, name: str, operation: str, failure: str,
+             condition: tuple[str, str] = ("uses-elasticgpu-claims", MATCH_EXPRESSION),
+             namespaces: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "name": name,
         "admissionReviewVersions": ["v1"],
@@ -58,14 +69,14 @@ def _webhook(settings: WebhookSettings, ca_bundle: bytes, *, name: str, operatio
                 "scope": "Namespaced",
             }
         ],
-        "matchConditions": [{"name": "uses-elasticgpu-claims", "expression": MATCH_EXPRESSION}],
+        "matchConditions": [{"name": condition[0], "expression": condition[1]}],
         "failurePolicy": failure,
         "matchPolicy": "Equivalent",
         "sideEffects": "None",
         "timeoutSeconds": settings.timeout_s,
         # Another webhook may add containers or annotations after us: look again then.
         "reinvocationPolicy": "IfNeeded",
-        "namespaceSelector": {},
+        "namespaceSelector": namespaces or {},
         "objectSelector": {},
     }
 
@@ -81,6 +92,15 @@ def webhook_configuration(settings: WebhookSettings, ca_bundle: bytes) -> dict[s
     controller's gate lift, a Job controller removing its finalizer, the garbage collector).
     """
     webhooks = [_webhook(settings, ca_bundle, name=settings.webhook_name, operation="CREATE", failure="Fail")]
+    if settings.translate:
+        # First: the pod it translates then carries the request annotations the claims webhook matches on.
+        # Only opted-in namespaces, only pods asking a translated name; failing closed, since an untranslated
+        # pod would wait for a device plugin without a word.
+        table = settings.translation_table()
+        webhooks.insert(0, _webhook(
+            settings, ca_bundle, name=f"translate.{settings.webhook_name}", operation="CREATE", failure="Fail",
+            condition=("asks-translated-gpu-resources", translation_expression(list(table.resources))),
+            namespaces={"matchLabels": {names.LABEL_TRANSLATE_RESOURCES: "true"}}))
     return {
         "apiVersion": ADMISSION_REGISTRATION,
         "kind": "MutatingWebhookConfiguration",

@@ -106,6 +106,40 @@ class AdmissionApi:
         if status != 404:
             self._check(status, body, "delete MutatingWebhookConfiguration")
 
+    # --- reads of translation (`translating`): the namespace, its quotas, classes, cards, DeviceClasses
+
+    def read_namespace(self, name: str) -> dict[str, Any] | None:
+        """The Namespace `name`, or None when absent."""
+        status, body = self._request("GET", f"/api/v1/namespaces/{name}")
+        if status == 404:
+            return None
+        self._check_read(status, body, f"get Namespace {name}")
+        return body
+
+    def list_in_namespace(self, plural_path: str, namespace: str) -> list[dict[str, Any]]:
+        """The items of `plural_path` (with `{namespace}` in it) in `namespace`; [] when the kind is not served."""
+        return self.list_cluster(plural_path.format(namespace=namespace))
+
+    def list_cluster(self, path: str) -> list[dict[str, Any]]:
+        """The items of a list `path`; [] when the kind is not served (404: e.g. no DRA API)."""
+        status, body = self._request("GET", path)
+        if status == 404:
+            return []
+        self._check_read(status, body, f"list {path}")
+        items = body.get("items")
+        return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+
+    def _check_read(self, status: int, body: dict[str, Any], what: str) -> None:
+        if status < 300:
+            return
+        message = f"{what}: HTTP {status}: {body.get('message', body)}"
+        if status == 403:
+            raise errors.Forbidden(
+                f"{message}; translation (--translate) reads namespaces, resourcequotas, elasticgpuquotas,"
+                " elasticgpuclasses, gpus and deviceclasses: the chart's ClusterRole elasticgpu-webhook-translation"
+                " grants it when translation.enabled is true")
+        raise errors.ApiUnavailable(message)
+
     def _secret_path(self, name: str) -> str:
         base = f"/api/v1/namespaces/{self._settings.namespace}/secrets"
         return f"{base}/{name}" if name else base

@@ -15,18 +15,27 @@ sends updates here. An update that still arrives (a configuration written by an 
 version, until the webhook re-applies its own) is answered as before: a changed annotation is
 refused, a removed label put back. No gate is ever added on UPDATE: kube-apiserver allows only
 removing gates after creation.
+
+Translation (issue 45, `translating`): when the webhook runs with `--translate`, a CREATE of a pod
+whose containers ask a translated resource (`nvidia.com/gpu`, ...) is first handed to the
+translator, which returns the JSONPatch that turns those resources into inline requests (and the
+pod as patched) or refuses; the pod as patched then goes through the rules above like any other.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from elasticgpu.api import names, pod_claims
 from elasticgpu.api.errors import InvalidPodClaims
+from elasticgpu.controller.admission import errors
+
+Translate = Callable[[Mapping[str, Any], str], "tuple[list[dict[str, Any]], dict[str, Any]] | None"]
+"""(pod, namespace) -> (JSONPatch, the pod as patched), or None: untouched (`translating.Translator.translate`)."""
 
 ADMISSION_REVIEW = "admission.k8s.io/v1"
 
@@ -44,12 +53,12 @@ class Verdict:
     message: str = ""
 
 
-def review(document: Mapping[str, Any]) -> dict[str, Any]:
-    """Answer one AdmissionReview (the parsed JSON body the API server posted)."""
+def review(document: Mapping[str, Any], *, translate: Translate | None = None) -> dict[str, Any]:
+    """Answer one AdmissionReview (the parsed JSON body the API server posted); `translate`: with `--translate`."""
     request = document.get("request") if isinstance(document, Mapping) else None
     if not isinstance(request, Mapping) or document.get("apiVersion") != ADMISSION_REVIEW or "uid" not in request:
         raise MalformedReview(f"expected an {ADMISSION_REVIEW} AdmissionReview with request.uid")
-    verdict = decide(request)
+    verdict = decide(request, translate=translate)
     response: dict[str, Any] = {"uid": request["uid"], "allowed": verdict.allowed}
     if not verdict.allowed:
         # 422 like a field the API server itself refuses; kubectl shows the message after
@@ -61,15 +70,27 @@ def review(document: Mapping[str, Any]) -> dict[str, Any]:
     return {"apiVersion": ADMISSION_REVIEW, "kind": "AdmissionReview", "response": response}
 
 
-def decide(request: Mapping[str, Any]) -> Verdict:
+def decide(request: Mapping[str, Any], *, translate: Translate | None = None) -> Verdict:
     """The verdict on one admission request for a pod."""
     pod = request.get("object") or {}
     if request.get("kind", {}).get("kind") not in (None, "Pod") or not isinstance(pod, Mapping):
         return Verdict(allowed=True)  # not ours: the configuration's rules send only pods
     metadata = pod.get("metadata") or {}
-    annotations = metadata.get("annotations") or {}
     operation = request.get("operation")
     name = metadata.get("name") or metadata.get("generateName") or request.get("name") or ""
+    translated: list[dict[str, Any]] = []
+    if translate is not None and operation == "CREATE":
+        try:
+            outcome = translate(pod, str(request.get("namespace") or metadata.get("namespace") or ""))
+        except errors.TranslationRefused as refused:
+            return Verdict(allowed=False, message=str(refused))
+        except errors.WebhookError as error:
+            return Verdict(allowed=False, message=f"pod {name}: its GPU resources are translated into claims in this"
+                           f" namespace, and the webhook could not read what it needs ({error}); create it again")
+        if outcome is not None:
+            translated, pod = outcome
+            metadata = pod.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
     if operation == "UPDATE":
         old_annotations = ((request.get("oldObject") or {}).get("metadata") or {}).get("annotations")
         old, new = pod_claims.claim_annotations(old_annotations), pod_claims.claim_annotations(annotations)
@@ -84,12 +105,12 @@ def decide(request: Mapping[str, Any]) -> Verdict:
                 ),
             )
     if not pod_claims.has_claim_annotations(annotations):
-        return Verdict(allowed=True)
+        return Verdict(allowed=True, patch=translated)
     try:
         pod_claims.read_pod_claims(pod)
     except InvalidPodClaims as error:
         return Verdict(allowed=False, message=str(error))
-    patch = _label_patch(metadata)
+    patch = translated + _label_patch(metadata)
     if operation == "CREATE":
         if (pod.get("spec") or {}).get("nodeName"):
             return Verdict(

@@ -7,6 +7,7 @@ its plain-HTTP probes and metrics (`elasticgpu/probe_server.py`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -18,7 +19,8 @@ from elasticgpu.controller.admission.keeping import CertificateKeeper
 from elasticgpu.controller.admission.metrics import WebhookMetrics
 from elasticgpu.controller.admission.mounting import MountedCertificate
 from elasticgpu.controller.admission.publishing import AdmissionApi
-from elasticgpu.controller.admission.serving import HttpsServer
+from elasticgpu.controller.admission.serving import HttpsServer, Reviewer
+from elasticgpu.controller.admission.translating import Translator
 from elasticgpu.controller.admission.settings import WebhookSettings
 
 logger = logging.getLogger(__name__)
@@ -32,8 +34,16 @@ class Webhook:
         self._api = api
         self.settings = settings
         self.metrics = WebhookMetrics()
+        reviewer: Reviewer = reviewing.review
+        self.translator: Translator | None = None
+        if settings.translate:
+            if api is None:
+                raise ValueError("Webhook: translation reads the cluster: an AdmissionApi is needed")
+            self.translator = Translator(reader=api, table=settings.translation_table(),
+                                         cache_s=settings.translation_cache_s)
+            reviewer = functools.partial(reviewing.review, translate=self.translator.translate)
         self.server = HttpsServer(
-            host=settings.listen_host, port=settings.port, path=settings.path, reviewer=reviewing.review,
+            host=settings.listen_host, port=settings.port, path=settings.path, reviewer=reviewer,
             metrics=self.metrics,
         )
         self.probes: list[probe_server.Endpoints] = []
@@ -95,7 +105,7 @@ class Webhook:
 
 def run_webhook(settings: WebhookSettings, *, kubeconfig: str | None = None, context: str | None = None) -> None:
     """Run the webhook until SIGTERM or SIGINT."""
-    api = (None if settings.cert_dir  # a mounted certificate: nothing to read or write in the API
+    api = (None if settings.cert_dir and not settings.translate  # a mounted certificate: nothing to read or write
            else AdmissionApi(publishing.api_client(kubeconfig=kubeconfig, context=context), settings=settings))
     webhook = Webhook(api=api, settings=settings)
     stopping = threading.Event()

@@ -6,10 +6,12 @@ Built once (from flags by `elasticgpu webhook`, or by the controller) and passed
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from elasticgpu import flags
+from elasticgpu.api import translation
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +71,29 @@ class WebhookSettings:
     metrics_bind_address: flags.BindAddress | None = None
     """Where plain-HTTP /metrics is served; None (`0`, the default): nowhere. The same address as
     `health_probe_bind_address`: one server for all three paths."""
+
+    translate: bool = False
+    """`--translate` (chart `translation.enabled`): turn the GPU extended resources of pods in namespaces labelled
+    `elasticgpu.io/translate-resources: "true"` into their inline claims (docs/translation.md). Off: no such pod
+    reaches the webhook."""
+    translate_resources: str = ""
+    """`--translate-resources` (chart `translation.resources`): the table, JSON name -> {meaning, cores, memory};
+    empty: `api.translation.DEFAULT_TABLE` (NVIDIA's and HAMi's names)."""
+    translation_cache_s: float = 10.0
+    """Seconds the cluster-wide facts of translation (classes, cards, DeviceClasses) are reused before they are
+    read again; a namespace's own labels and quotas are read for every translated pod."""
+
+    def translation_table(self) -> translation.TranslationTable:
+        """The parsed table; raises `InvalidTranslationTable` naming the entry and the fix."""
+        if not self.translate_resources.strip():
+            return translation.default_table()
+        try:
+            document = json.loads(self.translate_resources)
+        except ValueError as error:
+            raise translation.InvalidTranslationTable(
+                field="--translate-resources", rule=f"is not JSON ({error})", value=self.translate_resources[:80],
+                fix='write a JSON map such as {"nvidia.com/gpu": {"meaning": "cards"}}') from error
+        return translation.parse_table(document, field="--translate-resources")
 
     @property
     def client_host(self) -> str:
