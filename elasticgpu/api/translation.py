@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import json
 import re
-from decimal import Decimal
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -242,11 +242,11 @@ def translate_container(
     if inline_key in annotations:
         first = next(iter(asked))
         existing = pod_claims.parse_inline_request(inline_key, name, annotations[inline_key])
-        ours = pod_claims.parse_inline_request(inline_key, name, text) if text else None
-        if ours is None or existing.request != ours.request:
+        mine = pod_claims.parse_inline_request(inline_key, name, text) if text else None
+        if mine is None or existing.request != mine.request:
             raise InvalidSpec(
                 field=f"{where}.limits[{first}]",
-                rule=f"means {ours.request.describe() if ours else 'no GPU'}, but"
+                rule=f"means {mine.request.describe() if mine else 'no GPU'}, but"
                 f" {pod_claims.annotation_field(inline_key)} asks {existing.request.describe()}",
                 fix="keep one of the two: remove the GPU resources, or the annotation")
         text, written = annotations[inline_key], False
@@ -358,7 +358,8 @@ def _share(by_meaning: Mapping[Meaning, tuple[str, int]], *, cards: ClassCards, 
             raise InvalidSpec(field=field("corePercent"), rule="is percent of one card's compute: 1 to 100",
                               value=cores, fix="write 1 to 100; for more, ask whole cards without it")
     if "memoryMiB" in by_meaning and "memoryPercent" in by_meaning:
-        raise InvalidSpec(field=field("memoryPercent"), rule=f"memory is given twice (also {by_meaning['memoryMiB'][0]})",
+        also = by_meaning["memoryMiB"][0]
+        raise InvalidSpec(field=field("memoryPercent"), rule=f"memory is given twice (also {also})",
                           fix="keep one of the two")
     memory: int | None = None
     if "memoryMiB" in by_meaning:

@@ -155,7 +155,8 @@ def test_another_vendor_is_one_line_of_the_table() -> None:
                                      "example.com/vgpu": {"meaning": "slice", "cores": 10, "memory": "4Gi"}})
     done = translation.translate_pod(_pod(_asks("a", {"amd.com/gpu": 2}), _asks("b", {"example.com/vgpu": 3})),
                                      table=table, cards=CARDS)
-    assert {t.container: t.request for t in done} == {"a": "gpu=2,class=a100", "b": "gpu-core=30,gpu-memory=12288,class=a100"}
+    assert {t.container: t.request for t in done} == {
+        "a": "gpu=2,class=a100", "b": "gpu-core=30,gpu-memory=12288,class=a100"}
 
 
 # --- invariants --------------------------------------------------------------------------------
@@ -220,3 +221,44 @@ def test_invalid_spec_is_the_base_of_a_table_error() -> None:
                                              ("1.5", None), ("500m", None), ("x", None), ("1.5k", 1500)])
 def test_counts_as_the_api_server_stores_them(text: str, count: int | None) -> None:
     assert translation.quantity_count(text) == count
+
+
+@st.composite
+def _tables(draw: st.DrawFn) -> translation.TranslationTable:
+    """A valid table of 1-5 made-up vendors' names, each with a meaning (slices with cores, maybe memory)."""
+    entries: dict[str, dict[str, object]] = {}
+    for index in range(draw(st.integers(min_value=1, max_value=5))):
+        meaning = draw(st.sampled_from(translation.MEANINGS))
+        entry: dict[str, object] = {"meaning": meaning}
+        if meaning == "slice":
+            entry["cores"] = draw(st.integers(min_value=1, max_value=100))
+            if draw(st.booleans()):
+                entry["memory"] = f"{draw(st.integers(min_value=1, max_value=16))}Gi"
+        entries[f"vendor{index}.example.com/r{index}"] = entry
+    return translation.parse_table(entries)
+
+
+@given(_tables(), st.data())
+def test_any_table_translates_only_its_names_into_requests_that_read_back(
+    table: translation.TranslationTable, data: st.DataObject
+) -> None:
+    names_ = [*table.resources, "cpu", "other.example.com/fpga"]
+    asked = data.draw(st.dictionaries(st.sampled_from(names_), _amounts, min_size=1, max_size=4))
+    pod = _pod(_asks("main", asked))
+    # The table is data: its JSON form (what the chart passes as --translate-resources) reads back the same.
+    assert translation.parse_table({n: m.model_dump(exclude_none=True) for n, m in table.resources.items()}) == table
+    try:
+        done = translation.translate_pod(pod, table=table, cards=CARDS)
+    except InvalidPodClaims as refused:
+        assert all(p.field.startswith("spec.containers[main].resources.") and p.fix for p in refused.problems)
+        return
+    after = translation.apply(pod, done)
+    left = after["spec"]["containers"][0]["resources"].get("limits") or {}
+    assert left == {k: str(v) for k, v in asked.items() if k not in table.resources}
+    if any(k in table.resources for k in asked):
+        assert len(done) == 1
+        if done[0].request:
+            request = pod_claims.parse_inline_request(f"{INLINE}main", "main", done[0].request).request
+            assert request.is_whole or 0 <= request.cores <= 100
+    else:
+        assert done == []

@@ -24,11 +24,13 @@ from elasticgpu.controller.settings import ControllerSettings, QuotaSettings
 from tests.binding import objects as o
 from tests.kube_cluster import TestCluster
 from tests.pods.claim_world import World, kube, settle, wait_for, world
-from tests.pods.conftest import WebhookProcess, fresh_namespace, free_port, remove_configuration, start_webhook
+from tests.pods.conftest import WebhookProcess, free_port, fresh_namespace, remove_configuration, start_webhook
 
 __all__ = ["kube", "world"]  # fixtures
 
 TRANSLATE_DENIED = 'admission webhook "translate.pods.elasticgpu.io" denied the request'
+CLAIMS_DENIED = 'admission webhook "pods.elasticgpu.io" denied the request'
+"""A pod with claim annotations meets the claims webhook first, which translates by the same rules."""
 INLINE = names.ANNOTATION_INLINE_REQUEST_PREFIX
 
 
@@ -43,7 +45,8 @@ def translating(
     metrics = free_port()
     with fresh_namespace(api_client, "translate") as home, tempfile.TemporaryDirectory() as logs:
         process = start_webhook(kube_cluster, api_client, namespace=home, log_dir=Path(logs), extra_args=(
-            "--translate", "--translation-cache-s", "0", "--metrics-bind-address", f"127.0.0.1:{metrics}"))
+            "--translate", "--translation-cache-s", "0",
+            "--translation-namespace-cache-s", "0", "--metrics-bind-address", f"127.0.0.1:{metrics}"))
         try:
             yield process, metrics
         finally:
@@ -93,7 +96,7 @@ def _refusal(world: World, body: dict[str, Any]) -> str:
         world.core.create_namespaced_pod(world.namespace, body)
     assert caught.value.status == 422, caught.value.body
     message = str(json.loads(caught.value.body)["message"])
-    assert message.startswith(TRANSLATE_DENIED), message
+    assert message.startswith((TRANSLATE_DENIED, CLAIMS_DENIED)), message
     return message
 
 
@@ -113,7 +116,7 @@ def _wait_translating(world: World) -> None:
 
 
 def _reviews(port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:  # noqa: S310 loopback
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
         text = answer.read().decode()
     return sum(float(value) for value in re.findall(r"^elasticgpu_webhook_reviews_total\{[^}]*\} (\S+)$", text, re.M))
 

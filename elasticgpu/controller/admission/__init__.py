@@ -11,7 +11,8 @@ the MutatingWebhookConfiguration), `certificates` (pure: generate and check), `p
 (the only API user: Secret and configuration), `serving` (HTTPS server), `keeping` (renew,
 publish, serve), `mounting` (serve a certificate mounted by cert-manager, `--webhook-cert-path`,
 reloaded when its files change), `probes` (plain-HTTP /healthz, /readyz, /metrics; off by default),
-`metrics`, `running` (the component and the blocking entry point), `settings`, `errors`.
+`metrics`, `running` (the component and the blocking entry point), `settings`, `errors`, `translating`
+(with `--translate`: `nvidia.com/gpu` and HAMi's names become the pod's inline claims, docs/translation.md).
 """
 
 from __future__ import annotations

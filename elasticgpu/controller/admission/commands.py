@@ -31,6 +31,7 @@ _FIELDS = (
     "translate",
     "translate_resources",
     "translation_cache_s",
+    "translation_namespace_cache_s",
 )
 
 
@@ -82,6 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "corePercent|slice, cores, memory} (default: NVIDIA's and HAMi's names)")
     parser.add_argument("--translation-cache-s", type=float,
                         help=f"seconds classes, cards and DeviceClasses are reused (default {d.translation_cache_s})")
+    parser.add_argument("--translation-namespace-cache-s", type=float,
+                        help="seconds a namespace's label, class and quotas are reused"
+                        f" (default {d.translation_namespace_cache_s}; 0: read for every pod)")
     flags.add_logging(parser)
     parser.set_defaults(handler=run)
 

@@ -93,11 +93,13 @@ def webhook_configuration(settings: WebhookSettings, ca_bundle: bytes) -> dict[s
     """
     webhooks = [_webhook(settings, ca_bundle, name=settings.webhook_name, operation="CREATE", failure="Fail")]
     if settings.translate:
-        # First: the pod it translates then carries the request annotations the claims webhook matches on.
-        # Only opted-in namespaces, only pods asking a translated name; failing closed, since an untranslated
-        # pod would wait for a device plugin without a word.
+        # After the claims webhook: a pod asking only `nvidia.com/gpu` does not match that one, so its translation
+        # (which answers with the gate and the label too, by the same rules) is its only call; the API server
+        # reinvokes only webhooks already called, so the claims webhook looks again only at a pod that also
+        # carried claim annotations. Only opted-in namespaces, only pods asking a translated name; failing closed,
+        # since an untranslated pod would wait for a device plugin without a word.
         table = settings.translation_table()
-        webhooks.insert(0, _webhook(
+        webhooks.append(_webhook(
             settings, ca_bundle, name=f"translate.{settings.webhook_name}", operation="CREATE", failure="Fail",
             condition=("asks-translated-gpu-resources", translation_expression(list(table.resources))),
             namespaces={"matchLabels": {names.LABEL_TRANSLATE_RESOURCES: "true"}}))

@@ -20,8 +20,8 @@ from elasticgpu.controller.admission.metrics import WebhookMetrics
 from elasticgpu.controller.admission.mounting import MountedCertificate
 from elasticgpu.controller.admission.publishing import AdmissionApi
 from elasticgpu.controller.admission.serving import HttpsServer, Reviewer
-from elasticgpu.controller.admission.translating import Translator
 from elasticgpu.controller.admission.settings import WebhookSettings
+from elasticgpu.controller.admission.translating import Translator
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ class Webhook:
             if api is None:
                 raise ValueError("Webhook: translation reads the cluster: an AdmissionApi is needed")
             self.translator = Translator(reader=api, table=settings.translation_table(),
-                                         cache_s=settings.translation_cache_s)
+                                         cache_s=settings.translation_cache_s,
+                                         namespace_cache_s=settings.translation_namespace_cache_s)
             reviewer = functools.partial(reviewing.review, translate=self.translator.translate)
         self.server = HttpsServer(
             host=settings.listen_host, port=settings.port, path=settings.path, reviewer=reviewer,

@@ -83,6 +83,10 @@ class WebhookSettings:
     """Seconds the cluster-wide facts of translation (classes, cards, DeviceClasses) are reused before they are
     read again; a namespace's own labels and quotas are read for every translated pod."""
 
+    translation_namespace_cache_s: float = 2.0
+    """Seconds a namespace's opt-in label, class annotation and quotas are reused for its next translated pods
+    (0: read for every pod). Short: a ResourceQuota made now refuses translated pods from this long on."""
+
     def translation_table(self) -> translation.TranslationTable:
         """The parsed table; raises `InvalidTranslationTable` naming the entry and the fix."""
         if not self.translate_resources.strip():

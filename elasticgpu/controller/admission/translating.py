@@ -14,7 +14,8 @@ Order of the checks, each a refusal naming the field and the fix:
 
 Cluster-wide facts (classes, cards, DeviceClasses) are cached for `cache_s` seconds: a pod
 create must not list every GPU of the cluster. The namespace's own facts (labels, quotas) are
-read for every translated pod, so a quota made a moment ago already counts.
+kept only `namespace_cache_s` seconds (2 by default, 0 in tests), so a quota made a moment ago
+counts from then on, and a burst of a Deployment's pods costs one read.
 """
 
 from __future__ import annotations
@@ -80,18 +81,33 @@ class ClusterFacts:
                                       smallest_card_mib=smallest or None)
 
 
+@dataclass(frozen=True)
+class NamespaceFacts:
+    """What translation reads of one namespace."""
+
+    meta: Mapping[str, Any]
+    """The Namespace's metadata (labels: the opt-in; annotations: the class)."""
+    limited: tuple[str, str] | None
+    """(ResourceQuota, its key) that limits a translated name while the namespace has no ElasticGPUQuota."""
+
+
+_NAMESPACES_KEPT = 4096  # cached namespaces before expired ones are dropped
+
+
 class Translator:
     """Translates pods for the webhook; thread-safe (one HTTPS thread per connection)."""
 
     def __init__(self, *, reader: ClusterReader, table: translation.TranslationTable, cache_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 namespace_cache_s: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._reader = reader
         self.table = table
         self._cache_s = cache_s
+        self._namespace_cache_s = namespace_cache_s
         self._clock = clock
         self._lock = threading.Lock()
         self._facts: ClusterFacts | None = None
         self._read_at = 0.0
+        self._namespaces: dict[str, tuple[NamespaceFacts, float]] = {}
 
     def translate(self, pod: Mapping[str, Any], namespace: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
         """(JSONPatch, the pod as patched) or None when the pod stays as written; raises `TranslationRefused`
@@ -99,8 +115,8 @@ class Translator:
         asked = translation.asked_names(pod, self.table)
         if not asked:
             return None
-        namespace_body = self._reader.read_namespace(namespace) or {}
-        meta = namespace_body.get("metadata") or {}
+        own = self._namespace_facts(namespace)
+        meta = own.meta
         if (meta.get("labels") or {}).get(names.LABEL_TRANSLATE_RESOURCES) != "true":
             return None
         pod_name = _pod_name(pod)
@@ -113,7 +129,13 @@ class Translator:
                 " KEP-5004), so the scheduler would allocate a DRA device for it while elasticgpu claims a card:"
                 f" remove the label {names.LABEL_TRANSLATE_RESOURCES} from namespace {namespace} to leave such pods"
                 " to DRA, or remove extendedResourceName from the DeviceClass")
-        self._check_quota(namespace, asked, pod_name)
+        if own.limited is not None:
+            quota_name, key = own.limited
+            raise TranslationRefused(
+                f"pod {pod_name}: ResourceQuota {namespace}/{quota_name} limits {key}, which no longer counts once"
+                f" {', '.join(sorted(asked))} is translated into a claim: create an ElasticGPUQuota in namespace"
+                f" {namespace} with the same limit ({names.RESOURCE_NVIDIA_GPU} whole cards, {names.RESOURCE_CORE}"
+                f" 100 per card; docs/quota.md), or remove the namespace's label {names.LABEL_TRANSLATE_RESOURCES}")
         class_name = self._class_of(meta, facts, namespace, pod_name)
         try:
             done = translation.translate_pod(pod, table=self.table, cards=facts.class_cards(class_name))
@@ -127,7 +149,22 @@ class Translator:
                     ", ".join(f"{t.container}: {t.request or 'no GPU'}" for t in done))
         return translation.patch(pod, done), translation.apply(pod, done)
 
-    def _check_quota(self, namespace: str, asked: set[str], pod_name: str) -> None:
+    def _namespace_facts(self, namespace: str) -> NamespaceFacts:
+        """The namespace's facts, read again after `namespace_cache_s` (0: for every pod)."""
+        now = self._clock()
+        with self._lock:
+            kept = self._namespaces.get(namespace)
+        if kept is not None and now - kept[1] < self._namespace_cache_s:
+            return kept[0]
+        body = self._reader.read_namespace(namespace) or {}
+        facts = NamespaceFacts(meta=body.get("metadata") or {}, limited=self._quota_limit(namespace))
+        with self._lock:
+            if len(self._namespaces) >= _NAMESPACES_KEPT:
+                self._namespaces = {k: v for k, v in self._namespaces.items() if now - v[1] < self._namespace_cache_s}
+            self._namespaces[namespace] = (facts, now)
+        return facts
+
+    def _quota_limit(self, namespace: str) -> tuple[str, str] | None:
         limited: list[tuple[str, str]] = []
         for quota in self._reader.list_in_namespace(RESOURCE_QUOTAS, namespace):
             hard = (quota.get("spec") or {}).get("hard") or {}
@@ -135,16 +172,10 @@ class Translator:
                 if key.removeprefix("requests.").removeprefix("limits.") in self.table.resources:
                     limited.append(((quota.get("metadata") or {}).get("name", ""), key))
         if not limited:
-            return
+            return None
         if self._reader.list_in_namespace(ELASTIC_QUOTAS, namespace):
-            return  # the ElasticGPUQuota charges every claim, translated ones included
-        quota, key = limited[0]
-        raise TranslationRefused(
-            f"pod {pod_name}: ResourceQuota {namespace}/{quota} limits {key}, which no longer counts once"
-            f" {', '.join(sorted(asked))} is translated into a claim: create an ElasticGPUQuota in namespace"
-            f" {namespace} with the same limit ({names.RESOURCE_NVIDIA_GPU} whole cards, {names.RESOURCE_CORE} 100 per"
-            " card; docs/quota.md), or remove the namespace's label"
-            f" {names.LABEL_TRANSLATE_RESOURCES}")
+            return None  # the ElasticGPUQuota charges every claim, translated ones included
+        return sorted(limited)[0]
 
     def _class_of(self, meta: Mapping[str, Any], facts: ClusterFacts, namespace: str, pod_name: str) -> str:
         named = (meta.get("annotations") or {}).get(names.ANNOTATION_TRANSLATE_CLASS)
@@ -152,7 +183,8 @@ class Translator:
             if named not in facts.classes:
                 known = ", ".join(sorted(facts.classes)) or "none"
                 raise TranslationRefused(
-                    f"pod {pod_name}: namespace {namespace} annotation {names.ANNOTATION_TRANSLATE_CLASS}: ElasticGPUClass"
+                    f"pod {pod_name}: namespace {namespace} annotation {names.ANNOTATION_TRANSLATE_CLASS}:"
+                    " ElasticGPUClass"
                     f" {named} does not exist (classes: {known}): fix the namespace's annotation")
             return str(named)
         if facts.default_class is None:
