@@ -104,11 +104,13 @@ def create(api: client.ApiClient, namespace: str, doc: dict[str, Any], *, dry_ru
                         query=[("dryRun", "All")] if dry_run else None)  # fmt: skip
 
 
-def apply(api: client.ApiClient, namespace: str, documents: list[dict[str, Any]]) -> None:
-    """Create each document in `namespace`, as `kubectl apply -f` does for new objects."""
+def apply(api: client.ApiClient, namespace: str, documents: list[dict[str, Any]], box: Box) -> None:
+    """Create each document in `namespace`, as `kubectl apply -f` does for new objects (no retry: a user's
+    `kubectl apply` that the webhook fails is a failure here too)."""
     for doc in documents:
         made = create(api, namespace, doc)
-        assert made.status == 201, f"{doc['kind']} {doc['metadata']['name']}: HTTP {made.status}: {made.body[:1000]!r}"
+        assert made.status == 201, \
+            f"{doc['kind']} {doc['metadata']['name']}: HTTP {made.status}: {made.body[:1000]!r}\n{diagnose(box)}"
 
 
 def _wait(check: Callable[[], Any], what: str, *, timeout_s: float = WITHIN_S, explain: Callable[[], str] = str) -> Any:
@@ -338,7 +340,7 @@ def test_each_published_manifest_runs_with_the_cards_its_request_means_and_nobod
         _until_the_webhook_translates(box_api_client, namespace, box)
         documents = {name: load(name, box.runtime.image) for name in EXPECTED}
         for docs in documents.values():
-            apply(box_api_client, namespace, docs)
+            apply(box_api_client, namespace, docs, box)
         claims: dict[str, tuple[str, str, str, tuple[int, int | None, int | None]]] = {}  # claim -> pod, ctr, file
         for name, expected in EXPECTED.items():
             for (prefix, container), size in expected.items():
@@ -395,7 +397,7 @@ def test_a_deployment_scaled_to_three_gets_three_claims_and_gives_them_back(
 
     with team(box_api_client, translate=True) as namespace:
         _until_the_webhook_translates(box_api_client, namespace, box)
-        apply(box_api_client, namespace, load("vllm-deployment.yaml", box.runtime.image))
+        apply(box_api_client, namespace, load("vllm-deployment.yaml", box.runtime.image), box)
         _running(core, namespace, prefix, 1, box)
         apps.patch_namespaced_deployment_scale("mistral-7b", namespace, {"spec": {"replicas": 3}})
         pods = _running(core, namespace, prefix, 3, box)
