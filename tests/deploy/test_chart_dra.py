@@ -52,8 +52,8 @@ def test_the_extended_resource_class_maps_nvidia_gpu() -> None:
 
 
 def test_the_extended_resource_class_is_refused_beside_our_translation() -> None:
-    with pytest.raises(helm_python.HelmError, match=re.escape("dra.extendedResourceDeviceClass.enabled and "
-                                                              "translation.enabled both take pods")):  # fmt: skip
+    with pytest.raises(helm_python.HelmError, match=re.escape("translation.enabled and dra.extendedResourceDeviceClass"
+                                                              ".enabled are both true")):  # fmt: skip
         _render({"dra": {"enabled": True, "extendedResourceDeviceClass": {"enabled": True}},
                  "translation": {"enabled": True}})  # fmt: skip
     with pytest.raises(helm_python.HelmError, match=re.escape("needs dra.enabled")):
