@@ -26,6 +26,10 @@ def start_threads(controller: Controller, stop: threading.Event) -> list[threadi
         threading.Thread(target=controller.repair.run, args=(stop,), kwargs={"after": garbage.collect_and_freeze},
                          name="resync", daemon=True),
     ]
+    autoscale = controller.settings.autoscale
+    if autoscale.enabled or autoscale.protect_nodes:
+        threads.append(threading.Thread(target=controller.node_autoscaling.run, args=(stop,), name="node-autoscaling",
+                                        daemon=True))
     for thread in threads:
         thread.start()
         controller.liveness.track(thread)
