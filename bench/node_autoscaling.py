@@ -144,8 +144,8 @@ def main() -> None:
     parser.add_argument("--boot-s", type=float, default=0.0, help="a new node's launch and join, in seconds")
     parser.add_argument("--cards-per-node", type=int, default=8)
     args = parser.parse_args()
-    rows = [["scenario", "claims", "placeholders", "cards asked", "nodes launched", "a pod per claim would ask", "bound",
-             "claim->Bound p50 s", "max s"]]
+    rows = [["scenario", "claims", "placeholders", "cards asked", "nodes launched", "a pod per claim would ask",
+             "bound", "claim->Bound p50 s", "max s"]]
     with test_server_with_crds() as (cluster, _api):
         kube = KubeApi.from_kubeconfig(str(cluster.kubeconfig))
         for index, (title, provisioner, count, requests) in enumerate(SCENARIOS):
