@@ -88,6 +88,15 @@ else
   echo "WARNING: $ELASTICGPU_HELM_UNAVAILABLE; the tests that run the real helm will be SKIPPED" >&2
 fi
 
+if [ -z "${ELASTICGPU_TEST_KUBECONFIG:-}" ] && [ "${ELASTICGPU_SKIP_TESTCLUSTER:-}" != 1 ]; then
+  log "building Karpenter with its KWOK provider from the Go module proxy (cached; the first build takes ~40 min)"
+  if ! bash testkarpenter/build.sh; then
+    # A failed build with nothing cached: tests/realcluster/test_karpenter.py skips, naming this reason.
+    export ELASTICGPU_KARPENTER_UNAVAILABLE="testkarpenter/build.sh could not build Karpenter (Go or the Go module proxy)"
+    echo "WARNING: $ELASTICGPU_KARPENTER_UNAVAILABLE; the tests with a real node autoscaler will be SKIPPED" >&2
+  fi
+fi
+
 log "ruff"
 .venv/bin/ruff check elasticgpu tests bench
 log "import layering"
