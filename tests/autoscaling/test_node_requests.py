@@ -51,6 +51,14 @@ def test_the_same_waiting_claims_always_give_the_same_names() -> None:
     assert {a.name for a in node_requests.asks(waiters[3:])} <= first
 
 
+def test_a_wait_for_first_consumer_pod_s_claims_ask_one_node_together() -> None:
+    pod = [Waiter(namespace="ns", name=f"w{i}", uid=f"w{i}", class_name="c", request=r, pod="ns/trainer",
+                  node_selector=(("pool", "a"),), created=str(i))
+           for i, r in enumerate((GpuRequest.whole(2), GpuRequest.share(30), GpuRequest.whole(1)))]
+    [ask] = node_requests.asks(pod)
+    assert (ask.cards, ask.claims, ask.node_selector) == (4, ("ns/w0", "ns/w1", "ns/w2"), (("pool", "a"),))
+
+
 def test_the_condition_says_which_placeholder_then_which_node_then_gives_a_reason() -> None:
     ask = node_requests.Ask(name="egpu-node-request-1", class_name="c", cards=2, node_selector=(("pool", "gpu"),),
                             claims=("ns/a",))

@@ -16,7 +16,10 @@ resync creates nothing new and a claim asks for one node however long it waits.
   from the claim's uid;
 - shares of one card: packed first-fit, in the order the claims were made, into cards of 100
   cores (and, where the class's cards are known, of their memory); one placeholder per card,
-  named from the uid of the first claim packed into it.
+  named from the uid of the first claim packed into it;
+- the WaitForFirstConsumer claims of one pod that no node can hold: one placeholder asking all
+  their cards (a share counts one card), since they must meet on one node; named from the first
+  claim's uid.
 
 Pure: takes plain values, returns plain values.
 """
@@ -54,6 +57,9 @@ class Waiter:
     card_memory_mib: int | None = None
     """The memory of the class's cards where some are known (None: pack shares by cores alone)."""
     created: str = ""
+    pod: str = ""
+    """For a WaitForFirstConsumer claim: its pod (namespace/name), whose claims must meet on one
+    node; "" for a claim placed on its own."""
 
     @property
     def key(self) -> str:
@@ -98,12 +104,21 @@ def asks(waiters: Iterable[Waiter]) -> list[Ask]:
     """The placeholders the waiting claims need (see the module docstring), sorted by name."""
     found: list[Ask] = []
     groups: dict[tuple[str, tuple[tuple[str, str], ...]], list[Waiter]] = {}
+    pods: dict[str, list[Waiter]] = {}
     for waiter in sorted(waiters, key=lambda w: (w.created, w.uid)):
-        if waiter.request.cards:
+        if waiter.pod:
+            pods.setdefault(waiter.pod, []).append(waiter)
+        elif waiter.request.cards:
             found.append(Ask(name=_name(waiter.uid), class_name=waiter.class_name, cards=waiter.request.cards,
                              node_selector=waiter.node_selector, claims=(waiter.key,)))
         else:
             groups.setdefault((waiter.class_name, waiter.node_selector), []).append(waiter)
+    for members in pods.values():
+        first = members[0]
+        found.append(Ask(name=_name(first.uid), class_name=first.class_name,
+                         cards=sum(max(1, m.request.cards) for m in members),
+                         node_selector=tuple(sorted({kv for m in members for kv in m.node_selector})),
+                         claims=tuple(m.key for m in members)))
     for (class_name, selector), shares in groups.items():
         cards: list[_Card] = []
         for waiter in shares:

@@ -4,7 +4,8 @@ the claims' `NodeRequested` condition, and the annotations that keep a node hold
 One pass every `AutoscaleSettings.interval_s` (level-based: a pass decides from what the picture
 and the API server hold now, so a crash or a lost write is repaired by the next one):
 
-1. The claims that wait for capacity (`NoCapacity`, or `GroupDoesNotFit` for a claim group) and
+1. The claims that wait for capacity (`NoCapacity`; `GroupDoesNotFit` for a claim group;
+   `FailedClaimPlacement` for the WaitForFirstConsumer claims of a pod no node can take) and
    the placeholders they need (`decisions/node_requests.py`); placeholders no claim needs any
    more are deleted (their claims bound or went away), missing ones created. A placeholder that
    landed on a node is kept until its claims bind: the node's agent publishes its cards a moment
@@ -27,7 +28,7 @@ from typing import Any
 
 from elasticgpu.api import InvalidClassParameters, InvalidRequest, names, timestamps
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, capacity, groups, node_protection, node_requests
+from elasticgpu.controller.decisions import binder, capacity, groups, node_protection, node_requests, pod_gate
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.binding.claim_status import condition
 from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
@@ -36,8 +37,10 @@ from elasticgpu.controller.settings import AutoscaleSettings
 
 logger = logging.getLogger(__name__)
 
-WAITING_FOR_CAPACITY = frozenset({binder.REASON_NO_CAPACITY, groups.REASON_GROUP_DOES_NOT_FIT})
-"""The reasons of claims a new node could help (not NeverFits, a quota's no, an invalid class)."""
+WAITING_FOR_CAPACITY = frozenset({binder.REASON_NO_CAPACITY, groups.REASON_GROUP_DOES_NOT_FIT,
+                                  pod_gate.REASON_FAILED_PLACEMENT})
+"""The reasons of claims a new node could help (not NeverFits, a quota's no, an invalid class);
+`FailedClaimPlacement`: a WaitForFirstConsumer claim whose pod no node can take with its claims."""
 
 
 class NodeAutoscaling:
@@ -91,11 +94,18 @@ class NodeAutoscaling:
             with self.picture.lock:
                 memory = capacity.card_memory(self.picture.ledger.inventory, models=parameters.gpu_model,
                                               node_selector=parameters.node_selector)
+            pod = ""
+            if claim.status.reason == pod_gate.REASON_FAILED_PLACEMENT:
+                # Its pod's claims must meet on one node: one placeholder for all of them.
+                users = sorted(self.picture.pods_using(claim.metadata.namespace or "", claim.metadata.name or ""))
+                if not users:
+                    continue
+                pod = f"{claim.metadata.namespace}/{users[0]}"
             found.append(node_requests.Waiter(
                 namespace=claim.metadata.namespace or "", name=claim.metadata.name or "",
                 uid=claim.metadata.uid or "", class_name=class_name, request=request,
                 node_selector=tuple(sorted(parameters.node_selector.items())), card_memory_mib=memory,
-                created=claim.metadata.creation_timestamp or ""))
+                created=claim.metadata.creation_timestamp or "", pod=pod))
         return found
 
     def _placeholders(self, now: float) -> None:
