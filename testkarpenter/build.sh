@@ -12,7 +12,7 @@
 #
 # If downloading or building fails and a binary was built before, a WARNING is printed and the
 # newest cached build is used; with nothing cached it exits 1 (the Karpenter tests then skip,
-# naming this script). A cold build is about 40 minutes on 2 shared cores (the Kubernetes client
+# naming this script). A cold build is about an hour on 2 loaded cores (the Kubernetes client
 # libraries, controller-runtime and Karpenter itself); every go command runs under `nice -n 19`.
 #
 # Environment:
@@ -48,7 +48,7 @@ exit_if_up_to_date "$key"
 
 go_start "$key"
 version=$(cd "$HERE" && "$GO" list -m -f '{{.Version}}' "$MODULE")
-log "building $MODULE/kwok $version $key ($gover; cold: about 40 minutes on 2 shared cores)"
+log "building $MODULE/kwok $version $key ($gover; cold: about an hour on 2 loaded cores)"
 start=$(date +%s)
 go_download
 log "modules downloaded in $(($(date +%s) - start))s"
