@@ -40,10 +40,10 @@ from tests.kube_cluster import TestCluster, server_side_apply, wait_established
 
 pytestmark = [
     pytest.mark.realcluster,
-    # Written in the session whose cold Karpenter build (about an hour on a loaded 2-core box) had not
-    # finished: it has not run yet, so it must not fail a full run until someone has run it once.
+    # First run (docs/autoscaling.md): scale from zero passed, the ten-claims step timed out (placeholders
+    # land on existing nodes whose nvidia.com/gpu the claims do not consume); opt-in until that is fixed.
     pytest.mark.skipif(os.environ.get("ELASTICGPU_KARPENTER_TESTS") != "1",
-                       reason="opt-in until its first run: ELASTICGPU_KARPENTER_TESTS=1, after testkarpenter/build.sh"),
+                       reason="opt-in (ELASTICGPU_KARPENTER_TESTS=1): ten-claims step fails, docs/autoscaling.md"),
 ]
 
 REPO = Path(__file__).resolve().parents[2]
