@@ -80,7 +80,11 @@ def test_the_condition_says_which_placeholder_then_which_node_then_gives_a_reaso
 def test_the_placeholder_pod_asks_the_resource_with_the_class_s_node_selector_and_holds_nothing() -> None:
     ask = node_requests.Ask(name="egpu-node-request-1", class_name="c", cards=2, node_selector=(("pool", "gpu"),),
                             claims=("ns/a", "ns/b"))
-    pod = node_requests.placeholder_pod(ask, namespace="sys", resource="nvidia.com/gpu", image="pause")
+    pod = node_requests.placeholder_pod(ask, namespace="sys", resource="nvidia.com/gpu", image="pause",
+                                        avoid=("old-2", "old-1"))
+    # only a new node may take it: an existing one's cards look free to the scheduler
+    term = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]  # type: ignore[index]
+    assert term["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["old-1", "old-2"]
     container = pod["spec"]["containers"][0]  # type: ignore[index]
     assert container["resources"]["requests"] == {"nvidia.com/gpu": "2"}
     assert pod["spec"]["nodeSelector"] == {"pool": "gpu"}  # type: ignore[index]

@@ -138,9 +138,11 @@ def asks(waiters: Iterable[Waiter]) -> list[Ask]:
 
 
 def placeholder_pod(ask: Ask, *, namespace: str, resource: str, image: str,
-                    priority_class: str = "") -> dict[str, object]:
+                    priority_class: str = "", avoid: tuple[str, ...] = ()) -> dict[str, object]:
     """The pod for `ask`: asks `resource: cards` with the class's node selector, tolerates every
-    taint (GPU pools are usually tainted), and may be evicted at any time (it holds nothing)."""
+    taint (GPU pools are usually tainted), and may be evicted at any time (it holds nothing).
+    `avoid`: the nodes that exist now; claims do not consume `resource`, so the scheduler would
+    see their cards free and place the pod there instead of asking for a node."""
     spec: dict[str, object] = {
         "containers": [{
             "name": "pause", "image": image,
@@ -155,6 +157,9 @@ def placeholder_pod(ask: Ask, *, namespace: str, resource: str, image: str,
     }
     if ask.node_selector:
         spec["nodeSelector"] = dict(ask.node_selector)
+    if avoid:
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": sorted(avoid)}]}]}}}
     if priority_class:
         spec["priorityClassName"] = priority_class
     return {

@@ -138,8 +138,14 @@ class NodeAutoscaling:
 
     def _create(self, ask: node_requests.Ask) -> Body | None:
         settings = self.settings
+        with self.picture.lock:
+            # Only the nodes the pod could land on (its node selector's), to keep its spec small.
+            existing = tuple(name for name, body in self.picture.pods.nodes().items()
+                             if all(((body.get("metadata") or {}).get("labels") or {}).get(k) == v
+                                    for k, v in ask.node_selector))
         body = node_requests.placeholder_pod(ask, namespace=settings.namespace, resource=settings.resource,
-                                             image=settings.image, priority_class=settings.priority_class)
+                                             image=settings.image, priority_class=settings.priority_class,
+                                             avoid=existing)
         try:
             created = self.kube.create_pod(settings.namespace, body)
         except errors.AlreadyExists:
