@@ -88,6 +88,18 @@ else
   echo "WARNING: $ELASTICGPU_HELM_UNAVAILABLE; the tests that run the real helm will be SKIPPED" >&2
 fi
 
+# Only for the opt-in Karpenter tests (ELASTICGPU_KARPENTER_TESTS=1): a cold build takes about an hour on a
+# loaded 2-core box, too much for every run's budget until it is cached.
+if [ -z "${ELASTICGPU_TEST_KUBECONFIG:-}" ] && [ "${ELASTICGPU_SKIP_TESTCLUSTER:-}" != 1 ] \
+    && [ "${ELASTICGPU_KARPENTER_TESTS:-}" = 1 ]; then
+  log "building Karpenter with its KWOK provider from the Go module proxy (cached; the first build takes ~1 h)"
+  if ! bash testkarpenter/build.sh; then
+    # A failed build with nothing cached: tests/realcluster/test_karpenter.py skips, naming this reason.
+    export ELASTICGPU_KARPENTER_UNAVAILABLE="testkarpenter/build.sh could not build Karpenter (Go or the Go module proxy)"
+    echo "WARNING: $ELASTICGPU_KARPENTER_UNAVAILABLE; the tests with a real node autoscaler will be SKIPPED" >&2
+  fi
+fi
+
 log "ruff"
 .venv/bin/ruff check elasticgpu tests bench
 log "import layering"

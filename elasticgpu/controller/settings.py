@@ -8,6 +8,7 @@ environment elsewhere.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -183,6 +184,34 @@ class RecommendSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AutoscaleSettings:
+    """Node autoscalers (docs/autoscaling.md): placeholder pods for claims that wait for capacity,
+    and protection of the nodes whose cards hold claims."""
+
+    enabled: bool = False
+    """Keep placeholder pods for claims that wait NoCapacity (a node autoscaler adds their node).
+    Off by default: on a cluster without a node autoscaler they would only wait."""
+    protect_nodes: bool = False
+    """Annotate nodes whose cards hold a reservation so that Karpenter and Cluster Autoscaler
+    leave them; remove the annotations when they hold none. Needs `patch` on nodes."""
+    namespace: str = "elasticgpu-system"
+    """Namespace of the placeholder pods (the controller's own: tenants cannot touch them)."""
+    resource: str = "nvidia.com/gpu"
+    """The resource placeholders ask for, one per card: what the GPU node pools' templates offer
+    and their nodes advertise."""
+    image: str = "registry.k8s.io/pause:3.10"
+    """The placeholders' image (does nothing; pulled only where a placeholder lands)."""
+    priority_class: str = ""
+    """PriorityClass of the placeholders ("": none). A negative one lets real pods preempt them."""
+    interval_s: float = 10.0
+    """Seconds between two passes (placeholders and node annotations are level-based)."""
+    give_up_s: float = 900.0
+    """Seconds a placeholder may stay unscheduled before its claims say NodeNotProvisioned (with
+    a Warning Event). Karpenter launches in about a minute; Cluster Autoscaler's own
+    max-node-provision-time is 15 minutes."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ControllerSettings:
     """All settings of the controller."""
 
@@ -195,6 +224,7 @@ class ControllerSettings:
     owner_move: OwnerMoveSettings = field(default_factory=OwnerMoveSettings)
     quota: QuotaSettings = field(default_factory=QuotaSettings)
     recommend: RecommendSettings = field(default_factory=RecommendSettings)
+    autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
 
     @staticmethod
     def environment_help() -> str:
@@ -211,7 +241,10 @@ class ControllerSettings:
             f"ELASTICGPU_GROUP_PARTIAL_GRACE_S ({BindingSettings.group_partial_grace_s:g}), "
             f"ELASTICGPU_GROUP_RESERVE_AFTER_S ({BindingSettings.group_reserve_after_s:g}), "
             f"ELASTICGPU_OWNER_UNPUBLISH_GRACE_S ({OwnerMoveSettings.unpublish_grace_s:g}), "
-            f"ELASTICGPU_WATCH ({WatchSettings.engine}; or kopf)"
+            f"ELASTICGPU_WATCH ({WatchSettings.engine}; or kopf), "
+            "ELASTICGPU_AUTOSCALE (false), ELASTICGPU_PROTECT_NODES (false), "
+            f"ELASTICGPU_AUTOSCALE_RESOURCE ({AutoscaleSettings.resource}), "
+            f"ELASTICGPU_AUTOSCALE_GIVE_UP_S ({AutoscaleSettings.give_up_s:g})"
         )
 
     @classmethod
@@ -249,4 +282,20 @@ class ControllerSettings:
                 f" {GPUHealthSettings.running_claims_expire_s:g})")
         owner_move = OwnerMoveSettings(unpublish_grace_s=float(env.get("ELASTICGPU_OWNER_UNPUBLISH_GRACE_S",
                                                                        OwnerMoveSettings.unpublish_grace_s)))
-        return cls(binding=binding, resync=resync, watch=watch, gpu_health=gpu_health, owner_move=owner_move)
+        autoscale = AutoscaleSettings(
+            enabled=_flag(env, "ELASTICGPU_AUTOSCALE"), protect_nodes=_flag(env, "ELASTICGPU_PROTECT_NODES"),
+            namespace=env.get("POD_NAMESPACE") or AutoscaleSettings.namespace,
+            resource=env.get("ELASTICGPU_AUTOSCALE_RESOURCE", AutoscaleSettings.resource),
+            image=env.get("ELASTICGPU_AUTOSCALE_IMAGE", AutoscaleSettings.image),
+            priority_class=env.get("ELASTICGPU_AUTOSCALE_PRIORITY_CLASS", AutoscaleSettings.priority_class),
+            give_up_s=float(env.get("ELASTICGPU_AUTOSCALE_GIVE_UP_S", AutoscaleSettings.give_up_s)))
+        return cls(binding=binding, resync=resync, watch=watch, gpu_health=gpu_health, owner_move=owner_move,
+                   autoscale=autoscale)
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    """A true/false variable; anything else is refused with the variable's name."""
+    value = env.get(name, "false").strip().lower()
+    if value not in ("true", "false", "1", "0", ""):
+        raise ValueError(f"{name}={value!r}: use true or false")
+    return value in ("true", "1")

@@ -34,6 +34,7 @@ FOREIGN = {
     "--pdeathsig": "setpriv (util-linux)",
     "--create-namespace": "helm install",
     "--server-side": "kubectl apply",
+    "--max-node-provision-time": "cluster-autoscaler",
     "--bound-object-kind": "kubectl create token",
     "--overwrite": "kubectl annotate",
     "--now": "systemctl enable",

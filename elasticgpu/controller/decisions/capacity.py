@@ -75,6 +75,14 @@ def free_by_class(inventory: Inventory, classes: Mapping[str, ElasticGPUClass]) 
     return free
 
 
+def card_memory(inventory: Inventory, *, models: tuple[str, ...], node_selector: Mapping[str, str]) -> int | None:
+    """The memory (MiB) of the largest card a class may use, healthy or not; None when it has none
+    yet (a pool scaled to zero): what a new node's card is taken to hold when shares are packed."""
+    sizes = [card.record.memory_mib for _node, card in
+             _cards(inventory, models=models, node_selector=node_selector, healthy_only=False)]
+    return max(sizes, default=None)
+
+
 def never_fits(inventory: Inventory, request: GpuRequest, *, models: tuple[str, ...],
                node_selector: Mapping[str, str]) -> str:
     """Why `request` could not fit on any card (or node) the class may use even if all were

@@ -254,6 +254,23 @@ class KubeApi(KubeRequests):
         self._call("DELETE", self._claims(namespace, name), body=body)
 
 
+    # -- node autoscalers (flow/node_autoscaling.py) ------------------------------------------
+
+    def list_labelled_pods(self, namespace: str, selector: str) -> list[Body]:
+        """The pods of `namespace` with labels matching `selector` (the placeholder pods)."""
+        page = self._call("GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": selector},
+                          timeout_s=self.settings.request_timeout_s)
+        return list(page.get("items") or [])
+
+    def create_pod(self, namespace: str, body: Body) -> Body:
+        """Create a pod; raises AlreadyExists when the name is taken."""
+        return self._call("POST", f"/api/v1/namespaces/{namespace}/pods", body=body, query=self._write_query())
+
+    def patch_node(self, name: str, patch: Body) -> Body:
+        """Merge-patch a Node's metadata (the autoscalers' annotations)."""
+        return self._call("PATCH", f"/api/v1/nodes/{name}", body=patch, content_type=MERGE,
+                          query=self._write_query())
+
     def create_event(self, namespace: str, body: Body) -> None:
         """Create a core/v1 Event. Failures are logged, never raised: an Event is a courtesy."""
         try:

@@ -137,6 +137,12 @@ class Reading:
                                   claim.metadata.creation_timestamp))
             return found
 
+    def waiting_claim_models(self) -> list[ElasticGPUClaim]:
+        """The claims that wait (Pending, or no phase yet), as models: the node autoscaling asks
+        nodes for those that wait for capacity (flow/node_autoscaling.py)."""
+        with self.lock:
+            return [claim for key in self._waiting if (claim := self._claims.get(key)) is not None]
+
     def all_keys(self) -> Keys:
         """Every GPU, ElasticGPU and claim (the resync requeues them all), each ElasticGPU followed
         by the claims that name it."""

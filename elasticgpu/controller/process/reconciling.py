@@ -36,6 +36,7 @@ from elasticgpu.controller.flow.machinery.informer import Informer
 from elasticgpu.controller.flow.machinery.liveness import Liveness
 from elasticgpu.controller.flow.machinery.resource_claim_feed import ResourceClaimFeed
 from elasticgpu.controller.flow.machinery.workqueue import Key, WorkQueue
+from elasticgpu.controller.flow.node_autoscaling import NodeAutoscaling
 from elasticgpu.controller.flow.quota_guard import QuotaGuard
 from elasticgpu.controller.flow.repair import Repair
 from elasticgpu.controller.metrics import ControllerMetrics
@@ -92,6 +93,8 @@ class Controller:
         self.informer.on_claim = self.claims.recommender.observe
         if self.events.thread is not None:
             self.liveness.track(self.events.thread)
+        self.node_autoscaling = NodeAutoscaling(kube=kube, picture=self.picture, events=self.events,
+                                                settings=self.settings.autoscale)
         self.repair = Repair(kube=kube, picture=self.picture, queue=self.queue, informer=self.informer,
                              commit=self.commit, settings=self.settings.resync,
                              gpu_health=self.settings.gpu_health)

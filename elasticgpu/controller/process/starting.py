@@ -28,6 +28,10 @@ def start_threads(controller: Controller, stop: threading.Event) -> list[threadi
         threading.Thread(target=controller.resource_claims.run, args=(stop,), name="watch-resourceclaim",
                          daemon=True),
     ]
+    autoscale = controller.settings.autoscale
+    if autoscale.enabled or autoscale.protect_nodes:
+        threads.append(threading.Thread(target=controller.node_autoscaling.run, args=(stop,), name="node-autoscaling",
+                                        daemon=True))
     for thread in threads:
         thread.start()
         controller.liveness.track(thread)

@@ -13,7 +13,7 @@ from typing import Any
 from elasticgpu.allocator import Placement
 from elasticgpu.api import Condition, ElasticGPU, ElasticGPUClaim, timestamps
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, bound_class, preemption, release
+from elasticgpu.controller.decisions import binder, bound_class, node_requests, preemption, release
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.binding import policing_copy
 from elasticgpu.controller.flow.binding.provisioner import capacity_of
@@ -74,7 +74,10 @@ class ClaimStatus:
         ):
             return  # said already: no write, no Event
         pending = condition("Pending", reason, message, current)
-        self.write(claim, {"phase": "Pending", "reason": reason, "message": message, "conditions": [pending]})
+        # The node asked for it stays said while it waits (flow/node_autoscaling.py writes it).
+        asked = [c.to_dict() for c in current if c.type == node_requests.CONDITION_NODE_REQUESTED]
+        self.write(claim, {"phase": "Pending", "reason": reason, "message": message,
+                           "conditions": [*asked, pending]})
         kind = NORMAL if reason == binder.REASON_WAIT_FOR_CONSUMER else WARNING
         self.events.record(self.body(claim), type_=kind, reason=reason, message=message)
 
