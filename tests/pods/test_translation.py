@@ -17,8 +17,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from elasticgpu.api import names
-from elasticgpu.controller.decisions import pod_gate
+from elasticgpu.api import names, pod_claims
+from elasticgpu.controller.decisions import cards_assigned, pod_gate
+from elasticgpu.controller.pods import cards_event
 from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import ControllerSettings, QuotaSettings
 from tests.binding import objects as o
@@ -147,11 +148,41 @@ def test_a_device_plugin_pod_becomes_its_inline_claims(
                    for key in (c["resources"].get("limits") or {}))
     assert pod_gate.is_gated(pod) and pod["metadata"]["labels"] == {names.LABEL_USES_CLAIMS: "true"}
 
+    # A pod whose author wrote the annotation: bound the same way, but no Event (its cost stays one write).
+    _create(world, _pod("annotated", _asks("main", {"cpu": "1"}),
+                        annotations={f"{INLINE}main": f"gpu-core=10,gpu-memory=1000,class={class_name}"}))
+
     # The controller binds them as any inline claims: all three on the node of the class.
-    settle(Controller(world.kube, ControllerSettings(), namespace=world.namespace))
+    controller = Controller(world.kube, ControllerSettings(), namespace=world.namespace)
+    settle(controller)
     claims = {c: world.get_claim(f"vllm-{c}") for c in ("main", "warm", "proxy")}
     assert {c: claim["status"].get("phase") for c, claim in claims.items()} == dict.fromkeys(claims, "Bound")
-    assert not pod_gate.is_gated(world.get_pod("vllm"))
+    lifted = world.get_pod("vllm")
+    assert not pod_gate.is_gated(lifted) and not pod_gate.is_gated(world.get_pod("annotated"))
+
+    # Its own events say where its cards are: one CardsAssigned naming, per container, claim, card uuid(s), size
+    # and node.
+    told = wait_for(lambda: world.events(cards_assigned.REASON_CARDS_ASSIGNED, name="vllm"), "the pod's Event")
+    node = pod_gate.pinned_node(lifted)
+    message = told[0]["message"]
+    assert told[0]["type"] == "Normal" and f"on node {node}:" in message, message
+    sizes = {"main": "1 card", "warm": "30% cores", "proxy": "25% cores"}
+    for container, claim in claims.items():
+        egpu = world.kube.get_elastic_gpu(claim["spec"]["elasticGPUName"])["spec"]
+        cards = (egpu.get("physicalGPU") or {}).get("gpuNames") or [egpu["gpuShare"]["gpuName"]]
+        uuids = ", ".join(card.upper() for card in cards)  # o.gpu's uuid: its name in upper case
+        said = f"container {container}: claim vllm-{container}, {sizes[container]}"
+        assert said in message and f" on {uuids}" in message.split(said, 1)[1].split(";")[0], (said, message)
+
+    # Once: a controller that restarts (or the other one) posting it again, as a crash between the Event and
+    # the gate lift makes it, finds the name taken.
+    again = Controller(world.kube, ControllerSettings(), namespace=world.namespace)
+    settle(again)
+    gated = {**lifted, "apiVersion": "v1", "kind": "Pod"}
+    cards_event.post(again.events, again.picture, gated, pod_claims.read_pod_claims(lifted), str(node))
+    wait_for(lambda: again.events.idle() and controller.events.idle(), "the Events to be written")
+    assert len(world.events(cards_assigned.REASON_CARDS_ASSIGNED, name="vllm")) == 1
+    assert not world.events(cards_assigned.REASON_CARDS_ASSIGNED, name="annotated")
 
 
 def test_a_namespace_without_the_label_is_untouched_and_a_pod_without_gpus_costs_nothing(

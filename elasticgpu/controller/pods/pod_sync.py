@@ -13,7 +13,8 @@ One sync of a pod (on the worker thread, like every sync, so the picture never r
    - ReserveUsers: the pod is written into the claim's `status.users` with the claim's
      resourceVersion (of two pods, one wins; the other then sees ClaimInUse);
    - Place: WaitForFirstConsumer claims are bound on one node (`_place`);
-   - Lift: node affinity and gate removal in one update guarded by the pod's resourceVersion.
+   - Lift: node affinity and gate removal in one update guarded by the pod's resourceVersion;
+     a translated pod first gets its one `CardsAssigned` Event (`cards_assigned`).
 
 # WaitForFirstConsumer (`_place`)
 
@@ -48,7 +49,7 @@ from elasticgpu.allocator import PlacementRequest
 from elasticgpu.api import ElasticGPUClaim, names, pod_claims, timestamps
 from elasticgpu.api.errors import InvalidPodClaims
 from elasticgpu.controller import errors
-from elasticgpu.controller.decisions import binder, pod_gate, provisioned_names
+from elasticgpu.controller.decisions import binder, cards_assigned, pod_gate, provisioned_names
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.binding.claim_binding import ClaimBinding
 from elasticgpu.controller.flow.binding.commit import Commit
@@ -59,7 +60,7 @@ from elasticgpu.controller.flow.quota_guard import QuotaExceeded
 from elasticgpu.controller.metrics import ControllerMetrics
 from elasticgpu.controller.picture import pod_index
 from elasticgpu.controller.picture.picture import Body, Picture
-from elasticgpu.controller.pods import inline_claims, pod_neighbours, pod_placement
+from elasticgpu.controller.pods import cards_event, inline_claims, pod_neighbours, pod_placement
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class PodSync:
                 self._wait(pod, decision)
                 return
             if isinstance(decision, pod_gate.Lift):
-                self._lift(pod, decision.node)
+                self._lift(pod, used, decision.node)
                 return
             if isinstance(decision, pod_gate.Place):
                 self._place(pod, decision, views)
@@ -265,9 +266,11 @@ class PodSync:
             return
         self.picture.put_pod(answer)
 
-    def _lift(self, pod: Body, node: str) -> None:
+    def _lift(self, pod: Body, used: pod_claims.PodClaims, node: str) -> None:
         meta = pod["metadata"]
         namespace, name = meta.get("namespace", ""), meta.get("name", "")
+        if cards_assigned.is_translated(pod):  # before the lift: a crash between repeats it (409), never loses it
+            cards_event.post(self.events, self.picture, _with_kind(pod), used, node)
         try:
             answer = self.kube.patch_pod(namespace, name, pod_gate.lift_patch(pod, node))
         except errors.NotFound:

@@ -60,8 +60,10 @@ class EventRecorder:
                 return
             self._thread.join(timeout_s)
 
-    def record(self, obj: dict[str, Any], *, type_: str, reason: str, message: str) -> None:
-        """Write one Event about `obj` and log the decision once (object, reason, message)."""
+    def record(self, obj: dict[str, Any], *, type_: str, reason: str, message: str, event_name: str = "") -> None:
+        """Write one Event about `obj` and log the decision once (object, reason, message).
+        `event_name`: a fixed name for an Event that must exist once (a second create is a 409,
+        which `create_event` drops); else a fresh one."""
         meta = obj.get("metadata") or {}
         namespace = meta.get("namespace") or self._kube.settings.events_namespace
         name = meta.get("name", "")
@@ -77,7 +79,7 @@ class EventRecorder:
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+            "metadata": {"name": event_name or f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
             "involvedObject": {
                 "apiVersion": obj.get("apiVersion"),
                 "kind": obj.get("kind"),
