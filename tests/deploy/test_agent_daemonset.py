@@ -333,14 +333,16 @@ def test_a_node_without_nri_is_refused_with_the_fix(node: Node) -> None:
     assert "agent.nodeHook=cri-proxy" in done.stderr and "ran" not in done.stdout
 
 
-def test_a_node_that_runs_the_proxy_modes_host_service_is_refused(node: Node) -> None:
-    unit = node.host / "etc" / "systemd" / "system" / "elasticgpu-agent.service"
+@pytest.mark.parametrize("name", ["elasticgpu-agent.service", "elasticgpu-mps.service"])
+def test_a_node_that_runs_the_proxy_modes_host_service_is_refused(node: Node, name: str) -> None:
+    # The MPS daemons' unit alone (left behind) would serve the same socket and card folders as elasticgpu-mps.
+    unit = node.host / "etc" / "systemd" / "system" / name
     unit.parent.mkdir(parents=True)
     unit.write_text("[Service]\n")
     with _listening(node.socket):
         done = node.start()
     assert done.returncode == 3, done.stderr
-    assert "this node runs the agent as a host service" in done.stderr
+    assert "this node runs the agent as a host service" in done.stderr and f"/etc/systemd/system/{name}" in done.stderr
     assert "Moving a node between the proxy and NRI" in done.stderr and "ran" not in done.stdout
 
 

@@ -20,6 +20,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = "elasticgpu-agent.service"
+MPS_UNIT = "elasticgpu-mps.service"
 
 
 def _installer_files(tmp_path: Path) -> Path:
@@ -93,9 +94,11 @@ class Node:
 def test_installs_restarts_only_for_a_change_and_never_kubelet(tmp_path: Path) -> None:
     node = Node(tmp_path)
     # No kubeconfig yet: installed and enabled, not started.
-    assert node.install() == ["daemon-reload", f"enable {UNIT}"]
-    unit = node.root / "etc" / "systemd" / "system" / UNIT
-    assert unit.read_text() == (REPO / "deploy" / UNIT).read_text()
+    assert node.install() == ["daemon-reload", f"enable {MPS_UNIT} {UNIT}"]
+    # Both units as they are in deploy/: the agent's, and the MPS daemons' it Wants= (their own cgroup).
+    for name in (UNIT, MPS_UNIT):
+        unit = node.root / "etc" / "systemd" / "system" / name
+        assert unit.read_text() == (REPO / "deploy" / name).read_text()
     env = (node.root / "etc" / "elasticgpu" / "agent.env").read_text()
     assert "ELASTICGPU_AGENT_NODE_NAME=gpu-node-1\n" in env
     opt = node.root / "opt" / "elasticgpu"
@@ -116,13 +119,19 @@ def test_installs_restarts_only_for_a_change_and_never_kubelet(tmp_path: Path) -
 
     # The kubeconfig appears: started (not restarted: nothing changed since).
     (node.root / "etc" / "elasticgpu" / "kubeconfig").write_text("apiVersion: v1\n")
-    assert node.install() == [f"enable {UNIT}", f"start {UNIT}"]
-    # A new unit and a new image: reload and restart; the previous release stays, older ones go.
+    assert node.install() == [f"enable {MPS_UNIT} {UNIT}", f"start {MPS_UNIT}", f"start {UNIT}"]
+    # A new unit and a new image: reload and restart (the MPS service first: its restart leaves its
+    # daemons running, KillMode=process); the previous release stays, older ones go.
     (node.files / UNIT).write_text((node.files / UNIT).read_text() + "# changed\n")
     record = next(node.image.glob("usr/local/lib/python3.11/site-packages/*.dist-info/RECORD"))
     record.write_text("elasticgpu/__init__.py,sha256=two,10\n")
     calls = node.install()
-    assert calls == ["daemon-reload", f"enable {UNIT}", f"restart {UNIT}"]
+    assert calls == ["daemon-reload", f"enable {MPS_UNIT} {UNIT}", f"restart {MPS_UNIT}", f"restart {UNIT}"]
+    # A new MPS unit alone is reloaded and installed too.
+    (node.files / MPS_UNIT).write_text((node.files / MPS_UNIT).read_text() + "# changed\n")
+    calls = node.install()
+    assert calls == ["daemon-reload", f"enable {MPS_UNIT} {UNIT}", f"restart {MPS_UNIT}", f"restart {UNIT}"]
+    assert (node.root / "etc" / "systemd" / "system" / MPS_UNIT).read_text().endswith("# changed\n")
     record.write_text("elasticgpu/__init__.py,sha256=three,10\n")
     node.install()
     assert len(list((opt / "releases").iterdir())) == 2 and release not in os.listdir(opt / "releases")
@@ -141,13 +150,16 @@ def test_the_sleeping_installer_starts_the_agent_when_its_kubeconfig_arrives(tmp
     )
     try:
         deadline = time.monotonic() + 60
-        while f"enable {UNIT}" not in node.calls.read_text():
+        while f"enable {MPS_UNIT} {UNIT}" not in node.calls.read_text():
             assert process.poll() is None and time.monotonic() < deadline, "the installer did not install"
             time.sleep(0.05)
         (node.root / "etc" / "elasticgpu" / "kubeconfig").write_text("apiVersion: v1\n")
         while f"restart {UNIT}" not in node.calls.read_text():
             assert process.poll() is None and time.monotonic() < deadline, "the agent was not started"
             time.sleep(0.05)
+        # The MPS service is (re)started before the agent, which asks it for daemons once it serves.
+        calls = node.calls.read_text().splitlines()
+        assert calls.index(f"restart {MPS_UNIT}") < calls.index(f"restart {UNIT}")
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
     finally:

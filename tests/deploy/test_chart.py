@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import re
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -46,10 +47,10 @@ render_manifests = _script()
 
 
 def _render(
-    values: dict[str, Any] | None = None, *, namespace: str = "elasticgpu-system"
+    values: dict[str, Any] | None = None, *, namespace: str = "elasticgpu-system", chart_dir: Path = CHART
 ) -> dict[str, list[dict[str, Any]]]:
     """template name -> its objects, as `helm install -n NAMESPACE` would create them."""
-    chart = helm_python.Chart.load(CHART)
+    chart = helm_python.Chart.load(chart_dir)
     try:
         rendered = chart.render(values or {}, name="elasticgpu", namespace=namespace)
     finally:
@@ -399,7 +400,7 @@ def test_one_controller_replica_may_run_without_election_two_may_not() -> None:
         _render({"controller": {"leaderElect": False}})
 
 
-def test_the_agent_installer_runs_on_gpu_nodes_and_never_as_the_agent() -> None:
+def test_the_agent_installer_runs_on_gpu_nodes_and_never_as_the_agent(tmp_path: Path) -> None:
     # The installer is the CRI proxy's (agent.nodeHook=cri-proxy); the default, NRI, runs the agent as a
     # DaemonSet pod instead (tests/deploy/test_agent_daemonset.py).
     assert not [d for d in _objects() if d["metadata"]["name"] == "elasticgpu-agent-installer"]
@@ -410,8 +411,16 @@ def test_the_agent_installer_runs_on_gpu_nodes_and_never_as_the_agent() -> None:
     assert pod["hostPID"] and pod["containers"][0]["securityContext"]["privileged"]
     assert pod["automountServiceAccountToken"] is False
     config = _one(objects, "ConfigMap", "elasticgpu-agent-installer")["data"]
-    # The unit it installs is deploy/elasticgpu-agent.service as it is.
-    assert config["elasticgpu-agent.service"] == (REPO / "deploy" / "elasticgpu-agent.service").read_text()
+    # The units it installs are deploy/elasticgpu-agent.service and deploy/elasticgpu-mps.service as they are.
+    for unit in ("elasticgpu-agent.service", "elasticgpu-mps.service"):
+        assert config[unit] == (REPO / "deploy" / unit).read_text()
+    # Each file it installs is in the pods' checksum: a change to any of them rolls the pods.
+    annotation = daemonset["spec"]["template"]["metadata"]["annotations"]["elasticgpu.io/installer-files"]
+    copy = tmp_path / "chart"
+    shutil.copytree(CHART, copy)  # links followed: files/ holds the units' text
+    (copy / "files" / "elasticgpu-mps.service").write_text(config["elasticgpu-mps.service"] + "# changed\n")
+    other = _one(_objects(CRI_PROXY, chart_dir=copy), "DaemonSet", "elasticgpu-agent-installer")
+    assert other["spec"]["template"]["metadata"]["annotations"]["elasticgpu.io/installer-files"] != annotation
     assert "kubelet" not in [
         w
         for line in config["install-agent.sh"].splitlines()

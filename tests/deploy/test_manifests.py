@@ -1,7 +1,7 @@
-"""deploy/controller.yaml, deploy/agent.yaml and deploy/elasticgpu-agent.service agree with the
-programs they run: arguments the command lines accept, the ports and probe paths the controller
+"""deploy/controller.yaml, deploy/agent.yaml, deploy/elasticgpu-agent.service and deploy/elasticgpu-mps.service
+agree with the programs they run: arguments the command lines accept, the ports and probe paths the controller
 serves, ServiceAccounts that exist and are bound (and judged by deploy/policies), a kubeconfig
-script that binds each node's token to its Node, a unit file systemd accepts."""
+script that binds each node's token to its Node, unit files systemd accepts."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from elasticgpu.agent import kube as agent_kube
+from elasticgpu.agent import mps_serving
 from elasticgpu.agent import settings as agent_settings
 from elasticgpu.cli import build_parser, health_address
 
@@ -114,10 +115,10 @@ def test_the_kubeconfig_script_binds_the_token_to_the_node(tmp_path: Path) -> No
     assert failed.returncode != 0 and "NotFound" in failed.stderr and not failed.stdout
 
 
-def _unit() -> dict[str, dict[str, str]]:
+def _unit(name: str = "elasticgpu-agent.service") -> dict[str, dict[str, str]]:
     sections: dict[str, dict[str, str]] = {}
     current = ""
-    for line in (DEPLOY / "elasticgpu-agent.service").read_text().splitlines():
+    for line in (DEPLOY / name).read_text().splitlines():
         if line.startswith("[") and line.endswith("]"):
             current = line[1:-1]
             sections[current] = {}
@@ -135,21 +136,64 @@ def test_the_agent_unit_runs_the_agent_before_kubelet_and_never_gives_up() -> No
     assert unit["Service"]["Type"] == "notify" and int(unit["Service"]["WatchdogSec"]) > 0
     # Wanted, never required, by kubelet: stopping the agent must not stop kubelet.
     assert "RequiredBy" not in unit["Install"] and "kubelet.service" in unit["Install"]["WantedBy"].split()
+    # The MPS daemons' unit is wanted and started first, never required or bound: an agent restart
+    # leaves it (and the MPS clients) alone.
+    assert "elasticgpu-mps.service" in unit["Unit"]["Wants"].split()
+    assert "elasticgpu-mps.service" in unit["Unit"]["After"].split()
+    assert not {"Requires", "BindsTo", "PartOf", "Requisite"} & unit["Unit"].keys()
     # The command line is one the agent accepts (systemd's $$ is a literal $ for the shell).
     script = shlex.split(unit["Service"]["ExecStart"])[-1].replace("$$", "$")
     words = shlex.split(re.sub(r'"\$\{[^"]*\}"', "node-a", script))
     assert words[:4] == ["exec", "/opt/elasticgpu/bin/python", "-m", "elasticgpu.agent"]
     args = build_parser().parse_args(["agent", *words[4:]])
-    settings = agent_settings.from_sources(args, environ={})
+    settings = agent_settings.from_sources(args, environ=_environment(unit))
+    # It asks the MPS service, at the socket that service listens on, rather than run the daemons.
+    assert settings.isolation.mps_daemons_socket == str(_mps_socket())
     assert settings.kube.node_name == "node-a" and settings.kube.kubeconfig == "/etc/elasticgpu/kubeconfig"
     # Its state and socket folders are the agent's defaults.
     assert settings.ledger.ledger_url == f"sqlite:////var/lib/{unit['Service']['StateDirectory']}/ledger.db"
     assert settings.cri.cri_listen.startswith(f"/var/run/{unit['Service']['RuntimeDirectory']}/")
 
 
+def _environment(unit: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The unit's Environment= (one assignment each here; agent.env is the site's, absent in these tests)."""
+    name, value = unit["Service"]["Environment"].split("=", 1)
+    return {name: value}
+
+
+def _mps_socket() -> Path:
+    """Where elasticgpu-mps listens, as its command line and environment make it."""
+    unit = _unit("elasticgpu-mps.service")
+    script = shlex.split(unit["Service"]["ExecStart"])[-1]
+    words = shlex.split(script)
+    assert words[:4] == ["exec", "/opt/elasticgpu/bin/python", "-m", "elasticgpu.agent"]
+    args = build_parser().parse_args(["agent", *words[4:]])
+    assert args.agent_command == "mps-daemons"
+    return mps_serving.socket_path(agent_settings.from_sources(args, environ=_environment(unit)))
+
+
+def test_the_mps_unit_runs_the_daemons_in_a_cgroup_of_their_own_that_outlives_its_own_restart() -> None:
+    unit = _unit("elasticgpu-mps.service")
+    assert unit["Unit"]["StartLimitIntervalSec"] == "0" and unit["Service"]["Restart"] == "always"
+    # A stop or restart of the service ends only its own process: the daemons keep their clients and
+    # the next run adopts them (tests/agent/cri/test_mps_service.py).
+    assert unit["Service"]["KillMode"] == "process"
+    # Tied to nothing: neither the agent's restart nor its stop reaches it.
+    assert not {"Requires", "BindsTo", "PartOf", "Requisite"} & unit["Unit"].keys()
+    # The same settings as the agent (agent.env), the socket in the agent's runtime folder, root's.
+    assert unit["Service"]["EnvironmentFile"] == _unit()["Service"]["EnvironmentFile"]
+    socket = _mps_socket()
+    assert socket.is_relative_to(f"/var/run/{_unit()['Service']['RuntimeDirectory']}")
+    assert unit["Service"]["RuntimeDirectory"] == _unit()["Service"]["RuntimeDirectory"]
+    assert "User" not in unit["Service"] and "DynamicUser" not in unit["Service"]
+    # The host's mount namespace: the /dev/shm tmpfs it mounts must reach the runtime (docs/isolation.md).
+    assert not {"PrivateMounts", "PrivateTmp", "ProtectSystem", "ProtectHome"} & unit["Service"].keys()
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
-def test_systemd_accepts_the_agent_unit() -> None:
-    result = subprocess.run(["systemd-analyze", "verify", str(DEPLOY / "elasticgpu-agent.service")],
+@pytest.mark.parametrize("name", ["elasticgpu-agent.service", "elasticgpu-mps.service"])
+def test_systemd_accepts_the_units(name: str) -> None:
+    result = subprocess.run(["systemd-analyze", "verify", str(DEPLOY / name)],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
-    problems = [line for line in result.stderr.splitlines() if "elasticgpu-agent.service" in line]
+    problems = [line for line in result.stderr.splitlines() if "elasticgpu-" in line]
     assert result.returncode == 0 and not problems, result.stderr

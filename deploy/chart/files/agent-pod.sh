@@ -28,14 +28,17 @@ GUIDE='docs/admin-guide.md'
 
 say() { echo "elasticgpu-agent[$NODE_NAME]: $*" >&2; }
 
-# 1. The proxy mode's host service.
-unit=/etc/systemd/system/elasticgpu-agent.service
-if [ -e "$HOST_ROOT$unit" ]; then
-  say "this node runs the agent as a host service ($unit, agent.nodeHook=cri-proxy); two agents would" \
-      "write the same GPU objects and ledger. Move the node to NRI first ($GUIDE, \"Moving a node between" \
-      "the proxy and NRI\"), or keep this node off the DaemonSet (agent.daemonset.nodeSelector)"
-  exit 3
-fi
+# 1. The proxy mode's host service (the agent's unit, or its MPS daemons' unit left behind: that one
+#    would serve the same socket and card folders as the DaemonSet elasticgpu-mps).
+for unit in /etc/systemd/system/elasticgpu-agent.service /etc/systemd/system/elasticgpu-mps.service; do
+  if [ -e "$HOST_ROOT$unit" ]; then
+    say "this node runs the agent as a host service ($unit, agent.nodeHook=cri-proxy); two agents would" \
+        "write the same GPU objects and ledger, two MPS services the same daemons. Move the node to NRI first" \
+        "($GUIDE, \"Moving a node between the proxy and NRI\"), or keep this node off the DaemonSet" \
+        "(agent.daemonset.nodeSelector)"
+    exit 3
+  fi
+done
 
 # 2. NRI on in the runtime.
 if [ ! -S "$NRI_SOCKET" ]; then

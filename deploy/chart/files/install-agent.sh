@@ -14,7 +14,10 @@
 #   /opt/elasticgpu/bin/python         that Python, started with the image's own loader and libraries,
 #                                      so the node needs no Python of its own
 #   /etc/systemd/system/elasticgpu-agent.service, /etc/elasticgpu/agent.env
-# It restarts elasticgpu-agent only when one of them changed, starts it once /etc/elasticgpu/kubeconfig
+#   /etc/systemd/system/elasticgpu-mps.service   the node's MPS control daemons in a unit of their own,
+#                                      so that an agent restart leaves them and their clients alone
+# It restarts elasticgpu-mps and elasticgpu-agent only when one of them changed (a restart of
+# elasticgpu-mps leaves its daemons running: KillMode=process), starts them once /etc/elasticgpu/kubeconfig
 # exists (deploy/agent-kubeconfig.sh NODE writes it), and never touches kubelet: pointing kubelet
 # at the agent's socket (--container-runtime-endpoint unix:///var/run/elasticgpu/cri.sock) and
 # restarting kubelet is the administrator's step, once, per node (docs/admin-guide.md, "The node agent").
@@ -31,6 +34,7 @@ SYSTEMCTL=${ELASTICGPU_SYSTEMCTL:-nsenter --target 1 --mount --uts --ipc --net -
 POLL_S=${ELASTICGPU_INSTALLER_POLL_S:-30}            # how often the sleeping installer looks for the kubeconfig
 ONCE=${ELASTICGPU_INSTALLER_ONCE:-}                  # tests: exit after installing instead of sleeping
 UNIT=elasticgpu-agent.service
+MPS_UNIT=elasticgpu-mps.service                     # the agent's unit Wants= it (its own cgroup)
 
 log() { echo "elasticgpu-agent-installer[$NODE_NAME]: $*"; }
 systemctl_host() { $SYSTEMCTL "$@"; }
@@ -98,6 +102,7 @@ PYTHON
 chmod 0755 "$opt/bin/python"
 
 # 3. The unit and the settings.
+put "$HOST_ROOT/etc/systemd/system/$MPS_UNIT" <"$FILES/$MPS_UNIT"
 put "$HOST_ROOT/etc/systemd/system/$UNIT" <"$FILES/$UNIT"
 # (put reads a here-document, not a pipe: a pipe would run it in a subshell and lose $changed.)
 put "$HOST_ROOT/etc/elasticgpu/agent.env" <<ENV
@@ -107,20 +112,23 @@ $(cat "$FILES/agent.env")
 ENV
 
 # 4. systemd: reload and restart only for a change; never kubelet.
-case "$changed" in *"/$UNIT"*) systemctl_host daemon-reload ;; esac
-systemctl_host enable "$UNIT" >/dev/null
+case "$changed" in *"/$UNIT"*|*"/$MPS_UNIT"*) systemctl_host daemon-reload ;; esac
+systemctl_host enable "$MPS_UNIT" "$UNIT" >/dev/null
 start_when_configured() {
   if [ ! -e "$HOST_ROOT/etc/elasticgpu/kubeconfig" ]; then
     log "waiting for /etc/elasticgpu/kubeconfig (deploy/agent-kubeconfig.sh $NODE_NAME); the agent is installed, not started"
     return 1
   fi
+  # The MPS service first: the agent asks it for MPS daemons as soon as it serves.
   if [ -n "$changed" ]; then
-    log "restarting $UNIT (changed:$changed)"
+    log "restarting $MPS_UNIT and $UNIT (changed:$changed)"
+    systemctl_host restart "$MPS_UNIT"
     systemctl_host restart "$UNIT"
   else
-    systemctl_host start "$UNIT"  # no-op when it runs
+    systemctl_host start "$MPS_UNIT"  # no-op when it runs
+    systemctl_host start "$UNIT"
   fi
-  log "$UNIT is installed (release $release)"
+  log "$MPS_UNIT and $UNIT are installed (release $release)"
 }
 started=""
 if start_when_configured; then started=yes; fi
