@@ -19,6 +19,7 @@ STATE = {
     "cri": ("cdi_dir", "cri_front_dir", "limits_dir", "cri_listen"),
     "isolation": ("isolation_dir",),
     "take_over": ("device_plugin_dir",),
+    "dra": ("dra_checkpoint",),
 }
 
 
