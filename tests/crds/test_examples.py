@@ -183,7 +183,7 @@ def test_gpu_columns(api_client: client.ApiClient, objects: Objects) -> None:
             },
         )
         cells = _row(_table(api_client, f"/apis/{names.API_VERSION}/{names.PLURAL_GPU}"), manifest["metadata"]["name"])
-        assert list(cells) == ["Name", "Node", "Model", "Memory", "Allocatable", "Health", "Age"]
+        assert list(cells) == ["Name", "Node", "Model", "Memory", "Allocatable", "Health", "Owner", "Desired", "Age"]
         assert {key: cells[key] for key in ("Node", "Model", "Memory", "Allocatable", "Health")} == {
             "Node": "gpu-node-1",
             "Model": "NVIDIA A100-SXM4-80GB",
