@@ -78,7 +78,9 @@ class AgentPod:
 
     def __init__(self, api: client.ApiClient, node: str) -> None:
         self.api = api
-        (daemonset,) = [d for d in _daemonset_documents() if d["kind"] == "DaemonSet"]
+        # The agent's, not elasticgpu-mps (the MPS daemons' DaemonSet, which runs without a token).
+        (daemonset,) = [d for d in _daemonset_documents()
+                        if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "elasticgpu-agent"]
         template = copy.deepcopy(daemonset["spec"]["template"])
         self.name = f"elasticgpu-agent-{uuid.uuid4().hex[:6]}"
         body = {"apiVersion": "v1", "kind": "Pod",
