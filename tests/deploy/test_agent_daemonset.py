@@ -221,7 +221,8 @@ def test_the_mps_daemons_run_in_a_daemonset_of_their_own_that_the_agent_reaches(
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert mounts["/run/egpu"]["mountPropagation"] == "Bidirectional"
     assert pod["automountServiceAccountToken"] is False and pod["hostPID"] is True
-    assert mps_set["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    # RollingUpdate: with OnDelete, Helm 4's `upgrade --wait` (kstatus) waits for pods nobody deletes.
+    assert mps_set["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
     assert pod["nodeSelector"] == _one(objects, "DaemonSet", "elasticgpu-agent")["spec"]["template"]["spec"][
         "nodeSelector"]
     # Off: the agent runs the daemons itself again (they end with it).

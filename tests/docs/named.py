@@ -35,6 +35,7 @@ FOREIGN = {
     "--create-namespace": "helm install",
     "--server-side": "kubectl apply",
     "--max-node-provision-time": "cluster-autoscaler",
+    "--wait": "helm upgrade",
     "--bound-object-kind": "kubectl create token",
     "--overwrite": "kubectl annotate",
     "--now": "systemctl enable",
