@@ -1,9 +1,10 @@
 """The claims whose containers run on each card, published in the card's `status.runningClaims`.
 
 The ledger's open rows (`started` or `created`: a container that got the card and is not removed
-yet) are the truth of who uses a card on this node. The controller reads them from the GPU
-objects and never frees a reservation while its claim is listed: the card would otherwise be
-bound to another claim while the first one's containers still use it.
+yet) are the truth of who uses a card on this node. Rows of ResourceClaims (DRA's, issue 48) are
+left out: the list names ElasticGPUClaims, which the controller matches against its reservations.
+The controller reads them from the GPU objects and never frees a reservation while its claim is
+listed: the card would otherwise be bound to another claim while the first one's containers still use it.
 
     when          the ledger's open rows changed (the store tells at once), the agent started
                   (its first pass after inventory listed the GPU objects), and every
@@ -55,6 +56,10 @@ def running_claims(allocations: Iterable[Allocation]) -> dict[str, list[dict[str
     since: dict[tuple[str, str, str], datetime] = {}
     applied: dict[tuple[str, str, str], set[tuple[int, int] | None]] = {}
     for row in allocations:
+        if row.is_dra:
+            # A ResourceClaim (issue 48) is not an ElasticGPUClaim: the controller frees reservations by the
+            # claims listed here, and a DRA card holds none of ours; DRA's own record is the claim's allocation.
+            continue
         for uuid in row.gpu_uuids:
             key = (uuid.lower(), row.claim_namespace, row.claim_name)
             pods.setdefault(key, set()).add(f"{row.pod_namespace}/{row.pod_name}")

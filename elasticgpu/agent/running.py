@@ -306,7 +306,7 @@ def _start_dra(settings: AgentSettings, agent_kube: kube.AgentKube, loops: _Loop
 
     store = dra.Checkpoint(Path(settings.dra.dra_checkpoint))
     if loops.hook is not None:
-        loops.hook.dra_devices = store.devices_of_pod  # containers kubelet prepared through DRA stay as they are
+        loops.hook.dra_claims = store.claims_of_pod  # containers kubelet prepared through DRA: kept, isolated, recorded
     preparer = dra.Preparer(node=agent_kube.node_name, read_claim=agent_kube.read_resource_claim,
                                   list_gpus=lambda: agent_kube.list_gpus()[0], store=store,
                                   cdi_dir=Path(settings.cri.cdi_dir))  # fmt: skip

@@ -48,7 +48,7 @@ from elasticgpu.agent import errors
 from elasticgpu.agent.discovery import DiscoveryBackend, ProcessUsage
 from elasticgpu.agent.inventory import GpuUsage, Inventory, rfc3339
 from elasticgpu.agent.kube import AgentKube
-from elasticgpu.agent.ledger.store import Allocation, LedgerStore, UsageSample
+from elasticgpu.agent.ledger.store import DRA_CLAIM_PREFIX, Allocation, LedgerStore, UsageSample
 from elasticgpu.agent.policing import Enforcer
 from elasticgpu.agent.repeated_failures import RepeatedFailure
 from elasticgpu.agent.settings import LedgerSettings, UsageSettings
@@ -187,7 +187,7 @@ def attribute(
     by_container = {a.container_id: a for a in allocations if a.container_id}
     claims: dict[tuple[str, str], ClaimUsage] = {}
     for allocation in by_container.values():
-        key = (allocation.claim_namespace, allocation.claim_name)
+        key = allocation.claim_key  # a ResourceClaim's is `resourceclaim/<name>` (issue 48)
         # The size the claim holds now (a resize in place changes it), not the size at the container's creation:
         # usage, policing and the metrics all judge by it (issue 33.5).
         cores, memory_mib = allocation.size_now
@@ -201,7 +201,7 @@ def attribute(
         rows.append((process, owner, container))
         if owner is None:
             continue
-        entry = claims[(owner.claim_namespace, owner.claim_name)]
+        entry = claims[owner.claim_key]
         entry.memory_mib += process.memory_mib
         entry.sm_percent += process.sm_percent or 0
         entry.gpus.add(process.gpu_uuid)
@@ -282,7 +282,7 @@ class UsageLoop:
         self._ledger.record_usage([
             UsageSample(taken_at=taken, gpu_uuid=p.gpu_uuid, pid=p.pid, memory_mib=p.memory_mib,
                         sm_percent=p.sm_percent, container_id=container,
-                        claim_namespace=a.claim_namespace if a else None, claim_name=a.claim_name if a else None)
+                        claim_namespace=a.claim_key[0] if a else None, claim_name=a.claim_key[1] if a else None)
             for p, a, container in rows
         ])
         if now - self._last_prune >= 60:
@@ -413,6 +413,8 @@ class UsageLoop:
         due = []
         verifications = 0
         for key, usage in claims.items():
+            if key[1].startswith(DRA_CLAIM_PREFIX):
+                continue  # a ResourceClaim (issue 48): no ElasticGPUClaim status to write; the metrics show it
             is_due, urgent = self._due(key, usage, now)
             last = self._written.get(key)
             if not is_due and last is not None and now - last.verified >= self._settings.usage_verify_s \

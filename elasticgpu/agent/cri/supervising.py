@@ -38,7 +38,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +46,7 @@ from elasticgpu.agent import isolation, rdma
 from elasticgpu.agent.cri import front
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import Card
-from elasticgpu.agent.injecting import cdi, driver, gated, injection, limits_file
+from elasticgpu.agent.injecting import cdi, dra_containers, driver, gated, injection, limits_file
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.rdma import spec_file as rdma_spec
 from elasticgpu.agent.repeated_failures import RepeatedFailure
@@ -154,8 +154,8 @@ class CriHook:
         self._nic_nodes = nic_nodes
         self.nics = rdma.NodeNics(lambda: (n.name for n in self._nic_devices), node=view.node_name)
         self._control_paths = control_paths
-        self.dra_devices: Callable[[str], Collection[str]] = lambda pod_uid: ()
-        """The CDI devices the DRA driver prepared for a pod, by uid (set by the agent when it is a DRA driver)."""
+        self.dra_claims: Callable[[str], Sequence[dra_containers.DraClaim]] = lambda pod_uid: ()
+        """The ResourceClaims the DRA driver prepared for a pod, by uid (set by the agent when it is a DRA driver)."""
         first, longest = settings.backoff_s
         self._spec_retry = _Retry("writing the CDI spec into " + str(settings.cdi_dir), first, longest)
         self._proxy_retry = _Retry(f"the CRI proxy on {settings.proxy.listen}", first, longest)
@@ -287,7 +287,7 @@ class CriHook:
         hooks = gated.GatedHooks(view=self._view, ledger=self._ledger, settings=self.settings.injection,
                                  owed_rebuild=self._owed_rebuild, rebuilt=self._rebuilt, limits=self.limits,
                                  rooms=self.rooms, wrap=self._wrap, nics=self.nics,
-                                 dra_devices=lambda pod_uid: self.dra_devices(pod_uid),
+                                 dra_claims=lambda pod_uid: self.dra_claims(pod_uid),
                                  container_env=lambda container_id: started[0].container_env(container_id))
         proxy = CriProxy(self.settings.proxy, container_hooks=hooks) if self.settings.proxy_hooks else CriProxy(
             self.settings.proxy)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elasticgpu.agent.injecting import dra_containers
 from elasticgpu.agent.injecting.atomic_file import write_atomically
 
 VERSION = 1
@@ -44,6 +45,7 @@ class PreparedDevice:
     cores: int  # percent of the card the claim consumed (100: whole card)
     memory_mib: int  # MiB the claim consumed
     share_id: str | None = None
+    whole: bool = False  # consumed the whole card (its cores and all its memory); an entry before issue 48: False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +59,25 @@ class ClaimEntry:
     devices: tuple[PreparedDevice, ...] = ()
     pods: tuple[str, ...] = field(default=())  # uids of the pods the claim was reserved for
     env: tuple[str, ...] = ()  # the claim's CDI spec environment (claim_cdi.env), to write it again
+    # The isolation mode of the claim's DeviceClass (its opaque config, read at prepare): what the node hook
+    # applies to the claim's containers, across agent restarts. An entry of an agent before it: None.
+    isolation: str = "None"
+
+    def as_dra_claim(self) -> dra_containers.DraClaim:
+        """The claim as the node hook needs it."""
+        cores = min((d.cores for d in self.devices), default=100)
+        memory = min((d.memory_mib for d in self.devices), default=0)
+        return dra_containers.DraClaim(
+            uid=self.uid, namespace=self.namespace, name=self.name,
+            cdi_ids=tuple(dict.fromkeys(cdi_id for d in self.devices for cdi_id in d.cdi_ids)),
+            gpus=tuple(d.uuid for d in self.devices), cores=cores,
+            memory_mib=0 if self.whole else memory, isolation=self.isolation,
+        )  # fmt: skip
+
+    @property
+    def whole(self) -> bool:
+        """True when every device was consumed whole (`PreparedDevice.whole`)."""
+        return all(d.whole for d in self.devices)
 
 
 def _entry_from(data: dict[str, Any]) -> ClaimEntry:
@@ -65,7 +86,8 @@ def _entry_from(data: dict[str, Any]) -> ClaimEntry:
         for d in data.get("devices", [])
     )
     return ClaimEntry(uid=data["uid"], namespace=data["namespace"], name=data["name"], state=data["state"],
-                      devices=devices, pods=tuple(data.get("pods", ())), env=tuple(data.get("env", ())))  # fmt: skip
+                      devices=devices, pods=tuple(data.get("pods", ())), env=tuple(data.get("env", ())),
+                      isolation=str(data.get("isolation", "None")))  # fmt: skip
 
 
 def _checksum(entries: dict[str, Any]) -> str:
@@ -126,6 +148,16 @@ class Checkpoint:
             return frozenset()
         return frozenset(cdi_id for entry in claims.values() if entry.state == COMPLETED and pod_uid in entry.pods
                          for device in entry.devices for cdi_id in device.cdi_ids)  # fmt: skip
+
+    def claims_of_pod(self, pod_uid: str) -> tuple[dra_containers.DraClaim, ...]:
+        """The completed claims reserved for pod `pod_uid`, as the node hook needs them; () for an unreadable
+        checkpoint (the hook then treats the pod's containers as claimless)."""
+        try:
+            claims = self.entries()
+        except CheckpointCorrupt:
+            return ()
+        return tuple(entry.as_dra_claim() for _, entry in sorted(claims.items())
+                     if entry.state == COMPLETED and pod_uid in entry.pods)  # fmt: skip
 
     def put(self, entry: ClaimEntry) -> None:
         """Write (or replace) the entry of `entry.uid`."""

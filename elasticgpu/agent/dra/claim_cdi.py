@@ -44,13 +44,16 @@ def card_id(uuid: str) -> str:
     return injection.cdi_device(uuid)
 
 
-def env(devices: Sequence[checkpoint.PreparedDevice], *, card_memory_mib: dict[str, int]) -> list[str]:
-    """The claim's environment, `KEY=value` lines: NVIDIA_VISIBLE_DEVICES, and the slice's limits
-    when it consumed less than whole cards (the smallest share of its devices, as one claim is one size)."""
+def env(devices: Sequence[checkpoint.PreparedDevice], *, card_memory_mib: dict[str, int],
+        isolation: str = base.MODE_NONE) -> list[str]:
+    """The claim's environment, `KEY=value` lines: NVIDIA_VISIBLE_DEVICES, and in isolation mode None the
+    slice's limits when it consumed less than whole cards (the smallest share of its devices, as one claim is
+    one size). An enforcing mode's env comes from its room, through the node hook (injecting/dra_containers.py):
+    the CDI spec's edits are applied after the container's own env and would override the room's."""
     uuids = [device.uuid for device in devices]
     lines = [f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}"]
     whole = all(d.cores >= CORES_PER_CARD and d.memory_mib >= card_memory_mib.get(d.uuid, 0) for d in devices)
-    if devices and not whole:
+    if devices and not whole and isolation == base.MODE_NONE:
         size = base.Slice(claim="", uuids=tuple(uuids), cores=min(d.cores for d in devices),
                           memory_mib=min(d.memory_mib for d in devices), pod_uid="", container="")  # fmt: skip
         lines.extend(f"{k}={v}" for k, v in (*none.mps_env(size), *none.hami_env(size, per_device_sm=False)))

@@ -9,6 +9,8 @@ Prepare, for one claim kubelet names (namespace, name, uid):
     status.allocation, our results     -> every device of our driver in this node's pool must be a
                                           card of this node whose effective owner is DRA; else a
                                           refusal naming the card and the fix
+    status.allocation, config          -> the isolation mode of the claim's DeviceClass (class_config:
+                                          a claim's own config does not change it), kept in the entry
     checkpoint: started                -> then the claim's CDI spec (claim_cdi) -> checkpoint: completed
 
 A crash between the steps leaves `started` (or nothing): kubelet calls again and the steps repeat,
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticgpu.agent import errors
-from elasticgpu.agent.dra import card_owners, checkpoint, claim_cdi, slice_content
+from elasticgpu.agent.dra import card_owners, checkpoint, claim_cdi, class_config, slice_content
 from elasticgpu.api import dra_names, quantities
 from elasticgpu.api import errors as api_errors
 
@@ -88,9 +90,15 @@ class Preparer:
         devices, memory = self._devices(ref, claim)
         pods = tuple(str(r.get("uid")) for r in (claim.get("status") or {}).get("reservedFor") or []
                      if r.get("resource") == "pods" and r.get("uid"))  # fmt: skip
-        env = tuple(claim_cdi.env(devices, card_memory_mib=memory))
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        try:
+            mode = class_config.isolation_mode(allocation, (r for d in devices for r in d.requests), claim=str(ref))
+        except class_config.ConfigRefused as e:
+            raise ClaimRefused(str(e)) from None
+        env = tuple(claim_cdi.env(devices, card_memory_mib=memory, isolation=mode))
         entry = checkpoint.ClaimEntry(uid=ref.uid, namespace=ref.namespace, name=ref.name,
-                                      state=checkpoint.STARTED, devices=devices, pods=pods, env=env)  # fmt: skip
+                                      state=checkpoint.STARTED, devices=devices, pods=pods, env=env,
+                                      isolation=mode)  # fmt: skip
         self._store.put(entry)
         claim_cdi.write(self._cdi_dir, ref.uid, list(env))
         done = checkpoint.ClaimEntry(**{**entry.__dict__, "state": checkpoint.COMPLETED})
@@ -160,5 +168,6 @@ class Preparer:
                 pool=pool, device=str(result["device"]), uuid=uuid,
                 cdi_ids=(claim_cdi.card_id(uuid), claim_cdi.device_id(ref.uid)),
                 cores=cores, memory_mib=memory_mib, share_id=str(share) if share else None,
+                whole=cores >= slice_content.CORES_PER_CARD and memory_mib >= card_memory,
             ))  # fmt: skip
         return tuple(prepared), memory

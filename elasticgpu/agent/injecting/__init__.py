@@ -11,6 +11,7 @@ CDI devices and the device nodes they stand for, mounts, annotations) into their
     refused.py        Refused: how the core says no to a container (hooks passes it on)
     claim_hooks.py    ClaimHooks: injection decisions recorded in the ledger in two phases
     gated.py          GatedView/GatedHooks: the hooks while the agent's parts are opening; ledger rebuild
+    dra_containers.py containers of ResourceClaims our DRA driver prepared: their claim, isolation, marker
     card_sharing.py   whether a claim fits on its cards beside the claims running there
     cdi.py            the CDI spec of the node's cards, written atomically; and read back (`resolve`)
     limits_file.py    per-claim limits files, mounted read-only into claim containers

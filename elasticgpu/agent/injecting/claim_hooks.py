@@ -46,15 +46,16 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, replace
+from typing import Any
 
 import grpc
 
 from elasticgpu.agent import isolation, rdma
-from elasticgpu.agent.injecting import card_sharing, hooks, injection, limits_file
-from elasticgpu.agent.ledger import store
+from elasticgpu.agent.injecting import card_sharing, dra_containers, hooks, injection, limits_file
+from elasticgpu.agent.ledger import models, store
 
 log = logging.getLogger(__name__)
 
@@ -90,15 +91,16 @@ class ClaimHooks:
         limits: limits_file.LimitsFiles | None = None,
         rooms: isolation.IsolationRooms | None = None,
         nics: rdma.RdmaRoom = rdma.NO_RDMA,
-        dra_devices: Callable[[str], Collection[str]] = lambda pod_uid: (),
+        dra_claims: Callable[[str], Sequence[dra_containers.DraClaim]] = lambda pod_uid: (),
     ) -> None:
         """`settle_after_s`: how long a row left open by an unanswered CreateContainer waits
         before a reconcile decides it (the runtime may still be creating the container);
         `limits`: the claims' limits files, mounted into every claim container (None: none, a
         running container then keeps the size it was created with); `rooms`: the node's isolation
         modes (None: only mode None, advisory); `nics`: the node's RDMA NICs (agent/rdma; default none);
-        `dra_devices`: the CDI devices the DRA driver prepared for a pod, by its uid (its containers stay DRA's)."""
-        self._dra_devices = dra_devices
+        `dra_claims`: the ResourceClaims the DRA driver prepared for a pod, by its uid (its containers keep
+        kubelet's devices, get their class's isolation and a ledger row: dra_containers.py)."""
+        self._dra_claims = dra_claims
         self._nics = nics
         self._limits = limits
         self.rooms = rooms or isolation.IsolationRooms()
@@ -132,8 +134,12 @@ class ClaimHooks:
         plain = request
         key = injection.claim_of(plain)
         if key is None:
-            return hooks.PreparedCreate(edit=injection.decide(plain, self._view, settings=self._settings,
-                                                              dra_devices=self._dra_devices(plain.pod.uid)))
+            claims = self._dra_claims(plain.pod.uid)
+            edit = injection.decide(plain, self._view, settings=self._settings,
+                                    dra_devices=dra_containers.devices(claims))  # fmt: skip
+            if mine := dra_containers.claims_of(plain, claims):
+                return self._prepare_dra(plain, edit, mine)
+            return hooks.PreparedCreate(edit=edit)
         if not self.reconciled.is_set():
             raise hooks.Refused(
                 f"pod {plain.pod}, container {plain.container!r}: the elasticgpu agent on node "
@@ -143,7 +149,7 @@ class ClaimHooks:
             )
         with self._claim_lock:
             states: dict[str, bool] | None = None
-            rows, states = self._live([row for row in self._open_rows() if row.claim == key], states)
+            rows, states = self._live([row for row in self._open_rows() if row.claim == key and not row.dra], states)
             edit = injection.decide(plain, self._view, holders=[row.pod for row in rows], settings=self._settings,
                                     rooms=self.rooms, nics=self._nics)
             claim = edit.claim
@@ -209,23 +215,61 @@ class ClaimHooks:
             return None
         return size.as_tuple()
 
+    def _prepare_dra(self, plain: injection.ContainerRequest, passed: injection.ContainerEdit,
+                     claims: Sequence[dra_containers.DraClaim]) -> hooks.PreparedCreate:
+        """A container of ResourceClaims our DRA driver prepared (dra_containers.py): its class's isolation, and a
+        ledger row `started` before the runtime is called, as for a claim of ours. A container of several such
+        claims gets the row (and the room) of the first; every card of them is in the row."""
+        if not self.reconciled.is_set():
+            raise hooks.Refused(
+                f"pod {plain.pod}, container {plain.container!r} ({claims[0]}): the elasticgpu agent on node "
+                f"{self._view.node_name} is still matching its ledger with the runtime after a start; kubelet "
+                "retries this container by itself", code=grpc.StatusCode.UNAVAILABLE)
+        claim = claims[0]
+        gpus = tuple(dict.fromkeys(uuid for c in claims for uuid in c.gpus))
+        with self._claim_lock:
+            contribution = None
+            if (slice_ := dra_containers.slice_of(claim, plain)) is not None:
+                subject = f"pod {plain.pod}, container {plain.container!r}: {claim}"
+                try:
+                    room = self.rooms.room(claim.isolation)
+                    warning = room.prepare(slice_)
+                    contribution = room.contribute(slice_)
+                except isolation.Unavailable as e:
+                    raise hooks.Refused(
+                        f"{subject} is isolated by {claim.isolation} (its DeviceClass's config), which this node"
+                        f" cannot provide now: {e.message}"
+                        + ("; kubelet retries this container by itself" if e.retryable else
+                           ". Ask the node's admin to install it, or give DRA cards here only to a DeviceClass"
+                           " of a mode the node has"), code=grpc.StatusCode.UNAVAILABLE if e.retryable else
+                        grpc.StatusCode.FAILED_PRECONDITION) from e  # fmt: skip
+                if warning is not None:
+                    log.warning("pod %s: %s", plain.pod, warning)
+                    self._view.warn(plain.pod, ISOLATION_WARNING_REASON, f"pod {plain.pod}: {warning}")
+            edit = dra_containers.edit(plain, passed, claim, contribution)
+            row_id = self._record(plain, claim_namespace=claim.namespace, claim_name=claim.name,
+                                  elastic_gpu=claim.uid, gpu_uuids=list(gpus), cores=claim.cores,
+                                  memory_mib=claim.memory_mib, limits=None, claim_kind=models.KIND_DRA)  # fmt: skip
+            with self._memory_lock:
+                self._open[row_id] = _OpenRow(claim=(claim.namespace, claim.name), pod=plain.pod,
+                                              container_id=plain.container_id, gpus=gpus, cores=claim.cores,
+                                              memory_mib=claim.memory_mib, dra=True)  # fmt: skip
+        return hooks.PreparedCreate(edit=edit, token=row_id, details={
+            "resourceclaim": f"{claim.namespace}/{claim.name}", "isolation": claim.isolation})
+
     def _record_started(self, plain: injection.ContainerRequest, claim: injection.ClaimInfo,
                         limits: tuple[int, int] | None) -> int:
+        return self._record(plain, claim_namespace=claim.namespace, claim_name=claim.name,
+                            elastic_gpu=claim.elastic_gpu, gpu_uuids=list(claim.gpus), cores=claim.cores,
+                            memory_mib=claim.memory_mib, limits=limits)  # fmt: skip
+
+    def _record(self, plain: injection.ContainerRequest, **row: Any) -> int:
+        """The container's ledger row, `started` (or `created` when the front knows its id); a ledger that
+        cannot be written refuses the container as retryable."""
         try:
-            return self._ledger.record_started(
-                    pod_uid=plain.pod.uid,
-                    pod_namespace=plain.pod.namespace,
-                    pod_name=plain.pod.name,
-                    container_name=plain.container,
-                    claim_namespace=claim.namespace,
-                    claim_name=claim.name,
-                    elastic_gpu=claim.elastic_gpu,
-                    gpu_uuids=list(claim.gpus),
-                    cores=claim.cores,
-                    memory_mib=claim.memory_mib,
-                    limits=limits,
-                    container_id=plain.container_id,
-                )
+            return self._ledger.record_started(pod_uid=plain.pod.uid, pod_namespace=plain.pod.namespace,
+                                               pod_name=plain.pod.name, container_name=plain.container,
+                                               container_id=plain.container_id, **row)  # fmt: skip
         except Exception as e:
             log.exception("ledger write for %s/%s failed", plain.pod, plain.container)
             raise hooks.Refused(
@@ -322,6 +366,7 @@ class ClaimHooks:
                     gpus=row.gpu_uuids,
                     cores=row.cores,
                     memory_mib=row.memory_mib,
+                    dra=row.is_dra,
                 )
                 for row in self._ledger.open_allocations()
             }
@@ -341,13 +386,16 @@ class ClaimHooks:
     def _container_of(row: store.Allocation, containers: Sequence[hooks.RuntimeContainer],
                       taken: set[str]) -> hooks.RuntimeContainer | None:
         claim = f"{row.claim_namespace}/{row.claim_name}"
+        # Only the agent writes either annotation (a pod's own is removed): a container of another kind of claim
+        # of the same name is not this row's.
+        marker = injection.RESOURCE_CLAIM_ANNOTATION if row.is_dra else injection.CLAIM_ANNOTATION
         candidates = [
             c
             for c in containers
             if c.id not in taken
             and c.labels.get(injection.LABEL_POD_UID) == row.pod_uid
             and c.name == row.container_name
-            and c.annotations.get(injection.CLAIM_ANNOTATION) == claim
+            and c.annotations.get(marker) == claim
         ]
         return max(candidates, key=lambda c: c.created_at, default=None)
 
@@ -383,8 +431,9 @@ class ClaimHooks:
         """Refuse when a card of `claim` is held by other claims beyond its capacity (card_sharing)."""
         wanted = {uuid.lower() for uuid in claim.gpus}
         key = (claim.namespace, claim.name)
+        # A ResourceClaim's rows are on DRA's cards, which hold none of ours (docs/dra.md, one owner per card).
         rows = [row for row in self._open_rows()
-                if row.claim != key and wanted & {uuid.lower() for uuid in row.gpus}]  # fmt: skip
+                if not row.dra and row.claim != key and wanted & {uuid.lower() for uuid in row.gpus}]  # fmt: skip
         if not rows:
             return
         rows, _ = self._live(rows, states)
@@ -418,3 +467,4 @@ class _OpenRow:
     gpus: tuple[str, ...] = ()  # uuids of the cards the row holds
     cores: int = 0  # percent of each card (100: whole)
     memory_mib: int = 0  # MiB of each card (0 for whole cards)
+    dra: bool = False  # a ResourceClaim's (DRA's): never a holder of our claims or cards

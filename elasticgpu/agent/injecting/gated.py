@@ -48,13 +48,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import grpc
 
 from elasticgpu.agent import isolation, rdma
 from elasticgpu.agent.errors import KubeError, LedgerRebuildWaits, LedgerStateError
-from elasticgpu.agent.injecting import claim_hooks, hooks, injection, limits_file, mig_annotation
+from elasticgpu.agent.injecting import claim_hooks, dra_containers, hooks, injection, limits_file, mig_annotation
 from elasticgpu.agent.ledger.models import MIG_CREATED
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.api import names
@@ -142,15 +142,15 @@ class GatedHooks:
         rooms: isolation.IsolationRooms | None = None,
         wrap: Wrap | None = None,
         nics: rdma.RdmaRoom = rdma.NO_RDMA,
-        dra_devices: Callable[[str], Collection[str]] = lambda pod_uid: (),
+        dra_claims: Callable[[str], Sequence[dra_containers.DraClaim]] = lambda pod_uid: (),
     ) -> None:
         """`wrap`: hooks around the claim hooks (see the module docstring; None: the claim hooks alone);
         `ledger`: the ledger once open, else None; `owed_rebuild`: True while the ledger is new
         because a corrupt one was moved aside (`rebuilt` is called once it has been rebuilt);
         `container_env`: a container's environment, asked of the runtime (for the rebuild of containers
         listed without it); `rooms`: the node's isolation modes (kept by the agent across front restarts);
-        `nics`: its RDMA NICs; `dra_devices`: the CDI devices the DRA driver prepared for a pod (by uid)."""
-        self._dra_devices = dra_devices
+        `nics`: its RDMA NICs; `dra_claims`: the ResourceClaims the DRA driver prepared for a pod (by uid)."""
+        self._dra_claims = dra_claims
         self._rooms = rooms
         self._nics = nics
         self._wrap = wrap
@@ -180,7 +180,7 @@ class GatedHooks:
                 if self._made is None:
                     self._made = claim_hooks.ClaimHooks(view=self._view, ledger=ledger, settings=self._settings,
                                                         limits=self._limits, rooms=self._rooms,
-                                                        nics=self._nics, dra_devices=self._dra_devices)
+                                                        nics=self._nics, dra_claims=self._dra_claims)
                 inner = self._made
                 outer = inner if self._wrap is None else self._wrap(inner, self._view, ledger)
                 if outer is None:
@@ -206,9 +206,12 @@ class GatedHooks:
         if inner is not None and inner.reconciled.is_set():
             return self._outer().prepare_create(request)
         plain = request
-        if injection.claim_of(plain) is None:
+        claims = self._dra_claims(plain.pod.uid)
+        # A container of a prepared ResourceClaim waits for the ledger as a claim of ours does: its row and its
+        # class's isolation come with it (dra_containers.py), never without.
+        if injection.claim_of(plain) is None and not dra_containers.claims_of(plain, claims):
             return hooks.PreparedCreate(edit=injection.decide(plain, self._view, settings=self._settings,
-                                                              dra_devices=self._dra_devices(plain.pod.uid)))
+                                                              dra_devices=dra_containers.devices(claims)))
         # A claim before the start-up reconciliation: say everything that is missing, not only the first.
         reasons = [self._view.not_ready_reason(), "its ledger is not open yet" if inner is None else
                    "its ledger is not reconciled with the runtime's containers yet"]  # fmt: skip

@@ -69,8 +69,10 @@ CDI_CLAIM_KIND = "elasticgpu.io/claim"  # a ResourceClaim the DRA driver prepare
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CDI_ANNOTATION_KEY = f"{CDI_ANNOTATION_PREFIX}elasticgpu"
 CLAIM_ANNOTATION = "elasticgpu.io/claim"
-_OURS_ANNOTATIONS = (CLAIM_ANNOTATION, MIG_ANNOTATION, isolation.ANNOTATION_MODE, isolation.ANNOTATION_CARDS,
-                     isolation.ANNOTATION_MPS_USER)
+RESOURCE_CLAIM_ANNOTATION = "elasticgpu.io/resource-claim"
+"""Set on a container of a ResourceClaim our DRA driver prepared: `<namespace>/<name>` (dra_containers.py)."""
+_OURS_ANNOTATIONS = (CLAIM_ANNOTATION, RESOURCE_CLAIM_ANNOTATION, MIG_ANNOTATION, isolation.ANNOTATION_MODE,
+                     isolation.ANNOTATION_CARDS, isolation.ANNOTATION_MPS_USER)
 """Annotations only the agent may put on a container (which claim, which MIG instance, what isolates it)."""
 """Set on a container that got a claim: `<namespace>/<name>` (usage accounting reads it back)."""
 
@@ -362,7 +364,7 @@ def claim_of(request: ContainerRequest) -> tuple[str, str] | None:
     return pod.namespace, reference
 
 
-def _without_ours(request: ContainerRequest) -> tuple[list[tuple[str, str]], list[str], dict[str, str]]:
+def without_ours(request: ContainerRequest) -> tuple[list[tuple[str, str]], list[str], dict[str, str]]:
     """The request's env, CDI devices and annotations with everything we own taken out."""
     envs = [(k, v) for k, v in request.envs if not _our_env(k)]
     devices = [d for d in request.cdi_devices if not is_ours(d)]
@@ -402,7 +404,7 @@ def decide(
     (only mode None by default). Pure: the room's `prepare` (its node-side work) is the caller's.
     """
     key = claim_of(request)
-    envs, devices, annotations = _without_ours(request)
+    envs, devices, annotations = without_ours(request)
     asked = [d for d in request.cdi_devices if is_ours(d)]
     if key is None and asked and dra_devices and set(asked) <= set(dra_devices):
         # OBSERVATION: kubelet gave the container devices our DRA driver prepared for this pod: it is

@@ -195,6 +195,9 @@ def sync(files: LimitsFiles | None, ledger: LedgerStore, objects: Mapping[str, M
 
 def _sync(files: LimitsFiles | None, ledger: LedgerStore, rows: Sequence[Allocation],
           objects: Mapping[str, Mapping[str, Any]]) -> bool:
+    # A ResourceClaim's rows (DRA's) have no ElasticGPU allocation to follow and no limits file (its size is fixed
+    # for as long as it is allocated), and must not keep alive the folder of an ElasticGPUClaim of the same name.
+    rows = [row for row in rows if not row.is_dra]
     sizes = enforced_sizes(rows, objects)
     if files is None:
         asked = {row.id: size for row in rows

@@ -20,6 +20,10 @@ RELEASED = "released"  # the container was removed; kept for the record until pr
 STATES = (STARTED, CREATED, RELEASED)
 OPEN_STATES = (STARTED, CREATED)
 
+# What kind of claim a container uses (issue 48): ours, or a ResourceClaim our DRA driver prepared.
+KIND_ELASTIC = "ElasticGPUClaim"
+KIND_DRA = "ResourceClaim"
+
 
 class Base(DeclarativeBase):
     """Declarative base of the ledger's tables."""
@@ -56,6 +60,9 @@ class AllocationRow(Base):
     applied_cores: Mapped[int | None] = mapped_column(Integer)
     applied_memory_mib: Mapped[int | None] = mapped_column(Integer)
     limits_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Issue 48: a DRA container's row names its ResourceClaim (claim_namespace/claim_name) and has no ElasticGPU
+    # (elastic_gpu is the claim's uid); usage, policing and metrics see it, the controller's runningClaims do not.
+    claim_kind: Mapped[str] = mapped_column(String(32), server_default=KIND_ELASTIC)
 
 
 class UsageSampleRow(Base):

@@ -55,6 +55,8 @@ from elasticgpu.agent.settings import DEFAULT_LEDGER_URL
 logger = logging.getLogger(__name__)
 
 DEFAULT_URL = DEFAULT_LEDGER_URL
+DRA_CLAIM_PREFIX = "resourceclaim/"
+"""How usage, policing and the metrics name a ResourceClaim (`Allocation.claim_key`), as kubectl writes it."""
 
 
 def migrations_dir() -> Path:
@@ -135,6 +137,20 @@ class Allocation:
     applied_cores: int | None = None  # the size the limits file says (None: no file, or not known)
     applied_memory_mib: int | None = None
     limits_changed_at: datetime | None = None
+    claim_kind: str = models.KIND_ELASTIC  # KIND_DRA: a ResourceClaim our DRA driver prepared (issue 48)
+
+    @property
+    def is_dra(self) -> bool:
+        """True for a container of a ResourceClaim (DRA's): not one of ours, the controller never hears of it."""
+        return self.claim_kind == models.KIND_DRA
+
+    @property
+    def claim_key(self) -> tuple[str, str]:
+        """(namespace, name) by which usage, policing and the metrics know the row's claim: a ResourceClaim's
+        name is `resourceclaim/<name>` there (a name has no `/`: it never meets an ElasticGPUClaim's)."""
+        if self.is_dra:
+            return self.claim_namespace, f"{DRA_CLAIM_PREFIX}{self.claim_name}"
+        return self.claim_namespace, self.claim_name
 
     @property
     def applied(self) -> tuple[int, int] | None:
@@ -172,7 +188,7 @@ class Allocation:
             created_at=_utc(row.created_at), released_at=_utc(row.released_at), limits_file=bool(row.limits_file),
             requested_cores=row.requested_cores, requested_memory_mib=row.requested_memory_mib,
             applied_cores=row.applied_cores, applied_memory_mib=row.applied_memory_mib,
-            limits_changed_at=_utc(row.limits_changed_at),
+            limits_changed_at=_utc(row.limits_changed_at), claim_kind=row.claim_kind or models.KIND_ELASTIC,
         )
 
 
@@ -432,6 +448,7 @@ class LedgerStore:
         memory_mib: int,
         limits: tuple[int, int] | None = None,
         container_id: str | None = None,
+        claim_kind: str = models.KIND_ELASTIC,
     ) -> int:
         """Record an injection about to be made (state "started"); returns the row id for the next steps.
 
@@ -439,13 +456,16 @@ class LedgerStore:
         None: no limits file (the size cannot change while the container runs). `container_id`: the
         container's id when the front knows it before the runtime creates the container (NRI names it in
         its CreateContainer): the row is "created" at once, one write instead of two (a creation that then
-        fails reaches the front as a removal, and a row whose container is gone is released by reconcile)."""
+        fails reaches the front as a removal, and a row whose container is gone is released by reconcile).
+        `claim_kind`: `models.KIND_DRA` for a container of a ResourceClaim (the claim names it; issue 48)."""
+        if claim_kind not in (models.KIND_ELASTIC, models.KIND_DRA):
+            raise ValueError(f"claim_kind {claim_kind!r}: use {models.KIND_ELASTIC!r} or {models.KIND_DRA!r}")
         row = models.AllocationRow(
             state=models.STARTED if container_id is None else models.CREATED, container_id=container_id,
             pod_uid=pod_uid, pod_namespace=pod_namespace,
             pod_name=pod_name, container_name=container_name, claim_namespace=claim_namespace,
             claim_name=claim_name, elastic_gpu=elastic_gpu, gpu_uuids=list(gpu_uuids), cores=cores,
-            memory_mib=memory_mib, started_at=_now(), limits_file=limits is not None,
+            memory_mib=memory_mib, started_at=_now(), limits_file=limits is not None, claim_kind=claim_kind,
         )
         if limits is not None:
             row.requested_cores, row.requested_memory_mib = limits

@@ -80,7 +80,7 @@ def containers_of(rows: Iterable[Row]) -> tuple[dict[ClaimKey, dict[str, int]], 
         if owner is None or container is None:
             continue
         allocations[container] = owner
-        used = per_claim.setdefault((owner.claim_namespace, owner.claim_name), {})
+        used = per_claim.setdefault(owner.claim_key, {})  # the usage pass's key (a ResourceClaim's too)
         used[container] = used.get(container, 0) + process.memory_mib
     return per_claim, allocations
 
