@@ -58,3 +58,17 @@ def test_the_extended_resource_class_is_refused_beside_our_translation() -> None
                  "translation": {"enabled": True}})  # fmt: skip
     with pytest.raises(helm_python.HelmError, match=re.escape("needs dra.enabled")):
         _render({"dra": {"extendedResourceDeviceClass": {"enabled": True}}})
+
+
+def test_the_classes_name_the_slice_isolation_the_agent_reads() -> None:
+    """dra.sliceIsolation reaches both classes' opaque config in the form the agent reads at prepare (issue 48)."""
+    from elasticgpu.agent.dra import class_config
+
+    for mode in ("None", "MPS", "HAMiCore"):
+        objects = _objects({"dra": {"enabled": True, "sliceIsolation": mode}})
+        for name in ("gpu.elasticgpu.io", "gpu-slice.elasticgpu.io"):
+            configs = _one(objects, "DeviceClass", name)["spec"]["config"]
+            allocation = {"devices": {"config": [{**c, "source": "FromClass"} for c in configs]}}
+            assert class_config.isolation_mode(allocation, ["gpu"], claim=name) == mode
+    with pytest.raises(helm_python.HelmError, match=re.escape('dra.sliceIsolation: "Strong" is not an isolation mode')):
+        _render({"dra": {"enabled": True, "sliceIsolation": "Strong"}})
