@@ -246,7 +246,7 @@ class ClaimHooks:
                 if warning is not None:
                     log.warning("pod %s: %s", plain.pod, warning)
                     self._view.warn(plain.pod, ISOLATION_WARNING_REASON, f"pod {plain.pod}: {warning}")
-            edit = dra_containers.edit(plain, passed, claim, contribution)
+            edit = dra_containers.edit(plain, passed, claim, contribution, gpus=gpus)
             row_id = self._record(plain, claim_namespace=claim.namespace, claim_name=claim.name,
                                   elastic_gpu=claim.uid, gpu_uuids=list(gpus), cores=claim.cores,
                                   memory_mib=claim.memory_mib, limits=None, claim_kind=models.KIND_DRA)  # fmt: skip

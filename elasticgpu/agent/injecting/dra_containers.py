@@ -80,12 +80,15 @@ def slice_of(claim: DraClaim, request: injection.ContainerRequest) -> isolation.
 
 
 def edit(request: injection.ContainerRequest, passed: injection.ContainerEdit, claim: DraClaim,
-         contribution: isolation.Contribution | None) -> injection.ContainerEdit:
+         contribution: isolation.Contribution | None, *, gpus: Sequence[str] = ()) -> injection.ContainerEdit:
     """The container's edit: kubelet's devices, the marker, and the room's contribution when it has one (the
-    env of ours the spec set is then replaced: a tenant does not write its own limits)."""
+    env of ours the container has is then replaced: a tenant does not write its own limits). `gpus`: every card
+    of the container's claims, its NVIDIA_VISIBLE_DEVICES (as the claims' CDI specs say: with NRI the env the
+    core returns is the container's whole env, so it is written, not left out)."""
     envs = passed.envs
     if contribution is not None:
-        envs = (*(e for e in injection.without_ours(request)[0]), *contribution.envs)
+        visible = (injection.ENV_VISIBLE_DEVICES, ",".join(gpus or claim.gpus))
+        envs = (*injection.without_ours(request)[0], visible, *contribution.envs)
     annotations = {**passed.annotations, **(contribution.annotations if contribution else {}),
                    RESOURCE_CLAIM_ANNOTATION: f"{claim.namespace}/{claim.name}"}  # fmt: skip
     return injection.ContainerEdit(envs=tuple(envs), cdi_devices=passed.cdi_devices, annotations=annotations,

@@ -139,6 +139,7 @@ def test_a_dra_slice_gets_its_class_s_mps_room(tmp_path: Path, ledger: store.Led
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"  # the tenant's own value is replaced
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia-mps"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == CARD_A
     assert edit.annotations["elasticgpu.io/isolation"] == "MPS"
     assert any(m.container_path == "/run/nvidia-mps" for m in edit.mounts)
     assert node.starts() == [CARD_A]  # the card's daemon runs before the container is created

@@ -19,6 +19,8 @@ from tests.agent.cri.conftest import containerd, containerd_session, proxy_socke
 from tests.agent.cri.isolation_node import IsolationNode, wait_until
 from tests.agent.cri.kubelet import Kubelet
 from tests.agent.cri.node import CARDS, View, publish_cards
+from tests.agent.nri.conftest import nri_containerd, nri_containerd_session, nri_plugin  # noqa: F401 (fixtures)
+from tests.agent.nri.test_nri_claims import start_agent
 from tests.containerd_runtime import TestRuntime
 
 CARD = CARDS[0].uuid
@@ -34,9 +36,10 @@ class Node:
     isolation: IsolationNode
 
 
-@pytest.fixture
-def node(containerd: TestRuntime, proxy_socket: Path, tmp_path: Path) -> Iterator[Node]:  # noqa: F811
-    publish_cards(containerd.cdi_dir, containerd.directory / "dev")
+def prepared(runtime: TestRuntime, tmp_path: Path) -> checkpoint.Checkpoint:
+    """The card's CDI spec, and claim team/rc prepared for pod POD_UID (a 30% slice, mode MPS) as the driver
+    leaves it: its checkpoint entry and its own CDI spec."""
+    publish_cards(runtime.cdi_dir, runtime.directory / "dev")
     cp = checkpoint.Checkpoint(tmp_path / "dra.json")
     device = checkpoint.PreparedDevice(requests=("gpu",), pool="node-a", device="gpu-0", uuid=CARD,
                                        cdi_ids=(claim_cdi.card_id(CARD), claim_cdi.device_id(UID)), cores=30,
@@ -44,7 +47,13 @@ def node(containerd: TestRuntime, proxy_socket: Path, tmp_path: Path) -> Iterato
     env = claim_cdi.env([device], card_memory_mib={CARD: CARDS[0].memory_mib}, isolation="MPS")
     cp.put(checkpoint.ClaimEntry(uid=UID, namespace="team", name="rc", state=checkpoint.COMPLETED, devices=(device,),
                                  pods=(POD_UID,), env=tuple(env), isolation="MPS"))  # fmt: skip
-    claim_cdi.write(containerd.cdi_dir, UID, env)  # what prepare wrote
+    claim_cdi.write(runtime.cdi_dir, UID, env)  # what prepare wrote
+    return cp
+
+
+@pytest.fixture
+def node(containerd: TestRuntime, proxy_socket: Path, tmp_path: Path) -> Iterator[Node]:  # noqa: F811
+    cp = prepared(containerd, tmp_path)
     ledger = store.LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
     iso = IsolationNode(tmp_path / "iso")
     hooks = claim_hooks.ClaimHooks(view=View(), ledger=ledger, rooms=iso.rooms, dra_claims=cp.claims_of_pod)
@@ -59,7 +68,41 @@ def node(containerd: TestRuntime, proxy_socket: Path, tmp_path: Path) -> Iterato
         iso.close()
 
 
+@pytest.fixture
+def nri_node(nri_containerd: TestRuntime, nri_plugin: str, tmp_path: Path) -> Iterator[Node]:  # noqa: F811
+    """The same through the NRI front (kubelet on containerd's own socket, the plugin relaying to the core)."""
+    cp = prepared(nri_containerd, tmp_path)
+    ledger = store.LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
+    iso = IsolationNode(tmp_path / "iso")
+    view = View()
+    hooks = claim_hooks.ClaimHooks(view=view, ledger=ledger, rooms=iso.rooms, dra_claims=cp.claims_of_pod)
+    agent = start_agent(nri_containerd, nri_plugin, hooks, view, tmp_path / "agent.sock")
+    try:
+        with Kubelet(nri_containerd.endpoint, nri_containerd.image) as k:
+            yield Node(kubelet=k, hooks=hooks, ledger=ledger, isolation=iso)
+    finally:
+        agent.close()
+        hooks.close()
+        ledger.close()
+        iso.close()
+
+
+@pytest.mark.timeout(180)
 def test_a_dra_slice_gets_mps_and_a_ledger_row_released_on_removal(node: Node) -> None:
+    check_dra_slice(node)
+
+
+@pytest.mark.timeout(180)
+def test_the_same_through_nri(nri_node: Node) -> None:
+    check_dra_slice(nri_node)
+
+
+def released_all(node: Node) -> bool:
+    node.hooks.flush()
+    return node.ledger.open_allocations() == []
+
+
+def check_dra_slice(node: Node) -> None:
     k = node.kubelet
     pod = k.run_pod("trainer", "team", uid=POD_UID)
     dra = k.create_container(pod, "main", cdi_devices=[claim_cdi.card_id(CARD), claim_cdi.device_id(UID)],
@@ -85,6 +128,7 @@ def test_a_dra_slice_gets_mps_and_a_ledger_row_released_on_removal(node: Node) -
 
     k.remove_container(dra)
     node.hooks.flush()
+    wait_until("the row released", lambda: released_all(node))
     released = node.ledger.allocation_for_container(dra)
     assert released is not None and released.state == models.RELEASED
     wait_until("the daemon stopped", lambda: node.isolation.servers() == [])
