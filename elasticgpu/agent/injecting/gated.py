@@ -55,7 +55,7 @@ import grpc
 from elasticgpu.agent import isolation, rdma
 from elasticgpu.agent.errors import KubeError, LedgerRebuildWaits, LedgerStateError
 from elasticgpu.agent.injecting import claim_hooks, dra_containers, hooks, injection, limits_file, mig_annotation
-from elasticgpu.agent.ledger.models import MIG_CREATED
+from elasticgpu.agent.ledger.models import KIND_DRA, MIG_CREATED
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.api import names
 
@@ -273,7 +273,8 @@ class GatedHooks:
             if starting and self._owed_rebuild():
                 ledger = self._ledger()
                 assert ledger is not None  # the claim hooks exist only on an open ledger
-                count = rebuild(ledger, containers, self._container_env or (lambda _: {}), self._view)
+                count = rebuild(ledger, containers, self._container_env or (lambda _: {}), self._view,
+                                dra_claims=self._dra_claims)  # fmt: skip
                 log.info("the ledger %s was rebuilt from the runtime's containers: %d claim container(s)",
                          ledger.url, count)  # fmt: skip
                 self._rebuilt()
@@ -305,12 +306,40 @@ def _bound_size(view: injection.AgentView, namespace: str, name: str, container:
     return given, names.CORES_PER_CARD, 0, ""
 
 
+def _rebuild_dra(ledger: LedgerStore, container: hooks.RuntimeContainer,
+                 dra_claims: Callable[[str], Sequence[dra_containers.DraClaim]]) -> bool:
+    """Record the row of a container of a ResourceClaim (its marker, which only the agent writes), from the
+    DRA checkpoint's entry of that claim for its pod; False when the checkpoint has none (unprepared: the
+    container goes with its pod)."""
+    labels = container.labels
+    marked = container.annotations.get(dra_containers.RESOURCE_CLAIM_ANNOTATION, "")
+    pod_uid = labels.get(injection.LABEL_POD_UID, "")
+    claim = next((c for c in dra_claims(pod_uid) if f"{c.namespace}/{c.name}" == marked), None)
+    if claim is None:
+        return False
+    row = ledger.record_started(
+        pod_uid=pod_uid, pod_namespace=labels.get(injection.LABEL_POD_NAMESPACE, ""),
+        pod_name=labels.get(injection.LABEL_POD_NAME, ""), container_name=container.name,
+        claim_namespace=claim.namespace, claim_name=claim.name, elastic_gpu=claim.uid, gpu_uuids=list(claim.gpus),
+        cores=claim.cores, memory_mib=claim.memory_mib, claim_kind=KIND_DRA,
+    )  # fmt: skip
+    ledger.mark_created(row, container.id)
+    log.info("ledger rebuilt: container %s uses %s (cards %s)", container.id, claim, ",".join(claim.gpus))
+    return True
+
+
 def rebuild(ledger: LedgerStore, containers: Sequence[hooks.RuntimeContainer],
-            container_env: Callable[[str], Mapping[str, str]], view: injection.AgentView) -> int:
+            container_env: Callable[[str], Mapping[str, str]], view: injection.AgentView, *,
+            dra_claims: Callable[[str], Sequence[dra_containers.DraClaim]] = lambda pod_uid: ()) -> int:
     """Record a `created` row for every claim container of the runtime the ledger has no row of;
-    returns how many were recorded (see the module docstring). Idempotent."""
+    returns how many were recorded (see the module docstring). Idempotent. `dra_claims`: the DRA driver's
+    prepared claims by pod uid (a ResourceClaim's container is rebuilt from them)."""
     count = 0
     for container in containers:
+        if (container.annotations.get(dra_containers.RESOURCE_CLAIM_ANNOTATION)
+                and ledger.allocation_for_container(container.id) is None):
+            count += _rebuild_dra(ledger, container, dra_claims)
+            continue
         claim = container.annotations.get(injection.CLAIM_ANNOTATION, "")
         if "/" not in claim or ledger.allocation_for_container(container.id) is not None:
             continue

@@ -240,3 +240,21 @@ def test_revision_0005_marks_old_rows_ours_and_its_downgrade_drops_dra_rows(tmp_
         names = [row[0] for row in connection.execute(text("SELECT claim_name FROM allocations"))]
     engine.dispose()
     assert names == ["old"]  # an older agent would take the ResourceClaim's row for an ElasticGPUClaim's
+
+
+def test_a_lost_ledger_is_rebuilt_with_the_dra_container_s_row(tmp_path: Path, ledger: store.LedgerStore) -> None:
+    """A corrupt ledger set aside: the running DRA container gets its row back from its marker and the checkpoint."""
+    from elasticgpu.agent.injecting import gated
+
+    labels = {injection.LABEL_POD_UID: POD.uid, injection.LABEL_POD_NAMESPACE: "team",
+              injection.LABEL_POD_NAME: "trainer"}  # fmt: skip
+    running = hooks.RuntimeContainer(id="c-1", name="main", labels=labels,
+                                     annotations={injection.RESOURCE_CLAIM_ANNOTATION: "team/rc"})  # fmt: skip
+    unprepared = hooks.RuntimeContainer(id="c-2", name="main", labels={injection.LABEL_POD_UID: "uid-gone"},
+                                        annotations={injection.RESOURCE_CLAIM_ANNOTATION: "team/rc"})  # fmt: skip
+    cp = prepared(tmp_path)
+    assert gated.rebuild(ledger, [running, unprepared], lambda _: {}, view(), dra_claims=cp.claims_of_pod) == 1
+    (row,) = ledger.open_allocations()
+    assert (row.container_id, row.claim_kind, row.claim_name, row.cores, row.memory_mib) == (
+        "c-1", models.KIND_DRA, "rc", 30, 10240)
+    assert gated.rebuild(ledger, [running], lambda _: {}, view(), dra_claims=cp.claims_of_pod) == 0  # idempotent
