@@ -6,13 +6,14 @@
     protocol.py          the kubelet plugin protos (registration v1, DRA v1 and v1beta1), compiled at import
     preparing.py         Preparer: NodePrepareResources / NodeUnprepareResources as plain calls
     checkpoint.py        Checkpoint: which claims this node prepared (two-phase, checksummed file)
+    class_config.py      the isolation mode of a claim: its DeviceClass's opaque config (a claim's own cannot change it)
     claim_cdi.py         the CDI spec of one prepared claim (its env: visible devices, a slice's limits)
     plugin_serving.py    KubeletPlugin: the two gRPC servers on kubelet's unix sockets
 
 The agent (running.py) wires them: `Preparer(node=..., read_claim=kube.read_resource_claim, list_gpus=...,
 store=Checkpoint(path), cdi_dir=...)`, `KubeletPlugin(preparer, kubelet_dir=...).start()` and a thread
-running `SlicePublisher(kube).run(stop)`; the node hook asks `Checkpoint.devices_of_pod` which containers
-kubelet prepared through DRA.
+running `SlicePublisher(kube).run(stop)`; the node hook asks `Checkpoint.claims_of_pod` which containers
+kubelet prepared through DRA (they keep kubelet's devices, get their class's isolation and a ledger row).
 """
 
 from elasticgpu.agent.dra.checkpoint import Checkpoint
