@@ -212,6 +212,8 @@ class _Loops:
     """The node hook (CRI proxy or NRI), None with --cri-proxy false."""
     dra: Any = None
     """The DRA driver's kubelet plugin (dra/plugin_serving.KubeletPlugin) once it listens; None: not a DRA driver."""
+    dra_policy: Callable[[str], policing.Policy | None] = lambda uid: None
+    """The over-limit policy the DRA driver kept for a ResourceClaim (by uid) at prepare; None: none kept."""
 
 
 def _containers(hook: supervising.CriHook) -> list[hooks.RuntimeContainer]:
@@ -265,7 +267,8 @@ def _start_loops(settings: AgentSettings, parts: starting.Parts, loops: _Loops, 
                                     node_conditions=loops.node_conditions)
     sampler = usage.UsageLoop(backend=backend, ledger=ledger, kube=agent_kube, inventory=publisher,
                               settings=settings.usage, ledger_settings=settings.ledger)
-    sampler.policing = policing.Enforcer(kube=agent_kube, runtime=lambda: loops.runtime(), settings=settings.policing)
+    sampler.policing = policing.Enforcer(kube=agent_kube, runtime=lambda: loops.runtime(), settings=settings.policing,
+                                         dra_policy=lambda uid: loops.dra_policy(uid))  # fmt: skip
     while not stop.is_set():
         try:
             # The CRI hook's spec and view need the cards before inventory's first pass.
@@ -307,6 +310,7 @@ def _start_dra(settings: AgentSettings, agent_kube: kube.AgentKube, loops: _Loop
     store = dra.Checkpoint(Path(settings.dra.dra_checkpoint))
     if loops.hook is not None:
         loops.hook.dra_claims = store.claims_of_pod  # containers kubelet prepared through DRA: kept, isolated, recorded
+    loops.dra_policy = store.policy_of  # policing of their claims: their DeviceClass's policy, kept at prepare
     preparer = dra.Preparer(node=agent_kube.node_name, read_claim=agent_kube.read_resource_claim,
                                   list_gpus=lambda: agent_kube.list_gpus()[0], store=store,
                                   cdi_dir=Path(settings.cri.cdi_dir))  # fmt: skip

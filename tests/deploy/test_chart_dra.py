@@ -72,3 +72,31 @@ def test_the_classes_name_the_slice_isolation_the_agent_reads() -> None:
             assert class_config.isolation_mode(allocation, ["gpu"], claim=name) == mode
     with pytest.raises(helm_python.HelmError, match=re.escape('dra.sliceIsolation: "Strong" is not an isolation mode')):
         _render({"dra": {"enabled": True, "sliceIsolation": "Strong"}})
+
+
+@pytest.mark.parametrize(("policing", "action", "grace"), [
+    ({}, "Warn", 60), ({"overLimitAction": "StopContainer", "overLimitGraceSeconds": 0}, "StopContainer", 0),
+    ({"overLimitAction": "StopContainer", "overLimitGraceSeconds": 120}, "StopContainer", 120)])  # fmt: skip
+def test_the_classes_name_the_slice_policing_the_agent_reads(policing: dict[str, object], action: str,
+                                                            grace: int) -> None:  # fmt: skip
+    """dra.slicePolicing reaches both classes' config in the form the agent reads at prepare (issue 48)."""
+    from elasticgpu.agent.dra import class_config
+
+    objects = _objects({"dra": {"enabled": True, "sliceIsolation": "MPS", "slicePolicing": policing}})
+    for name in ("gpu.elasticgpu.io", "gpu-slice.elasticgpu.io"):
+        configs = _one(objects, "DeviceClass", name)["spec"]["config"]
+        allocation = {"devices": {"config": [{**c, "source": "FromClass"} for c in configs]}}
+        assert class_config.read(allocation, ["gpu"], claim=name) == class_config.ClassConfig(
+            mode="MPS", over_limit_action=action, over_limit_grace_s=grace)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("policing", "message"), [
+    ({"overLimitAction": "Kill"}, 'dra.slicePolicing.overLimitAction: "Kill" is not an over-limit action'),
+    ({"overLimitGraceSeconds": -1}, "dra.slicePolicing.overLimitGraceSeconds: -1 is not a whole number"),
+    ({"overLimitGraceSeconds": 1.5}, "dra.slicePolicing.overLimitGraceSeconds: 1.5 is not a whole number"),
+    ({"overLimitGraceSeconds": "60"}, "dra.slicePolicing.overLimitGraceSeconds: 60 is not a whole number"),
+])  # fmt: skip
+def test_a_slice_policing_the_agent_would_refuse_is_refused_at_install(policing: dict[str, object],
+                                                                       message: str) -> None:  # fmt: skip
+    with pytest.raises(helm_python.HelmError, match=re.escape(message)):
+        _render({"dra": {"enabled": True, "slicePolicing": policing}})

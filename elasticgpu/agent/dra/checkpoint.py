@@ -23,6 +23,7 @@ from typing import Any
 
 from elasticgpu.agent.injecting import dra_containers
 from elasticgpu.agent.injecting.atomic_file import write_atomically
+from elasticgpu.agent.policing import decisions
 
 VERSION = 1
 STARTED = "started"
@@ -62,6 +63,10 @@ class ClaimEntry:
     # The isolation mode of the claim's DeviceClass (its opaque config, read at prepare): what the node hook
     # applies to the claim's containers, across agent restarts. An entry of an agent before it: None.
     isolation: str = "None"
+    # The over-limit policy of the claim's DeviceClass (the same config): what policing applies to the claim's
+    # containers. An entry of an agent before it: Warn, as that agent did.
+    over_limit_action: str = "Warn"
+    over_limit_grace_s: int = 60
 
     def as_dra_claim(self) -> dra_containers.DraClaim:
         """The claim as the node hook needs it."""
@@ -87,7 +92,9 @@ def _entry_from(data: dict[str, Any]) -> ClaimEntry:
     )
     return ClaimEntry(uid=data["uid"], namespace=data["namespace"], name=data["name"], state=data["state"],
                       devices=devices, pods=tuple(data.get("pods", ())), env=tuple(data.get("env", ())),
-                      isolation=str(data.get("isolation", "None")))  # fmt: skip
+                      isolation=str(data.get("isolation", "None")),
+                      over_limit_action=str(data.get("over_limit_action", "Warn")),
+                      over_limit_grace_s=int(data.get("over_limit_grace_s", 60)))  # fmt: skip
 
 
 def _checksum(entries: dict[str, Any]) -> str:
@@ -158,6 +165,18 @@ class Checkpoint:
             return ()
         return tuple(entry.as_dra_claim() for _, entry in sorted(claims.items())
                      if entry.state == COMPLETED and pod_uid in entry.pods)  # fmt: skip
+
+    def policy_of(self, uid: str) -> decisions.Policy | None:
+        """The over-limit policy kept for completed claim `uid` at prepare (its DeviceClass's); None for a claim
+        not prepared here or an unreadable checkpoint (policing then only warns: never stop on a guess)."""
+        try:
+            entry = self.get(uid)
+        except CheckpointCorrupt:
+            return None
+        if entry is None or entry.state != COMPLETED:
+            return None
+        action: decisions.Action = "StopContainer" if entry.over_limit_action == "StopContainer" else "Warn"
+        return decisions.Policy(action=action, grace_s=float(max(0, entry.over_limit_grace_s)))
 
     def put(self, entry: ClaimEntry) -> None:
         """Write (or replace) the entry of `entry.uid`."""

@@ -9,8 +9,9 @@ Prepare, for one claim kubelet names (namespace, name, uid):
     status.allocation, our results     -> every device of our driver in this node's pool must be a
                                           card of this node whose effective owner is DRA; else a
                                           refusal naming the card and the fix
-    status.allocation, config          -> the isolation mode of the claim's DeviceClass (class_config:
-                                          a claim's own config does not change it), kept in the entry
+    status.allocation, config          -> the isolation mode and the over-limit policy of the claim's
+                                          DeviceClass (class_config: a claim's own config does not
+                                          change them), kept in the entry
     checkpoint: started                -> then the claim's CDI spec (claim_cdi) -> checkpoint: completed
 
 A crash between the steps leaves `started` (or nothing): kubelet calls again and the steps repeat,
@@ -92,13 +93,14 @@ class Preparer:
                      if r.get("resource") == "pods" and r.get("uid"))  # fmt: skip
         allocation = (claim.get("status") or {}).get("allocation") or {}
         try:
-            mode = class_config.isolation_mode(allocation, (r for d in devices for r in d.requests), claim=str(ref))
+            said = class_config.read(allocation, (r for d in devices for r in d.requests), claim=str(ref))
         except class_config.ConfigRefused as e:
             raise ClaimRefused(str(e)) from None
-        env = tuple(claim_cdi.env(devices, card_memory_mib=memory, isolation=mode))
+        env = tuple(claim_cdi.env(devices, card_memory_mib=memory, isolation=said.mode))
         entry = checkpoint.ClaimEntry(uid=ref.uid, namespace=ref.namespace, name=ref.name,
                                       state=checkpoint.STARTED, devices=devices, pods=pods, env=env,
-                                      isolation=mode)  # fmt: skip
+                                      isolation=said.mode, over_limit_action=said.over_limit_action,
+                                      over_limit_grace_s=said.over_limit_grace_s)  # fmt: skip
         self._store.put(entry)
         claim_cdi.write(self._cdi_dir, ref.uid, list(env))
         done = checkpoint.ClaimEntry(**{**entry.__dict__, "state": checkpoint.COMPLETED})

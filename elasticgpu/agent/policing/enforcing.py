@@ -4,12 +4,15 @@ After every usage pass the usage loop hands its per-claim figures and its proces
 For each claim with an open allocation on this node:
 1. its containers' memory (the processes of each container, as the usage loop attributed them);
 2. its policy, from the claim's `status.policing` as the usage loop last read the claim (the
-   controller copies it from the class on bind; absent or not read yet: Warn);
+   controller copies it from the class on bind; absent or not read yet: Warn); for a ResourceClaim
+   (issue 48: a row of claim_kind ResourceClaim, key `resourceclaim/<name>`) the policy of its
+   DeviceClass's config, which the DRA driver kept in its checkpoint at prepare (`dra_policy`, by the
+   claim's uid; not there: Warn);
 3. `decisions.observe` says whether to stop, and which containers;
 4. each container is stopped through the CRI proxy's runtime channel (`stop_container`), and
    once the runtime confirms, `decisions.confirm` records it: a container is stopped once. Then a
-   Warning Event `OverLimitStopped` on the claim and one on its pod (where `kubectl describe
-   pod` shows why the container restarted), and the claim's stop counter goes up (the metric
+   Warning Event `OverLimitStopped` on the claim (the ResourceClaim for DRA's) and one on its pod
+   (where `kubectl describe pod` shows why the container restarted), and the claim's stop counter goes up (the metric
    `elasticgpu_agent_over_limit_stops_total`).
 
 Failures never end the usage loop and are retried: a stop the runtime refused or did not answer
@@ -36,7 +39,7 @@ from elasticgpu.agent import errors
 from elasticgpu.agent.discovery import ProcessUsage
 from elasticgpu.agent.inventory import rfc3339
 from elasticgpu.agent.kube import AgentKube
-from elasticgpu.agent.ledger.store import Allocation
+from elasticgpu.agent.ledger.store import DRA_CLAIM_PREFIX, Allocation
 from elasticgpu.agent.policing import decisions
 from elasticgpu.agent.settings import PolicingSettings
 from elasticgpu.api import names
@@ -99,8 +102,12 @@ class Enforcer:
 
     def __init__(self, *, kube: AgentKube, runtime: Callable[[], ContainerStopper | None],
                  settings: PolicingSettings, clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time) -> None:  # fmt: skip
-        """`runtime` returns the CRI proxy now serving (None while it is down, or with --cri-proxy false)."""
+                 wall_clock: Callable[[], float] = time.time,
+                 dra_policy: Callable[[str], decisions.Policy | None] = lambda uid: None) -> None:  # fmt: skip
+        """`runtime` returns the CRI proxy now serving (None while it is down, or with --cri-proxy false);
+        `dra_policy` the policy the DRA driver kept for a ResourceClaim's uid (None: none kept)."""
+        self.dra_policy = dra_policy
+        """The policy the DRA driver kept for a ResourceClaim's uid at prepare (None: none kept: Warn)."""
         self._kube = kube
         self._runtime = runtime
         self._settings = settings
@@ -122,7 +129,7 @@ class Enforcer:
         per_claim, allocations = containers_of(rows)
         for key in limits:
             body = claim_body(key)
-            policy = policy_of(body)
+            policy = self._policy_of(key, body, allocations)
             if not self._settings.over_limit_stops:
                 policy = decisions.WARN  # the operator's brake (--over-limit-stops false)
             sample = decisions.Sample(at=now, limit_mib=limits.get(key, 0), containers=per_claim.get(key, {}))
@@ -135,6 +142,15 @@ class Enforcer:
         for container in [c for c in self._failures if c not in allocations]:
             del self._failures[container]  # its processes are gone from the card
         self._pay_owed_events()
+
+    def _policy_of(self, key: ClaimKey, body: Mapping[str, Any] | None,
+                   allocations: Mapping[str, Allocation]) -> decisions.Policy:  # fmt: skip
+        """The claim's policy: an ElasticGPUClaim's from its status, a ResourceClaim's as its driver kept it."""
+        if not key[1].startswith(DRA_CLAIM_PREFIX):
+            return policy_of(body)
+        # Its uid is on its containers' rows; a claim none of whose containers uses the card is not over anyway.
+        uid = next((a.elastic_gpu for a in allocations.values() if a.is_dra and a.claim_key == key), None)
+        return (self.dra_policy(uid) if uid else None) or decisions.WARN
 
     def _carry_out(self, key: ClaimKey, stop: decisions.Stop, policy: decisions.Policy,
                    allocations: Mapping[str, Allocation], body: Mapping[str, Any] | None,
@@ -170,18 +186,29 @@ class Enforcer:
         namespace, name = key
         where = (f"container {allocation.container_name} ({container[:13]}) of pod {allocation.pod_namespace}/"
                  f"{allocation.pod_name}" if allocation is not None else f"container {container[:13]}")
+        dra = name.startswith(DRA_CLAIM_PREFIX)
+        named, of, ask = ((f"ResourceClaim {namespace}/{name.removeprefix(DRA_CLAIM_PREFIX)}", "DeviceClass",
+                           "Request more memory capacity in the ResourceClaim") if dra
+                          else (f"claim {namespace}/{name}", "class", f"Request more {names.RESOURCE_MEMORY}"))
         message = (
-            f"{where} stopped: claim {namespace}/{name} used {stop.used_mib} MiB of GPU memory, more than the"
-            f" {stop.limit_mib} MiB it reserved, for {now - stop.over_since:.0f} s (the class allows"
-            f" {policy.grace_s:.0f} s: overLimitAction StopContainer) on node {self._kube.node_name}; kubelet applies"
-            " the pod's restartPolicy. Request more elasticgpu.io/gpu-memory, or use less"
+            f"{where} stopped: {named} used {stop.used_mib} MiB of GPU memory, more than the {stop.limit_mib} MiB it"
+            f" reserved, for {now - stop.over_since:.0f} s (the {of} allows {policy.grace_s:.0f} s: overLimitAction"
+            f" StopContainer) on node {self._kube.node_name}; kubelet applies the pod's restartPolicy. {ask}, or use"
+            " less"
         )
         logger.warning("%s", message)
         at = rfc3339(self._wall_clock())
-        metadata = (body or {}).get("metadata") or {}
-        self._owed.append(_OwedEvent(namespace=namespace, message=message, at=at, involved={
-            "apiVersion": names.API_VERSION, "kind": names.KIND_CLAIM, "name": name, "namespace": namespace,
-            "uid": metadata.get("uid")}))
+        if dra:
+            # The Event is about the ResourceClaim itself (its uid is the row's; the agent never reads the claim).
+            self._owed.append(_OwedEvent(namespace=namespace, message=message, at=at, involved={
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "namespace": namespace,
+                "name": name.removeprefix(DRA_CLAIM_PREFIX),
+                "uid": allocation.elastic_gpu if allocation is not None else None}))
+        else:
+            metadata = (body or {}).get("metadata") or {}
+            self._owed.append(_OwedEvent(namespace=namespace, message=message, at=at, involved={
+                "apiVersion": names.API_VERSION, "kind": names.KIND_CLAIM, "name": name, "namespace": namespace,
+                "uid": metadata.get("uid")}))
         if allocation is not None:
             self._owed.append(_OwedEvent(namespace=allocation.pod_namespace, message=message, at=at, involved={
                 "apiVersion": "v1", "kind": "Pod", "name": allocation.pod_name,

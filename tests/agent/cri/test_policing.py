@@ -24,6 +24,8 @@ from elasticgpu.agent import discovery, health, inventory, kube, metrics, polici
 from elasticgpu.agent.cri import api
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import simulated
+from elasticgpu.agent.dra import checkpoint as dra_checkpoint
+from elasticgpu.agent.dra import claim_cdi
 from elasticgpu.agent.injecting import cdi, claim_hooks, limits_file
 from elasticgpu.agent.injecting.injection import CardInfo
 from elasticgpu.agent.ledger import store
@@ -325,3 +327,98 @@ def test_runtime_and_api_failures_are_retried_and_nothing_is_stopped_twice(
     assert sorted(e.involved_object.kind for e in events(api_client, namespace, policing.REASON_STOPPED)) == [
         "ElasticGPUClaim", "Pod"]
     assert enforcer.stops == {(namespace, "train"): 1}
+
+
+# Issue 48: a ResourceClaim's container (DRA), policed by the policy its DeviceClass's config gave at prepare.
+DRA_UID = "4f0c9b1e-dra0-4a8e-9d1c-00000000002a"
+DRA_POD_UID = "pod-dra-policed"
+
+
+@dataclass
+class DraNode:
+    kubelet: Kubelet
+    hooks: claim_hooks.ClaimHooks
+    checkpoint: dra_checkpoint.Checkpoint
+    proxy: CriProxy
+
+
+@pytest.fixture
+def dra_running(node: Node, node_name: str, namespace: str, containerd: TestRuntime, proxy_socket: Path,
+                tmp_path: Path) -> Iterator[DraNode]:  # fmt: skip
+    """The CRI proxy with the claim hooks reading the DRA driver's real checkpoint, and a kubelet before it."""
+    cards, control = stand_ins(containerd.directory / "dev")
+    cdi.write_spec(containerd.cdi_dir, [replace(c, uuid=u) for c, u in zip(cards, node.uuids, strict=True)], control)
+    view = View(node_name=node_name, cards={u.lower(): CardInfo(uuid=u, index=i, memory_mib=81920)
+                                            for i, u in enumerate(node.uuids)})  # fmt: skip
+    cp = dra_checkpoint.Checkpoint(tmp_path / "dra-checkpoint.json")
+    hooks = claim_hooks.ClaimHooks(view=view, ledger=node.ledger, dra_claims=cp.claims_of_pod)
+    settings = ProxySettings(listen=proxy_socket, upstream=str(containerd.socket))
+    with CriProxy(settings, container_hooks=hooks) as proxy, Kubelet(f"unix://{proxy_socket}", containerd.image) as k:
+        assert proxy.reconciled.wait(10)
+        node.proxies.append(proxy)
+        yield DraNode(kubelet=k, hooks=hooks, checkpoint=cp, proxy=proxy)
+    hooks.close()
+
+
+def prepare_dra(dra: DraNode, containerd: TestRuntime, namespace: str, card: str, *, action: str, grace_s: int) -> None:
+    """ResourceClaim <namespace>/rc, a 30% / 10 GiB slice of `card`, as the driver leaves it after prepare: its
+    checkpoint entry (with its DeviceClass's policy) and its CDI spec."""
+    device = dra_checkpoint.PreparedDevice(requests=("gpu",), pool="node-a", device="gpu-0", uuid=card,
+                                           cdi_ids=(claim_cdi.card_id(card), claim_cdi.device_id(DRA_UID)),
+                                           cores=30, memory_mib=10240)  # fmt: skip
+    env = claim_cdi.env([device], card_memory_mib={card: 81920}, isolation="None")
+    dra.checkpoint.put(dra_checkpoint.ClaimEntry(
+        uid=DRA_UID, namespace=namespace, name="rc", state=dra_checkpoint.COMPLETED, devices=(device,),
+        pods=(DRA_POD_UID,), env=tuple(env), over_limit_action=action, over_limit_grace_s=grace_s))  # fmt: skip
+    claim_cdi.write(containerd.cdi_dir, DRA_UID, env)
+
+
+@pytest.mark.parametrize("action", ["StopContainer", "Warn", "not-prepared-here"])
+def test_a_resource_claim_is_policed_by_its_device_class_s_policy(
+    api_client: client.ApiClient, node: Node, dra_running: DraNode, namespace: str, containerd: TestRuntime,
+    action: str,
+) -> None:
+    """The enforcer reads the policy the driver kept at prepare (by the claim's uid): StopContainer stops the
+    container after the grace, with Events on the ResourceClaim and the pod; Warn, or a claim whose entry is
+    not in the checkpoint (the policy cannot be known), never stops it."""
+    enforcer = node.enforcer
+    enforcer.dra_policy = dra_running.checkpoint.policy_of  # as the agent wires it when it is a DRA driver
+    prepare_dra(dra_running, containerd, namespace, node.uuids[0], grace_s=30,
+                action="Warn" if action == "Warn" else "StopContainer")
+    k = dra_running.kubelet
+    pod = k.run_pod("trainer", namespace, uid=DRA_POD_UID)
+    main = k.create_container(pod, "main", cdi_devices=[claim_cdi.card_id(node.uuids[0]),
+                                                         claim_cdi.device_id(DRA_UID)])
+    k.start(main)
+    dra_running.hooks.flush()
+    row = node.ledger.allocation_for_container(main)
+    assert row is not None and row.claim_key == (namespace, "resourceclaim/rc")
+    if action == "not-prepared-here":
+        # The container runs (prepared), then the entry goes (a checkpoint moved aside): nothing says StopContainer.
+        dra_running.checkpoint.remove(DRA_UID)
+    simulated.inject(node.inject, {"process": {"card": 0, "pid": pid_of(dra_running.proxy, main), "memory": "12Gi"}})
+    for at in (1000.0, 1010.0, 1029.0):
+        node.sample_at(at)
+    assert state(k, main) == "CONTAINER_RUNNING"
+    assert node.loop.claims[(namespace, "resourceclaim/rc")].over_limit
+    node.sample_at(1030.0)
+    if action != "StopContainer":
+        node.sample_at(5000.0)
+        assert state(k, main) == "CONTAINER_RUNNING"
+        assert enforcer.stops == {}
+        assert events(api_client, namespace, policing.REASON_STOPPED) == []
+        return
+    assert state(k, main) == "CONTAINER_EXITED"
+    assert enforcer.stops == {(namespace, "resourceclaim/rc"): 1}
+    told = events(api_client, namespace, policing.REASON_STOPPED)
+    assert sorted((e.involved_object.kind, e.involved_object.name) for e in told) == [
+        ("Pod", "trainer"), ("ResourceClaim", "rc")]
+    claim_event = next(e for e in told if e.involved_object.kind == "ResourceClaim")
+    involved = claim_event.involved_object
+    assert (involved.api_version, involved.uid) == ("resource.k8s.io/v1", DRA_UID)
+    for event in told:
+        assert f"ResourceClaim {namespace}/rc used 12288 MiB" in event.message, event.message
+        assert "(the DeviceClass allows 30 s: overLimitAction StopContainer)" in event.message, event.message
+        assert "Request more memory capacity in the ResourceClaim" in event.message, event.message
+    node.sample_at(1040.0)
+    assert enforcer.stops == {(namespace, "resourceclaim/rc"): 1}  # never stopped twice

@@ -4,11 +4,14 @@ claim's own config (FromClaim) cannot change it, and a config we cannot read is 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from elasticgpu.agent import policing
 from elasticgpu.agent.dra import checkpoint, claim_cdi, class_config, preparing
 
 UUID = "GPU-0a1b2c3d-0000-0000-0000-00000000000a"
@@ -91,3 +94,80 @@ def test_configs_of_other_drivers_and_other_requests_are_not_ours() -> None:
     allocation = {"devices": {"config": [isolation("HAMiCore"), other_driver, other_request]}}
     assert class_config.isolation_mode(allocation, ["gpu"], claim="c") == "HAMiCore"
     assert class_config.isolation_mode(allocation, ["gpu/sub"], claim="c") == "HAMiCore"
+
+
+# The over-limit policy (issue 48, follow-up): the class's, kept in the checkpoint, which policing reads by uid.
+def policing_config(source: str = "FromClass", **fields: object) -> dict[str, Any]:
+    config = isolation("None", source, **fields)
+    del config["opaque"]["parameters"]["mode"]  # a config may name only the policy
+    return config
+
+
+def test_the_class_s_policy_is_kept_and_read_back_for_policing(tmp_path: Path) -> None:
+    claim = resource_claim(isolation("MPS", overLimitAction="StopContainer", overLimitGraceSeconds=15))
+    entry = preparer(tmp_path, claim).prepare(REF)
+    assert (entry.isolation, entry.over_limit_action, entry.over_limit_grace_s) == ("MPS", "StopContainer", 15)
+    kept = checkpoint.Checkpoint(tmp_path / "cp.json")
+    assert kept.policy_of("u-1") == policing.Policy(action="StopContainer", grace_s=15.0)
+    assert kept.policy_of("u-other") is None  # not prepared here: policing only warns
+
+
+def test_a_class_without_a_policy_warns_after_60_s(tmp_path: Path) -> None:
+    entry = preparer(tmp_path, resource_claim(isolation("MPS"))).prepare(REF)
+    assert (entry.over_limit_action, entry.over_limit_grace_s) == ("Warn", 60)
+    assert checkpoint.Checkpoint(tmp_path / "cp.json").policy_of("u-1") == policing.Policy(action="Warn", grace_s=60)
+
+
+@pytest.mark.parametrize(("field", "value", "given"), [
+    ("overLimitAction", "Warn", "StopContainer"), ("overLimitGraceSeconds", 3600, "30"),
+    ("overLimitGraceSeconds", 0, "30")])  # fmt: skip
+def test_a_claim_s_own_config_cannot_change_the_class_s_policy(tmp_path: Path, field: str, value: object,
+                                                               given: str) -> None:  # fmt: skip
+    claim = resource_claim(policing_config(overLimitAction="StopContainer", overLimitGraceSeconds=30),
+                           policing_config("FromClaim", **{field: value}))  # fmt: skip
+    with pytest.raises(preparing.ClaimRefused, match=rf"spec.devices.config asks over-limit .* {value} for driver"
+                                                     rf" gpu.elasticgpu.io, but its DeviceClass gives {given}.*"
+                                                     rf"Remove {field} from the claim's Isolation config"):
+        preparer(tmp_path, claim).prepare(REF)
+    assert checkpoint.Checkpoint(tmp_path / "cp.json").entries() == {}
+
+
+def test_a_claim_config_naming_the_class_s_policy_or_only_a_mode_is_fine(tmp_path: Path) -> None:
+    claim = resource_claim(isolation("HAMiCore", overLimitAction="StopContainer", overLimitGraceSeconds=5),
+                           policing_config("FromClaim", overLimitAction="StopContainer"),
+                           isolation("HAMiCore", "FromClaim"))  # fmt: skip
+    entry = preparer(tmp_path, claim).prepare(REF)
+    assert (entry.isolation, entry.over_limit_action, entry.over_limit_grace_s) == ("HAMiCore", "StopContainer", 5)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"overLimitAction": "Kill"}, r"names overLimitAction 'Kill'; use one of Warn, StopContainer"),
+    ({"overLimitGraceSeconds": -1}, r"names overLimitGraceSeconds -1: must be 0 or more"),
+    ({"overLimitGraceSeconds": "60"}, r"names overLimitGraceSeconds '60': must be 0 or more"),
+    ({"overLimitGraceSeconds": True}, r"names overLimitGraceSeconds True"),
+    ({"overlimitAction": "StopContainer"}, r"has unknown field\(s\) overlimitAction; its fields are apiVersion, kind,"),
+])  # fmt: skip
+def test_a_policy_we_cannot_read_is_refused_naming_the_field(tmp_path: Path, fields: dict[str, object],
+                                                             message: str) -> None:  # fmt: skip
+    where = r"rc \(uid u-1\): the DeviceClass's config for gpu.elasticgpu.io"
+    with pytest.raises(preparing.ClaimRefused, match=rf"{where} {message}"):
+        preparer(tmp_path, resource_claim(policing_config(**fields))).prepare(REF)
+
+
+def test_classes_of_two_policies_for_one_claim_are_refused() -> None:
+    allocation = {"devices": {"config": [policing_config(overLimitAction="Warn"),
+                                         policing_config(overLimitAction="StopContainer")]}}  # fmt: skip
+    with pytest.raises(class_config.ConfigRefused, match="several over-limit actions \\(StopContainer, Warn\\)"):
+        class_config.read(allocation, ["gpu"], claim="c")
+
+
+def test_a_checkpoint_entry_of_an_older_agent_warns(tmp_path: Path) -> None:
+    """An entry written before the policy was kept (no such keys) reads as Warn, as that agent policed it."""
+    preparer(tmp_path, resource_claim(isolation("MPS", overLimitAction="StopContainer"))).prepare(REF)
+    path = tmp_path / "cp.json"
+    document = json.loads(path.read_text())
+    for entry in document["claims"].values():
+        del entry["over_limit_action"], entry["over_limit_grace_s"]
+    document["checksum"] = hashlib.sha256(json.dumps(document["claims"], sort_keys=True).encode()).hexdigest()
+    path.write_text(json.dumps(document))
+    assert checkpoint.Checkpoint(path).policy_of("u-1") == policing.Policy(action="Warn", grace_s=60)
