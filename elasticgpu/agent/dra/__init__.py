@@ -6,7 +6,7 @@
     protocol.py          the kubelet plugin protos (registration v1, DRA v1 and v1beta1), compiled at import
     preparing.py         Preparer: NodePrepareResources / NodeUnprepareResources as plain calls
     checkpoint.py        Checkpoint: which claims this node prepared (two-phase, checksummed file)
-    class_config.py      the isolation mode of a claim: its DeviceClass's opaque config (a claim's own cannot change it)
+    class_config.py      a claim's isolation mode and over-limit policy: its DeviceClass's opaque config, not its own
     claim_cdi.py         the CDI spec of one prepared claim (its env: visible devices, a slice's limits)
     plugin_serving.py    KubeletPlugin: the two gRPC servers on kubelet's unix sockets
 
