@@ -3,7 +3,9 @@ the agent of a GPU node runs with `--dra true` in front of containerd, as the ch
 Node-bound token, deploy/agent.yaml's RBAC, the policies); the controller moves a card to DRA; a pod
 with a ResourceClaimTemplate of DeviceClass gpu.elasticgpu.io reaches Running with that card and
 nothing else; kill -9 of the agent between prepare and unprepare loses nothing: the restarted agent
-unprepares the claim when the pod goes."""
+unprepares the claim when the pod goes. The node offers MPS (a stand-in nvidia-cuda-mps-control in the
+simulated driver root, as tests/agent/cri's isolation tests use): pods sharing a card through consumable
+capacity under a DeviceClass whose config says MPS run with the card's MPS daemon (issue 48)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,10 +28,11 @@ from kubernetes import client
 from elasticgpu.agent.dra import claim_cdi, plugin_serving, slice_content
 from elasticgpu.api import names
 from elasticgpu.testbed import components, processes
+from tests.agent.cri.isolation_node import SHM_FILE, STAND_IN_CONTROL, mounts_under
 from tests.kube_cluster import TestCluster, kube_request
 from tests.realcluster import install, kubelet
 from tests.realcluster.control_plane import ControlPlane
-from tests.realcluster.test_claim_pod import _container_env, container_env
+from tests.realcluster.test_claim_pod import _container_env, container_env, container_exec
 from tests.realcluster.test_claim_pod import product as product  # the module fixture: controller and webhook
 
 pytestmark = pytest.mark.realcluster
@@ -52,6 +56,7 @@ class DraNode:
     cdi_dir: Path
     checkpoint: Path
     restart: Any  # () -> None: kill -9 the agent and start it again, as a DaemonSet would
+    mps_record: Path  # what the stand-in MPS control binary was asked: `start <uuid> ...`, `quit <uuid>`
 
 
 def _wait(what: str, check: Any, node: DraNode) -> Any:
@@ -85,6 +90,14 @@ def dra_node(kube_cluster: TestCluster, real_control_plane: ControlPlane, api_cl
         paths = components.AgentPaths.under(home, NODE, runtime.cdi_dir)
         paths.simulation.write_text(SIMULATION)
         checkpoint = home / "dra-checkpoint.json"
+        # MPS on the node: the stand-in control binary where the agent looks for the driver's (the simulated
+        # backend's driver root, which it fills at start and leaves this file in).
+        mps_record = home / "mps-record.txt"
+        mps_record.touch()
+        control = paths.device_dir / "driver-root" / "usr/bin/nvidia-cuda-mps-control"
+        control.parent.mkdir(parents=True)
+        control.write_text(STAND_IN_CONTROL.format(record=mps_record, shm_file=SHM_FILE))
+        control.chmod(0o755)
         agents: list[processes.Child] = []
 
         def start() -> processes.Child:
@@ -92,12 +105,15 @@ def dra_node(kube_cluster: TestCluster, real_control_plane: ControlPlane, api_cl
                 real_control_plane.children, node=NODE, kubeconfig=token, paths=paths, events_namespace="default",
                 runtime_socket=runtime.socket, log_dir=home,
                 extra=("--dra", "true", "--dra-kubelet-dir", str(kubelet_home / "root"),
-                       "--dra-checkpoint", str(checkpoint)))  # fmt: skip
+                       "--dra-checkpoint", str(checkpoint), "--isolation-dir", str(home / "isolation"),
+                       "--mps-stop-timeout-s", "5"))  # fmt: skip
             agents.append(agent)
             processes.wait_until(paths.cri_socket.exists, f"the CRI socket of the agent of {NODE}",
                                  timeout_s=WITHIN_S, children=[agent])  # fmt: skip
             return agent
 
+        # Last (after the agents stop): the stand-in MPS servers the agents' daemons forked, and their shm mounts.
+        stack.callback(_leave_no_mps, control, home / "isolation")
         agent = start()
         stack.callback(lambda: [a.stop() for a in agents])
         kubelet.give_network_config(runtime.directory / "cni" / "conf")
@@ -110,7 +126,7 @@ def dra_node(kube_cluster: TestCluster, real_control_plane: ControlPlane, api_cl
 
         processes.wait_until(ready, f"Node {NODE} Ready", timeout_s=WITHIN_S, children=[agent, running.child])
         node = DraNode(NODE, agent, running, runtime.image, runtime.endpoint, runtime.cdi_dir, checkpoint,
-                       restart=None)  # fmt: skip
+                       restart=None, mps_record=mps_record)  # fmt: skip
 
         def restart() -> None:
             os.killpg(node.agent.process.pid, signal.SIGKILL)
@@ -122,6 +138,18 @@ def dra_node(kube_cluster: TestCluster, real_control_plane: ControlPlane, api_cl
         yield node
     with contextlib.suppress(client.ApiException):
         core.delete_node(NODE)
+
+
+def _leave_no_mps(control: Path, isolation: Path) -> None:
+    """End every stand-in MPS server of `control` (the agent's daemons outlive it, as with the real driver) and
+    unmount the shm folders the agent mounted under `isolation`, so the node's folder can go."""
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            if entry.name.isdigit() and str(control).encode() in cmdline and b"serve" in cmdline:
+                os.kill(int(entry.name), signal.SIGKILL)
+    for point in reversed(mounts_under(isolation)):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
 def _gpus(api: client.ApiClient) -> list[dict[str, Any]]:
@@ -251,3 +279,55 @@ def test_two_pods_share_a_card_through_consumable_capacity_and_a_missing_model_s
         core.delete_namespaced_pod(name, namespace)
     _wait("the pods gone and every claim unprepared", lambda: not core.list_namespaced_pod(namespace).items and not
           json.loads(dra_node.checkpoint.read_text())["claims"], dra_node)  # fmt: skip
+
+
+MPS_CLASS = "gpu-mps.elasticgpu.io"
+
+
+def test_slices_of_an_mps_device_class_share_the_card_s_mps_daemon(
+    api_client: client.ApiClient, dra_node: DraNode, dra_card: tuple[dict[str, Any], dict[str, Any]], namespace: str
+) -> None:
+    """Issue 48: the DeviceClass's config says MPS (and a StopContainer policy); two pods each get a 30% / 10 GiB
+    share of the card through consumable capacity, and run with the MPS env and pipe folder of the card's one
+    daemon, which the agent started before their containers and stops once both are gone."""
+    card, _ = dra_card
+    uuid = card["spec"]["uuid"]
+    parameters = {"apiVersion": "gpu.elasticgpu.io/v1", "kind": "Isolation", "mode": "MPS",
+                  "overLimitAction": "StopContainer", "overLimitGraceSeconds": 30}  # fmt: skip
+    klass = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": MPS_CLASS},
+             "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.elasticgpu.io"'
+                                                           " && device.allowMultipleAllocations == true"}}],
+                      "config": [{"opaque": {"driver": "gpu.elasticgpu.io", "parameters": parameters}}]}}  # fmt: skip
+    made = kube_request(api_client, "POST", f"{RESOURCE}/deviceclasses", body=klass)
+    assert made.status == 201, made.body
+    core = client.CoreV1Api(api_client)
+    try:
+        _template(api_client, namespace, "mps-slice", {"deviceClassName": MPS_CLASS,
+                                                        "capacity": {"requests": {"cores": "30", "memory": "10Gi"}}})
+        for name in ("mps-a", "mps-b"):
+            core.create_namespaced_pod(namespace, _pod(name, "mps-slice", dra_node.image))
+        daemons = set()
+        for name in ("mps-a", "mps-b"):
+            _running(core, namespace, name, dra_node)
+            inside = container_env(dra_node.runtime_endpoint, namespace, name)
+            assert inside.get("NVIDIA_VISIBLE_DEVICES") == uuid, inside
+            assert (inside.get("CUDA_MPS_PIPE_DIRECTORY"), inside.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+                    inside.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")) == ("/run/nvidia-mps", "30", "0=10240M"), inside
+            # The pipe folder the room mounts is the card's daemon's: its pid file is there.
+            daemons.add(int(container_exec(dra_node.runtime_endpoint, namespace, name,
+                                           ["cat", "/run/nvidia-mps/nvidia-cuda-mps-control.pid"])))  # fmt: skip
+        (daemon,) = daemons  # one daemon per card, shared by both claims
+        assert "nvidia-cuda-mps-control" in Path(f"/proc/{daemon}/cmdline").read_text(errors="replace")
+        starts = [line for line in dra_node.mps_record.read_text().splitlines() if line.startswith("start ")]
+        assert [line.split()[1] for line in starts] == [uuid], starts
+        # The checkpoint kept the class's config for each claim: its mode and its over-limit policy.
+        entries = json.loads(dra_node.checkpoint.read_text())["claims"].values()
+        assert sorted((e["isolation"], e["over_limit_action"], e["over_limit_grace_s"]) for e in entries) == [
+            ("MPS", "StopContainer", 30)] * 2
+        for name in ("mps-a", "mps-b"):
+            core.delete_namespaced_pod(name, namespace)
+        _wait("the pods gone, their claims unprepared and the card's MPS daemon stopped", lambda: (
+            not core.list_namespaced_pod(namespace).items and not json.loads(dra_node.checkpoint.read_text())["claims"]
+            and f"quit {uuid}" in dra_node.mps_record.read_text()), dra_node)  # fmt: skip
+    finally:
+        kube_request(api_client, "DELETE", f"{RESOURCE}/deviceclasses/{MPS_CLASS}")
