@@ -36,7 +36,7 @@ from tests.realcluster.test_dra_kubelet import dra_node as dra_node  # the node:
 
 pytestmark = pytest.mark.realcluster
 
-CHURN_S = 100.0
+CHURN_S = 75.0
 """How long pods come and go while the cards move (the whole file stays under 4 min on a loaded 2-core box)."""
 HOLD_S = 3.0
 """How long a pod that reached Running keeps its card before the churn deletes it."""
@@ -55,6 +55,19 @@ def _class(api: client.ApiClient) -> str:
              "reclaimPolicy": "Delete", "bindingMode": "Immediate"}  # fmt: skip
     assert kube_request(api, "POST", f"{CUSTOM}/{names.PLURAL_CLASS}", body=klass).status == 201
     return name
+
+
+def _webhook_gates(api: client.ApiClient, namespace: str, node: DraNode) -> None:
+    """Wait until the API server calls the webhook (its configuration is the webhook's own write at start):
+    a pod with a claim created before would not be gated, and would run without its card."""
+
+    def gated() -> bool:
+        probe = _our_pod("probe", "x", node.image)
+        made = kube_request(api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=probe,
+                            query=[("dryRun", "All")]).json()  # fmt: skip
+        return any(g.get("name") == names.SCHEDULING_GATE for g in made["spec"].get("schedulingGates") or [])
+
+    _wait("the webhook to gate a pod with a claim", gated, node)
 
 
 def _gpu(api: client.ApiClient, name: str) -> dict[str, Any]:
@@ -95,6 +108,7 @@ def test_our_claim_and_a_dra_claim_run_side_by_side_on_one_node_and_each_frees_i
     card, ours = dra_card
     core = client.CoreV1Api(api_client)
     klass = _class(api_client)
+    _webhook_gates(api_client, namespace, dra_node)
     assert kube_request(api_client, "POST", _claim_path(namespace), body=_claim_body("slice", klass, 30, "10Gi")
                         ).status == 201  # fmt: skip
     _template(api_client, namespace, "whole", {"deviceClassName": "gpu.elasticgpu.io"})
@@ -239,6 +253,7 @@ def test_cards_moved_to_dra_and_back_while_claims_come_and_go_are_never_given_tw
     start = {card["metadata"]["name"]: card_holders.DRA, ours["metadata"]["name"]: card_holders.OURS}
     uuids = {g["spec"]["index"]: g["spec"]["uuid"] for g in (card, ours)}
     klass = _class(api_client)
+    _webhook_gates(api_client, namespace, dra_node)
     _template(api_client, namespace, "half", {"deviceClassName": "gpu.elasticgpu.io",
                                               "capacity": {"requests": {"cores": "50", "memory": "10Gi"}}})  # fmt: skip
     churn = Churn(api_client, dra_node, namespace, klass, uuids.__getitem__)
