@@ -202,7 +202,8 @@ class Recorder:
                 if side is None:
                     continue
                 for uuid in uuids:
-                    holders.setdefault(uuid, set()).add((side, pod))
+                    if uuid.startswith("GPU-"):
+                        holders.setdefault(uuid, set()).add((side, pod))
         with self._lock:
             self.samples += 1
             for (namespace, name), uuids in (self._env[c.id] for c in running):
@@ -214,11 +215,12 @@ class Recorder:
 
 
 def cards_of(info: dict[str, Any]) -> set[str]:
-    """The card uuids a container has, from containerd's verbose info: NVIDIA_VISIBLE_DEVICES of its OCI
-    spec (after CDI) and our card CDI devices kubelet asked for it."""
+    """The cards a container has, from containerd's verbose info: NVIDIA_VISIBLE_DEVICES of its OCI spec
+    (after CDI: uuids, or `void`, or `<unset>`) and our card CDI devices kubelet asked for it (uuids)."""
     env = dict(item.split("=", 1) for item in info.get("runtimeSpec", {}).get("process", {}).get("env", [])
                if "=" in item)  # fmt: skip
-    visible = {u for u in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u.startswith("GPU-")}
+    # Every value, not only uuids: a container neutralised (`void`) or with none (`<unset>`) must show.
+    visible = {u for u in env.get("NVIDIA_VISIBLE_DEVICES", "<unset>").split(",") if u}
     config = info.get("config") or {}
     devices = config.get("CDI_devices") or config.get("cdi_devices") or config.get("CDIDevices") or []
     asked = {str(d.get("name", "")).removeprefix(CDI_CARD) for d in devices

@@ -26,7 +26,7 @@ from kubernetes import client
 from elasticgpu.api import dra_names, names
 from tests.kube_cluster import kube_request
 from tests.realcluster import card_holders
-from tests.realcluster.test_claim_pod import CUSTOM, _claim_body, container_env
+from tests.realcluster.test_claim_pod import CUSTOM, _claim_body, _container_env, container_env
 from tests.realcluster.test_claim_pod import _pod as _our_pod
 from tests.realcluster.test_claim_pod import product as product  # the module fixture: controller and webhook
 from tests.realcluster.test_dra_kubelet import GPUS, RESOURCE, DraNode, _gpus, _running, _template, _wait
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.realcluster
 
 CHURN_S = 75.0
 """How long pods come and go while the cards move (the whole file stays under 4 min on a loaded 2-core box)."""
-HOLD_S = 3.0
+HOLD_S = 4.0
 """How long a pod that reached Running keeps its card before the churn deletes it."""
 PENDING_S = 25.0
 """How long a pod may stay Pending before the churn checks its reason and, with one, deletes it."""
@@ -167,6 +167,7 @@ class Churned:
     side: str
     created: float
     ran_on: set[str] = field(default_factory=set)  # the card uuids its claim held when it ran
+    had: set[str] = field(default_factory=set)  # NVIDIA_VISIBLE_DEVICES of its container, as containerd holds it
     pending_reason: str = ""
     deleted: bool = False
 
@@ -218,6 +219,8 @@ class Churn:
             if phase == "Running":
                 if not pod.ran_on:
                     pod.ran_on = self._cards(pod)
+                    env = _container_env(self.node.runtime_endpoint, self.namespace, pod.name)
+                    pod.had = set(env.get("NVIDIA_VISIBLE_DEVICES", "<unset>").split(","))
                     pod.created = now  # from now, HOLD_S
                 elif now - pod.created > HOLD_S:
                     self.delete(pod)
@@ -330,10 +333,13 @@ def test_cards_moved_to_dra_and_back_while_claims_come_and_go_are_never_given_tw
     for finding in (*twice, *record.overlaps, *churn.problems):
         print("FINDING:", finding)  # whole: an assertion's message is cut short
     assert not (twice or record.overlaps or churn.problems), (twice[:10], record.overlaps[:10], churn.problems)
-    # Every pod that ran saw only the card its claim held (as containerd holds its containers).
+    # Every pod that ran had exactly the card its claim held (as containerd holds its container: read when the
+    # pod was seen Running, and in every sample that caught it; a pod that ran between samples has no sample).
     for pod in ran:
-        seen = record.seen.get((namespace, pod.name), set())
-        assert seen and seen <= pod.ran_on, f"{pod.name} ({pod.side}) held {pod.ran_on}, its containers had {seen}"
+        seen = record.seen.get((namespace, pod.name), pod.ran_on)
+        assert pod.had == seen == pod.ran_on, f"{pod.name} ({pod.side}) held {pod.ran_on}, its container had " \
+                                              f"{pod.had}, in the samples {seen}"  # fmt: skip
+    assert sum((namespace, p.name) in record.seen for p in ran) >= len(ran) // 2, summary  # the samples do sample
     # The loop did what it claims: both cards went both ways, with pods of both sides on both cards.
     assert {(n, o) for n, o, _ in moves} >= {(g["metadata"]["name"], o) for g in (card, ours)
                                             for o in (card_holders.DRA, card_holders.OURS)}, summary  # fmt: skip
