@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from elasticgpu.api.errors import ElasticGPUError, NotFound
 
-__all__ = ["AlreadyExists", "ApiError", "ApiUnavailable", "BindingError", "CardOverfilled", "Conflict",
+__all__ = ["AlreadyExists", "ApiError", "ApiUnavailable", "BindingError", "CardClosed", "CardOverfilled", "Conflict",
            "ControllerError", "ElasticGPUError", "EvictionBlocked", "NotFound", "Rejected"]
 
 
@@ -49,6 +49,14 @@ class CardOverfilled(Conflict):
     in the picture between the decision and the write (another controller's write arrived), and
     the write, carrying the picture's newest resourceVersion, would pass the server's precondition.
     Nothing was written; re-plan on the card as it is now, as after a 409."""
+
+
+class CardClosed(CardOverfilled):
+    """A new reservation's card is no longer ours alone in the picture (its spec.owner or status.owner
+    says DRA, docs/dra.md): the platform team started a move between the decision and the write, and
+    the write, carrying the picture's newest resourceVersion, would pass the server's precondition
+    (the CRD refuses a reservation only once status.owner is DRA). Nothing was written; re-plan, as
+    after a 409 (a subclass of CardOverfilled so that every writer already re-plans on it)."""
 
 
 class Rejected(ApiError):

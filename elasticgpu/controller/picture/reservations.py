@@ -35,7 +35,7 @@ from elasticgpu.allocator import (
 from elasticgpu.allocator.mig import model_for, partitions_fit
 from elasticgpu.api import GPU, GPUAllocation, ObjectReference, allocatable_summary, format_memory, names, timestamps
 from elasticgpu.api.gpu import GPUPartition, open_to_elastic_gpu
-from elasticgpu.controller.errors import CardOverfilled
+from elasticgpu.controller.errors import CardClosed, CardOverfilled
 from elasticgpu.controller.picture import compact, versions
 
 logger = logging.getLogger(__name__)
@@ -328,10 +328,24 @@ class Ledger:
         `CardOverfilled` as `with_allocation`."""
         keys = {a.elastic_gpu for a in allocations}
         body = self._gpus[gpu_name]
+        self._refuse_closed(gpu_name, keys - {str(a.get("elasticGPU")) for a in _allocations(body)})
         kept = [a for a in _allocations(body) if a.get("elasticGPU") not in keys]
         written = kept + [a.to_dict() for a in allocations]
         self._refuse_overfill(body, written, sorted(keys))
         return self._status_body(body, written)
+
+    def _refuse_closed(self, gpu_name: str, new_keys: set[str]) -> None:
+        """The owner half of the last check (docs/dra.md: new reservations stop the moment spec.owner
+        changes): a decision made on a copy from before the platform team set spec.owner to DRA must
+        not land on the card, and the picture's newest resourceVersion would let it through (only
+        status.owner DRA is refused by the CRD). Adding a holder to a card not ours alone is refused;
+        changing a reservation the card already holds (a claimRef stamp, a resize) or removing one is not."""
+        model = self._models[gpu_name]
+        if new_keys and not open_to_elastic_gpu(model):
+            raise CardClosed(
+                f"GPU {gpu_name}: not reserving {', '.join(sorted(new_keys))}: the card is moving to DRA or is"
+                f" DRA's (spec.owner {model.spec.owner}, status.owner {model.status.owner or 'ElasticGPU'}) since"
+                " the decision; deciding again")
 
     def _refuse_overfill(self, body: Body, allocations: list[Body], keys: list[str]) -> None:
         """The last check before a write, whatever decided it: the body is built from the card
