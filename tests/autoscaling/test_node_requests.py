@@ -81,10 +81,16 @@ def test_the_placeholder_pod_asks_the_resource_with_the_class_s_node_selector_an
     ask = node_requests.Ask(name="egpu-node-request-1", class_name="c", cards=2, node_selector=(("pool", "gpu"),),
                             claims=("ns/a", "ns/b"))
     pod = node_requests.placeholder_pod(ask, namespace="sys", resource="nvidia.com/gpu", image="pause",
-                                        avoid=("old-2", "old-1"))
-    # only a new node may take it: an existing one's cards look free to the scheduler
-    term = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]  # type: ignore[index]
-    assert term["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["old-1", "old-2"]
+                                        avoid=("old-2", "old-1"), avoid_hostnames=("ip-10-0-0-1",))
+    # not the nodes whose cards are known: their cards look free to the scheduler; in one term, by name
+    # for kube-scheduler and by hostname label for Karpenter (which reads matchExpressions only, and
+    # takes an existing node's name where it has no hostname label)
+    selector = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]  # type: ignore[index]
+    [term] = selector["nodeSelectorTerms"]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": ["old-1", "old-2"]}]
+    assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                         "values": ["ip-10-0-0-1", "old-1", "old-2"]}]
+    assert "affinity" not in node_requests.placeholder_pod(ask, namespace="sys", resource="r", image="i")["spec"]  # type: ignore[operator]
     container = pod["spec"]["containers"][0]  # type: ignore[index]
     assert container["resources"]["requests"] == {"nvidia.com/gpu": "2"}
     assert pod["spec"]["nodeSelector"] == {"pool": "gpu"}  # type: ignore[index]

@@ -19,7 +19,10 @@ resync creates nothing new and a claim asks for one node however long it waits.
   named from the uid of the first claim packed into it;
 - the WaitForFirstConsumer claims of one pod that no node can hold: one placeholder asking all
   their cards (a share counts one card), since they must meet on one node; named from the first
-  claim's uid.
+  claim's uid;
+- every placeholder keeps off the nodes whose cards the controller knows when it is made (they
+  could not take its claims), in the two forms the schedulers read (`placeholder_pod`); a node
+  whose agent has not published its cards yet may take it: it may be the node coming for it.
 
 Pure: takes plain values, returns plain values.
 """
@@ -42,6 +45,7 @@ LABEL_NODE_REQUEST = "elasticgpu.io/node-request"
 ANNOTATION_FOR_CLAIMS = "elasticgpu.io/for-claims"
 """On placeholder pods: the claims (namespace/name, comma-separated) the node is asked for."""
 NAME_PREFIX = "egpu-node-request-"
+LABEL_HOSTNAME = "kubernetes.io/hostname"
 
 
 @dataclass(frozen=True)
@@ -137,12 +141,17 @@ def asks(waiters: Iterable[Waiter]) -> list[Ask]:
     return sorted(found, key=lambda a: a.name)
 
 
-def placeholder_pod(ask: Ask, *, namespace: str, resource: str, image: str,
-                    priority_class: str = "", avoid: tuple[str, ...] = ()) -> dict[str, object]:
+def placeholder_pod(ask: Ask, *, namespace: str, resource: str, image: str, priority_class: str = "",
+                    avoid: tuple[str, ...] = (), avoid_hostnames: tuple[str, ...] = ()) -> dict[str, object]:
     """The pod for `ask`: asks `resource: cards` with the class's node selector, tolerates every
     taint (GPU pools are usually tainted), and may be evicted at any time (it holds nothing).
-    `avoid`: the nodes that exist now; claims do not consume `resource`, so the scheduler would
-    see their cards free and place the pod there instead of asking for a node."""
+    `avoid`: the names of the nodes whose cards the controller knows now (they could not take the
+    claims); claims do not consume `resource`, so the scheduler would see their cards free and
+    place the pod there instead of asking for a node. `avoid_hostnames`: their
+    `kubernetes.io/hostname` labels. Both forms, because the two readers differ: kube-scheduler
+    honours `matchFields` (metadata.name), Karpenter reads `matchExpressions` only and sees an
+    existing node as its hostname label (its name where it has none); a placeholder that Karpenter
+    thinks fits an existing node asks for nothing while kube-scheduler keeps it Pending."""
     spec: dict[str, object] = {
         "containers": [{
             "name": "pause", "image": image,
@@ -158,8 +167,12 @@ def placeholder_pod(ask: Ask, *, namespace: str, resource: str, image: str,
     if ask.node_selector:
         spec["nodeSelector"] = dict(ask.node_selector)
     if avoid:
-        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": sorted(avoid)}]}]}}}
+        # One term: its fields and expressions must all hold.
+        term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": sorted(set(avoid))}],
+                "matchExpressions": [{"key": LABEL_HOSTNAME, "operator": "NotIn",
+                                      "values": sorted(set(avoid) | set(avoid_hostnames))}]}
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [term]}}}
     if priority_class:
         spec["priorityClassName"] = priority_class
     return {
