@@ -91,6 +91,18 @@ def test_the_placeholder_pod_asks_the_resource_with_the_class_s_node_selector_an
     assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "NotIn",
                                          "values": ["ip-10-0-0-1", "old-1", "old-2"]}]
     assert "affinity" not in node_requests.placeholder_pod(ask, namespace="sys", resource="r", image="i")["spec"]  # type: ignore[operator]
+    # A node name longer than a label value (KWOK's are 69 characters) is no hostname label: the API
+    # server refuses such a value, so only the name (matchFields) and the node's own label say it.
+    long = "kwok-t-aa7cf3a01f4c-gpu-8jmtm-griffinfeather-1-697wqgvq3v-3321533499"
+    kwok = node_requests.placeholder_pod(ask, namespace="sys", resource="r", image="i", avoid=(long,),
+                                         avoid_hostnames=("t-aa7cf3a01f4c-gpu-8jmtm",))
+    [term] = kwok["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][  # type: ignore[index]
+        "nodeSelectorTerms"]
+    assert term["matchFields"][0]["values"] == [long]
+    assert term["matchExpressions"][0]["values"] == ["t-aa7cf3a01f4c-gpu-8jmtm"]
+    kwok = node_requests.placeholder_pod(ask, namespace="sys", resource="r", image="i", avoid=(long,))
+    assert "matchExpressions" not in kwok["spec"]["affinity"]["nodeAffinity"][  # type: ignore[index]
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     container = pod["spec"]["containers"][0]  # type: ignore[index]
     assert container["resources"]["requests"] == {"nvidia.com/gpu": "2"}
     assert pod["spec"]["nodeSelector"] == {"pool": "gpu"}  # type: ignore[index]

@@ -30,6 +30,7 @@ Pure: takes plain values, returns plain values.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -46,6 +47,8 @@ ANNOTATION_FOR_CLAIMS = "elasticgpu.io/for-claims"
 """On placeholder pods: the claims (namespace/name, comma-separated) the node is asked for."""
 NAME_PREFIX = "egpu-node-request-"
 LABEL_HOSTNAME = "kubernetes.io/hostname"
+_LABEL_VALUE = re.compile(r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+"""A label value the API server takes (what a NotIn on `kubernetes.io/hostname` may name)."""
 
 
 @dataclass(frozen=True)
@@ -168,9 +171,13 @@ def placeholder_pod(ask: Ask, *, namespace: str, resource: str, image: str, prio
         spec["nodeSelector"] = dict(ask.node_selector)
     if avoid:
         # One term: its fields and expressions must all hold.
-        term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": sorted(set(avoid))}],
-                "matchExpressions": [{"key": LABEL_HOSTNAME, "operator": "NotIn",
-                                      "values": sorted(set(avoid) | set(avoid_hostnames))}]}
+        term: dict[str, object] = {"matchFields": [{"key": "metadata.name", "operator": "NotIn",
+                                                    "values": sorted(set(avoid))}]}
+        # A name longer than a label value (63) is no node's hostname label, and the API server refuses it
+        # (seen: KWOK's node names of 69 characters); Karpenter then reads such a node by its label.
+        hostnames = sorted(v for v in set(avoid) | set(avoid_hostnames) if _LABEL_VALUE.fullmatch(v))
+        if hostnames:
+            term["matchExpressions"] = [{"key": LABEL_HOSTNAME, "operator": "NotIn", "values": hostnames}]
         spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [term]}}}
     if priority_class:

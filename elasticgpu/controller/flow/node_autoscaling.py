@@ -133,7 +133,12 @@ class NodeAutoscaling:
         for name, ask in wanted.items():
             found = existing.get(name)
             if found is None or _asks_cards(found, settings.resource) != ask.cards:
-                found = self._create(ask)
+                try:
+                    found = self._create(ask)
+                except errors.ApiError as err:  # one refused pod must not hold back the others' asks
+                    logger.warning("placeholder pod %s/%s not created, retrying next pass: %s", settings.namespace,
+                                   name, err)
+                    continue
                 if found is None:
                     continue
             states[name] = _state(found)
