@@ -173,17 +173,17 @@ def test_an_admin_s_protection_stays_and_a_claim_that_never_fits_asks_nothing(
     _wait_for(only_the_admin_s_left, "the controller removes only the annotation it added")
 
 
-def test_a_placeholder_keeps_off_the_nodes_whose_cards_are_known_in_both_schedulers_words(
+def test_a_placeholder_keeps_off_the_nodes_whose_cards_are_known_by_a_label_karpenter_reads(
         cluster: Cluster, kube: KubeApi, nodes: Callable[[str, dict[str, str]], None]) -> None:
-    """Found by Karpenter (tests/realcluster/test_karpenter.py, ten claims): Karpenter reads a pod's
-    node affinity from matchExpressions only, so a placeholder kept off a full node by matchFields
-    alone looked to it as fitting that node (whose nvidia.com/gpu no claim consumes) and no node was
-    asked, while kube-scheduler kept the pod Pending. A node whose agent has not published its
-    cards yet (the one Karpenter just added) is not avoided: avoiding it asked for another node."""
+    """Found by Karpenter (tests/realcluster/test_karpenter.py, ten claims): Karpenter ignores a pod
+    whose node affinity uses matchFields or kubernetes.io/hostname, so a placeholder kept off a full
+    node by `metadata.name` asked for nothing. The nodes to avoid carry our label, and the pod says
+    NotIn on it. A node whose agent has not published its cards yet (the one Karpenter just added)
+    is not avoided: avoiding it asked for another node."""
     prefix = cluster.prefix
     model = f"T{prefix}"
     full, coming = f"{prefix}-full", f"{prefix}-coming"
-    nodes(full, {"pool": prefix, "kubernetes.io/hostname": f"host-{prefix}"})
+    nodes(full, {"pool": prefix})
     nodes(coming, {"pool": prefix})
     cluster.gpu(o.gpu(f"gpu-{prefix}-0", node=full, model=model))
     cluster.klass(o.klass(f"{prefix}-whole", provisioner="elasticgpu.io/physical",
@@ -198,7 +198,6 @@ def test_a_placeholder_keeps_off_the_nodes_whose_cards_are_known_in_both_schedul
     [placeholder] = _placeholders(kube, cluster.namespace).values()
     [term] = placeholder["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"]
-    assert term["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": [full]}]
-    assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "NotIn",
-                                         "values": sorted([full, f"host-{prefix}"])}]
-
+    assert term == {"matchExpressions": [{"key": node_requests.LABEL_NODE_ID, "operator": "NotIn", "values": [full]}]}
+    assert kube.get_node(full)["metadata"]["labels"][node_requests.LABEL_NODE_ID] == full
+    assert node_requests.LABEL_NODE_ID not in kube.get_node(coming)["metadata"]["labels"]

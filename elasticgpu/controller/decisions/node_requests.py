@@ -21,8 +21,8 @@ resync creates nothing new and a claim asks for one node however long it waits.
   their cards (a share counts one card), since they must meet on one node; named from the first
   claim's uid;
 - every placeholder keeps off the nodes whose cards the controller knows when it is made (they
-  could not take its claims), in the two forms the schedulers read (`placeholder_pod`); a node
-  whose agent has not published its cards yet may take it: it may be the node coming for it.
+  could not take its claims), by a label of ours on those nodes (`placeholder_pod`); a node whose
+  agent has not published its cards yet may take it: it may be the node coming for it.
 
 Pure: takes plain values, returns plain values.
 """
@@ -46,9 +46,10 @@ LABEL_NODE_REQUEST = "elasticgpu.io/node-request"
 ANNOTATION_FOR_CLAIMS = "elasticgpu.io/for-claims"
 """On placeholder pods: the claims (namespace/name, comma-separated) the node is asked for."""
 NAME_PREFIX = "egpu-node-request-"
-LABEL_HOSTNAME = "kubernetes.io/hostname"
+LABEL_NODE_ID = "elasticgpu.io/node-id"
+"""On Nodes whose cards the controller knows (`node_id` of the name): what placeholders keep off."""
 _LABEL_VALUE = re.compile(r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-"""A label value the API server takes (what a NotIn on `kubernetes.io/hostname` may name)."""
+"""A label value the API server takes."""
 
 
 @dataclass(frozen=True)
@@ -144,17 +145,22 @@ def asks(waiters: Iterable[Waiter]) -> list[Ask]:
     return sorted(found, key=lambda a: a.name)
 
 
+def node_id(name: str) -> str:
+    """The value of `LABEL_NODE_ID` for node `name`: the name where it is a label value (at most 63
+    characters), else a hash of it (KWOK's node names run to 69)."""
+    return name if _LABEL_VALUE.fullmatch(name) else "h-" + hashlib.sha256(name.encode()).hexdigest()[:32]
+
+
 def placeholder_pod(ask: Ask, *, namespace: str, resource: str, image: str, priority_class: str = "",
-                    avoid: tuple[str, ...] = (), avoid_hostnames: tuple[str, ...] = ()) -> dict[str, object]:
+                    avoid: tuple[str, ...] = ()) -> dict[str, object]:
     """The pod for `ask`: asks `resource: cards` with the class's node selector, tolerates every
     taint (GPU pools are usually tainted), and may be evicted at any time (it holds nothing).
-    `avoid`: the names of the nodes whose cards the controller knows now (they could not take the
-    claims); claims do not consume `resource`, so the scheduler would see their cards free and
-    place the pod there instead of asking for a node. `avoid_hostnames`: their
-    `kubernetes.io/hostname` labels. Both forms, because the two readers differ: kube-scheduler
-    honours `matchFields` (metadata.name), Karpenter reads `matchExpressions` only and sees an
-    existing node as its hostname label (its name where it has none); a placeholder that Karpenter
-    thinks fits an existing node asks for nothing while kube-scheduler keeps it Pending."""
+    `avoid`: the `LABEL_NODE_ID` of the nodes whose cards the controller knows now (they could not
+    take the claims); claims do not consume `resource`, so the scheduler would see their cards free
+    and place the pod there instead of asking for a node. A label of ours, not `metadata.name`
+    (matchFields) or `kubernetes.io/hostname`: Karpenter ignores a pod that uses either ("matchFields
+    is not supported", "using label kubernetes.io/hostname is not allowed"), and a new node, without
+    the label, satisfies NotIn for both kube-scheduler and Karpenter."""
     spec: dict[str, object] = {
         "containers": [{
             "name": "pause", "image": image,
@@ -170,16 +176,8 @@ def placeholder_pod(ask: Ask, *, namespace: str, resource: str, image: str, prio
     if ask.node_selector:
         spec["nodeSelector"] = dict(ask.node_selector)
     if avoid:
-        # One term: its fields and expressions must all hold.
-        term: dict[str, object] = {"matchFields": [{"key": "metadata.name", "operator": "NotIn",
-                                                    "values": sorted(set(avoid))}]}
-        # A name longer than a label value (63) is no node's hostname label, and the API server refuses it
-        # (seen: KWOK's node names of 69 characters); Karpenter then reads such a node by its label.
-        hostnames = sorted(v for v in set(avoid) | set(avoid_hostnames) if _LABEL_VALUE.fullmatch(v))
-        if hostnames:
-            term["matchExpressions"] = [{"key": LABEL_HOSTNAME, "operator": "NotIn", "values": hostnames}]
-        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [term]}}}
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": LABEL_NODE_ID, "operator": "NotIn", "values": sorted(set(avoid))}]}]}}}
     if priority_class:
         spec["priorityClassName"] = priority_class
     return {

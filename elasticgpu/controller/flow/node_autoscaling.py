@@ -158,13 +158,20 @@ class NodeAutoscaling:
             published = {node.record.name for node in self.picture.ledger.inventory.nodes() if node.cards}
             labels = {name: ((body.get("metadata") or {}).get("labels") or {})
                       for name, body in self.picture.pods.nodes().items() if name in published}
-        avoid = tuple(name for name, node_labels in labels.items()
-                      if all(node_labels.get(k) == v for k, v in ask.node_selector))
-        hostnames = tuple(labels[name][node_requests.LABEL_HOSTNAME] for name in avoid
-                          if labels[name].get(node_requests.LABEL_HOSTNAME))
+        avoid = [name for name, node_labels in labels.items()
+                 if all(node_labels.get(k) == v for k, v in ask.node_selector)]
+        for name in avoid:  # the label the pod keeps off by (node_requests.placeholder_pod says why)
+            wanted = node_requests.node_id(name)
+            if labels[name].get(node_requests.LABEL_NODE_ID) != wanted:
+                try:
+                    answer = self.kube.patch_node(name, {"metadata": {"labels": {node_requests.LABEL_NODE_ID: wanted}}})
+                except errors.NotFound:
+                    continue  # gone: no pod lands there
+                with self.picture.lock:
+                    self.picture.pods.put_node(answer)
         body = node_requests.placeholder_pod(ask, namespace=settings.namespace, resource=settings.resource,
                                              image=settings.image, priority_class=settings.priority_class,
-                                             avoid=avoid, avoid_hostnames=hostnames)
+                                             avoid=tuple(node_requests.node_id(name) for name in avoid))
         try:
             created = self.kube.create_pod(settings.namespace, body)
         except errors.AlreadyExists:
