@@ -82,14 +82,25 @@ def test_the_placeholder_pod_asks_the_resource_with_the_class_s_node_selector_an
                             claims=("ns/a", "ns/b"))
     pod = node_requests.placeholder_pod(ask, namespace="sys", resource="nvidia.com/gpu", image="pause",
                                         avoid=("old-2", "old-1"))
-    # only a new node may take it: an existing one's cards look free to the scheduler
-    term = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]  # type: ignore[index]
-    assert term["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["old-1", "old-2"]
+    # not the nodes whose cards are known (their cards look free to the scheduler), by our label on them:
+    # Karpenter ignores a pod with matchFields or kubernetes.io/hostname in its node affinity
+    selector = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]  # type: ignore[index]
+    assert selector["nodeSelectorTerms"] == [{"matchExpressions": [
+        {"key": "elasticgpu.io/node-id", "operator": "NotIn", "values": ["old-1", "old-2"]}]}]
+    assert "affinity" not in node_requests.placeholder_pod(ask, namespace="sys", resource="r", image="i")["spec"]  # type: ignore[operator]
     container = pod["spec"]["containers"][0]  # type: ignore[index]
     assert container["resources"]["requests"] == {"nvidia.com/gpu": "2"}
     assert pod["spec"]["nodeSelector"] == {"pool": "gpu"}  # type: ignore[index]
     assert pod["metadata"]["annotations"][node_requests.ANNOTATION_FOR_CLAIMS] == "ns/a,ns/b"  # type: ignore[index]
     assert pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"  # type: ignore[index]
+
+
+def test_a_node_id_is_its_name_where_that_is_a_label_value_else_a_hash_of_it() -> None:
+    assert node_requests.node_id("ip-10-0-3-17.ec2.internal") == "ip-10-0-3-17.ec2.internal"
+    long = "kwok-t-aa7cf3a01f4c-gpu-8jmtm-griffinfeather-1-697wqgvq3v-3321533499"  # 69: KWOK's node names
+    hashed = node_requests.node_id(long)
+    assert hashed == node_requests.node_id(long) != node_requests.node_id(long + "x")
+    assert len(hashed) <= 63 and hashed.startswith("h-")
 
 
 _requests = st.one_of(

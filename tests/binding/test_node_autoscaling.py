@@ -171,3 +171,33 @@ def test_an_admin_s_protection_stays_and_a_claim_that_never_fits_asks_nothing(
             "karpenter.sh/do-not-disrupt"}
 
     _wait_for(only_the_admin_s_left, "the controller removes only the annotation it added")
+
+
+def test_a_placeholder_keeps_off_the_nodes_whose_cards_are_known_by_a_label_karpenter_reads(
+        cluster: Cluster, kube: KubeApi, nodes: Callable[[str, dict[str, str]], None]) -> None:
+    """Found by Karpenter (tests/realcluster/test_karpenter.py, ten claims): Karpenter ignores a pod
+    whose node affinity uses matchFields or kubernetes.io/hostname, so a placeholder kept off a full
+    node by `metadata.name` asked for nothing. The nodes to avoid carry our label, and the pod says
+    NotIn on it. A node whose agent has not published its cards yet (the one Karpenter just added)
+    is not avoided: avoiding it asked for another node."""
+    prefix = cluster.prefix
+    model = f"T{prefix}"
+    full, coming = f"{prefix}-full", f"{prefix}-coming"
+    nodes(full, {"pool": prefix})
+    nodes(coming, {"pool": prefix})
+    cluster.gpu(o.gpu(f"gpu-{prefix}-0", node=full, model=model))
+    cluster.klass(o.klass(f"{prefix}-whole", provisioner="elasticgpu.io/physical",
+                          parameters={"gpuModel": model, "nodeSelector": f"pool={prefix}"}))
+    cluster.claim(o.claim("holder", cards=1, cores=None, memory=None, class_name=f"{prefix}-whole"))
+    cluster.claim(o.claim("waiter", cards=1, cores=None, memory=None, class_name=f"{prefix}-whole"))
+    controller = _controller(kube, cluster.namespace)
+    settle(controller)
+    assert cluster.get_claim("holder")["status"]["phase"] == "Bound"
+    assert cluster.get_claim("waiter")["status"]["reason"] == "NoCapacity"
+    controller.node_autoscaling.pass_once()
+    [placeholder] = _placeholders(kube, cluster.namespace).values()
+    [term] = placeholder["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert term == {"matchExpressions": [{"key": node_requests.LABEL_NODE_ID, "operator": "NotIn", "values": [full]}]}
+    assert kube.get_node(full)["metadata"]["labels"][node_requests.LABEL_NODE_ID] == full
+    assert node_requests.LABEL_NODE_ID not in kube.get_node(coming)["metadata"]["labels"]

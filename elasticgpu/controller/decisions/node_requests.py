@@ -19,7 +19,10 @@ resync creates nothing new and a claim asks for one node however long it waits.
   named from the uid of the first claim packed into it;
 - the WaitForFirstConsumer claims of one pod that no node can hold: one placeholder asking all
   their cards (a share counts one card), since they must meet on one node; named from the first
-  claim's uid.
+  claim's uid;
+- every placeholder keeps off the nodes whose cards the controller knows when it is made (they
+  could not take its claims), by a label of ours on those nodes (`placeholder_pod`); a node whose
+  agent has not published its cards yet may take it: it may be the node coming for it.
 
 Pure: takes plain values, returns plain values.
 """
@@ -27,6 +30,7 @@ Pure: takes plain values, returns plain values.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -42,6 +46,10 @@ LABEL_NODE_REQUEST = "elasticgpu.io/node-request"
 ANNOTATION_FOR_CLAIMS = "elasticgpu.io/for-claims"
 """On placeholder pods: the claims (namespace/name, comma-separated) the node is asked for."""
 NAME_PREFIX = "egpu-node-request-"
+LABEL_NODE_ID = "elasticgpu.io/node-id"
+"""On Nodes whose cards the controller knows (`node_id` of the name): what placeholders keep off."""
+_LABEL_VALUE = re.compile(r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+"""A label value the API server takes."""
 
 
 @dataclass(frozen=True)
@@ -137,12 +145,22 @@ def asks(waiters: Iterable[Waiter]) -> list[Ask]:
     return sorted(found, key=lambda a: a.name)
 
 
-def placeholder_pod(ask: Ask, *, namespace: str, resource: str, image: str,
-                    priority_class: str = "", avoid: tuple[str, ...] = ()) -> dict[str, object]:
+def node_id(name: str) -> str:
+    """The value of `LABEL_NODE_ID` for node `name`: the name where it is a label value (at most 63
+    characters), else a hash of it (KWOK's node names run to 69)."""
+    return name if _LABEL_VALUE.fullmatch(name) else "h-" + hashlib.sha256(name.encode()).hexdigest()[:32]
+
+
+def placeholder_pod(ask: Ask, *, namespace: str, resource: str, image: str, priority_class: str = "",
+                    avoid: tuple[str, ...] = ()) -> dict[str, object]:
     """The pod for `ask`: asks `resource: cards` with the class's node selector, tolerates every
     taint (GPU pools are usually tainted), and may be evicted at any time (it holds nothing).
-    `avoid`: the nodes that exist now; claims do not consume `resource`, so the scheduler would
-    see their cards free and place the pod there instead of asking for a node."""
+    `avoid`: the `LABEL_NODE_ID` of the nodes whose cards the controller knows now (they could not
+    take the claims); claims do not consume `resource`, so the scheduler would see their cards free
+    and place the pod there instead of asking for a node. A label of ours, not `metadata.name`
+    (matchFields) or `kubernetes.io/hostname`: Karpenter ignores a pod that uses either ("matchFields
+    is not supported", "using label kubernetes.io/hostname is not allowed"), and a new node, without
+    the label, satisfies NotIn for both kube-scheduler and Karpenter."""
     spec: dict[str, object] = {
         "containers": [{
             "name": "pause", "image": image,
@@ -159,7 +177,7 @@ def placeholder_pod(ask: Ask, *, namespace: str, resource: str, image: str,
         spec["nodeSelector"] = dict(ask.node_selector)
     if avoid:
         spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": sorted(avoid)}]}]}}}
+            {"matchExpressions": [{"key": LABEL_NODE_ID, "operator": "NotIn", "values": sorted(set(avoid))}]}]}}}
     if priority_class:
         spec["priorityClassName"] = priority_class
     return {

@@ -237,9 +237,16 @@ class KubeApi(KubeRequests):
                                              f" PodDisruptionBudget allows no disruption): {err}", status=429) from None
             raise
 
-    def delete_pod(self, namespace: str, name: str, *, uid: str | None = None) -> None:
-        """Delete a pod (with `uid`, only that incarnation); for servers without the eviction subresource."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}} if uid else None
+    def delete_pod(self, namespace: str, name: str, *, uid: str | None = None,
+                   grace_period_s: int | None = None) -> None:
+        """Delete a pod (with `uid`, only that incarnation; with `grace_period_s`, that grace, 0: gone
+        at once without its kubelet's word); for servers without the eviction subresource."""
+        options: Body = {}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        if grace_period_s is not None:
+            options["gracePeriodSeconds"] = grace_period_s
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", **options} if options else None
         self._call("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body=body)
 
     def get_priority_class(self, name: str) -> Body:

@@ -67,10 +67,12 @@ class NodeAutoscaling:
 
     def pass_once(self, *, now: float | None = None) -> None:
         """One pass (see the module docstring); `now`: seconds since the epoch (tests move it)."""
-        if self.settings.enabled:
-            self._placeholders(time.time() if now is None else now)
+        # Protection first: a placeholder is deleted once its claims bound on its node, and a node
+        # that lost it looks empty to a consolidating autoscaler until it carries do-not-disrupt.
         if self.settings.protect_nodes:
             self._protect_nodes()
+        if self.settings.enabled:
+            self._placeholders(time.time() if now is None else now)
 
     # -- placeholders ---------------------------------------------------------------------------
 
@@ -114,19 +116,29 @@ class NodeAutoscaling:
         wanted = {ask.name: ask for ask in node_requests.asks(waiters)}
         existing = {p["metadata"]["name"]: p for p in self.kube.list_labelled_pods(
             settings.namespace, f"{node_requests.LABEL_NODE_REQUEST}=true")}
-        for name, pod in existing.items():
+        for name, pod in list(existing.items()):
             ask = wanted.get(name)
-            if ask is not None and _asks_cards(pod, settings.resource) == ask.cards:
+            terminating = bool(pod["metadata"].get("deletionTimestamp"))
+            if ask is not None and _asks_cards(pod, settings.resource) == ask.cards and not terminating:
                 continue
-            # Its claims bound or went away (or its packing changed): it must not make a node.
+            # Its claims bound or went away (or its packing changed): it must not make a node. Grace 0:
+            # it holds nothing, and on a node without a kubelet (KWOK, a node that died) nobody else
+            # would end it. One being deleted (a drain evicted it) asks nothing: made again below.
             with contextlib.suppress(errors.NotFound, errors.Conflict):
-                self.kube.delete_pod(settings.namespace, name, uid=pod["metadata"].get("uid"))
-            logger.info("placeholder pod %s/%s deleted: no claim waits for it", settings.namespace, name)
+                self.kube.delete_pod(settings.namespace, name, uid=pod["metadata"].get("uid"), grace_period_s=0)
+            del existing[name]
+            logger.info("placeholder pod %s/%s deleted: %s", settings.namespace, name,
+                        "it was being deleted" if terminating and ask is not None else "no claim waits for it")
         states: dict[str, node_requests.PlaceholderState] = {}
         for name, ask in wanted.items():
             found = existing.get(name)
             if found is None or _asks_cards(found, settings.resource) != ask.cards:
-                found = self._create(ask)
+                try:
+                    found = self._create(ask)
+                except errors.ApiError as err:  # one refused pod must not hold back the others' asks
+                    logger.warning("placeholder pod %s/%s not created, retrying next pass: %s", settings.namespace,
+                                   name, err)
+                    continue
                 if found is None:
                     continue
             states[name] = _state(found)
@@ -139,13 +151,27 @@ class NodeAutoscaling:
     def _create(self, ask: node_requests.Ask) -> Body | None:
         settings = self.settings
         with self.picture.lock:
-            # Only the nodes the pod could land on (its node selector's), to keep its spec small.
-            existing = tuple(name for name, body in self.picture.pods.nodes().items()
-                             if all(((body.get("metadata") or {}).get("labels") or {}).get(k) == v
-                                    for k, v in ask.node_selector))
+            # The nodes whose cards are known could not take the claims (they wait for capacity); only
+            # those the pod could land on (its node selector's), to keep its spec small. A node whose
+            # agent has not published yet is not avoided: it may be the one coming for these claims,
+            # and avoiding it would ask for another.
+            published = {node.record.name for node in self.picture.ledger.inventory.nodes() if node.cards}
+            labels = {name: ((body.get("metadata") or {}).get("labels") or {})
+                      for name, body in self.picture.pods.nodes().items() if name in published}
+        avoid = [name for name, node_labels in labels.items()
+                 if all(node_labels.get(k) == v for k, v in ask.node_selector)]
+        for name in avoid:  # the label the pod keeps off by (node_requests.placeholder_pod says why)
+            wanted = node_requests.node_id(name)
+            if labels[name].get(node_requests.LABEL_NODE_ID) != wanted:
+                try:
+                    answer = self.kube.patch_node(name, {"metadata": {"labels": {node_requests.LABEL_NODE_ID: wanted}}})
+                except errors.NotFound:
+                    continue  # gone: no pod lands there
+                with self.picture.lock:
+                    self.picture.pods.put_node(answer)
         body = node_requests.placeholder_pod(ask, namespace=settings.namespace, resource=settings.resource,
                                              image=settings.image, priority_class=settings.priority_class,
-                                             avoid=existing)
+                                             avoid=tuple(node_requests.node_id(name) for name in avoid))
         try:
             created = self.kube.create_pod(settings.namespace, body)
         except errors.AlreadyExists:
