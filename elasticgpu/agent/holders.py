@@ -11,7 +11,7 @@ listed: the card would otherwise be bound to another claim while the first one's
                   `check_interval_s` (someone else changed the field, a GPU object appeared)
     what          per card: one entry per claim with open rows on it, {namespace, name, pods
                   (namespace/name, sorted), since (the first row's start)}; sorted by claim
-    how           a merge patch of `status.runningClaims` alone (kube.patch_gpu_running_claims),
+    how           a merge patch of `status.runningClaims` alone (kube.patch_gpu_holders),
                   only for a card whose published list differs from the wanted one, compared
                   with the objects inventory's watch delivered
 

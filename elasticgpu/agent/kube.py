@@ -259,10 +259,6 @@ class AgentKube:
             query={"fieldManager": self._field_manager}, what=f"write status of GPU {name}", write="gpu_status",
         )
 
-    def patch_gpu_running_claims(self, name: str, running_claims: list[dict[str, Any]]) -> dict[str, Any]:
-        """Replace the GPU's `status.runningClaims` (merge patch of that field alone, no precondition)."""
-        return self.patch_gpu_holders(name, {"runningClaims": running_claims})
-
     def patch_gpu_holders(self, name: str, fields: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         """Replace the GPU's `status.runningClaims` and/or `status.preparedClaims` (the keys of `fields`; a
         merge patch of those fields alone, no precondition)."""
