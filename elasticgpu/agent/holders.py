@@ -11,9 +11,18 @@ listed: the card would otherwise be bound to another claim while the first one's
                   `check_interval_s` (someone else changed the field, a GPU object appeared)
     what          per card: one entry per claim with open rows on it, {namespace, name, pods
                   (namespace/name, sorted), since (the first row's start)}; sorted by claim
-    how           a merge patch of `status.runningClaims` alone (kube.patch_gpu_running_claims),
+    how           a merge patch of `status.runningClaims` alone (kube.patch_gpu_holders),
                   only for a card whose published list differs from the wanted one, compared
                   with the objects inventory's watch delivered
+
+DRA (issue 48): the same pass publishes `status.preparedClaims`, per card the ResourceClaims this node
+holds on it: every entry of the DRA driver's checkpoint (`prepared`, set by the agent's start-up; kubelet
+prepared the claim and has not unprepared it) and every open ledger row of a ResourceClaim whose container
+can still run, one entry {namespace, name, uid} per claim, sorted. The controller moves a card from DRA
+back to ElasticGPU only once none is listed: a force-deleted pod's claim can be deallocated while kubelet
+still stops its container, so the claim's allocation alone does not say the card is free. A checkpoint
+that cannot be read fails the pass (retried): not knowing is not "nothing is prepared". The write patches
+only the fields that differ (runningClaims, preparedClaims or both).
 
 Only a container that can still run holds a card, the rule the CRI hook's card check applies
 (injecting/card_sharing.holds_card): with the runtime's containers (`list_containers`, the CRI proxy's
@@ -40,12 +49,31 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from elasticgpu.agent import errors
 from elasticgpu.agent.injecting import card_sharing, limits_file
 from elasticgpu.agent.kube import AgentKube
 from elasticgpu.agent.ledger.store import Allocation, LedgerStore
+
+
+class _PreparedDevice(Protocol):
+    @property
+    def uuid(self) -> str: ...
+
+
+class PreparedEntry(Protocol):
+    """A claim of the DRA driver's checkpoint (dra.checkpoint.ClaimEntry; not imported: the dra package
+    compiles its protos at import, and only a node that is a DRA driver loads it)."""
+
+    @property
+    def uid(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def devices(self) -> Sequence[_PreparedDevice]: ...
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +108,23 @@ def running_claims(allocations: Iterable[Allocation]) -> dict[str, list[dict[str
     return by_card
 
 
+def prepared_claims(allocations: Iterable[Allocation],
+                    prepared: Iterable[PreparedEntry]) -> dict[str, list[dict[str, str]]]:  # fmt: skip
+    """Per card (lowercased uuid), the entries of `status.preparedClaims`: the checkpoint's claims and the
+    ResourceClaims of these open rows."""
+    held: dict[str, dict[str, tuple[str, str]]] = {}
+    for entry in prepared:
+        for device in entry.devices:
+            held.setdefault(device.uuid.lower(), {})[entry.uid] = (entry.namespace, entry.name)
+    for row in allocations:
+        if row.is_dra:
+            for uuid in row.gpu_uuids:  # elastic_gpu of a DRA row is its ResourceClaim's uid
+                held.setdefault(uuid.lower(), {})[row.elastic_gpu] = (row.claim_namespace, row.claim_name)
+    return {uuid: [{"namespace": namespace, "name": name, "uid": uid}
+                   for uid, (namespace, name) in sorted(claims.items(), key=lambda item: (item[1], item[0]))]
+            for uuid, claims in held.items()}  # fmt: skip
+
+
 class RunningClaimsPublisher:
     """Keeps `status.runningClaims` of this node's GPU objects true to the ledger. `run` blocks until `stop`."""
 
@@ -109,6 +154,9 @@ class RunningClaimsPublisher:
         self.list_containers: Callable[[], Sequence[Any]] | None = None
         """The runtime's containers (CRI `Container`s: id, state), to leave out the rows of containers that
         cannot run any more (None: no CRI hook here, every open row counts)."""
+        self.prepared: Callable[[], Iterable[PreparedEntry]] | None = None
+        """The DRA driver's checkpoint entries (None: no DRA driver here; the open DRA rows are still
+        published in `status.preparedClaims`)."""
 
     def run(self, stop: threading.Event, *, ready: threading.Event | None = None) -> None:
         """Publish now (once `ready` is set: inventory listed the objects), then on every change of the
@@ -158,20 +206,29 @@ class RunningClaimsPublisher:
                            exc_info=not isinstance(e, (OSError, errors.AgentError)))
         if rows is None:
             rows = self._ledger.open_allocations()
-        wanted = running_claims(self._holding(rows))
+        holding = self._holding(rows)
+        wanted = running_claims(holding)
+        # An unreadable checkpoint raises (the pass is retried): never publish "nothing prepared" on a guess.
+        dra_held = prepared_claims(holding, self.prepared() if self.prepared is not None else ())
         written = 0
         for name, obj in sorted(objects.items()):
             uuid = str((obj.get("spec") or {}).get("uuid") or "").lower()
-            entries = wanted.get(uuid, [])
-            if ((obj.get("status") or {}).get("runningClaims") or []) == entries:
+            status = obj.get("status") or {}
+            changed: dict[str, Any] = {}
+            if (status.get("runningClaims") or []) != (entries := wanted.get(uuid, [])):
+                changed["runningClaims"] = entries
+            if (status.get("preparedClaims") or []) != (claims := dra_held.get(uuid, [])):
+                changed["preparedClaims"] = claims
+            if not changed:
                 continue
             try:
-                answer = self._kube.patch_gpu_running_claims(name, entries)
+                answer = self._kube.patch_gpu_holders(name, changed)
             except errors.KubeNotFound:
                 continue  # deleted meanwhile: inventory publishes it again, the next pass writes it
             self._remember(answer)
             self.writes += 1
             written += 1
-            logger.info("GPU %s: running claims %s", name,
-                        ", ".join(f"{e['namespace']}/{e['name']}" for e in entries) or "none")  # fmt: skip
+            for field, listed in changed.items():
+                logger.info("GPU %s: %s %s", name, field,
+                            ", ".join(f"{e['namespace']}/{e['name']}" for e in listed) or "none")  # fmt: skip
         return written

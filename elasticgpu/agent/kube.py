@@ -21,7 +21,8 @@ Writes:
 - GPU `status.runningClaims` (the claims whose containers run on the card, from the ledger): a
   merge patch of that field alone, without precondition. Only the agent writes it and a merge
   patch replaces the list whole, so nothing of the controller's (`status.allocations`, its commit
-  point) is touched; written only when it changed, so the controller meets few conflicts.
+  point) is touched; written only when it changed, so the controller meets few conflicts. The same
+  for `status.preparedClaims` (the DRA claims the node holds on the card), in the same patch.
 - Node labels: merge patch (never creates a Node, unlike an apply).
 
 The kubernetes package gives configuration and credentials; requests go through its urllib3 pool
@@ -258,12 +259,13 @@ class AgentKube:
             query={"fieldManager": self._field_manager}, what=f"write status of GPU {name}", write="gpu_status",
         )
 
-    def patch_gpu_running_claims(self, name: str, running_claims: list[dict[str, Any]]) -> dict[str, Any]:
-        """Replace the GPU's `status.runningClaims` (merge patch of that field alone, no precondition)."""
+    def patch_gpu_holders(self, name: str, fields: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+        """Replace the GPU's `status.runningClaims` and/or `status.preparedClaims` (the keys of `fields`; a
+        merge patch of those fields alone, no precondition)."""
         return self._request(
-            "PATCH", f"{GPUS_PATH}/{name}/status", body={"status": {"runningClaims": running_claims}},
+            "PATCH", f"{GPUS_PATH}/{name}/status", body={"status": fields},
             content_type="application/merge-patch+json", query={"fieldManager": self._field_manager},
-            what=f"write status.runningClaims of GPU {name}", write="gpu_running_claims",
+            what=f"write status.{' and status.'.join(sorted(fields))} of GPU {name}", write="gpu_running_claims",
         )
 
     # Claims (read and written by name only) --------------------------------------------------------------

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -68,6 +68,9 @@ from elasticgpu.agent.injecting.limits_file import LimitsFiles
 from elasticgpu.agent.ledger.store import LedgerStore
 from elasticgpu.agent.settings import AgentSettings, CriSettings
 from elasticgpu.api import node_handover
+
+if TYPE_CHECKING:
+    from elasticgpu.agent.dra import checkpoint as dra_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -288,6 +291,16 @@ def _start_loops(settings: AgentSettings, parts: starting.Parts, loops: _Loops, 
         publisher.holders.limits = loops.limits  # issue 17: a resize reaches running containers
         publisher.holders.list_containers = loops.list_containers  # issue 23: an exited container holds no card
     loops.publisher = publisher
+    store = None
+    if settings.dra.dra:
+        from elasticgpu.agent import dra  # its protos are compiled only on a node that is a DRA driver
+
+        store = dra.Checkpoint(Path(settings.dra.dra_checkpoint))
+        if publisher.holders is not None:
+            # status.preparedClaims (issue 48): a card's move back to ElasticGPU waits for the claims kubelet
+            # holds prepared on it; set before the publisher's first pass, which must not report "none" on a guess.
+            publisher.holders.prepared = lambda: store.entries().values()
+            store.on_change(publisher.holders.wake.set)
     started = [
         threading.Thread(target=publisher.run, args=(stop,), name="inventory", daemon=True),
         threading.Thread(target=health.watch_xids, args=(backend, tracker),
@@ -297,17 +310,16 @@ def _start_loops(settings: AgentSettings, parts: starting.Parts, loops: _Loops, 
     for thread in started:
         thread.start()
     threads.extend(started)
-    if settings.dra.dra:
-        _start_dra(settings, agent_kube, loops, threads, stop)
+    if store is not None:
+        _start_dra(settings, agent_kube, loops, threads, stop, store)
 
 
 def _start_dra(settings: AgentSettings, agent_kube: kube.AgentKube, loops: _Loops, threads: list[threading.Thread],
-               stop: threading.Event) -> None:  # fmt: skip
+               stop: threading.Event, store: dra_checkpoint.Checkpoint) -> None:  # fmt: skip
     """The DRA driver (docs/dra.md): the kubelet plugin's sockets and the ResourceSlice publisher. A plugin that
     cannot listen is retried until it can (kubelet's folder may appear late); the agent's other work goes on."""
     from elasticgpu.agent import dra  # its protos are compiled only on a node that is a DRA driver
 
-    store = dra.Checkpoint(Path(settings.dra.dra_checkpoint))
     if loops.hook is not None:
         loops.hook.dra_claims = store.claims_of_pod  # containers kubelet prepared through DRA: kept, isolated, recorded
     loops.dra_policy = store.policy_of  # policing of their claims: their DeviceClass's policy, kept at prepare

@@ -28,7 +28,7 @@ from elasticgpu.api.errors import (
     InvalidSpec,
     NotFound,
 )
-from elasticgpu.api.gpu import GPU, GPUAllocation, GPURunningClaim, GPUSpec, GPUStatus, GPUUsage
+from elasticgpu.api.gpu import GPU, GPUAllocation, GPUPreparedClaim, GPURunningClaim, GPUSpec, GPUStatus, GPUUsage
 from elasticgpu.api.gpu_class import ClassParameters, ElasticGPUClass, parse_class_parameters
 from elasticgpu.api.kinds import KINDS, KindInfo
 from elasticgpu.api.meta import (
@@ -67,6 +67,7 @@ __all__ = [
     "ElasticGPUStatus",
     "GPUAllocation",
     "GPUNodeAffinity",
+    "GPUPreparedClaim",
     "GPURunningClaim",
     "GPUShareSource",
     "GPUSpec",

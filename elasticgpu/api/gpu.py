@@ -141,6 +141,18 @@ class GPURunningClaim(KubeModel):
     )
 
 
+class GPUPreparedClaim(KubeModel):
+    """A DRA ResourceClaim the node's agent holds on the card (issue 48): prepared (its DRA driver's
+    checkpoint has the claim) or with a container that can still run (its ledger's open rows).
+
+    A move of the card from DRA back to ElasticGPU waits until none is listed: a force-deleted pod's
+    claim may be deallocated while kubelet still stops its container."""
+
+    namespace: str = Field(min_length=1, description="Namespace of the ResourceClaim.")
+    name: str = Field(min_length=1, description="Name of the ResourceClaim.")
+    uid: str | None = Field(default=None, description="Uid of the ResourceClaim.")
+
+
 class GPUStatus(KubeModel):
     """Capacity, reservations, health and usage of the card."""
 
@@ -193,6 +205,11 @@ class GPUStatus(KubeModel):
         default_factory=list,
         description="Claims whose containers run on the card, written by the node's agent; the controller"
         " keeps their reservations until they are gone.",
+    )
+    prepared_claims: list[GPUPreparedClaim] = Field(
+        default_factory=list,
+        description="DRA ResourceClaims prepared on the card or whose containers still run, written by the"
+        " node's agent; a move from DRA to ElasticGPU waits until none is listed.",
     )
     owner: GPUOwner | None = Field(
         default=None,

@@ -310,3 +310,62 @@ def test_no_card_is_held_by_both_sides_while_moves_race_claims(
             scheduler.release_all()
     both = recorder.both_held()
     assert not both, f"seed {seed}, {counts}:\n" + "\n".join(both[:20])
+
+
+def _status_patch(api_client: Any, gpu_name: str, status: dict[str, Any]) -> None:
+    """A merge patch of the GPU's status, as its agent (preparedClaims) or the controller (owner) writes it."""
+    path = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL_GPU}/{gpu_name}/status"
+    response = kube_request(api_client, "PATCH", path, body={"status": status},
+                            headers={"Content-Type": "application/merge-patch+json"})
+    assert response.status == 200, response.body[:500]
+
+
+def test_a_card_moving_back_waits_for_the_dra_claims_its_agent_holds(
+        cluster: Cluster, kube: KubeApi, kube_cluster: Any, api_client: Any, resource_claims: None,
+        tmp_path: Path) -> None:
+    """Issue 48: a force-deleted DRA pod's claim can be deallocated while kubelet still stops its container. No
+    ResourceClaim names the card and the grace is over, but its agent still lists the claim in
+    `status.preparedClaims`: the move waits, saying so, and completes once the agent lets the claim go."""
+    gpu_name = f"gpu-{cluster.prefix}-held"
+    cluster.gpu(o.gpu(gpu_name, node=f"{cluster.prefix}-n0"))
+    _set_owner(kube, api_client, gpu_name, names.OWNER_DRA)
+    _status_patch(api_client, gpu_name, {"owner": names.OWNER_DRA, "preparedClaims": [
+        {"namespace": "ml", "name": "job-0-gpu", "uid": "uid-job-0"}]})
+    grace_s = 1.0
+    procs = ControllerProcesses(kube_cluster.kubeconfig, None, tmp_path,
+                                env={"ELASTICGPU_OWNER_UNPUBLISH_GRACE_S": str(grace_s)})
+    try:
+        procs.start()
+        _set_owner(kube, api_client, gpu_name, names.OWNER_ELASTIC_GPU)
+
+        def move() -> tuple[str, Any]:
+            gpu = GPU.model_validate(kube.get_gpu(gpu_name))
+            return effective_owner(gpu), next(
+                (c for c in gpu.status.conditions if c.type == names.CONDITION_OWNER_MOVE), None)
+
+        def waiting() -> None:
+            owner, condition = move()
+            assert owner == names.OWNER_DRA and condition is not None and condition.reason == \
+                names.REASON_OWNER_WAITING and "ml/job-0-gpu" in condition.message, (owner, condition)
+
+        eventually(waiting, deadline_s=30, explain=procs.logs)
+        deadline = time.monotonic() + grace_s + 4.0  # the grace is long over: still DRA's
+        while time.monotonic() < deadline:
+            waiting()
+            time.sleep(0.2)
+        _, condition = move()
+        assert condition is not None
+        assert condition.message == ("moving from DRA to ElasticGPU: waiting for 1 ResourceClaim(s) its node's agent"
+                                     " holds prepared or running on it to be let go: ml/job-0-gpu"), condition.message
+
+        _status_patch(api_client, gpu_name, {"preparedClaims": []})  # kubelet unprepared it, its container is gone
+
+        def moved() -> None:
+            owner, condition = move()
+            assert owner == names.OWNER_ELASTIC_GPU and condition is not None \
+                and condition.reason == names.REASON_OWNER_DONE, (owner, condition)
+
+        eventually(moved, deadline_s=30, explain=procs.logs)
+        assert all(p.poll() is None for p in procs.procs), procs.logs()
+    finally:
+        procs.close()

@@ -235,7 +235,8 @@ def test_the_agent_needs_no_permission_its_manifest_lacks(
                 "patch_gpu_status": lambda: agent_kube.patch_gpu_status(
                     gpu_name, resource_version=agent_kube.read_gpu(gpu_name)["metadata"]["resourceVersion"],
                     status={"usage": {}}),
-                "patch_gpu_running_claims": lambda: agent_kube.patch_gpu_running_claims(gpu_name, []),
+                "patch_gpu_holders": lambda: agent_kube.patch_gpu_holders(
+                    gpu_name, {"runningClaims": [], "preparedClaims": []}),
                 "read_claim": lambda: agent_kube.read_claim(world.namespace, "measured"),
                 "read_elastic_gpu": lambda: agent_kube.read_elastic_gpu(egpu["metadata"]["name"]),
                 "patch_claim_status": lambda: agent_kube.patch_claim_status(

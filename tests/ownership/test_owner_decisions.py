@@ -28,7 +28,7 @@ def _stamp(seconds: float) -> str:
 
 
 def _body(*, desired: str | None, effective: str | None, allocations: bool = False, running: bool = False,
-          waiting_since: float | None = None, done: bool = False) -> dict[str, Any]:
+          waiting_since: float | None = None, done: bool = False, prepared: int = 0) -> dict[str, Any]:
     body = o.gpu("gpu-a", index=3, allocations=[RESERVATION] if allocations else [])
     body["metadata"]["resourceVersion"] = "42"
     if desired is not None:
@@ -38,6 +38,8 @@ def _body(*, desired: str | None, effective: str | None, allocations: bool = Fal
         status["owner"] = effective
     if running:
         status["runningClaims"] = [{"namespace": "team-a", "name": "train"}]
+    if prepared:
+        status["preparedClaims"] = [{"namespace": "ml", "name": f"job-{i}", "uid": f"uid-{i}"} for i in range(prepared)]
     if waiting_since is not None:
         status["conditions"] = [{"type": "OwnerMove", "status": "False", "reason": "Waiting",
                                  "message": "old", "lastTransitionTime": _stamp(waiting_since)}]
@@ -69,6 +71,16 @@ ROWS = [
      "DRA", ("False", "Waiting"), "ResourceSlice to drop the card (a grace of 10s)"),
     ("back, free, within the grace", _body(desired="ElasticGPU", effective="DRA", waiting_since=NOW - 4),
      KNOWN_FREE, "DRA", ("False", "Waiting"), "a grace of 10s"),
+    # Issue 48: a force-deleted pod's claim is deallocated while kubelet still stops its container.
+    ("back, deallocated but its agent holds a claim prepared", _body(
+        desired="ElasticGPU", effective="DRA", waiting_since=NOW - 100, prepared=1), KNOWN_FREE, "DRA",
+     ("False", "Waiting"),
+     "1 ResourceClaim(s) its node's agent holds prepared or running on it to be let go: ml/job-0"),
+    ("back, allocated and prepared: both said", _body(
+        desired="ElasticGPU", effective="DRA", waiting_since=NOW - 100, prepared=4),
+     DraHolders(known=True, claims=["ml/a"]), "DRA", ("False", "Waiting"),
+     "deallocated: ml/a; 4 ResourceClaim(s) its node's agent holds prepared or running on it to be let go:"
+     " ml/job-0, ml/job-1, ml/job-2 and 1 more"),
     ("back, free, grace over: flips", _body(desired="ElasticGPU", effective="DRA", waiting_since=NOW - 11),
      KNOWN_FREE, "ElasticGPU", ("True", "Done"), "the card belongs to ElasticGPU (moved from DRA)"),
     ("DRA's, said: no write", _body(desired="DRA", effective="DRA", done=True), DraHolders(known=False),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,15 @@ class Checkpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener` after every write (the agent's holders publisher reports the prepared claims)."""
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
 
     def _read(self) -> dict[str, ClaimEntry]:
         try:
@@ -184,10 +194,14 @@ class Checkpoint:
             claims = self._read()
             claims[entry.uid] = entry
             self._write(claims)
+        self._changed()
 
     def remove(self, uid: str) -> None:
         """Remove the entry of claim `uid` (none: nothing to do)."""
         with self._lock:
             claims = self._read()
-            if claims.pop(uid, None) is not None:
+            removed = claims.pop(uid, None) is not None
+            if removed:
                 self._write(claims)
+        if removed:
+            self._changed()

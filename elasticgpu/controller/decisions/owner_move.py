@@ -17,8 +17,10 @@ places only where both say ElasticGPU; the driver publishes only where both say 
   claims, and the move has waited `grace_s` (from its Waiting condition's lastTransitionTime):
   the driver drops the card from its ResourceSlice when spec.owner changes, and a scheduler
   that read the slice just before may still write an allocation from it; the grace covers that
-  lag. While the claims are not known (never read, or the last read failed), it waits: not
-  knowing is not "nothing holds it".
+  lag. It also waits while the card's agent lists DRA claims it holds on it (`status.preparedClaims`:
+  prepared and not unprepared, or with a container that can still run): a force-deleted pod's claim
+  can be deallocated while kubelet still stops its container. While the claims are not known
+  (never read, or the last read failed), it waits: not knowing is not "nothing holds it".
 
 Otherwise the condition says Waiting and names what it waits for. No I/O: the caller gives the
 GPU, its body as read, what DRA holds, and the time to stamp.
@@ -86,12 +88,20 @@ def _ours_holding(gpu: GPU) -> str:
     return "; ".join(parts)
 
 
-def _dra_holding(dra: DraHolders) -> str:
+def _dra_holding(gpu: GPU, dra: DraHolders) -> str:
+    """What of DRA holds the card, as words for the message; "" when nothing does."""
+    parts: list[str] = []
     if not dra.known:
-        return f"the ResourceClaims to be read ({dra.why_unknown or 'not listed yet'})"
-    if dra.claims:
-        return f"{len(dra.claims)} ResourceClaim(s) allocated on it to be deallocated: {_names(list(dra.claims))}"
-    return ""
+        parts.append(f"the ResourceClaims to be read ({dra.why_unknown or 'not listed yet'})")
+    elif dra.claims:
+        allocated = _names(list(dra.claims))
+        parts.append(f"{len(dra.claims)} ResourceClaim(s) allocated on it to be deallocated: {allocated}")
+    prepared = [f"{c.namespace}/{c.name}" for c in gpu.status.prepared_claims]
+    if prepared:
+        # The agent's view: kubelet has not unprepared them, or their containers still run (a force-deleted pod).
+        parts.append(f"{len(prepared)} ResourceClaim(s) its node's agent holds prepared or running on it to be"
+                     f" let go: {_names(prepared)}")
+    return "; ".join(parts)
 
 
 def decide(gpu: GPU, body: Body, *, dra: DraHolders, now: float, now_rfc3339: str, grace_s: float) -> OwnerStep:
@@ -106,7 +116,7 @@ def decide(gpu: GPU, body: Body, *, dra: DraHolders, now: float, now_rfc3339: st
         message = f"the card belongs to {current}"
         status, reason = "True", names.REASON_OWNER_DONE
     else:
-        waiting = _ours_holding(gpu) if current == names.OWNER_ELASTIC_GPU else _dra_holding(dra)
+        waiting = _ours_holding(gpu) if current == names.OWNER_ELASTIC_GPU else _dra_holding(gpu, dra)
         if not waiting and current == names.OWNER_DRA:
             left = _grace_left(gpu, now=now, grace_s=grace_s)
             if left > 0:
