@@ -148,6 +148,15 @@ def _cpu_s(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def raw(response: Any) -> bytes:
+    """The body of a `_preload_content=False` answer, read whole and its connection given back to the pool
+    (unread, each such call would leave its connection and the next one would pay a TLS handshake)."""
+    try:
+        return bytes(response.data)
+    finally:
+        response.release_conn()
+
+
 def patiently(call: Callable[[], Any], what: str, timeout_s: float = 600) -> Any:
     """`call()`, again with backoff while the API server answers 429/5xx or the connection fails
     (a delete of 1,000 pods on a loaded machine outlives the server's 60 s request timeout)."""
@@ -183,19 +192,18 @@ class Nodes:
         allocatable = {"cpu": "64", "memory": "256Gi", "pods": "110"}
 
         def one(node: str) -> None:
-            # _preload_content=False: the answer is not turned into a V1Node (the client's CPU, not the
-            # server's, bounded set-up at 13-30 writes/s)
-            self.core.create_node({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}},
-                                  _preload_content=False)  # fmt: skip
-            self.core.patch_node_status(node, {"status": {
+            # raw answers: not turned into a V1Node (client CPU that bounded set-up with the server's)
+            raw(self.core.create_node({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}},
+                                      _preload_content=False))  # fmt: skip
+            raw(self.core.patch_node_status(node, {"status": {
                 "allocatable": allocatable, "capacity": allocatable,
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                 "message": "bench: simulated node", "lastHeartbeatTime": _now(),
-                                "lastTransitionTime": _now()}]}}, _preload_content=False)  # fmt: skip
-            self.coordination.create_namespaced_lease("kube-node-lease", {
+                                "lastTransitionTime": _now()}]}}, _preload_content=False))  # fmt: skip
+            raw(self.coordination.create_namespaced_lease("kube-node-lease", {
                 "metadata": {"name": node},
                 "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": _now()}},
-                _preload_content=False)  # fmt: skip
+                _preload_content=False))  # fmt: skip
 
         list(pool.map(one, self.names))
         self._thread.start()
@@ -208,8 +216,8 @@ class Nodes:
         # The renewals of a round are spread over the period, as kubelets' phases are: a burst of
         # 5,000 every 100 s would make an idle window's rate depend on whether it caught one.
         def renew(node: str) -> None:
-            self.coordination.patch_namespaced_lease(node, "kube-node-lease", {"spec": {"renewTime": _now()}},
-                                                     _preload_content=False)  # fmt: skip
+            raw(self.coordination.patch_namespaced_lease(node, "kube-node-lease", {"spec": {"renewTime": _now()}},
+                                                         _preload_content=False))  # fmt: skip
 
         step = self.renew_s / max(1, len(self.names))
         with ThreadPoolExecutor(THREADS) as pool:
@@ -240,13 +248,13 @@ def create_gpus(custom: Any, nodes: list[str], pool: ThreadPoolExecutor) -> None
             name = names.gpu_object_name(uuid)
             body = {"apiVersion": names.API_VERSION, "kind": names.KIND_GPU,
                     "metadata": {"name": name, "labels": {names.LABEL_NODE: node}}, "spec": gpu_spec(card, node)}
-            custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_GPU, body,
-                                                _preload_content=False)  # fmt: skip
+            raw(custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_GPU, body,
+                                                    _preload_content=False))  # fmt: skip
             health = CardHealth(healthy=True, reason="NoFatalXid", message="bench: simulated card")
             status = desired_status({}, card=card, health=health, usage=None,
                                     node_name=node, now=time.time())  # fmt: skip
-            custom.patch_cluster_custom_object_status(names.GROUP, names.VERSION, names.PLURAL_GPU, name,
-                                                      {"status": status}, _preload_content=False)  # fmt: skip
+            raw(custom.patch_cluster_custom_object_status(names.GROUP, names.VERSION, names.PLURAL_GPU, name,
+                                                          {"status": status}, _preload_content=False))  # fmt: skip
 
     list(pool.map(one, enumerate(nodes)))
 
