@@ -37,7 +37,7 @@ def test_the_bench_schedules_every_kind_and_counts_its_writes(tmp_path: Path) ->
     done = subprocess.run([sys.executable, str(BENCH), "--nodes", "3", "--pods", str(PODS), "--timeout-s", "120",
                            "--kinds", ",".join(KINDS), "--profile", "dra-one", "--limits", "raised",
                            "--out", str(tmp_path), "--idle-s", "3"],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+                          capture_output=True, text=True, timeout=840)  # fmt: skip
     out = done.stdout
     assert done.returncode == 0, out[-4000:] + done.stderr[-4000:]
     assert "not scheduled" not in out, out
