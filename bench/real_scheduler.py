@@ -16,6 +16,9 @@ installs the CRDs and writes, as kubelet, the node agent and a DRA driver would:
     capacity `cores` 100 / `memory` 80Gi. A DRA run publishes one ResourceSlice per node of its own
     driver only (before its idle window) and withdraws them after, so the scheduler sees 8 usable
     devices per node, never both drivers' 16;
+  * for DRA served by our driver (issue 48), the cards handed to DRA (spec.owner, our controller
+    moves status.owner) and one ResourceSlice per node published by the agent's own publisher
+    (bench/real_scheduler_dra.py), only for the runs of those kinds;
 
 then runs our controller (all namespaces, leader election off) and webhook as processes, and runs
 of P pods per kind, each kind in its own namespace:
@@ -25,6 +28,9 @@ of P pods per kind, each kind in its own namespace:
   ours-slice  one inline slice (`gpu-core=10,gpu-memory=1Gi`, provisioner elasticgpu.io/gpushare);
   dra-one     a ResourceClaimTemplate asking for one device of class bench-one;
   dra-shared  a ResourceClaimTemplate asking for `cores: 10`, `memory: 1Gi` of one shared device;
+  dra-ours    a ResourceClaimTemplate asking for one card of our driver (class gpu.elasticgpu.io;
+              no capacity named: the whole card);
+  dra-ours-shared  `cores: 10`, `memory: 1Gi` of one card of our driver (class gpu-slice.elasticgpu.io);
   claim-floor the fewest writes a claim kept as a custom resource needs (bench/claim_floor.py, a
               process of its own): per pod the claim's create, complete, its Bound status and the
               gate lift; no ElasticGPU, no reservation, no decisions. Not a product: a floor.
@@ -94,6 +100,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import claim_floor  # noqa: E402
 import pprof_buckets  # noqa: E402
+import real_scheduler_dra as ours_dra  # noqa: E402
 from first_seen import SeenClock  # noqa: E402
 
 from elasticgpu.api import names  # noqa: E402
@@ -105,7 +112,7 @@ SLICE_CLASS, WHOLE_CLASS = "bench-slice", "bench-whole"
 ONE_DRIVER, SHARED_DRIVER = "one.bench.example.com", "shared.bench.example.com"
 ONE_CLASS, SHARED_CLASS = "bench-one", "bench-shared"
 RESOURCE = ("resource.k8s.io", "v1")
-KINDS = ("plain", "ours-whole", "ours-slice", "dra-one", "dra-shared", "claim-floor")
+KINDS = ("plain", "ours-whole", "ours-slice", "dra-one", "dra-shared", *ours_dra.KINDS, "claim-floor")
 CLAIMS_OF_OURS = ("ours-whole", "ours-slice", "claim-floor")
 """Kinds whose pods get ElasticGPUClaims."""
 LEASE_RENEW_S = 10.0
@@ -139,6 +146,15 @@ def _cpu_s(pid: int) -> float:
     """utime + stime of a process (and its waited-for children), in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def raw(response: Any) -> bytes:
+    """The body of a `_preload_content=False` answer, read whole and its connection given back to the pool
+    (unread, each such call would leave its connection and the next one would pay a TLS handshake)."""
+    try:
+        return bytes(response.data)
+    finally:
+        response.release_conn()
 
 
 def patiently(call: Callable[[], Any], what: str, timeout_s: float = 600) -> Any:
@@ -176,15 +192,18 @@ class Nodes:
         allocatable = {"cpu": "64", "memory": "256Gi", "pods": "110"}
 
         def one(node: str) -> None:
-            self.core.create_node({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}})
-            self.core.patch_node_status(node, {"status": {
+            # raw answers: not turned into a V1Node (client CPU that bounded set-up with the server's)
+            raw(self.core.create_node({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}},
+                                      _preload_content=False))  # fmt: skip
+            raw(self.core.patch_node_status(node, {"status": {
                 "allocatable": allocatable, "capacity": allocatable,
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                 "message": "bench: simulated node", "lastHeartbeatTime": _now(),
-                                "lastTransitionTime": _now()}]}})  # fmt: skip
-            self.coordination.create_namespaced_lease("kube-node-lease", {
+                                "lastTransitionTime": _now()}]}}, _preload_content=False))  # fmt: skip
+            raw(self.coordination.create_namespaced_lease("kube-node-lease", {
                 "metadata": {"name": node},
-                "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": _now()}})  # fmt: skip
+                "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": _now()}},
+                _preload_content=False))  # fmt: skip
 
         list(pool.map(one, self.names))
         self._thread.start()
@@ -197,7 +216,8 @@ class Nodes:
         # The renewals of a round are spread over the period, as kubelets' phases are: a burst of
         # 5,000 every 100 s would make an idle window's rate depend on whether it caught one.
         def renew(node: str) -> None:
-            self.coordination.patch_namespaced_lease(node, "kube-node-lease", {"spec": {"renewTime": _now()}})
+            raw(self.coordination.patch_namespaced_lease(node, "kube-node-lease", {"spec": {"renewTime": _now()}},
+                                                         _preload_content=False))  # fmt: skip
 
         step = self.renew_s / max(1, len(self.names))
         with ThreadPoolExecutor(THREADS) as pool:
@@ -228,12 +248,13 @@ def create_gpus(custom: Any, nodes: list[str], pool: ThreadPoolExecutor) -> None
             name = names.gpu_object_name(uuid)
             body = {"apiVersion": names.API_VERSION, "kind": names.KIND_GPU,
                     "metadata": {"name": name, "labels": {names.LABEL_NODE: node}}, "spec": gpu_spec(card, node)}
-            custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_GPU, body)
+            raw(custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_GPU, body,
+                                                    _preload_content=False))  # fmt: skip
             health = CardHealth(healthy=True, reason="NoFatalXid", message="bench: simulated card")
             status = desired_status({}, card=card, health=health, usage=None,
                                     node_name=node, now=time.time())  # fmt: skip
-            custom.patch_cluster_custom_object_status(names.GROUP, names.VERSION, names.PLURAL_GPU, name,
-                                                      {"status": status})  # fmt: skip
+            raw(custom.patch_cluster_custom_object_status(names.GROUP, names.VERSION, names.PLURAL_GPU, name,
+                                                          {"status": status}, _preload_content=False))  # fmt: skip
 
     list(pool.map(one, enumerate(nodes)))
 
@@ -355,6 +376,7 @@ def create_templates(custom: Any) -> None:
         "dra-one": {"deviceClassName": ONE_CLASS, "allocationMode": "ExactCount", "count": 1},
         "dra-shared": {"deviceClassName": SHARED_CLASS, "allocationMode": "ExactCount", "count": 1,
                        "capacity": {"requests": {"cores": "10", "memory": "1Gi"}}},
+        **ours_dra.REQUESTS,
     }  # fmt: skip
     for kind, exactly in requests.items():
         custom.create_namespaced_custom_object(*RESOURCE, namespace_of(kind), "resourceclaimtemplates", {
@@ -476,9 +498,22 @@ class Bench:
     """One control plane with its nodes, drivers, controller and webhook; runs kinds on it."""
 
     def __init__(self, core: Any, custom: Any, api: ApiServer, cpu: Callable[[], dict[str, float]],
-                 children: list[Any], nodes: list[str], idle_s: float) -> None:  # fmt: skip
+                 children: list[Any], nodes: list[str], idle_s: float,
+                 our_driver: ours_dra.OurDriver | None = None) -> None:  # fmt: skip
         self.core, self.custom, self.api, self.cpu, self.children = core, custom, api, cpu, children
-        self.nodes, self.idle_s = nodes, idle_s
+        self.nodes, self.idle_s, self.our_driver = nodes, idle_s, our_driver
+
+    def settle(self, quiet_s: float = 3.0, timeout_s: float = 120.0) -> None:
+        """Wait until the API server's writes (but the time-bound Leases) have stopped for `quiet_s`."""
+        deadline, last, since = time.monotonic() + timeout_s, None, time.monotonic()
+        while time.monotonic() < deadline:
+            current = {k: v for k, v in self.api.writes().items() if not k.startswith("leases")}
+            if current != last:
+                last, since = current, time.monotonic()
+            elif time.monotonic() - since >= quiet_s:
+                return
+            time.sleep(1.0)
+        print(f"  (writes still going after {timeout_s:.0f} s; measuring anyway)", flush=True)
 
     def idle_rates(self) -> dict[str, float]:
         """CPU seconds per second of each component with no pods coming: leases, resyncs, probes."""
@@ -504,6 +539,18 @@ class Bench:
             with ThreadPoolExecutor(THREADS) as pool:
                 publish_slices(self.custom, driver, self.nodes, pool)
             print(f"  {len(self.nodes)} ResourceSlices of {driver} in {time.monotonic() - t:.0f} s", flush=True)
+        ours = kind in ours_dra.KINDS
+        if kind in ours_dra.NEEDS_OWNER and self.our_driver is not None:
+            with ThreadPoolExecutor(THREADS) as pool:
+                self.our_driver.hand_to(ours_dra.NEEDS_OWNER[kind], pool)
+                if ours:
+                    t = time.monotonic()
+                    wrote = self.our_driver.publish(pool)
+                    print(f"  {wrote} ResourceSlices of {ours_dra.dra_names.DRIVER_NAME} (the agent's publisher) in "
+                          f"{time.monotonic() - t:.0f} s", flush=True)  # fmt: skip
+            # An owner move's tail (the controller's OwnerMoved Events, status writes) must not fall in the
+            # idle window: seen at 100 nodes, the API server's idle rate 4x the usual (and net CPU too low).
+            self.settle()
         # The idle window also lets the scheduler's informers and the writes before it settle.
         result.idle_cpu_per_s = self.idle_rates()
         scheduled = scheduled_watch(self.core, namespace)
@@ -570,6 +617,9 @@ class Bench:
         self.clean(kind)
         if driver:
             withdraw_slices(self.custom, driver)
+        if ours and self.our_driver is not None:
+            with ThreadPoolExecutor(THREADS) as pool:
+                self.our_driver.withdraw(pool)
         return result
 
     def ready_claims(self, kind: str) -> int:
@@ -580,9 +630,20 @@ class Bench:
                                                               names.PLURAL_CLAIM)["items"]  # fmt: skip
             return sum(1 for c in items if (c.get("status") or {}).get("phase") == "Bound")
         if kind.startswith("dra-"):
+            # allocated from the kind's own driver, reserved for its pod; an exclusive kind's claims hold
+            # distinct devices (a whole card of our driver is a shareable device whose default takes it all)
+            driver = DRIVER_OF.get(kind) or ours_dra.dra_names.DRIVER_NAME
             items = self.custom.list_namespaced_custom_object(*RESOURCE, namespace, "resourceclaims")["items"]
-            return sum(1 for c in items if (c.get("status") or {}).get("allocation")
-                       and (c.get("status") or {}).get("reservedFor"))  # fmt: skip
+            held: list[tuple[str, str]] = []
+            for c in items:
+                status = c.get("status") or {}
+                results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+                if status.get("reservedFor") and results and all(r.get("driver") == driver for r in results):
+                    held += [(r.get("pool"), r.get("device")) for r in results]
+            if kind in ("dra-one", "dra-ours") and len(set(held)) != len(held):
+                print(f"  {len(held) - len(set(held))} devices of {kind} allocated twice", flush=True)
+                return len(set(held))
+            return len(held)
         return 0
 
     def strip_floor_finalizers(self, namespace: str) -> None:
@@ -700,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
     profiled = [k for k in args.profile.split(",") if k]
     for kind in {*kinds, *profiled} - set(KINDS):
         parser.error(f"unknown kind {kind!r} (kinds: {', '.join(KINDS)})")
-    whole = [k for k in {*kinds, *profiled} if k in ("ours-whole", "dra-one")]
+    whole = [k for k in {*kinds, *profiled} if k in ("ours-whole", "dra-one", "dra-ours")]
     if whole and args.pods > args.nodes * CARDS_PER_NODE:
         parser.error(f"{whole} need a card per pod: at most {args.nodes * CARDS_PER_NODE} pods on {args.nodes} nodes")
     qps, burst = RAISED if args.limits == "raised" else (None, None)
@@ -708,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     limit_flags = [*([f"--kube-api-qps={qps:g}"] if qps else []), *([f"--kube-api-burst={burst}"] if burst else [])]
     limits = " ".join(limit_flags) or "stock (controller manager 20/30, scheduler 50/100)"
     renew_s = args.lease_renew_s or max(LEASE_RENEW_S, args.nodes / 50)
-    cards = args.nodes * CARDS_PER_NODE if {"ours-whole", "ours-slice"} & {*kinds, *profiled} else 0
+    cards = args.nodes * CARDS_PER_NODE if {*ours_dra.NEEDS_OWNER} & {*kinds, *profiled} else 0
     # Generous: the node lifecycle is not what is measured, and a loaded machine delays renewals (at
     # load 35, 500 nodes' renewals every 10 s fell behind the stock 50 s and every node was tainted).
     grace = [f"--node-monitor-grace-period={max(NODE_GRACE_RENEWALS * renew_s, NODE_GRACE_MIN_S):.0f}s"]
@@ -743,8 +804,11 @@ def main(argv: list[str] | None = None) -> int:
                 if cards:  # 2 writes per card: at 5,000 nodes, 80,000 writes that only ours needs
                     create_gpus(custom, nodes.names, pool)
                 create_device_classes(custom)
-            print(f"{args.nodes} nodes, {cards} GPU objects written in "
-                  f"{time.monotonic() - t:.0f} s; leases renewed every {renew_s:g} s {' '.join(grace)}", flush=True)
+                ours_dra.create_device_classes(custom)
+            took = time.monotonic() - t
+            setup_writes = 3 * args.nodes + 2 * cards  # node, its status, its lease; a card's object and status
+            print(f"{args.nodes} nodes, {cards} GPU objects written in {took:.0f} s ({setup_writes / took:.0f} "
+                  f"writes/s); leases renewed every {renew_s:g} s {' '.join(grace)}", flush=True)  # fmt: skip
             for klass, provisioner in ((SLICE_CLASS, names.PROVISIONER_GPUSHARE),
                                        (WHOLE_CLASS, names.PROVISIONER_PHYSICAL)):  # fmt: skip
                 custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_CLASS, {
@@ -788,7 +852,8 @@ def main(argv: list[str] | None = None) -> int:
                 return {**{name: _cpu_s(pid) for name, pid in pids.items()}, "bench": time.process_time()}
 
             bench = Bench(core, custom, ApiServer(plane.server, plane.ssl_context()), cpu,
-                          [*plane.children.started, controller, webhook, floor], nodes.names, args.idle_s)  # fmt: skip
+                          [*plane.children.started, controller, webhook, floor], nodes.names, args.idle_s,
+                          ours_dra.OurDriver(api, custom, nodes.names) if cards else None)  # fmt: skip
             how = f"{args.rate:g}/s" if args.rate > 0 else "burst"
             plan = [(kinds[(i + r) % len(kinds)], r, None) for r in range(args.repeat) for i in range(len(kinds))]
             plan += [(k, -1, out / f"profile-{k}") for k in profiled]

@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-KINDS = ("plain", "ours-whole", "ours-slice", "dra-one", "dra-shared", "claim-floor")
+KINDS = ("plain", "ours-whole", "ours-slice", "dra-one", "dra-shared", "claim-floor", "dra-ours", "dra-ours-shared")
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd")
 OURS = ("controller", "webhook", "claim-floor")
 PANELS = (
