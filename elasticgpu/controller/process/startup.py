@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.edge.leader import LeaderSettings
@@ -79,11 +80,15 @@ def _run_with_client_watches(controller: Controller, operability: Operability, *
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
+    began = time.monotonic()
+    logger.info("listing the cluster")
     listed = starting.first_list(controller, stop)
     if listed is None:
         return
     for thread in controller.informer.start(stop, timeout_s=controller.settings.watch.timeout_s, listed=listed):
         controller.liveness.track(thread)
+    logger.info("listed the cluster in %.1fs (%d GPUs); watching it", time.monotonic() - began,
+                len(controller.ledger.gpu_names()))
     if not operability.lead(stop):
         return
     starting.start_threads(controller, stop)
