@@ -114,9 +114,15 @@ def create_figures(containers: int) -> dict[str, Any]:
         assert runtime.nri_socket is not None
         publish_cards(runtime.cdi_dir, runtime.directory / "dev")
         view = View()
+        # 1% of the cores each: at most 100 slices a card; the memory split to fit them all.
+        per_card = -(-containers // len(CARDS))
+        if per_card > 100:
+            raise SystemExit(f"--containers {containers}: the test node's {len(CARDS)} cards hold at most"
+                             f" {100 * len(CARDS)} slices of 1% of the cores")
+        memory_mib = min(1280, 81920 // per_card)
         for i in range(containers):
             view.add(replace(slice_claim("dense", f"slice-{i:03d}", user=f"pod-{i:03d}"),
-                             gpus=(CARDS[i % len(CARDS)].uuid,), cores=1, memory_mib=1280))
+                             gpus=(CARDS[i % len(CARDS)].uuid,), cores=1, memory_mib=memory_mib))
         (tmp / "view.json").write_text(view.to_json())
         direct = api.services.RuntimeServiceStub(stack.enter_context(grpc.insecure_channel(runtime.endpoint)))
         agent = start(["tests.agent.nri.agent_process", str(runtime.nri_socket), str(tmp / "nri-agent.sock"), plugin,
