@@ -11,6 +11,16 @@ hundreds of claimed containers.
            slice claim, created one after the other and kept (the agent's view, ledger and the
            runtime fill up as on a dense node); p50/p99 of the first and the last tenth.
 
+  usage    the agent's usage pass (`agent/usage.py` `UsageLoop.sample_once`: the processes on the
+           cards, each attributed to its container through procfs and to its claim through the
+           ledger, every sample recorded in the ledger, the claims' usage written when due) at
+           `--containers` claimed containers on one node of 8 simulated cards, one GPU process
+           each: CPU seconds per pass, while the first writes go out (20 claim writes a pass at
+           most) and in the steady state (usage unchanged: nothing due). The agent's own code
+           on a real SQLite ledger and the real local API server (the claims exist there); the
+           processes are the simulated backend's and a procfs written for them (their cgroups
+           name the containers the ledger holds).
+
 The test node of tests/agent/cri/node.py has two stand-in cards, so the slices are spread over
 those two (the agent's per-create work reads the claim's own cards and the view's claims, not
 the other cards of the node).
@@ -18,6 +28,7 @@ the other cards of the node).
     python bench/agent_density.py                        # both, 512 containers
     python bench/agent_density.py --only status          # no containerd needed
     python bench/agent_density.py --containers 64 --only creates
+    python bench/agent_density.py --only usage           # no containerd needed
 """
 
 from __future__ import annotations
@@ -103,9 +114,15 @@ def create_figures(containers: int) -> dict[str, Any]:
         assert runtime.nri_socket is not None
         publish_cards(runtime.cdi_dir, runtime.directory / "dev")
         view = View()
+        # 1% of the cores each: at most 100 slices a card; the memory split to fit them all.
+        per_card = -(-containers // len(CARDS))
+        if per_card > 100:
+            raise SystemExit(f"--containers {containers}: the test node's {len(CARDS)} cards hold at most"
+                             f" {100 * len(CARDS)} slices of 1% of the cores")
+        memory_mib = min(1280, 81920 // per_card)
         for i in range(containers):
             view.add(replace(slice_claim("dense", f"slice-{i:03d}", user=f"pod-{i:03d}"),
-                             gpus=(CARDS[i % len(CARDS)].uuid,), cores=1, memory_mib=1280))
+                             gpus=(CARDS[i % len(CARDS)].uuid,), cores=1, memory_mib=memory_mib))
         (tmp / "view.json").write_text(view.to_json())
         direct = api.services.RuntimeServiceStub(stack.enter_context(grpc.insecure_channel(runtime.endpoint)))
         agent = start(["tests.agent.nri.agent_process", str(runtime.nri_socket), str(tmp / "nri-agent.sock"), plugin,
@@ -130,16 +147,91 @@ def create_figures(containers: int) -> dict[str, Any]:
                 "last_tenth_p99_ms": round(percentile(times[-tenth:], 0.99), 2)}
 
 
+def usage_figures(containers: int, passes: int) -> dict[str, Any]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import yaml
+    from crd_server import test_server_with_crds
+    from kubernetes import client
+
+    from elasticgpu.agent import discovery, kube, usage
+    from elasticgpu.agent.discovery import simulated
+    from elasticgpu.agent.ledger import store
+    from elasticgpu.agent.settings import LedgerSettings, UsageSettings
+    from elasticgpu.controller.edge.kube import KubeApi
+
+    node, namespace, cards = "dense-node", "dense", 8
+    with test_server_with_crds() as (cluster, api), tempfile.TemporaryDirectory(prefix="egusage-") as directory:
+        tmp = Path(directory)
+        client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+        writer = KubeApi.from_kubeconfig(str(cluster.kubeconfig))
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: writer.create_claim({
+                "apiVersion": names.API_VERSION, "kind": names.KIND_CLAIM,
+                "metadata": {"name": f"slice-{i:03d}", "namespace": namespace},
+                "spec": {"resources": {"requests": {names.RESOURCE_CORE: 1, names.RESOURCE_MEMORY: "1280Mi"}}}}),
+                range(containers)))
+        writer.close()
+        (tmp / "sim.yaml").write_text(yaml.safe_dump({
+            "driver": {"version": "550.54.15", "cuda": "12.4"},
+            "cards": [{"model": "NVIDIA A100-SXM4-80GB", "memory": "80Gi", "numa": 0, "links": [], "count": cards}]}))
+        backend = discovery.open_backend("simulated", node_name=node, simulation_file=tmp / "sim.yaml",
+                                         device_dir=tmp / "devices", inject_dir=tmp / "inject")
+        ledger = store.LedgerStore.open(f"sqlite:///{tmp / 'ledger.db'}")
+        clock = [1_800_000_000.0]
+        loop = usage.UsageLoop(backend=backend, ledger=ledger,
+                               kube=kube.AgentKube(api, node_name=node, field_manager="elasticgpu-agent"),
+                               inventory=None, settings=UsageSettings(proc_root=str(tmp / "proc")),
+                               ledger_settings=LedgerSettings(), clock=lambda: clock[0])
+        entries = []
+        for i in range(containers):
+            pod, container, pid = f"{i:08d}-0000-4000-8000-{i:012d}", f"{i:064x}", 10_000 + i
+            card = simulated.simulated_uuid(node, i % cards)
+            row = ledger.record_started(pod_uid=pod, pod_namespace=namespace, pod_name=f"pod-{i:03d}",
+                                        container_name="main", claim_namespace=namespace, claim_name=f"slice-{i:03d}",
+                                        elastic_gpu=f"egpu-{i:03d}", gpu_uuids=[card], cores=1, memory_mib=1280)
+            ledger.mark_created(row, container)
+            folder = tmp / "proc" / str(pid)
+            folder.mkdir(parents=True)
+            (folder / "stat").write_text(f"{pid} (python3) S 1 {' '.join(['0'] * 17)} {1000 + i} 0 0\n")
+            (folder / "cgroup").write_text(f"0::/kubepods/besteffort/pod{pod}/{container}\n")
+            entries.append({"process": {"card": i % cards, "pid": pid, "memory": 1000, "sm": 1}})
+        simulated.inject(tmp / "inject", entries)
+        writing: list[float] = []
+        steady: list[float] = []
+        try:
+            for _ in range(passes):
+                writes = loop.claim_writes
+                cpu = time.process_time()
+                loop.sample_once()
+                (writing if loop.claim_writes > writes else steady).append((time.process_time() - cpu) * 1000)
+                clock[0] += UsageSettings().sample_interval_s
+            attributed = sum(1 for c in loop.claims.values() if c.memory_mib)
+        finally:
+            ledger.close()
+            backend.close()
+    return {"containers": containers, "cards": cards, "passes": passes, "claims_attributed": attributed,
+            "claim_writes": loop.claim_writes, "unattributed": len(loop.unattributed),
+            "writing_passes": len(writing),
+            "writing_cpu_ms_p50": round(percentile(writing, 0.5), 1) if writing else None,
+            "steady_passes": len(steady), "steady_cpu_ms_p50": round(percentile(steady, 0.5), 1) if steady else None,
+            "steady_cpu_ms_max": round(max(steady), 1) if steady else None,
+            "sample_interval_s": UsageSettings().sample_interval_s}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--containers", type=int, default=512)
     parser.add_argument("--writes", type=int, default=30, help="status writes per size")
-    parser.add_argument("--only", choices=["status", "creates"])
+    parser.add_argument("--only", choices=["status", "creates", "usage"])
+    parser.add_argument("--passes", type=int, default=60, help="usage passes")
     args = parser.parse_args()
     print(f"{os.cpu_count()} CPUs, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     if args.only in (None, "status"):
         for row in status_figures([1, 8, 16, 32, 64], args.writes):
             print(json.dumps(row), flush=True)
+    if args.only in (None, "usage"):
+        print(json.dumps(usage_figures(args.containers, args.passes)), flush=True)
     if args.only in (None, "creates"):
         print(json.dumps(create_figures(args.containers)), flush=True)
 

@@ -9,10 +9,13 @@ and claim status is the controller's own. The controller reaches the server thro
 
   1. start to first bind: the controller stopped (SIGTERM: it releases the Lease), a fresh one
      started and a probe claim created at once; seconds from the process start to the probe Bound
-     (list everything, build the picture, take the Lease, bind);
-  2. leader kill -9: a standby started and ready beside the leader, the leader killed with
-     SIGKILL and a probe claim created at once; seconds to the probe Bound (the Lease expires:
-     15 s after the last renewal, then the new leader binds);
+     (list everything, build the picture, take the Lease, bind), and its phases from the
+     controller's own log (JSON, with times): imports until it lists, the lists and the picture,
+     the Lease, the threads started;
+  2. leader kill -9: a standby started beside the leader and standing by (it has listed and
+     watches: its picture is warm), the leader killed with SIGKILL and a probe claim created at
+     once; seconds to the standby taking the Lease (the lease, 10 s after the last renewal) and to
+     the probe Bound;
   3. the API server restarted under it: the relay refuses new connections and cuts the open ones
      for `--outage` seconds, then accepts again; the LIST requests the server counts in the next
      60 s (a storm of relists would show), a probe created after the outage bound, every claim
@@ -22,13 +25,21 @@ and claim status is the controller's own. The controller reaches the server thro
     python bench/fleet_controller.py                                  # 40,000 cards, 50,000 claims
     python bench/fleet_controller.py --cards 4000 --claims 5000       # a tenth (this shared box)
     python bench/fleet_controller.py --cards 80 --claims 100 --rest 5 --outage 3   # smoke run
+
+The objects are created by `--writers` processes of `--threads` threads each (one Python process
+tops out on its JSON and TLS well below what the server takes); the figures say objects per
+second. SIGTERM or Ctrl-C stops it cleanly: the controllers, the relay and the server are
+stopped on the way out.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import multiprocessing
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -78,21 +89,82 @@ def _relayed_kubeconfig(kubeconfig: Path, port: int, out: Path) -> Path:
     return out
 
 
+def _create_range(kubeconfig: str, kind: str, start: int, stop: int, threads: int) -> int:
+    """In a writer process: create objects `start`..`stop` of `kind` ("gpu" or "claim")."""
+    from elasticgpu.controller.edge.kube import KubeApi
+
+    kube = KubeApi.from_kubeconfig(kubeconfig)
+    try:
+        if kind == "gpu":
+            def create(i: int) -> None:
+                kube.create_gpu(_gpu(i))
+        else:
+            def create(i: int) -> None:
+                kube.create_claim(_claim(f"claim-{i:06d}"))
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(create, range(start, stop)))
+    finally:
+        kube.close()
+    return stop - start
+
+
+def _create_all(kubeconfig: Path, kind: str, count: int, *, writers: int, threads: int) -> float:
+    """Create `count` objects of `kind` with `writers` processes; objects per second."""
+    began = time.monotonic()
+    step = -(-count // writers)
+    ranges = [(i, min(i + step, count)) for i in range(0, count, step)]
+    context = multiprocessing.get_context("spawn")  # the bench has threads: no fork
+    with context.Pool(len(ranges)) as pool:
+        done = sum(pool.starmap(_create_range, [(str(kubeconfig), kind, a, b, threads) for a, b in ranges]))
+    assert done == count
+    return count / (time.monotonic() - began)
+
+
+PHASES = {"listing": "listing the cluster", "listed": "listed the cluster", "leading": "leading: Lease",
+          "ready": "controller ready"}
+"""What the controller logs at each step of its start (`startup.py`, `leader.py`, `starting.py`)."""
+
+
 class Controllers:
-    """Controller processes of the run, each with its log under bench/out/."""
+    """Controller processes of the run, each with its log (JSON lines) under bench/out/."""
 
     def __init__(self, kubeconfig: Path) -> None:
         self.kubeconfig = kubeconfig
         self.started = 0
+        self.began: dict[int, float] = {}
+        """Epoch time each process (by pid) was started."""
+        self.logs: dict[int, Path] = {}
 
     def start(self) -> subprocess.Popen[bytes]:
         self.started += 1
-        log = (REPO / "bench" / "out" / f"fleet-controller-{self.started}.log").open("wb")
-        return subprocess.Popen(
-            [sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(self.kubeconfig),
-             "--namespace", NAMESPACE, "--leader-elect-namespace", NAMESPACE, "--log-level", "warning",
-             "--health-probe-bind-address", "127.0.0.1:0"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        path = REPO / "bench" / "out" / f"fleet-controller-{self.started}.log"
+        began = time.time()
+        with path.open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(self.kubeconfig),
+                 "--namespace", NAMESPACE, "--leader-elect-namespace", NAMESPACE, "--log-level", "info",
+                 "--log-format", "json", "--health-probe-bind-address", "127.0.0.1:0"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        self.began[proc.pid], self.logs[proc.pid] = began, path
+        return proc
+
+    def phases(self, proc: subprocess.Popen[bytes], *, since: float | None = None) -> dict[str, float]:
+        """Seconds from `since` (default: the process's start) to the first line of each phase."""
+        origin = self.began[proc.pid] if since is None else since
+        seen: dict[str, float] = {}
+        for line in self.logs[proc.pid].read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            for phase, text in PHASES.items():
+                if phase not in seen and str(entry.get("message", "")).startswith(text):
+                    at = datetime.datetime.fromisoformat(entry["time"]).timestamp()
+                    seen[phase] = round(at - origin, 1)
+        return seen
+
+    def says(self, proc: subprocess.Popen[bytes], text: str) -> bool:
+        return text in self.logs[proc.pid].read_text(errors="replace")
 
 
 def _probe(kube: Any, watch: Any, name: str, timeout_s: float) -> float | None:
@@ -101,7 +173,7 @@ def _probe(kube: Any, watch: Any, name: str, timeout_s: float) -> float | None:
     kube.create_claim(_claim(name))
     if not watch.wait([name], timeout_s):
         return None
-    return watch.seen[name] - began
+    return round(watch.seen[name] - began, 1)
 
 
 def _lists(kube: Any) -> float:
@@ -144,12 +216,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cards", type=int, default=40_000)
     parser.add_argument("--claims", type=int, default=50_000)
-    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=8, help="threads per writer process")
+    parser.add_argument("--writers", type=int, default=4, help="processes that create the objects")
     parser.add_argument("--fill-timeout", type=float, default=3600.0, help="seconds for every claim to bind")
     parser.add_argument("--outage", type=float, default=10.0, help="seconds the relay refuses the controller")
     parser.add_argument("--rest", type=float, default=60.0, help="seconds of CPU measured at rest")
     args = parser.parse_args()
     (REPO / "bench" / "out").mkdir(exist_ok=True)
+
+    def terminated(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")  # unwinds through every finally below
+
+    signal.signal(signal.SIGTERM, terminated)
 
     from kubernetes import client
 
@@ -166,8 +244,8 @@ def main() -> None:
         controllers = Controllers(_relayed_kubeconfig(cluster.kubeconfig, relay.port,
                                                       REPO / "bench" / "out" / "fleet-kubeconfig.yaml"))
         began = time.monotonic()
-        with ThreadPoolExecutor(args.threads) as pool:
-            list(pool.map(lambda i: kube.create_gpu(_gpu(i)), range(args.cards)))
+        figures["create_gpus_per_s"] = round(_create_all(cluster.kubeconfig, "gpu", args.cards, writers=args.writers,
+                                                         threads=args.threads), 1)
         figures["create_gpus_s"] = round(time.monotonic() - began, 1)
         kube.create_class({"apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": CLASS},
                            "provisioner": names.PROVISIONER_GPUSHARE, "parameters": {"gpuModel": MODEL}})
@@ -176,8 +254,8 @@ def main() -> None:
         leader = controllers.start()
         claims = [f"claim-{i:06d}" for i in range(args.claims)]
         began = time.monotonic()
-        with ThreadPoolExecutor(args.threads) as pool:
-            list(pool.map(lambda n: kube.create_claim(_claim(n)), claims))
+        figures["create_claims_per_s"] = round(_create_all(cluster.kubeconfig, "claim", args.claims,
+                                                           writers=args.writers, threads=args.threads), 1)
         figures["create_claims_s"] = round(time.monotonic() - began, 1)
         standby = None
         try:
@@ -202,14 +280,21 @@ def main() -> None:
             kube.create_claim(_claim("probe-start"))
             figures["start_to_first_bind_s"] = (round(watch.seen["probe-start"] - started, 1)
                                                 if watch.wait(["probe-start"], 600) else None)
+            figures["start_phases_s"] = controllers.phases(leader)
             figures["start_rss_mib"] = round(_rss_mib(leader.pid))
 
-            # 2. leader kill -9 with a standby beside it (ready: it has listed and built its picture)
+            # 2. leader kill -9 with a standby beside it, standing by with its picture listed
             standby = controllers.start()
-            time.sleep(max(30.0, figures["start_to_first_bind_s"] or 30.0))
+            deadline = time.monotonic() + 600
+            while not controllers.says(standby, "standing by") and time.monotonic() < deadline:
+                time.sleep(0.5)
+            figures["standby_phases_s"] = controllers.phases(standby)
+            time.sleep(5.0 + random.uniform(0.0, 2.0))  # at a random moment between two renewals
+            killed = time.time()
             leader.kill()
             leader.wait(timeout=30)
             figures["kill9_to_first_bind_s"] = _probe(kube, watch, "probe-kill", 600)
+            figures["kill9_to_lease_s"] = controllers.phases(standby, since=killed).get("leading")
             leader, standby = standby, None
 
             # 3. the API server restarted under it

@@ -45,7 +45,14 @@ def _controller(args: argparse.Namespace) -> int:
     # The Lease lives where the controller runs (the Downward API's POD_NAMESPACE), else in the
     # one namespace it watches, else in kube-system.
     lease_namespace = args.leader_elect_namespace or os.environ.get("POD_NAMESPACE") or args.namespace or "kube-system"
-    leader = LeaderSettings(enabled=args.leader_elect, namespace=lease_namespace, name=args.leader_elect_name)
+    try:
+        leader = LeaderSettings(enabled=args.leader_elect, namespace=lease_namespace, name=args.leader_elect_name,
+                                lease_duration_s=args.leader_elect_lease_duration,
+                                renew_deadline_s=args.leader_elect_renew_deadline,
+                                retry_period_s=args.leader_elect_retry_period)
+    except ValueError as err:  # the three periods disagree: name the flags, not the fields
+        raise SystemExit(f"elasticgpu controller: --leader-elect-lease-duration, --leader-elect-renew-deadline, "
+                         f"--leader-elect-retry-period: {err}") from None
     address = health_address(args)
     startup.run_controller(kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace, leader=leader,
                            health_port=None if address is None else address.port,
@@ -110,6 +117,18 @@ def build_parser() -> argparse.ArgumentParser:
     controller.add_argument("--leader-elect-namespace",
                             help="namespace of the Lease (default: $POD_NAMESPACE, else --namespace, else kube-system)")
     controller.add_argument("--leader-elect-name", default="elasticgpu-controller", help="name of the Lease")
+    from elasticgpu.controller.edge.leader import LeaderSettings
+
+    periods = LeaderSettings()
+    controller.add_argument("--leader-elect-lease-duration", type=flags.seconds, default=periods.lease_duration_s,
+                            help="seconds after the leader's last renewal before a standby takes over (default"
+                            f" {periods.lease_duration_s:g}s)")
+    controller.add_argument("--leader-elect-renew-deadline", type=flags.seconds, default=periods.renew_deadline_s,
+                            help="seconds a leader keeps trying to renew before it steps down (default"
+                            f" {periods.renew_deadline_s:g}s; less than the lease duration minus the retry period)")
+    controller.add_argument("--leader-elect-retry-period", type=flags.seconds, default=periods.retry_period_s,
+                            help=f"seconds between renewals and between a standby's tries (default"
+                            f" {periods.retry_period_s:g}s)")
     for flag in ("--health-probe-bind-address", "--metrics-bind-address"):
         controller.add_argument(flag, type=flags.bind_address, default=flags.UNSET,
                                 help=f"[host]:port of /healthz, /readyz and /metrics, one server"

@@ -38,6 +38,19 @@ def bind_address(text: str) -> BindAddress | None:
     return BindAddress(host=host, port=port_number(port))
 
 
+def seconds(text: str) -> float:
+    """argparse type of a duration in seconds: `10`, `10s` or `2.5s` (client-go's flags write
+    `15s`; minutes and hours are not needed for Lease periods)."""
+    number = text.strip().removesuffix("s")
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration in seconds (e.g. 10s or 2.5)") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
+    return value
+
+
 def switch(text: str) -> bool:
     """argparse type of `--flag=true|false` (as Go's flag package reads booleans)."""
     lowered = text.strip().lower()

@@ -501,6 +501,20 @@ class _AccountingCollector(Collector):
         yield from (cores, memory, cards, total_cores, total_memory, total_cards)
 
 
+class _WhileLeading(Collector):
+    """`collector`'s series only while this process leads. A standby keeps a warm picture (it
+    lists and watches before it leads), so without this it would export the leader's claims,
+    free capacity and sizes a second time, and `sum()` over the replicas would count them twice."""
+
+    def __init__(self, collector: Collector, leading: Callable[[], bool]) -> None:
+        self._collector = collector
+        self._leading = leading
+
+    def collect(self) -> Iterator[Metric]:
+        if self._leading():
+            yield from self._collector.collect()
+
+
 class ControllerMetrics:
     """Every metric of one controller, registered in `registry` (a fresh one by default)."""
 
@@ -531,6 +545,9 @@ class ControllerMetrics:
         self.leader = Gauge("elasticgpu_leader", "1 while this process holds the leader Lease, else 0.",
                             registry=self.registry)
         self._leads = False
+        self._told = False
+        """Whether `leading` was ever called: a metrics object of a test or a bench that nobody
+        elects exports the picture's series as a single replica would."""
         self._accounting: _AccountingCollector | None = None
         self.bind_seconds = Histogram("elasticgpu_claim_bind_duration_seconds",
                                       "Seconds from a claim's creation to its bind.", ["mode"],
@@ -589,8 +606,12 @@ class ControllerMetrics:
         """Record whether this process holds the leader Lease."""
         self.leader.set(1 if is_leader else 0)
         self._leads = is_leader
+        self._told = True
         if self._accounting is not None:
             self._accounting.lead(is_leader)
+
+    def _exports_picture(self) -> bool:
+        return self._leads or not self._told
 
     def watch_accounting(self, elastic_gpus: ElasticGPUsChanged, *, per_claim: Callable[[], set[str]],
                          clock: Callable[[], float] = time.time) -> Callable[[Mapping[str, Any]], None]:
@@ -609,14 +630,14 @@ class ControllerMetrics:
         """Read claims by (phase, class) from `claims()`, free capacity by class from `free()` and
         the waiting claims' (class, reason, creationTimestamp) from `waiting()` at each scrape
         (nothing on the hot path)."""
-        self.registry.register(_PictureCollector(claims, free, waiting))
+        self.registry.register(_WhileLeading(_PictureCollector(claims, free, waiting), self._exports_picture))
 
     def watch_quotas(self, fill: Callable[[], Sequence[tuple[str, str, str, int, int]]]) -> None:
         """Read each quota's (namespace, quota, key, used, hard) from `fill()` at each scrape."""
-        self.registry.register(_QuotaCollector(fill))
+        self.registry.register(_WhileLeading(_QuotaCollector(fill), self._exports_picture))
 
     def watch_claim_sizes(self, sizes: Callable[[], Sequence[ClaimSizes]], *,
                           per_claim: Callable[[], set[str]]) -> None:
         """Read each claim's requested, used and recommended size from `sizes()` at each scrape;
         per claim for the classes named by `per_claim()`, per namespace and class always."""
-        self.registry.register(_ClaimSizesCollector(sizes, per_claim))
+        self.registry.register(_WhileLeading(_ClaimSizesCollector(sizes, per_claim), self._exports_picture))

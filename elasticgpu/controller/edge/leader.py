@@ -4,7 +4,7 @@ The protocol is client-go's (`tools/leaderelection`), on one Lease object:
 
     spec.holderIdentity        who leads ("" after a clean release: anyone may take it at once)
     spec.leaseDurationSeconds  how long a standby waits, after the holder's last renewal, before
-                               it takes the Lease (15 s)
+                               it takes the Lease (10 s by default)
     spec.renewTime             when the holder last renewed (it renews every retry period, 2 s)
     spec.acquireTime, spec.leaseTransitions   when it was taken, how often it changed hands
 
@@ -21,14 +21,20 @@ Time. A standby must not trust the holder's clock alone, nor only its own observ
   previous read that showed the old record, and before the read that showed the new one. With
   synchronised clocks that is the renewal itself; with skewed clocks it is off by at most one
   retry period, early or late. Early is safe because a leader gives up after `renew_deadline_s`
-  (10 s) without a successful renewal, well before `lease_duration_s` (15 s) less one retry
-  period (2 s). So a standby takes over within 15 s of the leader's last renewal, and so within
-  15 s of its death (plus the duration of one request), not 15 s plus two polls.
+  (7 s) without a successful renewal, before `lease_duration_s` (10 s) less one retry period
+  (2 s). So a standby takes over within 10 s of the leader's last renewal, and so within 10 s
+  of its death (plus the duration of one request), not 10 s plus two polls.
+
+Defaults: 10/7/2 s, shorter than client-go's 15/10/2 (issue 49: a leader's kill -9 to the new
+leader's first bind within 15 s; the lease is most of it, since a standby keeps its picture
+warm). The price is a leader that steps down after 7 s without an answer from a slow server
+(client-go's: 10 s); `--leader-elect-lease-duration` and friends (chart values
+`controller.leaderElection`) lengthen them for such a server.
 
 A leader that cannot renew within `renew_deadline_s` stops leading (`on_lost`): the controller
 then stops and exits, and its Pod restarts as a standby, as client-go's controllers do. On a
 clean stop the leader releases the Lease (holder "", duration 1 s) so a standby takes over at
-once instead of after 15 s.
+once instead of after the lease.
 
 `KubernetesLeases` is the Lease client (kubernetes.client's CoordinationV1Api); the elector
 only needs its three calls (`LeaseClient`), so the controller's own transport can replace it.
@@ -59,8 +65,8 @@ Body = dict[str, Any]
 
 @dataclass(frozen=True, kw_only=True)
 class LeaderSettings:
-    """How the controllers of one cluster elect their leader (client-go's defaults, which the
-    kube-controller-manager uses)."""
+    """How the controllers of one cluster elect their leader (client-go's protocol; shorter
+    periods than its 15/10/2 s, see the module's docstring)."""
 
     enabled: bool = True
     """Off only when exactly one controller runs (a test, a single replica by design)."""
@@ -68,10 +74,10 @@ class LeaderSettings:
     """Namespace of the Lease: where the controller's Deployment runs."""
     name: str = "elasticgpu-controller"
     """Name of the Lease; every replica of one controller uses the same."""
-    lease_duration_s: float = 15.0
+    lease_duration_s: float = 10.0
     """Seconds after the holder's last renewal before a standby may take the Lease: how long a
     dead leader blocks binding."""
-    renew_deadline_s: float = 10.0
+    renew_deadline_s: float = 7.0
     """Seconds a leader keeps trying to renew before it stops leading. Below lease_duration_s by
     more than retry_period_s, so it has stopped before any standby can take over."""
     retry_period_s: float = 2.0

@@ -54,6 +54,9 @@ class Operability:
             # Its own ApiClient on the controller's configuration: same server, TLS and token.
             leases = KubernetesLeases.on(kube.configuration)
             self.elector = LeaderElector(leases, leader, on_change=self.metrics.leading)
+            # A standby's picture is warm (it lists before it leads): its picture's series stay
+            # off until it leads, or the replicas would export them twice.
+            self.metrics.leading(False)
         liveness: dict[str, Any] = {"controller": controller.liveness}
         if self.elector is not None:
             liveness["leaderElection"] = self.elector.healthy

@@ -136,10 +136,11 @@ class Controller:
         """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node, namespace)."""
         self.informer.observe(kind, event_type, body)
 
-    def rebuild(self, *, background: bool = False) -> dict[str, str]:
-        """List everything, merge it into the picture, queue every object (`Informer.relist`);
-        the resourceVersion each kind was listed at."""
-        return self.informer.relist(background=background)
+    def rebuild(self, *, background: bool = False, start: bool = False) -> dict[str, str]:
+        """List everything, merge it into the picture, queue every object (`Informer.relist`;
+        `start`: the process's first list, every key behind the events' keys); the
+        resourceVersion each kind was listed at."""
+        return self.informer.relist(background=background, start=start)
 
     def resync(self, *, relist: bool = True) -> None:
         """One periodic repair (`Repair.resync`)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.edge.leader import LeaderSettings
@@ -51,11 +52,11 @@ def run_controller(
     operability = Operability(controller, kube, leader=leader, health_port=health_port, health_host=health_host)
     try:
         operability.start()
-        if not operability.lead(stop):
-            return
         if settings.watch.engine == "client":
-            _run_with_client_watches(controller, stop=stop)
+            _run_with_client_watches(controller, operability, stop=stop)
         else:
+            if not operability.lead(stop):
+                return
             _run_with_kopf(controller, namespace=namespace, stop=stop)
     finally:
         stop.set()
@@ -65,18 +66,31 @@ def run_controller(
     operability.exit_if_lost()
 
 
-def _run_with_client_watches(controller: Controller, *, stop: threading.Event) -> None:
-    """List every kind once (retrying until the API server answers), then watch from those
-    lists, bind and resync until `stop` is set; SIGTERM and SIGINT set it when this is the main
-    thread."""
+def _run_with_client_watches(controller: Controller, operability: Operability, *, stop: threading.Event) -> None:
+    """List every kind once (retrying until the API server answers) and watch from those lists,
+    then wait for the Lease, then bind and resync until `stop` is set; SIGTERM and SIGINT set it
+    when this is the main thread.
+
+    The list and the watches come before the Lease (issue 49): a standby keeps its picture as
+    current as the leader's, so when it takes over it binds at once instead of listing every
+    kind first (seconds at fleet size, on top of the lease). It only reads while it stands by:
+    the worker, the resync and every writer start once it leads. Its queue collects the keys the
+    list and the watches woke (a set: one entry per object), which the worker then processes, as
+    after a fresh start's list."""
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
+    began = time.monotonic()
+    logger.info("listing the cluster")
     listed = starting.first_list(controller, stop)
     if listed is None:
         return
     for thread in controller.informer.start(stop, timeout_s=controller.settings.watch.timeout_s, listed=listed):
         controller.liveness.track(thread)
+    logger.info("listed the cluster in %.1fs (%d GPUs); watching it", time.monotonic() - began,
+                len(controller.ledger.gpu_names()))
+    if not operability.lead(stop):
+        return
     starting.start_threads(controller, stop)
     stop.wait()
 

@@ -173,10 +173,14 @@ class Informer:
                 alive.append(live)
         return alive
 
-    def relist(self, *, background: bool = False) -> dict[str, str]:
+    def relist(self, *, background: bool = False, start: bool = False) -> dict[str, str]:
         """List everything and merge it into the picture (on start, before anything is bound,
         and on every relist); then queue every claim and ElasticGPU (`background`: behind the
-        keys that events queued). See `Picture.merge_lists` for what a list may replace.
+        keys that events queued). `start`: the first list of a process, whose every key is new:
+        all of them go behind the keys that events queue, so a claim created at the start (or
+        after a standby took over) is not served after every object of the cluster (issue 49:
+        12 s behind ~20,000 keys at 8,000 cards, bench/README.md). See `Picture.merge_lists`
+        for what a list may replace.
         Returns the resourceVersion each watched kind was listed at (a watch started from it
         misses nothing, so start-up lists each kind once); "" for a list that failed.
 
@@ -205,9 +209,10 @@ class Informer:
             self._merge_quotas(*listed_quotas)
         for listed_at in (gpus_version, egpus_version, classes_version, claims_version, pods_version):
             self.picture.quotas.saw(int(listed_at) if listed_at.isdigit() else None)
-        self.queue.add_all(keys)
+        for key in keys:
+            self.queue.add(key, background=start)
         for key in self.picture.all_keys():
-            self.queue.add(key, background=background)
+            self.queue.add(key, background=background or start)
         return {"gpu": gpus_version, "egpu": egpus_version, "class": classes_version, "claim": claims_version,
                 "pod": pods_version, "node": nodes_version,
                 "namespace": listed_namespaces[1] if listed_namespaces is not None else "",
