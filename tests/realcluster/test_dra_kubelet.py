@@ -267,8 +267,11 @@ def test_two_pods_share_a_card_through_consumable_capacity_and_a_missing_model_s
             "30", "10240m"), inside  # fmt: skip
     # Issue 48: the agent's ledger holds each pod's container as a row of its ResourceClaim (usage, metrics see it).
     ledger = sqlite3.connect(f"file:{dra_node.checkpoint.parent / NODE / 'ledger.db'}?mode=ro", uri=True)
+    # Only this test's namespace: an earlier test's deleted pod keeps its open row until kubelet's container
+    # garbage collection removes the stopped container (the ledger releases a row at RemoveContainer).
     assert sorted(row[0] for row in ledger.execute(
-        "SELECT pod_name FROM allocations WHERE claim_kind = 'ResourceClaim' AND state != 'released'")) == ["a", "b"]
+        "SELECT pod_name FROM allocations WHERE claim_kind = 'ResourceClaim' AND state != 'released'"
+        " AND pod_namespace = ?", (namespace,))) == ["a", "b"]
     # The node has no H100: the scheduler says so on the pod, which stays Pending.
     reason = _wait("the scheduler's reason on the pod that asks an H100", lambda: next(
         (c.message for c in core.read_namespaced_pod("wants-h100", namespace).status.conditions or []
