@@ -9,28 +9,26 @@ entry says `applied`. A container created without the file reports nothing appli
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
-from elasticgpu.agent import discovery, health, inventory, kube
+from elasticgpu.agent import inventory
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import simulated
 from elasticgpu.agent.injecting import cdi, claim_hooks, limits_file
 from elasticgpu.agent.injecting.injection import CardInfo
 from elasticgpu.agent.ledger import store
-from elasticgpu.agent.settings import InventorySettings
 from elasticgpu.api import names
 from tests.agent.conftest import wait_for
 from tests.agent.cri.kubelet import Kubelet, Pod
 from tests.agent.cri.node import View, slice_claim, stand_ins
-from tests.agent.objects import DESCRIPTION, GPUS, node_gpus
+from tests.agent.objects import GPUS, node_gpus
+from tests.agent.publishing_inventory import publishing_inventory
 from tests.containerd_runtime import TestRuntime
 from tests.kube_cluster import kube_request
 
@@ -42,30 +40,14 @@ def agent_inventory(
     api_client: client.ApiClient, crds_installed: list[str], node_name: str, tmp_path: Path
 ) -> Iterator[tuple[inventory.Inventory, store.LedgerStore, limits_file.LimitsFiles]]:
     """Inventory (with its running-claims publisher keeping the limits files) of a simulated node."""
-    simulation = tmp_path / "sim.yaml"
-    simulation.write_text(yaml.safe_dump(DESCRIPTION))
-    backend = discovery.open_backend("simulated", node_name=node_name, simulation_file=simulation,
-                                     device_dir=tmp_path / "devices", inject_dir=tmp_path / "inject")  # fmt: skip
-    ledger = store.LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
-    agent_kube = kube.AgentKube(api_client, node_name=node_name, field_manager="elasticgpu-agent")
-    publisher = inventory.Inventory(
-        kube=agent_kube, backend=backend, health=health.HealthTracker(recovery_quiet_s=300),
-        settings=InventorySettings(heartbeat_interval_s=2, rediscover_interval_s=0.3), ledger=ledger,
-    )  # fmt: skip
     files = limits_file.LimitsFiles(tmp_path / "limits")
-    assert publisher.holders is not None
-    publisher.holders.limits = files  # as the agent's start-up wires it
-    stop = threading.Event()
-    thread = threading.Thread(target=publisher.run, args=(stop,), name="test-inventory", daemon=True)
-    thread.start()
-    try:
+
+    def wire(publisher: inventory.Inventory) -> None:
+        assert publisher.holders is not None
+        publisher.holders.limits = files  # as the agent's start-up wires it
+
+    with publishing_inventory(api_client, node_name, tmp_path, wire) as (publisher, ledger):
         yield publisher, ledger, files
-    finally:
-        stop.set()
-        publisher.wake.set()
-        thread.join(timeout=15)
-        ledger.close()
-        backend.close()
 
 
 def set_allocation(api_client: client.ApiClient, node: str, gpu: str, *allocations: dict[str, Any]) -> None:

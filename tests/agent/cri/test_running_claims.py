@@ -4,28 +4,26 @@ the container is removed; the controller's `status.allocations` is never touched
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
-from elasticgpu.agent import discovery, health, inventory, kube
+from elasticgpu.agent import inventory
 from elasticgpu.agent.cri.proxy import CriProxy, ProxySettings
 from elasticgpu.agent.discovery import simulated
 from elasticgpu.agent.injecting import cdi, claim_hooks
 from elasticgpu.agent.injecting.injection import CardInfo
 from elasticgpu.agent.ledger import store
-from elasticgpu.agent.settings import InventorySettings
 from elasticgpu.api import names
 from tests.agent.conftest import wait_for
 from tests.agent.cri.kubelet import Kubelet
 from tests.agent.cri.node import View, slice_claim, stand_ins
-from tests.agent.objects import DESCRIPTION, GPUS, node_gpus
+from tests.agent.objects import GPUS, node_gpus
+from tests.agent.publishing_inventory import publishing_inventory
 from tests.containerd_runtime import TestRuntime
 from tests.kube_cluster import kube_request
 
@@ -37,27 +35,8 @@ def agent_inventory(
     api_client: client.ApiClient, crds_installed: list[str], node_name: str, tmp_path: Path
 ) -> Iterator[tuple[inventory.Inventory, store.LedgerStore]]:
     """Inventory (with its running-claims publisher) of a simulated node, against the test API server."""
-    simulation = tmp_path / "sim.yaml"
-    simulation.write_text(yaml.safe_dump(DESCRIPTION))
-    backend = discovery.open_backend("simulated", node_name=node_name, simulation_file=simulation,
-                                     device_dir=tmp_path / "devices", inject_dir=tmp_path / "inject")  # fmt: skip
-    ledger = store.LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
-    agent_kube = kube.AgentKube(api_client, node_name=node_name, field_manager="elasticgpu-agent")
-    publisher = inventory.Inventory(
-        kube=agent_kube, backend=backend, health=health.HealthTracker(recovery_quiet_s=300),
-        settings=InventorySettings(heartbeat_interval_s=2, rediscover_interval_s=0.3), ledger=ledger,
-    )  # fmt: skip
-    stop = threading.Event()
-    thread = threading.Thread(target=publisher.run, args=(stop,), name="test-inventory", daemon=True)
-    thread.start()
-    try:
-        yield publisher, ledger
-    finally:
-        stop.set()
-        publisher.wake.set()
-        thread.join(timeout=15)
-        ledger.close()
-        backend.close()
+    with publishing_inventory(api_client, node_name, tmp_path) as inventory_and_ledger:
+        yield inventory_and_ledger
 
 
 def running(api_client: client.ApiClient, node: str, gpu: str) -> list[dict[str, Any]] | None:

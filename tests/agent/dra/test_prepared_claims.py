@@ -5,23 +5,21 @@ the agent's inventory and holders publisher; `status.runningClaims` and the cont
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
-from elasticgpu.agent import discovery, health, inventory, kube
+from elasticgpu.agent import inventory
 from elasticgpu.agent.discovery import simulated
 from elasticgpu.agent.dra import checkpoint, preparing
 from elasticgpu.agent.ledger import models, store
-from elasticgpu.agent.settings import InventorySettings
 from elasticgpu.api import dra_names, names
 from tests.agent.conftest import wait_for
-from tests.agent.objects import DESCRIPTION, GPUS, node_gpus
+from tests.agent.objects import GPUS, node_gpus
+from tests.agent.publishing_inventory import publishing_inventory
 from tests.kube_cluster import kube_request
 
 CLAIM = {"namespace": "ml", "name": "job-0-gpu", "uid": "uid-job-0"}
@@ -36,32 +34,16 @@ class Node:
 def node(api_client: client.ApiClient, crds_installed: list[str], node_name: str, tmp_path: Path) -> Iterator[Node]:
     """A simulated node's inventory with its holders publisher wired to a DRA checkpoint, as the agent's start-up
     wires it (before the publisher's first pass)."""
-    simulation = tmp_path / "sim.yaml"
-    simulation.write_text(yaml.safe_dump(DESCRIPTION))
-    backend = discovery.open_backend("simulated", node_name=node_name, simulation_file=simulation,
-                                     device_dir=tmp_path / "devices", inject_dir=tmp_path / "inject")  # fmt: skip
-    ledger = store.LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
-    agent_kube = kube.AgentKube(api_client, node_name=node_name, field_manager="elasticgpu-agent")
-    publisher = inventory.Inventory(
-        kube=agent_kube, backend=backend, health=health.HealthTracker(recovery_quiet_s=300),
-        settings=InventorySettings(heartbeat_interval_s=2, rediscover_interval_s=0.3), ledger=ledger,
-    )  # fmt: skip
     cp = checkpoint.Checkpoint(tmp_path / "dra.json")
-    assert publisher.holders is not None
-    holders = publisher.holders
-    holders.prepared = lambda: cp.entries().values()
-    cp.on_change(holders.wake.set)
-    stop = threading.Event()
-    thread = threading.Thread(target=publisher.run, args=(stop,), name="test-inventory", daemon=True)
-    thread.start()
-    try:
+
+    def wire(publisher: inventory.Inventory) -> None:
+        assert publisher.holders is not None
+        holders = publisher.holders
+        holders.prepared = lambda: cp.entries().values()
+        cp.on_change(holders.wake.set)
+
+    with publishing_inventory(api_client, node_name, tmp_path, wire) as (publisher, ledger):
         yield Node(publisher, ledger, cp)
-    finally:
-        stop.set()
-        publisher.wake.set()
-        thread.join(timeout=15)
-        ledger.close()
-        backend.close()
 
 
 def _status(api_client: client.ApiClient, node_name: str, gpu: str) -> dict[str, Any]:
