@@ -18,6 +18,7 @@ binder's requests, as client-go gives leader election a client of its own.
 from __future__ import annotations
 
 import http.client
+import threading
 from typing import Any
 
 import orjson
@@ -37,20 +38,24 @@ class TransportLeases:
     """`leader.LeaseClient` over a `Transport` of its own (dicts in, dicts out)."""
 
     def __init__(self, transport: Transport) -> None:
+        """`transport`: one connection shared by the threads (`per_thread=False`); requests are
+        serialised here."""
         self._transport = transport
+        self._lock = threading.Lock()
 
     @classmethod
     def on(cls, configuration: Any) -> TransportLeases:
         """Leases through their own connection on `configuration` (a kubernetes.client.Configuration,
         the controller's: same server, TLS and token). Not for a configuration with a proxy
         (`Transport` does not speak to proxies): `leader.KubernetesLeases.on` serves that."""
-        return cls(Transport(configuration))
+        return cls(Transport(configuration, per_thread=False))
 
     def _call(self, what: str, method: str, path: str, body: Body | None, *, timeout_s: float) -> tuple[int, bytes]:
+        payload = None if body is None else orjson.dumps(body)
         try:
-            status, data = self._transport.request(
-                method, path, body=None if body is None else orjson.dumps(body), content_type="application/json",
-                timeout_s=timeout_s)
+            with self._lock:
+                status, data = self._transport.request(method, path, body=payload, content_type="application/json",
+                                                       timeout_s=timeout_s)
         except (OSError, http.client.HTTPException) as err:
             raise errors.ApiUnavailable(f"{what}: no answer within {timeout_s:.1f}s: {err!r}; is the API server "
                                         "up and not overloaded?") from None
