@@ -17,8 +17,14 @@ same machine:
        the Lease as last written.
 Seconds per attempt: median and max.
 
+Part 3, a slow server: a leader with the production periods (lease 10 s, renew deadline 7 s,
+retry 2 s) renewing through a relay that holds every answer `--delays` seconds (a loaded
+server); whether it kept the Lease for `--hold` seconds, or after how long it lost it. Run it on
+the code before this change (`git checkout <old> -- elasticgpu`) for the old figures: that code
+has no `leasing` module, and its own `KubernetesLeases.on` is used.
+
     python bench/leader_renew.py                 # 20,000 claims, 40 attempts each
-    python bench/leader_renew.py --claims 2000 --attempts 10   # smoke run
+    python bench/leader_renew.py --claims 2000 --attempts 10 --delays 1.5 --hold 10   # smoke run
 """
 
 from __future__ import annotations
@@ -32,12 +38,14 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import orjson  # noqa: E402
+import yaml  # noqa: E402
 
 from elasticgpu.api.claim import ElasticGPUClaim  # noqa: E402
 from elasticgpu.controller.picture import compact  # noqa: E402
@@ -178,14 +186,63 @@ def part_renew(count: int, attempts: int) -> None:
         kube.close()
 
 
+def part_slow_server(delays: list[float], hold_s: float) -> None:
+    from crd_server import test_server_with_crds
+    from kubernetes import client, config
+
+    from elasticgpu.controller.edge import leader
+    from tests.controller.slow_relay import SlowRelay
+
+    try:
+        from elasticgpu.controller.edge.leasing import own_leases
+    except ImportError:  # the code before this change
+        own_leases = leader.KubernetesLeases.on  # type: ignore[assignment]
+    with test_server_with_crds() as (cluster, _api):
+        kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
+        entry = kubeconfig["clusters"][0]["cluster"]
+        url = urlsplit(entry["server"])
+        relay = SlowRelay((url.hostname or "127.0.0.1", url.port or 443))
+        entry["server"] = f"{url.scheme}://127.0.0.1:{relay.port}"
+        entry.setdefault("tls-server-name", url.hostname)
+        path = REPO / "bench" / "out" / "leader-renew-kubeconfig.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(yaml.safe_dump(kubeconfig))
+        print(f"part 3: a leader (10/7/2 s) renewing through a relay that answers late, {hold_s:g} s each")
+        for delay in delays:
+            configuration = client.Configuration()
+            config.load_kube_config(config_file=str(path), client_configuration=configuration)
+            elector = leader.LeaderElector(own_leases(configuration),
+                                           leader.LeaderSettings(namespace="default", name=f"slow-{delay:g}"))
+            stop, lost = threading.Event(), threading.Event()
+            relay.delay_s = 0.0
+            assert elector.acquire(stop)
+            renewer = elector.keep(stop, on_lost=lost.set)
+            relay.delay_s = delay
+            began = time.monotonic()
+            lost.wait(hold_s)
+            verdict = f"LOST after {time.monotonic() - began:.1f} s" if lost.is_set() else "kept"
+            print(f"  every answer {delay:.1f} s late: {verdict}", flush=True)
+            stop.set()
+            relay.delay_s = 0.0
+            renewer.join(timeout=30)  # it releases the Lease on its way out
+        relay.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--claims", type=int, default=20_000)
     parser.add_argument("--attempts", type=int, default=40)
+    parser.add_argument("--delays", type=float, nargs="*", default=[1.0, 1.5, 2.5, 3.3])
+    parser.add_argument("--hold", type=float, default=25.0)
+    parser.add_argument("--only", choices=("gil", "renew", "slow"))
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f}, {os.cpu_count()} CPUs", flush=True)
-    part_gil(args.claims)
-    part_renew(args.claims, args.attempts)
+    if args.only in (None, "gil"):
+        part_gil(args.claims)
+    if args.only in (None, "renew"):
+        part_renew(args.claims, args.attempts)
+    if args.only in (None, "slow"):
+        part_slow_server(args.delays, args.hold)
     print(f"load average {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f}", flush=True)
 
 

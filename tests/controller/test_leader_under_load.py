@@ -12,7 +12,6 @@ reached through a relay that answers slowly, as a loaded server does:
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from elasticgpu.controller import errors
 from elasticgpu.controller.edge import leasing
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.edge.leader import KubernetesLeases, LeaderElector, LeaderSettings, LeaseClient
-from tests.controller.relay import Relay
+from tests.controller.slow_relay import SlowRelay
 
 SETTINGS = {"lease_duration_s": 3.0, "renew_deadline_s": 2.0, "retry_period_s": 0.25}
 """The in-process periods of test_leader.py: the deadline is 2 s."""
@@ -40,24 +39,6 @@ SLOW_S = 0.6
 begun 0.25 s after the previous renewal ended need 4 x 0.6 + 0.25 = 2.65 s from one renewal's start
 to the next one's end, past the 2 s deadline; one write a retry period after the previous began,
 2 x 0.6 = 1.2 s."""
-
-
-class SlowRelay(Relay):
-    """A `Relay` that holds each block of the server's answers for `delay_s` first."""
-
-    delay_s = 0.0
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            from_server = source.getpeername()[1] == self._target[1]
-            while data := source.recv(65536):
-                if from_server and self.delay_s:
-                    time.sleep(self.delay_s)  # bounded: one answer's lateness
-                sink.sendall(data)
-        if source in self._silenced or sink in self._silenced:
-            return
-        with contextlib.suppress(OSError):
-            sink.shutdown(socket.SHUT_WR)
 
 
 @pytest.fixture

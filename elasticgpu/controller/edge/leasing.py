@@ -57,8 +57,8 @@ class TransportLeases:
                 status, data = self._transport.request(method, path, body=payload, content_type="application/json",
                                                        timeout_s=timeout_s)
         except (OSError, http.client.HTTPException) as err:
-            raise errors.ApiUnavailable(f"{what}: no answer within {timeout_s:.1f}s: {err!r}; is the API server "
-                                        "up and not overloaded?") from None
+            raise errors.ApiUnavailable(f"{what}: no answer ({err!r}; timeout {timeout_s:.1f}s); is the API server "
+                                        "up, and not overloaded?") from None
         if status == 409:
             raise errors.Conflict(f"{what}: HTTP 409: {_message(data)}", status=409)
         if not 200 <= status < 300 and status != 404:
