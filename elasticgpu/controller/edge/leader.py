@@ -36,8 +36,17 @@ then stops and exits, and its Pod restarts as a standby, as client-go's controll
 clean stop the leader releases the Lease (holder "", duration 1 s) so a standby takes over at
 once instead of after the lease.
 
-`KubernetesLeases` is the Lease client (kubernetes.client's CoordinationV1Api); the elector
-only needs its three calls (`LeaseClient`), so the controller's own transport can replace it.
+Renewing (issue 49 item 2: a leader lost its Lease twice in a 16,000-card fill, "not renewed
+for 7.5s"). A renewal is one PUT of the Lease as the leader's last write returned it (client-go's
+optimistic renewal; a 409 falls back to a read and a write), due a retry period after the
+previous attempt *began*, and no request outlasts the renew deadline. Before, a read and a write
+begun a retry period after the previous renewal *ended* needed four answers within the deadline
+(lost once each Lease request took 1.5 s on the local server; now kept at 3.3 s:
+`bench/leader_renew.py`), and urllib3 retried a timed-out read three times past the deadline.
+
+`KubernetesLeases` is the Lease client on kubernetes.client's CoordinationV1Api; the controller
+uses `leasing.TransportLeases` (its own lean transport, a connection of its own) unless it must
+go through an HTTP proxy. The elector only needs their three calls (`LeaseClient`).
 """
 
 from __future__ import annotations
