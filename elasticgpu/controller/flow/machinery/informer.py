@@ -184,8 +184,8 @@ class Informer:
         resync queuing what changed, `settled.SettledKeys`). `start`: the first list of a
         process, whose every key is new: all of them go behind the keys that events queue, so a
         claim created at the start (or after a standby took over) is not served after every
-        object of the cluster (issue 49: 12 s behind ~20,000 keys at 8,000 cards, bench/README.md). See `Picture.merge_lists`
-        for what a list may replace.
+        object of the cluster (issue 49: 12 s behind ~20,000 keys at 8,000 cards,
+        bench/README.md). See `Picture.merge_lists` for what a list may replace.
         Returns the resourceVersion each watched kind was listed at (a watch started from it
         misses nothing, so start-up lists each kind once); "" for a list that failed.
 
