@@ -146,7 +146,7 @@ class Worker:
             elif key[0] == "egpu":
                 at_rest = self.elastic_gpus.sync(key[1])
             elif key[0] == "pod" and self.pods is not None:
-                self.pods.sync(key[1], key[2])  # pods the resync looks at are gated ones: never at rest
+                at_rest = self.pods.sync(key[1], key[2])
             elif key[0] == "gpu" and self.gpus is not None:
                 self.gpus.sync(key[1])
                 at_rest = True  # a GPU's readiness changes with time alone: gpu_sync sets its own timer
