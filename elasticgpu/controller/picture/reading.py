@@ -161,6 +161,32 @@ class Reading:
             keys += self.pods.resync_keys()
             return keys
 
+    def input_versions(self) -> dict[Key, object]:
+        """The keys of `all_keys`, each with the resourceVersions of its object and of the objects
+        its sync reads (a claim: its ElasticGPU; an ElasticGPU: the claims naming it and the GPUs
+        holding it), and ("class", name) with each class's: compared around a relist, what the
+        list changed (`settled.SettledKeys.relisted`). Builds no model."""
+        def version(body: Body | None) -> int | None:
+            return versions.version_of(body)
+
+        with self.lock:
+            gpu_body = self.ledger.gpu_body
+            out: dict[Key, object] = {("gpu", n): version(gpu_body(n)) for n in self.ledger.gpu_names()}
+            for name in self._egpus:
+                egpu = version(self._egpus.version_body(name))
+                claims = tuple((key, version(self._claims.version_body(key)))
+                               for key in sorted(compact.index_members(self._claims_naming, name))
+                               if key in self._claims)
+                held = tuple(sorted((g, version(gpu_body(g))) for g in self.ledger.gpus_holding(name)))
+                out[("egpu", name)] = (egpu, claims, held)
+                for key, claim in claims:
+                    out[("claim", *key)] = (claim, egpu)
+            for key in self._claims:
+                out.setdefault(("claim", *key), (version(self._claims.version_body(key)), None))
+            out.update(dict.fromkeys(self.pods.resync_keys()))
+            out.update({("class", n): c.metadata.resource_version for n, c in self._classes.items()})
+            return out
+
     def claim(self, namespace: str, name: str) -> ElasticGPUClaim | None:
         """The claim as the picture holds it."""
         with self.lock:
