@@ -252,12 +252,12 @@ def charge_of(egpu: ElasticGPU | Mapping[str, Any]) -> Charge:
         body = egpu
         spec, status, meta = body.get("spec") or {}, body.get("status") or {}, body.get("metadata") or {}
         version = meta.get("resourceVersion")
-        ref = spec.get("claimRef") or {}
-        if not ref.get("name"):
+        claim = spec.get("claimRef") or {}
+        if not claim.get("name"):
             return Charge(version, False)
         if status.get("phase") != OPEN_PHASE and not status.get("accounting"):
             return Charge(version, False)  # never Bound: nothing accrued
-        labels = (str(ref.get("namespace") or ""), str(ref["name"]), str(spec.get("elasticGPUClassName") or ""),
+        labels = (str(claim.get("namespace") or ""), str(claim["name"]), str(spec.get("elasticGPUClassName") or ""),
                   str(meta.get("name") or ""))
     # Interned: a fleet has a few namespaces and classes, and each body parsed has its own copy.
     namespace, class_name = sys.intern(labels[0]), sys.intern(labels[2])
