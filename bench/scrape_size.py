@@ -37,6 +37,7 @@ from elasticgpu.api import names, timestamps  # noqa: E402
 from elasticgpu.controller.flow.elastic.recommending import ClaimSizes  # noqa: E402
 from elasticgpu.controller.metrics import ControllerMetrics  # noqa: E402
 from elasticgpu.controller.picture.picture import Picture  # noqa: E402
+from elasticgpu.controller.process import garbage  # noqa: E402
 from elasticgpu.controller.process.health import HealthServer  # noqa: E402
 
 OPTED = "detailed"
@@ -157,6 +158,11 @@ def main() -> None:
                                 15, 5120, class_name))
     took_in, took_in_cpu = time.perf_counter() - began, time.process_time() - began_cpu
     sizes.sort(key=lambda e: (e.namespace, e.name))
+    # What the controller does after its first list (`process.starting`): no automatic full
+    # collection from then on, the picture frozen. Without it, a full collection that falls due
+    # lands in whichever scrape allocates at that moment, and walks the whole picture.
+    garbage.take_over_full_collections()
+    garbage.collect_and_freeze()
 
     metrics = ControllerMetrics()
     metrics.watch_picture(claims=lambda: {("Bound", PLAIN): args.claims - opted_claims, ("Bound", OPTED): opted_claims},

@@ -201,23 +201,34 @@ class Charge(NamedTuple):
     """Whom one version of an ElasticGPU charges its reserved time to, and how it accrues: read
     once, when the picture takes that version in (`charge_of`), so that a scrape of 50,000
     reads none of their bodies, the first after a start or a leader change included (issue 49
-    item 3). A named tuple, plain ints: the picture keeps one per ElasticGPU, and a class
-    instance cost more to build, and to walk at each garbage collection, than this one."""
+    item 3). One flat tuple of strings and ints: the picture keeps one per ElasticGPU, and each
+    object more per ElasticGPU (a class instance, nested tuples) cost the list of a fleet more
+    garbage collections."""
 
     version: str | None
     """The resourceVersion it was read from."""
     charged: bool
     """False: it accrues nothing (no claim, never Bound); the fields below are empty."""
-    labels: tuple[str, str, str, str] = ("", "", "", "")
-    """namespace, claim, class, ElasticGPU name: the labels of its series."""
-    key: tuple[str, str] = ("", "")
-    """namespace, class: its namespace totals' key (a scrape builds no tuple per ElasticGPU)."""
-    closed: Triple = (0, 0, 0)
-    """What the periods that ended accrued."""
+    namespace: str = ""
+    """The labels of its series: its claim's namespace and name, its class, its own name."""
+    claim: str = ""
+    class_name: str = ""
+    name: str = ""
+    core_seconds: int = 0
+    """What the periods that ended accrued (`Accrued`)."""
+    memory_mib_seconds: int = 0
+    card_seconds: int = 0
     since: int | None = None
     """When the open period began (whole seconds), None when none is open."""
-    size: Triple = (0, 0, 0)
-    """cores, memory MiB, cards: what the open period accrues per second."""
+    cores: int = 0
+    """What the open period accrues per second (`Size`)."""
+    memory_mib: int = 0
+    cards: int = 0
+
+    @property
+    def labels(self) -> tuple[str, str, str, str]:
+        """namespace, claim, class, ElasticGPU name."""
+        return self.namespace, self.claim, self.class_name, self.name
 
     def at(self, now: float) -> Triple:
         """The value at `now`: `Period.at(now)` of the version it was read from, in plain ints."""
@@ -227,10 +238,10 @@ class Charge(NamedTuple):
         """`at` a whole second (`now_seconds`): a scrape floors its clock once, not per ElasticGPU."""
         since = self.since
         if since is None:
-            return self.closed
+            return self.core_seconds, self.memory_mib_seconds, self.card_seconds
         seconds = second - since if second > since else 0
-        closed, size = self.closed, self.size
-        return closed[0] + size[0] * seconds, closed[1] + size[1] * seconds, closed[2] + size[2] * seconds
+        return (self.core_seconds + self.cores * seconds, self.memory_mib_seconds + self.memory_mib * seconds,
+                self.card_seconds + self.cards * seconds)
 
 
 def charge_of(egpu: ElasticGPU | Mapping[str, Any]) -> Charge:
@@ -259,20 +270,19 @@ def charge_of(egpu: ElasticGPU | Mapping[str, Any]) -> Charge:
             return Charge(version, False)  # never Bound: nothing accrued
         labels = (str(claim.get("namespace") or ""), str(claim["name"]), str(spec.get("elasticGPUClassName") or ""),
                   str(meta.get("name") or ""))
-    # Interned: a fleet has a few namespaces and classes, and each body parsed has its own copy.
-    namespace, class_name = sys.intern(labels[0]), sys.intern(labels[2])
-    labels = (namespace, labels[1], class_name, labels[3])
     # What `period_of` reads, without its dataclasses (the list of a fleet builds one per ElasticGPU).
     accounting = status.get("accounting")
-    closed = ((int(accounting.get("coreSeconds") or 0), int(accounting.get("memoryMibSeconds") or 0),
-               int(accounting.get("cardSeconds") or 0))
-              if isinstance(accounting, (dict, Mapping)) else (0, 0, 0))
+    closed = _closed(accounting) if isinstance(accounting, (dict, Mapping)) else _NONE
     since = _since(status, meta)
-    size = (0, 0, 0)
-    if since is not None:
-        held = size_of(status.get("capacity") or {})
-        size = (held.cores, held.memory_mib, held.cards)
-    return Charge(version, True, labels, (namespace, class_name), closed, since, size)
+    size = size_of(status.get("capacity") or {}) if since is not None else _EMPTY
+    # Interned: a fleet has a few namespaces and classes, and each body parsed has its own copy.
+    return Charge(version, True, sys.intern(labels[0]), labels[1], sys.intern(labels[2]), labels[3],
+                  closed.core_seconds, closed.memory_mib_seconds, closed.card_seconds, since,
+                  size.cores, size.memory_mib, size.cards)
+
+
+_NONE = Accrued()
+_EMPTY = Size()
 
 
 def fold(body: Mapping[str, Any], *, phase: str, capacity: Mapping[str, Any] | None,

@@ -269,11 +269,12 @@ Triple = accounting.Triple
 class _Tracked:
     """One ElasticGPU as the accounting collector last read it."""
 
-    __slots__ = ("base", "charge", "key", "labels", "last", "version")
+    __slots__ = ("base", "charge", "first", "key", "last", "version")
 
     def __init__(self, version: str | None, charge: accounting.Charge, tenure: int) -> None:
-        self.labels = charge.labels
-        self.key = charge.key
+        self.first = charge
+        """The version first tracked: its labels stay those of this one."""
+        self.key = (charge.namespace, charge.class_name)
         self.version = version
         self.charge = charge
         self.base = charge.at_second(tenure)
@@ -282,8 +283,12 @@ class _Tracked:
         self.last = self.base
         """Its value at the last scrape (folded into the closed totals if it vanishes unseen)."""
 
+    @property
+    def labels(self) -> Labels:
+        return self.first.labels
+
     def read(self, version: str | None, charge: accounting.Charge) -> None:
-        """A newer version (its labels stay those of the version first tracked)."""
+        """A newer version."""
         self.version = version
         self.charge = charge
 
@@ -401,7 +406,7 @@ class _AccountingCollector(Collector):
             total[0] += max(0, last[0] - base[0])
             total[1] += max(0, last[1] - base[1])
             total[2] += max(0, last[2] - base[2])
-            if tracked.labels[2] in opted:
+            if tracked.first.class_name in opted:
                 rows[name] = (tracked.labels, last)
         for name in set(tracked_by_name) - seen:
             # Gone without its last body (a relist missed the delete): keep what it had accrued.
