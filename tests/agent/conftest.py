@@ -10,14 +10,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.controller.relay import Relay
+from tests.controller.relay import Relay, kubeconfig_through
 from tests.kube_cluster import TestCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,15 +128,7 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 @pytest.fixture
 def relayed_kubeconfig(kube_cluster: TestCluster, tmp_path: Path) -> Iterator[tuple[Path, Relay]]:
     """A kubeconfig that reaches the API server through a TCP relay the test can break."""
-    config = yaml.safe_load(Path(kube_cluster.kubeconfig).read_text())
-    context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
-    entry = next(c for c in config["clusters"] if c["name"] == context["cluster"])["cluster"]
-    url = urlsplit(entry["server"])
-    relay = Relay((url.hostname or "127.0.0.1", url.port or 443))
-    entry["server"] = f"{url.scheme}://127.0.0.1:{relay.port}{url.path}"
-    entry.setdefault("tls-server-name", url.hostname)
-    path = tmp_path / "relayed-kubeconfig"
-    path.write_text(yaml.safe_dump(config))
+    path, relay = kubeconfig_through(Relay, kube_cluster.kubeconfig, tmp_path / "relayed-kubeconfig")
     try:
         yield path, relay
     finally:

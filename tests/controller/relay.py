@@ -11,7 +11,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import pytest
@@ -95,18 +95,27 @@ class Relay:
             sock.close()
 
 
-@pytest.fixture
-def relayed(kube_cluster: Any, tmp_path: Path) -> Iterator[tuple[KubeApi, Relay]]:
-    """A KubeApi that reaches the API server through a `Relay`."""
-    config = yaml.safe_load(Path(kube_cluster.kubeconfig).read_text())
+R = TypeVar("R", bound=Relay)
+
+
+def kubeconfig_through(relay_type: type[R], kubeconfig: str, path: Path) -> tuple[Path, R]:
+    """Write at `path` a copy of `kubeconfig` whose current cluster is reached through a new
+    relay of `relay_type` (the server's certificate still names the real host); the relay, open."""
+    config = yaml.safe_load(Path(kubeconfig).read_text())
     context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
     entry = next(c for c in config["clusters"] if c["name"] == context["cluster"])["cluster"]
     url = urlsplit(entry["server"])
-    relay = Relay((url.hostname or "127.0.0.1", url.port or 443))
+    relay = relay_type((url.hostname or "127.0.0.1", url.port or 443))
     entry["server"] = f"{url.scheme}://127.0.0.1:{relay.port}{url.path}"
-    entry.setdefault("tls-server-name", url.hostname)  # the server's certificate names the real host
-    path = tmp_path / "relayed-kubeconfig"
+    entry.setdefault("tls-server-name", url.hostname)
     path.write_text(yaml.safe_dump(config))
+    return path, relay
+
+
+@pytest.fixture
+def relayed(kube_cluster: Any, tmp_path: Path) -> Iterator[tuple[KubeApi, Relay]]:
+    """A KubeApi that reaches the API server through a `Relay`."""
+    path, relay = kubeconfig_through(Relay, kube_cluster.kubeconfig, tmp_path / "relayed-kubeconfig")
     api = KubeApi.from_kubeconfig(str(path))
     try:
         yield api, relay

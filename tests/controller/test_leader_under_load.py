@@ -17,11 +17,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes import config as kube_config
 
@@ -29,6 +27,7 @@ from elasticgpu.controller import errors
 from elasticgpu.controller.edge import leasing
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.edge.leader import KubernetesLeases, LeaderElector, LeaderSettings, LeaseClient
+from tests.controller.relay import kubeconfig_through
 from tests.controller.slow_relay import SlowRelay
 
 SETTINGS = {"lease_duration_s": 8.0, "renew_deadline_s": 6.0, "retry_period_s": 0.25}
@@ -46,15 +45,7 @@ to the next one's end, past the 6 s deadline; one write a retry period after the
 @pytest.fixture
 def slow(kube_cluster: Any, tmp_path: Path) -> Iterator[tuple[client.Configuration, SlowRelay]]:
     """A kubernetes client Configuration that reaches the API server through a `SlowRelay`."""
-    config = yaml.safe_load(Path(kube_cluster.kubeconfig).read_text())
-    context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
-    entry = next(c for c in config["clusters"] if c["name"] == context["cluster"])["cluster"]
-    url = urlsplit(entry["server"])
-    relay = SlowRelay((url.hostname or "127.0.0.1", url.port or 443))
-    entry["server"] = f"{url.scheme}://127.0.0.1:{relay.port}{url.path}"
-    entry.setdefault("tls-server-name", url.hostname)
-    path = tmp_path / "slow-kubeconfig"
-    path.write_text(yaml.safe_dump(config))
+    path, relay = kubeconfig_through(SlowRelay, kube_cluster.kubeconfig, tmp_path / "slow-kubeconfig")
     configuration = client.Configuration()
     kube_config.load_kube_config(config_file=str(path), client_configuration=configuration)
     try:
