@@ -31,33 +31,53 @@ Figures = dict[int, dict[str, dict[str, float]]]
 """nodes -> kind -> figure key -> mean over the rounds."""
 
 
+def invocation(path: Path) -> tuple[int, dict[str, dict[str, float]]]:
+    """One invocation's runs.json: its node count and kind -> figure key -> mean over its rounds, with
+    pods/s against plain's of the same invocation."""
+    runs = [r for r in json.loads(path.read_text()) if not r["label"].endswith("(profiled)")]
+    out: dict[str, dict[str, float]] = {}
+    nodes = runs[0]["nodes"] if runs else 0
+    for kind in dict.fromkeys(r["kind"] for r in runs):
+        rs = [r for r in runs if r["kind"] == kind]
+        ready = all(kind == "plain" or r["ready_claims"] == r["pods"] for r in rs)
+
+        def per_pod(r: dict[str, Any], components: tuple[str, ...]) -> float:
+            return 1000 * sum(r["cpu_s"].get(c, 0.0) for c in components) / r["pods"]
+
+        out[kind] = {
+            "runs": len(rs),
+            "pods": rs[0]["pods"],
+            "pods_s": statistics.fmean(r["scheduled_per_s"] for r in rs),
+            **{c: statistics.fmean(per_pod(r, (c,)) for r in rs) for c in (*CONTROL_PLANE, "controller")},
+            "ours": statistics.fmean(per_pod(r, OURS) for r in rs),
+            "apiserver_raw": statistics.fmean(1000 * r["cpu_raw_s"]["kube-apiserver"] / r["pods"] for r in rs),
+            "scheduler_raw": statistics.fmean(1000 * r["cpu_raw_s"]["kube-scheduler"] / r["pods"] for r in rs),
+            "all": statistics.fmean(per_pod(r, (*CONTROL_PLANE, *OURS)) for r in rs),
+            "load": statistics.fmean(r["load"] for r in rs),
+            "complete": float(all(r["complete"] for r in rs) and ready),
+        }
+    plain = out.get("plain", {}).get("pods_s")
+    for kind_figures in out.values():
+        kind_figures["vs_plain"] = kind_figures["pods_s"] / plain if plain else float("nan")
+    return nodes, out
+
+
 def figures(paths: list[Path]) -> Figures:
-    out: Figures = {}
+    """Every invocation's figures by node count. Where several invocations ran at one node count (ours
+    and DRA apart, each with its own plain), a kind in more than one of them (plain) is their mean,
+    its runs summed; `/ plain` is always against the plain of the kind's own invocation."""
+    merged: dict[int, dict[str, list[dict[str, float]]]] = {}
     for path in paths:
-        runs = [r for r in json.loads(path.read_text()) if not r["label"].endswith("(profiled)")]
-        for kind in dict.fromkeys(r["kind"] for r in runs):
-            rs = [r for r in runs if r["kind"] == kind]
-            nodes = rs[0]["nodes"]
-            ready = all(kind == "plain" or r["ready_claims"] == r["pods"] for r in rs)
-
-            def per_pod(r: dict[str, Any], components: tuple[str, ...]) -> float:
-                return 1000 * sum(r["cpu_s"].get(c, 0.0) for c in components) / r["pods"]
-
-            out.setdefault(nodes, {})[kind] = {
-                "runs": len(rs),
-                "pods": rs[0]["pods"],
-                "pods_s": statistics.fmean(r["scheduled_per_s"] for r in rs),
-                **{c: statistics.fmean(per_pod(r, (c,)) for r in rs) for c in (*CONTROL_PLANE, "controller")},
-                "ours": statistics.fmean(per_pod(r, OURS) for r in rs),
-                "apiserver_raw": statistics.fmean(1000 * r["cpu_raw_s"]["kube-apiserver"] / r["pods"] for r in rs),
-                "scheduler_raw": statistics.fmean(1000 * r["cpu_raw_s"]["kube-scheduler"] / r["pods"] for r in rs),
-                "all": statistics.fmean(per_pod(r, (*CONTROL_PLANE, *OURS)) for r in rs),
-                "load": statistics.fmean(r["load"] for r in rs),
-                "complete": float(all(r["complete"] for r in rs) and ready),
-            }
-        for kind_figures in out[nodes].values():
-            plain = out[nodes].get("plain", {}).get("pods_s")
-            kind_figures["vs_plain"] = kind_figures["pods_s"] / plain if plain else float("nan")
+        nodes, kinds = invocation(path)
+        for kind, kind_figures in kinds.items():
+            merged.setdefault(nodes, {}).setdefault(kind, []).append(kind_figures)
+    out: Figures = {}
+    for nodes, kinds in merged.items():
+        for kind, several in kinds.items():
+            mean = {key: statistics.fmean(f[key] for f in several) for key in several[0]}
+            mean["runs"] = sum(f["runs"] for f in several)
+            mean["complete"] = float(all(f["complete"] for f in several))
+            out.setdefault(nodes, {})[kind] = mean
     return out
 
 
@@ -99,8 +119,9 @@ def plot(data: Figures, png: Path) -> None:
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
     axes.flat[0].legend()
-    fig.suptitle("bench/real_scheduler.py: real kube-scheduler v1.36.3, ours against DRA, by cluster size "
-                 "(one invocation per size, shared 2-core machine)")  # fmt: skip
+    fig.suptitle("bench/real_scheduler.py: real kube-scheduler v1.36.3, ours against DRA, by cluster size\n"
+                 "(one or two invocations per size, ours and DRA apart, each with its own plain (plain here is "
+                 "their mean); shared 2-core machine)")  # fmt: skip
     fig.tight_layout()
     fig.savefig(png, dpi=80)
 
