@@ -1,7 +1,8 @@
 """bench/real_scheduler_setup.py writes the simulated cluster with several processes (issue 49 item 1:
 5,000 nodes' set-up, ~85,000 writes, did not fit one process): every node arrives Ready with its
-allocatable in its one create, each node gets its 8 GPU objects with their status, and a made-up
-driver gets one ResourceSlice per node, with the items split over spawned writer processes."""
+allocatable in its one create and each node gets its 8 GPU objects with their status, the nodes split
+over spawned writer processes. (The test server serves no resource.k8s.io: the same writer's
+ResourceSlices are checked by tests/realcluster/test_real_scheduler_bench.py.)"""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ FIRST = 9000
 
 
 @pytest.mark.timeout(240)
-def test_writers_split_the_nodes_gpus_and_slices(kube_cluster: TestCluster, api_client: client.ApiClient,
+def test_writers_split_the_nodes_and_gpus(kube_cluster: TestCluster, api_client: client.ApiClient,
                                                  crds_installed: list[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setattr(setup, "FAN_OUT_MIN", 1)  # 12 nodes fan out too (the bench: 50 and up)
@@ -35,7 +36,6 @@ def test_writers_split_the_nodes_gpus_and_slices(kube_cluster: TestCluster, api_
     core, custom = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
     try:
         setup.write(kubeconfig, ("node", "gpus"), items, writers=3, threads=2)
-        setup.write(kubeconfig, (f"slice:{setup.ONE_DRIVER}",), items, writers=3, threads=2)
         for n in items:
             node = core.read_node(setup.node_name(n))
             # one write: the status came with the create
@@ -44,13 +44,8 @@ def test_writers_split_the_nodes_gpus_and_slices(kube_cluster: TestCluster, api_
             gpus = custom.list_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_GPU,
                                                      label_selector=f"{names.LABEL_NODE}={setup.node_name(n)}")["items"]
             assert len(gpus) == setup.CARDS_PER_NODE, [g["metadata"]["name"] for g in gpus]
-            assert all(g.get("status") for g in gpus), gpus[0]
-            pieces = custom.get_cluster_custom_object(*setup.RESOURCE, "resourceslices", f"{setup.node_name(n)}-one")
-            assert pieces["spec"]["nodeName"] == setup.node_name(n)
-            assert len(pieces["spec"]["devices"]) == setup.CARDS_PER_NODE
+            assert all((g.get("status") or {}).get("health") for g in gpus), gpus[0]
     finally:
-        custom.delete_collection_cluster_custom_object(*setup.RESOURCE, "resourceslices",
-                                                       label_selector=f"{setup.SLICE_LABEL}=one")  # fmt: skip
         for n in items:
             custom.delete_collection_cluster_custom_object(
                 names.GROUP, names.VERSION, names.PLURAL_GPU, label_selector=f"{names.LABEL_NODE}={setup.node_name(n)}")
