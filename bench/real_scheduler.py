@@ -358,16 +358,25 @@ class ApiServer:
     def writes(self) -> Counter[str]:
         """apiserver_request_total of the write verbs, summed over codes and versions, keyed
         `resource[/subresource] VERB` (the group left out: no two kinds here share a plural)."""
+        return self.requests(WRITE_VERBS)
+
+    def lists(self) -> Counter[str]:
+        """apiserver_request_total of LISTs, keyed as `writes` (`gpus list`): a LIST of 40,000 GPU
+        objects costs the API server seconds, and one inside a run's CPU window shows there."""
+        return self.requests({"LIST": "list"})
+
+    def requests(self, verbs: dict[str, str]) -> Counter[str]:
+        """apiserver_request_total of `verbs` (the metric's verb -> the tables' word), keyed as `writes`."""
         out: Counter[str] = Counter()
         for line in self.get("/metrics").decode().splitlines():
             if not line.startswith("apiserver_request_total{"):
                 continue
             labels_text, _, value = line.rpartition("} ")
             labels = dict(_LABELS.findall(labels_text))
-            if labels.get("verb") not in WRITE_VERBS:
+            if labels.get("verb") not in verbs:
                 continue
             what = labels.get("resource", "?") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
-            out[f"{what} {WRITE_VERBS[labels['verb']]}"] += int(float(value))
+            out[f"{what} {verbs[labels['verb']]}"] += int(float(value))
         return out
 
 
@@ -416,6 +425,8 @@ class Run:
     idle_cpu_per_s: dict[str, float] = field(default_factory=dict)
     cpu_window_s: float = 0.0
     writes: dict[str, int] = field(default_factory=dict)
+    lists: dict[str, int] = field(default_factory=dict)
+    """LISTs the API server answered in the CPU window, by resource."""
     load: float = 0.0
     nodes: int = 0
 
@@ -508,7 +519,7 @@ class Bench:
         pod_names = [f"p{i:05d}" for i in range(pods)]
         created: dict[str, float] = {}
         profiler = Profiler(self.api, profile) if profile else None
-        writes_before, cpu_before = self.api.writes(), self.cpu()
+        writes_before, lists_before, cpu_before = self.api.writes(), self.api.lists(), self.cpu()
         if profiler:
             profiler.start()
         start = time.monotonic()
@@ -530,6 +541,9 @@ class Bench:
         # CPU to the last pod scheduled: what comes after (Events, a claim's status) is not on the
         # pod's path, and a window that waits for it takes in background work too.
         cpu_after, window_s = self.cpu(), time.monotonic() - start
+        lists_after = self.api.lists()
+        result.lists = {k.removesuffix(" list"): v - lists_before.get(k, 0) for k, v in lists_after.items()
+                        if v - lists_before.get(k, 0) > 0}  # fmt: skip
         # The work a pod causes goes on after it is scheduled (the scheduler's and our Events, a
         # claim's status): the window closes once the writes (but the time-bound Leases) stop.
         writes_after, last = self.api.writes(), None
@@ -658,11 +672,12 @@ def report(runs: list[Run], title: str) -> str:
     lines.append("\n(CPU in ms per pod, from the first create to the last pod scheduled, less the idle rate just "
                  "before the run over as long; writes per pod without leases, until they settle.)")
     lines += ["", "Idle before each run (CPU ms per s: leases, resyncs, the bench's probes) and the CPU window:", "",
-              "| run | window s | " + " | ".join(COMPONENTS) + " |",
-              "|---|---|" + "---|" * len(COMPONENTS)]  # fmt: skip
+              "| run | window s | " + " | ".join(COMPONENTS) + " | LISTs in the window |",
+              "|---|---|" + "---|" * len(COMPONENTS) + "---|"]  # fmt: skip
     for r in runs:
         idle = " | ".join(f"{1000 * r.idle_cpu_per_s.get(c, 0.0):.1f}" for c in COMPONENTS)
-        lines.append(f"| {r.label} | {r.cpu_window_s:.1f} | {idle} |")
+        listed = ", ".join(f"{k} {v}" for k, v in sorted(r.lists.items())) or "-"
+        lines.append(f"| {r.label} | {r.cpu_window_s:.1f} | {idle} | {listed} |")
     kinds = list(dict.fromkeys(r.kind for r in runs if not r.label.endswith("(profiled)")))
     if not kinds:
         return "\n".join(lines)
