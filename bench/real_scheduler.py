@@ -13,7 +13,7 @@ installs the CRDs and writes, as kubelet, the node agent and a DRA driver would:
     runs with a heartbeat grace of 24 h: nobody beats after that), when an ours kind runs; before
     the first run the bench waits until our controller has digested them (its CPU below 10%);
   * nodes, GPU objects and ResourceSlices are written by `--writers` processes (4) of
-    `--writer-threads` threads (8) (bench/real_scheduler_setup.py);
+    `--writer-threads` threads (8) from 500 nodes (bench/real_scheduler_setup.py);
   * for DRA (resource.k8s.io/v1, GA; consumable capacity is beta and on by default in 1.36), two
     made-up drivers, a DeviceClass each: `one.bench.example.com`, 8 devices per node for exclusive
     use, and `shared.bench.example.com`, 8 devices per node with `allowMultipleAllocations` and

@@ -30,7 +30,7 @@ FIRST = 9000
 def test_writers_split_the_nodes_and_gpus(kube_cluster: TestCluster, api_client: client.ApiClient,
                                                  crds_installed: list[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    monkeypatch.setattr(setup, "FAN_OUT_MIN", 1)  # 12 nodes fan out too (the bench: 50 and up)
+    monkeypatch.setattr(setup, "FAN_OUT_MIN", 1)  # 12 nodes fan out too (the bench: 500 and up)
     items = list(range(FIRST, FIRST + NODES))
     kubeconfig = str(kube_cluster.kubeconfig)
     core, custom = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
