@@ -4,12 +4,16 @@ Starts the real control plane (elasticgpu/testbed/real_cluster.py: etcd, kube-ap
 kube-controller-manager, kube-scheduler v1.36.3; `bash testcluster/build.sh` builds the binary),
 installs the CRDs and writes, as kubelet, the node agent and a DRA driver would:
 
-  * N Node objects with allocatable (64 CPU, 256Gi, 110 pods) and a Ready condition, and their
-    Leases in kube-node-lease renewed every 10 s (nodes/50 s above 500 nodes), spread over the
-    period, with the controller manager's node grace at 5 periods, at least 300 s (no kubelet runs,
-    no runtime); the controller manager and scheduler run with leader election off;
+  * N Node objects with allocatable (64 CPU, 256Gi, 110 pods) and a Ready condition, written with
+    their status in the create, and no Leases: the controller manager's node grace is 24 h, so no
+    node goes Unknown (`--lease-renew-s S`: Leases in kube-node-lease renewed every S s, spread over
+    the period, the grace at 5 periods, at least 300 s; no kubelet runs, no runtime); the
+    controller manager and scheduler run with leader election off;
   * 8 GPU objects per node, built by the agent's own `gpu_spec`/`desired_status` (the controller
-    runs with a heartbeat grace of 1 h: nobody beats after that), when an ours kind runs;
+    runs with a heartbeat grace of 24 h: nobody beats after that), when an ours kind runs; before
+    the first run the bench waits until our controller has digested them (its CPU below 10%);
+  * nodes, GPU objects and ResourceSlices are written by `--writers` processes (4) of
+    `--writer-threads` threads (8) from 500 nodes (bench/real_scheduler_setup.py);
   * for DRA (resource.k8s.io/v1, GA; consumable capacity is beta and on by default in 1.36), two
     made-up drivers, a DeviceClass each: `one.bench.example.com`, 8 devices per node for exclusive
     use, and `shared.bench.example.com`, 8 devices per node with `allowMultipleAllocations` and
@@ -74,7 +78,6 @@ server's CPU profiled throughout (/debug/pprof/profile in back-to-back 3 s windo
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -101,26 +104,29 @@ sys.path.insert(0, str(REPO / "bench"))
 import claim_floor  # noqa: E402
 import pprof_buckets  # noqa: E402
 import real_scheduler_dra as ours_dra  # noqa: E402
+import real_scheduler_setup as setup  # noqa: E402
 from first_seen import SeenClock  # noqa: E402
 
 from elasticgpu.api import names  # noqa: E402
 
-CARDS_PER_NODE = 8
-MODEL = "NVIDIA BENCH-80GB"
-CARD_MIB = 81920
+CARDS_PER_NODE, MODEL, RESOURCE = setup.CARDS_PER_NODE, setup.MODEL, setup.RESOURCE
+ONE_DRIVER, SHARED_DRIVER, SLICE_LABEL = setup.ONE_DRIVER, setup.SHARED_DRIVER, setup.SLICE_LABEL
+_now, raw = setup.now, setup.raw
+
 SLICE_CLASS, WHOLE_CLASS = "bench-slice", "bench-whole"
-ONE_DRIVER, SHARED_DRIVER = "one.bench.example.com", "shared.bench.example.com"
 ONE_CLASS, SHARED_CLASS = "bench-one", "bench-shared"
-RESOURCE = ("resource.k8s.io", "v1")
 KINDS = ("plain", "ours-whole", "ours-slice", "dra-one", "dra-shared", *ours_dra.KINDS, "claim-floor")
 CLAIMS_OF_OURS = ("ours-whole", "ours-slice", "claim-floor")
 """Kinds whose pods get ElasticGPUClaims."""
 LEASE_RENEW_S = 10.0
-"""kubelet's renewal period; above 500 nodes the bench renews every nodes/50 s (at most 50 renewals/s:
-500/s at 5,000 nodes would take a core of this machine's two) and raises the node grace to match."""
+"""kubelet's renewal period, for `--lease-renew-s` (renewals are off by default, below)."""
 NODE_GRACE_RENEWALS = 5
 NODE_GRACE_MIN_S = 300
-"""The node lifecycle controller's grace (stock 50 s): 5 renewal periods, at least 300 s."""
+"""With renewals, the node lifecycle controller's grace (stock 50 s): 5 renewal periods, at least 300 s."""
+NODE_GRACE_NO_LEASES_S = 24 * 3600
+"""Without Leases (the default): a grace longer than any invocation, so no node goes Unknown. Nobody
+reads a node's Lease but the node lifecycle controller, and the renewals cost the API server 50
+writes/s at 5,000 nodes (renewed every 100 s) for nothing the runs measure."""
 THREADS = 16
 PROFILE_WINDOW_S = 3
 RAISED = (500.0, 1000)
@@ -129,10 +135,6 @@ WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "APPLY": "ap
 """apiserver_request_total's write verbs (it says POST and PUT) and what the tables call them."""
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "controller", "webhook", "etcd",
               "claim-floor", "bench")
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _percentiles(values: list[float]) -> tuple[float, float]:
@@ -146,15 +148,6 @@ def _cpu_s(pid: int) -> float:
     """utime + stime of a process (and its waited-for children), in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
-def raw(response: Any) -> bytes:
-    """The body of a `_preload_content=False` answer, read whole and its connection given back to the pool
-    (unread, each such call would leave its connection and the next one would pay a TLS handshake)."""
-    try:
-        return bytes(response.data)
-    finally:
-        response.release_conn()
 
 
 def patiently(call: Callable[[], Any], what: str, timeout_s: float = 600) -> Any:
@@ -180,33 +173,21 @@ def namespace_of(kind: str) -> str:
 
 
 class Nodes:
-    """The simulated nodes: Node objects with allocatable and Ready, their Leases kept renewed."""
+    """The simulated nodes: Node objects with allocatable and Ready; with `renew_s`, Leases kept renewed."""
 
-    def __init__(self, core: Any, coordination: Any, count: int, renew_s: float) -> None:
-        self.core, self.coordination, self.renew_s = core, coordination, renew_s
-        self.names = [f"bench-node-{i:04d}" for i in range(count)]
+    def __init__(self, coordination: Any, count: int, renew_s: float) -> None:
+        self.coordination, self.renew_s = coordination, renew_s
+        self.names = [setup.node_name(i) for i in range(count)]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, daemon=True)
 
-    def create(self, pool: ThreadPoolExecutor) -> None:
-        allocatable = {"cpu": "64", "memory": "256Gi", "pods": "110"}
-
-        def one(node: str) -> None:
-            # raw answers: not turned into a V1Node (client CPU that bounded set-up with the server's)
-            raw(self.core.create_node({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}},
-                                      _preload_content=False))  # fmt: skip
-            raw(self.core.patch_node_status(node, {"status": {
-                "allocatable": allocatable, "capacity": allocatable,
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                "message": "bench: simulated node", "lastHeartbeatTime": _now(),
-                                "lastTransitionTime": _now()}]}}, _preload_content=False))  # fmt: skip
-            raw(self.coordination.create_namespaced_lease("kube-node-lease", {
-                "metadata": {"name": node},
-                "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": _now()}},
-                _preload_content=False))  # fmt: skip
-
-        list(pool.map(one, self.names))
-        self._thread.start()
+    def create(self, kubeconfig: str, *, writers: int, threads: int) -> float:
+        """Write the nodes (and their Leases when renewed); the seconds it took."""
+        jobs = ("node", "lease") if self.renew_s > 0 else ("node",)
+        took = setup.write(kubeconfig, jobs, list(range(len(self.names))), writers=writers, threads=threads)
+        if self.renew_s > 0:
+            self._thread.start()
+        return took
 
     def _renew(self) -> None:
         # kubelet renews every 10 s; the node lifecycle controller marks a node Unknown (and taints
@@ -231,34 +212,6 @@ class Nodes:
 
     def stop(self) -> None:
         self._stop.set()
-
-
-def create_gpus(custom: Any, nodes: list[str], pool: ThreadPoolExecutor) -> None:
-    """8 GPU objects per node, as the agent publishes them (its own spec and status builders)."""
-    from elasticgpu.agent.discovery import Card
-    from elasticgpu.agent.health import CardHealth
-    from elasticgpu.agent.inventory import desired_status, gpu_spec
-
-    def one(item: tuple[int, str]) -> None:
-        n, node = item
-        for index in range(CARDS_PER_NODE):
-            uuid = f"GPU-BENCH-{n:04d}-{index}"
-            card = Card(index=index, uuid=uuid, model=MODEL, memory_mib=CARD_MIB, minor=index,
-                        device_path=f"/dev/nvidia{index}")  # fmt: skip
-            name = names.gpu_object_name(uuid)
-            body = {"apiVersion": names.API_VERSION, "kind": names.KIND_GPU,
-                    "metadata": {"name": name, "labels": {names.LABEL_NODE: node}}, "spec": gpu_spec(card, node)}
-            raw(custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_GPU, body,
-                                                    _preload_content=False))  # fmt: skip
-            health = CardHealth(healthy=True, reason="NoFatalXid", message="bench: simulated card")
-            status = desired_status({}, card=card, health=health, usage=None,
-                                    node_name=node, now=time.time())  # fmt: skip
-            raw(custom.patch_cluster_custom_object_status(names.GROUP, names.VERSION, names.PLURAL_GPU, name,
-                                                          {"status": status}, _preload_content=False))  # fmt: skip
-
-    list(pool.map(one, enumerate(nodes)))
-
-
 
 
 class FirstSeen(SeenClock):
@@ -327,34 +280,13 @@ def create_device_classes(custom: Any) -> None:
 
 
 DRIVER_OF = {"dra-one": ONE_DRIVER, "dra-shared": SHARED_DRIVER}
-SLICE_LABEL = "bench.example.com/driver"
 
 
-def publish_slices(custom: Any, driver: str, nodes: list[str], pool: ThreadPoolExecutor) -> None:
-    """One ResourceSlice per node of one made-up driver, as its kubelet plugin would publish them:
-    `one`, 8 exclusive devices; `shared`, 8 shareable devices with consumable capacity (any whole
-    number of cores 1..100, memory in MiB steps). Only the running DRA kind's driver is published,
-    so its scheduler sees 8 devices per node, all usable, as on a node with one GPU driver."""
-    model = {"model": {"string": MODEL}}
-    if driver == ONE_DRIVER:
-        devices = [{"name": f"gpu-{i}", "attributes": model, "capacity": {"memory": {"value": "80Gi"}}}
-                   for i in range(CARDS_PER_NODE)]  # fmt: skip
-    else:
-        devices = [{"name": f"gpu-{i}", "attributes": model, "allowMultipleAllocations": True, "capacity": {
-            "cores": {"value": "100", "requestPolicy": {"default": "100", "validRange": {"min": "1", "step": "1"}}},
-            "memory": {"value": "80Gi",
-                       "requestPolicy": {"default": "80Gi", "validRange": {"min": "1Mi", "step": "1Mi"}}}}}
-                   for i in range(CARDS_PER_NODE)]  # fmt: skip
-    short = driver.split(".")[0]
-
-    def one(node: str) -> None:
-        custom.create_cluster_custom_object(*RESOURCE, "resourceslices", {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": f"{node}-{short}", "labels": {SLICE_LABEL: short}},
-            "spec": {"driver": driver, "nodeName": node, "devices": devices,
-                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}}})  # fmt: skip
-
-    list(pool.map(one, nodes))
+def publish_slices(kubeconfig: str, driver: str, nodes: list[str], *, writers: int, threads: int) -> None:
+    """One ResourceSlice per node of one made-up driver, as its kubelet plugin would publish them
+    (real_scheduler_setup.slice_devices). Only the running DRA kind's driver is published, so its
+    scheduler sees 8 devices per node, all usable, as on a node with one GPU driver."""
+    setup.write(kubeconfig, (f"slice:{driver}",), list(range(len(nodes))), writers=writers, threads=threads)
 
 
 def withdraw_slices(custom: Any, driver: str, timeout_s: float = 600) -> None:
@@ -426,16 +358,25 @@ class ApiServer:
     def writes(self) -> Counter[str]:
         """apiserver_request_total of the write verbs, summed over codes and versions, keyed
         `resource[/subresource] VERB` (the group left out: no two kinds here share a plural)."""
+        return self.requests(WRITE_VERBS)
+
+    def lists(self) -> Counter[str]:
+        """apiserver_request_total of LISTs, keyed as `writes` (`gpus list`): a LIST of 40,000 GPU
+        objects costs the API server seconds, and one inside a run's CPU window shows there."""
+        return self.requests({"LIST": "list"})
+
+    def requests(self, verbs: dict[str, str]) -> Counter[str]:
+        """apiserver_request_total of `verbs` (the metric's verb -> the tables' word), keyed as `writes`."""
         out: Counter[str] = Counter()
         for line in self.get("/metrics").decode().splitlines():
             if not line.startswith("apiserver_request_total{"):
                 continue
             labels_text, _, value = line.rpartition("} ")
             labels = dict(_LABELS.findall(labels_text))
-            if labels.get("verb") not in WRITE_VERBS:
+            if labels.get("verb") not in verbs:
                 continue
             what = labels.get("resource", "?") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
-            out[f"{what} {WRITE_VERBS[labels['verb']]}"] += int(float(value))
+            out[f"{what} {verbs[labels['verb']]}"] += int(float(value))
         return out
 
 
@@ -484,6 +425,8 @@ class Run:
     idle_cpu_per_s: dict[str, float] = field(default_factory=dict)
     cpu_window_s: float = 0.0
     writes: dict[str, int] = field(default_factory=dict)
+    lists: dict[str, int] = field(default_factory=dict)
+    """LISTs the API server answered in the CPU window, by resource."""
     load: float = 0.0
     nodes: int = 0
 
@@ -498,10 +441,28 @@ class Bench:
     """One control plane with its nodes, drivers, controller and webhook; runs kinds on it."""
 
     def __init__(self, core: Any, custom: Any, api: ApiServer, cpu: Callable[[], dict[str, float]],
-                 children: list[Any], nodes: list[str], idle_s: float,
+                 children: list[Any], nodes: list[str], idle_s: float, publish: Callable[[str], None],
                  our_driver: ours_dra.OurDriver | None = None) -> None:  # fmt: skip
         self.core, self.custom, self.api, self.cpu, self.children = core, custom, api, cpu, children
         self.nodes, self.idle_s, self.our_driver = nodes, idle_s, our_driver
+        self.publish = publish
+        """Publishes one made-up driver's ResourceSlices, one per node."""
+
+    def quiet(self, component: str, *, below: float = 0.1, window_s: float = 5.0, timeout_s: float = 420.0) -> float:
+        """Wait until `component` uses less than `below` of a core over `window_s` and the writes have
+        stopped; the seconds it took. Our controller digests every GPU object after set-up (40,000 at
+        5,000 nodes): a run started meanwhile had 144 ms/s of its CPU in the idle window (at 2,000 nodes)."""
+        began = time.monotonic()
+        while time.monotonic() - began < timeout_s:
+            self._alive()
+            before, t = self.cpu(), time.monotonic()
+            time.sleep(window_s)
+            rate = (self.cpu()[component] - before[component]) / (time.monotonic() - t)
+            if rate < below:
+                self.settle()
+                return time.monotonic() - began
+        print(f"  ({component} still busy after {timeout_s:.0f} s; running anyway)", flush=True)
+        return time.monotonic() - began
 
     def settle(self, quiet_s: float = 3.0, timeout_s: float = 120.0) -> None:
         """Wait until the API server's writes (but the time-bound Leases) have stopped for `quiet_s`."""
@@ -536,8 +497,7 @@ class Bench:
         driver = DRIVER_OF.get(kind)
         if driver:
             t = time.monotonic()
-            with ThreadPoolExecutor(THREADS) as pool:
-                publish_slices(self.custom, driver, self.nodes, pool)
+            self.publish(driver)
             print(f"  {len(self.nodes)} ResourceSlices of {driver} in {time.monotonic() - t:.0f} s", flush=True)
         ours = kind in ours_dra.KINDS
         if kind in ours_dra.NEEDS_OWNER and self.our_driver is not None:
@@ -559,7 +519,7 @@ class Bench:
         pod_names = [f"p{i:05d}" for i in range(pods)]
         created: dict[str, float] = {}
         profiler = Profiler(self.api, profile) if profile else None
-        writes_before, cpu_before = self.api.writes(), self.cpu()
+        writes_before, lists_before, cpu_before = self.api.writes(), self.api.lists(), self.cpu()
         if profiler:
             profiler.start()
         start = time.monotonic()
@@ -581,6 +541,9 @@ class Bench:
         # CPU to the last pod scheduled: what comes after (Events, a claim's status) is not on the
         # pod's path, and a window that waits for it takes in background work too.
         cpu_after, window_s = self.cpu(), time.monotonic() - start
+        lists_after = self.api.lists()
+        result.lists = {k.removesuffix(" list"): v - lists_before.get(k, 0) for k, v in lists_after.items()
+                        if v - lists_before.get(k, 0) > 0}  # fmt: skip
         # The work a pod causes goes on after it is scheduled (the scheduler's and our Events, a
         # claim's status): the window closes once the writes (but the time-bound Leases) stop.
         writes_after, last = self.api.writes(), None
@@ -709,11 +672,12 @@ def report(runs: list[Run], title: str) -> str:
     lines.append("\n(CPU in ms per pod, from the first create to the last pod scheduled, less the idle rate just "
                  "before the run over as long; writes per pod without leases, until they settle.)")
     lines += ["", "Idle before each run (CPU ms per s: leases, resyncs, the bench's probes) and the CPU window:", "",
-              "| run | window s | " + " | ".join(COMPONENTS) + " |",
-              "|---|---|" + "---|" * len(COMPONENTS)]  # fmt: skip
+              "| run | window s | " + " | ".join(COMPONENTS) + " | LISTs in the window |",
+              "|---|---|" + "---|" * len(COMPONENTS) + "---|"]  # fmt: skip
     for r in runs:
         idle = " | ".join(f"{1000 * r.idle_cpu_per_s.get(c, 0.0):.1f}" for c in COMPONENTS)
-        lines.append(f"| {r.label} | {r.cpu_window_s:.1f} | {idle} |")
+        listed = ", ".join(f"{k} {v}" for k, v in sorted(r.lists.items())) or "-"
+        lines.append(f"| {r.label} | {r.cpu_window_s:.1f} | {idle} | {listed} |")
     kinds = list(dict.fromkeys(r.kind for r in runs if not r.label.endswith("(profiled)")))
     if not kinds:
         return "\n".join(lines)
@@ -754,8 +718,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per run, for every pod to be scheduled")
     parser.add_argument("--idle-s", type=float, default=2 * LEASE_RENEW_S,
                         help="idle window before each run whose CPU rate is subtracted (default %(default)g s)")
-    parser.add_argument("--lease-renew-s", type=float,
-                        help=f"nodes' lease renewal period (default {LEASE_RENEW_S:g} s, nodes/50 s above 500 nodes)")
+    parser.add_argument("--lease-renew-s", type=float, default=0.0,
+                        help="nodes' Lease renewal period (kubelet: 10 s); 0 (default): no Leases, node grace 24 h")
+    parser.add_argument("--writers", type=int, default=4,
+                        help="processes that write the nodes, GPU objects and ResourceSlices (default %(default)s)")
+    parser.add_argument("--writer-threads", type=int, default=8, help="threads per writer (default %(default)s)")
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     profiled = [k for k in args.profile.split(",") if k]
@@ -768,11 +735,13 @@ def main(argv: list[str] | None = None) -> int:
     qps, burst = args.kube_api_qps or qps, args.kube_api_burst or burst
     limit_flags = [*([f"--kube-api-qps={qps:g}"] if qps else []), *([f"--kube-api-burst={burst}"] if burst else [])]
     limits = " ".join(limit_flags) or "stock (controller manager 20/30, scheduler 50/100)"
-    renew_s = args.lease_renew_s or max(LEASE_RENEW_S, args.nodes / 50)
+    renew_s = args.lease_renew_s
     cards = args.nodes * CARDS_PER_NODE if {*ours_dra.NEEDS_OWNER} & {*kinds, *profiled} else 0
     # Generous: the node lifecycle is not what is measured, and a loaded machine delays renewals (at
     # load 35, 500 nodes' renewals every 10 s fell behind the stock 50 s and every node was tainted).
-    grace = [f"--node-monitor-grace-period={max(NODE_GRACE_RENEWALS * renew_s, NODE_GRACE_MIN_S):.0f}s"]
+    grace_s = max(NODE_GRACE_RENEWALS * renew_s, NODE_GRACE_MIN_S) if renew_s > 0 else NODE_GRACE_NO_LEASES_S
+    grace = [f"--node-monitor-grace-period={grace_s:.0f}s"]
+    leases = f"leases renewed every {renew_s:g} s" if renew_s > 0 else "no node Leases"
     out = args.out or REPO / "bench" / "out" / f"real-scheduler-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
 
@@ -795,20 +764,20 @@ def main(argv: list[str] | None = None) -> int:
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))
         api.configuration.connection_pool_maxsize = THREADS * 2
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-        nodes = Nodes(core, client.CoordinationV1Api(api), args.nodes, renew_s)
+        nodes = Nodes(client.CoordinationV1Api(api), args.nodes, renew_s)
+        kubeconfig, fan = str(plane.kubeconfig), {"writers": args.writers, "threads": args.writer_threads}
         children = processes.Children()
         try:
-            t = time.monotonic()
-            with ThreadPoolExecutor(THREADS) as pool:
-                nodes.create(pool)
-                if cards:  # 2 writes per card: at 5,000 nodes, 80,000 writes that only ours needs
-                    create_gpus(custom, nodes.names, pool)
-                create_device_classes(custom)
-                ours_dra.create_device_classes(custom)
-            took = time.monotonic() - t
-            setup_writes = 3 * args.nodes + 2 * cards  # node, its status, its lease; a card's object and status
+            took = nodes.create(kubeconfig, **fan)
+            if cards:  # 2 writes per card: at 5,000 nodes, 80,000 writes that only ours needs
+                took += setup.write(kubeconfig, ("gpus",), list(range(args.nodes)), **fan)
+            create_device_classes(custom)
+            ours_dra.create_device_classes(custom)
+            # a node (its status in the create), its Lease when renewed; a card's object and its status
+            setup_writes = (2 if renew_s > 0 else 1) * args.nodes + 2 * cards
             print(f"{args.nodes} nodes, {cards} GPU objects written in {took:.0f} s ({setup_writes / took:.0f} "
-                  f"writes/s); leases renewed every {renew_s:g} s {' '.join(grace)}", flush=True)  # fmt: skip
+                  f"writes/s, {args.writers} writers x {args.writer_threads} threads); {leases} "
+                  f"{' '.join(grace)}", flush=True)  # fmt: skip
             for klass, provisioner in ((SLICE_CLASS, names.PROVISIONER_GPUSHARE),
                                        (WHOLE_CLASS, names.PROVISIONER_PHYSICAL)):  # fmt: skip
                 custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL_CLASS, {
@@ -830,7 +799,8 @@ def main(argv: list[str] | None = None) -> int:
             controller = children.start("controller", [
                 sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(plane.kubeconfig),
                 "--leader-elect=false", "--health-probe-bind-address", "0"], log=log_dir / "controller.log", cwd=REPO,
-                env={"ELASTICGPU_HEARTBEAT_GRACE_S": "3600", "ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S": "3600"})  # fmt: skip
+                env={"ELASTICGPU_HEARTBEAT_GRACE_S": "86400",
+                     "ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S": "86400"})  # fmt: skip
             webhook, _ = components.start_webhook(children, kubeconfig=plane.kubeconfig, namespace="default",
                                                   configuration="elasticgpu-bench", log_dir=log_dir)  # fmt: skip
 
@@ -853,7 +823,11 @@ def main(argv: list[str] | None = None) -> int:
 
             bench = Bench(core, custom, ApiServer(plane.server, plane.ssl_context()), cpu,
                           [*plane.children.started, controller, webhook, floor], nodes.names, args.idle_s,
+                          lambda driver: publish_slices(kubeconfig, driver, nodes.names, **fan),
                           ours_dra.OurDriver(api, custom, nodes.names) if cards else None)  # fmt: skip
+            if cards:
+                print(f"our controller quiet after {bench.quiet('controller'):.0f} s (it digests every GPU object)",
+                      flush=True)  # fmt: skip
             how = f"{args.rate:g}/s" if args.rate > 0 else "burst"
             plan = [(kinds[(i + r) % len(kinds)], r, None) for r in range(args.repeat) for i in range(len(kinds))]
             plan += [(k, -1, out / f"profile-{k}") for k in profiled]
@@ -873,7 +847,7 @@ def main(argv: list[str] | None = None) -> int:
 
     title = (f"real kube-scheduler (v1.36.3), {args.nodes} simulated nodes x {CARDS_PER_NODE} cards, {args.pods} pods "
              f"per run, {'created at ' + how if args.rate > 0 else 'created in a burst by 16 threads'}, "
-             f"{os.cpu_count()} CPUs; limits: {limits}; leases renewed every {renew_s:g} s; CPU to the last pod "
+             f"{os.cpu_count()} CPUs; limits: {limits}; {leases}; CPU to the last pod "
              f"scheduled less {args.idle_s:g} s idle's rate; "
              f"load average at the end {os.getloadavg()[0]:.1f}")  # fmt: skip
     text = report(runs, title)
