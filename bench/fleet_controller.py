@@ -65,7 +65,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from binding import _cpu_s, _rss_mib, _writes, bound_watch  # noqa: E402
+from binding import _cpu_s, _rss_mib, _server_pids, _writes, bound_watch  # noqa: E402
 from crd_server import test_server_with_crds  # noqa: E402
 
 from elasticgpu.api import names  # noqa: E402
@@ -109,8 +109,9 @@ def _prebind_all(kubeconfig: Path, *, cards: int, claims: int, pods_percent: int
     figures: dict[str, Any] = {"prebound_s": round(elapsed, 1),
                                "prebound_claims": int(sum(r["claims"] for r in results)),
                                "prebound_pods": int(sum(r["pods"] for r in results))}
-    for step in ("gpus_s", "claims_s", "plan_s", "reserve_s", "bind_s", "lift_s"):
-        figures[f"prebound_{step}"] = round(max(r[step] for r in results), 1)  # the slowest writer's
+    for step in ("gpus", "claims", "plan", "reserve", "bind", "lift"):
+        figures[f"prebound_{step}_s"] = round(max(r[f"{step}_s"] for r in results), 1)  # the slowest writer's
+        figures[f"prebound_{step}_cpu_s"] = round(sum(r[f"{step}_cpu_s"] for r in results), 1)  # all writers'
     assert figures["prebound_claims"] == claims
     return figures
 
@@ -364,12 +365,15 @@ def main() -> None:
             if args.prebound:
                 kube.create_class(klass)
                 before = _writes(kube)
+                server_cpu = sum(_cpu_s(pid) for pid in _server_pids())
                 figures.update(_prebind_all(cluster.kubeconfig, cards=args.cards, claims=args.claims,
                                             pods_percent=args.pods_percent, writers=args.writers,
                                             threads=args.threads))
                 written = {k: v - before.get(k, 0.0) for k, v in _writes(kube).items() if v != before.get(k, 0.0)}
                 figures["prebound_writes"] = written
                 figures["prebound_writes_per_s"] = round(sum(written.values()) / figures["prebound_s"], 1)
+                # The API server's and etcd's CPU for the set-up, beside the writers' (prebound_*_cpu_s).
+                figures["prebound_server_cpu_s"] = round(sum(_cpu_s(pid) for pid in _server_pids()) - server_cpu, 1)
                 figures["prebound_books"] = _check_books(kube)
                 print(f"prebound: {json.dumps(figures)}", flush=True)
                 watch.start()
