@@ -20,11 +20,9 @@ from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import pod_gate
 from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
-from tests.binding.conftest import Cluster, new_controller, settle
+from tests.binding.conftest import Cluster, cluster, kube, new_controller, settle
 
-# The binding tests' fixtures, made fixtures of this module too (re-exported: `as` keeps them).
-from tests.binding.conftest import cluster as cluster
-from tests.binding.conftest import kube as kube
+__all__ = ["cluster", "kube"]
 
 REPO = Path(__file__).resolve().parents[2]
 CARDS, CLAIMS = 4, 10
