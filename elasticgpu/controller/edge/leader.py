@@ -36,8 +36,17 @@ then stops and exits, and its Pod restarts as a standby, as client-go's controll
 clean stop the leader releases the Lease (holder "", duration 1 s) so a standby takes over at
 once instead of after the lease.
 
-`KubernetesLeases` is the Lease client (kubernetes.client's CoordinationV1Api); the elector
-only needs its three calls (`LeaseClient`), so the controller's own transport can replace it.
+Renewing (issue 49 item 2: a leader lost its Lease twice in a 16,000-card fill, "not renewed
+for 7.5s"). A renewal is one PUT of the Lease as the leader's last write returned it (client-go's
+optimistic renewal; a 409 falls back to a read and a write), due a retry period after the
+previous attempt *began*, and no request outlasts the renew deadline. Before, a read and a write
+begun a retry period after the previous renewal *ended* needed four answers within the deadline
+(lost once each Lease request took 1.5 s on the local server; now kept at 3.3 s:
+`bench/leader_renew.py`), and urllib3 retried a timed-out read three times past the deadline.
+
+`KubernetesLeases` is the Lease client on kubernetes.client's CoordinationV1Api; the controller
+uses `leasing.TransportLeases` (its own lean transport, a connection of its own) unless it must
+go through an HTTP proxy. The elector only needs their three calls (`LeaseClient`).
 """
 
 from __future__ import annotations
@@ -132,9 +141,16 @@ class KubernetesLeases:
     def on(cls, configuration: Any) -> KubernetesLeases:
         """Leases through their own ApiClient on `configuration` (a kubernetes.client.Configuration,
         the controller's: same server, TLS and token)."""
+        import copy
+
         from kubernetes import client
 
-        return cls(client.ApiClient(configuration))
+        # A copy without urllib3's retries: it retries a read that timed out up to three times,
+        # each with the whole timeout again, which ran a renewal cut at the renew deadline on
+        # past it. The renew loop decides when to try again.
+        own = copy.deepcopy(configuration)
+        own.retries = False
+        return cls(client.ApiClient(own))
 
     def _call(self, what: str, call: Callable[..., Any], *args: Any, timeout_s: float,
               missing_ok: bool = False) -> Body | None:
@@ -193,12 +209,19 @@ class LeaderElector:
     """
 
     def __init__(self, leases: LeaseClient, settings: LeaderSettings | None = None, *,
-                 identity: str | None = None, on_change: Callable[[bool], None] | None = None) -> None:
-        """`on_change(leading)` is told each time leadership is gained or lost (a metric)."""
+                 identity: str | None = None, on_change: Callable[[bool], None] | None = None,
+                 on_renew: Callable[[float, float], None] | None = None) -> None:
+        """`on_change(leading)` is told each time leadership is gained or lost (a metric);
+        `on_renew(seconds, late_s)` after each renewal attempt, how long it took and how late
+        it began (metrics: a late start is this process starved, a long one the server)."""
         self.leases = leases
         self.settings = settings or LeaderSettings()
         self.identity = identity or default_identity()
         self._on_change = on_change
+        self._on_renew = on_renew
+        self._written: Body | None = None
+        """The Lease as our last successful write returned it, while leading: the next renewal
+        is one PUT of it (client-go's fast path) instead of a read and a write."""
         self._lock = threading.Lock()
         self._leading = False
         self._renewed_at: float | None = None  # monotonic time of our last successful write
@@ -257,6 +280,8 @@ class LeaderElector:
             changed, self._leading = self._leading != leading, leading
             if leading:
                 self._renewed_at = renewed_at if renewed_at is not None else time.monotonic()
+            else:
+                self._written = None
         if changed and self._on_change is not None:
             self._on_change(leading)
 
@@ -295,6 +320,12 @@ class LeaderElector:
         (monotonic): no request lasts past it."""
         s = self.settings
         started = time.monotonic()
+        if deadline is not None and self._written is not None and self._leading:
+            renewed = self._renew_written(self._written, started, deadline)
+            if renewed:
+                return True
+            # Someone wrote since our last write (or it answered 409 to a write of ours whose
+            # answer was lost): read the Lease and decide as any candidate does.
         lease = self.leases.get(s.namespace, s.name, timeout_s=self._timeout(deadline))
         now = time.monotonic()
         wall = time.time()
@@ -307,6 +338,7 @@ class LeaderElector:
             except errors.Conflict:
                 return False  # another candidate created it first
             self._observe(created, started, time.monotonic())
+            self._written = created
             self._took("created")
             return True
         self._observe(lease, started, now)
@@ -325,8 +357,29 @@ class LeaderElector:
         except errors.Conflict:
             return False  # someone wrote since our read: read again on the next attempt
         self._observe(replaced, started, time.monotonic())
+        self._written = replaced
         if not ours:
             self._took(f"taken over from {holder or 'nobody (released)'}")
+        return True
+
+    def _renew_written(self, written: Body, started: float, deadline: float) -> bool:
+        """The leader's renewal in one request: PUT the Lease as our last write returned it,
+        with a new renewTime, its resourceVersion the precondition (client-go's optimistic
+        renewal). A read first doubled each renewal's requests, and under a busy server or a
+        GIL-bound process each request is the slow part. False on a 409: someone wrote since."""
+        s = self.settings
+        spec = written.get("spec") or {}
+        if spec.get("holderIdentity") != self.identity:
+            return False
+        body = {**written, "spec": {**spec, "renewTime": _micro_time(time.time()),
+                                    "leaseDurationSeconds": round(s.lease_duration_s)}}
+        try:
+            replaced = self.leases.replace(s.namespace, s.name, body, timeout_s=self._timeout(deadline))
+        except errors.Conflict:
+            self._written = None
+            return False
+        self._observe(replaced, started, time.monotonic())
+        self._written = replaced
         return True
 
     def _spec(self, *, acquire_time: str | None, transitions: int, wall: float) -> Body:
@@ -390,22 +443,31 @@ class LeaderElector:
         # Times are those at which a successful attempt began: the renewTime it wrote is from
         # then, and a standby counts the lease from that renewTime.
         last_ok = self._renewed_at if self._renewed_at is not None else time.monotonic()
+        last_attempt = last_ok
         while True:
             deadline = last_ok + s.renew_deadline_s
-            # Wake at the deadline at the latest: leadership ends there, not a retry period later.
-            if stop.wait(max(0.0, min(self._pause(), deadline - time.monotonic()))):
+            # The next attempt is a retry period after the previous one *began*, not ended: a
+            # renewal that took 3 s must not push the next one 3 s later toward the deadline.
+            # And at the deadline at the latest: leadership ends there, not a retry period later.
+            due = max(min(last_attempt + self._pause(), deadline), time.monotonic())
+            if stop.wait(due - time.monotonic()):
                 break
-            attempt = time.monotonic()
+            attempt = last_attempt = time.monotonic()
+            late = attempt - due  # the wake-up's lateness: this thread waited for a CPU or the GIL
             reason = f"not renewed within the renew deadline ({s.renew_deadline_s:g}s)"
+            renewed = False
             try:
                 if attempt < deadline:
-                    if self.try_acquire_or_renew(deadline=deadline):
-                        last_ok = attempt
-                        self._set_leading(True, renewed_at=attempt)
-                        continue
-                    reason = f"held by {self._seen[1] if self._seen else 'someone else'}"
+                    renewed = self.try_acquire_or_renew(deadline=deadline)
+                    if not renewed:
+                        reason = f"held by {self._seen[1] if self._seen else 'someone else'}"
             except errors.ApiError as err:
                 reason = str(err)
+            self._attempted(attempt, late, renewed)
+            if renewed:
+                last_ok = attempt
+                self._set_leading(True, renewed_at=attempt)
+                continue
             if self._seen is not None and self._seen[1] not in ("", self.identity):
                 log.error("lost Lease %s/%s: %s", s.namespace, s.name, reason)  # someone else took it
             elif time.monotonic() < deadline:
@@ -418,6 +480,21 @@ class LeaderElector:
             on_lost()
             return
         self.release()
+
+    def _attempted(self, attempt: float, late: float, renewed: bool) -> None:
+        """Say how long a renewal attempt took and how late it began (a late start: this
+        process did not run the renew thread in time; a long attempt: the server or the GIL)."""
+        took = time.monotonic() - attempt
+        s = self.settings
+        if self._on_renew is not None:
+            self._on_renew(took, late)
+        if renewed and took + late > s.retry_period_s:
+            log.warning("renewing Lease %s/%s took %.2fs and began %.2fs late (the leader steps down %gs after "
+                        "its last renewal): a slow API server or a starved process", s.namespace, s.name, took,
+                        late, s.renew_deadline_s)
+        else:
+            log.debug("Lease %s/%s renewal attempt: %.3fs, began %.3fs late, renewed: %s", s.namespace, s.name,
+                      took, late, renewed)
 
     def release(self) -> None:
         """Give the Lease up if this process holds it (holder "", duration 1 s): a standby takes

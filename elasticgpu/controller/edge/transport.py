@@ -25,6 +25,7 @@ import http.client
 import socket
 import ssl
 import threading
+import types
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -232,9 +233,12 @@ class Stream:
 class Transport:
     """Requests to one API server over per-thread keep-alive HTTPS (or HTTP) connections."""
 
-    def __init__(self, configuration: Any) -> None:
+    def __init__(self, configuration: Any, *, per_thread: bool = True) -> None:
         """`configuration`: a `kubernetes.client.Configuration` (read once; the token is read
-        per request, so a rotated in-cluster token is picked up by its refresh hook)."""
+        per request, so a rotated in-cluster token is picked up by its refresh hook).
+        `per_thread` False: one connection for every thread, whose requests the caller
+        serialises (the leader's Lease: acquired in one thread, renewed in another, it keeps
+        the connection the acquisition opened instead of a TLS handshake at the first renewal)."""
         self._configuration = configuration
         url = urlsplit(configuration.host)
         self._https = url.scheme == "https"
@@ -246,7 +250,7 @@ class Transport:
         self._host_header = host if self._port == default_port else f"{host}:{self._port}"
         self._server_name = getattr(configuration, "tls_server_name", None) or self._host
         self._context = self._ssl_context(configuration) if self._https else None
-        self._local = threading.local()
+        self._local: Any = threading.local() if per_thread else types.SimpleNamespace(conn=None)
         self._lock = threading.Lock()
         self._open: set[Connection] = set()
 
