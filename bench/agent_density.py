@@ -8,24 +8,25 @@ hundreds of claimed containers.
            milliseconds per write (p50/p99) and the server's CPU per write;
   creates  CreateContainer through NRI on the test containerd 1.7 with the agent's NRI side as
            its own process (as bench/nri_hook.py): `--containers` pods, each with its own Bound
-           slice claim, created one after the other and kept (the agent's view, ledger and the
-           runtime fill up as on a dense node); p50/p99 of the first and the last tenth.
+           slice claim of 1% of the cores, spread evenly over the node's `--cards` simulated
+           cards (default 8: 512 containers are 64 slices a card), created one after the other
+           and kept (the agent's view, ledger and the runtime fill up as on a dense node);
+           p50/p99 of all, of the first and of the last tenth.
 
   usage    the agent's usage pass (`agent/usage.py` `UsageLoop.sample_once`: the processes on the
            cards, each attributed to its container through procfs and to its claim through the
            ledger, every sample recorded in the ledger, the claims' usage written when due) at
-           `--containers` claimed containers on one node of 8 simulated cards, one GPU process
+           `--containers` claimed containers on one node of `--cards` simulated cards, one GPU process
            each: CPU seconds per pass, while the first writes go out (20 claim writes a pass at
            most) and in the steady state (usage unchanged: nothing due). The agent's own code
            on a real SQLite ledger and the real local API server (the claims exist there); the
            processes are the simulated backend's and a procfs written for them (their cgroups
            name the containers the ledger holds).
 
-The test node of tests/agent/cri/node.py has two stand-in cards, so the slices are spread over
-those two (the agent's per-create work reads the claim's own cards and the view's claims, not
-the other cards of the node).
+The node's cards are the product's simulated backend's (`agent run --backend simulated`): its
+stand-in device nodes, and for `creates` the CDI spec the agent's supervisor writes from them.
 
-    python bench/agent_density.py                        # both, 512 containers
+    python bench/agent_density.py                        # all three, 512 containers on 8 cards
     python bench/agent_density.py --only status          # no containerd needed
     python bench/agent_density.py --containers 64 --only creates
     python bench/agent_density.py --only usage           # no containerd needed
@@ -97,38 +98,70 @@ def status_figures(counts: list[int], writes: int) -> list[dict[str, Any]]:
     return rows
 
 
-def create_figures(containers: int) -> dict[str, Any]:
+def _simulation_file(path: Path, cards: int) -> None:
+    """The simulated backend's description of a node of `cards` A100s of 80 GiB (`agent run --simulation`)."""
+    import yaml
+
+    path.write_text(yaml.safe_dump({
+        "driver": {"version": "550.54.15", "cuda": "12.4"},
+        "cards": [{"model": "NVIDIA A100-SXM4-80GB", "memory": "80Gi", "numa": 0, "links": [], "count": cards}]}))
+
+
+def _simulated_node(cards: int, directory: Path) -> tuple[list[Any], list[str]]:
+    """`cards` simulated A100s (80 GiB) of the test node from the product's simulated backend, made
+    as an agent on a GPU-less node makes them: their stand-in device nodes under `directory`; returns
+    discovery's cards and the control devices' paths (the CDI spec's inputs)."""
+    from elasticgpu.agent import discovery
+    from tests.agent.cri.node import NODE
+
+    _simulation_file(directory / "sim.yaml", cards)
+    backend = discovery.open_backend("simulated", node_name=NODE, simulation_file=directory / "sim.yaml",
+                                     device_dir=directory / "devices")
+    try:
+        return list(backend.snapshot().cards), backend.control_device_paths()
+    finally:
+        backend.close()
+
+
+def create_figures(containers: int, cards: int) -> dict[str, Any]:
     import grpc
     from nri_hook import start, stop
 
     from elasticgpu.agent.cri import api
-    from tests.agent.cri.node import CARDS, View, publish_cards, slice_claim
+    from elasticgpu.agent.injecting import cdi
+    from elasticgpu.agent.injecting.injection import CardInfo
+    from tests.agent.cri.node import View, slice_claim
     from tests.agent.nri.conftest import plugin_binary
     from tests.containerd_runtime import container_config, running_containerd, sandbox_config
 
     pb = api.pb
+    # 1% of the cores each (the smallest slice): at most 100 slices a card; the memory split to fit them all.
+    per_card = -(-containers // cards)
+    if per_card > 100:
+        raise SystemExit(f"--containers {containers} --cards {cards}: {per_card} slices a card; a card holds at most"
+                         f" 100 slices of 1% of the cores: give --cards {-(-containers // 100)} or more")
     plugin = plugin_binary()
     with contextlib.ExitStack() as stack:
         runtime = stack.enter_context(running_containerd(nri=True))
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="egdense-", dir="/tmp")))
         assert runtime.nri_socket is not None
-        publish_cards(runtime.cdi_dir, runtime.directory / "dev")
+        node_cards, control = _simulated_node(cards, tmp)
+        # The CDI spec of the node's cards, as the agent's supervisor writes it from discovery.
+        cdi.write_spec(runtime.cdi_dir, cdi.card_devices(node_cards), cdi.control_nodes(control))
         view = View()
-        # 1% of the cores each: at most 100 slices a card; the memory split to fit them all.
-        per_card = -(-containers // len(CARDS))
-        if per_card > 100:
-            raise SystemExit(f"--containers {containers}: the test node's {len(CARDS)} cards hold at most"
-                             f" {100 * len(CARDS)} slices of 1% of the cores")
-        memory_mib = min(1280, 81920 // per_card)
+        view.cards = {c.uuid.lower(): CardInfo(uuid=c.uuid, index=c.index, memory_mib=c.memory_mib)
+                      for c in node_cards}
+        memory_mib = min(1280, min(c.memory_mib for c in node_cards) // per_card)
         for i in range(containers):
             view.add(replace(slice_claim("dense", f"slice-{i:03d}", user=f"pod-{i:03d}"),
-                             gpus=(CARDS[i % len(CARDS)].uuid,), cores=1, memory_mib=memory_mib))
+                             gpus=(node_cards[i % cards].uuid,), cores=1, memory_mib=memory_mib))
         (tmp / "view.json").write_text(view.to_json())
         direct = api.services.RuntimeServiceStub(stack.enter_context(grpc.insecure_channel(runtime.endpoint)))
         agent = start(["tests.agent.nri.agent_process", str(runtime.nri_socket), str(tmp / "nri-agent.sock"), plugin,
                        f"sqlite:///{tmp}/nri-ledger.db", f"{tmp}/view.json", str(runtime.cdi_dir)], "synchronized")
         stack.callback(stop, agent)
-        times = []
+        times: list[float] = []
+        created: list[str] = []
         began = time.monotonic()
         for i in range(containers):
             pod = sandbox_config(name=f"pod-{i:03d}", namespace="dense", uid=f"uid-{i}",
@@ -137,20 +170,32 @@ def create_figures(containers: int) -> dict[str, Any]:
             request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, sandbox_config=pod,
                                                 config=container_config(name="main", image=runtime.image, sandbox=pod))
             at = time.perf_counter_ns()
-            direct.CreateContainer(request, timeout=60)
+            created.append(direct.CreateContainer(request, timeout=60).container_id)
             times.append((time.perf_counter_ns() - at) / 1e6)
+        run_s = time.monotonic() - began
+        # Every container must hold its own claim's card and no other (a create the agent did not
+        # inject would be timed as a plain one): the card device nodes of each runtime spec.
+        card_nodes = {f"/dev/nvidia{c.minor}" for c in node_cards}
+        injected = 0
+        for i, container_id in enumerate(created):
+            status = direct.ContainerStatus(pb.ContainerStatusRequest(container_id=container_id, verbose=True),
+                                            timeout=60)
+            spec = json.loads(status.info["info"])["runtimeSpec"]
+            held = {d["path"] for d in spec.get("linux", {}).get("devices") or []} & card_nodes
+            injected += held == {f"/dev/nvidia{node_cards[i % cards].minor}"}
         tenth = max(1, containers // 10)
-        return {"containers": containers, "cards": len(CARDS), "run_s": round(time.monotonic() - began, 1),
+        return {"containers": containers, "cards": cards, "slices_per_card": per_card, "memory_mib": memory_mib,
+                "run_s": round(run_s, 1), "injected": injected,
                 "p50_ms": round(percentile(times, 0.5), 2), "p99_ms": round(percentile(times, 0.99), 2),
                 "first_tenth_p50_ms": round(percentile(times[:tenth], 0.5), 2),
+                "first_tenth_p99_ms": round(percentile(times[:tenth], 0.99), 2),
                 "last_tenth_p50_ms": round(percentile(times[-tenth:], 0.5), 2),
                 "last_tenth_p99_ms": round(percentile(times[-tenth:], 0.99), 2)}
 
 
-def usage_figures(containers: int, passes: int) -> dict[str, Any]:
+def usage_figures(containers: int, passes: int, cards: int) -> dict[str, Any]:
     from concurrent.futures import ThreadPoolExecutor
 
-    import yaml
     from crd_server import test_server_with_crds
     from kubernetes import client
 
@@ -160,7 +205,7 @@ def usage_figures(containers: int, passes: int) -> dict[str, Any]:
     from elasticgpu.agent.settings import LedgerSettings, UsageSettings
     from elasticgpu.controller.edge.kube import KubeApi
 
-    node, namespace, cards = "dense-node", "dense", 8
+    node, namespace = "dense-node", "dense"
     with test_server_with_crds() as (cluster, api), tempfile.TemporaryDirectory(prefix="egusage-") as directory:
         tmp = Path(directory)
         client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
@@ -172,9 +217,7 @@ def usage_figures(containers: int, passes: int) -> dict[str, Any]:
                 "spec": {"resources": {"requests": {names.RESOURCE_CORE: 1, names.RESOURCE_MEMORY: "1280Mi"}}}}),
                 range(containers)))
         writer.close()
-        (tmp / "sim.yaml").write_text(yaml.safe_dump({
-            "driver": {"version": "550.54.15", "cuda": "12.4"},
-            "cards": [{"model": "NVIDIA A100-SXM4-80GB", "memory": "80Gi", "numa": 0, "links": [], "count": cards}]}))
+        _simulation_file(tmp / "sim.yaml", cards)
         backend = discovery.open_backend("simulated", node_name=node, simulation_file=tmp / "sim.yaml",
                                          device_dir=tmp / "devices", inject_dir=tmp / "inject")
         ledger = store.LedgerStore.open(f"sqlite:///{tmp / 'ledger.db'}")
@@ -225,15 +268,16 @@ def main() -> None:
     parser.add_argument("--writes", type=int, default=30, help="status writes per size")
     parser.add_argument("--only", choices=["status", "creates", "usage"])
     parser.add_argument("--passes", type=int, default=60, help="usage passes")
+    parser.add_argument("--cards", type=int, default=8, help="simulated cards of the node (creates, usage)")
     args = parser.parse_args()
     print(f"{os.cpu_count()} CPUs, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     if args.only in (None, "status"):
         for row in status_figures([1, 8, 16, 32, 64], args.writes):
             print(json.dumps(row), flush=True)
     if args.only in (None, "usage"):
-        print(json.dumps(usage_figures(args.containers, args.passes)), flush=True)
+        print(json.dumps(usage_figures(args.containers, args.passes, args.cards)), flush=True)
     if args.only in (None, "creates"):
-        print(json.dumps(create_figures(args.containers)), flush=True)
+        print(json.dumps(create_figures(args.containers, args.cards)), flush=True)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from elasticgpu.api import names, timestamps  # noqa: E402
 from elasticgpu.controller.flow.elastic.recommending import ClaimSizes  # noqa: E402
 from elasticgpu.controller.metrics import ControllerMetrics  # noqa: E402
 from elasticgpu.controller.picture.picture import Picture  # noqa: E402
+from elasticgpu.controller.process import garbage  # noqa: E402
 from elasticgpu.controller.process.health import HealthServer  # noqa: E402
 
 OPTED = "detailed"
@@ -148,15 +149,20 @@ def main() -> None:
     picture.observe("class", "ADDED", _klass(PLAIN, opted=False))
     opted_claims = round(args.claims * args.per_claim_share)
     sizes: list[ClaimSizes] = []
-    began = time.perf_counter()
+    began, began_cpu = time.perf_counter(), time.process_time()
     for index in range(args.claims):
         namespace = f"team-{index % args.namespaces:04d}"
         class_name = OPTED if index < opted_claims else PLAIN
         picture.observe("egpu", "ADDED", _egpu(index, namespace=namespace, class_name=class_name, since=now - 7200))
         sizes.append(ClaimSizes(namespace, f"claim-{index:06d}", f"uid-c-{index}", 25, 10240, 12, 4000,
                                 15, 5120, class_name))
-    took_in = time.perf_counter() - began
+    took_in, took_in_cpu = time.perf_counter() - began, time.process_time() - began_cpu
     sizes.sort(key=lambda e: (e.namespace, e.name))
+    # What the controller does after its first list (`process.starting`): no automatic full
+    # collection from then on, the picture frozen. Without it, a full collection that falls due
+    # lands in whichever scrape allocates at that moment, and walks the whole picture.
+    garbage.take_over_full_collections()
+    garbage.collect_and_freeze()
 
     metrics = ControllerMetrics()
     metrics.watch_picture(claims=lambda: {("Bound", PLAIN): args.claims - opted_claims, ("Bound", OPTED): opted_claims},
@@ -168,16 +174,24 @@ def main() -> None:
     server = HealthServer(registry=metrics.registry, host="127.0.0.1", port=0).start()
     url = f"http://127.0.0.1:{server.port}/metrics"
     scrapes = [_scrape(url) for _ in range(args.scrapes)]
+    # Another replica led a while, then this one again: a new tenure, which knows no ElasticGPU.
+    metrics.leading(False)
+    metrics.leading(True)
+    after_change = _scrape(url)
     figures: dict[str, object] = {
         "claims": args.claims, "namespaces": args.namespaces, "per_claim_share": args.per_claim_share,
-        "take_in_s": round(took_in, 1),
+        "take_in_s": round(took_in, 1), "take_in_cpu_s": round(took_in_cpu, 2),
         "first_scrape_s": round(scrapes[0].seconds, 3), "first_scrape_cpu_s": round(scrapes[0].cpu_seconds, 3),
+        "after_leader_change_cpu_s": round(after_change.cpu_seconds, 3),
         "scrape_s": round(min(s.seconds for s in scrapes[1:] or scrapes), 3),
         "scrape_cpu_s": round(min(s.cpu_seconds for s in scrapes[1:] or scrapes), 3),
         "bytes": scrapes[-1].bytes, "samples": scrapes[-1].samples,
         "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
     if not args.no_prometheus:
+        # Its first scrape is then the first of a tenure, the costliest: its max_s counts it.
+        metrics.leading(False)
+        metrics.leading(True)
         with tempfile.TemporaryDirectory(prefix="scrape-size-") as directory:
             figures["prometheus"] = _prometheus(f"127.0.0.1:{server.port}", Path(directory), args.interval)
     server.stop()

@@ -47,7 +47,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -249,30 +248,10 @@ ACCOUNTING_LINGER_S = 600.0
 """Seconds an ElasticGPU's final accrued value stays exported after its deletion: many scrapes see
 it, so the time between the last scrape and its release is not lost to Prometheus."""
 
-Held = ElasticGPU | bytes | None
-"""An ElasticGPU as the picture holds it: its model, the JSON of its body, or None (unchanged)."""
-ElasticGPUsChanged = Callable[[Mapping[str, str | None]], Iterable[tuple[str, str | None, Held]]]
-"""`Picture.elastic_gpus_changed`: (name, resourceVersion, held) of each."""
+ElasticGPUsChanged = Callable[[Mapping[str, str | None]], Iterable[tuple[str, str | None, accounting.Charge | None]]]
+"""`Picture.elastic_gpus_changed`: (name, resourceVersion, charge) of each, charge None where
+the mapping passed has that name at that version (`accounting.Charge`, read at take-in)."""
 
-
-def _facts(held: ElasticGPU | bytes) -> tuple[Labels, accounting.Period] | None:
-    """Labels and accounting period of a claimed ElasticGPU that has accrued (None: not that)."""
-    if isinstance(held, bytes):
-        body = orjson.loads(held)
-        spec, status, meta = body.get("spec") or {}, body.get("status") or {}, body.get("metadata") or {}
-        ref = spec.get("claimRef") or {}
-        if not ref.get("name"):
-            return None
-        if status.get("phase") != accounting.OPEN_PHASE and not status.get("accounting"):
-            return None  # never Bound: nothing accrued
-        labels = (str(ref.get("namespace") or ""), str(ref["name"]), str(spec.get("elasticGPUClassName") or ""),
-                  str(meta.get("name") or ""))
-        return labels, accounting.period_of(body)
-    if held.spec.claim_ref is None or not held.spec.claim_ref.name:
-        return None
-    if held.status.phase != accounting.OPEN_PHASE and held.status.accounting is None:
-        return None
-    return _accounting_labels(held), accounting.period_of(accounting.view(held))
 
 Labels = tuple[str, str, str, str]
 """namespace, claim, class, elasticgpu."""
@@ -284,43 +263,34 @@ def _accounting_labels(egpu: ElasticGPU) -> Labels:
             egpu.spec.elastic_gpu_class_name or "", egpu.metadata.name or "")
 
 
-Triple = tuple[int, int, int]
-"""core seconds, memory MiB-seconds, card seconds: plain ints in the per-scrape loop (50,000
-dataclasses built per scrape were most of its cost)."""
+Triple = accounting.Triple
 
 
 class _Tracked:
     """One ElasticGPU as the accounting collector last read it."""
 
-    __slots__ = ("base", "closed", "key", "labels", "last", "since", "size", "version")
+    __slots__ = ("base", "charge", "first", "key", "last", "version")
 
-    def __init__(self, labels: Labels, version: str | None, period: accounting.Period, tenure: float) -> None:
-        self.labels = labels
-        self.key = (labels[0], labels[2])
-        self.version: str | None = None
-        self.closed: Triple = (0, 0, 0)
-        self.since: int | None = None
-        self.size: Triple = (0, 0, 0)
-        self.read(version, period)
-        self.base = self.at(tenure)
+    def __init__(self, version: str | None, charge: accounting.Charge, tenure: int) -> None:
+        self.first = charge
+        """The version first tracked: its labels stay those of this one."""
+        self.key = (charge.namespace, charge.class_name)
+        self.version = version
+        self.charge = charge
+        self.base = charge.at_second(tenure)
         """Its value when this process began to lead (0 for one bound since): the namespace
         totals count only what accrued during this tenure."""
         self.last = self.base
         """Its value at the last scrape (folded into the closed totals if it vanishes unseen)."""
 
-    def read(self, version: str | None, period: accounting.Period) -> None:
-        self.version = version
-        self.closed = (period.closed.core_seconds, period.closed.memory_mib_seconds, period.closed.card_seconds)
-        self.since = period.since
-        self.size = (period.size.cores, period.size.memory_mib, period.size.cards)
+    @property
+    def labels(self) -> Labels:
+        return self.first.labels
 
-    def at(self, now: float) -> Triple:
-        """`accounting.Period.at`, in plain ints."""
-        if self.since is None:
-            return self.closed
-        seconds = max(0, accounting.now_seconds(now) - self.since)
-        return (self.closed[0] + self.size[0] * seconds, self.closed[1] + self.size[1] * seconds,
-                self.closed[2] + self.size[2] * seconds)
+    def read(self, version: str | None, charge: accounting.Charge) -> None:
+        """A newer version."""
+        self.version = version
+        self.charge = charge
 
 
 def _accrued(value: Triple) -> accounting.Accrued:
@@ -344,8 +314,9 @@ class _AccountingCollector(Collector):
     - per ElasticGPU, for the classes that opt in (`per_claim()`), its absolute value from its
       own status: the same whichever replica computes it, before or after a restart.
 
-    Each ElasticGPU's status is parsed once per resourceVersion (`accounting.Period`): a scrape
-    of 50,000 costs a multiplication each, not a model built each."""
+    Each ElasticGPU's status is parsed once per resourceVersion, when the picture takes that
+    version in (`accounting.Charge`): a scrape of 50,000, the first after a start or a leader
+    change included, costs a multiplication each, no body parsed and no model built."""
 
     def __init__(self, elastic_gpus: ElasticGPUsChanged, leading: Callable[[], bool],
                  clock: Callable[[], float], per_claim: Callable[[], set[str]]) -> None:
@@ -402,11 +373,12 @@ class _AccountingCollector(Collector):
             if opted:
                 self._gone[name] = (labels, final, now + ACCOUNTING_LINGER_S)
 
-    def _read(self, listed: Iterable[tuple[str, str | None, Held]], now: float, opted: set[str]
+    def _read(self, listed: Iterable[tuple[str, str | None, accounting.Charge | None]], now: float, opted: set[str]
               ) -> tuple[dict[tuple[str, str], list[int]], dict[str, tuple[Labels, Triple]]]:
         """Bring `_tracked` up to date from `listed`: the totals by (namespace, class), and the
         labels and value of each claimed ElasticGPU of an `opted` class."""
-        tenure = self._since if self._since is not None else now
+        tenure = accounting.now_seconds(self._since if self._since is not None else now)
+        second = accounting.now_seconds(now)
         totals: dict[tuple[str, str], list[int]] = {}
         rows: dict[str, tuple[Labels, Triple]] = {}
         seen: set[str] = set()
@@ -417,16 +389,15 @@ class _AccountingCollector(Collector):
                 continue
             tracked = tracked_by_name.get(name)
             if held is not None:
-                facts = _facts(held)
-                if facts is None:
+                if not held.charged:
                     continue
                 if tracked is None:
-                    tracked = tracked_by_name[name] = _Tracked(facts[0], version, facts[1], tenure)
+                    tracked = tracked_by_name[name] = _Tracked(version, held, tenure)
                 else:
-                    tracked.read(version, facts[1])
+                    tracked.read(version, held)
             if tracked is None:
                 continue
-            last = tracked.last = tracked.at(now)
+            last = tracked.last = tracked.charge.at_second(second)
             base = tracked.base
             total = totals.get(tracked.key)
             if total is None:
@@ -435,7 +406,7 @@ class _AccountingCollector(Collector):
             total[0] += max(0, last[0] - base[0])
             total[1] += max(0, last[1] - base[1])
             total[2] += max(0, last[2] - base[2])
-            if tracked.labels[2] in opted:
+            if tracked.first.class_name in opted:
                 rows[name] = (tracked.labels, last)
         for name in set(tracked_by_name) - seen:
             # Gone without its last body (a relist missed the delete): keep what it had accrued.

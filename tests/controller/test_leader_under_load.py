@@ -3,8 +3,8 @@ its Lease twice during a 16,000-card fill, "not renewed for 7.5s"), on the real 
 reached through a relay that answers slowly, as a loaded server does:
 
 - a renewal is one PUT (not a read and a write), on a connection of its own, begun a retry period
-  after the previous attempt *began*: with every answer 1 s late and the binder's requests and a
-  large list's parsing filling the process, renewals stay within the 2 s deadline;
+  after the previous attempt *began*: with every answer 2 s late and the binder's requests and a
+  large list's parsing filling the process, renewals stay within the 6 s deadline;
 - a Lease request that hangs gives up after its timeout, once: urllib3's retries (three more,
   each with the whole timeout) no longer run a renewal on past the renew deadline.
 """
@@ -31,14 +31,16 @@ from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.edge.leader import KubernetesLeases, LeaderElector, LeaderSettings, LeaseClient
 from tests.controller.slow_relay import SlowRelay
 
-SETTINGS = {"lease_duration_s": 3.0, "renew_deadline_s": 2.0, "retry_period_s": 0.25}
-"""The in-process periods of test_leader.py: the deadline is 2 s."""
+SETTINGS = {"lease_duration_s": 8.0, "renew_deadline_s": 6.0, "retry_period_s": 0.25}
+"""Short periods with a 6 s deadline: three times the relay's delay, so the new renewal (2 x the
+delay) keeps 2 s for a loaded machine's own slowness (at load 38 a 0.6 s-late answer took 1.5 s
+here), while the old one (4 x the delay and more) cannot make it."""
 
-SLOW_S = 0.6
+SLOW_S = 2.0
 """How late the relay forwards each answer of the server (a loaded server): a read and a write
-begun 0.25 s after the previous renewal ended need 4 x 0.6 + 0.25 = 2.65 s from one renewal's start
-to the next one's end, past the 2 s deadline; one write a retry period after the previous began,
-2 x 0.6 = 1.2 s."""
+begun 0.25 s after the previous renewal ended need 4 x 2 + 0.25 = 8.25 s from one renewal's start
+to the next one's end, past the 6 s deadline; one write a retry period after the previous began,
+2 x 2 = 4 s."""
 
 
 @pytest.fixture

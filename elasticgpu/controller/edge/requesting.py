@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import http.client
+import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -49,6 +50,14 @@ of stalling its kind until the next relist."""
 POD_SELECTOR = f"{names.LABEL_USES_CLAIMS}=true"
 """The pods the controller lists and watches: those the admission webhook labelled as using
 claims, never every pod of the cluster."""
+
+_writes = threading.local()
+
+
+def writes_on_this_thread() -> int:
+    """Write requests (any method but GET) this thread has sent: a sync that sent none left its
+    objects as it found them (`settled.SettledKeys`: the resync may leave it alone)."""
+    return int(getattr(_writes, "count", 0))
 
 
 def _selector_of(collection: str) -> str | None:
@@ -137,6 +146,8 @@ class KubeRequests:
         content_type: str = _JSON,
         timeout_s: float | None = None,
     ) -> Body:
+        if method != "GET":
+            _writes.count = getattr(_writes, "count", 0) + 1
         try:
             status, data = self._send(method, path, body=body, query=query, content_type=content_type,
                                       timeout_s=timeout_s)

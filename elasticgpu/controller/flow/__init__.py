@@ -2,8 +2,9 @@
 each carries out. From the bottom up (a room imports only rooms below it; pyproject.toml's contract):
 
 - `machinery/`: the watch machinery, which knows no behaviour: `informer` (list and watch; feeds the
-  picture), `namespace_weight_feed`, `workqueue`, `events`, `failures` (what a failed sync does),
-  `handoff` (writes after the commit point, on a pool), `liveness` (threads alive, loops stepping);
+  picture), `namespace_weight_feed`, `workqueue`, `settled` (which keys the resync may leave alone),
+  `events`, `failures` (what a failed sync does), `handoff` (writes after the commit point, on a
+  pool), `liveness` (threads alive, loops stepping);
 - `quota_guard` (quota charges, checked at the commit) and `mig_binding` (a MIG instance's place):
   one module each, used by binding;
 - `binding/`: a claim bound to an ElasticGPU: `claim_status` (status writes and Events),

@@ -52,7 +52,7 @@ class ClaimSync:
         self.resizer = Resizer(kube=kube, picture=picture, events=events, commit=commit, elastic_gpus=elastic_gpus,
                                settings=settings)
         """Resizes Bound claims in place (issue 17): called when the binder finds a claim in sync."""
-        self.recommender = Recommender(kube=kube, picture=picture, events=events, settings=settings)
+        self.recommender = Recommender(kube=kube, picture=picture, queue=queue, events=events, settings=settings)
         """Recommends sizes from measured use (issue 17), after the resizer, for claims in sync."""
         self.policing = policing_copy.PolicingCopy(kube=kube, picture=picture)
         """Keeps a Bound claim's status.policing true to its class (issue 25), for claims in sync."""
@@ -72,21 +72,24 @@ class ClaimSync:
                                  elastic_gpus=elastic_gpus)
         """Releases deleted claims."""
 
-    def sync(self, namespace: str, name: str) -> None:
-        """Decide and carry out the next step of one claim."""
+    def sync(self, namespace: str, name: str) -> bool:
+        """Decide and carry out the next step of one claim. True when nothing is pending: the
+        claim is gone, ignored, or Bound and in sync with no resize waiting (the periodic resync
+        may leave it alone until it changes, `settled.SettledKeys`); False while it waits or
+        binds (the resync looks at it each pass: a Pending claim's wait may end without an event)."""
         with self.picture.lock:
             claim = self.picture.claim(namespace, name)
             if claim is None:
-                return
+                return True
             decision = binder.decide_claim(claim, self.picture.view())
         if isinstance(decision, binder.InSync):
-            self.resizer.sync(namespace, name, decision.elastic_gpu)
+            at_rest = self.resizer.sync(namespace, name, decision.elastic_gpu)
             self.recommender.sync(namespace, name, decision.elastic_gpu)
             self.policing.sync(namespace, name, decision.elastic_gpu)
             self.preempting.settled(namespace, name)
-            return
+            return at_rest
         if isinstance(decision, binder.Ignore):
-            return
+            return True
         if isinstance(decision, binder.Wait):
             if decision.reason == binder.REASON_WAIT_FOR_CONSUMER:
                 decision = self._consumer_placement(claim) or decision
@@ -104,6 +107,7 @@ class ClaimSync:
                 self._provision(claim, decision)
         elif isinstance(decision, binder.Deleting):
             self.releaser.release(claim)
+        return False
 
     def _consumer_placement(self, claim: ElasticGPUClaim) -> binder.Wait | None:
         """A WaitForFirstConsumer claim whose pod came but could not be placed (the pod sync wrote

@@ -153,20 +153,9 @@ class Models(Mapping[K, M]):
                 return (entry.head.get("metadata") or {}).get("uid")
             return entry.uid
 
-    def changed(self, known: Mapping[K, str | None]) -> list[tuple[K, str | None, M | bytes | None]]:
-        """(key, resourceVersion, what it holds) of every kept object in one pass, building no
-        model: None where `known` has that key at that version, else the model of an object in
-        motion or the JSON of one at rest (a reader of every object parses it outside the lock)."""
-        with self._lock:
-            found: list[tuple[K, str | None, M | bytes | None]] = []
-            for key, entry in self._entries.items():
-                held: M | bytes
-                if isinstance(entry, _Resting):
-                    version, held = entry.version, entry.packed
-                else:
-                    version, held = (entry.head.get("metadata") or {}).get("resourceVersion"), entry.model
-                found.append((key, version, None if version is not None and known.get(key) == version else held))
-            return found
+    def rests(self, key: K) -> bool:
+        """Whether the object `key` is kept at rest (as JSON)."""
+        return isinstance(self._entries.get(key), _Resting)
 
     def resting(self) -> int:
         """How many objects are kept at rest (as JSON)."""

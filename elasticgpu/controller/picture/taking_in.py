@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass
+from elasticgpu.api import ElasticGPU, ElasticGPUClaim, ElasticGPUClass, accounting
 from elasticgpu.controller.decisions import release
 from elasticgpu.controller.picture import compact, reading, versions, waiting_order, waking
 
@@ -162,6 +162,9 @@ class TakingIn(waking.Waking):
         old = self._egpus.get(name)
         model = compact.share_fields(ElasticGPU.model_validate(body))
         self._egpus.put(name, body, model)
+        # From what the picture keeps, as a scrape read it before (the body of one at rest, else
+        # the model): the same series and values; the body's dict is at hand, no JSON parsed again.
+        self._egpu_charges[name] = accounting.charge_of(body if self._egpus.rests(name) else model)
         self._index_uid(name, old, model)
         waiting_order.index_owner(self._egpu_owners, name, model)
         self._index_cards(name, old, model)
@@ -183,6 +186,7 @@ class TakingIn(waking.Waking):
         with self.lock:
             old = self._egpus.get(name)
             self._egpus.pop(name)
+            self._egpu_charges.pop(name, None)
             self._unclaimed_available.pop(name, None)
             self._index_uid(name, old, None)
             self._egpu_owners.pop(name, None)

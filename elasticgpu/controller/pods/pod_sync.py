@@ -84,8 +84,10 @@ class PodSync:
         self.metrics: ControllerMetrics | None = None
         """Observes how long pods waited for their gate lift, when set (`attach_metrics`)."""
 
-    def sync(self, namespace: str, name: str) -> None:
-        """Decide and carry out the next steps of one pod."""
+    def sync(self, namespace: str, name: str) -> bool:
+        """Decide and carry out the next steps of one pod. True when it is not gated (or gone):
+        nothing pending, the periodic resync may leave it alone (`settled.SettledKeys`); False
+        while its gate waits."""
         with self.picture.lock:
             departed = self.picture.pods.take_departed(namespace, name)
             pod = self.picture.pods.pod(namespace, name)
@@ -96,30 +98,31 @@ class PodSync:
         for stale in inline_claims.stale_claims(owned, pod):
             self._delete_inline(namespace, stale)
         if pod is None or not pod_gate.is_gated(pod) or pod_gate.is_terminated(pod):
-            return
+            return True
         try:
             used = pod_claims.read_pod_claims(pod)
         except InvalidPodClaims as err:
             # The webhook refuses these; a pod created while it was not installed may carry them.
             self._wait(pod, pod_gate.Wait(pod_gate.REASON_INVALID_ANNOTATIONS, str(err), warning=True))
-            return
+            return False
         if not self._ensure_inline(pod, used):
-            return
+            return False
         for _step in range(DECISIONS_PER_SYNC):
             views = self._views(pod, used)
             decision = pod_gate.decide_gate(pod, views)
             if isinstance(decision, pod_gate.NotGated):
-                return
+                return True
             if isinstance(decision, pod_gate.Wait):
                 self._wait(pod, decision)
-                return
+                return False
             if isinstance(decision, pod_gate.Lift):
                 self._lift(pod, used, decision.node)
-                return
+                return False
             if isinstance(decision, pod_gate.Place):
                 self._place(pod, decision, views)
-                return
+                return False
             self._reserve_users(pod, decision)
+        return False
 
     # -- reading ----------------------------------------------------------------------------------
 

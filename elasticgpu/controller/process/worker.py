@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 
+from elasticgpu.controller.edge.requesting import writes_on_this_thread
 from elasticgpu.controller.flow.binding.commit import Commit, Planned
 from elasticgpu.controller.flow.binding.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.claim_sync import ClaimSync
@@ -128,25 +129,34 @@ class Worker:
 
     def sync(self, key: Key) -> None:
         """Sync one object. Any failure retries it with backoff (`Failures`; nothing half-written
-        is assumed: the next sync decides from what it finds); a success resets its backoff."""
+        is assumed: the next sync decides from what it finds); a success resets its backoff. A
+        success that wrote nothing and left nothing pending settles the key: the periodic resync
+        leaves it alone until something queues it again (`settled.SettledKeys`)."""
         if self.hand_off.defer(key):
             return  # synced again when its bind is done
         started = time.monotonic()
         outcome = "ok"
+        settled = self.queue.settled
+        settled.begin(key)
+        writes = writes_on_this_thread()
+        at_rest = False
         try:
             if key[0] == "claim":
-                self.claims.sync(key[1], key[2])
+                at_rest = self.claims.sync(key[1], key[2])
             elif key[0] == "egpu":
-                self.elastic_gpus.sync(key[1])
+                at_rest = self.elastic_gpus.sync(key[1])
             elif key[0] == "pod" and self.pods is not None:
-                self.pods.sync(key[1], key[2])
+                at_rest = self.pods.sync(key[1], key[2])
             elif key[0] == "gpu" and self.gpus is not None:
                 self.gpus.sync(key[1])
+                at_rest = True  # a GPU's readiness changes with time alone: gpu_sync sets its own timer
         except Exception as err:
             outcome = "error"
             self.failures.failed(key, err)
         else:
             self.failures.succeeded(key)
         finally:
+            settled.end(key, settled=at_rest and outcome == "ok" and writes_on_this_thread() == writes
+                        and not self.hand_off.in_flight(key))
             if self.metrics is not None:
                 self.metrics.observe_sync(kind=key[0], seconds=time.monotonic() - started, outcome=outcome)

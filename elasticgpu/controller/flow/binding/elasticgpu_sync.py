@@ -115,12 +115,13 @@ class ElasticGPUSync:
         placement = self.picture.ledger.held(egpu.metadata.name or "")
         return self.set_status(egpu, placement, phase, reason, message)
 
-    def sync(self, name: str) -> None:
-        """Decide and carry out the next step of one ElasticGPU."""
+    def sync(self, name: str) -> bool:
+        """Decide and carry out the next step of one ElasticGPU. True when it is kept as it is
+        (or gone): the periodic resync may leave it alone until it changes (`settled.SettledKeys`)."""
         picture = self.picture
         egpu = picture.egpu(name)
         if egpu is None:
-            return
+            return True
         if self.commit.holds_outside_spec(egpu):
             # OBSERVATION: the GPUs hold this ElasticGPU on cards its spec does not name (the
             # loser of a provisioning race reserved them): free those first, or the decision
@@ -129,7 +130,7 @@ class ElasticGPUSync:
         with picture.lock:
             egpu = picture.egpu(name)
             if egpu is None:
-                return
+                return True
             claim = None
             ref = egpu.spec.claim_ref
             if ref is not None and ref.name:
@@ -149,7 +150,7 @@ class ElasticGPUSync:
                 # OBSERVATION: Failed, and its reservation kept while its claim still ran on the card:
                 # free it once the agent no longer reports the claim running.
                 self._free_unless_running(egpu)
-            return
+            return True
         if isinstance(decision, binder.Reserve):
             self._reserve(egpu, decision.placement, claim)
         elif isinstance(decision, binder.Fail):
@@ -174,6 +175,7 @@ class ElasticGPUSync:
             self._release_if_claim_gone(egpu)
         elif isinstance(decision, binder.Reclaim):
             self._reclaim(egpu, delete=decision.delete)
+        return False
 
     def _reserve(self, egpu: ElasticGPU, placement: Placement, claim: ElasticGPUClaim | None) -> None:
         name = egpu.metadata.name or ""

@@ -22,6 +22,7 @@ from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import bound_class, recommend
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.machinery.events import NORMAL, WARNING, EventRecorder
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.picture.picture import Picture
 from elasticgpu.controller.settings import ControllerSettings
 
@@ -51,16 +52,19 @@ class ClaimSizes:
 class Recommender:
     """Recommends sizes for Bound share claims (see the module docstring)."""
 
-    def __init__(self, *, kube: KubeApi, picture: Picture, events: EventRecorder,
+    def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, events: EventRecorder,
                  settings: ControllerSettings) -> None:
         self.kube = kube
         self.picture = picture
+        self.queue = queue
         self.events = events
         self.settings = settings.recommend
         self._lock = threading.Lock()  # workers sync different claims at once
         self._windows: dict[str, recommend.UsageWindow] = {}
         self._last_auto: dict[str, float] = {}
         self._sizes: dict[str, ClaimSizes] = {}
+        self._looks: dict[str, float] = {}
+        """The monotonic time of each claim's next look (`_look_later`), by uid."""
         self._pruned_at = time.monotonic()
 
     def sync(self, namespace: str, name: str, egpu_name: str) -> None:
@@ -101,6 +105,17 @@ class Recommender:
             samples = list(window.samples)
             watched = window.watched_s(now)
             last_auto = self._last_auto.get(uid)
+            first_at = window.first_at if samples else None
+        auto = klass.resize_policy == "Auto"
+        settings = self.settings
+        # When the answer below can change with time alone (no new sample): the oldest sample
+        # but the last leaves the window, the watch grows long enough for one sample or for a
+        # shrink, the Auto interval ends. The periodic resync no longer comes round to look.
+        self._look_later(namespace, name, uid, now, [
+            samples[1].at + settings.window_s if len(samples) > 1 else None,
+            first_at + settings.min_watch_s if first_at is not None else None,
+            first_at + settings.shrink_after_s if first_at is not None and auto else None,
+            last_auto + settings.auto_interval_s if last_auto is not None and auto else None])
         bounds = self._bounds(klass, claim, card_memory)
         # A steady claim sends few samples (the agent writes on change): after a while, one will do.
         needed = self.settings.min_samples if watched < self.settings.min_watch_s else 1
@@ -158,8 +173,23 @@ class Recommender:
                 self._forget(entry.uid)
         return sorted(kept, key=lambda e: (e.namespace, e.name))
 
+    def _look_later(self, namespace: str, name: str, uid: str, now: float, when: list[float | None]) -> None:
+        """Queue the claim for a look at the earliest future moment of `when` (monotonic), unless a
+        look is already due by then (one per moment, not one per sync)."""
+        due = min((at for at in when if at is not None and at > now), default=None)
+        if due is None:
+            return
+        with self._lock:
+            pending = self._looks.get(uid)
+            if pending is not None and now < pending <= due:
+                return
+            self._looks[uid] = due
+        # A little after the moment: the look must find it passed.
+        self.queue.add(("claim", namespace, name), delay_s=due - now + 1.0, recheck=True)
+
     def _forget(self, uid: str) -> None:
         with self._lock:
+            self._looks.pop(uid, None)
             self._windows.pop(uid, None)
             self._last_auto.pop(uid, None)
             self._sizes.pop(uid, None)

@@ -51,9 +51,10 @@ class Resizer:
         self.elastic_gpus = elastic_gpus
         self.settings = settings
 
-    def sync(self, namespace: str, name: str, egpu_name: str) -> None:
+    def sync(self, namespace: str, name: str, egpu_name: str) -> bool:
         """Take the claim one or more resize steps, until it waits (for room, the node, the
-        user) or shows its size."""
+        user) or shows its size. True when no resize is left to do (not resizable, or it shows
+        its size); False while one waits (for room, a quota, the node: the resync looks again)."""
         done = ""  # what the last GPU write did, for the Event once the statuses show it
         grows = False
         for attempt in range(self.settings.binding.conflict_retries):
@@ -61,7 +62,7 @@ class Resizer:
                 claim = self.picture.claim(namespace, name)
                 egpu = self.picture.egpu(egpu_name)
                 if claim is None or egpu is None or not binder.is_bound(claim):
-                    return
+                    return True
                 want = bound_class.resizable(claim, egpu, self.picture.view().classes)
                 ledger = self.picture.ledger
                 held = [(g, a) for g in ledger.gpus_holding(egpu_name)
@@ -74,18 +75,18 @@ class Resizer:
                 self._write_claim(claim, {"resizable": want})
                 continue
             if decision is None:
-                return  # not resizable, or its reservation is being repaired by the ElasticGPU's sync
+                return True  # not resizable, or its reservation is being repaired by the ElasticGPU's sync
             if isinstance(decision, resize.Settle):
                 self._show(claim, egpu, None, done=done)
-                return
+                return True
             if isinstance(decision, resize.Refuse):
                 self._show(claim, egpu, (resize.CONDITION_RESIZING, "False", decision.reason, decision.message,
                                          WARNING))
-                return
+                return False
             if isinstance(decision, resize.WaitForNode):
                 self._show(claim, egpu, (resize.CONDITION_PENDING, "True", resize.REASON_WAITING_FOR_NODE,
                                          decision.message, NORMAL))
-                return
+                return False
             gpu_name, allocation = held[0]
             if isinstance(decision, resize.SetLimit):
                 changed = allocation.model_copy(update={"limit": resize.as_limit(decision.limit)})
@@ -96,7 +97,7 @@ class Resizer:
                 done = decision.message
                 grows = changed.cores > allocation.cores or changed.memory > allocation.memory
                 if grows and not self._charge(claim, egpu, changed):
-                    return
+                    return False
             if not self._write_gpu(gpu_name, gpus[0], changed):
                 self.commit.backoff(attempt)
             elif not isinstance(decision, resize.SetLimit) and not grows:

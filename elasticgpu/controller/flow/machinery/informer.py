@@ -91,6 +91,10 @@ class Informer:
             self.picture.quotas.put((str(meta.get("namespace", "")), str(meta.get("name", ""))),
                                     event_type != "DELETED", version=versions.version_of(body))
             return
+        if kind == "class":
+            # Every Bound claim of a class follows it (policing, resizability, recommendations),
+            # and no key names them: the next resync looks at every object again.
+            self.queue.settled.unsettle_all()
         if kind == "pod" and event_type == "DELETED" and not self._pod_gone(body):
             return  # still alive without the label: its claims stay in use
         if kind == "claim" and event_type != "DELETED" and self.on_claim is not None:
@@ -173,14 +177,15 @@ class Informer:
                 alive.append(live)
         return alive
 
-    def relist(self, *, background: bool = False, start: bool = False) -> dict[str, str]:
+    def relist(self, *, background: bool = False, start: bool = False, every: bool = True) -> dict[str, str]:
         """List everything and merge it into the picture (on start, before anything is bound,
         and on every relist); then queue every claim and ElasticGPU (`background`: behind the
-        keys that events queued). `start`: the first list of a process, whose every key is new:
-        all of them go behind the keys that events queue, so a claim created at the start (or
-        after a standby took over) is not served after every object of the cluster (issue 49:
-        12 s behind ~20,000 keys at 8,000 cards, bench/README.md). See `Picture.merge_lists`
-        for what a list may replace.
+        keys that events queued; `every` False: only the keys the merge returned, the periodic
+        resync queuing what changed, `settled.SettledKeys`). `start`: the first list of a
+        process, whose every key is new: all of them go behind the keys that events queue, so a
+        claim created at the start (or after a standby took over) is not served after every
+        object of the cluster (issue 49: 12 s behind ~20,000 keys at 8,000 cards,
+        bench/README.md). See `Picture.merge_lists` for what a list may replace.
         Returns the resourceVersion each watched kind was listed at (a watch started from it
         misses nothing, so start-up lists each kind once); "" for a list that failed.
 
@@ -211,7 +216,7 @@ class Informer:
             self.picture.quotas.saw(int(listed_at) if listed_at.isdigit() else None)
         for key in keys:
             self.queue.add(key, background=start)
-        for key in self.picture.all_keys():
+        for key in self.picture.all_keys() if every else ():
             self.queue.add(key, background=background or start)
         return {"gpu": gpus_version, "egpu": egpus_version, "class": classes_version, "claim": claims_version,
                 "pod": pods_version, "node": nodes_version,

@@ -1,7 +1,8 @@
 """The work queue of the controller: object keys waiting to be synced.
 
 Keys are FIFO and never queued twice; a key can come back after a delay; the periodic
-resync's keys wait in a background lane that is served only when no other key waits.
+resync's keys wait in a background lane that is served only when no other key waits; which
+keys the resync queues at all is `settled.SettledKeys`'s answer.
 
 A key whose sync failed comes back through `add_after_failure`, as with client-go's default
 controller rate limiter: after the larger of its own exponential backoff (`base_delay_s`
@@ -18,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
+from elasticgpu.controller.flow.machinery.settled import SettledKeys
 from elasticgpu.controller.settings import RetrySettings
 
 Key = tuple[str, ...]
@@ -68,11 +70,19 @@ class WorkQueue:
         expire), not a retry: `waiting` does not count it."""
         self._rechecks = 0
         self._cond = threading.Condition()
+        self.settled = SettledKeys()
+        """Which keys the periodic resync may leave alone: a key queued now (not later, not on the
+        background lane) is unsettled, its object or an input having changed (`settled.py`)."""
 
     def add(self, key: Key, *, delay_s: float = 0.0, background: bool = False, recheck: bool = False) -> None:
         """Queue `key` now, or after `delay_s` seconds; `background`: behind every other key;
         `recheck`: a delayed look at an object whose state changes with time alone, which
         `waiting` does not count (nothing is left to do until it is due)."""
+        if delay_s <= 0:
+            if background:
+                self.settled.seen(key)
+            else:
+                self.settled.unsettle(key)
         with self._cond:
             if delay_s > 0:
                 heapq.heappush(self._delayed, (time.monotonic() + delay_s, key, recheck))
