@@ -50,7 +50,8 @@ def first_list(controller: Controller, stop: threading.Event) -> dict[str, str] 
     said = ""
     while not stop.is_set():
         try:
-            listed = controller.rebuild(start=True)
+            with garbage.paused():  # the picture is all survivors: collecting it is pure cost
+                listed = controller.rebuild(start=True)
         except Exception as err:  # never a crash loop: whatever it is, wait and try again
             reason = f"{type(err).__name__}: {err}"
             if reason == said or (isinstance(err, errors.ApiUnavailable) and err.status == 0):
