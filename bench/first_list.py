@@ -36,6 +36,7 @@ import pstats
 import resource
 import sys
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ MODELS: dict[str, Any] = {"gpu": GPU, "egpu": ElasticGPU, "class": ElasticGPUCla
 
 
 def _uid(kind: str, index: int) -> str:
-    return f"{abs(hash(kind)) % 0xffffffff:08x}-{index // 0x10000:04x}-4{index % 0x1000:03x}-8000-{index:012x}"
+    return f"{zlib.crc32(kind.encode()):08x}-{index // 0x10000:04x}-4{index % 0x1000:03x}-8000-{index:012x}"
 
 
 def _meta(kind: str, index: int, name: str, managers: list[tuple[str, str, dict[str, Any]]], *,
