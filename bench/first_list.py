@@ -394,9 +394,10 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(KINDS),
                         help="the kinds the server answers (the others list empty), e.g. gpu,class: what a safe"
                              " first placement needs")
-    parser.add_argument("--gc", choices=("on", "off", "freeze"), default="on",
+    parser.add_argument("--gc", choices=("on", "off", "freeze", "threshold"), default="on",
                         help="the cyclic garbage collector during the relist: as the controller runs (on), disabled"
-                             " (off), or every object built before it frozen out of its generations (freeze)")
+                             " (off), every object built before it frozen out of its generations (freeze), or its first"
+                             " generation's threshold at 50,000 allocations instead of 700 (threshold)")
     args = parser.parse_args()
     if args.claims > 4 * args.cards:
         parser.error(f"--claims {args.claims} do not fit {args.cards} cards (4 per card)")
@@ -417,6 +418,8 @@ def main() -> None:
         gc.freeze()
     if args.gc == "off":
         gc.disable()
+    if args.gc == "threshold":
+        gc.set_threshold(50_000, 10, 10)
     collections = sum(st["collections"] for st in gc.get_stats())
     rss_before = rss_mib()
     cpu_before = time.process_time()
