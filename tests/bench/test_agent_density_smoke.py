@@ -5,27 +5,21 @@ containerd 1.7 and the agent's NRI side as its own process, as the bench runs th
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from tests.agent.nri.conftest import PLUGIN_UNAVAILABLE_ENV
+from tests.bench import bench_module
 from tests.containerd_runtime import RuntimeUnavailable
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("agent_density", REPO / "bench" / "agent_density.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["agent_density"] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench_module.load("agent_density", "agent_density.py")
 
 
 @pytest.mark.timeout(300)  # 16 pods and containers on a loaded 2-core box: ~30 s; containerd's start included

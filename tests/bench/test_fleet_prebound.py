@@ -7,8 +7,6 @@ nothing. Proven on the test API server: a real `Controller` lists it all and wor
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,6 +17,7 @@ from elasticgpu.api import names
 from elasticgpu.controller import errors
 from elasticgpu.controller.decisions import pod_gate
 from elasticgpu.controller.edge.kube import KubeApi
+from tests.bench import bench_module
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, cluster, kube, new_controller, settle
 
@@ -31,12 +30,7 @@ CARDS, CLAIMS = 4, 10
 
 @pytest.fixture(scope="module")
 def prebound() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fleet_prebound", REPO / "bench" / "fleet_prebound.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fleet_prebound"] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench_module.load("fleet_prebound", "fleet_prebound.py")
 
 
 def versions(kube: KubeApi, namespace: str, gpus: list[str]) -> dict[tuple[str, str], str]:

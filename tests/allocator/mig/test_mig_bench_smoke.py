@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.bench import bench_module
+
 REPO = Path(__file__).resolve().parents[3]
 TRACES = (REPO / "../shared/traces/openb").resolve()
 
@@ -32,12 +34,7 @@ def test_mig_bench_prints_every_policy(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def _bench() -> object:
-    spec = importlib.util.spec_from_file_location("mig_bench", REPO / "bench" / "mig.py")
-    assert spec and spec.loader
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["mig_bench"] = bench
-    spec.loader.exec_module(bench)
-    return bench
+    return bench_module.load("mig_bench", "mig.py")
 
 
 def test_upper_bound_is_exact_on_small_cases() -> None:
