@@ -32,7 +32,7 @@ from elasticgpu import user_errors
 from elasticgpu.api import names
 from elasticgpu.demo import containers, scenario, showing
 from elasticgpu.demo.run_frame import INTERRUPTED, OWNER_FILE, TMP_PREFIX, Interrupts, Phases, sweep_stale_dirs
-from elasticgpu.testbed import components, kube, local_cluster, local_runtime, processes
+from elasticgpu.testbed import components, free_ports, kube, local_cluster, local_runtime, processes
 from elasticgpu.testbed.processes import DemoError
 
 ADMISSION = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
@@ -205,7 +205,7 @@ class Demo:
         the run was asked for metrics."""
         if not getattr(self.args, "metrics", False):
             return 0
-        port = local_cluster.free_port()
+        port = free_ports.free_port()
         self.metrics_targets.setdefault(job, []).append(f"127.0.0.1:{port}")
         return port
 

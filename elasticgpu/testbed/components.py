@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elasticgpu.testbed import processes
-from elasticgpu.testbed.local_cluster import REPO_ROOT, free_port
+from elasticgpu.testbed.free_ports import free_port
+from elasticgpu.testbed.local_cluster import REPO_ROOT
 
 START_TIMEOUT_S = 60.0
 """Seconds each component gets to come up."""

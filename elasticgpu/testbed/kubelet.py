@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from elasticgpu.testbed import local_cluster, processes
+from elasticgpu.testbed import free_ports, processes
 from elasticgpu.testbed.real_cluster import ControlPlane
 
 START_TIMEOUT_S = 180.0
@@ -55,10 +55,10 @@ def kubelet_config(plane: ControlPlane, node: str, runtime_endpoint: str, direct
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "address": address,
-        "port": local_cluster.free_port(),
+        "port": free_ports.free_port(),
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
-        "healthzPort": local_cluster.free_port(),
+        "healthzPort": free_ports.free_port(),
         "authentication": {
             "anonymous": {"enabled": False},
             "webhook": {"enabled": True},

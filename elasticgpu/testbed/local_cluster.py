@@ -15,19 +15,20 @@ import base64
 import datetime
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from elasticgpu.testbed import processes
+from elasticgpu.testbed.free_ports import free_port as free_port  # its old home: callers import it from here
+from elasticgpu.testbed.free_ports import start_on_free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "testserver" / "build.sh"
@@ -76,13 +77,6 @@ def find_binaries(*, build_if_missing: bool) -> tuple[Path, Path] | None:
         subprocess.run(["bash", str(BUILD_SCRIPT)], check=False, stdout=subprocess.DEVNULL)
         found = cached()
     return found
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_certs(directory: Path) -> dict[str, Path]:
@@ -169,37 +163,6 @@ class LocalCluster:
         self.etcd.stop()
 
 
-PORT_ATTEMPTS = 3
-"""Starts of etcd, and of the server, on fresh ports when the one picked was taken meanwhile by
-another process (a free port is only free until someone binds it)."""
-
-
-def _start_on_free_ports(
-    children: processes.Children,
-    name: str,
-    command: Callable[[], tuple[list[str], str]],
-    *,
-    log: Path,
-    ready: Callable[[str], Callable[[], bool]],
-    timeout_s: float,
-    env: dict[str, str] | None = None,
-    also: Sequence[processes.Child] = (),
-) -> tuple[processes.Child, str]:
-    """Start `name` with the command `command()` gives (with the URL it serves) until it comes up, or
-    fails for a reason other than a port taken; returns it and its URL."""
-    for attempt in range(1, PORT_ATTEMPTS + 1):
-        arguments, url = command()
-        child = children.start(name, arguments, log=log, env=env)
-        try:
-            processes.wait_until(ready(url), f"{name} at {url}", timeout_s=timeout_s, children=[*also, child])
-            return child, url
-        except processes.DemoError:
-            child.stop()
-            if attempt == PORT_ATTEMPTS or "address already in use" not in child.tail(5):
-                raise
-    raise AssertionError("unreachable")
-
-
 def start(
     directory: Path,
     children: processes.Children,
@@ -230,7 +193,7 @@ def start(
 
         return check
 
-    etcd, etcd_url = _start_on_free_ports(
+    etcd, etcd_url = start_on_free_ports(
         children, "etcd", etcd_command, log=directory / "etcd.log", ready=etcd_healthy, timeout_s=timeout_s
     )
 
@@ -257,7 +220,7 @@ def start(
 
         return check
 
-    apiserver, server = _start_on_free_ports(
+    apiserver, server = start_on_free_ports(
         children, "API server", server_command, log=directory / "apiserver.log", ready=server_ready,
         timeout_s=timeout_s, env={"GOGC": os.environ.get("GOGC", SERVER_GOGC)}, also=[etcd],
     )  # fmt: skip

@@ -52,7 +52,7 @@ import yaml
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from elasticgpu import certificate_authority as authority
-from elasticgpu.testbed import local_cluster, processes
+from elasticgpu.testbed import free_ports, local_cluster, processes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "testcluster" / "build.sh"
@@ -222,6 +222,8 @@ class ControlPlane:
     binary: Path
     children: processes.Children
     ports: dict[str, int] = field(default_factory=dict)
+    """The ports the components listen on, by name (etcd, etcd-peer, kube-apiserver, ...): those of
+    the start that came up (a port taken meanwhile made it start again on fresh ones)."""
     component_server: str = ""
     """How the cluster's own components (controller manager, scheduler, kubelet, kube-proxy) reach
     it: `server`, unless they run inside a network namespace (Placement)."""
@@ -244,10 +246,7 @@ class ControlPlane:
 
     def ssl_context(self) -> ssl.SSLContext:
         """Client TLS context with the CA and the admin certificate (for raw HTTPS)."""
-        cert, key = self.pki.client(ADMIN)
-        context = ssl.create_default_context(cafile=str(self.pki.ca_file))
-        context.load_cert_chain(str(cert), str(key))
-        return context
+        return _admin_context(self.pki)
 
     def log(self, component: str) -> Path:
         """The log file of a component (etcd, kube-apiserver, ...)."""
@@ -256,6 +255,15 @@ class ControlPlane:
     def tails(self, lines: int = 30) -> str:
         """The last lines of every component's log, for a failure message."""
         return "\n".join(f"--- {c.name} ---\n{c.tail(lines)}" for c in self.children.started)
+
+
+def _admin_context(pki: Pki) -> ssl.SSLContext:
+    """Client TLS context with the CA and the admin certificate (the API server's readiness is
+    asked before the plane, which names its address, exists)."""
+    cert, key = pki.client(ADMIN)
+    context = ssl.create_default_context(cafile=str(pki.ca_file))
+    context.load_cert_chain(str(cert), str(key))
+    return context
 
 
 def _https_ok(url: str, context: ssl.SSLContext) -> Callable[[], bool]:
@@ -278,104 +286,146 @@ def _unverified() -> ssl.SSLContext:
     return context
 
 
-def _start(children: processes.Children, name: str, command: Sequence[str], log: Path, ready: Callable[[], bool],
-           *, timeout_s: float, also: Sequence[processes.Child] = (), env: dict[str, str] | None = None,
-           ) -> processes.Child:  # fmt: skip
-    child = children.start(name, command, log=log, env=env)
-    processes.wait_until(ready, f"{name} to answer", timeout_s=timeout_s, children=[*also, child])
-    return child
-
-
 def start(directory: Path, children: processes.Children, *, binary: Path, etcd_bin: Path,
           verbosity: str = "1", timeout_s: float = START_TIMEOUT_S,
           placement: Placement | None = None,
-          extra_args: Mapping[str, Sequence[str]] | None = None) -> ControlPlane:  # fmt: skip
+          extra_args: Mapping[str, Sequence[str]] | None = None,
+          choose_port: free_ports.ChoosePort = free_ports.any_free_port) -> ControlPlane:  # fmt: skip
     """Start etcd, kube-apiserver, kube-controller-manager and kube-scheduler under `directory`,
     on the host's loopback, or inside a network namespace with `placement`. `extra_args` adds flags
     per component (by name in COMPONENTS), after the ones set here: the benches raise the controller
     manager's and scheduler's client limits with it.
 
+    Each component chooses its ports (with `choose_port`, by their names in `ControlPlane.ports`)
+    when it starts, and on the host starts again on fresh ones when one was taken meanwhile
+    (free_ports.start_on_free_ports). Inside a namespace it starts once: its ports are the
+    namespace's, where nothing else binds, and the API server's is the placement's.
+
     Raises processes.DemoError (naming the component) when one does not come up; everything started
     is in `children` (stopped by its stop_all even then)."""
     extra = extra_args or {}
-    free = local_cluster.free_port
     prefix: tuple[str, ...] = placement.prefix if placement else ()
+    attempts = 1 if placement else free_ports.PORT_ATTEMPTS
+    ports: dict[str, int] = {}
 
     def inside(check: Callable[[], bool]) -> Callable[[], bool]:
         return placement.inside(check) if placement else check
 
+    def choose(*names: str) -> list[int]:
+        for name in names:
+            ports[name] = choose_port(name)
+        return [ports[name] for name in names]
+
+    def launch(name: str, command: Callable[[], list[str]], ready: Callable[[], Callable[[], bool]],
+               also: Sequence[processes.Child]) -> processes.Child:  # fmt: skip
+        child, _ = free_ports.start_on_free_ports(
+            children, name, lambda: (command(), None), log=directory / f"{name}.log", ready=lambda _: ready(),
+            timeout_s=timeout_s, also=also, attempts=attempts)  # fmt: skip
+        return child
+
     pki = Pki.create(directory / "pki", extra_hosts=[placement.address] if placement else [])
-    # Inside a namespace the ports are free whatever the host's are (free() asks the host; harmless).
-    etcd_port, etcd_peer, cm_port, sched_port = free(), free(), free(), free()
-    api_port = placement.api_port if placement else free()
-    etcd_url = f"http://127.0.0.1:{etcd_port}"
-    etcd = _start(children, "etcd", [
-        *prefix, str(etcd_bin), "--name", "default", "--data-dir", str(directory / "etcd"),
-        "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
-        "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-        "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-        "--initial-cluster", f"default=http://127.0.0.1:{etcd_peer}", "--unsafe-no-fsync", "--log-level", "warn",
-        *extra.get("etcd", ()),
-    ], directory / "etcd.log", inside(lambda: _etcd_healthy(etcd_url)), timeout_s=timeout_s)  # fmt: skip
+
+    def etcd_url() -> str:
+        return f"http://127.0.0.1:{ports['etcd']}"
+
+    def etcd_command() -> list[str]:
+        shutil.rmtree(directory / "etcd", ignore_errors=True)  # a failed attempt's data
+        # Inside a namespace its ports are free whatever the host's are (the choice asks the host; harmless).
+        _, peer = choose("etcd", "etcd-peer")
+        return [
+            *prefix, str(etcd_bin), "--name", "default", "--data-dir", str(directory / "etcd"),
+            "--listen-client-urls", etcd_url(), "--advertise-client-urls", etcd_url(),
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"default=http://127.0.0.1:{peer}", "--unsafe-no-fsync", "--log-level", "warn",
+            *extra.get("etcd", ()),
+        ]  # fmt: skip
+
+    etcd = launch("etcd", etcd_command, lambda: inside(lambda: _etcd_healthy(etcd_url())), also=[])
 
     address = placement.address if placement else "127.0.0.1"
-    server = placement.server if placement else f"https://127.0.0.1:{api_port}"
+
+    def server() -> str:
+        return placement.server if placement else f"https://127.0.0.1:{ports['kube-apiserver']}"
+
     kubelet_cert, kubelet_key = pki.client(APISERVER_KUBELET_CLIENT)
     p = pki.directory
-    plane = ControlPlane(directory, server, pki, directory / "admin.kubeconfig", binary, children,
-                         {"etcd": etcd_port, "kube-apiserver": api_port, "kube-controller-manager": cm_port,
-                          "kube-scheduler": sched_port},
-                         component_server=f"https://{address}:{api_port}", placement=placement)  # fmt: skip
-    admin_cert, admin_key = pki.client(ADMIN)
-    write_kubeconfig(plane.kubeconfig, server, pki.ca_file, admin_cert, admin_key, ADMIN.user)
     # On loopback the `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints validation
     # refuses: no reconciler, and nothing reaches the API server through that Service. In the box the
     # endpoint is the node address, which pods reach through the Service (kube-proxy).
     reconciler = ["--endpoint-reconciler-type", "none"] if placement is None else []
-    apiserver = _start(children, "kube-apiserver", [
-        *prefix, str(binary), "kube-apiserver", "--etcd-servers", etcd_url,
-        "--bind-address", address, "--advertise-address", address, "--secure-port", str(api_port),
-        "--cert-dir", str(directory / "apiserver-certs"),
-        "--tls-cert-file", str(p / "apiserver.crt"), "--tls-private-key-file", str(p / "apiserver.key"),
-        "--client-ca-file", str(pki.ca_file),
-        "--authorization-mode", "Node,RBAC",
-        "--enable-admission-plugins", "NodeRestriction",
-        "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-        "--service-account-key-file", str(p / "sa.pub"), "--service-account-signing-key-file", str(p / "sa.key"),
-        "--service-cluster-ip-range", SERVICE_CIDR,
-        "--kubelet-client-certificate", str(kubelet_cert), "--kubelet-client-key", str(kubelet_key),
-        "--kubelet-preferred-address-types", "InternalIP,Hostname",
-        "--allow-privileged=true",
-        *reconciler,
-        "-v", verbosity, *extra.get("kube-apiserver", ()),
-    ], plane.log("kube-apiserver"), _https_ok(f"{server}/readyz", plane.ssl_context()),
-        timeout_s=timeout_s, also=[etcd])  # fmt: skip
+
+    def apiserver_command() -> list[str]:
+        if placement:
+            ports["kube-apiserver"] = placement.api_port
+        else:
+            choose("kube-apiserver")
+        return [
+            *prefix, str(binary), "kube-apiserver", "--etcd-servers", etcd_url(),
+            "--bind-address", address, "--advertise-address", address, "--secure-port", str(ports["kube-apiserver"]),
+            "--cert-dir", str(directory / "apiserver-certs"),
+            "--tls-cert-file", str(p / "apiserver.crt"), "--tls-private-key-file", str(p / "apiserver.key"),
+            "--client-ca-file", str(pki.ca_file),
+            "--authorization-mode", "Node,RBAC",
+            "--enable-admission-plugins", "NodeRestriction",
+            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file", str(p / "sa.pub"), "--service-account-signing-key-file", str(p / "sa.key"),
+            "--service-cluster-ip-range", SERVICE_CIDR,
+            "--kubelet-client-certificate", str(kubelet_cert), "--kubelet-client-key", str(kubelet_key),
+            "--kubelet-preferred-address-types", "InternalIP,Hostname",
+            "--allow-privileged=true",
+            *reconciler,
+            "-v", verbosity, *extra.get("kube-apiserver", ()),
+        ]  # fmt: skip
+
+    admin = _admin_context(pki)
+    apiserver = launch("kube-apiserver", apiserver_command, lambda: _https_ok(f"{server()}/readyz", admin),
+                       also=[etcd])  # fmt: skip
+
+    # The plane once the API server's address is settled: the kubeconfigs name it.
+    plane = ControlPlane(directory, server(), pki, directory / "admin.kubeconfig", binary, children, ports,
+                         component_server=f"https://{address}:{ports['kube-apiserver']}",
+                         placement=placement)  # fmt: skip
+    admin_cert, admin_key = pki.client(ADMIN)
+    write_kubeconfig(plane.kubeconfig, plane.server, pki.ca_file, admin_cert, admin_key, ADMIN.user)
 
     cm_config = plane.kubeconfig_for(CONTROLLER_MANAGER, component=True)
-    controller_manager = _start(children, "kube-controller-manager", [
-        *prefix, str(binary), "kube-controller-manager", "--kubeconfig", str(cm_config),
-        "--authentication-kubeconfig", str(cm_config), "--authorization-kubeconfig", str(cm_config),
-        "--bind-address", "127.0.0.1", "--secure-port", str(cm_port), "--cert-dir", str(directory / "cm-certs"),
-        "--use-service-account-credentials=true",
-        "--service-account-private-key-file", str(p / "sa.key"), "--root-ca-file", str(pki.ca_file),
-        "--cluster-signing-cert-file", str(pki.ca_file), "--cluster-signing-key-file", str(p / "ca.key"),
-        "--service-cluster-ip-range", SERVICE_CIDR,
-        "-v", verbosity, *extra.get("kube-controller-manager", ()),
-    ], plane.log("kube-controller-manager"), inside(_https_ok(f"https://127.0.0.1:{cm_port}/healthz", _unverified())),
-        timeout_s=timeout_s, also=[etcd, apiserver])  # fmt: skip
+
+    def controller_manager_command() -> list[str]:
+        (port,) = choose("kube-controller-manager")
+        return [
+            *prefix, str(binary), "kube-controller-manager", "--kubeconfig", str(cm_config),
+            "--authentication-kubeconfig", str(cm_config), "--authorization-kubeconfig", str(cm_config),
+            "--bind-address", "127.0.0.1", "--secure-port", str(port), "--cert-dir", str(directory / "cm-certs"),
+            "--use-service-account-credentials=true",
+            "--service-account-private-key-file", str(p / "sa.key"), "--root-ca-file", str(pki.ca_file),
+            "--cluster-signing-cert-file", str(pki.ca_file), "--cluster-signing-key-file", str(p / "ca.key"),
+            "--service-cluster-ip-range", SERVICE_CIDR,
+            "-v", verbosity, *extra.get("kube-controller-manager", ()),
+        ]  # fmt: skip
+
+    controller_manager = launch(
+        "kube-controller-manager", controller_manager_command,
+        lambda: inside(_https_ok(f"https://127.0.0.1:{ports['kube-controller-manager']}/healthz", _unverified())),
+        also=[etcd, apiserver])  # fmt: skip
 
     sched_config = plane.kubeconfig_for(SCHEDULER, component=True)
-    _start(children, "kube-scheduler", [
-        *prefix, str(binary), "kube-scheduler", "--kubeconfig", str(sched_config),
-        "--authentication-kubeconfig", str(sched_config), "--authorization-kubeconfig", str(sched_config),
-        "--bind-address", "127.0.0.1", "--secure-port", str(sched_port), "--cert-dir", str(directory / "sched-certs"),
-        "-v", verbosity, *extra.get("kube-scheduler", ()),
-    ], plane.log("kube-scheduler"), inside(_https_ok(f"https://127.0.0.1:{sched_port}/readyz", _unverified())),
-        timeout_s=timeout_s, also=[etcd, apiserver, controller_manager])  # fmt: skip
+
+    def scheduler_command() -> list[str]:
+        (port,) = choose("kube-scheduler")
+        return [
+            *prefix, str(binary), "kube-scheduler", "--kubeconfig", str(sched_config),
+            "--authentication-kubeconfig", str(sched_config), "--authorization-kubeconfig", str(sched_config),
+            "--bind-address", "127.0.0.1", "--secure-port", str(port), "--cert-dir", str(directory / "sched-certs"),
+            "-v", verbosity, *extra.get("kube-scheduler", ()),
+        ]  # fmt: skip
+
+    launch("kube-scheduler", scheduler_command,
+           lambda: inside(_https_ok(f"https://127.0.0.1:{ports['kube-scheduler']}/readyz", _unverified())),
+           also=[etcd, apiserver, controller_manager])  # fmt: skip
 
     # The service-account controller makes `default` in every namespace with the controller
     # manager's own token-based credentials: its existence shows both work.
-    processes.wait_until(lambda: _https_ok(f"{server}/api/v1/namespaces/default/serviceaccounts/default",
+    processes.wait_until(lambda: _https_ok(f"{plane.server}/api/v1/namespaces/default/serviceaccounts/default",
                                            plane.ssl_context())(),
                          "the default ServiceAccount (kube-controller-manager working)", timeout_s=timeout_s,
                          children=children.started)  # fmt: skip
@@ -403,11 +453,12 @@ def _sweep_stale_dirs() -> None:
 def running_control_plane(
     *, verbosity: str | None = None, spawn: processes.Spawn = processes.spawn_dying_with_us,
     placement: Placement | None = None, extra_args: Mapping[str, Sequence[str]] | None = None,
+    choose_port: free_ports.ChoosePort = free_ports.any_free_port,
 ) -> Iterator[ControlPlane]:
     """Start the real control plane in a fresh temporary folder; stop it and remove the folder on exit.
     `spawn` starts each component (the tests pass theirs, tests/spawning.py); `placement`: inside a
     network namespace (see Placement) instead of on the host's loopback; `extra_args` adds flags per
-    component (see `start`).
+    component, `choose_port` chooses each component's ports (see `start`).
 
     Raises ControlPlaneUnavailable when the binaries are not built, processes.DemoError (with every
     component's log tail) when a component does not come up."""
@@ -420,7 +471,7 @@ def running_control_plane(
         try:
             plane = start(directory, children, binary=binary, etcd_bin=etcd_bin, placement=placement,
                           verbosity=verbosity or os.environ.get("ELASTICGPU_K8S_V", "1"),
-                          extra_args=extra_args)  # fmt: skip
+                          extra_args=extra_args, choose_port=choose_port)  # fmt: skip
         except processes.DemoError as e:
             logs = "\n".join(f"--- {c.name} ---\n{c.tail(40)}" for c in children.started)
             raise processes.DemoError(f"{e}\n{logs}") from None

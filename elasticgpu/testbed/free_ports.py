@@ -1,0 +1,92 @@
+"""Starting a process on free loopback ports, again on fresh ones when a port was taken meanwhile.
+
+A port that `free_port` found free is only free until someone binds it: on the shared machines
+another test or a benchmark starting its own servers can take it between the choice and the bind
+("bind: address already in use", seen once for kube-controller-manager in a full suite). So a
+component chooses its ports when it starts (`command()` is called once per attempt), and
+`start_on_free_ports` starts it again on fresh ones when its log says the port was taken. Both
+launchers use it: local_cluster.py (etcd and the test API server) and real_cluster.py (etcd and
+Kubernetes' own components).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from elasticgpu.testbed import processes
+
+T = TypeVar("T")
+
+PORT_ATTEMPTS = 3
+"""Starts of one component on fresh ports when the one chosen was taken meanwhile by another process."""
+TAKEN = "address already in use"
+"""What the bind error says, lower-cased: Go writes `bind: address already in use`, Python's
+http.server `[Errno 98] Address already in use`."""
+
+ChoosePort = Callable[[str], int]
+"""How a launcher chooses a port, given its name (the key of `ControlPlane.ports`: "etcd",
+"kube-apiserver", ...): `any_free_port` in use; the tests pass one that hands out a port they hold."""
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def any_free_port(name: str) -> int:
+    """`free_port()` whatever the port is for (the ChoosePort of normal use)."""
+    return free_port()
+
+
+def _log_size(log: Path) -> int:
+    try:
+        return log.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _written_since(log: Path, offset: int) -> str:
+    """What the log got after `offset` (this attempt's lines only: attempts append to one log)."""
+    try:
+        with log.open("rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def start_on_free_ports(
+    children: processes.Children,
+    name: str,
+    command: Callable[[], tuple[list[str], T]],
+    *,
+    log: Path,
+    ready: Callable[[T], Callable[[], bool]],
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    also: Sequence[processes.Child] = (),
+    attempts: int = PORT_ATTEMPTS,
+) -> tuple[processes.Child, T]:
+    """Start `name` with the arguments `command()` gives (choosing its ports; with what it chose,
+    `where`) until `ready(where)` passes; again, with a fresh `command()`, when it failed and this
+    attempt's log says its port was taken, up to `attempts` times. Returns the child and `where`.
+
+    Raises processes.DemoError when it does not come up for another reason, or still finds its
+    port taken at the last attempt; every child started is in `children` (stopped: failed ones here)."""
+    for attempt in range(1, attempts + 1):
+        arguments, where = command()
+        offset = _log_size(log)
+        child = children.start(name, arguments, log=log, env=env)
+        try:
+            processes.wait_until(ready(where), f"{name} to answer", timeout_s=timeout_s, children=[*also, child])
+            return child, where
+        except processes.DemoError:
+            child.stop()
+            if attempt == attempts or TAKEN not in _written_since(log, offset).lower():
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")

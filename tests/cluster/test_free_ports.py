@@ -1,0 +1,88 @@
+"""elasticgpu/testbed/free_ports.py: a component whose port was taken between choosing and binding it
+starts again on a fresh one (the real control plane failed once so in a full suite: a benchmark took
+kube-controller-manager's port). A tiny real server here, `python -m http.server`, on a port the test
+holds bound itself; tests/realcluster/test_control_plane_ports.py does the same to Kubernetes' own."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from elasticgpu.testbed import free_ports, processes
+from tests import spawning
+
+pytestmark = pytest.mark.timeout(60)
+
+READY_WITHIN_S = 20.0
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A loopback port this test holds (listening: a server with SO_REUSEADDR cannot bind it either)."""
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        yield int(held.getsockname()[1])
+
+
+@pytest.fixture
+def children() -> Iterator[processes.Children]:
+    started = processes.Children(spawn=spawning.spawn)
+    yield started
+    started.stop_all()
+
+
+def _http_server(choose: Callable[[], int], chosen: list[int]) -> Callable[[], tuple[list[str], int]]:
+    def command() -> tuple[list[str], int]:
+        chosen.append(choose())
+        return [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(chosen[-1])], chosen[-1]
+
+    return command
+
+
+def _answers(port: int) -> Callable[[], bool]:
+    def check() -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as answer:
+            return bool(answer.status == 200)
+
+    return check
+
+
+def test_a_port_taken_before_the_bind_is_chosen_again(
+    held_port: int, children: processes.Children, tmp_path: Path
+) -> None:
+    handed = iter([held_port])
+    chosen: list[int] = []
+    child, port = free_ports.start_on_free_ports(
+        children, "http.server", _http_server(lambda: next(handed, 0) or free_ports.free_port(), chosen),
+        log=tmp_path / "server.log", ready=_answers, timeout_s=READY_WITHIN_S,
+    )  # fmt: skip
+    assert chosen == [held_port, port] and port != held_port
+    assert child.running() and _answers(port)()
+    assert (tmp_path / "server.log").read_text().count("Address already in use") == 1  # the first attempt's
+
+
+def test_a_port_taken_at_every_attempt_fails_naming_the_component(
+    held_port: int, children: processes.Children, tmp_path: Path
+) -> None:
+    chosen: list[int] = []
+    with pytest.raises(processes.DemoError, match="http.server exited with 1"):
+        free_ports.start_on_free_ports(children, "http.server", _http_server(lambda: held_port, chosen),
+                                       log=tmp_path / "server.log", ready=_answers, timeout_s=READY_WITHIN_S)  # fmt: skip
+    assert chosen == [held_port] * free_ports.PORT_ATTEMPTS
+
+
+def test_another_failure_is_not_tried_again(children: processes.Children, tmp_path: Path) -> None:
+    attempts: list[int] = []
+
+    def command() -> tuple[list[str], int]:
+        attempts.append(1)
+        return [sys.executable, "-c", "raise SystemExit('no such flag')"], 0
+
+    with pytest.raises(processes.DemoError, match="exited with 1"):
+        free_ports.start_on_free_ports(children, "broken", command, log=tmp_path / "broken.log", ready=_answers,
+                                       timeout_s=READY_WITHIN_S)  # fmt: skip
+    assert len(attempts) == 1
