@@ -69,9 +69,11 @@ def test_a_port_taken_at_every_attempt_fails_naming_the_component(
     held_port: int, children: processes.Children, tmp_path: Path
 ) -> None:
     chosen: list[int] = []
-    with pytest.raises(processes.DemoError, match="http.server exited with 1"):
-        free_ports.start_on_free_ports(children, "http.server", _http_server(lambda: held_port, chosen),
-                                       log=tmp_path / "server.log", ready=_answers, timeout_s=READY_WITHIN_S)  # fmt: skip
+    with pytest.raises(processes.DemoError, match=r"http\.server exited with 1"):
+        free_ports.start_on_free_ports(
+            children, "http.server", _http_server(lambda: held_port, chosen),
+            log=tmp_path / "server.log", ready=_answers, timeout_s=READY_WITHIN_S,
+        )  # fmt: skip
     assert chosen == [held_port] * free_ports.PORT_ATTEMPTS
 
 
