@@ -77,7 +77,8 @@ def start_on_free_ports(
     attempt's log says its port was taken, up to `attempts` times. Returns the child and `where`.
 
     Raises processes.DemoError when it does not come up for another reason, or still finds its
-    port taken at the last attempt; every child started is in `children` (stopped: failed ones here)."""
+    port taken at the last attempt: its child is in `children` (stopped); the attempts before it
+    are forgotten (Children.forget), as after a start that came up."""
     for attempt in range(1, attempts + 1):
         arguments, where = command()
         offset = _log_size(log)
@@ -86,7 +87,8 @@ def start_on_free_ports(
             processes.wait_until(ready(where), f"{name} to answer", timeout_s=timeout_s, children=[*also, child])
             return child, where
         except processes.DemoError:
-            child.stop()
             if attempt == attempts or TAKEN not in _written_since(log, offset).lower():
+                child.stop()
                 raise
+            children.forget(child)
     raise AssertionError("unreachable: the last attempt returns or raises")

@@ -139,6 +139,12 @@ class Children:
         self.started.append(child)
         return child
 
+    def forget(self, child: Child) -> None:
+        """Stop `child` and drop it from `started`: a start that failed and was made again
+        (free_ports) is no child of the run, and its exit must not fail waits over `started`."""
+        child.stop()
+        self.started.remove(child)
+
     def stop_all(self) -> None:
         """Stop every child: the product's processes together (they shut down in parallel), then
         the runtime, then the API server and etcd (which the others talk to until they are gone)."""

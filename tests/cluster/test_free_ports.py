@@ -62,6 +62,7 @@ def test_a_port_taken_before_the_bind_is_chosen_again(
     )  # fmt: skip
     assert chosen == [held_port, port] and port != held_port
     assert child.running() and _answers(port)()
+    assert children.started == [child]  # the failed attempt forgotten: waits over `started` would fail on it
     assert (tmp_path / "server.log").read_text().count("Address already in use") == 1  # the first attempt's
 
 
