@@ -43,21 +43,35 @@ def any_free_port(name: str) -> int:
     return free_port()
 
 
-def _log_size(log: Path) -> int:
-    try:
-        return log.stat().st_size
-    except FileNotFoundError:
-        return 0
+class _Attempt:
+    """What one attempt wrote to the log (attempts append to one log): read as it grows, so a long
+    log (kube-apiserver's start) is read once, not at every poll."""
 
+    def __init__(self, log: Path) -> None:
+        self._log = log
+        try:
+            self._offset = log.stat().st_size
+        except FileNotFoundError:
+            self._offset = 0
+        self._tail = ""
+        self.taken = False
 
-def _written_since(log: Path, offset: int) -> str:
-    """What the log got after `offset` (this attempt's lines only: attempts append to one log)."""
-    try:
-        with log.open("rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
+    def port_taken(self) -> str:
+        """Why waiting is hopeless, once the attempt's log says a port was taken (kubelet's healthz
+        server logs it and tries again every 5 s instead of exiting); "" until then."""
+        if not self.taken:
+            try:
+                with self._log.open("rb") as f:
+                    f.seek(self._offset)
+                    raw = f.read()
+            except OSError:
+                raw = b""
+            self._offset += len(raw)
+            fresh = raw.decode(errors="replace")
+            # The tail of the last read too: the words may straddle two reads.
+            self.taken = TAKEN in (self._tail + fresh).lower()
+            self._tail = fresh[-len(TAKEN) :]
+        return "its log says a port it was given is taken (address already in use)" if self.taken else ""
 
 
 def start_on_free_ports(
@@ -70,24 +84,28 @@ def start_on_free_ports(
     timeout_s: float,
     env: dict[str, str] | None = None,
     also: Sequence[processes.Child] = (),
+    cwd: Path | None = None,
     attempts: int = PORT_ATTEMPTS,
 ) -> tuple[processes.Child, T]:
     """Start `name` with the arguments `command()` gives (choosing its ports; with what it chose,
-    `where`) until `ready(where)` passes; again, with a fresh `command()`, when it failed and this
-    attempt's log says its port was taken, up to `attempts` times. Returns the child and `where`.
+    `where`) until `ready(where)` passes; again, with a fresh `command()`, as soon as this attempt's
+    log says a port was taken (whether it exits or not), up to `attempts` times. Returns the child
+    and `where`.
 
     Raises processes.DemoError when it does not come up for another reason, or still finds its
     port taken at the last attempt: its child is in `children` (stopped); the attempts before it
     are forgotten (Children.forget), as after a start that came up."""
     for attempt in range(1, attempts + 1):
         arguments, where = command()
-        offset = _log_size(log)
-        child = children.start(name, arguments, log=log, env=env)
+        this = _Attempt(log)
+        child = children.start(name, arguments, log=log, env=env, cwd=cwd)
         try:
-            processes.wait_until(ready(where), f"{name} to answer", timeout_s=timeout_s, children=[*also, child])
+            processes.wait_until(ready(where), f"{name} to answer", timeout_s=timeout_s, children=[*also, child],
+                                 hopeless=this.port_taken)  # fmt: skip
             return child, where
         except processes.DemoError:
-            if attempt == attempts or TAKEN not in _written_since(log, offset).lower():
+            this.port_taken()  # what it wrote as it exited
+            if attempt == attempts or not this.taken:
                 child.stop()
                 raise
             children.forget(child)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from elasticgpu.testbed import free_ports, processes
 from tests import spawning
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(150)
 
 READY_WITHIN_S = 20.0
 
@@ -89,3 +90,33 @@ def test_another_failure_is_not_tried_again(children: processes.Children, tmp_pa
         free_ports.start_on_free_ports(children, "broken", command, log=tmp_path / "broken.log", ready=_answers,
                                        timeout_s=READY_WITHIN_S)  # fmt: skip
     assert len(attempts) == 1
+
+
+STAYING = """
+import http.server, sys, time
+while True:  # as kubelet's healthz server: a taken port is logged and tried again, the process stays
+    try:
+        http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()
+    except OSError as error:
+        print(f"failed to start the server: {error}", flush=True)
+        time.sleep(5)
+"""
+
+
+def test_a_process_that_stays_up_on_a_taken_port_is_started_again_at_once(
+    held_port: int, children: processes.Children, tmp_path: Path
+) -> None:
+    handed = iter([held_port])
+    chosen: list[int] = []
+
+    def command() -> tuple[list[str], int]:
+        chosen.append(next(handed, 0) or free_ports.free_port())
+        return [sys.executable, "-c", STAYING, str(chosen[-1])], chosen[-1]
+
+    timeout_s = 60.0
+    began = time.monotonic()
+    child, port = free_ports.start_on_free_ports(children, "staying", command, log=tmp_path / "staying.log",
+                                                 ready=_answers, timeout_s=timeout_s)  # fmt: skip
+    took = time.monotonic() - began
+    assert chosen == [held_port, port] and child.running() and children.started == [child]
+    assert took < timeout_s / 2, f"the first attempt was waited out ({took:.1f} s), not ended when its log said so"
