@@ -11,12 +11,14 @@ Children are processes, not threads: each runs exactly the code a user runs (`py
 
 from __future__ import annotations
 
+import ssl
 import sys
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from elasticgpu.testbed import processes
-from elasticgpu.testbed.free_ports import free_port
+from elasticgpu.testbed import free_ports, processes
 from elasticgpu.testbed.local_cluster import REPO_ROOT
 
 START_TIMEOUT_S = 60.0
@@ -80,34 +82,36 @@ def start_controller(
 
 def start_webhook(
     children: processes.Children, *, kubeconfig: Path, namespace: str, configuration: str, log_dir: Path,
-    metrics_port: int = 0,
+    metrics_port: int = 0, choose_port: free_ports.ChoosePort = free_ports.any_free_port,
 ) -> tuple[processes.Child, int]:
-    """The admission webhook on a free loopback port; returns it and the port. With
-    `metrics_port`, its plain-HTTP /metrics on 127.0.0.1 there."""
-    port = free_port()
+    """The admission webhook on a free loopback port (`choose_port("webhook")`), once it listens
+    there (its certificate made and published); again on a fresh port when the one chosen was taken
+    meanwhile (free_ports). Returns it and the port. With `metrics_port`, its plain-HTTP /metrics
+    on 127.0.0.1 there."""
     metrics = ["--metrics-bind-address", f"127.0.0.1:{metrics_port}"] if metrics_port else []
-    child = children.start(
-        "webhook",
-        _elasticgpu(
-            "webhook",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--namespace",
-            namespace,
-            "--configuration-name",
-            configuration,
-            "--url",
-            f"https://127.0.0.1:{port}",
-            "--listen-host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            *metrics,
-        ),
-        log=log_dir / "webhook.log",
-        cwd=REPO_ROOT,
-    )
-    return child, port
+
+    def command() -> tuple[list[str], int]:
+        port = choose_port("webhook")
+        return _elasticgpu(
+            "webhook", "--kubeconfig", str(kubeconfig), "--namespace", namespace,
+            "--configuration-name", configuration, "--url", f"https://127.0.0.1:{port}",
+            "--listen-host", "127.0.0.1", "--port", str(port), *metrics,
+        ), port  # fmt: skip
+
+    def listening(port: int) -> Callable[[], bool]:
+        # It listens once its certificate is loaded. Its own /healthz, not a bare connection: whoever
+        # took the port would accept that. The certificate is its own (no CA here to check it against).
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+
+        def check() -> bool:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", timeout=2, context=context) as answer:
+                return bool(answer.status == 200)
+
+        return check
+
+    return free_ports.start_on_free_ports(children, "webhook", command, log=log_dir / "webhook.log",
+                                          ready=listening, timeout_s=START_TIMEOUT_S, cwd=REPO_ROOT)  # fmt: skip
 
 
 def start_agent(

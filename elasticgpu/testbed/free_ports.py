@@ -22,9 +22,10 @@ T = TypeVar("T")
 
 PORT_ATTEMPTS = 3
 """Starts of one component on fresh ports when the one chosen was taken meanwhile by another process."""
-TAKEN = "address already in use"
-"""What the bind error says, lower-cased: Go writes `bind: address already in use`, Python's
-http.server `[Errno 98] Address already in use`."""
+TAKEN = "already in use"
+"""What a bind error says, lower-cased: Go writes `bind: address already in use`, Python's
+http.server `[Errno 98] Address already in use`, `elasticgpu webhook` `a port to listen on
+(--port N) is already in use`."""
 
 ChoosePort = Callable[[str], int]
 """How a launcher chooses a port, given its name (the key of `ControlPlane.ports`: "etcd",
@@ -71,7 +72,7 @@ class _Attempt:
             # The tail of the last read too: the words may straddle two reads.
             self.taken = TAKEN in (self._tail + fresh).lower()
             self._tail = fresh[-len(TAKEN) :]
-        return "its log says a port it was given is taken (address already in use)" if self.taken else ""
+        return "its log says a port it was given is taken (already in use)" if self.taken else ""
 
 
 def start_on_free_ports(
