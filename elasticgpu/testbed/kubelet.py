@@ -21,10 +21,13 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import ssl
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,17 +51,19 @@ class Kubelet:
 
 
 def kubelet_config(plane: ControlPlane, node: str, runtime_endpoint: str, directory: Path,
-                   address: str = "127.0.0.1") -> dict[str, Any]:  # fmt: skip
+                   address: str = "127.0.0.1",
+                   choose_port: free_ports.ChoosePort = free_ports.any_free_port) -> dict[str, Any]:  # fmt: skip
     """The KubeletConfiguration of one test node (see the module's docstring for why each setting);
-    `address`: where it listens (the box's node address, so that the API server reaches it)."""
+    `address`: where it listens (the box's node address, so that the API server reaches it);
+    `choose_port`: its ports, "kubelet" and "kubelet-healthz"."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "address": address,
-        "port": free_ports.free_port(),
+        "port": choose_port("kubelet"),
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
-        "healthzPort": free_ports.free_port(),
+        "healthzPort": choose_port("kubelet-healthz"),
         "authentication": {
             "anonymous": {"enabled": False},
             "webhook": {"enabled": True},
@@ -113,44 +118,83 @@ def give_network_config(cni_conf_dir: Path) -> None:
 
 
 def start(plane: ControlPlane, node: str, runtime_endpoint: str, *, directory: Path,
-          verbosity: str = "1", node_ip: str | None = None) -> Kubelet:  # fmt: skip
+          verbosity: str = "1", node_ip: str | None = None,
+          choose_port: free_ports.ChoosePort = free_ports.any_free_port) -> Kubelet:  # fmt: skip
     """Start kubelet for `node` on `runtime_endpoint` (``unix:///...``) under `directory`; it
     registers its Node with the node's own credentials (Node authorizer, NodeRestriction).
+    On the host it returns once it serves (its healthz, its HTTPS port), started again on fresh
+    ports (`choose_port`) when one was taken meanwhile (free_ports); processes.DemoError when it
+    does not come up.
     Where the control plane runs in a network namespace (`plane.placement`, the box), kubelet runs
-    there too, with `node_ip` as its node address (``--node-ip``) and listening on it."""
+    there too, with `node_ip` as its node address (``--node-ip``) and listening on it; started once
+    and not waited for, as before: its ports are the namespace's, where nothing else binds."""
     directory.mkdir(parents=True, exist_ok=True)
     make_cgroup_root(f"/elasticgpu-{node}")
-    config = kubelet_config(plane, node, runtime_endpoint, directory, address=node_ip or "127.0.0.1")
     config_file = directory / "kubelet.yaml"
-    config_file.write_text(yaml.safe_dump(config))
     prefix = plane.placement.prefix if plane.placement else ()
-    child = plane.children.start(f"kubelet {node}", [
-        *prefix, str(plane.binary), "kubelet", *(["--node-ip", node_ip] if node_ip else []),
-        "--config", str(config_file), "--kubeconfig", str(plane.node_kubeconfig(node)),
-        "--root-dir", str(directory / "root"), "--cert-dir", str(directory / "pki"),
-        "--hostname-override", node, "-v", verbosity,
-    ], log=directory / "kubelet.log")  # fmt: skip
+    name, log = f"kubelet {node}", directory / "kubelet.log"
+
+    def command() -> tuple[list[str], dict[str, Any]]:
+        config = kubelet_config(plane, node, runtime_endpoint, directory, address=node_ip or "127.0.0.1",
+                                choose_port=choose_port)  # fmt: skip
+        config_file.write_text(yaml.safe_dump(config))
+        return [
+            *prefix, str(plane.binary), "kubelet", *(["--node-ip", node_ip] if node_ip else []),
+            "--config", str(config_file), "--kubeconfig", str(plane.node_kubeconfig(node)),
+            "--root-dir", str(directory / "root"), "--cert-dir", str(directory / "pki"),
+            "--hostname-override", node, "-v", verbosity,
+        ], config  # fmt: skip
+
+    if plane.placement:
+        arguments, config = command()
+        return Kubelet(node, directory, plane.children.start(name, arguments, log=log), config)
+    child, config = free_ports.start_on_free_ports(plane.children, name, command, log=log, ready=_serving,
+                                                   timeout_s=START_TIMEOUT_S)  # fmt: skip
     return Kubelet(node, directory, child, config)
+
+
+def _serving(config: dict[str, Any]) -> Callable[[], bool]:
+    """Its healthz answers and its HTTPS port is its own: a bare connection would be accepted by
+    whoever took the port; kubelet's server answers (401: anonymous requests are refused)."""
+    unverified = ssl.create_default_context()
+    unverified.check_hostname, unverified.verify_mode = False, ssl.CERT_NONE
+
+    def check() -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{config['healthzPort']}/healthz", timeout=2) as answer:
+            if answer.status != 200:
+                return False
+        try:
+            with urllib.request.urlopen(f"https://{config['address']}:{config['port']}/healthz", timeout=2,
+                                        context=unverified):  # fmt: skip
+                return True
+        except urllib.error.HTTPError:
+            return True
+
+    return check
 
 
 @contextlib.contextmanager
 def running_kubelet(plane: ControlPlane, node: str, runtime_endpoint: str, *,
-                    node_ip: str | None = None, directory: Path | None = None) -> Iterator[Kubelet]:  # fmt: skip
-    """A kubelet for `node` (stopped, its folder removed, on exit); `node_ip`: see `start`; `directory`: its
-    folder (made when absent; its root-dir is `directory/root`), a fresh one under /tmp by default."""
+                    node_ip: str | None = None, directory: Path | None = None,
+                    choose_port: free_ports.ChoosePort = free_ports.any_free_port) -> Iterator[Kubelet]:  # fmt: skip
+    """A kubelet for `node` (stopped, its folder removed, on exit, and when it does not come up);
+    `node_ip`, `choose_port`: see `start`; `directory`: its folder (made when absent; its root-dir is
+    `directory/root`), a fresh one under /tmp by default."""
     directory = directory or Path(tempfile.mkdtemp(prefix=f"egkl-{node}-", dir="/tmp"))
-    kubelet = start(plane, node, runtime_endpoint, directory=directory, node_ip=node_ip)
+    kubelet: Kubelet | None = None
     try:
+        kubelet = start(plane, node, runtime_endpoint, directory=directory, node_ip=node_ip, choose_port=choose_port)
         yield kubelet
     finally:
-        kubelet.child.stop()
+        if kubelet is not None:
+            kubelet.child.stop()
         # The pods' cgroups live under the cgroupRoot: they go with the pods (a stopped kubelet
         # leaves them running in the runtime).
         with contextlib.suppress(Exception):
             _remove_all_pods(runtime_endpoint)
         _unmount_below(directory)
         shutil.rmtree(directory, ignore_errors=True)
-        remove_cgroup_root(kubelet.config["cgroupRoot"])
+        remove_cgroup_root(f"/elasticgpu-{node}")
 
 
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
