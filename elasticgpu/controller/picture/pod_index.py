@@ -50,8 +50,9 @@ class _Pod(compact.Packed):
         super().__init__(body)
         self.gated = pod_gate.is_gated(body)
         """It carries our scheduling gate (`gated_keys`)."""
-        self.pinned = None if (body.get("spec") or {}).get("nodeName") or pod_gate.is_terminated(body) \
+        pinned = None if (body.get("spec") or {}).get("nodeName") or pod_gate.is_terminated(body) \
             else pod_gate.pinned_node(body)
+        self.pinned = compact.own(pinned) if pinned is not None else None
         """Not bound, not terminated, and pinned to this node (`pinned_to`); else None."""
 
 
@@ -77,7 +78,7 @@ class PodIndex:
         """Take in a pod (a newer copy than held, else ignored); the pod's key when its sync may
         now decide something: it is gated, or it was deleted (its inline claims go)."""
         meta = body.get("metadata") or {}
-        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        key = (compact.own(str(meta.get("namespace", ""))), compact.own(str(meta.get("name", ""))))
         if self._deleted.holds(key, body):
             return []
         if deleted:
