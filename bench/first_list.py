@@ -364,9 +364,10 @@ def per_object_model(served: dict[str, list[bytes]]) -> dict[str, float]:
     return spent
 
 
-HELD_ORDER = (("gpu", "class"), ("egpu",), ("claim",), ("pod",))
+HELD_ORDER: tuple[tuple[str, ...], ...] = ((), ("gpu", "class"), ("egpu",), ("claim",), ("pod",))
 """The stages of `held_by_kind`: each serves the kinds before it too (a claim's pod index needs
-the claim, an ElasticGPU's accounting its GPU), as the controller's own merge order does."""
+the claim, an ElasticGPU's accounting its GPU), as the controller's own merge order does; the
+first serves nothing (what an empty picture holds, and caches filled once, are no kind's)."""
 
 
 def held_by_kind(served: dict[str, list[bytes]], counts: dict[str, int]) -> dict[str, int]:
@@ -379,7 +380,7 @@ def held_by_kind(served: dict[str, list[bytes]], counts: dict[str, int]) -> dict
     before = 0
     for stage in HELD_ORDER:
         serving += stage
-        if not any(counts[k] for k in stage):
+        if stage and not any(counts[k] for k in stage):
             continue
         pages_now = {PLURALS[k]: served[PLURALS[k]] if k in serving else pages([], PLURALS[k]) for k in KINDS}
         gc.collect()
@@ -390,7 +391,8 @@ def held_by_kind(served: dict[str, list[bytes]], counts: dict[str, int]) -> dict
         total = tracemalloc.get_traced_memory()[0] - base
         tracemalloc.stop()
         del picture
-        held["+".join(stage)] = total - before
+        if stage:
+            held["+".join(stage)] = total - before
         before = total
     return held
 

@@ -256,7 +256,9 @@ def strip(body: Body) -> Body:
 def kept(body: Body, kind: type[M]) -> tuple[Body, bytes | None, M]:
     """What the picture keeps of an object it stores whole (a GPU): the body without
     managedFields parsed again (`fresh_body`), its JSON, and its model of `kind` with shared
-    field sets (`share_fields`)."""
+    field sets (`share_fields`). (Interning the body's strings saved ~1.2 KB of a GPU with four
+    reservations, but the unique ones, uids and names, cost an entry of the interned table each:
+    ~0.5 KB net, and not kept.)"""
     body, packed = fresh_body(body)
     return body, packed, share_fields(kind.model_validate(body))
 
