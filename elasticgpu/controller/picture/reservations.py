@@ -174,14 +174,14 @@ class Ledger:
         name = body["metadata"]["name"]
         if self._deleted.refuses(name, body, held=self.gpu_version(name)):
             return  # older than the copy held, or a copy from before its deletion
-        body, packed, model = compact.kept(body, GPU)
-        name = body["metadata"]["name"]  # the fresh copy's: the keys below hold nothing of the list
+        held, model = compact.kept(body, GPU)
+        name = model.metadata.name or name  # the model's: the keys below hold nothing of the list
         previous = self._models.get(name)
         if previous is not None and (previous.spec != model.spec or _health(previous) != _health(model)
                                      or previous.status.isolation != model.status.isolation):
             self.forget_gpu(name)
             previous = None
-        self._gpus[name] = compact.Packed(body, packed)
+        self._gpus[name] = held
         self._models[name] = model
         self._allocations[name] = {a.elastic_gpu: a for a in model.status.allocations}
         self._uuid_to_name[model.spec.uuid] = name
