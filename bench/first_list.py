@@ -17,12 +17,16 @@ them through `KubeApi` (only `_send`, the socket, is replaced: it answers the pa
 CPU seconds per 1,000 objects for each, the page bytes, and the process RSS. `--profile`: a
 cProfile top-20 by cumulative time of the relist. `--experiments`: what other take-in paths
 would cost on the same bodies (json instead of orjson; `model_construct` instead of validation).
+`--held`: the bytes the picture holds per object, by kind (tracemalloc after a collection: the
+relist again with the kinds served one more at a time, gpu+class, +egpu, +claim, +pod, each
+kind's the growth it adds; the goal of issue 49 item 2 is ~5 KiB per object or less, all kinds).
 `--only gpu,class`: the server answers those kinds alone (what a safe first placement needs). `--gc off|freeze`: the
 relist with Python's cyclic garbage collector disabled, or with the objects built before it frozen.
 
     python bench/first_list.py                               # 2,000 cards / 2,500 claims
     python bench/first_list.py --cards 8000 --claims 10000 --experiments
     python bench/first_list.py --cards 40000 --claims 50000 --profile
+    python bench/first_list.py --cards 8000 --claims 10000 --held
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import pstats
 import resource
 import sys
 import time
+import tracemalloc
 import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -359,6 +364,39 @@ def per_object_model(served: dict[str, list[bytes]]) -> dict[str, float]:
     return spent
 
 
+HELD_ORDER: tuple[tuple[str, ...], ...] = ((), ("gpu", "class"), ("egpu",), ("claim",), ("pod",))
+"""The stages of `held_by_kind`: each serves the kinds before it too (a claim's pod index needs
+the claim, an ElasticGPU's accounting its GPU), as the controller's own merge order does; the
+first serves nothing (what an empty picture holds, and caches filled once, are no kind's)."""
+
+
+def held_by_kind(served: dict[str, list[bytes]], counts: dict[str, int]) -> dict[str, int]:
+    """Bytes the picture holds after a relist (tracemalloc, after a full collection), by kind:
+    the relist run once per stage of `HELD_ORDER`, each stage's growth over the one before
+    charged to the kinds it adds. The page bytes and the parsed lists are freed by then: what
+    remains is what the picture keeps (models, JSON, indexes, the allocator's inventory)."""
+    held: dict[str, int] = {}
+    serving: list[str] = []
+    before = 0
+    for stage in HELD_ORDER:
+        serving += stage
+        if stage and not any(counts[k] for k in stage):
+            continue
+        pages_now = {PLURALS[k]: served[PLURALS[k]] if k in serving else pages([], PLURALS[k]) for k in KINDS}
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        picture = relist(pages_now, profile=False)[3]
+        gc.collect()
+        total = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        del picture
+        if stage:
+            held["+".join(stage)] = total - before
+        before = total
+    return held
+
+
 def experiments(counts: dict[str, int], served: dict[str, list[bytes]]) -> None:
     """Other take-in paths on the same bodies, CPU seconds per kind; the parses with the garbage
     collector off (on, its passes over the picture already held dominate and scatter them)."""
@@ -391,6 +429,8 @@ def main() -> None:
     parser.add_argument("--pods-percent", type=int, default=80, help="claims that are pods' inline requests")
     parser.add_argument("--profile", action="store_true", help="cProfile top-20 (cumulative) of the relist")
     parser.add_argument("--experiments", action="store_true", help="json vs orjson, model_construct")
+    parser.add_argument("--held", action="store_true",
+                        help="bytes the picture holds per object by kind (tracemalloc, one relist per kind added)")
     parser.add_argument("--only", default=",".join(KINDS),
                         help="the kinds the server answers (the others list empty), e.g. gpu,class: what a safe"
                              " first placement needs")
@@ -440,6 +480,17 @@ def main() -> None:
         print(f"  {label:22} {spent[label]:6.2f}  {1000 * spent[label] / max(n, 1):7.3f} s")
     for kind, seconds in model.items():
         print(f"  {'model ' + kind + ' (apart)':22} {seconds:6.2f}  {1000 * seconds / max(counts[kind], 1):7.3f} s")
+    if args.held:
+        del picture
+        held = held_by_kind(served, counts)
+        print("held by the picture after a collection (tracemalloc), bytes per object:")
+        for stage, size in held.items():
+            n = sum(counts[k] for k in stage.split("+"))
+            print(f"  {stage:10} {n:7} objects {size / 2**20:8.1f} MiB {size / max(n, 1):8.0f} B/object")
+        everything = sum(held.values())
+        print(f"  {'all':10} {total:7} objects {everything / 2**20:8.1f} MiB {everything / total:8.0f} B/object"
+              f" ({everything / total / 1024:.2f} KiB)")
+        picture = None
     if args.experiments:
         print("experiments (CPU s, same bodies):")
         experiments(counts, served)

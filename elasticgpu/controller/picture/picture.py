@@ -54,7 +54,7 @@ class Picture(taking_in.TakingIn):
                 self.nodes.merge(nodes)
             listed = {g["metadata"]["name"] for g in gpus}
             for gone in set(self.ledger.gpu_names()) - listed:
-                if not versions.changed_after(self.ledger.gpu_body(gone), gpus_version):
+                if not versions.changed_after(self.ledger.gpu_version(gone), gpus_version):
                     self.ledger.forget_gpu(gone)
             for body in gpus:
                 self.ledger.observe_gpu(body)

@@ -6,6 +6,11 @@ Only pods with the label `elasticgpu.io/uses-claims=true` ever reach it (the inf
 pods through that selector). Nodes are kept whole (labels, taints, allocatable): a pod's
 WaitForFirstConsumer claims choose a node from them (`pod_placement`). A node event that
 changes none of those (kubelet's status updates) wakes nothing.
+
+A pod is kept as its JSON (`_Pod`, a `compact.Packed`): at 40,000 pods their dicts were most of
+the controller's memory (~18 KB each), and a pod's body is read only by its own sync and the
+syncs of its claims. What is asked of every pod at once (gated? pinned to which node?) is
+answered at take-in and kept beside the JSON, so those scans parse nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from elasticgpu.controller.decisions import pod_gate, provisioned_names
-from elasticgpu.controller.picture import versions
+from elasticgpu.controller.picture import compact, versions
 
 Body = dict[str, Any]
 PodKey = tuple[str, str]
@@ -36,11 +41,26 @@ def _placement_fields(node: Mapping[str, Any]) -> tuple[object, ...]:
             sorted((status.get("allocatable") or {}).items()))
 
 
+class _Pod(compact.Packed):
+    """A pod as the index keeps it: its JSON and what the scans over every pod ask."""
+
+    __slots__ = ("gated", "pinned")
+
+    def __init__(self, body: Body) -> None:
+        super().__init__(body)
+        self.gated = pod_gate.is_gated(body)
+        """It carries our scheduling gate (`gated_keys`)."""
+        pinned = None if (body.get("spec") or {}).get("nodeName") or pod_gate.is_terminated(body) \
+            else pod_gate.pinned_node(body)
+        self.pinned = compact.own(pinned) if pinned is not None else None
+        """Not bound, not terminated, and pinned to this node (`pinned_to`); else None."""
+
+
 class PodIndex:
     """Pods that use claims, nodes, and the claims each pod owns (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._pods: dict[PodKey, Body] = {}
+        self._pods: dict[PodKey, _Pod] = {}
         self._deleted: versions.Tombstones[PodKey] = versions.Tombstones()
         """Pod deletions a watch delivered: an older copy (a list read before) must not revive one."""
         self._nodes: dict[str, Body] = {}
@@ -58,7 +78,7 @@ class PodIndex:
         """Take in a pod (a newer copy than held, else ignored); the pod's key when its sync may
         now decide something: it is gated, or it was deleted (its inline claims go)."""
         meta = body.get("metadata") or {}
-        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        key = (compact.own(str(meta.get("namespace", ""))), compact.own(str(meta.get("name", ""))))
         if self._deleted.holds(key, body):
             return []
         if deleted:
@@ -66,10 +86,11 @@ class PodIndex:
             self._pods.pop(key, None)
             self._departed[key] = body
             return [("pod", *key)]
-        if not versions.is_newer(body, self._pods.get(key)):
+        held = self._pods.get(key)
+        if held is not None and not versions.is_newer(body, held.version_body()):
             return []
-        self._pods[key] = body
-        return [("pod", *key)] if pod_gate.is_gated(body) else []
+        pod = self._pods[key] = _Pod(body)
+        return [("pod", *key)] if pod.gated else []
 
     def merge(self, pods: Iterable[Body], list_version: str) -> Keys:
         """Take in a fresh list of the pods that use claims, read after `list_version`: a pod
@@ -78,8 +99,8 @@ class PodIndex:
         listed = {((p.get("metadata") or {}).get("namespace", ""), (p.get("metadata") or {}).get("name", ""))
                   for p in pods}
         for gone in set(self._pods) - listed:
-            if not versions.changed_after(self._pods[gone], list_version):
-                self._departed[gone] = self._pods.pop(gone)
+            if not versions.changed_after(self._pods[gone].version_body(), list_version):
+                self._departed[gone] = self._pods.pop(gone).body()
                 keys.append(("pod", *gone))
         for body in pods:
             keys += self.put(body)
@@ -89,8 +110,9 @@ class PodIndex:
         return keys
 
     def pod(self, namespace: str, name: str) -> Body | None:
-        """The pod's body as last seen, or None (deleted, never seen, or not using claims)."""
-        return self._pods.get((namespace, name))
+        """The pod's body as last seen (a fresh dict), or None (deleted, never seen, or not using claims)."""
+        held = self._pods.get((namespace, name))
+        return held.body() if held is not None else None
 
     def keys(self) -> list[PodKey]:
         """The (namespace, name) of every pod held."""
@@ -108,7 +130,7 @@ class PodIndex:
 
     def gated_keys(self) -> Keys:
         """Keys of every pod still carrying our gate."""
-        return [("pod", *key) for key, body in self._pods.items() if pod_gate.is_gated(body)]
+        return [("pod", *key) for key, pod in self._pods.items() if pod.gated]
 
     def resync_keys(self) -> Keys:
         """What a periodic resync looks at: every gated pod, and every owner of an inline claim
@@ -120,9 +142,7 @@ class PodIndex:
     def pinned_to(self, node: str) -> list[Body]:
         """Pods pinned to `node` by a gate lift (or a chosen node) that the scheduler has not bound
         yet: their CPU and memory count against the node before any list shows them there."""
-        return [body for body in self._pods.values()
-                if not (body.get("spec") or {}).get("nodeName") and not pod_gate.is_terminated(body)
-                and pod_gate.pinned_node(body) == node]
+        return [pod.body() for pod in self._pods.values() if pod.pinned == node]
 
     # -- claims owned by pods --------------------------------------------------------------------
 

@@ -174,14 +174,14 @@ class Reading:
             return versions.version_of(body)
 
         with self.lock:
-            gpu_body = self.ledger.gpu_body
-            out: dict[Key, object] = {("gpu", n): version(gpu_body(n)) for n in self.ledger.gpu_names()}
+            gpu_version = self.ledger.gpu_version
+            out: dict[Key, object] = {("gpu", n): version(gpu_version(n)) for n in self.ledger.gpu_names()}
             for name in self._egpus:
                 egpu = version(self._egpus.version_body(name))
                 claims = tuple((key, version(self._claims.version_body(key)))
                                for key in sorted(compact.index_members(self._claims_naming, name))
                                if key in self._claims)
-                held = tuple(sorted((g, version(gpu_body(g))) for g in self.ledger.gpus_holding(name)))
+                held = tuple(sorted((g, version(gpu_version(g))) for g in self.ledger.gpus_holding(name)))
                 out[("egpu", name)] = (egpu, claims, held)
                 for key, claim in claims:
                     out[("claim", *key)] = (claim, egpu)

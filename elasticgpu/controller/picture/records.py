@@ -84,18 +84,25 @@ class Models(Mapping[K, M]):
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def put(self, key: K, body: Body, model: M) -> None:
+    def put(self, key: K, body: Body, model: M, packed: bytes | None = None) -> None:
         """Keep the object `key`: `body` as the server sent it, `model` its validated model with
-        shared field sets (`compact.share_fields`), which readers get until it is evicted."""
+        shared field sets (`compact.share_fields`), which readers get until it is evicted;
+        `packed` the body's JSON when the caller has it (`compact.fresh_body`)."""
         with self._lock:
             head = compact.identity(body)
-            packed = _pack(body) if self._at_rest(model) else None
+            if not self._at_rest(model):
+                packed = None
+            elif packed is None:
+                packed = _pack(body)
             if packed is None:
                 self._cache.pop(key, None)
                 self._entries[key] = _Moving(model, head)
                 return
             meta = head.get("metadata") or {}
-            self._entries[key] = _Resting(packed, meta.get("resourceVersion"), meta.get("uid"))
+            version, uid = meta.get("resourceVersion"), meta.get("uid")
+            # Strings of their own (`compact.fresh`): the body's may be a parsed list's.
+            self._entries[key] = _Resting(packed, compact.fresh(version) if isinstance(version, str) else version,
+                                          compact.fresh(uid) if isinstance(uid, str) else uid)
             self._remember(key, model, head)
 
     def pop(self, key: K) -> None:
@@ -184,15 +191,9 @@ class Models(Mapping[K, M]):
 
 
 def _pack(body: Body) -> bytes | None:
-    """The body's JSON without `metadata.managedFields`, or None when it has no JSON form
-    (never from a server; such an object is kept as a model)."""
-    try:
-        packed = orjson.dumps(compact.strip(body))
-    except TypeError:
-        return None
-    # orjson's bytes keep the 4 KiB buffer they were written into (tracemalloc: 4,096 bytes
-    # each for 0.5 KB of JSON): the copy is exact, and costs ~0.3 µs.
-    return bytes(memoryview(packed))
+    """The body's JSON without `metadata.managedFields` (`compact.pack`), or None when it has no
+    JSON form (never from a server; such an object is kept as a model)."""
+    return compact.pack(body)
 
 
 __all__ = ["CACHE_SIZE", "Models"]

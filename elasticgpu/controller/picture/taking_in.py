@@ -111,10 +111,14 @@ class TakingIn(waking.Waking):
         or None when the picture keeps what it had."""
         if self._deleted_claims.holds(key, body) or not versions.is_newer(body, self._claims.version_body(key)):
             return None
+        # Kept from a copy of its own (`compact.fresh_body`), with a key of its own strings: none of
+        # what the picture keeps is an object of the list or event it came in.
+        body, packed = compact.fresh_body(body)
+        key = (compact.own(key[0]), compact.own(key[1]))
         old_head = self._claims.head(key)
         old = self._claims.get(key)
         model = compact.share_fields(ElasticGPUClaim.model_validate(body))
-        self._claims.put(key, body, model)
+        self._claims.put(key, body, model, packed)
         self._count_claim(old, -1)
         self._count_claim(model, 1)
         if model.status.phase in (None, "Pending"):
@@ -159,9 +163,11 @@ class TakingIn(waking.Waking):
         model and the keys to queue, or None when the picture keeps what it had."""
         if self._deleted_egpus.holds(name, body) or not versions.is_newer(body, self._egpus.version_body(name)):
             return None
+        body, packed = compact.fresh_body(body)  # as in `_store_claim`
+        name = compact.own(name)
         old = self._egpus.get(name)
         model = compact.share_fields(ElasticGPU.model_validate(body))
-        self._egpus.put(name, body, model)
+        self._egpus.put(name, body, model, packed)
         # From what the picture keeps, as a scrape read it before (the body of one at rest, else
         # the model): the same series and values; the body's dict is at hand, no JSON parsed again.
         self._egpu_charges[name] = accounting.charge_of(body if self._egpus.rests(name) else model)
@@ -195,6 +201,8 @@ class TakingIn(waking.Waking):
     def put_pod(self, body: Body, *, deleted: bool = False) -> Keys:
         """Take in a pod that uses claims: its body for the pod sync (`pods`), then the claims it
         uses; the keys to queue."""
+        # The keys kept for the pod hold strings of its own, none of the parsed list (`compact.fresh`).
+        body = compact.owned_names(body)
         with self.lock:
             return self._put_pod_claims(body, deleted=deleted) + self.pods.put(body, deleted=deleted)
 
@@ -213,7 +221,8 @@ class TakingIn(waking.Waking):
             gone = deleted or not release.pod_is_running(body)
             if gone:
                 self._gone_pods.bury(pod_key, body)
-            return self._set_pod_claims(pod_key, set() if gone else release.claims_of_pod(body), version)
+            now = set() if gone else {compact.own(claim) for claim in release.claims_of_pod(body)}
+            return self._set_pod_claims(pod_key, now, version)
 
     def _set_pod_claims(self, pod_key: PodKey, now: set[str], version: int | None) -> Keys:
         keys: Keys = []
