@@ -44,7 +44,7 @@ def run(controller: Controller, operability: Operability, stop: threading.Event)
     began = time.monotonic()
     gate = EarlyGate(picture=controller.picture, queue=controller.queue)
     controller.worker.gate = gate
-    logger.info("listing the cards")
+    logger.info("listing the cluster, the cards first")
     cards = starting.listing(stop, lambda: _list_cards(controller))
     if cards is None:
         return
