@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from elasticgpu.api import names
+from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.process import startup
 from elasticgpu.controller.process.operability import Operability
@@ -32,11 +33,16 @@ class HeldLists(KubeApi):
 
     release: threading.Event
     holding: threading.Event
+    fail_claims = 0
+    """Claim lists to fail (as a server gone midway) after the release, before one works."""
 
     def list_collection(self, path: str) -> tuple[list[dict[str, Any]], str]:
         if path.rsplit("/", 1)[-1] in HELD_PLURALS:
             self.holding.set()
             self.release.wait(60.0)
+            if path.endswith(names.PLURAL_CLAIM) and self.fail_claims > 0:
+                self.fail_claims -= 1
+                raise errors.ApiUnavailable("the test server went away in the middle of the list", status=503)
         return super().list_collection(path)
 
 
@@ -139,7 +145,7 @@ def test_a_new_standalone_claim_binds_before_the_slow_lists_and_nothing_else_mov
         thread.join(DEADLINE_S)
 
 
-def test_a_claim_in_a_namespace_with_a_quota_waits_for_the_whole_picture(
+def test_a_claim_in_a_namespace_with_a_quota_waits_for_the_whole_picture_through_failed_lists(
         kube_cluster: Any, cluster: Cluster, kube: KubeApi) -> None:
     ns = cluster.namespace
     class_name = _cards(cluster, count=1)
@@ -147,6 +153,7 @@ def test_a_claim_in_a_namespace_with_a_quota_waits_for_the_whole_picture(
         "apiVersion": names.API_VERSION, "kind": names.KIND_QUOTA, "metadata": {"name": "team"},
         "spec": {"hard": {names.RESOURCE_CORE: 100}}})
     held, stop, thread = _start(kube_cluster, ns)
+    held.fail_claims = 2  # the rest of the lists fails midway twice: retried, nothing lost or doubled
     try:
         assert held.holding.wait(DEADLINE_S), "the controller never listed ElasticGPUs, claims or pods"
         cluster.claim(o.claim("quota-counted", cores=10, memory="1Gi", class_name=class_name))
@@ -154,6 +161,8 @@ def test_a_claim_in_a_namespace_with_a_quota_waits_for_the_whole_picture(
         assert not _wait(lambda: _phase(kube, ns, "quota-counted") is not None, timeout_s=3.0)
         held.release.set()
         assert _wait(lambda: _phase(kube, ns, "quota-counted") == "Bound"), _phase(kube, ns, "quota-counted")
+        allocations = (kube.get_gpu(f"gpu-{cluster.prefix}-e0").get("status") or {}).get("allocations") or []
+        assert len(allocations) == 1, allocations  # reserved once, through the failed lists
     finally:
         held.release.set()
         stop.set()
