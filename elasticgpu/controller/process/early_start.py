@@ -82,8 +82,13 @@ def _list_the_rest(controller: Controller, gate: EarlyGate, cards: Listed, stop:
     listed = starting.listing(stop, lambda: informer.list_claims(cards, start=True))
     if listed is None:
         return
-    _watch(controller, stop, listed, LATE_KINDS)
-    released = gate.open()
+    try:
+        _watch(controller, stop, listed, LATE_KINDS)
+        released = gate.open()
+    except Exception as err:  # a bug: never run on gated, without a resync; stop and restart whole
+        logger.error("the first list could not finish (a bug?); stopping: %s", err, exc_info=err)
+        stop.set()
+        return
     logger.info("listed the cluster in %.1fs (%d GPUs); watching it (%d keys waited for the whole picture)",
                 time.monotonic() - began, len(controller.ledger.gpu_names()), released)
     whole.set()
