@@ -311,16 +311,6 @@ class KubeRequests:
         those that use claims, `POD_SELECTOR`)."""
         return self._list(path, label_selector=_selector_of(path))
 
-    def version_now(self, path: str) -> str:
-        """The resourceVersion of a collection now, from a list of one item: a watch from it sees
-        every change made after this call, at the cost of one small answer (a fresh start watches
-        claims from it before their full list, `process/early_start.py`)."""
-        query = {"limit": "1"}
-        if selector := _selector_of(path):
-            query["labelSelector"] = selector
-        page = self._call("GET", path, query=query, timeout_s=60.0)
-        return str((page.get("metadata") or {}).get("resourceVersion") or "")
-
     def watch(self, path: str, *, resource_version: str, timeout_s: int = 300,
               read_timeout_s: float | None = None) -> Iterator[Body]:
         """Watch events (`{"type", "object"}`) of a collection from `resource_version`. The server

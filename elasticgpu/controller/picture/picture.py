@@ -70,10 +70,10 @@ class Picture(taking_in.TakingIn):
             self.ledger.prune_tombstones(gpus_version)
             self._classes = {c["metadata"]["name"]: ElasticGPUClass.model_validate(c) for c in classes}
 
-    def merge_claims(self, *, egpus: list[Body], egpus_version: str, claims: list[Body], claims_version: str,
-                     pods: list[Body] | None, pods_version: str = "") -> Keys:
+    def merge_claims(self, *, egpus: list[Body], egpus_version: str, claims: list[Body] | None,
+                     claims_version: str, pods: list[Body] | None, pods_version: str = "") -> Keys:
         """Merge fresh lists of ElasticGPUs, claims and pods, as `merge_lists` does; the keys to
-        queue besides all."""
+        queue besides all. `claims` None: merged already (`merge_claim_list`), at `claims_version`."""
         keys: Keys = []
         with self.lock:
             listed = {e["metadata"]["name"] for e in egpus}
@@ -83,13 +83,8 @@ class Picture(taking_in.TakingIn):
             for body in egpus:
                 keys += self._egpu_keys(body["metadata"]["name"], body)
             self._deleted_egpus.prune(egpus_version)
-            listed_claims = {(c["metadata"].get("namespace", ""), c["metadata"]["name"]) for c in claims}
-            for gone_key in set(self._claims) - listed_claims:
-                if not versions.changed_after(self._claims.version_body(gone_key), claims_version):
-                    self.drop_claim(gone_key)
-            for body in claims:
-                self._store_claim((body["metadata"].get("namespace", ""), body["metadata"]["name"]), body)
-            self._deleted_claims.prune(claims_version)
+            if claims is not None:
+                self.merge_claim_list(claims, claims_version)
             if pods is not None:
                 # The pod list is read after the claim list: a pod missing from it whose copy is
                 # older than the claim list is gone.
@@ -97,6 +92,18 @@ class Picture(taking_in.TakingIn):
             if pods is not None:
                 keys += self._merge_pods(pods, pods_version)
         return keys
+
+    def merge_claim_list(self, claims: list[Body], claims_version: str) -> None:
+        """Merge a fresh list of claims, as `merge_lists` does (a fresh start merges it before the
+        ElasticGPUs and pods are listed: `process/early_start.py`)."""
+        with self.lock:
+            listed_claims = {(c["metadata"].get("namespace", ""), c["metadata"]["name"]) for c in claims}
+            for gone_key in set(self._claims) - listed_claims:
+                if not versions.changed_after(self._claims.version_body(gone_key), claims_version):
+                    self.drop_claim(gone_key)
+            for body in claims:
+                self._store_claim((body["metadata"].get("namespace", ""), body["metadata"]["name"]), body)
+            self._deleted_claims.prune(claims_version)
 
     def unlisted(self, kind: str, items: list[Body], list_version: str) -> list[Body]:
         """What the picture holds of `kind` that a fresh list of that kind (read at

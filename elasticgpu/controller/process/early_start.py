@@ -1,13 +1,12 @@
 """The early start of the client watch engine: bind new standalone claims while the rest of the
 cluster is still being listed (issue 49: start to first bind 89 s at 40,000 cards / 50,000
-claims, 64 s of it listing ElasticGPUs, claims and pods that a new claim's placement never reads).
+claims, 64 s of it listing every kind before the first bind).
 
-1. List what a safe placement reads (`Informer.list_cards`: nodes, GPUs, classes, quotas) and
-   watch those kinds from there; watch claims from the resourceVersion of a one-item list, so
-   that a claim created at the start is seen at once (the full claim list merges later: a
-   newer copy wins, `Picture.merge_claims`).
-2. List the rest behind (`Informer.list_claims`, on its own thread), then watch it, then open the
-   gate: the keys it held flow as after today's start.
+1. List what a safe placement reads (`Informer.list_cards`: nodes, GPUs, classes, quotas), then
+   the claims (`Informer.list_waiting_claims`: the waiting ones queued in front, so a claim made
+   before or at the start is found), and watch those kinds from there.
+2. List the rest behind (`Informer.list_claims`: ElasticGPUs, pods, namespaces, on its own
+   thread), then watch it, then open the gate: the keys it held flow as after a full start.
 3. Take the Lease and start the worker behind the gate (`early_gate.EarlyGate`): until the
    picture is whole it syncs only claims whose bind reads nothing but the cards.
 
@@ -33,8 +32,8 @@ from elasticgpu.controller.process.reconciling import Controller
 
 logger = logging.getLogger(__name__)
 
-CARD_KINDS = ("gpu", "class", "node", "quota", "claim")
-"""The kinds watched from the early phase (claims from a one-item list's resourceVersion)."""
+EARLY_KINDS = ("gpu", "class", "node", "quota", "claim")
+"""The kinds listed and watched in the early phase."""
 LATE_KINDS = ("egpu", "pod", "namespace")
 """The kinds watched once their full list is merged."""
 
@@ -48,8 +47,9 @@ def run(controller: Controller, operability: Operability, stop: threading.Event)
     cards = starting.listing(stop, lambda: _list_cards(controller))
     if cards is None:
         return
-    _watch(controller, stop, cards, CARD_KINDS)
-    logger.info("listed the cards in %.1fs (%d GPUs); binding new standalone claims while the rest is listed",
+    _watch(controller, stop, cards, EARLY_KINDS)
+    logger.info("listed the cards and claims in %.1fs (%d GPUs); binding new standalone claims while the rest is"
+                " listed",
                 time.monotonic() - began, len(controller.ledger.gpu_names()))
     whole = threading.Event()
     lister = threading.Thread(target=_list_the_rest, args=(controller, gate, cards, stop, whole, began),
@@ -67,17 +67,15 @@ def run(controller: Controller, operability: Operability, stop: threading.Event)
 
 
 def _list_cards(controller: Controller) -> Listed:
-    """The cards' lists merged, and the claims' resourceVersion now (to watch them from)."""
-    informer = controller.informer
-    kube = controller.kube
-    listed = informer.list_cards()
-    return {**listed, "claim": kube.version_now(kube.collection_path("claim", informer.namespace))}
+    """The cards' lists merged, then the claims' (the waiting ones queued): their versions."""
+    listed = controller.informer.list_cards()
+    return {**listed, "claim": controller.informer.list_waiting_claims()}
 
 
 def _list_the_rest(controller: Controller, gate: EarlyGate, cards: Listed, stop: threading.Event,
                    whole: threading.Event, began: float) -> None:
-    """List ElasticGPUs, claims, pods and namespaces (retrying until it works), watch them, open
-    the gate, set `whole`. The claim list merges beside the claim watch's events, newer wins."""
+    """List ElasticGPUs, pods and namespaces (retrying until it works), watch them, open the
+    gate, set `whole`."""
     informer = controller.informer
     listed = starting.listing(stop, lambda: informer.list_claims(cards, start=True))
     if listed is None:

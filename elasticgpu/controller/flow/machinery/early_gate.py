@@ -1,7 +1,7 @@
 """The early gate: which keys a fresh start may sync before its picture is whole.
 
 A fresh start (`process/early_start.py`) lists first what a placement reads (nodes, GPUs,
-classes, quotas) and binds from that while ElasticGPUs, claims and pods are still listed
+classes, quotas) and the claims, and binds from that while ElasticGPUs and pods are still listed
 (issue 49: 89 s from start to first bind at 40,000 cards / 50,000 claims, most of it listing
 objects a new claim's placement never reads). That is safe only for a claim whose sync reads
 nothing but the cards: the commit point of a dynamic bind is the reservation written into a
@@ -9,8 +9,8 @@ GPU's `status.allocations` with a resourceVersion precondition, so capacity is e
 GPUs alone, and a bind that finds its ElasticGPU already made (a crashed leader's) reads it
 back (`ClaimBinding._finish_provision`).
 
-Every other key waits here (held, not lost) until `open`: anything that reads ElasticGPUs,
-claims or pods would decide from a half picture. A Bound claim or an ElasticGPU whose peer is
+Every other key waits here (held, not lost) until `open`: anything that reads ElasticGPUs or
+pods would decide from a half picture. A Bound claim or an ElasticGPU whose peer is
 not listed yet would look orphaned or Lost, and a reservation with no ElasticGPU known would look
 leaked; freeing or marking any of them on that guess could give a running pod's card away.
 """

@@ -215,13 +215,28 @@ class Informer:
         return {"gpu": gpus_version, "class": classes_version, "node": nodes_version,
                 "quota": listed_quotas[1] if listed_quotas is not None else ""}
 
+    def list_waiting_claims(self) -> str:
+        """List the claims, merge them and queue the waiting ones (front lane: a claim made at a
+        fresh start binds from the cards, `process/early_start.py`); the list's resourceVersion."""
+        kube = self.kube
+        claims, claims_version = kube.list_collection(kube.collection_path("claim", self.namespace))
+        self.picture.merge_claim_list(claims, claims_version)
+        self.picture.quotas.saw(int(claims_version) if claims_version.isdigit() else None)
+        for key in self.picture.pending_claim_keys():
+            self.queue.add(key)
+        return claims_version
+
     def list_claims(self, cards: Listed, *, background: bool = False, start: bool = False,
                     every: bool = True) -> Listed:
         """The rest of `relist` after `list_cards` (whose versions are `cards`): list ElasticGPUs,
-        claims, pods and namespaces, merge them, queue the keys; every kind's list version."""
+        claims (unless `cards` has their version: `list_waiting_claims` merged them), pods and
+        namespaces, merge them, queue the keys; every kind's list version."""
         kube = self.kube
         egpus, egpus_version = kube.list_collection(kube.collection_path("egpu"))
-        claims, claims_version = kube.list_collection(kube.collection_path("claim", self.namespace))
+        claims: list[Body] | None = None
+        claims_version = cards.get("claim", "")
+        if not claims_version:
+            claims, claims_version = kube.list_collection(kube.collection_path("claim", self.namespace))
         listed_pods = self._try("pods", lambda: kube.list_collection(kube.collection_path("pod", self.namespace)))
         pods, pods_version = listed_pods if listed_pods is not None else (None, "")
         listed_namespaces = self._try("namespaces", lambda: kube.list_collection(kube.collection_path("namespace")))
