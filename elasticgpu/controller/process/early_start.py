@@ -74,15 +74,19 @@ def _list_cards(controller: Controller) -> Listed:
 
 def _list_the_rest(controller: Controller, gate: EarlyGate, cards: Listed, stop: threading.Event,
                    whole: threading.Event, began: float) -> None:
-    """List ElasticGPUs, pods and namespaces (retrying until it works), watch them, open the
-    gate, set `whole`."""
+    """List ElasticGPUs, pods and namespaces (retrying until it works), open the gate, watch
+    them, set `whole`."""
     informer = controller.informer
-    listed = starting.listing(stop, lambda: informer.list_claims(cards, start=True))
+    opened: list[int] = []
+    # The gate opens once the lists are merged, before their keys are queued: the worker must not
+    # take ~30,000 of them (at 8,000 cards) through the gate only to have them held and queued again.
+    listed = starting.listing(stop, lambda: informer.list_claims(cards, start=True,
+                                                                 merged=lambda: opened.append(gate.open())))
     if listed is None:
         return
+    released = sum(opened)
     try:
         _watch(controller, stop, listed, LATE_KINDS)
-        released = gate.open()
     except Exception as err:  # a bug: never run on gated, without a resync; stop and restart whole
         logger.error("the first list could not finish (a bug?); stopping: %s", err, exc_info=err)
         stop.set()

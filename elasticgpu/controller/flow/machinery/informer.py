@@ -226,11 +226,12 @@ class Informer:
             self.queue.add(key)
         return claims_version
 
-    def list_claims(self, cards: Listed, *, background: bool = False, start: bool = False,
-                    every: bool = True) -> Listed:
+    def list_claims(self, cards: Listed, *, background: bool = False, start: bool = False, every: bool = True,
+                    merged: Callable[[], object] | None = None) -> Listed:
         """The rest of `relist` after `list_cards` (whose versions are `cards`): list ElasticGPUs,
         claims (unless `cards` has their version: `list_waiting_claims` merged them), pods and
-        namespaces, merge them, queue the keys; every kind's list version."""
+        namespaces, merge them, call `merged` (the picture is whole), queue the keys; every
+        kind's list version."""
         kube = self.kube
         egpus, egpus_version = kube.list_collection(kube.collection_path("egpu"))
         claims: list[Body] | None = None
@@ -248,6 +249,8 @@ class Informer:
             self.weights.merge(listed_namespaces)
         for listed_at in (egpus_version, claims_version, pods_version):
             self.picture.quotas.saw(int(listed_at) if listed_at.isdigit() else None)
+        if merged is not None:
+            merged()
         for key in keys:
             self.queue.add(key, background=start)
         for key in self.picture.all_keys() if every else ():
