@@ -197,9 +197,10 @@ def _fill(args: argparse.Namespace, kubeconfig: Path, kube: Any, klass: dict[str
     return leader
 
 
-PHASES = {"listing": "listing the cluster", "listed": "listed the cluster", "leading": "leading: Lease",
-          "ready": "controller ready"}
-"""What the controller logs at each step of its start (`startup.py`, `leader.py`, `starting.py`)."""
+PHASES = {"listing": "listing the cluster", "cards": "listed the cards", "listed": "listed the cluster",
+          "leading": "leading: Lease", "ready": "controller ready"}
+"""What the controller logs at each step of its start (`early_start.py`, `leader.py`, `starting.py`);
+"cards": the early phase's lists done, new standalone claims bind from there."""
 
 
 class Controllers:

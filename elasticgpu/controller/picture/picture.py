@@ -45,13 +45,22 @@ class Picture(taking_in.TakingIn):
         picture would turn the next writes into 409s). `nodes` or `pods` None: that list
         failed, and the picture keeps what it had (a claim whose pod still runs must stay
         protected). Returns the keys to queue besides all."""
-        keys: Keys = []
+        with self.lock:
+            self.merge_cards(nodes=nodes, gpus=gpus, gpus_version=gpus_version, classes=classes)
+            return self.merge_claims(egpus=egpus, egpus_version=egpus_version, claims=claims,
+                                     claims_version=claims_version, pods=pods, pods_version=pods_version)
+
+    def merge_cards(self, *, nodes: list[Body] | None, gpus: list[Body], gpus_version: str,
+                    classes: list[Body]) -> None:
+        """Merge fresh lists of what a placement reads (nodes, GPUs, classes), as `merge_lists`
+        does; a fresh start's early phase merges these first (`process/early_start.py`)."""
         with self.lock:
             for node in nodes or []:
                 self.ledger.observe_node(node["metadata"]["name"], node["metadata"].get("labels") or {})
             if nodes is not None:
                 self.ledger.forget_nodes_except({n["metadata"]["name"] for n in nodes})
                 self.nodes.merge(nodes)
+                self.pods.merge_nodes(nodes)
             listed = {g["metadata"]["name"] for g in gpus}
             for gone in set(self.ledger.gpu_names()) - listed:
                 if not versions.changed_after(self.ledger.gpu_version(gone), gpus_version):
@@ -59,6 +68,14 @@ class Picture(taking_in.TakingIn):
             for body in gpus:
                 self.ledger.observe_gpu(body)
             self.ledger.prune_tombstones(gpus_version)
+            self._classes = {c["metadata"]["name"]: ElasticGPUClass.model_validate(c) for c in classes}
+
+    def merge_claims(self, *, egpus: list[Body], egpus_version: str, claims: list[Body] | None,
+                     claims_version: str, pods: list[Body] | None, pods_version: str = "") -> Keys:
+        """Merge fresh lists of ElasticGPUs, claims and pods, as `merge_lists` does; the keys to
+        queue besides all. `claims` None: merged already (`merge_claim_list`), at `claims_version`."""
+        keys: Keys = []
+        with self.lock:
             listed = {e["metadata"]["name"] for e in egpus}
             for gone in set(self._egpus) - listed:
                 if not versions.changed_after(self._egpus.version_body(gone), egpus_version):
@@ -66,16 +83,8 @@ class Picture(taking_in.TakingIn):
             for body in egpus:
                 keys += self._egpu_keys(body["metadata"]["name"], body)
             self._deleted_egpus.prune(egpus_version)
-            self._classes = {c["metadata"]["name"]: ElasticGPUClass.model_validate(c) for c in classes}
-            listed_claims = {(c["metadata"].get("namespace", ""), c["metadata"]["name"]) for c in claims}
-            for gone_key in set(self._claims) - listed_claims:
-                if not versions.changed_after(self._claims.version_body(gone_key), claims_version):
-                    self.drop_claim(gone_key)
-            for body in claims:
-                self._store_claim((body["metadata"].get("namespace", ""), body["metadata"]["name"]), body)
-            self._deleted_claims.prune(claims_version)
-            if nodes is not None:
-                self.pods.merge_nodes(nodes)
+            if claims is not None:
+                self.merge_claim_list(claims, claims_version)
             if pods is not None:
                 # The pod list is read after the claim list: a pod missing from it whose copy is
                 # older than the claim list is gone.
@@ -83,6 +92,18 @@ class Picture(taking_in.TakingIn):
             if pods is not None:
                 keys += self._merge_pods(pods, pods_version)
         return keys
+
+    def merge_claim_list(self, claims: list[Body], claims_version: str) -> None:
+        """Merge a fresh list of claims, as `merge_lists` does (a fresh start merges it before the
+        ElasticGPUs and pods are listed: `process/early_start.py`)."""
+        with self.lock:
+            listed_claims = {(c["metadata"].get("namespace", ""), c["metadata"]["name"]) for c in claims}
+            for gone_key in set(self._claims) - listed_claims:
+                if not versions.changed_after(self._claims.version_body(gone_key), claims_version):
+                    self.drop_claim(gone_key)
+            for body in claims:
+                self._store_claim((body["metadata"].get("namespace", ""), body["metadata"]["name"]), body)
+            self._deleted_claims.prune(claims_version)
 
     def unlisted(self, kind: str, items: list[Body], list_version: str) -> list[Body]:
         """What the picture holds of `kind` that a fresh list of that kind (read at

@@ -11,11 +11,10 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.edge.leader import LeaderSettings
-from elasticgpu.controller.process import starting
+from elasticgpu.controller.process import early_start
 from elasticgpu.controller.process.operability import Operability
 from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import ControllerSettings
@@ -67,9 +66,9 @@ def run_controller(
 
 
 def _run_with_client_watches(controller: Controller, operability: Operability, *, stop: threading.Event) -> None:
-    """List every kind once (retrying until the API server answers) and watch from those lists,
-    then wait for the Lease, then bind and resync until `stop` is set; SIGTERM and SIGINT set it
-    when this is the main thread.
+    """List the cluster and watch it, wait for the Lease, then bind and resync until `stop` is
+    set; SIGTERM and SIGINT set it when this is the main thread. The cards are listed first and
+    new standalone claims bind while the rest is listed (`early_start.py`).
 
     The list and the watches come before the Lease (issue 49): a standby keeps its picture as
     current as the leader's, so when it takes over it binds at once instead of listing every
@@ -80,19 +79,7 @@ def _run_with_client_watches(controller: Controller, operability: Operability, *
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
-    began = time.monotonic()
-    logger.info("listing the cluster")
-    listed = starting.first_list(controller, stop)
-    if listed is None:
-        return
-    for thread in controller.informer.start(stop, timeout_s=controller.settings.watch.timeout_s, listed=listed):
-        controller.liveness.track(thread)
-    logger.info("listed the cluster in %.1fs (%d GPUs); watching it", time.monotonic() - began,
-                len(controller.ledger.gpu_names()))
-    if not operability.lead(stop):
-        return
-    starting.start_threads(controller, stop)
-    stop.wait()
+    early_start.run(controller, operability, stop)
 
 
 def _run_with_kopf(controller: Controller, *, namespace: str | None, stop: threading.Event) -> None:

@@ -20,6 +20,7 @@ from elasticgpu.controller.flow.binding.commit import Commit, Planned
 from elasticgpu.controller.flow.binding.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.claim_sync import ClaimSync
 from elasticgpu.controller.flow.gpu_sync import GPUSync
+from elasticgpu.controller.flow.machinery.early_gate import EarlyGate
 from elasticgpu.controller.flow.machinery.events import EventRecorder
 from elasticgpu.controller.flow.machinery.failures import Failures
 from elasticgpu.controller.flow.machinery.handoff import HandOff
@@ -54,6 +55,9 @@ class Worker:
         self.hand_off = hand_off
         self.events = events
         self.settings = settings
+        self.gate: EarlyGate | None = None
+        """Set by a fresh start while its picture is partial: only the keys it admits are synced
+        (`early_gate.py`); None (and once open): every key."""
 
     def run(self, stop: threading.Event) -> None:
         """Process the queue until `stop` is set."""
@@ -72,9 +76,11 @@ class Worker:
     def _take_batch(self, *, timeout_s: float) -> list[Key]:
         """The next key and, with the pool, whatever else is queued now, up to the batch size."""
         if not self.hand_off.enabled:
-            return self.queue.take(limit=1, background_limit=1, timeout_s=timeout_s)
-        return self.queue.take(limit=self.settings.batch_size, background_limit=self.settings.background_batch_size,
-                               timeout_s=timeout_s)
+            keys = self.queue.take(limit=1, background_limit=1, timeout_s=timeout_s)
+        else:
+            keys = self.queue.take(limit=self.settings.batch_size,
+                                   background_limit=self.settings.background_batch_size, timeout_s=timeout_s)
+        return keys if self.gate is None or not keys else self.gate.admit(keys)
 
     def drain(self, *, max_items: int = 100_000) -> int:
         """Process queued keys until none is left (delayed ones included once due); returns how many."""

@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 KINDS = ("claim", "egpu", "gpu", "class", "pod", "node", "namespace", "quota")
 T = TypeVar("T")
+Listed = dict[str, str]
+"""The resourceVersion each kind was listed at, by kind ("" for a list that failed)."""
 RELIST_AFTER_FAILURES = 3
 """Failed attempts in a row to reopen a watch from its resourceVersion before listing again."""
 NAMESPACES_FORBIDDEN = (
@@ -192,36 +194,69 @@ class Informer:
         Nodes, pods and namespaces may fail (RBAC may not grant them; a pod list may time out on a
         big cluster): the picture then keeps its last good view of them (namespaces: every weight
         1 until one list works)."""
+        cards = self.list_cards()
+        return self.list_claims(cards, background=background, start=start, every=every)
+
+    def list_cards(self) -> Listed:
+        """List what a safe placement reads, merge it and return it: nodes, GPUs (whose
+        `status.allocations` hold every reservation, the commit point), classes and quotas. A
+        fresh start binds new standalone claims from these alone (`process/early_start.py`)."""
         kube = self.kube
         listed_nodes = self._try("nodes", lambda: kube.list_collection(kube.collection_path("node")))
         nodes, nodes_version = listed_nodes if listed_nodes is not None else (None, "")
         gpus, gpus_version = kube.list_collection(kube.collection_path("gpu"))
-        egpus, egpus_version = kube.list_collection(kube.collection_path("egpu"))
         classes, classes_version = kube.list_collection(kube.collection_path("class"))
+        listed_quotas = self._try("quotas", lambda: kube.list_collection(kube.collection_path("quota", self.namespace)))
+        self.picture.merge_cards(nodes=nodes, gpus=gpus, gpus_version=gpus_version, classes=classes)
+        if listed_quotas is not None:
+            self._merge_quotas(*listed_quotas)
+        for listed_at in (gpus_version, classes_version):
+            self.picture.quotas.saw(int(listed_at) if listed_at.isdigit() else None)
+        return {"gpu": gpus_version, "class": classes_version, "node": nodes_version,
+                "quota": listed_quotas[1] if listed_quotas is not None else ""}
+
+    def list_waiting_claims(self) -> str:
+        """List the claims, merge them and queue the waiting ones (front lane: a claim made at a
+        fresh start binds from the cards, `process/early_start.py`); the list's resourceVersion."""
+        kube = self.kube
         claims, claims_version = kube.list_collection(kube.collection_path("claim", self.namespace))
+        self.picture.merge_claim_list(claims, claims_version)
+        self.picture.quotas.saw(int(claims_version) if claims_version.isdigit() else None)
+        for key in self.picture.pending_claim_keys():
+            self.queue.add(key)
+        return claims_version
+
+    def list_claims(self, cards: Listed, *, background: bool = False, start: bool = False, every: bool = True,
+                    merged: Callable[[], object] | None = None) -> Listed:
+        """The rest of `relist` after `list_cards` (whose versions are `cards`): list ElasticGPUs,
+        claims (unless `cards` has their version: `list_waiting_claims` merged them), pods and
+        namespaces, merge them, call `merged` (the picture is whole), queue the keys; every
+        kind's list version."""
+        kube = self.kube
+        egpus, egpus_version = kube.list_collection(kube.collection_path("egpu"))
+        claims: list[Body] | None = None
+        claims_version = cards.get("claim", "")
+        if not claims_version:
+            claims, claims_version = kube.list_collection(kube.collection_path("claim", self.namespace))
         listed_pods = self._try("pods", lambda: kube.list_collection(kube.collection_path("pod", self.namespace)))
         pods, pods_version = listed_pods if listed_pods is not None else (None, "")
         listed_namespaces = self._try("namespaces", lambda: kube.list_collection(kube.collection_path("namespace")))
-        listed_quotas = self._try("quotas", lambda: kube.list_collection(kube.collection_path("quota", self.namespace)))
         if pods is not None and self._unwatched_pods:
             pods = pods + self._read_unwatched_pods(pods)
-        keys = self.picture.merge_lists(nodes=nodes, gpus=gpus, gpus_version=gpus_version, egpus=egpus,
-                                        egpus_version=egpus_version, classes=classes, claims=claims,
-                                        claims_version=claims_version, pods=pods, pods_version=pods_version)
+        keys = self.picture.merge_claims(egpus=egpus, egpus_version=egpus_version, claims=claims,
+                                         claims_version=claims_version, pods=pods, pods_version=pods_version)
         if listed_namespaces is not None:
             self.weights.merge(listed_namespaces)
-        if listed_quotas is not None:
-            self._merge_quotas(*listed_quotas)
-        for listed_at in (gpus_version, egpus_version, classes_version, claims_version, pods_version):
+        for listed_at in (egpus_version, claims_version, pods_version):
             self.picture.quotas.saw(int(listed_at) if listed_at.isdigit() else None)
+        if merged is not None:
+            merged()
         for key in keys:
             self.queue.add(key, background=start)
         for key in self.picture.all_keys() if every else ():
             self.queue.add(key, background=background or start)
-        return {"gpu": gpus_version, "egpu": egpus_version, "class": classes_version, "claim": claims_version,
-                "pod": pods_version, "node": nodes_version,
-                "namespace": listed_namespaces[1] if listed_namespaces is not None else "",
-                "quota": listed_quotas[1] if listed_quotas is not None else ""}
+        return {**cards, "egpu": egpus_version, "claim": claims_version, "pod": pods_version,
+                "namespace": listed_namespaces[1] if listed_namespaces is not None else ""}
 
     def _try(self, what: str, call: Callable[[], T]) -> T | None:
         """`call()`, or None when it fails: said once per reason (an unreachable server at DEBUG:
@@ -338,12 +373,12 @@ class Informer:
             logger.error("watch of %s failed (a bug), retrying from a new list: %s", kind, reason, exc_info=err)
         return reason
 
-    def start(self, stop: threading.Event, *, timeout_s: int = 60,
-              listed: dict[str, str] | None = None) -> list[threading.Thread]:
-        """One daemon thread per watched kind; `listed`: the resourceVersions `relist` returned,
-        to watch from (a kind missing or "" lists first)."""
+    def start(self, stop: threading.Event, *, timeout_s: int = 60, listed: Listed | None = None,
+              kinds: tuple[str, ...] = KINDS) -> list[threading.Thread]:
+        """One daemon thread per watched kind (of `kinds`); `listed`: the resourceVersions `relist`
+        returned, to watch from (a kind missing or "" lists first)."""
         threads = []
-        for kind in KINDS:
+        for kind in kinds:
             self.liveness.expect(f"watch-{kind}")
             kwargs = {"timeout_s": timeout_s, "resource_version": (listed or {}).get(kind, "")}
             thread = threading.Thread(target=self.watch_kind, args=(kind, stop), kwargs=kwargs,
