@@ -109,6 +109,8 @@ class MetadataRelist:
         self.fetch_at_most = fetch_at_most
         self.fetch_share = fetch_share
         self.fetch_floor = fetch_floor
+        self.last = Relisted()
+        """What the last relist did (benchmarks and tests read it)."""
 
     def relist(self) -> Relisted:
         """List every kind by metadata and take in what differs from the picture; raises the
@@ -122,6 +124,7 @@ class MetadataRelist:
             else:
                 done.kinds[kind] = self._relist(kind)
         logger.debug("periodic relist by metadata: %s (%d whole objects read)", done.describe(), done.bodies_read())
+        self.last = done
         return done
 
     def _namespace(self, kind: str) -> str | None:
