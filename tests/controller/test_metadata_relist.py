@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from elasticgpu.api import names
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.machinery.metadata_relist import MetadataRelist
@@ -152,3 +154,11 @@ def test_many_changes_list_the_kind_whole(cluster: Cluster, kube: KubeApi) -> No
     gpu = controller.ledger.gpu(name)
     assert gpu is not None and gpu.metadata.uid == again["metadata"]["uid"]
     assert {f"gpu-{cluster.prefix}-{i}" for i in (1, 2)}.isdisjoint(controller.ledger.gpu_names())
+
+
+def test_the_full_relist_is_one_setting_away() -> None:
+    assert ControllerSettings.from_env({}).resync.relist_by_metadata
+    assert not ControllerSettings.from_env({"ELASTICGPU_RELIST_BY_METADATA": "false"}).resync.relist_by_metadata
+    assert "ELASTICGPU_RELIST_BY_METADATA (true)" in ControllerSettings.environment_help()
+    with pytest.raises(ValueError, match="ELASTICGPU_RELIST_BY_METADATA"):
+        ControllerSettings.from_env({"ELASTICGPU_RELIST_BY_METADATA": "sometimes"})

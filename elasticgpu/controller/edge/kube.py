@@ -60,8 +60,8 @@ class KubeApi(KubeRequests):
 
     def list_metadata(self, kind: str, namespace: str | None = None) -> tuple[list[Body], str]:
         """The metadata of every object of a watched kind (`collection_path`), as
-        PartialObjectMetadata (name, namespace, uid, resourceVersion, labels, annotations; no
-        spec, no status: a tenth of a GPU object's bytes or less), and the list's resourceVersion."""
+        PartialObjectMetadata (name, namespace, uid, resourceVersion, labels, annotations,
+        managedFields; no spec, no status), and the list's resourceVersion."""
         return self.list_collection(self.collection_path(kind, namespace), accept=METADATA_LIST)
 
     def get_object(self, kind: str, namespace: str, name: str) -> Body:
