@@ -126,6 +126,33 @@ class Picture(taking_in.TakingIn):
                 return {("", name): of(body) for name, body in self.pods.nodes().items()}
         return {}
 
+    def held_version(self, kind: str, key: tuple[str, str]) -> tuple[str, str] | None:
+        """`held_versions` of one object (None: not held)."""
+        namespace, name = key
+        with self.lock:
+            if kind == "claim":
+                body = self._claims.version_body(key)
+                return None if body is None else (str(body["metadata"].get("resourceVersion") or ""),
+                                                  self._claims.uid(key) or "")
+            if kind == "egpu":
+                body = self._egpus.version_body(name)
+                return None if body is None else (str(body["metadata"].get("resourceVersion") or ""),
+                                                  self._egpus.uid(name) or "")
+            if kind == "class":
+                klass = self._classes.get(name)
+                return None if klass is None else (klass.metadata.resource_version or "", klass.metadata.uid or "")
+            held: Body | None = None
+            if kind == "gpu":
+                held = self.ledger.gpu_body(name)
+            elif kind == "pod":
+                held = self.pods.pod(namespace, name)
+            elif kind == "node":
+                held = self.pods.nodes().get(name)
+            if held is None:
+                return None
+            meta = held.get("metadata") or {}
+            return str(meta.get("resourceVersion") or ""), str(meta.get("uid") or "")
+
     def as_deleted(self, kind: str, keys: Iterable[tuple[str, str]]) -> list[Body]:
         """The bodies DELETED events would carry for the objects `keys` of `kind` the picture holds
         (the picture's last copy; an ElasticGPU's with its claimRef, the claim to wake)."""

@@ -158,6 +158,8 @@ class MetadataRelist:
                     bodies.append(self.kube.get_object(kind, namespace, name))
                 done.fetched += 1
         for body in self.picture.unlisted(kind, items, list_version):
+            if self.picture.held_version(kind, _key(body)) != held.get(_key(body)):
+                continue  # a watch event or a write answer came meanwhile: newer than the list
             self.informer.observe(kind, "DELETED", body)
             done.deleted += 1
         for body in bodies:
