@@ -282,17 +282,17 @@ class PagedKube(KubeApi):
         self.json_s: dict[str, float] = {}
 
     def _send(self, method: str, path: str, *, body: object, query: Mapping[str, str] | None,  # type: ignore[override]
-              content_type: str, timeout_s: float | None) -> tuple[int, bytes]:
+              content_type: str, timeout_s: float | None, accept: str = "application/json") -> tuple[int, bytes]:
         key = next((k for k in self.served if path.endswith("/" + k)), None)
         if key is None:
             return 200, b'{"kind":"List","metadata":{"resourceVersion":"999999"},"items":[]}'
         token = (query or {}).get("continue", "")
         return 200, self.served[key][int(token.rsplit("-", 1)[1]) // PAGE if token else 0]
 
-    def list_collection(self, path: str) -> tuple[list[dict[str, Any]], str]:
+    def list_collection(self, path: str, *, accept: str = "application/json") -> tuple[list[dict[str, Any]], str]:
         began = time.process_time()
         try:
-            return super().list_collection(path)
+            return super().list_collection(path, accept=accept)
         finally:
             kind = path.rsplit("/", 1)[1]
             self.json_s[kind] = self.json_s.get(kind, 0.0) + time.process_time() - began

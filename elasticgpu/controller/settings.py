@@ -134,6 +134,10 @@ class ResyncSettings:
     orphan_grace_s: float = 60.0
     """Seconds a reservation may exist on a GPU without its ElasticGPU before it is freed. It
     covers the gap between the commit point and the ElasticGPU's creation (and a crash there)."""
+    relist_by_metadata: bool = True
+    """The periodic relist lists metadata only and reads whole just the objects the picture has
+    wrong (`flow/machinery/metadata_relist.py`); False: full lists of every kind, as before (for
+    a server that cannot answer PartialObjectMetadataList, and to compare the two)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,6 +246,7 @@ class ControllerSettings:
             f"ELASTICGPU_RELIST_INTERVAL_S ({ResyncSettings.relist_interval_s:g}), "
             f"ELASTICGPU_ORPHAN_GRACE_S ({ResyncSettings.orphan_grace_s:g}), "
             f"ELASTICGPU_SETTLED_WALK_PER_S ({ResyncSettings.settled_walk_per_s:g}), "
+            f"ELASTICGPU_RELIST_BY_METADATA ({str(ResyncSettings.relist_by_metadata).lower()}), "
             f"ELASTICGPU_HEARTBEAT_GRACE_S ({GPUHealthSettings.heartbeat_grace_s:g}), "
             f"ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S ({GPUHealthSettings.running_claims_expire_s:g}), "
             f"ELASTICGPU_NODE_GONE_GRACE_S ({GPUHealthSettings.node_gone_grace_s:g}), "
@@ -258,7 +263,8 @@ class ControllerSettings:
     def from_env(cls, environ: dict[str, str] | None = None) -> ControllerSettings:
         """Settings with `ELASTICGPU_RESYNC_INTERVAL_S`, `ELASTICGPU_RELIST_INTERVAL_S`,
         `ELASTICGPU_ORPHAN_GRACE_S`, `ELASTICGPU_HEARTBEAT_GRACE_S`, `ELASTICGPU_RUNNING_CLAIMS_EXPIRE_S`,
-        `ELASTICGPU_NODE_GONE_GRACE_S`, `ELASTICGPU_BINDING_WORKERS`, `ELASTICGPU_OWNER_UNPUBLISH_GRACE_S` and
+        `ELASTICGPU_NODE_GONE_GRACE_S`, `ELASTICGPU_BINDING_WORKERS`, `ELASTICGPU_OWNER_UNPUBLISH_GRACE_S`,
+        `ELASTICGPU_RELIST_BY_METADATA` and
         `ELASTICGPU_WATCH` read from the environment where set."""
         env = os.environ if environ is None else environ
         resync = ResyncSettings(
@@ -266,6 +272,7 @@ class ControllerSettings:
             orphan_grace_s=float(env.get("ELASTICGPU_ORPHAN_GRACE_S", ResyncSettings.orphan_grace_s)),
             relist_interval_s=float(env.get("ELASTICGPU_RELIST_INTERVAL_S", ResyncSettings.relist_interval_s)),
             settled_walk_per_s=float(env.get("ELASTICGPU_SETTLED_WALK_PER_S", ResyncSettings.settled_walk_per_s)),
+            relist_by_metadata=_flag(env, "ELASTICGPU_RELIST_BY_METADATA", default=ResyncSettings.relist_by_metadata),
         )
         binding = BindingSettings(
             workers=int(env.get("ELASTICGPU_BINDING_WORKERS", BindingSettings.workers)),
@@ -301,9 +308,9 @@ class ControllerSettings:
                    autoscale=autoscale)
 
 
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    """A true/false variable; anything else is refused with the variable's name."""
-    value = env.get(name, "false").strip().lower()
+def _flag(env: Mapping[str, str], name: str, *, default: bool = False) -> bool:
+    """A true/false variable (unset or empty: `default`); anything else is refused with the variable's name."""
+    value = env.get(name, "").strip().lower()
     if value not in ("true", "false", "1", "0", ""):
         raise ValueError(f"{name}={value!r}: use true or false")
-    return value in ("true", "1")
+    return default if value == "" else value in ("true", "1")

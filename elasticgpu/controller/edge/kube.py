@@ -16,6 +16,7 @@ from elasticgpu.api import names
 from elasticgpu.controller import errors
 from elasticgpu.controller.edge.requesting import (
     MERGE,
+    METADATA_LIST,
     POD_SELECTOR,
     STRATEGIC,
     WATCH_READ_MARGIN_S,
@@ -54,6 +55,18 @@ class KubeApi(KubeRequests):
             config_file=kubeconfig, context=context, client_configuration=configuration)
         configuration.connection_pool_maxsize = 32
         return cls(client.ApiClient(configuration), settings=settings)
+
+    # -- any watched kind (the periodic relist, flow/machinery/metadata_relist.py) ------------
+
+    def list_metadata(self, kind: str, namespace: str | None = None) -> tuple[list[Body], str]:
+        """The metadata of every object of a watched kind (`collection_path`), as
+        PartialObjectMetadata (name, namespace, uid, resourceVersion, labels, annotations,
+        managedFields; no spec, no status), and the list's resourceVersion."""
+        return self.list_collection(self.collection_path(kind, namespace), accept=METADATA_LIST)
+
+    def get_object(self, kind: str, namespace: str, name: str) -> Body:
+        """One object of a watched kind, whole (`namespace` "" for a cluster-scoped kind); raises NotFound."""
+        return self._call("GET", f"{self.collection_path(kind, namespace or None)}/{name}")
 
     # -- GPUs ----------------------------------------------------------------------------------
 

@@ -39,6 +39,9 @@ Body = dict[str, Any]
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 _JSON = "application/json"
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+"""Asks a list for each object's metadata only (kind PartialObjectMetadata), as client-go's
+metadata informers do: the periodic relist compares resourceVersions and uids, not bodies."""
 
 _BASE = f"/apis/{names.GROUP}/{names.VERSION}"
 WATCH_READ_MARGIN_S = 15.0
@@ -145,12 +148,13 @@ class KubeRequests:
         query: Mapping[str, str] | None = None,
         content_type: str = _JSON,
         timeout_s: float | None = None,
+        accept: str = _JSON,
     ) -> Body:
         if method != "GET":
             _writes.count = getattr(_writes, "count", 0) + 1
         try:
             status, data = self._send(method, path, body=body, query=query, content_type=content_type,
-                                      timeout_s=timeout_s)
+                                      timeout_s=timeout_s, accept=accept)
         except errors.ApiUnavailable as err:
             self.reachability.failed(err)
             if self.metrics is not None:
@@ -175,16 +179,17 @@ class KubeRequests:
         query: Mapping[str, str] | None,
         content_type: str,
         timeout_s: float | None,
+        accept: str = _JSON,
     ) -> tuple[int, bytes]:
         """The HTTP status and body of one request; ApiUnavailable when no answer came back."""
         if self._transport is None:
             return self._call_via_client(method, path, body=body, query=query, content_type=content_type,
-                                         timeout_s=timeout_s)
+                                         timeout_s=timeout_s, accept=accept)
         target = f"{path}?{_query_string(tuple(query.items()))}" if query else path
         try:
             return self._transport.request(
                 method, target, body=None if body is None else orjson.dumps(body), content_type=content_type,
-                timeout_s=timeout_s or self.settings.request_timeout_s)
+                timeout_s=timeout_s or self.settings.request_timeout_s, accept=accept)
         except (OSError, http.client.HTTPException) as err:
             raise errors.ApiUnavailable(f"{method} {path}: {err!r}; is the API server up?", status=0) from err
 
@@ -197,10 +202,11 @@ class KubeRequests:
         query: Mapping[str, str] | None,
         content_type: str,
         timeout_s: float | None,
+        accept: str = _JSON,
     ) -> tuple[int, bytes]:
         """The same request through the kubernetes client's urllib3 pool (which knows proxies)."""
         query_params = list((query or {}).items())
-        headers = {"Accept": _JSON}
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type
         try:
@@ -248,9 +254,10 @@ class KubeRequests:
         raise errors.ApiUnavailable(f"{method} {path}: HTTP {status}: {message}", status=status)
 
     def _list(self, path: str, *, label_selector: str | None = None, field_selector: str | None = None,
-              timeout_s: float = 60.0) -> tuple[list[Body], str]:
+              timeout_s: float = 60.0, accept: str = _JSON) -> tuple[list[Body], str]:
         """Every item of a collection (pages of 500) and the list's resourceVersion; each page
-        waits at most `timeout_s` (60 s by default: a page of 500 large objects on a busy server)."""
+        waits at most `timeout_s` (60 s by default: a page of 500 large objects on a busy server).
+        `accept`: `METADATA_LIST` for each item's metadata only."""
         items: list[Body] = []
         query: dict[str, str] = {"limit": "500"}
         if label_selector:
@@ -260,7 +267,7 @@ class KubeRequests:
 
         resource_version = ""
         while True:
-            page = self._call("GET", path, query=query, timeout_s=timeout_s)
+            page = self._call("GET", path, query=query, timeout_s=timeout_s, accept=accept)
             items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
             resource_version = str(meta.get("resourceVersion") or resource_version)
@@ -306,10 +313,10 @@ class KubeRequests:
         plural = {"egpu": names.PLURAL_ELASTIC_GPU, "gpu": names.PLURAL_GPU, "class": names.PLURAL_CLASS}[kind]
         return self._cluster(plural)
 
-    def list_collection(self, path: str) -> tuple[list[Body], str]:
+    def list_collection(self, path: str, *, accept: str = _JSON) -> tuple[list[Body], str]:
         """Every object of a collection and the resourceVersion to watch it from (pods: only
-        those that use claims, `POD_SELECTOR`)."""
-        return self._list(path, label_selector=_selector_of(path))
+        those that use claims, `POD_SELECTOR`); `accept` `METADATA_LIST`: each one's metadata only."""
+        return self._list(path, label_selector=_selector_of(path), accept=accept)
 
     def watch(self, path: str, *, resource_version: str, timeout_s: int = 300,
               read_timeout_s: float | None = None) -> Iterator[Body]:

@@ -314,14 +314,15 @@ class Transport:
         lines.append("\r\n")
         return "\r\n".join(lines).encode("latin-1")
 
-    def request(self, method: str, path: str, *, body: bytes | None, content_type: str, timeout_s: float
-                ) -> tuple[int, bytes]:
-        """Send one request (`path` with its query string) and read the whole answer.
+    def request(self, method: str, path: str, *, body: bytes | None, content_type: str, timeout_s: float,
+                accept: str = "application/json") -> tuple[int, bytes]:
+        """Send one request (`path` with its query string) and read the whole answer (`accept`:
+        the media type asked for, e.g. a list of metadata only).
 
         A connection the server closed while it sat idle is reopened and the request sent
         once more; that is the only retry (every write of the controller is safe to repeat:
         preconditions and uid-derived names turn a repeat into a 409 it handles)."""
-        head = self._head(method, path, body, content_type, "application/json")
+        head = self._head(method, path, body, content_type, accept)
         message = head + body if body is not None else head  # one write: no Nagle/delayed-ACK stall
         for attempt in (0, 1):
             try:

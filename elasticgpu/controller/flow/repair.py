@@ -5,9 +5,10 @@ last sync failed or wrote, `settled.SettledKeys`) are queued again on the queue'
 lane (behind the keys events queued), with a slice of the settled ones (each about once per
 relist interval, at most `settled_walk_per_s` a second): the work at rest follows the changes,
 not the number of objects (issue 49: every key each 30 s was ~3,300 syncs a second at 40,000
-cards and 50,000 claims). Every `relist_interval_s` fresh lists are merged into the picture
-first (what repairs a deletion no watch delivered), and the keys whose objects or inputs the
-lists changed are unsettled (`Picture.input_versions` before and after). Reservations whose
+cards and 50,000 claims). Every `relist_interval_s` the picture is first compared with lists of
+metadata and what differs is read and taken in (`metadata_relist`: what repairs a deletion no
+watch delivered; full lists where `relist_by_metadata` is off), and the keys whose objects or
+inputs that changed are unsettled (`Picture.input_versions` before and after). Reservations whose
 ElasticGPU does not exist, older than the grace period, are freed after a live read confirms
 the ElasticGPU is gone (`resync.find_orphans` decides which), unless their claim is still
 binding (`resync.still_binding`) or the node's agent reports the claim running on the card
@@ -29,7 +30,8 @@ from elasticgpu.controller.decisions import resync, running_holders
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.binding.commit import Commit
 from elasticgpu.controller.flow.machinery.informer import Informer
-from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
+from elasticgpu.controller.flow.machinery.metadata_relist import MetadataRelist
+from elasticgpu.controller.flow.machinery.workqueue import Key, WorkQueue
 from elasticgpu.controller.picture.picture import Picture
 from elasticgpu.controller.settings import GPUHealthSettings, ResyncSettings
 
@@ -50,17 +52,25 @@ class Repair:
         self.settings = settings
         self.gpu_health = gpu_health or GPUHealthSettings()
         self._kept_running: set[str] = set()  # orphans kept for a running holder, said once each
+        self.metadata_relist = MetadataRelist(informer=informer)
 
     def resync(self, *, relist: bool = True) -> None:
         """Free orphan reservations past the grace period and requeue the keys that are not
-        settled and a slice of those that are, behind the keys events queued; `relist`: merge
-        fresh lists into the picture first. The orphans found in the picture are confirmed by a
-        live read before anything is freed."""
+        settled and a slice of those that are, behind the keys events queued; `relist`: bring the
+        picture level with fresh lists first (`metadata_relist`). The orphans found in the picture
+        are confirmed by a live read before anything is freed."""
         settled = self.queue.settled
-        if relist:
-            before = self.picture.input_versions()
+        if relist and self.settings.relist_by_metadata:
+            before: list[dict[Key, object]] = []
+            # Taken only when the relist is about to change something: at rest nothing differs,
+            # and two input_versions were most of a relist's CPU (bench/relist_cost.py).
+            self.metadata_relist.relist(before_change=lambda: before.append(self.picture.input_versions()))
+            if before:
+                settled.relisted(before[0], self.picture.input_versions())
+        elif relist:
+            before_full = self.picture.input_versions()
             self.informer.relist(background=True, every=False)
-            settled.relisted(before, self.picture.input_versions())
+            settled.relisted(before_full, self.picture.input_versions())
         walk = settled.walk_size(interval_s=self.settings.interval_s,
                                  relist_interval_s=self.settings.relist_interval_s,
                                  per_s=self.settings.settled_walk_per_s)

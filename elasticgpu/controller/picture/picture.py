@@ -19,6 +19,8 @@ watches delivered meanwhile.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from elasticgpu.api import ElasticGPUClass
 from elasticgpu.controller.picture import reading, taking_in, versions
 
@@ -110,25 +112,116 @@ class Picture(taking_in.TakingIn):
         `list_version`) no longer has, as the bodies a DELETED event would carry: a watch that
         starts over with a list must take these in as deleted (client-go's Replace), or a
         deletion made while no watch ran stays in the picture until the next full relist. An
-        object whose copy is newer than the list (a write answer, a later event) is not one."""
+        object whose copy is newer than the list (a write answer, a later event) is not one.
+        `items` may be a list of metadata only (PartialObjectMetadata): only their names are read."""
         listed = {((b.get("metadata") or {}).get("namespace", ""), (b.get("metadata") or {}).get("name", ""))
                   for b in items}
-        names_listed = {name for _ns, name in listed}
-        held: list[Body | None] = []
+        with self.lock:
+            held = self.as_deleted(kind, set(self.held_versions(kind)) - listed)
+        return [body for body in held if not versions.changed_after(body, list_version)]
+
+    def held_versions(self, kind: str) -> dict[tuple[str, str], tuple[str, str]]:
+        """(resourceVersion, uid) of every object of `kind` the picture holds, by (namespace, name)
+        ("" for a cluster-scoped kind): what the periodic relist compares with a list of metadata
+        (`flow.machinery.metadata_relist`). Builds no model and parses no JSON."""
+        def of(body: Body | None) -> tuple[str, str]:
+            meta = (body or {}).get("metadata") or {}
+            return str(meta.get("resourceVersion") or ""), str(meta.get("uid") or "")
+
         with self.lock:
             if kind == "claim":
-                held = [self._claims.head(key) for key in set(self._claims) - listed]
-            elif kind == "egpu":
-                held = [self._egpu_deleted_body(name) for name in set(self._egpus) - names_listed]
-            elif kind == "gpu":
-                held = [self.ledger.gpu_body(name) for name in set(self.ledger.gpu_names()) - names_listed]
-            elif kind == "class":
-                held = [{"metadata": {"name": name}} for name in set(self._classes) - names_listed]
+                return {key: (of(self._claims.version_body(key))[0], self._claims.uid(key) or "")
+                        for key in self._claims}
+            if kind == "egpu":
+                return {("", name): (of(self._egpus.version_body(name))[0], self._egpus.uid(name) or "")
+                        for name in self._egpus}
+            if kind == "gpu":
+                return {("", name): of(self.ledger.gpu_body(name)) for name in self.ledger.gpu_names()}
+            if kind == "class":
+                return {("", name): (c.metadata.resource_version or "", c.metadata.uid or "")
+                        for name, c in self._classes.items()}
+            if kind == "pod":
+                pod_keys = self.pods.keys()  # a PodIndex, not a dict
+                return {key: of(self.pods.pod(*key)) for key in pod_keys}
+            if kind == "node":
+                return {("", name): of(body) for name, body in self.pods.nodes().items()}
+        return {}
+
+    def held_version(self, kind: str, key: tuple[str, str]) -> tuple[str, str] | None:
+        """`held_versions` of one object (None: not held)."""
+        namespace, name = key
+        with self.lock:
+            if kind == "claim":
+                body = self._claims.version_body(key)
+                return None if body is None else (str(body["metadata"].get("resourceVersion") or ""),
+                                                  self._claims.uid(key) or "")
+            if kind == "egpu":
+                body = self._egpus.version_body(name)
+                return None if body is None else (str(body["metadata"].get("resourceVersion") or ""),
+                                                  self._egpus.uid(name) or "")
+            if kind == "class":
+                klass = self._classes.get(name)
+                return None if klass is None else (klass.metadata.resource_version or "", klass.metadata.uid or "")
+            held: Body | None = None
+            if kind == "gpu":
+                held = self.ledger.gpu_body(name)
             elif kind == "pod":
-                held = [self.pods.pod(*key) for key in set(self.pods.keys()) - listed]
+                held = self.pods.pod(namespace, name)
             elif kind == "node":
-                held = [body for name, body in self.pods.nodes().items() if name not in names_listed]
-        return [body for body in held if body is not None and not versions.changed_after(body, list_version)]
+                held = self.pods.nodes().get(name)
+            if held is None:
+                return None
+            meta = held.get("metadata") or {}
+            return str(meta.get("resourceVersion") or ""), str(meta.get("uid") or "")
+
+    def as_deleted(self, kind: str, keys: Iterable[tuple[str, str]]) -> list[Body]:
+        """The bodies DELETED events would carry for the objects `keys` of `kind` the picture holds
+        (the picture's last copy; an ElasticGPU's with its claimRef, the claim to wake)."""
+        held: list[Body | None] = []
+        with self.lock:
+            nodes = self.pods.nodes() if kind == "node" else {}
+            for namespace, name in keys:
+                if kind == "claim":
+                    held.append(self._claims.head((namespace, name)))
+                elif kind == "egpu":
+                    held.append(self._egpu_deleted_body(name))
+                elif kind == "gpu":
+                    held.append(self.ledger.gpu_body(name))
+                elif kind == "class":
+                    klass = self._classes.get(name)
+                    held.append(None if klass is None else {"metadata": {
+                        "name": name, "resourceVersion": klass.metadata.resource_version, "uid": klass.metadata.uid}})
+                elif kind == "pod":
+                    held.append(self.pods.pod(namespace, name))
+                elif kind == "node":
+                    held.append(nodes.get(name))
+        return [body for body in held if body is not None]
+
+    def listed_at(self, kind: str, list_version: str) -> Keys:
+        """A complete list of `kind` was read at `list_version` and every difference taken in
+        (the periodic relist by metadata): forget the deletions it has seen (tombstones) as
+        `merge_lists` does; the keys to queue (pods deleted since their sync last ran)."""
+        with self.lock:
+            if kind == "claim":
+                self._deleted_claims.prune(list_version)
+            elif kind == "egpu":
+                self._deleted_egpus.prune(list_version)
+            elif kind == "gpu":
+                self.ledger.prune_tombstones(list_version)
+            elif kind == "pod":
+                self._gone_pods.prune(list_version)
+                return self.pods.listed_at(list_version)
+        return []
+
+    def merge_node_metadata(self, nodes: list[Body]) -> None:
+        """What a complete node list tells from metadata alone (names, uids, labels), as
+        `merge_lists` takes it: the ledger's node labels and which Nodes exist (`nodes`)."""
+        with self.lock:
+            for node in nodes:
+                meta = node.get("metadata") or {}
+                self.ledger.observe_node(str(meta.get("name", "")), meta.get("labels") or {})
+            self.ledger.forget_nodes_except({str((n.get("metadata") or {}).get("name", "")) for n in nodes})
+            self.nodes.merge(nodes)
 
     def _egpu_deleted_body(self, name: str) -> Body | None:
         """An ElasticGPU's kept head with its claimRef (what the DELETED path reads: the claim to wake)."""

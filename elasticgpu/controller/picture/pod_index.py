@@ -109,6 +109,15 @@ class PodIndex:
         self._departed_before, self._departed = self._departed, {}
         return keys
 
+    def listed_at(self, list_version: str) -> Keys:
+        """A complete pod list read at `list_version` was taken in pod by pod (the periodic relist
+        by metadata): what `merge` does besides, the tombstones it has seen forgotten and the
+        departed pods' older generation dropped (their keys, queued twice by then, returned)."""
+        self._deleted.prune(list_version)
+        keys: Keys = [("pod", *key) for key in self._departed]
+        self._departed_before, self._departed = self._departed, {}
+        return keys
+
     def pod(self, namespace: str, name: str) -> Body | None:
         """The pod's body as last seen (a fresh dict), or None (deleted, never seen, or not using claims)."""
         held = self._pods.get((namespace, name))
