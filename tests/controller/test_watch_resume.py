@@ -68,13 +68,18 @@ def test_a_broken_watch_resumes_without_listing_again(cluster: Cluster, kube: Ku
         thread.join(timeout=10)
 
 
-@pytest.mark.parametrize("kind", ["claim", "egpu", "gpu"])
+@pytest.mark.parametrize("kind", ["claim", "egpu", "gpu", "pod"])
 def test_a_watch_that_lists_again_takes_in_the_deletions_it_missed(
-        cluster: Cluster, kube: KubeApi, relayed: tuple[KubeApi, Relay], kind: str) -> None:
+        cluster: Cluster, kube: KubeApi, relayed: tuple[KubeApi, Relay], kind: str, api_client: Any) -> None:
     """A watch that cannot resume from its resourceVersion (a 410, or `RELIST_AFTER_FAILURES`
     failures in a row) starts over with a list: what was deleted meanwhile is gone from the
     picture at once, not only at the next full relist (minutes later, with the capacity of a
-    deleted claim's ElasticGPU held until then)."""
+    deleted claim's ElasticGPU held until then). A pod deleted meanwhile no longer uses its claim
+    (taken in at the list's resourceVersion: at the version the picture held it was refused as not
+    newer, and its claim stayed in use)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
     api, relay = relayed
     controller = new_controller(api, cluster.namespace)
     picture = controller.picture
@@ -84,12 +89,21 @@ def test_a_watch_that_lists_again_takes_in_the_deletions_it_missed(
             cluster.claim(o.claim(name, cores=10, memory="1Gi"))
         elif kind == "egpu":
             cluster.egpu(o.share_egpu(f"egpu-{prefix}-{name}", f"gpu-{prefix}-0"))
+        elif kind == "pod":
+            cluster.claim(o.claim(f"used-{name}", cores=10, memory="1Gi"))
+            core.create_namespaced_pod(cluster.namespace, {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "labels": {names.LABEL_USES_CLAIMS: "true"},
+                             "annotations": {names.claim_annotation("main"): f"used-{name}"}},
+                "spec": {"containers": [{"name": "main", "image": "busybox"}]}})
         else:
             cluster.gpu(o.gpu(f"gpu-{prefix}-{name}", node=f"{prefix}-node", index=index))
 
     def held(name: str) -> bool:
         if kind == "claim":
             return picture.claim(cluster.namespace, name) is not None
+        if kind == "pod":
+            return bool(picture.pods_using(cluster.namespace, f"used-{name}"))
         if kind == "egpu":
             return picture.egpu(f"egpu-{prefix}-{name}") is not None
         return picture.ledger.gpu(f"gpu-{prefix}-{name}") is not None
@@ -97,6 +111,8 @@ def test_a_watch_that_lists_again_takes_in_the_deletions_it_missed(
     def delete(name: str) -> None:
         if kind == "claim":
             kube.delete_claim(cluster.namespace, name)
+        elif kind == "pod":
+            core.delete_namespaced_pod(name, cluster.namespace, grace_period_seconds=0, _preload_content=False)
         elif kind == "egpu":
             kube.delete_elastic_gpu(f"egpu-{prefix}-{name}")
         else:

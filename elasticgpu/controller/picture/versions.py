@@ -52,6 +52,15 @@ def changed_after(body: Body | None, list_version: str) -> bool:
     return version_after(version_of(body), list_version)
 
 
+def deleted_at(body: Body, list_version: str) -> Body:
+    """The picture's last copy of an object a fresh list no longer has, as a DELETED event carries
+    it: at the resourceVersion of its deletion, which the list's bounds from above (a pod's copy at
+    the version the picture already holds would be refused as not newer, its claims kept in use)."""
+    if not list_version.isdigit():
+        return body
+    return {**body, "metadata": {**(body.get("metadata") or {}), "resourceVersion": list_version}}
+
+
 def version_after(version: int | None, list_version: str) -> bool:
     """`changed_after` for a resourceVersion already parsed."""
     listed = _as_number(list_version)

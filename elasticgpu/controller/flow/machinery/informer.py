@@ -348,7 +348,7 @@ class Informer:
         elif kind == "namespace":
             self.weights.merge((items, list_version))
         for body in self.picture.unlisted(kind, items, list_version):
-            self.observe(kind, "DELETED", body)
+            self.observe(kind, "DELETED", versions.deleted_at(body, list_version))
         if kind == "node":  # a complete view: a node missing from it is gone
             self.picture.nodes.merge(items)
         for body in items:

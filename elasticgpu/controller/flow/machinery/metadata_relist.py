@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from elasticgpu.controller import errors
 from elasticgpu.controller.flow.machinery.informer import Informer
+from elasticgpu.controller.picture import versions
 from elasticgpu.controller.picture.picture import Body
 
 logger = logging.getLogger(__name__)
@@ -172,7 +173,7 @@ class MetadataRelist:
             if self.picture.held_version(kind, _key(body)) != held.get(_key(body)):
                 continue  # a watch event or a write answer came meanwhile: newer than the list
             self._changing()
-            self.informer.observe(kind, "DELETED", _deleted_at(body, list_version))
+            self.informer.observe(kind, "DELETED", versions.deleted_at(body, list_version))
             done.deleted += 1
         for body in bodies:
             self._changing()
@@ -191,15 +192,6 @@ class MetadataRelist:
             self.picture.merge_node_metadata(items)
         self.informer.queue.add_all(self.picture.listed_at(kind, list_version))
         return done
-
-
-def _deleted_at(body: Body, list_version: str) -> Body:
-    """The picture's last copy of an object the list no longer has, as a DELETED event carries it:
-    at the resourceVersion of its deletion, which the list's bounds from above (a pod's copy at
-    the version the picture already holds would be refused as not newer, its claims kept in use)."""
-    if not list_version.isdigit():
-        return body
-    return {**body, "metadata": {**(body.get("metadata") or {}), "resourceVersion": list_version}}
 
 
 def _key(body: Body) -> tuple[str, str]:
