@@ -20,13 +20,14 @@ import argparse
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elasticgpu import user_errors
 from elasticgpu.api import names
@@ -34,6 +35,9 @@ from elasticgpu.demo import containers, scenario, showing
 from elasticgpu.demo.run_frame import INTERRUPTED, OWNER_FILE, TMP_PREFIX, Interrupts, Phases, sweep_stale_dirs
 from elasticgpu.testbed import components, free_ports, kube, local_cluster, local_runtime, processes
 from elasticgpu.testbed.processes import DemoError
+
+if TYPE_CHECKING:
+    from elasticgpu.testbed import real_cluster
 
 ADMISSION = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
@@ -70,6 +74,7 @@ class Demo:
         self.owned = contextlib.ExitStack()  # the real control plane the demo started (stopped last)
         self.kube: kube.DemoKube | None = None
         self.runtime: local_runtime.LocalRuntime | None = None
+        self.plane: real_cluster.ControlPlane | None = None  # --cluster real's control plane
         self.agent_paths: dict[str, components.AgentPaths] = {}
         self.created: list[str] = []  # paths of cluster-scoped objects to delete (external cluster)
         self.first_seen: float | None = None
@@ -88,6 +93,7 @@ class Demo:
 
             try:
                 plane = self.owned.enter_context(real_cluster.running_control_plane())
+                self.plane = plane
             except real_cluster.ControlPlaneUnavailable as error:
                 raise DemoError(f"--cluster real: {error}") from None
             self.kubeconfig = plane.kubeconfig
@@ -366,6 +372,29 @@ class Demo:
         else:
             shutil.rmtree(self.directory, ignore_errors=True)
 
+    def abandon(self) -> None:
+        """`cleanup` with nothing that can block, for the watchdog of `Interrupts` when cleanup after
+        Ctrl-C does not finish: every child's process group SIGKILLed, containerd's shims and mounts
+        released, the folders removed, and one line saying so. On a cluster the demo does not own,
+        what it made there stays (its names start with elasticgpu-demo)."""
+        started = list(self.children.started)
+        if self.plane is not None:
+            started += self.plane.children.started
+        for child in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.process.pid, signal.SIGKILL)
+        if self.runtime is not None:
+            self.runtime.kill()
+        if self.plane is not None:
+            shutil.rmtree(self.plane.directory, ignore_errors=True)
+        where = "" if not self.external else f"; what it made on {self.kubeconfig} stays"
+        if self.args.keep:
+            left = f"kept {self.directory}"
+        else:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            left = "removed its files"
+        self.say(f"elasticgpu demo: interrupted: its cleanup hung; killed everything it started and {left}{where}")
+
     def _delete_scenario(self, k: kube.DemoKube) -> None:
         """Pods and claims first, while the controller still runs: it lifts the claims' finalizers once
         their pods are gone and deletes their ElasticGPUs (reclaim Delete). Then the namespace.
@@ -449,6 +478,7 @@ def _run(args: argparse.Namespace, out: Any, say: Callable[..., None], interrupt
     sweep_stale_dirs()
     phases = Phases()
     demo = Demo(args, say)
+    interrupts.abandon = demo.abandon
     failure: str | None = None
     told: user_errors.UserError | None = None
     try:
@@ -486,6 +516,7 @@ def _run(args: argparse.Namespace, out: Any, say: Callable[..., None], interrupt
         interrupts.shielded = True
         with phases.phase("cleanup"):
             demo.cleanup()
+    interrupts.finish()
     if told is not None:
         print(f"elasticgpu demo: error: {told}", file=sys.stderr)
         return user_errors.EXIT_USAGE

@@ -46,11 +46,27 @@ class LocalRuntime:
                     with contextlib.suppress(grpc.RpcError):
                         stub.StopPodSandbox(api.pb.StopPodSandboxRequest(pod_sandbox_id=sandbox.id), timeout=10)
                         stub.RemovePodSandbox(api.pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id), timeout=10)
+        shims = self._shims()
+        self.child.stop()
+        self._release(shims)
+
+    def kill(self) -> None:
+        """`stop` with nothing that can block: containerd and its shims SIGKILLed, mounts lazily
+        unmounted (the demo's watchdog, when the cleanup after Ctrl-C does not finish)."""
+        shims = self._shims()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.process.pid, signal.SIGKILL)
+        self._release(shims)
+
+    def _shims(self) -> list[int]:
         shims = []
         for pid_file in (self.directory / "state").glob("io.containerd.runtime.v2.task/*/*/shim.pid"):
             with contextlib.suppress(OSError, ValueError):
                 shims.append(int(pid_file.read_text().strip()))
-        self.child.stop()
+        return shims
+
+    def _release(self, shims: list[int]) -> None:
+        """Kill the shims (their own sessions: containerd's stop leaves them) and unmount what is left."""
         for pid in shims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
