@@ -20,6 +20,7 @@ watches delivered meanwhile.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from elasticgpu.api import ElasticGPUClass
 from elasticgpu.controller.picture import reading, taking_in, versions
@@ -29,6 +30,16 @@ ClaimKey = reading.ClaimKey
 PodKey = reading.PodKey
 Key = reading.Key
 Keys = reading.Keys
+
+
+class Unlisted(NamedTuple):
+    """An object the picture holds that a fresh list lacks (`Picture.unlisted`)."""
+
+    held: tuple[str, str]
+    """(resourceVersion, uid) the picture held it at when compared with the list: its deletion is
+    taken in only while the picture still holds it so (`Picture.observe_if_held`)."""
+    body: Body
+    """The body a DELETED event would carry: the picture's last copy."""
 
 
 class Picture(taking_in.TakingIn):
@@ -107,18 +118,63 @@ class Picture(taking_in.TakingIn):
                 self._store_claim((body["metadata"].get("namespace", ""), body["metadata"]["name"]), body)
             self._deleted_claims.prune(claims_version)
 
-    def unlisted(self, kind: str, items: list[Body], list_version: str) -> list[Body]:
+    def unlisted(self, kind: str, items: list[Body], list_version: str) -> list[Unlisted]:
         """What the picture holds of `kind` that a fresh list of that kind (read at
-        `list_version`) no longer has, as the bodies a DELETED event would carry: a watch that
-        starts over with a list must take these in as deleted (client-go's Replace), or a
+        `list_version`) no longer has, each with the body a DELETED event would carry: a watch
+        that starts over with a list must take these in as deleted (client-go's Replace), or a
         deletion made while no watch ran stays in the picture until the next full relist. An
         object whose copy is newer than the list (a write answer, a later event) is not one.
-        `items` may be a list of metadata only (PartialObjectMetadata): only their names are read."""
+        `items` may be a list of metadata only (PartialObjectMetadata): only their names are read.
+
+        Only the check: the caller takes each in with `observe_if_held`, which checks again under
+        the lock, so an event taken in between is not undone. The lock is held for a copy of the
+        held keys (no Python loop over 50,000 claims) and then for the few the list lacks."""
         listed = {((b.get("metadata") or {}).get("namespace", ""), (b.get("metadata") or {}).get("name", ""))
                   for b in items}
         with self.lock:
-            held = self.as_deleted(kind, set(self.held_versions(kind)) - listed)
-        return [body for body in held if not versions.changed_after(body, list_version)]
+            held_keys = self._held_keys(kind)
+        named = kind in ("claim", "pod")  # the other kinds are kept by name alone
+        gone = [key for key in held_keys if key not in listed] if named else [
+            ("", name) for name in held_keys if ("", name) not in listed]
+        found: list[Unlisted] = []
+        with self.lock:
+            for key in gone:
+                held = self.held_version(kind, key)
+                bodies = self.as_deleted(kind, [key])
+                if held is not None and bodies and not versions.changed_after(bodies[0], list_version):
+                    found.append(Unlisted(held, bodies[0]))
+        return found
+
+    def observe_if_held(self, kind: str, event_type: str | None, body: Body, held: tuple[str, str]) -> Keys | None:
+        """`observe`, only while the picture still holds the object at `held` (resourceVersion, uid:
+        what `unlisted` or `held_versions` read): the check and the change are one step under the
+        lock, as the watches' own changes are. A deletion a list implies must not undo a watch event
+        or a write answer taken in since the list was compared (the name created again, a newer
+        copy): it would stay undone until the next relist. None: the picture holds something else
+        now, and keeps it."""
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        with self.lock:
+            if self.held_version(kind, key) != held:
+                return None
+            return self.observe(kind, event_type, body)
+
+    def _held_keys(self, kind: str) -> list[Any]:
+        """A copy of the keys of every object of `kind` held: (namespace, name) for claims and pods,
+        names for the others; C-level copies only (the caller holds the lock)."""
+        if kind == "claim":
+            return list(self._claims)
+        if kind == "egpu":
+            return list(self._egpus)
+        if kind == "gpu":
+            return self.ledger.gpu_names()
+        if kind == "class":
+            return list(self._classes)
+        if kind == "pod":
+            return self.pods.keys()
+        if kind == "node":
+            return list(self.pods.nodes())
+        return []
 
     def held_versions(self, kind: str) -> dict[tuple[str, str], tuple[str, str]]:
         """(resourceVersion, uid) of every object of `kind` the picture holds, by (namespace, name)

@@ -82,26 +82,36 @@ class Informer:
         """Pods the label-selected watch reported DELETED that a GET found alive (their label was
         removed), by (namespace, name) -> uid: read again at every relist until they are gone."""
 
-    def observe(self, kind: str, event_type: str | None, body: Body) -> None:
-        """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node, namespace)."""
+    def observe(self, kind: str, event_type: str | None, body: Body, *,
+                if_held: tuple[str, str] | None = None) -> bool:
+        """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node, namespace).
+        `if_held`: only while the picture still holds the object at that (resourceVersion, uid),
+        checked under the picture's lock with the change (`Picture.observe_if_held`): the deletion
+        a list implies (`Picture.unlisted`) must not undo a watch event taken in since. Whether the
+        picture took it in (False: a pod still alive, or no longer held at `if_held`)."""
         self.picture.quotas.saw(versions.version_of(body))
         if kind == "namespace":
             self.weights.observe(event_type, body)  # no keys: a weight frees no room
-            return
+            return True
         if kind == "quota":  # which namespaces have one; no keys: quota-held claims are rechecked
             meta = body.get("metadata") or {}
             self.picture.quotas.put((str(meta.get("namespace", "")), str(meta.get("name", ""))),
                                     event_type != "DELETED", version=versions.version_of(body))
-            return
+            return True
         if kind == "class":
             # Every Bound claim of a class follows it (policing, resizability, recommendations),
             # and no key names them: the next resync looks at every object again.
             self.queue.settled.unsettle_all()
-        if kind == "pod" and event_type == "DELETED" and not self._pod_gone(body):
-            return  # still alive without the label: its claims stay in use
+        if kind == "pod" and event_type == "DELETED" and not self._pod_gone(body):  # a GET: outside the lock
+            return False  # still alive without the label: its claims stay in use
         if kind == "claim" and event_type != "DELETED" and self.on_claim is not None:
             self.on_claim(body)
-        self.queue.add_all(self.picture.observe(kind, event_type, body))
+        keys = (self.picture.observe(kind, event_type, body) if if_held is None
+                else self.picture.observe_if_held(kind, event_type, body, if_held))
+        if keys is None:
+            return False
+        self.queue.add_all(keys)
+        return True
 
     def _pod_gone(self, body: Body) -> bool:
         """Whether a pod the watch reported DELETED is really gone (a GET finds nothing, or another pod
@@ -342,17 +352,32 @@ class Informer:
     def _start_over(self, kind: str, items: list[Body], list_version: str) -> None:
         """Take in a fresh list of one kind as its watch's new start (client-go's Replace): what
         the picture holds and the list no longer has was deleted while no watch ran (a 410, a
-        long outage), and is taken in as DELETED before the listed objects as ADDED."""
+        long outage), and is taken in as DELETED before the listed objects as ADDED. Each deletion
+        is checked again under the picture's lock with the change: a write answer or the relist's
+        event taken in since the list was compared (the name created again, a newer copy) is kept."""
         if kind == "quota":
             self._merge_quotas(items, list_version)
         elif kind == "namespace":
             self.weights.merge((items, list_version))
-        for body in self.picture.unlisted(kind, items, list_version):
-            self.observe(kind, "DELETED", versions.deleted_at(body, list_version))
+        for gone in self.picture.unlisted(kind, items, list_version):
+            # Checked again with the change: an event another thread took in since is kept.
+            self.observe(kind, "DELETED", versions.deleted_at(gone.body, list_version), if_held=gone.held)
         if kind == "node":  # a complete view: a node missing from it is gone
             self.picture.nodes.merge(items)
         for body in items:
             self.observe(kind, "ADDED", body)
+
+    # -- the periodic relist's seam (`metadata_relist.RelistFeed`); the list functions above call
+    # the private names, the relist reaches no private of the informer
+
+    def keep_last_good(self, what: str, call: Callable[[], T]) -> T | None:
+        """`call()` (a list of the optional kind `what`: nodes, pods, namespaces, quotas), or None
+        when it fails, said once per reason: one voice for the start-up lists and the relist."""
+        return self._try(what, call)
+
+    def merge_quotas(self, items: list[Body], list_version: str) -> None:
+        """Replace which namespaces have a quota with a fresh list of quotas (metadata is enough)."""
+        self._merge_quotas(items, list_version)
 
     @staticmethod
     def _say(kind: str, err: Exception, backoff: float, resource_version: str, said: str) -> str:

@@ -15,7 +15,9 @@ paged as before) and compared with the picture (`Picture.held_versions`), by (na
   one held and then ADDED, so that what hung on the old one (its indexes, an inline claim's pod,
   a reservation) lets go of it rather than carrying over to the new one;
 - an object the picture holds that the list lacks, and whose copy is older than the list
-  (`Picture.unlisted`), is taken in as DELETED;
+  (`Picture.unlisted`), is taken in as DELETED, checked again under the picture's lock with the
+  change (`Informer.observe(if_held=...)`): a watch event taken in since the check (the name
+  created again, a newer copy) is not undone;
 - a copy newer than the list (a watch event or a write answer that came after it) is left as it is.
 
 When many differ (more than `fetch_at_most`, or more than `fetch_share` of the kind and more than
@@ -27,7 +29,9 @@ quotas exist): their lists are merged as the full ones were. Nodes: names, uids 
 from the metadata (`Picture.merge_node_metadata`), the bodies of the nodes that differ (taints,
 allocatable: the pod placement reads them) are read whole. Nodes, pods, namespaces and quotas may
 be refused (RBAC) or time out: the picture keeps its last good view of them, said once
-(`Informer._try`); any other kind that fails fails the resync, which the next one retries.
+(`Informer.keep_last_good`); any other kind that fails fails the resync, which the next one retries.
+
+The relist reaches the informer through `RelistFeed` alone: no private of it.
 
 The start-up list and a watch's start over after a 410 stay full lists (`Informer.relist`,
 `Informer.watch_kind`): every body is needed there.
@@ -40,11 +44,14 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from elasticgpu.controller import errors
-from elasticgpu.controller.flow.machinery.informer import Informer
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.flow.machinery.namespace_weight_feed import NamespaceWeightFeed
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.picture import versions
-from elasticgpu.controller.picture.picture import Body
+from elasticgpu.controller.picture.picture import Body, Picture
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +59,7 @@ KINDS = ("node", "gpu", "egpu", "class", "claim", "pod", "namespace", "quota")
 """In the order of the full relist (`Informer.relist`): the pods after the claims they use."""
 OPTIONAL = {"node": "nodes", "pod": "pods", "namespace": "namespaces", "quota": "quotas"}
 """The kinds whose failed list keeps the picture's last good view (RBAC may not grant them), by
-the name `Informer._try` says them with."""
+the name `RelistFeed.keep_last_good` says them with."""
 FETCH_AT_MOST = 500
 """Objects of one kind read one by one at most; more than this and the kind is listed whole (a
 page of a full list holds 500: past that, a GET each costs more requests than the list)."""
@@ -61,6 +68,34 @@ FETCH_SHARE = 0.05
 FETCH_FLOOR = 50
 """Objects of a kind always read one by one rather than listing the kind whole, whatever the share:
 a few dozen GETs cost less than one page of full bodies."""
+
+
+T = TypeVar("T")
+
+
+class RelistFeed(Protocol):
+    """What the relist needs of the informer (`Informer` is one): its client, picture, queue,
+    namespace and weight feed, how a change is taken in, and the optional kinds' say-once."""
+
+    kube: KubeApi
+    picture: Picture
+    queue: WorkQueue
+    namespace: str | None
+    weights: NamespaceWeightFeed
+
+    def observe(self, kind: str, event_type: str | None, body: Body, *,
+                if_held: tuple[str, str] | None = None) -> bool:
+        """Take in one change as a watch event; `if_held`: only while the picture still holds the
+        object at that (resourceVersion, uid), checked under its lock with the change."""
+        ...
+
+    def keep_last_good(self, what: str, call: Callable[[], T]) -> T | None:
+        """`call()`, or None when it fails (said once per reason)."""
+        ...
+
+    def merge_quotas(self, items: list[Body], list_version: str) -> None:
+        """Replace which namespaces have a quota with a fresh list of quotas."""
+        ...
 
 
 @dataclass
@@ -101,7 +136,7 @@ class Relisted:
 class MetadataRelist:
     """The periodic relist (see the module docstring); one per controller, run by `Repair`."""
 
-    def __init__(self, *, informer: Informer, fetch_at_most: int = FETCH_AT_MOST, fetch_share: float = FETCH_SHARE,
+    def __init__(self, *, informer: RelistFeed, fetch_at_most: int = FETCH_AT_MOST, fetch_share: float = FETCH_SHARE,
                  fetch_floor: int = FETCH_FLOOR) -> None:
         """`informer`: its client, picture and queue, its `observe` (how a change is taken in) and
         its view of the optional kinds' failures; the thresholds: when a kind is listed whole."""
@@ -124,8 +159,7 @@ class MetadataRelist:
         done = Relisted()
         for kind in KINDS:
             if kind in OPTIONAL:
-                # `_try` is the informer's say-once for the optional lists: one voice for both relists.
-                relisted = self.informer._try(OPTIONAL[kind], functools.partial(self._relist, kind))
+                relisted = self.informer.keep_last_good(OPTIONAL[kind], functools.partial(self._relist, kind))
                 done.kinds[kind] = relisted if relisted is not None else KindRelisted(failed="list failed")
             else:
                 done.kinds[kind] = self._relist(kind)
@@ -151,7 +185,7 @@ class MetadataRelist:
             self.informer.weights.merge((items, list_version))
             return done
         if kind == "quota":
-            self.informer._merge_quotas(items, list_version)
+            self.informer.merge_quotas(items, list_version)
             return done
         held = self.picture.held_versions(kind)
         stale = [item for item in items if _stale(held.get(_key(item)), item)]
@@ -169,12 +203,12 @@ class MetadataRelist:
                 with contextlib.suppress(errors.NotFound):
                     bodies.append(self.kube.get_object(kind, namespace, name))
                 done.fetched += 1
-        for body in self.picture.unlisted(kind, items, list_version):
-            if self.picture.held_version(kind, _key(body)) != held.get(_key(body)):
-                continue  # a watch event or a write answer came meanwhile: newer than the list
+        for gone in self.picture.unlisted(kind, items, list_version):
             self._changing()
-            self.informer.observe(kind, "DELETED", versions.deleted_at(body, list_version))
-            done.deleted += 1
+            # Checked again with the change: a watch event or a write answer taken in since the
+            # check (newer than the list) is kept.
+            if self.informer.observe(kind, "DELETED", versions.deleted_at(gone.body, list_version), if_held=gone.held):
+                done.deleted += 1
         for body in bodies:
             self._changing()
             was = held.get(_key(body))
@@ -182,8 +216,9 @@ class MetadataRelist:
             if was is not None and was[1] and uid and was[1] != uid:
                 # Another incarnation of the name: the one held is gone, as its watch would have said.
                 for old in self.picture.as_deleted(kind, [_key(body)]):
-                    self.informer.observe(kind, "DELETED", old)
-                    done.deleted += 1
+                    # Only the incarnation compared: a watch may have taken in the new one since.
+                    if self.informer.observe(kind, "DELETED", old, if_held=was):
+                        done.deleted += 1
                 self.informer.observe(kind, "ADDED", body)
             else:
                 self.informer.observe(kind, "MODIFIED" if was is not None else "ADDED", body)
