@@ -20,7 +20,7 @@ watches delivered meanwhile.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from elasticgpu.api import ElasticGPUClass
 from elasticgpu.controller.picture import reading, taking_in, versions
@@ -30,6 +30,10 @@ ClaimKey = reading.ClaimKey
 PodKey = reading.PodKey
 Key = reading.Key
 Keys = reading.Keys
+
+
+HELD_CHUNK = 1_000
+"""Objects `Picture.held_versions` reads per hold of the lock: a few milliseconds each."""
 
 
 class Unlisted(NamedTuple):
@@ -131,11 +135,7 @@ class Picture(taking_in.TakingIn):
         held keys (no Python loop over 50,000 claims) and then for the few the list lacks."""
         listed = {((b.get("metadata") or {}).get("namespace", ""), (b.get("metadata") or {}).get("name", ""))
                   for b in items}
-        with self.lock:
-            held_keys = self._held_keys(kind)
-        named = kind in ("claim", "pod")  # the other kinds are kept by name alone
-        gone = [key for key in held_keys if key not in listed] if named else [
-            ("", name) for name in held_keys if ("", name) not in listed]
+        gone = [key for key in self._held_keys(kind) if key not in listed]
         found: list[Unlisted] = []
         with self.lock:
             for key in gone:
@@ -159,49 +159,61 @@ class Picture(taking_in.TakingIn):
                 return None
             return self.observe(kind, event_type, body)
 
-    def _held_keys(self, kind: str) -> list[Any]:
-        """A copy of the keys of every object of `kind` held: (namespace, name) for claims and pods,
-        names for the others; C-level copies only (the caller holds the lock)."""
-        if kind == "claim":
-            return list(self._claims)
-        if kind == "egpu":
-            return list(self._egpus)
-        if kind == "gpu":
-            return self.ledger.gpu_names()
-        if kind == "class":
-            return list(self._classes)
-        if kind == "pod":
-            return self.pods.keys()
-        if kind == "node":
-            return list(self.pods.nodes())
-        return []
+    def _held_keys(self, kind: str) -> list[tuple[str, str]]:
+        """The (namespace, name) of every object of `kind` held: the lock is held for a C-level copy
+        of the keys only (a Python loop over 50,000 claims under it is what `unlisted` and
+        `held_versions` avoid); the names of the cluster-scoped kinds are paired after."""
+        with self.lock:
+            if kind == "claim":
+                return list(self._claims)
+            if kind == "pod":
+                return self.pods.keys()
+            names: list[str] = (list(self._egpus) if kind == "egpu" else self.ledger.gpu_names() if kind == "gpu"
+                                else list(self._classes) if kind == "class"
+                                else list(self.pods.nodes()) if kind == "node" else [])
+        return [("", name) for name in names]
 
     def held_versions(self, kind: str) -> dict[tuple[str, str], tuple[str, str]]:
         """(resourceVersion, uid) of every object of `kind` the picture holds, by (namespace, name)
         ("" for a cluster-scoped kind): what the periodic relist compares with a list of metadata
-        (`flow.machinery.metadata_relist`). Builds no model and parses no JSON."""
+        (`flow.machinery.metadata_relist`). Builds no model and parses no JSON.
+
+        Read `HELD_CHUNK` objects per hold of the lock, not all at once: at 50,000 claims one hold
+        was 0.43 s (`bench/deletion_lock_hold.py`), every watch and the worker waiting. So not one
+        state: each entry is what the picture held at some moment of the read, which the relist
+        only compares with a list it read before (a copy newer than the list is not behind it; a
+        deletion is checked again with the change, `observe_if_held`)."""
+        keys = self._held_keys(kind)
+        found: dict[tuple[str, str], tuple[str, str]] = {}
+        for start in range(0, len(keys), HELD_CHUNK):
+            with self.lock:
+                found.update(self._versions_of(kind, keys[start:start + HELD_CHUNK]))
+        return found
+
+    def _versions_of(self, kind: str, keys: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, str]]:
+        """`held_versions` of the objects `keys` still held (the caller holds the lock)."""
         def of(body: Body | None) -> tuple[str, str]:
             meta = (body or {}).get("metadata") or {}
             return str(meta.get("resourceVersion") or ""), str(meta.get("uid") or "")
 
-        with self.lock:
-            if kind == "claim":
-                return {key: (of(self._claims.version_body(key))[0], self._claims.uid(key) or "")
-                        for key in self._claims}
-            if kind == "egpu":
-                return {("", name): (of(self._egpus.version_body(name))[0], self._egpus.uid(name) or "")
-                        for name in self._egpus}
-            if kind == "gpu":
-                return {("", name): of(self.ledger.gpu_body(name)) for name in self.ledger.gpu_names()}
-            if kind == "class":
-                return {("", name): (c.metadata.resource_version or "", c.metadata.uid or "")
-                        for name, c in self._classes.items()}
-            if kind == "pod":
-                pod_keys = self.pods.keys()  # a PodIndex, not a dict
-                return {key: of(self.pods.pod(*key)) for key in pod_keys}
-            if kind == "node":
-                return {("", name): of(body) for name, body in self.pods.nodes().items()}
-        return {}
+        if kind == "claim":
+            return {key: (of(self._claims.version_body(key))[0], self._claims.uid(key) or "")
+                    for key in keys if key in self._claims}
+        if kind == "egpu":
+            return {key: (of(self._egpus.version_body(key[1]))[0], self._egpus.uid(key[1]) or "")
+                    for key in keys if key[1] in self._egpus}
+        if kind == "class":
+            return {key: (c.metadata.resource_version or "", c.metadata.uid or "")
+                    for key in keys if (c := self._classes.get(key[1])) is not None}
+        bodies: dict[tuple[str, str], Body | None] = {}
+        if kind == "gpu":
+            bodies = {key: self.ledger.gpu_body(key[1]) for key in keys}
+        elif kind == "pod":
+            bodies = {key: self.pods.pod(*key) for key in keys}
+        elif kind == "node":
+            nodes = self.pods.nodes()
+            bodies = {key: nodes.get(key[1]) for key in keys}
+        return {key: of(body) for key, body in bodies.items() if body is not None}
 
     def held_version(self, kind: str, key: tuple[str, str]) -> tuple[str, str] | None:
         """`held_versions` of one object (None: not held)."""
