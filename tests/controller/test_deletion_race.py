@@ -115,3 +115,43 @@ def test_an_event_between_a_relists_check_and_delete_survives(cluster: Cluster, 
     controller = new_controller(kube, cluster.namespace)
     relist = MetadataRelist(informer=controller.informer)
     assert _enumerate(controller, cluster, "gpu", event, lambda at, name: relist.relist) >= 2
+
+
+def test_a_newer_copy_survives_the_relist_replacing_an_incarnation(cluster: Cluster, kube: KubeApi) -> None:
+    """A claim deleted and created again while no watch ran: the relist reads the new one whole and
+    takes the held one in as deleted, then the new one as added. A watch event of the new one newer
+    than that read (a change after the GET), landing before the deletion, must survive. Old code
+    took in as deleted whatever the picture held of the name by then: the newer copy itself, whose
+    version, buried, then refused the copy the relist had read (moment 14 of 22: the picture held
+    no claim of that name until the next relist)."""
+    controller = new_controller(kube, cluster.namespace)
+    informer, picture = controller.informer, controller.picture
+    relist = MetadataRelist(informer=controller.informer)
+    deadline = time.monotonic() + 120
+    for at in range(1, MOMENTS_AT_MOST):
+        assert time.monotonic() < deadline, f"enumerating {at} moments took longer than 120 s"
+        name = f"{cluster.prefix}-again-{at}"
+        informer.observe("claim", "ADDED", _create(cluster, "claim", name))
+        kube.delete_claim(cluster.namespace, name)  # straight to the server: no watch runs
+        again = _create(cluster, "claim", name)
+        landed: list[Body] = []
+
+        def land(name: str = name, landed: list[Body] = landed) -> None:
+            body = kube.patch_claim(cluster.namespace, name, {"metadata": {"labels": {"changed": "after"}}})
+            informer.observe("claim", "MODIFIED", body)
+            landed.append(body)
+
+        probe = ReleasePoints(picture.lock, at=at, land=land)
+        probed(picture, probe, relist.relist)
+        held = picture.held_version("claim", (cluster.namespace, name))
+        if not probe.landed:  # past the last moment: the relist alone replaced the incarnation
+            assert held == (again["metadata"]["resourceVersion"], again["metadata"]["uid"]), held
+            assert at > 2
+            return
+        meta = landed[0]["metadata"]
+        assert held == (meta["resourceVersion"], meta["uid"]), (
+            f"the change of the claim created again (resourceVersion {meta['resourceVersion']}), taken in at"
+            f" moment {at} of {probe.released}, was undone by the relist: the picture holds {held}")
+        kube.delete_claim(cluster.namespace, name)  # gone, as its watch would say: the next run is as small
+        informer.observe("claim", "DELETED", landed[0])
+    raise AssertionError(f"more than {MOMENTS_AT_MOST} moments")
