@@ -132,17 +132,21 @@ class Picture(taking_in.TakingIn):
 
         Only the check: the caller takes each in with `observe_if_held`, which checks again under
         the lock, so an event taken in between is not undone. The lock is held for a copy of the
-        held keys (no Python loop over 50,000 claims) and then for the few the list lacks."""
+        held keys (no Python loop over 50,000 claims), then for the few the list lacks
+        (`HELD_CHUNK` at a time)."""
         listed = {((b.get("metadata") or {}).get("namespace", ""), (b.get("metadata") or {}).get("name", ""))
                   for b in items}
         gone = [key for key in self._held_keys(kind) if key not in listed]
         found: list[Unlisted] = []
-        with self.lock:
-            for key in gone:
-                held = self.held_version(kind, key)
-                bodies = self.as_deleted(kind, [key])
-                if held is not None and bodies and not versions.changed_after(bodies[0], list_version):
-                    found.append(Unlisted(held, bodies[0]))
+        for start in range(0, len(gone), HELD_CHUNK):  # a few, but all after a long outage
+            with self.lock:
+                held = self._versions_of(kind, gone[start:start + HELD_CHUNK])
+                bodies = self.as_deleted(kind, held)
+            for body in bodies:
+                meta = body.get("metadata") or {}
+                key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+                if key in held and not versions.changed_after(body, list_version):
+                    found.append(Unlisted(held[key], body))
         return found
 
     def observe_if_held(self, kind: str, event_type: str | None, body: Body, held: tuple[str, str]) -> Keys | None:
