@@ -33,7 +33,8 @@ Keys = reading.Keys
 
 
 HELD_CHUNK = 1_000
-"""Objects `Picture.held_versions` reads per hold of the lock: a few milliseconds each."""
+"""Objects `Picture.held_versions` and `Picture.unlisted` read per hold of the lock: a few
+milliseconds each (8-40 ms under load 4.5, `bench/deletion_lock_hold.py`)."""
 
 
 class Unlisted(NamedTuple):
@@ -183,7 +184,7 @@ class Picture(taking_in.TakingIn):
         (`flow.machinery.metadata_relist`). Builds no model and parses no JSON.
 
         Read `HELD_CHUNK` objects per hold of the lock, not all at once: at 50,000 claims one hold
-        was 0.43 s (`bench/deletion_lock_hold.py`), every watch and the worker waiting. So not one
+        was 0.12-0.33 s (`bench/deletion_lock_hold.py`), every watch and the worker waiting. So not one
         state: each entry is what the picture held at some moment of the read, which the relist
         only compares with a list it read before (a copy newer than the list is not behind it; a
         deletion is checked again with the change, `observe_if_held`)."""
