@@ -1,5 +1,5 @@
 """The reads a list is compared with let go of the picture's lock between chunks: every watch thread
-and the worker wait while it is held, and at 50,000 claims one read of every claim held it 0.28-0.33 s
+and the worker wait while it is held, and at 50,000 claims one read of every claim held it 0.12-0.33 s
 (`bench/deletion_lock_hold.py`). Counted as the moments another thread could take the lock
 (`release_points`), on a picture alone: the timing itself is the bench's, too noisy for a test.
 """
