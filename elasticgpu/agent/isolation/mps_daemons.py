@@ -21,6 +21,10 @@
     never two   every start and stop holds the card's lock file (flock; two agents by mistake, or
                 two threads, wait for each other) and first looks for the card's daemon: a live one
                 is adopted, never started twice
+    never none  `ensure` looks for the daemon and starts it under that lock, and returns once the
+                daemon wrote its pid file (before, the launcher's child is found, not yet serving);
+                a release's stop, under the lock, keeps a card wanted again since it decided (a
+                container prepared meanwhile), and the supervisor starts only a card still wanted
     supervise   a thread checks every wanted card each `check_interval_s`; a daemon gone (killed,
                 crashed) is started again, after a backoff that doubles per failure (to
                 `backoff_max_s`) and resets once it has run `backoff_max_s`
@@ -190,6 +194,27 @@ class MpsDaemons:
     def ensure(self, uuid: str, ceiling: Ceiling | None = None) -> None:
         """The card's daemon runs (started now if it does not), with a ceiling that covers `ceiling` (a slice about
         to use the card; None: none asked); raises RuntimeError saying why it cannot."""
+        self._want(uuid, ceiling)
+        # The look for the daemon and what follows hold the card's lock: a daemon found outside it could be one a
+        # release is stopping (then the container was prepared for no daemon). Wanted again under the lock: a
+        # release that decided to stop the card before finds it wanted and keeps the daemon (_stop_unless_wanted).
+        with self.folders.card_lock(uuid):
+            self._want(uuid, ceiling)
+            if (pid := self.pid(uuid)) is None:
+                self._start_locked(uuid, self._control_binary())
+            elif not os.path.ismount(self.shm_dir(uuid)):
+                # A daemon started before the agent gave daemons a /dev/shm of their own (an upgrade): a client
+                # in a container would not reach it. Stopping it would end its clients' work: it goes once no
+                # container uses the card (release_except), and the next container gets a new one.
+                raise RuntimeError(f"its daemon (pid {pid}) runs without the card's /dev/shm at "
+                                   f"{self.shm_dir(uuid)} (started by an earlier agent version); it is replaced "
+                                   f"once no MPS container uses the card")
+            else:
+                self._apply_ceiling(uuid)
+        self._start_thread()
+
+    def _want(self, uuid: str, ceiling: Ceiling | None) -> None:
+        """Mark the card's daemon wanted now, with a ceiling that covers `ceiling`."""
         key = uuid.lower()
         with self._lock:
             self._wanted[key] = self._clock()
@@ -197,19 +222,6 @@ class MpsDaemons:
             if ceiling is not None:
                 known = self._ceilings.get(key)
                 self._ceilings[key] = ceiling if known is None else known.covering(ceiling)
-        if (pid := self.pid(uuid)) is not None:
-            if not os.path.ismount(self.shm_dir(uuid)):
-                # A daemon started before the agent gave daemons a /dev/shm of their own (an upgrade): a client
-                # in a container would not reach it. Stopping it would end its clients' work: it goes once no
-                # container uses the card (release_except), and the next container gets a new one.
-                raise RuntimeError(f"its daemon (pid {pid}) runs without the card's /dev/shm at "
-                                   f"{self.shm_dir(uuid)} (started by an earlier agent version); it is replaced "
-                                   f"once no MPS container uses the card")
-            with self.folders.card_lock(uuid):
-                self._apply_ceiling(uuid)
-            return
-        self._start(uuid)
-        self._start_thread()
 
     def ceiling(self, uuid: str) -> Ceiling | None:
         """The ceiling the card's daemon is kept at (None: no slice asked one since it started)."""
@@ -294,91 +306,115 @@ class MpsDaemons:
         keep = {uuid.lower() for uuid in used}
         now = self._clock()
         with self._lock:
-            idle = [uuid for uuid, since in self._wanted.items()
-                    if uuid not in keep and now - since >= self._settings.idle_grace_s]
+            idle = {uuid: self._spelled.pop(uuid, uuid) for uuid, since in self._wanted.items()
+                    if uuid not in keep and now - since >= self._settings.idle_grace_s}
             for uuid in idle:
                 del self._wanted[uuid]
                 self._failures.pop(uuid, None)
                 self._next_try.pop(uuid, None)
                 self._ceilings.pop(uuid, None)  # the next daemon of the card starts from its first slice
                 self._applied.pop(uuid, None)
-        for uuid in idle:
-            self.stop(self._spelled.pop(uuid, uuid))
+        stopped = [uuid for uuid, spelled in idle.items() if self._stop_unless_wanted(spelled)]
         self._clean_stale(keep)
-        return idle
+        return stopped
 
     # -- starting and stopping -----------------------------------------------------------------
 
-    def _start(self, uuid: str) -> None:
-        control = self._control_binary()
-        with self.folders.card_lock(uuid):
-            if self.pid(uuid) is not None:
-                return  # started meanwhile (another thread, or an agent by mistake): never two
-            self.pipe_dir(uuid).mkdir(parents=True, exist_ok=True)
-            self.log_dir(uuid).mkdir(parents=True, exist_ok=True)
-            mps_shm.mount(self.shm_dir(uuid), size_mib=self._settings.shm_size_mib,
-                          timeout_s=self._settings.start_timeout_s)
-            self.folders.write_uuid(uuid)
-            self.folders.forget(uuid)  # a dead daemon's: the new one writes its own
-            errors_file = self.log_dir(uuid) / "start.err"
-            try:
-                # Its output to a file, not a pipe: the daemon it forks may keep a pipe open, and a read
-                # of the pipe would wait for the daemon to end.
-                with open(errors_file, "wb") as err:
-                    done = subprocess.run(self._wrapped(uuid, [control, "-d"]), env=self.folders.env(uuid),
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                          start_new_session=True, timeout=self._settings.start_timeout_s,
-                                          check=False)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                raise RuntimeError(f"{control} -d failed: {e}") from e
-            if done.returncode != 0:
-                said = errors_file.read_text(errors="replace").strip()[:200]
-                raise RuntimeError(f"{control} -d exited with {done.returncode}: {said}")
-            deadline = self._clock() + self._settings.start_timeout_s
-            while self.pid(uuid) is None:
-                if self._clock() >= deadline:
-                    raise RuntimeError(f"{control} -d started no daemon of its pipe folder {self.pipe_dir(uuid)}")
-                time.sleep(0.01)
-            self.starts += 1
-            with self._lock:
-                self._started_at[uuid.lower()] = self._clock()
-            # MPS forgets its limits on quit: a daemon started again (after a crash, or a tenant's `quit`) gets
-            # the card's ceiling before any new client can reach it through the agent.
-            self._apply_ceiling(uuid)
+    def _start_locked(self, uuid: str, control: str) -> None:
+        """Start the card's daemon, found by no one (the caller holds the card's lock and looked: never two); returns
+        once the daemon wrote its pid file, with its ceiling."""
+        self.pipe_dir(uuid).mkdir(parents=True, exist_ok=True)
+        self.log_dir(uuid).mkdir(parents=True, exist_ok=True)
+        mps_shm.mount(self.shm_dir(uuid), size_mib=self._settings.shm_size_mib,
+                      timeout_s=self._settings.start_timeout_s)
+        self.folders.write_uuid(uuid)
+        self.folders.forget(uuid)  # a dead daemon's: the new one writes its own
+        errors_file = self.log_dir(uuid) / "start.err"
+        try:
+            # Its output to a file, not a pipe: the daemon it forks may keep a pipe open, and a read
+            # of the pipe would wait for the daemon to end.
+            with open(errors_file, "wb") as err:
+                done = subprocess.run(self._wrapped(uuid, [control, "-d"]), env=self.folders.env(uuid),
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                      start_new_session=True, timeout=self._settings.start_timeout_s,
+                                      check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise RuntimeError(f"{control} -d failed: {e}") from e
+        if done.returncode != 0:
+            said = errors_file.read_text(errors="replace").strip()[:200]
+            raise RuntimeError(f"{control} -d exited with {done.returncode}: {said}")
+        self._wait_started(uuid, control)
+        self.starts += 1
+        with self._lock:
+            self._started_at[uuid.lower()] = self._clock()
+        # MPS forgets its limits on quit: a daemon started again (after a crash, or a tenant's `quit`) gets
+        # the card's ceiling before any new client can reach it through the agent.
+        self._apply_ceiling(uuid)
         log.info("MPS control daemon of card %s started (pid %s)", uuid, self.pid(uuid))
+
+    def _wait_started(self, uuid: str, control: str) -> None:
+        """Wait until the daemon just launched wrote its own pid file. A process with the card's environment is
+        found before: the launcher's forked child, not yet serving (the real daemon creates its pipes and then its
+        pid file; a CUDA client that finds no daemon in the pipe folder runs without MPS, outside the limits). A
+        daemon found whose pid file never comes (a container of the card removed it) is taken at the deadline."""
+        deadline = self._clock() + self._settings.start_timeout_s
+        while (pid := self.pid(uuid)) is None or self.folders.hinted_pid(uuid) != pid:
+            if self._clock() >= deadline:
+                if pid is None:
+                    raise RuntimeError(f"{control} -d started no daemon of its pipe folder {self.pipe_dir(uuid)}")
+                log.warning("MPS control daemon of card %s (pid %d) wrote no pid file in %gs; taken as started",
+                            uuid, pid, self._settings.start_timeout_s)
+                return
+            time.sleep(0.01)
 
     def stop(self, uuid: str) -> None:
         """Quit the card's daemon (`quit`, then SIGKILL after the timeout) and remove its /dev/shm."""
+        with self.folders.card_lock(uuid):
+            self._stop_locked(uuid)
+
+    def _stop_unless_wanted(self, uuid: str) -> bool:
+        """Stop the card's daemon unless a container was prepared for the card since the release decided to stop it
+        (that ensure waits for this lock, or found the daemon before it: either way the daemon stays). True when
+        stopped."""
+        with self.folders.card_lock(uuid):
+            with self._lock:
+                if uuid.lower() in self._wanted:
+                    log.info("MPS control daemon of card %s kept: a container was prepared for the card meanwhile",
+                             uuid)
+                    return False
+            self._stop_locked(uuid)
+        return True
+
+    def _stop_locked(self, uuid: str) -> None:
         control = self._control()
         pipe = self.pipe_dir(uuid)
-        with self.folders.card_lock(uuid):
-            pid = self.pid(uuid)
-            started = None if pid is None else mps_finding.start_time(pid)
-            if pid is None or started is None:
-                self._unmount_shm(uuid)
-                self.folders.forget(uuid)
-                return
+        pid = self.pid(uuid)
+        started = None if pid is None else mps_finding.start_time(pid)
+        if pid is None or started is None:
+            self._unmount_shm(uuid)
+            self.folders.forget(uuid)
+            return
 
-            def running() -> bool:  # still the daemon found above (a pid reused meanwhile is not)
-                return mps_finding.start_time(pid) == started and mps_finding.ours(pid, pipe)
+        def running() -> bool:  # still the daemon found above (a pid reused meanwhile is not)
+            return mps_finding.start_time(pid) == started and mps_finding.ours(pid, pipe)
 
-            if control is not None:
-                with contextlib.suppress(OSError, subprocess.TimeoutExpired, RuntimeError):
-                    subprocess.run(self._wrapped(uuid, [control]), input=b"quit\n", env=self.folders.env(uuid),
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                                   timeout=self._settings.stop_timeout_s, check=False)
+        if control is not None:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired, RuntimeError):
+                subprocess.run(self._wrapped(uuid, [control]), input=b"quit\n", env=self.folders.env(uuid),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                               timeout=self._settings.stop_timeout_s, check=False)
+        deadline = self._clock() + self._settings.stop_timeout_s
+        while running() and self._clock() < deadline:
+            time.sleep(0.02)
+        if running():
+            log.warning("MPS control daemon of card %s (pid %d) did not quit in %gs: killed", uuid, pid,
+                        self._settings.stop_timeout_s)
+            mps_finding.kill(pid, started, pipe)
             deadline = self._clock() + self._settings.stop_timeout_s
             while running() and self._clock() < deadline:
                 time.sleep(0.02)
-            if running():
-                log.warning("MPS control daemon of card %s (pid %d) did not quit in %gs: killed", uuid, pid,
-                            self._settings.stop_timeout_s)
-                mps_finding.kill(pid, started, pipe)
-                deadline = self._clock() + self._settings.stop_timeout_s
-                while running() and self._clock() < deadline:
-                    time.sleep(0.02)
-            self._unmount_shm(uuid)
-            self.folders.forget(uuid)
+        self._unmount_shm(uuid)
+        self.folders.forget(uuid)
         log.info("MPS control daemon of card %s stopped: no MPS claim uses the card", uuid)
 
     # -- supervising ---------------------------------------------------------------------------
@@ -410,9 +446,20 @@ class MpsDaemons:
             log.warning("MPS control daemon of card %s is gone; starting it again (next try in %gs if it fails)",
                         self._spelled.get(uuid, uuid), wait)
             try:
-                self._start(self._spelled.get(uuid, uuid))
+                self._restart(self._spelled.get(uuid, uuid))
             except RuntimeError as e:
                 log.warning("MPS control daemon of card %s: %s", uuid, e)
+
+    def _restart(self, uuid: str) -> None:
+        """Start the card's daemon again, unless it runs (started meanwhile) or the card is no longer wanted (a
+        release stopped it meanwhile: nobody would use the daemon)."""
+        control = self._control_binary()
+        with self.folders.card_lock(uuid):
+            with self._lock:
+                if uuid.lower() not in self._wanted:
+                    return
+            if self.pid(uuid) is None:
+                self._start_locked(uuid, control)
 
     def _supervise(self) -> None:
         while not self._stop.wait(self._settings.check_interval_s):

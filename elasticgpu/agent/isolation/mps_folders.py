@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,7 +80,9 @@ class CardFolders:
     def record(self, uuid: str, pid: int, started: int) -> None:
         """Record the card's daemon (atomically: a reader sees the old record or the new one)."""
         folder = self.folder(uuid)
-        temporary = folder / f".{RECORD_FILE}.{os.getpid()}"
+        # A temporary file per thread: the agent's threads (ensure, the supervisor, the sync) record at once, and
+        # one per process let one thread's rename take another's file away.
+        temporary = folder / f".{RECORD_FILE}.{os.getpid()}.{threading.get_ident()}"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, _PRIVATE)
         with os.fdopen(fd, "w") as handle:
             handle.write(f"{pid} {started}\n")
