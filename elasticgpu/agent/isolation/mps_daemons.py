@@ -439,27 +439,32 @@ class MpsDaemons:
             with self._lock:
                 if now < self._next_try.get(uuid, 0.0):
                     continue
-                failures = self._failures.get(uuid, 0)
-                self._failures[uuid] = failures + 1
-                wait = min(self._settings.backoff_initial_s * (2 ** failures), self._settings.backoff_max_s)
-                self._next_try[uuid] = now + wait
-            log.warning("MPS control daemon of card %s is gone; starting it again (next try in %gs if it fails)",
-                        self._spelled.get(uuid, uuid), wait)
+                spelled = self._spelled.get(uuid, uuid)
             try:
-                self._restart(self._spelled.get(uuid, uuid))
+                self._restart(spelled, now)
             except RuntimeError as e:
                 log.warning("MPS control daemon of card %s: %s", uuid, e)
 
-    def _restart(self, uuid: str) -> None:
-        """Start the card's daemon again, unless it runs (started meanwhile) or the card is no longer wanted (a
-        release stopped it meanwhile: nobody would use the daemon)."""
+    def _restart(self, uuid: str, now: float) -> None:
+        """Start the card's daemon again, after its backoff. Decided under the card's lock: a daemon an ensure (or
+        another agent) is starting is not gone, and a card a release stopped meanwhile gets none (nobody would use
+        it)."""
+        key = uuid.lower()
         control = self._control_binary()
         with self.folders.card_lock(uuid):
             with self._lock:
-                if uuid.lower() not in self._wanted:
+                if key not in self._wanted:
                     return
-            if self.pid(uuid) is None:
-                self._start_locked(uuid, control)
+            if self.pid(uuid) is not None:
+                return
+            with self._lock:
+                failures = self._failures.get(key, 0)
+                self._failures[key] = failures + 1
+                wait = min(self._settings.backoff_initial_s * (2 ** failures), self._settings.backoff_max_s)
+                self._next_try[key] = now + wait
+            log.warning("MPS control daemon of card %s is gone; starting it again (next try in %gs if it fails)",
+                        uuid, wait)
+            self._start_locked(uuid, control)
 
     def _supervise(self) -> None:
         while not self._stop.wait(self._settings.check_interval_s):
