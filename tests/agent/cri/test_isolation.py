@@ -216,13 +216,23 @@ def test_never_two_daemons_for_one_card(tmp_path: Path) -> None:
     first = IsolationNode(tmp_path / "one")
     # The second agent shares the first one's state folder (the same node).
     second = isolation.MpsDaemons(control=lambda: str(first.control), state_dir=first.state / "mps")
+    failed: list[BaseException] = []
+
+    def ensure(daemons: isolation.MpsDaemons) -> None:
+        try:
+            daemons.ensure(CARD)
+        except BaseException as e:  # said by the test: a thread's exception alone fails nothing
+            failed.append(e)
+
     try:  # from here on, whatever fails, the servers started are ended (first.close)
-        threads = [threading.Thread(target=(first.daemons if i % 2 else second).ensure, args=(CARD,))
-                   for i in range(8)]
+        threads = [threading.Thread(target=ensure, args=(first.daemons if i % 2 else second,)) for i in range(8)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(30)
+        assert failed == [] and not any(thread.is_alive() for thread in threads)
+        # At once: ensure returns once the daemon wrote its pid file (the stand-in, after its exec of `serve`).
+        # Before, it returned on the launcher's child not yet exec'd: 0 servers here, once under load.
         assert len(first.servers()) == 1
         assert first.starts() == [CARD]
         assert mounts_under(first.daemons.shm_dir(CARD)) == [str(first.daemons.shm_dir(CARD))]  # one tmpfs
