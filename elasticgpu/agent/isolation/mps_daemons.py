@@ -450,7 +450,6 @@ class MpsDaemons:
         another agent) is starting is not gone, and a card a release stopped meanwhile gets none (nobody would use
         it)."""
         key = uuid.lower()
-        control = self._control_binary()
         with self.folders.card_lock(uuid):
             with self._lock:
                 if key not in self._wanted:
@@ -464,7 +463,7 @@ class MpsDaemons:
                 self._next_try[key] = now + wait
             log.warning("MPS control daemon of card %s is gone; starting it again (next try in %gs if it fails)",
                         uuid, wait)
-            self._start_locked(uuid, control)
+            self._start_locked(uuid, self._control_binary())  # after the backoff's count: said once per try
 
     def _supervise(self) -> None:
         while not self._stop.wait(self._settings.check_interval_s):
