@@ -9,6 +9,7 @@ to stop the card's daemon stopped it after, or while, `ensure` found it, and `en
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from elasticgpu.agent import isolation
 from elasticgpu.agent.isolation.mps_folders import CardFolders
 from tests.agent.cri.isolation_node import IsolationNode, mounts_under, wait_until
 from tests.agent.cri.node import CARDS
@@ -145,3 +147,21 @@ def test_the_supervisor_never_starts_a_card_released_meanwhile(node: IsolationNo
         assert not thread.is_alive()
     # Before: started again for nobody ("assert ['GPU-...', 'GPU-...'] == ['GPU-...']").
     assert node.starts() == [CARD] and node.servers() == [] and daemons.pid(CARD) is None
+
+
+def test_a_daemon_that_writes_no_pid_file_is_taken_at_the_deadline(node: IsolationNode,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """A daemon whose pid file never comes (a container of the card removed it while it started) is taken as started
+    once the start's deadline passes, said in a warning: no error, and no second daemon."""
+    node.control.write_text(node.control.read_text().replace(
+        'echo $$ > "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"', ":"))
+    daemons = isolation.MpsDaemons(control=lambda: str(node.control), state_dir=node.state / "mps",
+                                   settings=isolation.DaemonSettings(start_timeout_s=1.0, check_interval_s=0.1))
+    try:
+        with caplog.at_level(logging.WARNING):
+            daemons.ensure(CARD)
+        [server] = node.servers()
+        assert daemons.pid(CARD) == server and node.starts() == [CARD]
+        assert "wrote no pid file in 1s; taken as started" in caplog.text
+    finally:
+        daemons.close()
