@@ -21,6 +21,7 @@ Connection failures are raised as `OSError` / `http.client.HTTPException` (a rea
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import socket
 import ssl
@@ -61,6 +62,8 @@ class Connection:
         self._scratch = bytearray(_READ_SIZE)
         self._view = memoryview(self._scratch)
         self.timeout_s: float | None = None
+        self.owner: threading.Thread | None = None
+        """The thread that alone reads and writes it (None: shared, the caller serialises)."""
 
     def settimeout(self, timeout_s: float) -> None:
         """Every later read and write of this connection gives up after `timeout_s` of silence."""
@@ -73,6 +76,17 @@ class Connection:
         sock, self.sock = self.sock, None
         if sock is not None:
             sock.close()
+
+    def shut_down(self) -> None:
+        """End the connection both ways but keep its descriptor (`Transport.close` for another
+        thread's connection): a read on it ends with the end of the stream, a write fails, and
+        the owner closes it (`close`) when it next uses it."""
+        sock = self.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):  # already closed by its owner, or never connected
+                # The plain socket's shutdown: SSLSocket.shutdown would also unset its TLS state
+                # under the owner's feet (a later read would take raw TLS bytes as the answer).
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
     def fill(self) -> bool:
         """Read what the socket has (at least one byte, waiting up to the timeout) into the
@@ -250,6 +264,7 @@ class Transport:
         self._host_header = host if self._port == default_port else f"{host}:{self._port}"
         self._server_name = getattr(configuration, "tls_server_name", None) or self._host
         self._context = self._ssl_context(configuration) if self._https else None
+        self._per_thread = per_thread
         self._local: Any = threading.local() if per_thread else types.SimpleNamespace(conn=None)
         self._lock = threading.Lock()
         self._open: set[Connection] = set()
@@ -286,6 +301,7 @@ class Transport:
         if conn is not None and conn.sock is not None:
             return conn, True
         conn = self._connect(timeout_s)
+        conn.owner = threading.current_thread() if self._per_thread else None
         self._local.conn = conn
         with self._lock:
             self._open.add(conn)
@@ -376,8 +392,20 @@ class Transport:
         return Stream(conn, status, chunked, length)
 
     def close(self) -> None:
-        """Close every connection of every thread."""
+        """Close every connection of every thread: this thread's, a shared one's (its caller
+        serialises) and a finished thread's at once; a live thread's is only shut down
+        (`Connection.shut_down`), its owner closes it. That thread may be inside a read or write
+        on it this instant (a worker still syncing when the controller stops): closed here, the
+        descriptor's number goes to the next socket anyone in the process opens, and the
+        thread's read takes that socket's bytes, two TLS streams mixed
+        (DECRYPTION_FAILED_OR_BAD_RECORD_MAC on both). Shut down, the read ends at once and the
+        owner's next request finds it dead: dropped and reopened, as one the server closed."""
+        me = threading.current_thread()
         with self._lock:
             connections, self._open = list(self._open), set()
         for conn in connections:
-            conn.close()
+            owner = conn.owner
+            if owner is None or owner is me or not owner.is_alive():
+                conn.close()
+            else:
+                conn.shut_down()
