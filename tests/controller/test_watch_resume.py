@@ -8,6 +8,7 @@ silences or refuses connections, as a restarting server or a vanished peer does.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from tests.binding.conftest import Cluster, new_controller
 from tests.controller.relay import Relay, relayed
 
 __all__ = ["relayed"]  # the fixture
+
+INFORMER = "elasticgpu.controller.flow.machinery.informer"
 
 
 def _wait(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
@@ -70,7 +73,8 @@ def test_a_broken_watch_resumes_without_listing_again(cluster: Cluster, kube: Ku
 
 @pytest.mark.parametrize("kind", ["claim", "egpu", "gpu", "pod"])
 def test_a_watch_that_lists_again_takes_in_the_deletions_it_missed(
-        cluster: Cluster, kube: KubeApi, relayed: tuple[KubeApi, Relay], kind: str, api_client: Any) -> None:
+        cluster: Cluster, kube: KubeApi, relayed: tuple[KubeApi, Relay], kind: str, api_client: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
     """A watch that cannot resume from its resourceVersion (a 410, or `RELIST_AFTER_FAILURES`
     failures in a row) starts over with a list: what was deleted meanwhile is gone from the
     picture at once, not only at the next full relist (minutes later, with the capacity of a
@@ -118,6 +122,14 @@ def test_a_watch_that_lists_again_takes_in_the_deletions_it_missed(
         else:
             kube.delete_gpu(f"gpu-{prefix}-{name}")
 
+    def gave_up_its_version() -> bool:
+        # What the informer says (DEBUG) once RELIST_AFTER_FAILURES attempts failed: its next
+        # attempt lists. Before that, a watch resumed from its resourceVersion would deliver the
+        # deletion itself and the list's path would go untested.
+        return any(r.name == INFORMER and re.match(rf"watch of {kind}\b.* from a new list", r.getMessage())
+                   for r in caplog.records)
+
+    caplog.set_level(logging.DEBUG, logger=INFORMER)
     stop = threading.Event()
     thread = threading.Thread(target=controller.informer.watch_kind, args=(kind, stop),
                               kwargs={"timeout_s": 300}, daemon=True)
@@ -126,9 +138,14 @@ def test_a_watch_that_lists_again_takes_in_the_deletions_it_missed(
         assert _wait(lambda: held("gone") and held("kept"))
         relay.refuse()  # the server is gone for the watch: it fails until it lists again
         delete("gone")  # meanwhile (straight to the server): no watch will ever deliver it
-        time.sleep(0.5 + 1.0 + 2.0 + 0.5)  # RELIST_AFTER_FAILURES attempts, with backoff
+        # Waited for, not slept: the 4 s once slept for the 0.5 + 1 + 2 s of backoff assumed the
+        # attempts come on time, which a loaded machine (6-10 on 2 cores) does not promise.
+        assert _wait(gave_up_its_version, timeout_s=30.0), f"the watch of {kind} never gave up its resourceVersion"
         relay.accept_again()
-        assert _wait(lambda: not held("gone")), f"the {kind} deleted while no watch ran is still in the picture"
+        # Its next attempt (after a backoff of 2 s, 4 s if a list was refused too) lists; the
+        # deadline leaves a loaded machine room for that list and one failed try more.
+        assert _wait(lambda: not held("gone"), timeout_s=30.0), (
+            f"the {kind} deleted while no watch ran is still in the picture")
         assert held("kept")
     finally:
         stop.set()
