@@ -84,8 +84,8 @@ class Connection:
         sock = self.sock
         if sock is not None:
             with contextlib.suppress(OSError):  # already closed by its owner, or never connected
-                # The plain socket's shutdown: SSLSocket.shutdown would also unset its TLS state
-                # under the owner's feet (a later read would take raw TLS bytes as the answer).
+                # The plain socket's shutdown: SSLSocket.shutdown also drops the TLS object,
+                # which the owner may be inside this instant (this is not its thread).
                 socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
     def fill(self) -> bool:
