@@ -48,6 +48,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -273,6 +274,17 @@ class Controllers:
                     seen[phase] = round(at - origin, 1)
         return seen
 
+    def early_split(self, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+        """The early phase's lists as the controller logs them: seconds for the cards, how many
+        claims and seconds for them ("waiting": `status.phase!=Bound`; "all": the full list)."""
+        for line in self.logs[proc.pid].read_text(errors="replace").splitlines():
+            found = re.search(r"listed the cards in ([\d.]+)s and (\d+) (claims \(all|waiting claims)[^)]*?\)? in"
+                              r" ([\d.]+)s", line)
+            if found:
+                return {"cards_s": float(found[1]), "claims": int(found[2]),
+                        "which": "all" if found[3].startswith("claims") else "waiting", "claims_s": float(found[4])}
+        return {}
+
     def says(self, proc: subprocess.Popen[bytes], text: str) -> bool:
         return text in self.logs[proc.pid].read_text(errors="replace")
 
@@ -385,6 +397,7 @@ def main() -> None:
                 leader = controllers.start()
                 figures["first_start_settled_s"] = controllers.settle(leader, args.fill_timeout)
                 figures["first_start_phases_s"] = controllers.phases(leader)
+                figures["first_start_early_split"] = controllers.early_split(leader)
                 after = _writes(kube)
                 written = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
                 figures["first_start_writes"] = written
@@ -402,6 +415,7 @@ def main() -> None:
             figures["start_to_first_bind_s"] = (round(watch.seen["probe-start"] - started, 1)
                                                 if watch.wait(["probe-start"], 600) else None)
             figures["start_phases_s"] = controllers.phases(leader)
+            figures["start_early_split"] = controllers.early_split(leader)
             figures["start_rss_mib"] = round(_rss_mib(leader.pid))
 
             # 2. leader kill -9 with a standby beside it, standing by with its picture listed

@@ -142,6 +142,16 @@ def crd_for(info: KindInfo) -> dict[str, Any]:
     """The CustomResourceDefinition of one kind."""
     root = schema_for_model(info.model, top_level=True)
     root["description"] = inspect.cleandoc(info.model.__doc__ or info.kind)
+    version: dict[str, Any] = {
+        "name": names.VERSION,
+        "served": True,
+        "storage": True,
+        "schema": {"openAPIV3Schema": root},
+        "subresources": {"status": {}},
+        "additionalPrinterColumns": [_column(c) for c in info.columns],
+    }
+    if info.selectable_fields:
+        version["selectableFields"] = [{"jsonPath": path} for path in info.selectable_fields]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -157,16 +167,7 @@ def crd_for(info: KindInfo) -> dict[str, Any]:
                 "categories": [names.CATEGORY],
             },
             "scope": "Namespaced" if info.namespaced else "Cluster",
-            "versions": [
-                {
-                    "name": names.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": root},
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": [_column(c) for c in info.columns],
-                }
-            ],
+            "versions": [version],
         },
     }
 

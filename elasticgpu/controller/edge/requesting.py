@@ -259,22 +259,31 @@ class KubeRequests:
         waits at most `timeout_s` (60 s by default: a page of 500 large objects on a busy server).
         `accept`: `METADATA_LIST` for each item's metadata only."""
         items: list[Body] = []
-        query: dict[str, str] = {"limit": "500"}
+        token = ""
+        while True:
+            page, resource_version, token = self.list_page(path, label_selector=label_selector,
+                                                           field_selector=field_selector, token=token,
+                                                           timeout_s=timeout_s, accept=accept)
+            items.extend(page)
+            if not token:
+                return items, resource_version
+
+    def list_page(self, path: str, *, label_selector: str | None = None, field_selector: str | None = None,
+                  limit: int = 500, token: str = "", timeout_s: float = 60.0,
+                  accept: str = _JSON) -> tuple[list[Body], str, str]:
+        """One page of a paged list (the first, or the one `token` continues to): its items, the
+        list's resourceVersion and the token of the next page ("" after the last). A caller that
+        retries a failed page with the same token resumes the list where it broke."""
+        query: dict[str, str] = {"limit": str(limit)}
         if label_selector:
             query["labelSelector"] = label_selector
         if field_selector:
             query["fieldSelector"] = field_selector
-
-        resource_version = ""
-        while True:
-            page = self._call("GET", path, query=query, timeout_s=timeout_s, accept=accept)
-            items.extend(page.get("items") or [])
-            meta = page.get("metadata") or {}
-            resource_version = str(meta.get("resourceVersion") or resource_version)
-            token = meta.get("continue")
-            if not token:
-                return items, resource_version
-            query["continue"] = str(token)
+        if token:
+            query["continue"] = token
+        page = self._call("GET", path, query=query, timeout_s=timeout_s, accept=accept)
+        meta = page.get("metadata") or {}
+        return list(page.get("items") or []), str(meta.get("resourceVersion") or ""), str(meta.get("continue") or "")
 
     @staticmethod
     def _cluster(plural: str, name: str = "", *, status: bool = False) -> str:

@@ -3,10 +3,11 @@ cluster is still being listed (issue 49: start to first bind 89 s at 40,000 card
 claims, 64 s of it listing every kind before the first bind).
 
 1. List what a safe placement reads (`Informer.list_cards`: nodes, GPUs, classes, quotas), then
-   the claims (`Informer.list_waiting_claims`: the waiting ones queued in front, so a claim made
-   before or at the start is found), and watch those kinds from there.
-2. List the rest behind (`Informer.list_claims`: ElasticGPUs, pods, namespaces, on its own
-   thread), then watch it, then open the gate: the keys it held flow as after a full start.
+   the claims that wait (`waiting_claims.WaitingClaims`: `status.phase!=Bound`, queued in front, so
+   a claim made before or at the start is found; every claim where the server cannot select), and
+   watch those kinds from there (every claim, from the waiting list's resourceVersion).
+2. List the rest behind (`Informer.list_claims`: ElasticGPUs, every claim, pods, namespaces, on
+   its own thread), then watch it, then open the gate: the keys it held flow as after a full start.
 3. Take the Lease and start the worker behind the gate (`early_gate.EarlyGate`): until the
    picture is whole it syncs only claims whose bind reads nothing but the cards.
 
@@ -26,6 +27,7 @@ import time
 
 from elasticgpu.controller.flow.machinery.early_gate import EarlyGate
 from elasticgpu.controller.flow.machinery.informer import Listed
+from elasticgpu.controller.flow.machinery.waiting_claims import WaitingClaims
 from elasticgpu.controller.process import starting
 from elasticgpu.controller.process.operability import Operability
 from elasticgpu.controller.process.reconciling import Controller
@@ -43,16 +45,24 @@ def run(controller: Controller, operability: Operability, stop: threading.Event)
     began = time.monotonic()
     gate = EarlyGate(picture=controller.picture, queue=controller.queue)
     controller.worker.gate = gate
+    informer = controller.informer
+    waiting = WaitingClaims(kube=informer.kube, picture=controller.picture, queue=controller.queue,
+                            namespace=informer.namespace)
     logger.info("listing the cluster, the cards first")
-    cards = starting.listing(stop, lambda: _list_cards(controller))
+    split: list[float] = []
+    cards = starting.listing(stop, lambda: _list_cards(controller, waiting, split))
     if cards is None:
         return
     _watch(controller, stop, cards, EARLY_KINDS)
-    logger.info("listed the cards and claims in %.1fs (%d GPUs); binding new standalone claims while the rest is"
-                " listed",
-                time.monotonic() - began, len(controller.ledger.gpu_names()))
+    logger.info("listed the cards in %.1fs and %d %s in %.1fs (%d GPUs); binding new standalone claims while the"
+                " rest is listed", split[-2], waiting.count,
+                "claims (all: no selector)" if waiting.complete else "waiting claims", split[-1],
+                len(controller.ledger.gpu_names()))
+    # The full claim list goes behind unless the early phase had to take it (the server cannot
+    # select); the claim watch runs already, from the waiting list's resourceVersion.
+    rest = cards if waiting.complete else {kind: at for kind, at in cards.items() if kind != "claim"}
     whole = threading.Event()
-    lister = threading.Thread(target=_list_the_rest, args=(controller, gate, cards, stop, whole, began),
+    lister = threading.Thread(target=_list_the_rest, args=(controller, gate, rest, stop, whole, began),
                               name="first-list", daemon=True)
     lister.start()
     if not operability.lead(stop):
@@ -66,16 +76,22 @@ def run(controller: Controller, operability: Operability, stop: threading.Event)
     stop.wait()
 
 
-def _list_cards(controller: Controller) -> Listed:
-    """The cards' lists merged, then the claims' (the waiting ones queued): their versions."""
+def _list_cards(controller: Controller, waiting: WaitingClaims, split: list[float]) -> Listed:
+    """The cards' lists merged, then the waiting claims' (queued): their versions; the seconds of
+    each appended to `split` (the log's figures)."""
+    began = time.monotonic()
     listed = controller.informer.list_cards()
-    return {**listed, "claim": controller.informer.list_waiting_claims()}
+    split.append(time.monotonic() - began)
+    claims_version = waiting.list()
+    split.append(time.monotonic() - began - split[-1])
+    return {**listed, "claim": claims_version}
 
 
 def _list_the_rest(controller: Controller, gate: EarlyGate, cards: Listed, stop: threading.Event,
                    whole: threading.Event, began: float) -> None:
-    """List ElasticGPUs, pods and namespaces (retrying until it works), open the gate, watch
-    them, set `whole`."""
+    """List ElasticGPUs, claims (unless `cards` has their version), pods and namespaces (retrying
+    until it works), open the gate, watch them (not the claims: watched from the early phase), set
+    `whole`."""
     informer = controller.informer
     opened: list[int] = []
     # The gate opens once the lists are merged, before their keys are queued: the worker must not

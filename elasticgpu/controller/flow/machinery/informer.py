@@ -225,21 +225,10 @@ class Informer:
         return {"gpu": gpus_version, "class": classes_version, "node": nodes_version,
                 "quota": listed_quotas[1] if listed_quotas is not None else ""}
 
-    def list_waiting_claims(self) -> str:
-        """List the claims, merge them and queue the waiting ones (front lane: a claim made at a
-        fresh start binds from the cards, `process/early_start.py`); the list's resourceVersion."""
-        kube = self.kube
-        claims, claims_version = kube.list_collection(kube.collection_path("claim", self.namespace))
-        self.picture.merge_claim_list(claims, claims_version)
-        self.picture.quotas.saw(int(claims_version) if claims_version.isdigit() else None)
-        for key in self.picture.pending_claim_keys():
-            self.queue.add(key)
-        return claims_version
-
     def list_claims(self, cards: Listed, *, background: bool = False, start: bool = False, every: bool = True,
                     merged: Callable[[], object] | None = None) -> Listed:
         """The rest of `relist` after `list_cards` (whose versions are `cards`): list ElasticGPUs,
-        claims (unless `cards` has their version: `list_waiting_claims` merged them), pods and
+        claims (unless `cards` has their version: `waiting_claims.WaitingClaims` listed them all), pods and
         namespaces, merge them, call `merged` (the picture is whole), queue the keys; every
         kind's list version."""
         kube = self.kube

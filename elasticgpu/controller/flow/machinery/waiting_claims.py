@@ -1,0 +1,115 @@
+"""The waiting claims, listed alone: what a fresh start's early phase needs of the claims.
+
+The early gate (`early_gate.py`) passes only new or Pending standalone claims until the picture is
+whole, so the early phase needs only the claims that wait, not every Bound one: at 40,000 cards /
+50,000 claims the full claim list was ~25 s of the 39 s from start to first bind (issue 49 item 2,
+bench/README.md). The claim CRD declares `status.phase` selectable (`selectableFields`, GA in
+Kubernetes 1.32), so the list asks for `status.phase!=Bound`: the server filters its watch cache,
+and a claim made before the process started is still found (only a list finds it).
+
+The list's resourceVersion is where the claim watch starts, unfiltered: a filtered watch would
+report a claim that becomes Bound as DELETED (it leaves the selection), and the filtered list's
+resourceVersion is a valid point for an unfiltered watch, so no claim made or changed after the
+list is missed. The full claim list follows behind, with ElasticGPUs and pods (`Informer.list_claims`),
+and is merged before the gate opens: every Bound claim is in the picture before anything may touch
+one, and a list copy older than what the watch delivered meanwhile is not taken
+(`Picture.merge_claim_list` keeps the newer copy).
+
+A server that cannot select on the field (older than 1.32, or the CRD applied without
+`selectableFields`: 400 "field label not supported") gets the full list here, as before, said once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from elasticgpu.controller import errors
+from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
+from elasticgpu.controller.picture.picture import Body, Picture
+
+logger = logging.getLogger(__name__)
+
+SELECTOR = "status.phase!=Bound"
+"""The claims the early phase lists: every claim not Bound (new, Pending, Lost)."""
+PAGE_SIZE = 500
+PAGE_RETRIES = 5
+"""Failed attempts in a row at one page (a 5xx, a dropped connection) before the list gives up and
+the start lists again from the top (`starting.listing`)."""
+FALLBACK = ("the API server cannot select claims by status.phase (the ElasticGPUClaim CRD lacks selectableFields,"
+            " or Kubernetes is older than 1.32): the start lists every claim before it binds, slower on a big"
+            " cluster; apply the CRDs of this release (kubectl apply --server-side -f crds/)")
+
+
+class WaitingClaims:
+    """Lists the claims that wait into the picture and queues them; see the module docstring."""
+
+    def __init__(self, *, kube: KubeApi, picture: Picture, queue: WorkQueue, namespace: str | None) -> None:
+        self.kube = kube
+        self.picture = picture
+        self.queue = queue
+        self.namespace = namespace
+        self.complete = False
+        """Whether the last `list` took in every claim (the server could not select): the full
+        claim list behind is then not needed."""
+        self.count = 0
+        """How many claims the last `list` took in."""
+        self._rejected = ""
+        """The server's answer to the selector, once it refused it (said once, not asked again)."""
+
+    def list(self) -> str:
+        """List the claims that wait (every claim where the server cannot select), take them into
+        the picture, queue the waiting ones (front lane, in bind order); the list's resourceVersion,
+        the point to watch every claim from."""
+        path = self.kube.collection_path("claim", self.namespace)
+        claims: list[Body] | None = None
+        if not self._rejected:
+            try:
+                claims, version = self._selected(path)
+            except errors.Rejected as err:
+                self._rejected = str(err)
+                logger.info("%s: %s", FALLBACK, err)
+        self.complete = claims is None
+        if claims is None:
+            claims, version = self.kube.list_collection(path)
+            self.picture.merge_claim_list(claims, version)
+        else:
+            # Not a merge: the picture holds nothing the selection left out, and a claim missing from
+            # it is Bound (the full list behind brings it), not gone.
+            for body in claims:
+                self.picture.put_claim(body)
+        self.count = len(claims)
+        self.picture.quotas.saw(int(version) if version.isdigit() else None)
+        for key in self.picture.pending_claim_keys():
+            self.queue.add(key)
+        return version
+
+    def _selected(self, path: str) -> tuple[list[Body], str]:
+        """Every claim of `SELECTOR`, page by page; a page that fails is asked again with the same
+        continue token (the list resumes where it broke: nothing doubled, nothing skipped), a
+        continue token that expired (410) starts the list over. Rejected: the server cannot select."""
+        items: list[Body] = []
+        token = ""
+        version = ""
+        failures = 0
+        while True:
+            try:
+                page, version, following = self.kube.list_page(path, field_selector=SELECTOR, limit=PAGE_SIZE,
+                                                                token=token)
+            except errors.ApiUnavailable as err:
+                failures += 1
+                if failures > PAGE_RETRIES:
+                    raise
+                if err.status == 410:  # the snapshot the token continues expired: from the top
+                    items, token = [], ""
+                (logger.warning if failures == 1 else logger.debug)(
+                    "list of the waiting claims failed after %d claims; asking for that page again: %s",
+                    len(items), err)
+                time.sleep(min(0.25 * 2 ** failures, 4.0))  # bounded: PAGE_RETRIES attempts, ~8 s in all
+                continue
+            failures = 0
+            items.extend(page)
+            if not following:
+                return items, version
+            token = following
