@@ -82,7 +82,7 @@ def _list_cards(controller: Controller, waiting: WaitingClaims, split: list[floa
     began = time.monotonic()
     listed = controller.informer.list_cards()
     split.append(time.monotonic() - began)
-    claims_version = waiting.list()
+    claims_version = waiting.list_waiting()
     split.append(time.monotonic() - began - split[-1])
     return {**listed, "claim": claims_version}
 

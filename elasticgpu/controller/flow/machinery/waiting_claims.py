@@ -51,14 +51,14 @@ class WaitingClaims:
         self.queue = queue
         self.namespace = namespace
         self.complete = False
-        """Whether the last `list` took in every claim (the server could not select): the full
+        """Whether the last `list_waiting` took in every claim (the server could not select): the full
         claim list behind is then not needed."""
         self.count = 0
-        """How many claims the last `list` took in."""
+        """How many claims the last `list_waiting` took in."""
         self._rejected = ""
         """The server's answer to the selector, once it refused it (said once, not asked again)."""
 
-    def list(self) -> str:
+    def list_waiting(self) -> str:
         """List the claims that wait (every claim where the server cannot select), take them into
         the picture, queue the waiting ones (front lane, in bind order); the list's resourceVersion,
         the point to watch every claim from."""
