@@ -41,7 +41,7 @@ class KindInfo:
     crd_file: str
     selectable_fields: tuple[str, ...] = ()
     """JSON paths a list or watch may select on with a fieldSelector (the CRD's `selectableFields`,
-    GA in Kubernetes 1.32; a server without them answers 400 "field label not supported")."""
+    beta in Kubernetes 1.31, GA in 1.32; a server without them answers 400 "field label not supported")."""
 
     @property
     def crd_name(self) -> str:

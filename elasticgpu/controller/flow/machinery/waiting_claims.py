@@ -15,8 +15,8 @@ and is merged before the gate opens: every Bound claim is in the picture before 
 one, and a list copy older than what the watch delivered meanwhile is not taken
 (`Picture.merge_claim_list` keeps the newer copy).
 
-A server that cannot select on the field (older than 1.32, or the CRD applied without
-`selectableFields`: 400 "field label not supported") gets the full list here, as before, said once.
+A server that cannot select on the field (the CRD applied without `selectableFields`, or
+Kubernetes 1.31 with its beta CustomResourceFieldSelectors off: 400 "field label not supported") gets the full list here, as before, said once.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ PAGE_RETRIES = 5
 """Failed attempts in a row at one page (a 5xx, a dropped connection) before the list gives up and
 the start lists again from the top (`starting.listing`)."""
 FALLBACK = ("the API server cannot select claims by status.phase (the ElasticGPUClaim CRD lacks selectableFields,"
-            " or Kubernetes is older than 1.32): the start lists every claim before it binds, slower on a big"
+            " or Kubernetes 1.31 runs with CustomResourceFieldSelectors off): the start lists every claim before it binds, slower on a big"
             " cluster; apply the CRDs of this release (kubectl apply --server-side -f crds/)")
 
 
