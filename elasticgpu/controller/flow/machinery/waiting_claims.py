@@ -3,8 +3,8 @@
 The early gate (`early_gate.py`) passes only new or Pending standalone claims until the picture is
 whole, so the early phase needs only the claims that wait, not every Bound one: at 40,000 cards /
 50,000 claims the full claim list was ~25 s of the 39 s from start to first bind (issue 49 item 2,
-bench/README.md). The claim CRD declares `status.phase` selectable (`selectableFields`, GA in
-Kubernetes 1.32), so the list asks for `status.phase!=Bound`: the server filters its watch cache,
+bench/README.md). The claim CRD declares `status.phase` selectable (`selectableFields`, beta and
+on in Kubernetes 1.31, GA in 1.32), so the list asks for `status.phase!=Bound`: the server filters its watch cache,
 and a claim made before the process started is still found (only a list finds it).
 
 The list's resourceVersion is where the claim watch starts, unfiltered: a filtered watch would
@@ -16,7 +16,8 @@ one, and a list copy older than what the watch delivered meanwhile is not taken
 (`Picture.merge_claim_list` keeps the newer copy).
 
 A server that cannot select on the field (the CRD applied without `selectableFields`, or
-Kubernetes 1.31 with its beta CustomResourceFieldSelectors off: 400 "field label not supported") gets the full list here, as before, said once.
+Kubernetes 1.31 with its beta CustomResourceFieldSelectors off: 400 "field label not supported")
+gets the full list here, as before, said once.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ PAGE_RETRIES = 5
 """Failed attempts in a row at one page (a 5xx, a dropped connection) before the list gives up and
 the start lists again from the top (`starting.listing`)."""
 FALLBACK = ("the API server cannot select claims by status.phase (the ElasticGPUClaim CRD lacks selectableFields,"
-            " or Kubernetes 1.31 runs with CustomResourceFieldSelectors off): the start lists every claim before it binds, slower on a big"
-            " cluster; apply the CRDs of this release (kubectl apply --server-side -f crds/)")
+            " or Kubernetes 1.31 runs with CustomResourceFieldSelectors off): the start lists every claim before it"
+            " binds, slower on a big cluster; apply the CRDs of this release (kubectl apply --server-side -f crds/)")
 
 
 class WaitingClaims:
