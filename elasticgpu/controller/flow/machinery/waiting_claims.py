@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
@@ -41,6 +42,16 @@ the start lists again from the top (`starting.listing`)."""
 FALLBACK = ("the API server cannot select claims by status.phase (the ElasticGPUClaim CRD lacks selectableFields,"
             " or Kubernetes 1.31 runs with CustomResourceFieldSelectors off): the start lists every claim before it"
             " binds, slower on a big cluster; apply the CRDs of this release (kubectl apply --server-side -f crds/)")
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """One list of the claims, not taken in yet."""
+
+    claims: list[Body]
+    version: str
+    complete: bool
+    """Every claim (the server could not select), not only the waiting ones."""
 
 
 class WaitingClaims:
@@ -63,28 +74,39 @@ class WaitingClaims:
         """List the claims that wait (every claim where the server cannot select), take them into
         the picture, queue the waiting ones (front lane, in bind order); the list's resourceVersion,
         the point to watch every claim from."""
+        return self.take_in(self.fetch())
+
+    def fetch(self) -> Fetched:
+        """The claims that wait (every claim where the server cannot select: `complete`) and the
+        list's resourceVersion, not taken in yet: `process/early_start.py` fetches them on a thread
+        of their own beside the cards (bench/early_lists.py: 0.84x the time of one after the other
+        with 3,000 waiting claims at 12,000 cards) and takes them in after the cards."""
         path = self.kube.collection_path("claim", self.namespace)
-        claims: list[Body] | None = None
         if not self._rejected:
             try:
                 claims, version = self._selected(path)
+                return Fetched(claims, version, complete=False)
             except errors.Rejected as err:
                 self._rejected = str(err)
                 logger.info("%s: %s", FALLBACK, err)
-        self.complete = claims is None
-        if claims is None:
-            claims, version = self.kube.list_collection(path)
-            self.picture.merge_claim_list(claims, version)
+        claims, version = self.kube.list_collection(path)
+        return Fetched(claims, version, complete=True)
+
+    def take_in(self, fetched: Fetched) -> str:
+        """Take `fetched` into the picture and queue the claims that wait (in bind order, which reads
+        the classes: after the cards); the list's resourceVersion."""
+        self.complete, self.count = fetched.complete, len(fetched.claims)
+        if fetched.complete:
+            self.picture.merge_claim_list(fetched.claims, fetched.version)
         else:
             # Not a merge: the picture holds nothing the selection left out, and a claim missing from
             # it is Bound (the full list behind brings it), not gone.
-            for body in claims:
+            for body in fetched.claims:
                 self.picture.put_claim(body)
-        self.count = len(claims)
-        self.picture.quotas.saw(int(version) if version.isdigit() else None)
+        self.picture.quotas.saw(int(fetched.version) if fetched.version.isdigit() else None)
         for key in self.picture.pending_claim_keys():
             self.queue.add(key)
-        return version
+        return fetched.version
 
     def _selected(self, path: str) -> tuple[list[Body], str]:
         """Every claim of `SELECTOR`, page by page; a page that fails is asked again with the same
