@@ -22,6 +22,10 @@ and claim status is the controller's own. The controller reaches the server thro
      still Bound, and each Bound claim's ElasticGPU reserved exactly once on the GPUs;
   4. at rest: the leader's CPU over `--rest` seconds (share of one core) and its RSS, from /proc.
 
+`rss_mib` follows the RSS (and its anonymous part) of the process that ends as the leader, and of the
+first one, at each step: what each step adds is what to cut. `--controller-env KEY=VALUE` sets an
+environment variable in the controller processes only (MALLOC_ARENA_MAX=2, ELASTICGPU_MALLOC=off).
+
     python bench/fleet_controller.py                                  # 40,000 cards, 50,000 claims
     python bench/fleet_controller.py --cards 4000 --claims 5000       # a tenth (this shared box)
     python bench/fleet_controller.py --cards 80 --claims 100 --rest 5 --outage 3   # smoke run
@@ -212,8 +216,10 @@ PHASES = {"listing": "listing the cluster", "cards": "listed the cards", "listed
 class Controllers:
     """Controller processes of the run, each with its log (JSON lines) under bench/out/."""
 
-    def __init__(self, kubeconfig: Path) -> None:
+    def __init__(self, kubeconfig: Path, env: dict[str, str] | None = None) -> None:
         self.kubeconfig = kubeconfig
+        self.env = env or {}
+        """Set in the controller processes only (the server's and the writers' stay as they are)."""
         self.started = 0
         self.began: dict[int, float] = {}
         """Epoch time each process (by pid) was started."""
@@ -233,7 +239,7 @@ class Controllers:
                 [sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(self.kubeconfig),
                  "--namespace", NAMESPACE, "--leader-elect-namespace", NAMESPACE, "--log-level", "info",
                  "--log-format", "json", "--health-probe-bind-address", f"127.0.0.1:{port}"],
-                stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+                stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **self.env})
         self.began[proc.pid], self.logs[proc.pid], self.ports[proc.pid] = began, path, port
         return proc
 
@@ -292,6 +298,25 @@ class Controllers:
 
     def says(self, proc: subprocess.Popen[bytes], text: str) -> bool:
         return text in self.logs[proc.pid].read_text(errors="replace")
+
+    def wait_for(self, proc: subprocess.Popen[bytes], text: str, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not self.says(proc, text):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                return False
+            time.sleep(0.5)
+        return True
+
+
+def _memory(pid: int) -> list[int]:
+    """[RSS, its anonymous part] in MiB, from /proc: the anonymous part is the heap's (malloc's
+    arenas and mmaps, pymalloc's arenas); the rest is mapped files (the interpreter, the libraries)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon"):
+            fields[key] = round(int(value.split()[0]) / 1024)
+    return [fields.get("VmRSS", 0), fields.get("RssAnon", 0)]
 
 
 CLAIM_CRD = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{names.PLURAL_CLAIM}.{names.GROUP}"
@@ -393,6 +418,8 @@ def main() -> None:
     parser.add_argument("--prebound", action="store_true",
                         help="write the bound state with the controller's own code in the writer processes"
                         " (bench/fleet_prebound.py), then start the controller on it and count its writes")
+    parser.add_argument("--controller-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="an environment variable for the controller processes only (repeatable)")
     parser.add_argument("--pods-percent", type=int, default=80,
                         help="with --prebound: the share of claims that are pods' inline claims")
     parser.add_argument("--unselectable-too", action="store_true",
@@ -419,7 +446,11 @@ def main() -> None:
                                        ["server"])
         relay = Relay((server.hostname or "127.0.0.1", server.port or 443))
         controllers = Controllers(_relayed_kubeconfig(cluster.kubeconfig, relay.port,
-                                                      REPO / "bench" / "out" / "fleet-kubeconfig.yaml"))
+                                                      REPO / "bench" / "out" / "fleet-kubeconfig.yaml"),
+                                  dict(item.split("=", 1) for item in args.controller_env))
+        figures["controller_env"] = controllers.env
+        rss: dict[str, list[int]] = {}
+        figures["rss_mib"] = rss
         klass = {"apiVersion": names.API_VERSION, "kind": names.KIND_CLASS, "metadata": {"name": CLASS},
                  "provisioner": names.PROVISIONER_GPUSHARE, "parameters": {"gpuModel": MODEL}}
         watch = bound_watch(kube, NAMESPACE)
@@ -470,6 +501,10 @@ def main() -> None:
             figures["start_phases_s"] = controllers.phases(leader)
             figures["start_early_split"] = controllers.early_split(leader)
             figures["start_rss_mib"] = round(_rss_mib(leader.pid))
+            rss["first: first bind"] = _memory(leader.pid)
+            # The early start binds before the whole picture is listed: RSS with all of it.
+            controllers.wait_for(leader, PHASES["listed"], 600)
+            rss["first: listed"] = _memory(leader.pid)
 
             # 2. leader kill -9 with a standby beside it, standing by with its picture listed
             standby = controllers.start()
@@ -477,6 +512,8 @@ def main() -> None:
             while not controllers.says(standby, "standing by") and time.monotonic() < deadline:
                 time.sleep(0.5)
             figures["standby_phases_s"] = controllers.phases(standby)
+            rss["first: beside a standby"] = _memory(leader.pid)
+            rss["standby: standing by"] = _memory(standby.pid)
             time.sleep(5.0 + random.uniform(0.0, 2.0))  # at a random moment between two renewals
             killed = time.time()
             leader.kill()
@@ -484,6 +521,8 @@ def main() -> None:
             figures["kill9_to_first_bind_s"] = _probe(kube, watch, "probe-kill", 600)
             figures["kill9_to_lease_s"] = controllers.phases(standby, since=killed).get("leading")
             leader, standby = standby, None
+            controllers.wait_for(leader, PHASES["ready"], 600)
+            rss["second: leading, first bind"] = _memory(leader.pid)
 
             # 3. the API server restarted under it
             lists_before = _lists(kube)
@@ -505,6 +544,7 @@ def main() -> None:
             time.sleep(max(0.0, 60.0 - (time.monotonic() - back)))
             figures["lists_in_60s_after_outage"] = _lists(kube) - lists_before
             figures["books"] = _check_books(kube)
+            rss[f"second: 60 s after the outage (restarts {figures['outage_restarts']})"] = _memory(leader.pid)
 
             # 4. at rest
             time.sleep(10)
@@ -512,6 +552,7 @@ def main() -> None:
             time.sleep(args.rest)
             figures["rest_cpu_share"] = round((_cpu_s(leader.pid) - cpu) / (time.monotonic() - at), 4)
             figures["rest_rss_mib"] = round(_rss_mib(leader.pid))
+            rss["second: at rest"] = _memory(leader.pid)
             figures["writes_total"] = {k: v for k, v in _writes(kube).items() if v}
         finally:
             for proc in (leader, standby):
