@@ -155,7 +155,10 @@ class Ledger:
         """Remember a node's labels (for class nodeSelectors); re-adds its cards when they changed."""
         if self._node_labels.get(name) == dict(labels):
             return
-        self._node_labels[name] = dict(labels)
+        # Its own strings, none of the list or event (`compact.own`: one kept string of a list keeps
+        # an arena of it); the label keys and values of a fleet's nodes are mostly equal.
+        name = compact.own(name)
+        self._node_labels[name] = {compact.own(k): compact.own(v) for k, v in labels.items()}
         if name in self.inventory:
             bodies = [b.body() for n, b in self._gpus.items() if self._models[n].spec.node_name == name]
             for body in bodies:
@@ -172,8 +175,15 @@ class Ledger:
     def observe_gpu(self, body: Body) -> None:
         """Take in a GPU object as the server holds it (from a list, watch event or write)."""
         name = body["metadata"]["name"]
-        if self._deleted.refuses(name, body, held=self.gpu_version(name)):
+        held_version = self.gpu_version(name)
+        if self._deleted.refuses(name, body, held=held_version):
             return  # older than the copy held, or a copy from before its deletion
+        if held_version is not None and not versions.is_newer(body, held_version):
+            # The copy held (the same resourceVersion: the same object). Kept again, its new model
+            # and JSON were made while the list it came in was alive, in that list's arenas: a
+            # watch starting over after an outage then pinned most of every GPU page's memory
+            # (bench/relist_rss.py), for a picture that did not change.
+            return
         held, model = compact.kept(body, GPU)
         name = model.metadata.name or name  # the model's: the keys below hold nothing of the list
         previous = self._models.get(name)

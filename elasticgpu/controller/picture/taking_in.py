@@ -29,11 +29,15 @@ class TakingIn(waking.Waking):
         """Take in one watch event (`kind` in claim, egpu, gpu, class, pod, node); the keys to queue."""
         deleted = event_type == "DELETED"
         meta = body.get("metadata") or {}
-        name = meta.get("name", "")
+        # The keys returned are queued, synced and remembered (settled keys, retries): built from
+        # the picture's own strings (`compact.own`), not the event's or the list's. After a watch
+        # started over with a list, every key held a name of that list, and each such string kept
+        # a whole arena of the list's memory (bench/relist_rss.py).
+        name = compact.own(str(meta.get("name", "")))
         keys: Keys = []
         with self.lock:
             if kind == "claim":
-                key = (meta.get("namespace", ""), name)
+                key = (compact.own(str(meta.get("namespace", ""))), name)
                 if deleted:
                     self._deleted_claims.bury(key, body)
                     self.drop_claim(key)

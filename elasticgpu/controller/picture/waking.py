@@ -87,8 +87,8 @@ class Waking(reading.Reading):
     def _claims_of_egpu(self, name: str, body: Body) -> Keys:
         keys: Keys = []
         ref = (body.get("spec") or {}).get("claimRef") or {}
-        if ref.get("name"):
-            keys.append(("claim", ref.get("namespace", ""), ref["name"]))
+        if ref.get("name"):  # the picture's own strings, as `TakingIn.observe` says why
+            keys.append(("claim", compact.own(str(ref.get("namespace", ""))), compact.own(str(ref["name"]))))
         naming = sorted(compact.index_members(self._claims_naming, name))
         keys += [("claim", ns, claim_name) for ns, claim_name in naming]
         return keys
@@ -98,7 +98,7 @@ class Waking(reading.Reading):
         keys: Keys = [("pod", key[0], pod) for pod in sorted(self._pod_claims.get(key, ()))]
         owner = pod_index.owner_pod(body)
         if owner is not None and owner[0] not in self._pod_claims.get(key, ()):
-            keys.append(("pod", key[0], owner[0]))
+            keys.append(("pod", key[0], compact.own(owner[0])))
         return keys
 
 
