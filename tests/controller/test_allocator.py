@@ -95,6 +95,13 @@ def test_what_the_operator_set_is_kept() -> None:
     assert "skipped='ELASTICGPU_MALLOC=off'" in str(off["tuning"]), off
 
 
+def test_a_switch_neither_on_nor_off_is_refused_with_its_fix() -> None:
+    from elasticgpu.controller.process import allocator
+
+    with pytest.raises(ValueError, match=r"ELASTICGPU_MALLOC='of'.*'off' to leave glibc's"):
+        allocator.tune({"ELASTICGPU_MALLOC": "of"})
+
+
 def test_a_trim_gives_back_the_free_space_between_held_blocks() -> None:
     found = _run(TRIM)
     before, after = found["before"], found["after"]

@@ -82,10 +82,19 @@ def _glibc() -> ctypes.CDLL | None:
     return _libc
 
 
+def switched_off(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether `ELASTICGPU_MALLOC` says off; ValueError for a value that is neither on nor off."""
+    value = environ.get(SWITCH, "").strip().lower()
+    if value not in ("", "on", "off"):
+        raise ValueError(f"environment variable {SWITCH}={environ[SWITCH]!r}: not 'on' or 'off'; set it to 'off' to"
+                         " leave glibc's malloc settings as they are, or unset it")
+    return value == "off"
+
+
 def tune(environ: Mapping[str, str] = os.environ) -> Tuning:
     """Set the arena count and a fixed mmap threshold (see the module docstring); call it first
     thing in the process, before any thread starts."""
-    if environ.get(SWITCH, "").strip().lower() == "off":
+    if switched_off(environ):
         return Tuning(skipped=f"{SWITCH}=off")
     libc = _glibc()
     if libc is None:
@@ -117,7 +126,7 @@ class Trimming:
                  environ: Mapping[str, str] = os.environ) -> None:
         self._stop = stop
         self._every_s = every_s
-        self._on = _glibc() is not None and environ.get(SWITCH, "").strip().lower() != "off"
+        self._on = _glibc() is not None and not switched_off(environ)
         self.trims = 0
         """Trims done (for the tests)."""
 
@@ -131,4 +140,5 @@ class Trimming:
             self.trims += 1
 
 
-__all__ = ["ARENA_MAX", "MMAP_THRESHOLD", "SWITCH", "TRIM_EVERY_S", "Trimming", "Tuning", "trim", "tune"]
+__all__ = ["ARENA_MAX", "MMAP_THRESHOLD", "SWITCH", "TRIM_EVERY_S", "Trimming", "Tuning", "switched_off", "trim",
+           "tune"]
