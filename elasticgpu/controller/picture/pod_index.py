@@ -185,12 +185,14 @@ class PodIndex:
             return old is not None
         if old is not None and not versions.is_newer(body, old):
             return False
-        self._nodes[name] = body
+        # Without managedFields (the kubelet's status writes make them a large part of a Node,
+        # and nothing reads them): 5,000 of them at the issue's size.
+        body = self._nodes[name] = compact.strip(body)
         return old is None or _placement_fields(old) != _placement_fields(body)
 
     def merge_nodes(self, nodes: Iterable[Body]) -> None:
         """Replace the nodes with a complete list."""
-        self._nodes = {(n.get("metadata") or {}).get("name", ""): n for n in nodes}
+        self._nodes = {(n.get("metadata") or {}).get("name", ""): compact.strip(n) for n in nodes}
 
     def nodes(self) -> dict[str, Body]:
         """Every node by name (a copy of the map; the bodies are shared, never change them)."""
