@@ -11,8 +11,8 @@ per kind at the same time, as `watch_kind` does after an outage. RSS (and its an
 after the first list and after each round, once per variant, each in a process of its own:
 
   default   glibc's defaults (one arena per thread, up to 8 per core; a dynamic mmap threshold)
-  tuned     `process/allocator.tune()` first, as the controller does at its start
-  trimmed   tuned, and `allocator.trim()` after the first list and after each round
+  tuned     `process/malloc_tuning.tune()` first, as the controller does at its start
+  trimmed   tuned, and `malloc_tuning.trim()` after the first list and after each round
 
 The keys each step queued are taken off the queue after it, as the worker would.
 
@@ -63,9 +63,9 @@ def run_variant(variant: str, cards: int, claims: int, rounds: int) -> dict[str,
     """One variant in this process: the figures (see the module docstring)."""
     tuning = "default"
     if variant in ("tuned", "trimmed"):  # imported only here: the default runs on a tree without it
-        from elasticgpu.controller.process import allocator
+        from elasticgpu.controller.process import malloc_tuning
 
-        tuning = str(allocator.tune())
+        tuning = str(malloc_tuning.tune())
     import first_list
     from first_list import PLURALS, PagedKube, build, pages
 
@@ -90,7 +90,7 @@ def run_variant(variant: str, cards: int, claims: int, rounds: int) -> dict[str,
     figures["queued"] = drain(queue)
     gc.collect()
     if variant == "trimmed":
-        allocator.trim()
+        malloc_tuning.trim()
     figures["listed"] = memory_mib()
     began = time.monotonic()
     for round_ in range(rounds):
@@ -106,7 +106,7 @@ def run_variant(variant: str, cards: int, claims: int, rounds: int) -> dict[str,
         figures["queued"] = drain(queue)
         gc.collect()
         if variant == "trimmed":
-            allocator.trim()
+            malloc_tuning.trim()
         figures[f"round {round_ + 1}"] = memory_mib()
     figures["rounds_s"] = round(time.monotonic() - began, 1)
     del first_list

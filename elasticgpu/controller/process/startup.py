@@ -14,7 +14,7 @@ import threading
 
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.edge.leader import LeaderSettings
-from elasticgpu.controller.process import allocator, early_start
+from elasticgpu.controller.process import early_start, malloc_tuning
 from elasticgpu.controller.process.operability import Operability
 from elasticgpu.controller.process.reconciling import Controller
 from elasticgpu.controller.settings import ControllerSettings
@@ -44,7 +44,7 @@ def run_controller(
     `settings` default to `ControllerSettings.from_env()`; `settings.watch.engine` picks the
     watches: the controller's own client (default, `informer.py`) or kopf (`operator.py`).
     """
-    allocator.tune()  # before the threads start: see allocator.py for why
+    malloc_tuning.tune()  # before the threads start: see malloc_tuning.py for why
     settings = settings or ControllerSettings.from_env()
     kube = KubeApi.from_kubeconfig(kubeconfig, context=context, settings=settings.api)
     controller = Controller(kube, settings, namespace=namespace)
@@ -52,7 +52,7 @@ def run_controller(
     operability = Operability(controller, kube, leader=leader, health_port=health_port, health_host=health_host)
     try:
         operability.start()
-        allocator.Trimming(stop).start()
+        malloc_tuning.Trimming(stop).start()
         if settings.watch.engine == "client":
             _run_with_client_watches(controller, operability, stop=stop)
         else:

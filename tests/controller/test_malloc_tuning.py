@@ -1,4 +1,4 @@
-"""The controller's glibc malloc settings (`process/allocator.py`, issue 49 item 2: RSS at rest).
+"""The controller's glibc malloc settings (`process/malloc_tuning.py`, issue 49 item 2: RSS at rest).
 
 Each case runs in a Python process of its own (malloc's settings are the process's), on the real
 glibc of this machine: the arenas its threads get, and what a trim gives back.
@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 ARENAS = textwrap.dedent("""
     import ctypes, json, os, sys, tempfile, threading
-    from elasticgpu.controller.process import allocator
-    tuning = allocator.tune()
+    from elasticgpu.controller.process import malloc_tuning
+    tuning = malloc_tuning.tune()
     # 8 threads alive at once, each allocating blocks malloc serves (over pymalloc's 512 bytes):
     # a thread's first malloc takes an arena of its own while glibc's limit allows.
     barrier = threading.Barrier(9, timeout=30)
@@ -53,8 +53,8 @@ ARENAS = textwrap.dedent("""
 
 TRIM = textwrap.dedent("""
     import json
-    from elasticgpu.controller.process import allocator
-    allocator.tune()
+    from elasticgpu.controller.process import malloc_tuning
+    malloc_tuning.tune()
     def rss():
         for line in open("/proc/self/status"):
             if line.startswith("VmRSS:"):
@@ -65,7 +65,7 @@ TRIM = textwrap.dedent("""
     kept = blocks[::64]
     del blocks
     before = rss()
-    trimmed = allocator.trim()
+    trimmed = malloc_tuning.trim()
     print(json.dumps({"before": before, "after": rss(), "trimmed": trimmed}))
 """)
 
@@ -96,10 +96,10 @@ def test_what_the_operator_set_is_kept() -> None:
 
 
 def test_a_switch_neither_on_nor_off_is_refused_with_its_fix() -> None:
-    from elasticgpu.controller.process import allocator
+    from elasticgpu.controller.process import malloc_tuning
 
     with pytest.raises(ValueError, match=r"ELASTICGPU_MALLOC='of'.*'off' to leave glibc's"):
-        allocator.tune({"ELASTICGPU_MALLOC": "of"})
+        malloc_tuning.tune({"ELASTICGPU_MALLOC": "of"})
 
 
 def test_a_trim_gives_back_the_free_space_between_held_blocks() -> None:
@@ -114,10 +114,10 @@ def test_the_trimming_thread_trims_until_stopped() -> None:
     import threading
     import time
 
-    from elasticgpu.controller.process import allocator
+    from elasticgpu.controller.process import malloc_tuning
 
     stop = threading.Event()
-    trimming = allocator.Trimming(stop, every_s=0.05, environ={})
+    trimming = malloc_tuning.Trimming(stop, every_s=0.05, environ={})
     trimming.start()
     deadline = time.monotonic() + 10
     while trimming.trims < 2 and time.monotonic() < deadline:
