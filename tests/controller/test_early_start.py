@@ -10,22 +10,16 @@ were released."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 from elasticgpu.api import names
 from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.process import startup
-from elasticgpu.controller.process.operability import Operability
-from elasticgpu.controller.process.reconciling import Controller
-from elasticgpu.controller.settings import ControllerSettings, ResyncSettings
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller
+from tests.controller.early_start_harness import DEADLINE_S, cards, phase, start_in_thread, wait
 
 HELD_PLURALS = (names.PLURAL_ELASTIC_GPU, "pods")
-DEADLINE_S = 30.0
 
 
 class HeldLists(KubeApi):
@@ -46,27 +40,6 @@ class HeldLists(KubeApi):
         return super().list_collection(path)
 
 
-def _wait(condition: Callable[[], bool], timeout_s: float = DEADLINE_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)  # bounded by the deadline
-    return condition()
-
-
-def _phase(kube: KubeApi, namespace: str, name: str) -> str | None:
-    phase = (kube.get_claim(namespace, name).get("status") or {}).get("phase")
-    return str(phase) if phase is not None else None
-
-
-def _cards(cluster: Cluster, count: int = 2) -> str:
-    model = f"E{cluster.prefix}"
-    for i in range(count):
-        cluster.gpu(o.gpu(f"gpu-{cluster.prefix}-e{i}", node=f"{cluster.prefix}-n", index=i, model=model))
-    class_name = f"{cluster.prefix}-early"
-    cluster.klass(o.klass(class_name, parameters={"gpuModel": model}))
-    return class_name
 
 
 def _start(kube_cluster: Any, namespace: str) -> tuple[HeldLists, threading.Event, threading.Thread]:
@@ -74,27 +47,14 @@ def _start(kube_cluster: Any, namespace: str) -> tuple[HeldLists, threading.Even
     kube = HeldLists.from_kubeconfig(str(kube_cluster.kubeconfig))
     assert isinstance(kube, HeldLists)
     kube.release, kube.holding = threading.Event(), threading.Event()
-    controller = Controller(kube, ControllerSettings(resync=ResyncSettings(orphan_grace_s=0.0)), namespace=namespace)
-    operability = Operability(controller, kube)
-    stop = threading.Event()
-
-    def run() -> None:
-        try:
-            startup._run_with_client_watches(controller, operability, stop=stop)
-        finally:
-            operability.close()
-            controller.close()
-            kube.close()
-
-    thread = threading.Thread(target=run, name="early-start-test", daemon=True)
-    thread.start()
+    stop, thread = start_in_thread(kube, namespace, name="early-start-test")
     return kube, stop, thread
 
 
 def test_a_new_standalone_claim_binds_before_the_slow_lists_and_nothing_else_moves(
         kube_cluster: Any, cluster: Cluster, kube: KubeApi) -> None:
     ns = cluster.namespace
-    class_name = _cards(cluster)
+    class_name = cards(cluster)
     # A Bound claim with its ElasticGPU and reservation, bound by an earlier controller.
     cluster.claim(o.claim("bound-before", cores=20, memory="1Gi", class_name=class_name))
     earlier = new_controller(kube, ns)
@@ -103,7 +63,7 @@ def test_a_new_standalone_claim_binds_before_the_slow_lists_and_nothing_else_mov
         earlier.drain()
     finally:
         earlier.close()
-    assert _phase(kube, ns, "bound-before") == "Bound"
+    assert phase(kube, ns, "bound-before") == "Bound"
     bound = kube.get_claim(ns, "bound-before")
     egpu_name = bound["spec"]["elasticGPUName"]
     egpu_version = kube.get_elastic_gpu(egpu_name)["metadata"]["resourceVersion"]
@@ -124,20 +84,20 @@ def test_a_new_standalone_claim_binds_before_the_slow_lists_and_nothing_else_mov
         assert held.holding.wait(DEADLINE_S), "the controller never listed ElasticGPUs or pods"
         cluster.claim(o.claim("new-at-start", cores=10, memory="1Gi", class_name=class_name))
         for name in ("made-before-start", "new-at-start"):
-            assert _wait(lambda name=name: _phase(kube, ns, name) == "Bound"), (
-                f"the new claim {name} is {_phase(kube, ns, name)} with the slow lists still held: it waited for"
+            assert wait(lambda name=name: phase(kube, ns, name) == "Bound"), (
+                f"the new claim {name} is {phase(kube, ns, name)} with the slow lists still held: it waited for"
                 " them")
         # Nothing else was written while the picture was partial.
         assert kube.get_claim(ns, "bound-before")["metadata"]["resourceVersion"] == bound["metadata"]["resourceVersion"]
         assert kube.get_elastic_gpu(egpu_name)["metadata"]["resourceVersion"] == egpu_version
         assert kube.get_claim(ns, "owned-by-pod")["metadata"]["resourceVersion"] == owned_version
-        assert _phase(kube, ns, "in-a-gang") is None
+        assert phase(kube, ns, "in-a-gang") is None
         gpus = [kube.get_gpu(f"gpu-{cluster.prefix}-e{i}") for i in range(2)]
         reserved = [a["elasticGPU"] for g in gpus for a in (g.get("status") or {}).get("allocations") or []]
         assert egpu_name in reserved, reserved  # the earlier bind's reservation, not freed as an orphan
         held.release.set()
         # The whole picture: the held keys flow as after a full start.
-        assert _wait(lambda: _phase(kube, ns, "in-a-gang") == "Bound"), _phase(kube, ns, "in-a-gang")
+        assert wait(lambda: phase(kube, ns, "in-a-gang") == "Bound"), phase(kube, ns, "in-a-gang")
         reserved = [a["elasticGPU"] for g in (kube.get_gpu(f"gpu-{cluster.prefix}-e{i}") for i in range(2))
                     for a in (g.get("status") or {}).get("allocations") or []]
         assert len(reserved) == len(set(reserved)), f"a reservation doubled: {reserved}"
@@ -151,7 +111,7 @@ def test_a_new_standalone_claim_binds_before_the_slow_lists_and_nothing_else_mov
 def test_a_claim_in_a_namespace_with_a_quota_waits_for_the_whole_picture_through_failed_lists(
         kube_cluster: Any, cluster: Cluster, kube: KubeApi) -> None:
     ns = cluster.namespace
-    class_name = _cards(cluster, count=1)
+    class_name = cards(cluster, count=1)
     kube._call("POST", kube.collection_path("quota", ns), body={
         "apiVersion": names.API_VERSION, "kind": names.KIND_QUOTA, "metadata": {"name": "team"},
         "spec": {"hard": {names.RESOURCE_CORE: 100}}})
@@ -161,9 +121,9 @@ def test_a_claim_in_a_namespace_with_a_quota_waits_for_the_whole_picture_through
         assert held.holding.wait(DEADLINE_S), "the controller never listed ElasticGPUs or pods"
         cluster.claim(o.claim("quota-counted", cores=10, memory="1Gi", class_name=class_name))
         # Its quota is charged from a picture not whole yet: it must not bind on a guess.
-        assert not _wait(lambda: _phase(kube, ns, "quota-counted") is not None, timeout_s=3.0)
+        assert not wait(lambda: phase(kube, ns, "quota-counted") is not None, timeout_s=3.0)
         held.release.set()
-        assert _wait(lambda: _phase(kube, ns, "quota-counted") == "Bound"), _phase(kube, ns, "quota-counted")
+        assert wait(lambda: phase(kube, ns, "quota-counted") == "Bound"), phase(kube, ns, "quota-counted")
         allocations = (kube.get_gpu(f"gpu-{cluster.prefix}-e0").get("status") or {}).get("allocations") or []
         assert len(allocations) == 1, allocations  # reserved once, through the failed lists
     finally:

@@ -19,13 +19,9 @@ from elasticgpu.api import names
 from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.machinery import waiting_claims
-from elasticgpu.controller.process import startup
-from elasticgpu.controller.process.operability import Operability
-from elasticgpu.controller.process.reconciling import Controller
-from elasticgpu.controller.settings import ControllerSettings, ResyncSettings
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller
-from tests.controller.test_early_start import DEADLINE_S, _cards, _phase, _wait
+from tests.controller.early_start_harness import DEADLINE_S, cards, phase, start_in_thread, wait
 
 HELD_PLURALS = (names.PLURAL_CLAIM, names.PLURAL_ELASTIC_GPU, "pods")
 CRD_PATH = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{names.PLURAL_CLAIM}.{names.GROUP}"
@@ -67,20 +63,7 @@ def _start(kube_cluster: Any, namespace: str, *, fail_pages: int = 0,
     assert isinstance(kube, HeldFullLists)
     kube.release, kube.holding, kube.failed = threading.Event(), threading.Event(), []
     kube.fail_pages, kube.fail_claim_lists = fail_pages, fail_claim_lists
-    controller = Controller(kube, ControllerSettings(resync=ResyncSettings(orphan_grace_s=0.0)), namespace=namespace)
-    operability = Operability(controller, kube)
-    stop = threading.Event()
-
-    def run() -> None:
-        try:
-            startup._run_with_client_watches(controller, operability, stop=stop)
-        finally:
-            operability.close()
-            controller.close()
-            kube.close()
-
-    thread = threading.Thread(target=run, name="waiting-claims-test", daemon=True)
-    thread.start()
+    stop, thread = start_in_thread(kube, namespace, name="waiting-claims-test")
     return kube, stop, thread
 
 
@@ -98,14 +81,14 @@ def _bind_one_earlier(kube: KubeApi, cluster: Cluster, class_name: str) -> dict[
         earlier.drain()
     finally:
         earlier.close()
-    assert _phase(kube, cluster.namespace, "bound-before") == "Bound"
+    assert phase(kube, cluster.namespace, "bound-before") == "Bound"
     return kube.get_claim(cluster.namespace, "bound-before")
 
 
 def test_a_waiting_claim_binds_while_every_claim_is_still_listed_and_no_bound_one_moves(
         kube_cluster: Any, cluster: Cluster, kube: KubeApi) -> None:
     ns = cluster.namespace
-    class_name = _cards(cluster)
+    class_name = cards(cluster)
     bound = _bind_one_earlier(kube, cluster, class_name)
     egpu_name = bound["spec"]["elasticGPUName"]
     egpu_version = kube.get_elastic_gpu(egpu_name)["metadata"]["resourceVersion"]
@@ -115,8 +98,8 @@ def test_a_waiting_claim_binds_while_every_claim_is_still_listed_and_no_bound_on
         assert held.holding.wait(DEADLINE_S), "the controller never listed every claim, ElasticGPU or pod"
         cluster.claim(o.claim("new-at-start", cores=10, memory="1Gi", class_name=class_name))
         for name in ("made-before-start", "new-at-start"):
-            assert _wait(lambda name=name: _phase(kube, ns, name) == "Bound"), (
-                f"the new claim {name} is {_phase(kube, ns, name)} with the full claim list still held: it waited"
+            assert wait(lambda name=name: phase(kube, ns, name) == "Bound"), (
+                f"the new claim {name} is {phase(kube, ns, name)} with the full claim list still held: it waited"
                 " for every claim")
         # The Bound claim is not in the picture yet: nothing may have been written to it or its ElasticGPU.
         assert kube.get_claim(ns, "bound-before")["metadata"]["resourceVersion"] == bound["metadata"]["resourceVersion"]
@@ -125,7 +108,7 @@ def test_a_waiting_claim_binds_while_every_claim_is_still_listed_and_no_bound_on
         held.release.set()
         # The whole picture: the Bound claim taken in, every reservation once.
         cluster.claim(o.claim("after-the-gate", cores=10, memory="1Gi", class_name=class_name))
-        assert _wait(lambda: _phase(kube, ns, "after-the-gate") == "Bound"), _phase(kube, ns, "after-the-gate")
+        assert wait(lambda: phase(kube, ns, "after-the-gate") == "Bound"), phase(kube, ns, "after-the-gate")
         reserved = _reserved(kube, cluster, 2)
         assert len(reserved) == len(set(reserved)) == 4, f"a reservation doubled or lost: {reserved}"
         assert kube.get_claim(ns, "bound-before")["status"]["phase"] == "Bound"
@@ -138,7 +121,7 @@ def test_a_waiting_claim_binds_while_every_claim_is_still_listed_and_no_bound_on
 def test_the_waiting_list_failing_midway_resumes_and_binds_each_claim_once(
         kube_cluster: Any, cluster: Cluster, kube: KubeApi, monkeypatch: pytest.MonkeyPatch) -> None:
     ns = cluster.namespace
-    class_name = _cards(cluster)
+    class_name = cards(cluster)
     monkeypatch.setattr(waiting_claims, "PAGE_SIZE", 2)  # 5 waiting claims: three pages
     made = [f"waiting-{i}" for i in range(5)]
     for name in made:
@@ -147,8 +130,8 @@ def test_the_waiting_list_failing_midway_resumes_and_binds_each_claim_once(
     held, stop, thread = _start(kube_cluster, ns, fail_pages=2)
     try:
         for name in made:
-            assert _wait(lambda name=name: _phase(kube, ns, name) == "Bound"), (
-                f"{name} is {_phase(kube, ns, name)} with the full claim list held (failed pages: {held.failed})")
+            assert wait(lambda name=name: phase(kube, ns, name) == "Bound"), (
+                f"{name} is {phase(kube, ns, name)} with the full claim list held (failed pages: {held.failed})")
         assert len(held.failed) == 2 and len(set(held.failed)) == 1, held.failed
         held.release.set()
         reserved = _reserved(kube, cluster, 2)
@@ -179,13 +162,13 @@ def _replace_claim_crd(kube: KubeApi, ns: str, selectable: bool) -> None:
             version.pop("selectableFields", None)
     kube._call("PUT", CRD_PATH, body=crd)
     want = 200 if selectable else 400
-    assert _wait(lambda: _selector_answers(kube, ns) == want), f"the server still answers the selector with not {want}"
+    assert wait(lambda: _selector_answers(kube, ns) == want), f"the server still answers the selector with not {want}"
 
 
 def test_a_server_that_cannot_select_lists_every_claim_first_said_once(
         kube_cluster: Any, cluster: Cluster, kube: KubeApi, caplog: pytest.LogCaptureFixture) -> None:
     ns = cluster.namespace
-    class_name = _cards(cluster)
+    class_name = cards(cluster)
     _bind_one_earlier(kube, cluster, class_name)
     cluster.claim(o.claim("made-before-start", cores=10, memory="1Gi", class_name=class_name))
     _replace_claim_crd(kube, ns, selectable=False)
@@ -198,8 +181,8 @@ def test_a_server_that_cannot_select_lists_every_claim_first_said_once(
             # the waiting one binds while ElasticGPUs and pods are still held.
             assert held.holding.wait(DEADLINE_S), "the controller never listed the claims"
             held.release.set()
-            assert _wait(lambda: _phase(kube, ns, "made-before-start") == "Bound"), (
-                _phase(kube, ns, "made-before-start"))
+            assert wait(lambda: phase(kube, ns, "made-before-start") == "Bound"), (
+                phase(kube, ns, "made-before-start"))
             said = [r for r in caplog.records if r.getMessage().startswith(waiting_claims.FALLBACK)]
             assert len(said) == 1, [r.getMessage() for r in said]
             assert said[0].levelno == logging.INFO and "field label not supported" in said[0].getMessage(), (
