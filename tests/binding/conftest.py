@@ -146,9 +146,11 @@ def _watch(controller: Controller) -> _Watching:
     informer = controller.informer
     observe = informer.observe
 
-    def timed(kind: str, event_type: str | None, body: dict[str, Any]) -> None:
-        observe(kind, event_type, body)
+    def timed(kind: str, event_type: str | None, body: dict[str, Any], *,
+              if_held: tuple[str, str] | None = None) -> bool:
+        taken = observe(kind, event_type, body, if_held=if_held)
         watching.last_event = time.monotonic()
+        return taken
 
     informer.observe = timed  # type: ignore[method-assign]
     listed = controller.rebuild()
