@@ -174,6 +174,12 @@ def test_an_edited_ca_bundle_is_put_back(
     path = f"{ADMISSION}/mutatingwebhookconfigurations/{webhook.configuration_name}"
     assert kube_request(api_client, "PUT", path, body=stored).status == 200
     wait_until(lambda: webhook.ca_bundle() == good, "the caBundle to be repaired", timeout=20)
+    # The API server holds the repair before the webhook has its answer and logs the write.
+    wait_until(
+        lambda: webhook.log.read_text().count("MutatingWebhookConfiguration") >= 2,
+        "the repair to be logged",
+        timeout=10,
+    )
     assert webhook.log.read_text().count("MutatingWebhookConfiguration") == 2
     # The API server reads webhook configurations through its own informer: for a moment after
     # the repair it may still call with the broken bundle (500, "unable to load root
