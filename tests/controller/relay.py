@@ -30,6 +30,9 @@ class Relay:
         self._sockets: list[socket.socket] = []
         self._silenced: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self._accepting: socket.socket | None = self._listener
+        """The listener whose connections are relayed (None once refused): an accept thread checks it
+        under the lock, so a connection accepted while `refuse` ran is closed, not relayed."""
         threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
 
     def _accept(self, listener: socket.socket) -> None:
@@ -38,11 +41,36 @@ class Relay:
                 client, _ = listener.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(self._target)
+            # Recorded before anything else, under the lock `cut` takes: a connection accepted
+            # while `cut` or `refuse` runs is either in the list they close or sees they ran.
             with self._lock:
-                self._sockets += [client, upstream]
+                relayed = self._accepting is listener
+                if relayed:
+                    self._sockets.append(client)
+            if not relayed:
+                client.close()  # accepted as the port closed: refused after all
+                continue
+            try:
+                upstream = socket.create_connection(self._target)
+            except OSError:
+                upstream = None  # the target is down: the client sees its connection closed
+            with self._lock:
+                relayed = client in self._sockets  # not cut while connecting
+                if relayed and upstream is not None:
+                    self._sockets.append(upstream)
+            if upstream is None or not relayed:
+                self._discard(client)
+                if upstream is not None:
+                    upstream.close()
+                continue
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _discard(self, sock: socket.socket) -> None:
+        with self._lock:
+            if sock in self._sockets:
+                self._sockets.remove(sock)
+        sock.close()
 
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         with contextlib.suppress(OSError):
@@ -70,7 +98,10 @@ class Relay:
             self._silenced.update(self._sockets)
 
     def refuse(self) -> None:
-        """Close the port and every connection: new connections are refused."""
+        """Close the port and every connection: new connections are refused, and none accepted
+        while this runs survives it."""
+        with self._lock:
+            self._accepting = None
         self._close_listener()
         self.cut()
 
@@ -82,11 +113,15 @@ class Relay:
 
     def accept_again(self) -> None:
         """Listen on the same port again."""
-        self._listener = socket.create_server(("127.0.0.1", self.port))
+        listener = socket.create_server(("127.0.0.1", self.port))
+        with self._lock:
+            self._listener = self._accepting = listener
         threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
 
     def close(self) -> None:
         """Stop relaying."""
+        with self._lock:
+            self._accepting = None
         self._close_listener()
         self.cut()
         with self._lock:
