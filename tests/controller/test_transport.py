@@ -3,7 +3,12 @@ reopened, failures translated into the controller's errors."""
 
 from __future__ import annotations
 
+import os
 import socket
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -47,3 +52,47 @@ def _closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def _sockets_to(port: int) -> int:
+    """This process's established TCP connections to `port` (its own descriptors, read from /proc)."""
+    inodes = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # ESTABLISHED
+                    inodes.add(fields[9])
+    fds = Path("/proc/self/fd")
+    mine = set()
+    for fd in fds.iterdir():
+        try:
+            mine.add(os.readlink(fd))
+        except OSError:
+            continue  # closed since the listing
+    return sum(f"socket:[{inode}]" in mine for inode in inodes)
+
+
+def test_a_finished_threads_connection_is_closed_when_the_thread_ends(kube: KubeApi) -> None:
+    # A long-lived controller starts threads (a sync, a probe): each that made a request kept its
+    # socket until the client was closed. Old transport: 20 threads left 20 connections open.
+    assert kube._transport is not None
+    port = kube._transport._port
+    assert port == urlsplit(kube._api.configuration.host).port
+    kube.list_classes()  # this thread's connection, kept: it is alive
+    before = _sockets_to(port)
+
+    def one_request() -> None:
+        kube.list_classes()
+
+    for _ in range(20):
+        thread = threading.Thread(target=one_request, name="short-lived")
+        thread.start()
+        thread.join(30.0)
+        assert not thread.is_alive(), "a request hung"
+    deadline = time.monotonic() + 10.0
+    while (now := _sockets_to(port)) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert now <= before, f"{now - before} connections of ended threads still open ({before} before)"
+    assert len(kube._transport._open) == 1, len(kube._transport._open)
+    kube.list_classes()  # this thread's connection still works
