@@ -60,6 +60,7 @@ class TestCluster:
     client_key_file: Path | None = None
     log_dir: Path | None = None
     kubectl: Path | None = None  # kubectl from build.sh (Debian's, same version) or from PATH
+    etcd_url: str | None = None  # local test server only: etcd's client URL (compaction, tests/controller)
     versions: dict[str, str] = field(default_factory=dict)
 
     def ssl_context(self) -> ssl.SSLContext:
@@ -280,6 +281,7 @@ def running_cluster() -> Iterator[TestCluster]:
             log_dir=tmp,
             kubectl=find_kubectl(),
             versions=_read_versions(server_bin),
+            etcd_url=local.etcd_url,
         )
     finally:
         children.stop_all()

@@ -150,6 +150,8 @@ class LocalCluster:
     certs: dict[str, Path]
     etcd: processes.Child
     apiserver: processes.Child
+    etcd_url: str = ""
+    """etcd's client URL (tests compact it to expire a list's continue token for real)."""
 
     def ssl_context(self) -> ssl.SSLContext:
         """Client TLS context with the CA and the admin certificate (for raw HTTPS)."""
@@ -225,7 +227,8 @@ def start(
         timeout_s=timeout_s, env={"GOGC": os.environ.get("GOGC", SERVER_GOGC)}, also=[etcd],
     )  # fmt: skip
     cluster = LocalCluster(
-        server=server, kubeconfig=directory / "kubeconfig", certs=certs, etcd=etcd, apiserver=apiserver
+        server=server, kubeconfig=directory / "kubeconfig", certs=certs, etcd=etcd, apiserver=apiserver,
+        etcd_url=etcd_url,
     )
     write_kubeconfig(cluster.kubeconfig, server, certs)
     return cluster

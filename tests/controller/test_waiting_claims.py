@@ -9,8 +9,11 @@ held, nothing bound."""
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import threading
+import urllib.request
 from typing import Any
 
 import pytest
@@ -138,6 +141,95 @@ def test_the_waiting_list_failing_midway_resumes_and_binds_each_claim_once(
         assert len(reserved) == len(set(reserved)) == len(made), f"a reservation doubled or lost: {reserved}"
     finally:
         held.release.set()
+        stop.set()
+        thread.join(DEADLINE_S)
+
+
+class CompactedMidway(HeldFullLists):
+    """A `HeldFullLists` whose waiting list's first continued page comes after a new waiting claim
+    (`made_midway`) and an etcd compaction at the newest revision, and continues from a revision
+    the compaction removed: the server answers 410 Gone for real ("The provided continue parameter
+    is too old"). The token keeps its place and gets an older revision because the API server
+    (1.34+) continues a list from its watch cache's snapshots, which an etcd compaction made from
+    here does not reach before the server's own compaction (every 5 minutes). `answers`: the
+    status of each continued page."""
+
+    etcd_url: str
+    made_midway: Any
+    answers: list[int]
+
+    def list_page(self, path: str, **kwargs: Any) -> tuple[list[dict[str, Any]], str, str]:
+        if not (kwargs.get("field_selector") and kwargs.get("token")):
+            return super().list_page(path, **kwargs)
+        if not self.answers:
+            self.made_midway()
+            _compact(self.etcd_url)
+            kwargs["token"] = _expired(str(kwargs["token"]))
+        try:
+            page = super().list_page(path, **kwargs)
+        except errors.ApiError as err:
+            self.answers.append(err.status)
+            raise
+        self.answers.append(200)
+        return page
+
+
+def _expired(token: str) -> str:
+    """`token` continuing from revision 1 (compacted): the same place in the list, a snapshot gone."""
+    fields = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    fields["rv"] = 1
+    return base64.urlsafe_b64encode(json.dumps(fields).encode()).decode().rstrip("=")
+
+
+def _etcd(url: str, method: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(f"{url}/v3/{method}", data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=10) as answer:  # etcd's JSON gateway
+        result: dict[str, Any] = json.load(answer)
+    return result
+
+
+def _compact(url: str) -> None:
+    """Compact etcd at its newest revision (what the API server does every 5 minutes)."""
+    revision = int(_etcd(url, "kv/range", {"key": base64.b64encode(b"/").decode()})["header"]["revision"])
+    _etcd(url, "kv/compaction", {"revision": revision, "physical": True})
+
+
+def test_a_continue_token_expired_midway_lists_again_and_binds_each_claim_once(
+        kube_cluster: Any, cluster: Cluster, kube: KubeApi, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    if not kube_cluster.etcd_url:
+        pytest.skip("an external cluster: its etcd cannot be compacted from here")
+    ns = cluster.namespace
+    class_name = cards(cluster)
+    monkeypatch.setattr(waiting_claims, "PAGE_SIZE", 2)  # 5 waiting claims: three pages
+    made = [f"waiting-{i}" for i in range(5)]
+    for name in made:
+        cluster.claim(o.claim(name, cores=10, memory="1Gi", class_name=class_name))
+    kube_api = CompactedMidway.from_kubeconfig(str(kube_cluster.kubeconfig))
+    assert isinstance(kube_api, CompactedMidway)
+    kube_api.release, kube_api.holding, kube_api.failed, kube_api.answers = (
+        threading.Event(), threading.Event(), [], [])
+    kube_api.etcd_url = kube_cluster.etcd_url
+    caplog.set_level(logging.INFO, logger=waiting_claims.__name__)
+    kube_api.made_midway = lambda: cluster.claim(o.claim("made-midway", cores=10, memory="1Gi",
+                                                         class_name=class_name))
+    stop, thread = start_in_thread(kube_api, ns, name="waiting-claims-410-test")
+    made.append("made-midway")
+    try:
+        for name in made:
+            assert wait(lambda name=name: phase(kube, ns, name) == "Bound"), (
+                f"{name} is {phase(kube, ns, name)} with the full claim list held (continued pages:"
+                f" {kube_api.answers})")
+        # One 410, then the list from the top: six waiting claims, two continued pages.
+        assert kube_api.answers == [410, 200, 200], f"continued pages: {kube_api.answers}"
+        said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == waiting_claims.__name__]
+        assert len(said) == 1 and said[0][0] == logging.INFO and "from the top" in said[0][1], (
+            f"an expired list is no failure, and says it starts over: {said}")
+        kube_api.release.set()
+        reserved = _reserved(kube, cluster, 2)
+        assert len(reserved) == len(set(reserved)) == len(made), f"a reservation doubled or lost: {reserved}"
+    finally:
+        kube_api.release.set()
         stop.set()
         thread.join(DEADLINE_S)
 

@@ -124,8 +124,14 @@ class WaitingClaims:
                 failures += 1
                 if failures > PAGE_RETRIES:
                     raise
-                if err.status == 410:  # the snapshot the token continues expired: from the top
+                if err.status == 410:
+                    # The snapshot the token continues was compacted (the server compacts every 5
+                    # minutes: a long list at scale meets it): nothing failed, the list starts over
+                    # at once. Still counted: a list that never outruns compaction gives up.
+                    logger.info("the list of the waiting claims expired after %d claims (%s); listing them again"
+                                " from the top", len(items), err)
                     items, token = [], ""
+                    continue
                 (logger.warning if failures == 1 else logger.debug)(
                     "list of the waiting claims failed after %d claims; asking for that page again: %s",
                     len(items), err)
