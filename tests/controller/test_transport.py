@@ -3,11 +3,13 @@ reopened, failures translated into the controller's errors."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -96,3 +98,32 @@ def test_a_finished_threads_connection_is_closed_when_the_thread_ends(kube: Kube
     assert now <= before, f"{now - before} connections of ended threads still open ({before} before)"
     assert len(kube._transport._open) == 1, len(kube._transport._open)
     kube.list_classes()  # this thread's connection still works
+
+
+def test_closing_the_client_ends_its_open_watches_at_once(kube_cluster: Any, crds_installed: list[str],
+                                                          namespace: str) -> None:
+    # A controller's watch threads read until the server ends the watch (its timeout, a minute);
+    # old transport: close() left them reading, and a test's controller logged into later tests.
+    api = KubeApi.from_kubeconfig(str(kube_cluster.kubeconfig))
+    path = api.collection_path("claim", namespace)
+    _items, version = api.list_collection(path)
+    assert api._transport is not None
+    port = api._transport._port
+    before = _sockets_to(port)
+    opened, ended = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        with contextlib.suppress(errors.ApiUnavailable):  # the end may come as a cut stream
+            for _event in api.watch(path, resource_version=version, timeout_s=120):
+                opened.set()
+        ended.set()
+
+    thread = threading.Thread(target=watch, name="closed-watch", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10.0
+    while _sockets_to(port) <= before:  # the watch's connection is open
+        assert time.monotonic() < deadline, "the watch never connected"
+        time.sleep(0.01)
+    api.close()
+    assert ended.wait(5.0), "the watch still reads after its client was closed"
+    thread.join(5.0)

@@ -244,6 +244,10 @@ class Stream:
         """Close the watch's connection."""
         self._conn.close()
 
+    def shut_down(self) -> None:
+        """End the watch from another thread (`Connection.shut_down`): its reader sees the end."""
+        self._conn.shut_down()
+
 
 class _Guard:
     """Sits in a thread's `threading.local` beside that thread's connection: when the thread ends,
@@ -285,6 +289,8 @@ class Transport:
         self._local: Any = threading.local() if per_thread else types.SimpleNamespace(conn=None)
         self._lock = threading.Lock()
         self._open: set[Connection] = set()
+        self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()
+        """The watches open now (a watch forgotten unclosed is not kept): `close` ends them."""
 
     @staticmethod
     def _ssl_context(configuration: Any) -> ssl.SSLContext:
@@ -411,7 +417,10 @@ class Transport:
         except BaseException:
             conn.close()
             raise
-        return Stream(conn, status, chunked, length)
+        stream = Stream(conn, status, chunked, length)
+        with self._lock:
+            self._streams.add(stream)
+        return stream
 
     def close(self) -> None:
         """Close every connection of every thread: this thread's, a shared one's (its caller
@@ -421,13 +430,22 @@ class Transport:
         descriptor's number goes to the next socket anyone in the process opens, and the
         thread's read takes that socket's bytes, two TLS streams mixed
         (DECRYPTION_FAILED_OR_BAD_RECORD_MAC on both). Shut down, the read ends at once and the
-        owner's next request finds it dead: dropped and reopened, as one the server closed."""
+        owner's next request finds it dead: dropped and reopened, as one the server closed.
+
+        Every open watch is shut down the same way: its reader's next read ends the stream (it
+        closes it), at once instead of at the watch's timeout (a minute). A controller's watch
+        threads then see their stop as it closes, and none outlives it (a test's controller
+        logged into the next tests)."""
         me = threading.current_thread()
         with self._lock:
             connections, self._open = list(self._open), set()
+            streams = list(self._streams)
+            self._streams.clear()
         for conn in connections:
             owner = conn.owner
             if owner is None or owner is me or not owner.is_alive():
                 conn.close()
             else:
                 conn.shut_down()
+        for stream in streams:
+            stream.shut_down()

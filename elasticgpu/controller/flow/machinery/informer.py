@@ -323,6 +323,8 @@ class Informer:
                         self.picture.quotas.advance(versions.version_of(body))
                 backoff, failures = 0.5, 0
             except Exception as err:  # nothing ends the watch; the resync repairs what it missed
+                if stop.is_set():
+                    return  # stopping: the client closed its watch under it (`Transport.close`), nothing to say
                 failures += 1
                 if kind == "quota":
                     self.picture.quotas.mark(False)  # the quota guard lists quotas itself meanwhile
