@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from elasticgpu.controller.edge.kube import KubeApi
@@ -18,10 +19,13 @@ from tests.binding.conftest import Cluster
 
 DEADLINE_S = 30.0
 
+_STARTED: weakref.WeakKeyDictionary[threading.Thread, Controller] = weakref.WeakKeyDictionary()
+"""The controller each `start_in_thread` thread runs, for `stopped`."""
+
 
 def start_in_thread(kube: KubeApi, namespace: str, *, name: str) -> tuple[threading.Event, threading.Thread]:
     """A controller on `kube` started as the process starts one; set the event to stop it (it
-    closes `kube` on its way out)."""
+    closes `kube` on its way out and joins the controller's threads), or call `stopped`."""
     controller = Controller(kube, ControllerSettings(resync=ResyncSettings(orphan_grace_s=0.0)), namespace=namespace)
     operability = Operability(controller, kube)
     stop = threading.Event()
@@ -32,11 +36,25 @@ def start_in_thread(kube: KubeApi, namespace: str, *, name: str) -> tuple[thread
         finally:
             operability.close()
             controller.close()
-            kube.close()
+            kube.close()  # ends the watches at once (`Transport.close`)
+            deadline = time.monotonic() + DEADLINE_S
+            for started in controller.liveness.threads():
+                started.join(max(0.0, deadline - time.monotonic()))
 
     thread = threading.Thread(target=run, name=name, daemon=True)
+    _STARTED[thread] = controller
     thread.start()
     return stop, thread
+
+
+def stopped(stop: threading.Event, thread: threading.Thread) -> None:
+    """Stop the controller `start_in_thread` started and check that none of its threads outlives
+    the test (a straggler logs into later tests' caplog)."""
+    stop.set()
+    thread.join(2 * DEADLINE_S)
+    assert not thread.is_alive(), f"the controller of {thread.name} did not stop"
+    left = [t.name for t in _STARTED[thread].liveness.threads() if t.is_alive()]
+    assert not left, f"threads of the stopped controller still run: {left}"
 
 
 def wait(condition: Callable[[], bool], timeout_s: float = DEADLINE_S) -> bool:

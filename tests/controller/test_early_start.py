@@ -17,7 +17,7 @@ from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller
-from tests.controller.early_start_harness import DEADLINE_S, cards, phase, start_in_thread, wait
+from tests.controller.early_start_harness import DEADLINE_S, cards, phase, start_in_thread, stopped, wait
 
 HELD_PLURALS = (names.PLURAL_ELASTIC_GPU, "pods")
 
@@ -104,8 +104,7 @@ def test_a_new_standalone_claim_binds_before_the_slow_lists_and_nothing_else_mov
         assert egpu_name in reserved
     finally:
         held.release.set()
-        stop.set()
-        thread.join(DEADLINE_S)
+        stopped(stop, thread)
 
 
 def test_a_claim_in_a_namespace_with_a_quota_waits_for_the_whole_picture_through_failed_lists(
@@ -128,5 +127,4 @@ def test_a_claim_in_a_namespace_with_a_quota_waits_for_the_whole_picture_through
         assert len(allocations) == 1, allocations  # reserved once, through the failed lists
     finally:
         held.release.set()
-        stop.set()
-        thread.join(DEADLINE_S)
+        stopped(stop, thread)

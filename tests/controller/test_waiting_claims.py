@@ -24,7 +24,7 @@ from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.machinery import waiting_claims
 from tests.binding import objects as o
 from tests.binding.conftest import Cluster, new_controller
-from tests.controller.early_start_harness import DEADLINE_S, cards, phase, start_in_thread, wait
+from tests.controller.early_start_harness import DEADLINE_S, cards, phase, start_in_thread, stopped, wait
 
 HELD_PLURALS = (names.PLURAL_CLAIM, names.PLURAL_ELASTIC_GPU, "pods")
 CRD_PATH = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{names.PLURAL_CLAIM}.{names.GROUP}"
@@ -117,8 +117,7 @@ def test_a_waiting_claim_binds_while_every_claim_is_still_listed_and_no_bound_on
         assert kube.get_claim(ns, "bound-before")["status"]["phase"] == "Bound"
     finally:
         held.release.set()
-        stop.set()
-        thread.join(DEADLINE_S)
+        stopped(stop, thread)
 
 
 def test_the_waiting_list_failing_midway_resumes_and_binds_each_claim_once(
@@ -141,8 +140,7 @@ def test_the_waiting_list_failing_midway_resumes_and_binds_each_claim_once(
         assert len(reserved) == len(set(reserved)) == len(made), f"a reservation doubled or lost: {reserved}"
     finally:
         held.release.set()
-        stop.set()
-        thread.join(DEADLINE_S)
+        stopped(stop, thread)
 
 
 class CompactedMidway(HeldFullLists):
@@ -230,8 +228,7 @@ def test_a_continue_token_expired_midway_lists_again_and_binds_each_claim_once(
         assert len(reserved) == len(set(reserved)) == len(made), f"a reservation doubled or lost: {reserved}"
     finally:
         kube_api.release.set()
-        stop.set()
-        thread.join(DEADLINE_S)
+        stopped(stop, thread)
 
 
 def _selector_answers(kube: KubeApi, ns: str) -> int:
@@ -283,7 +280,6 @@ def test_a_server_that_cannot_select_lists_every_claim_first_said_once(
             assert len(reserved) == len(set(reserved)) == 2, f"a reservation doubled or lost: {reserved}"
         finally:
             held.release.set()
-            stop.set()
-            thread.join(DEADLINE_S)
+            stopped(stop, thread)
     finally:
         _replace_claim_crd(kube, ns, selectable=True)

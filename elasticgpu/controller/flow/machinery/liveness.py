@@ -29,6 +29,11 @@ class Liveness:
         with self._lock:
             self._threads.append(thread)
 
+    def threads(self) -> list[threading.Thread]:
+        """The threads tracked (a stopped controller's are joined by whoever stops it in-process)."""
+        with self._lock:
+            return list(self._threads)
+
     def expect(self, name: str) -> None:
         """Fail the check when loop `name` does not `step` for `stuck_after_s` from now on."""
         self.step(name)
