@@ -5,6 +5,8 @@ Set ELASTICGPU_TEST_KUBECONFIG to run against an existing cluster instead of the
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,6 +28,17 @@ from tests.kube_cluster import (
 )
 
 CRDS_DIR = REPO_ROOT / "crds"
+
+
+@pytest.fixture(autouse=True)
+def _controllers_closed() -> Iterator[None]:
+    """After each test, close the controllers `tests.binding.conftest.new_controller` made that
+    the test left open (only where that module is loaded: nothing imported for other tests)."""
+    yield
+    binding = sys.modules.get("tests.binding.conftest")
+    if binding is not None and (left := binding.close_made()):
+        # Said, not failed: a test's own thread may legitimately still wind down.
+        logging.getLogger(__name__).warning("threads of the test's controllers still run after it: %s", left)
 
 
 @pytest.fixture(scope="session")

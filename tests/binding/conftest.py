@@ -110,11 +110,37 @@ def cluster(kube: KubeApi, namespace: str) -> Iterator[Cluster]:
         objects.cleanup()
 
 
+_MADE: list[Controller] = []
+"""The controllers `new_controller` made in the running test, closed after it (`close_made`)."""
+
+
 def new_controller(kube: KubeApi, namespace: str | None, *, grace_s: float = 60.0) -> Controller:
     """A controller limited to the test's namespace (GPUs and classes are cluster-wide), or
-    cluster-wide (`namespace` None: the default mode of `elasticgpu controller`)."""
+    cluster-wide (`namespace` None: the default mode of `elasticgpu controller`). Closed after the
+    test if the test does not close it."""
     settings = ControllerSettings(resync=ResyncSettings(orphan_grace_s=grace_s))
-    return Controller(kube, settings, namespace=namespace)
+    controller = Controller(kube, settings, namespace=namespace)
+    _MADE.append(controller)
+    return controller
+
+
+def close_made() -> list[str]:
+    """Close the controllers `new_controller` made since the last call (closing twice is harmless)
+    and join their threads; the names of those still alive after the deadline. Many tests never
+    closed theirs: each left its Event writer thread for the rest of the session, which wrote an
+    Event queued late with the test's client after the test (a later test's log)."""
+    made = list(_MADE)
+    _MADE.clear()
+    deadline = time.monotonic() + 10.0
+    for controller in made:
+        controller.close()
+    left = []
+    for controller in made:
+        for thread in controller.liveness.threads():
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                left.append(thread.name)
+    return left
 
 
 WATCH_TIMEOUT_S = 5
@@ -159,10 +185,19 @@ def _watch(controller: Controller) -> _Watching:
 
 
 def stop_watches() -> None:
-    """Stop every watch `settle` started (each thread ends within `WATCH_TIMEOUT_S`)."""
-    for watching in _watching.values():
-        watching.stop.set()
+    """Stop every watch `settle` started and wait for its thread (at most `WATCH_TIMEOUT_S` and a
+    margin): a watch left to notice its stop at its timeout took in the test's cleanup (the
+    namespace's deletions) and logged into the next test. Its connection is ended at once
+    (`KubeApi.end_watches`: the client is shared by the session's tests, not closed)."""
+    stopping = list(_watching.items())
     _watching.clear()
+    for controller, watching in stopping:
+        watching.stop.set()
+        controller.informer.kube.end_watches(watching.threads)
+    deadline = time.monotonic() + WATCH_TIMEOUT_S + 5.0
+    for _controller, watching in stopping:
+        for thread in watching.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def settle(controller: Controller, rounds: int = 1, *, deadline_s: float = 60.0) -> None:

@@ -127,3 +127,37 @@ def test_closing_the_client_ends_its_open_watches_at_once(kube_cluster: Any, crd
     api.close()
     assert ended.wait(5.0), "the watch still reads after its client was closed"
     thread.join(5.0)
+
+
+def test_end_watches_ends_only_the_watches_of_the_threads_named(kube_cluster: Any, crds_installed: list[str],
+                                                                namespace: str) -> None:
+    # A test's controller stopped on the session's shared client: its watch threads end now, not at
+    # their timeout, and another controller's watch on the same client goes on.
+    api = KubeApi.from_kubeconfig(str(kube_cluster.kubeconfig))
+    try:
+        path = api.collection_path("claim", namespace)
+        _items, version = api.list_collection(path)
+        assert api._transport is not None
+        port = api._transport._port
+        before = _sockets_to(port)
+        ended = {name: threading.Event() for name in ("stopped", "kept")}
+
+        def watch(name: str) -> None:
+            with contextlib.suppress(errors.ApiUnavailable):
+                for _event in api.watch(path, resource_version=version, timeout_s=120):
+                    pass
+            ended[name].set()
+
+        threads = {name: threading.Thread(target=watch, args=(name,), name=name, daemon=True) for name in ended}
+        for thread in threads.values():
+            thread.start()
+        deadline = time.monotonic() + 10.0
+        while _sockets_to(port) < before + 2:  # both watches connected
+            assert time.monotonic() < deadline, "the watches never connected"
+            time.sleep(0.01)
+        api.end_watches([threads["stopped"]])
+        assert ended["stopped"].wait(5.0), "the named thread's watch still reads"
+        assert not ended["kept"].wait(0.5), "another thread's watch was ended too"
+    finally:
+        api.close()
+    assert ended["kept"].wait(5.0)

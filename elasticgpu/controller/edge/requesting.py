@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import http.client
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
@@ -130,6 +130,12 @@ class KubeRequests:
         """The kubernetes client's configuration (server, TLS, token): kopf logs in with it."""
         configuration: client.Configuration = self._api.configuration
         return configuration
+
+    def end_watches(self, readers: Iterable[threading.Thread]) -> None:
+        """End the watches the threads `readers` read at once (`Transport.end_watches`; a watch
+        through a proxy ends at its timeout)."""
+        if self._transport is not None:
+            self._transport.end_watches(readers)
 
     def close(self) -> None:
         """Release the HTTP connections."""

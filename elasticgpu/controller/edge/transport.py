@@ -28,7 +28,7 @@ import ssl
 import threading
 import types
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -202,6 +202,8 @@ class Stream:
 
     def __init__(self, conn: Connection, status: int, chunked: bool, length: int | None) -> None:
         self._conn = conn
+        self.reader = threading.current_thread()
+        """The thread that opened it, which reads it (`Transport.end_watches`)."""
         self.status = status
         self._chunked = chunked
         self._length = length
@@ -421,6 +423,16 @@ class Transport:
         with self._lock:
             self._streams.add(stream)
         return stream
+
+    def end_watches(self, readers: Iterable[threading.Thread]) -> None:
+        """End the open watches of `readers` at once (shut down as by `close`: each reader's next
+        read ends its stream), the rest left open: the watch threads of one controller whose stop
+        was set, on a client other controllers share (a test's), end now, not at their timeout."""
+        wanted = set(readers)
+        with self._lock:
+            streams = [stream for stream in self._streams if stream.reader in wanted]
+        for stream in streams:
+            stream.shut_down()
 
     def close(self) -> None:
         """Close every connection of every thread: this thread's, a shared one's (its caller
