@@ -20,7 +20,9 @@ and claim status is the controller's own. The controller reaches the server thro
      for `--outage` seconds, then accepts again; the LIST requests the server counts in the next
      60 s (a storm of relists would show), a probe created after the outage bound, every claim
      still Bound, and each Bound claim's ElasticGPU reserved exactly once on the GPUs;
-  4. at rest: the leader's CPU over `--rest` seconds (share of one core) and its RSS, from /proc.
+  4. at rest: the leader's CPU from its "ready" on, in successive windows (`--rest-window`, with its
+     queue and syncs at each window's end) until the last `--rest` seconds are flat and its queue
+     empty (`rest_cpu_share`; the series in `rest_series`), and its RSS, from /proc.
 
 `rss_mib` follows the RSS (and its anonymous part) of the process that ends as the leader, and of the
 first one, at each step: what each step adds is what to cut. `--controller-env KEY=VALUE` sets an
@@ -245,15 +247,26 @@ class Controllers:
 
     def queue_depth(self, proc: subprocess.Popen[bytes]) -> float | None:
         """Keys waiting in the process's work queue (its /metrics); None while it serves none."""
+        return self.queue_and_syncs(proc)[0]
+
+    def queue_and_syncs(self, proc: subprocess.Popen[bytes]) -> tuple[float | None, dict[str, float]]:
+        """Keys waiting in the process's work queue and its syncs so far by kind of key (its /metrics);
+        (None, {}) while it serves none."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[proc.pid]}/metrics", timeout=10) as answer:
                 text = answer.read().decode()
         except OSError:
-            return None
+            return None, {}
+        depth = None
+        syncs: dict[str, float] = {}
         for line in text.splitlines():
             if line.startswith("elasticgpu_work_queue_depth "):
-                return float(line.split()[1])
-        return None
+                depth = float(line.split()[1])
+            elif line.startswith("elasticgpu_sync_duration_seconds_count{"):
+                kind = re.search(r'kind="([^"]*)"', line)
+                if kind:
+                    syncs[kind[1]] = syncs.get(kind[1], 0.0) + float(line.split()[-1])
+        return depth, syncs
 
     def settle(self, proc: subprocess.Popen[bytes], timeout_s: float) -> float | None:
         """Seconds from the process's start until it leads and its queue was empty at two reads 5 s
@@ -306,6 +319,49 @@ class Controllers:
                 return False
             time.sleep(0.5)
         return True
+
+
+def _rest_windows(controllers: Controllers, leader: subprocess.Popen[bytes],
+                  args: argparse.Namespace) -> dict[str, Any]:
+    """The leader's CPU at rest, from its "ready" on: successive `--rest-window` windows until the
+    last `--rest` seconds of them (3 windows at least) lie within `--rest-tolerance` of each other
+    with its work queue empty at each window's end, or `--rest-cap` seconds; the settled share is
+    their CPU over their time (`rest_cpu_share`, None when it never settled). The queue is read
+    between two windows (the scrape's CPU falls outside both): the first empty read is when the
+    keys the start queued were all synced, to within a window."""
+    ready = controllers.phases(leader).get("ready")
+    origin = controllers.began[leader.pid] + (ready or 0.0)
+    needed = max(3, -int(-args.rest // args.rest_window))
+    series: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"rest_window_s": args.rest_window, "rest_series": series, "rest_cpu_share": None,
+                              "rest_settled_at_s": None, "rest_queue_empty_at_s": None}
+    deadline = time.monotonic() + args.rest_cap
+    synced = controllers.queue_and_syncs(leader)[1]
+    while time.monotonic() < deadline and leader.poll() is None:
+        cpu, at = _cpu_s(leader.pid), time.monotonic()
+        time.sleep(args.rest_window)
+        spent, took = _cpu_s(leader.pid) - cpu, time.monotonic() - at
+        depth, syncs = controllers.queue_and_syncs(leader)
+        done = {kind: int(n - synced.get(kind, 0.0)) for kind, n in syncs.items() if n != synced.get(kind, 0.0)}
+        synced = syncs
+        series.append({"end_s": round(time.time() - origin, 1), "cpu_share": round(spent / took, 4),
+                       "queue": depth, "syncs": done, "cpu_s": spent, "s": took})
+        print(f"rest window {len(series)}: {series[-1]['end_s']:.1f} s after ready, CPU {spent / took:.2%} of a core,"
+              f" queue {depth}, syncs {done}", flush=True)
+        if depth == 0 and result["rest_queue_empty_at_s"] is None:
+            result["rest_queue_empty_at_s"] = series[-1]["end_s"]
+        last = series[-needed:]
+        shares = [w["cpu_share"] for w in last]
+        if (len(last) == needed and all(w["queue"] == 0 for w in last)
+                and max(shares) - min(shares) <= args.rest_tolerance):
+            result["rest_cpu_share"] = round(sum(w["cpu_s"] for w in last) / sum(w["s"] for w in last), 4)
+            result["rest_settled_at_s"] = series[-1]["end_s"]
+            break
+    for window in series:
+        del window["cpu_s"], window["s"]
+    print(f"rest: settled {result['rest_cpu_share']} at {result['rest_settled_at_s']} s after ready; queue first"
+          f" empty {result['rest_queue_empty_at_s']} s after ready", flush=True)
+    return result
 
 
 def _memory(pid: int) -> list[int]:
@@ -414,7 +470,14 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=4, help="processes that create the objects")
     parser.add_argument("--fill-timeout", type=float, default=3600.0, help="seconds for every claim to bind")
     parser.add_argument("--outage", type=float, default=10.0, help="seconds the relay refuses the controller")
-    parser.add_argument("--rest", type=float, default=60.0, help="seconds of CPU measured at rest")
+    parser.add_argument("--rest", type=float, default=60.0,
+                        help="seconds of CPU measured at rest, once settled (the last windows, 3 at least)")
+    parser.add_argument("--rest-window", type=float, default=10.0,
+                        help="seconds of each CPU window from the leader's ready on")
+    parser.add_argument("--rest-tolerance", type=float, default=0.03,
+                        help="the settled windows' CPU shares differ by at most this (share of a core)")
+    parser.add_argument("--rest-cap", type=float, default=600.0,
+                        help="seconds of windows at most; rest_cpu_share is null when not settled by then")
     parser.add_argument("--prebound", action="store_true",
                         help="write the bound state with the controller's own code in the writer processes"
                         " (bench/fleet_prebound.py), then start the controller on it and count its writes")
@@ -549,10 +612,7 @@ def main() -> None:
             # 4. at rest: once the leader's picture is whole (a leader restarted by the outage lists
             # everything again, 60-75 s at 40,000 / 50,000: that is its start, not its rest)
             controllers.wait_for(leader, PHASES["ready"], 600)
-            time.sleep(10)
-            cpu, at = _cpu_s(leader.pid), time.monotonic()
-            time.sleep(args.rest)
-            figures["rest_cpu_share"] = round((_cpu_s(leader.pid) - cpu) / (time.monotonic() - at), 4)
+            figures.update(_rest_windows(controllers, leader, args))
             figures["rest_rss_mib"] = round(_rss_mib(leader.pid))
             rss["second: at rest"] = _memory(leader.pid)
             figures["writes_total"] = {k: v for k, v in _writes(kube).items() if v}
