@@ -134,3 +134,77 @@ def test_a_time_based_auto_shrink_fires_without_the_blanket_walk(cluster: Cluste
     claim = cluster.get_claim("c")
     assert claim["spec"]["resources"]["requests"] == {CORE: 20, MEMORY: "1536Mi"}, claim["spec"]
     assert claim["status"]["capacity"] == {CORE: 20, MEMORY: "1536Mi"}, claim["status"]
+
+
+def _recording_syncs(controller: Controller) -> list[tuple[str, ...]]:
+    """The keys the controller's worker syncs from now on, in order (its own `sync`, recorded)."""
+    synced: list[tuple[str, ...]] = []
+    sync = controller.worker.sync
+
+    def recorded(key: tuple[str, ...]) -> None:
+        synced.append(key)
+        sync(key)
+
+    controller.worker.sync = recorded  # type: ignore[method-assign]
+    return synced
+
+
+def _bound_pairs(cluster: Cluster, count: int) -> set[tuple[str, ...]]:
+    """The keys of claims c0.. and their ElasticGPUs."""
+    keys: set[tuple[str, ...]] = set()
+    for index in range(count):
+        claim = cluster.get_claim(f"c{index}")
+        keys |= {("claim", cluster.namespace, f"c{index}"), ("egpu", claim["spec"]["elasticGPUName"])}
+    return keys
+
+
+def test_a_start_syncs_only_what_its_first_list_found_out_of_order(cluster: Cluster, kube: KubeApi) -> None:
+    """A fresh process used to sync every key its first list took in (none settled yet): 6 Bound
+    pairs in order were 12 syncs finding nothing (at 15,000 claims ~30,000, the CPU after "ready").
+    Now they start settled; what needs work is still synced at the start: a claim made while no
+    controller ran is bound, a claim whose ElasticGPU vanished meanwhile becomes Lost."""
+    class_name = _class(cluster, 3)
+    for index in range(7):
+        cluster.claim(o.claim(f"c{index}", cores=25, memory="10Gi", class_name=class_name))
+    settle(_controller(kube, cluster))
+    in_order = _bound_pairs(cluster, 6)
+    gone = cluster.get_claim("c6")["spec"]["elasticGPUName"]
+    kube.patch_elastic_gpu(gone, {"metadata": {"finalizers": []}})
+    kube.delete_elastic_gpu(gone)
+    cluster.claim(o.claim("late", cores=25, memory="10Gi", class_name=class_name))
+
+    restarted = _controller(kube, cluster)
+    synced = _recording_syncs(restarted)
+    restarted.rebuild(start=True)
+    deadline = time.monotonic() + 30
+    while restarted.drain() or restarted.queue.waiting():
+        assert time.monotonic() < deadline, "the start's keys were not worked off"
+        time.sleep(0.05)
+    again = sorted(set(synced) & in_order)
+    assert not again, f"the start synced {len(again)} keys in order (of {len(in_order)}): {again}"
+    assert all(restarted.queue.settled.is_settled(key) for key in in_order)
+    assert cluster.get_claim("late")["status"]["phase"] == "Bound"
+    assert cluster.get_claim("c6")["status"]["phase"] == "Lost"
+    assert {key for key in synced if key[0] == "gpu"} == {("gpu", f"gpu-{cluster.prefix}-{i}") for i in range(3)}
+
+
+def test_the_walk_verifies_what_a_start_settled_before_anything_a_sync_verified(cluster: Cluster,
+                                                                               kube: KubeApi) -> None:
+    """The keys a start settled unsynced are the walk's first: one a pass here, each of them before any
+    GPU (synced at the start), every one of them within as many passes as there are."""
+    class_name = _class(cluster, 1)
+    for index in range(2):
+        cluster.claim(o.claim(f"c{index}", cores=25, memory="10Gi", class_name=class_name))
+    settle(_controller(kube, cluster))
+    in_order = _bound_pairs(cluster, 2)
+    restarted = _controller(kube, cluster)
+    restarted.rebuild(start=True)
+    restarted.drain()
+    synced = _recording_syncs(restarted)
+    walked = []
+    for _pass in range(len(in_order)):
+        before = len(synced)
+        _syncs_in_one_pass(restarted)
+        walked.append([key for key in synced[before:] if key in in_order or key[0] == "gpu"])
+    assert [len(keys) for keys in walked] == [1] * len(in_order), walked
+    assert {keys[0] for keys in walked} == in_order, walked
