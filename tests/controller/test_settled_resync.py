@@ -163,7 +163,7 @@ def test_a_start_syncs_only_what_its_first_list_found_out_of_order(cluster: Clus
     pairs in order were 12 syncs finding nothing (at 15,000 claims ~30,000, the CPU after "ready").
     Now they start settled; what needs work is still synced at the start: a claim made while no
     controller ran is bound, a claim whose ElasticGPU vanished meanwhile becomes Lost."""
-    class_name = _class(cluster, 3)
+    class_name = _class(cluster, 3, resizePolicy="Off")
     for index in range(7):
         cluster.claim(o.claim(f"c{index}", cores=25, memory="10Gi", class_name=class_name))
     settle(_controller(kube, cluster))
@@ -192,7 +192,7 @@ def test_the_walk_verifies_what_a_start_settled_before_anything_a_sync_verified(
                                                                                kube: KubeApi) -> None:
     """The keys a start settled unsynced are the walk's first: one a pass here, each of them before any
     GPU (synced at the start), every one of them within as many passes as there are."""
-    class_name = _class(cluster, 1)
+    class_name = _class(cluster, 1, resizePolicy="Off")
     for index in range(2):
         cluster.claim(o.claim(f"c{index}", cores=25, memory="10Gi", class_name=class_name))
     settle(_controller(kube, cluster))
@@ -208,3 +208,20 @@ def test_the_walk_verifies_what_a_start_settled_before_anything_a_sync_verified(
         walked.append([key for key in synced[before:] if key in in_order or key[0] == "gpu"])
     assert [len(keys) for keys in walked] == [1] * len(in_order), walked
     assert {keys[0] for keys in walked} == in_order, walked
+
+
+def test_a_start_still_syncs_the_claims_of_a_class_that_recommends(cluster: Cluster, kube: KubeApi) -> None:
+    """The recommender's window of a claim and its per-claim series live in the process, built by a
+    sync: a restarted controller must sync each such claim (its ElasticGPU, in order, need not)."""
+    class_name = _class(cluster, 1)  # resizePolicy defaults to Recommend
+    for index in range(2):
+        cluster.claim(o.claim(f"c{index}", cores=25, memory="10Gi", class_name=class_name))
+    settle(_controller(kube, cluster))
+    pairs = _bound_pairs(cluster, 2)
+    restarted = _controller(kube, cluster)
+    synced = _recording_syncs(restarted)
+    restarted.rebuild(start=True)
+    restarted.drain()
+    assert {key for key in synced if key in pairs} == {key for key in pairs if key[0] == "claim"}, synced
+    assert [(s.namespace, s.name) for s in restarted.claims.recommender.sizes()] == [
+        (cluster.namespace, "c0"), (cluster.namespace, "c1")]

@@ -9,7 +9,8 @@ its sync would run find nothing to do, read from the picture the first list buil
   - a claim: Bound, not being deleted, its bind in sync with its ElasticGPU (`binder.decide_claim`
     is `InSync`), its reservation held, no preemption plan left, not resizable (a resizable
     claim's size is the resizer's to check, so it is synced), its policing copy true to its
-    class, and no recommendation left on a class that turned them off;
+    class, of a class that does not recommend (`resizePolicy: Off`: the recommender's window of
+    a claim and its per-claim series are built by a sync only) and showing no recommendation;
   - an ElasticGPU: Bound, not being deleted, kept (`binder.decide_elastic_gpu` is `Keep`) with
     its claim pointing back, held on the cards its spec names only, with the allocations naming
     its claim's uid.
@@ -63,7 +64,9 @@ def _claim_in_order(picture: Picture, namespace: str, name: str) -> bool:
     if klass is not None and policing_copy.wanted_privileged(claim, egpu, classes) != (
             claim.status.allow_privileged or None):
         return False
-    return not (klass is not None and klass.resize_policy == "Off" and claim.status.recommendation is not None)
+    # The recommender's window of a claim and its per-claim series (sizes, usage, recommendation) are
+    # this process's memory, built by a sync only: a claim whose class recommends is synced.
+    return klass is not None and klass.resize_policy == "Off" and claim.status.recommendation is None
 
 
 def _egpu_in_order(picture: Picture, name: str) -> bool:
