@@ -20,9 +20,10 @@ and claim status is the controller's own. The controller reaches the server thro
      for `--outage` seconds, then accepts again; the LIST requests the server counts in the next
      60 s (a storm of relists would show), a probe created after the outage bound, every claim
      still Bound, and each Bound claim's ElasticGPU reserved exactly once on the GPUs;
-  4. at rest: the leader's CPU from its "ready" on, in successive windows (`--rest-window`, with its
-     queue and syncs at each window's end) until the last `--rest` seconds are flat and its queue
-     empty (`rest_cpu_share`; the series in `rest_series`), and its RSS, from /proc.
+  4. at rest: the leader restarted (SIGTERM), its CPU from its "ready" on, in successive windows
+     (`--rest-window`, with its queue and syncs at each window's end) until the last `--rest`
+     seconds are flat and its queue empty (`rest_cpu_share`; the series in `rest_series`), and its
+     RSS, from /proc; then the same for the controller of each `--rest-also` checkout (`rest_also`).
 
 `rss_mib` follows the RSS (and its anonymous part) of the process that ends as the leader, and of the
 first one, at each step: what each step adds is what to cut. `--controller-env KEY=VALUE` sets an
@@ -229,7 +230,8 @@ class Controllers:
         self.ports: dict[int, int] = {}
         """The port of each process's /metrics (and probes)."""
 
-    def start(self) -> subprocess.Popen[bytes]:
+    def start(self, repo: Path = REPO) -> subprocess.Popen[bytes]:
+        """A controller process of the code in `repo` (a checkout: `--rest-also`)."""
         self.started += 1
         path = REPO / "bench" / "out" / f"fleet-controller-{self.started}.log"
         with socket.socket() as probe:  # a free port, so that the bench can read its /metrics
@@ -241,7 +243,7 @@ class Controllers:
                 [sys.executable, "-m", "elasticgpu", "controller", "--kubeconfig", str(self.kubeconfig),
                  "--namespace", NAMESPACE, "--leader-elect-namespace", NAMESPACE, "--log-level", "info",
                  "--log-format", "json", "--health-probe-bind-address", f"127.0.0.1:{port}"],
-                stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **self.env})
+                stdout=log, stderr=subprocess.STDOUT, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo), **self.env})
         self.began[proc.pid], self.logs[proc.pid], self.ports[proc.pid] = began, path, port
         return proc
 
@@ -476,6 +478,9 @@ def main() -> None:
                         help="seconds of each CPU window from the leader's ready on")
     parser.add_argument("--rest-tolerance", type=float, default=0.03,
                         help="the settled windows' CPU shares differ by at most this (share of a core)")
+    parser.add_argument("--rest-also", action="append", default=[], metavar="CHECKOUT",
+                        help="after this code's rest, restart the controller from this checkout (another commit)"
+                        " and measure its rest the same way (repeatable): old and new code in one run")
     parser.add_argument("--rest-cap", type=float, default=600.0,
                         help="seconds of windows at most; rest_cpu_share is null when not settled by then")
     parser.add_argument("--prebound", action="store_true",
@@ -609,12 +614,23 @@ def main() -> None:
             figures["books"] = _check_books(kube)
             rss[f"second: 60 s after the outage (restarts {figures['outage_restarts']})"] = _memory(leader.pid)
 
-            # 4. at rest: once the leader's picture is whole (a leader restarted by the outage lists
-            # everything again, 60-75 s at 40,000 / 50,000: that is its start, not its rest)
-            controllers.wait_for(leader, PHASES["ready"], 600)
-            figures.update(_rest_windows(controllers, leader, args))
-            figures["rest_rss_mib"] = round(_rss_mib(leader.pid))
-            rss["second: at rest"] = _memory(leader.pid)
+            # 4. at rest: a leader restarted (SIGTERM: it releases the Lease), from its "ready" on
+            # (its first pass after the start included), until its CPU is flat; then the same for
+            # each --rest-also checkout's controller, so that old and new code compare in one run.
+            figures["rest_also"] = []
+            for repo in [REPO, *(Path(path).resolve() for path in args.rest_also)]:
+                leader.send_signal(signal.SIGTERM)
+                leader.wait(timeout=60)
+                leader = controllers.start(repo)
+                controllers.wait_for(leader, PHASES["ready"], 900)
+                rested = _rest_windows(controllers, leader, args)
+                rested["rest_start_phases_s"] = controllers.phases(leader)
+                rested["rest_rss_mib"] = round(_rss_mib(leader.pid))
+                if repo == REPO:
+                    figures.update(rested)
+                    rss["third: at rest"] = _memory(leader.pid)
+                else:
+                    figures["rest_also"].append({"repo": str(repo), **rested})
             figures["writes_total"] = {k: v for k, v in _writes(kube).items() if v}
         finally:
             for proc in (leader, standby):
