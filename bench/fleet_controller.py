@@ -478,6 +478,8 @@ def main() -> None:
                         help="seconds of each CPU window from the leader's ready on")
     parser.add_argument("--rest-tolerance", type=float, default=0.03,
                         help="the settled windows' CPU shares differ by at most this (share of a core)")
+    parser.add_argument("--rest-only", action="store_true",
+                        help="skip steps 1-3 (start, kill -9, outage): the set-up, then the rest (with --rest-also)")
     parser.add_argument("--rest-also", action="append", default=[], metavar="CHECKOUT",
                         help="after this code's rest, restart the controller from this checkout (another commit)"
                         " and measure its rest the same way (repeatable): old and new code in one run")
@@ -555,64 +557,65 @@ def main() -> None:
             else:
                 leader = _fill(args, cluster.kubeconfig, kube, klass, watch, controllers, figures)
 
-            # 1. start to first bind
-            if args.unselectable_too:  # first as on a server that cannot select claims by phase
-                _claim_crd_selectable(kube, False)
-                leader, figures["unselectable_start_to_first_bind_s"] = _restart_and_probe(
-                    controllers, leader, kube, watch, "probe-start-unselectable")
-                figures["unselectable_start_phases_s"] = controllers.phases(leader)
-                figures["unselectable_start_early_split"] = controllers.early_split(leader)
-                _claim_crd_selectable(kube, True)
-                print(f"unselectable start: {json.dumps(figures)}", flush=True)
-            leader, figures["start_to_first_bind_s"] = _restart_and_probe(controllers, leader, kube, watch,
-                                                                         "probe-start")
-            figures["start_phases_s"] = controllers.phases(leader)
-            figures["start_early_split"] = controllers.early_split(leader)
-            figures["start_rss_mib"] = round(_rss_mib(leader.pid))
-            rss["first: first bind"] = _memory(leader.pid)
-            # The early start binds before the whole picture is listed: RSS with all of it.
-            controllers.wait_for(leader, PHASES["listed"], 600)
-            rss["first: listed"] = _memory(leader.pid)
+            if not args.rest_only:
+                # 1. start to first bind
+                if args.unselectable_too:  # first as on a server that cannot select claims by phase
+                    _claim_crd_selectable(kube, False)
+                    leader, figures["unselectable_start_to_first_bind_s"] = _restart_and_probe(
+                        controllers, leader, kube, watch, "probe-start-unselectable")
+                    figures["unselectable_start_phases_s"] = controllers.phases(leader)
+                    figures["unselectable_start_early_split"] = controllers.early_split(leader)
+                    _claim_crd_selectable(kube, True)
+                    print(f"unselectable start: {json.dumps(figures)}", flush=True)
+                leader, figures["start_to_first_bind_s"] = _restart_and_probe(controllers, leader, kube, watch,
+                                                                             "probe-start")
+                figures["start_phases_s"] = controllers.phases(leader)
+                figures["start_early_split"] = controllers.early_split(leader)
+                figures["start_rss_mib"] = round(_rss_mib(leader.pid))
+                rss["first: first bind"] = _memory(leader.pid)
+                # The early start binds before the whole picture is listed: RSS with all of it.
+                controllers.wait_for(leader, PHASES["listed"], 600)
+                rss["first: listed"] = _memory(leader.pid)
 
-            # 2. leader kill -9 with a standby beside it, standing by with its picture listed
-            standby = controllers.start()
-            deadline = time.monotonic() + 600
-            while not controllers.says(standby, "standing by") and time.monotonic() < deadline:
-                time.sleep(0.5)
-            figures["standby_phases_s"] = controllers.phases(standby)
-            rss["first: beside a standby"] = _memory(leader.pid)
-            rss["standby: standing by"] = _memory(standby.pid)
-            time.sleep(5.0 + random.uniform(0.0, 2.0))  # at a random moment between two renewals
-            killed = time.time()
-            leader.kill()
-            leader.wait(timeout=30)
-            figures["kill9_to_first_bind_s"] = _probe(kube, watch, "probe-kill", 600)
-            figures["kill9_to_lease_s"] = controllers.phases(standby, since=killed).get("leading")
-            leader, standby = standby, None
-            controllers.wait_for(leader, PHASES["ready"], 600)
-            rss["second: leading, first bind"] = _memory(leader.pid)
+                # 2. leader kill -9 with a standby beside it, standing by with its picture listed
+                standby = controllers.start()
+                deadline = time.monotonic() + 600
+                while not controllers.says(standby, "standing by") and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                figures["standby_phases_s"] = controllers.phases(standby)
+                rss["first: beside a standby"] = _memory(leader.pid)
+                rss["standby: standing by"] = _memory(standby.pid)
+                time.sleep(5.0 + random.uniform(0.0, 2.0))  # at a random moment between two renewals
+                killed = time.time()
+                leader.kill()
+                leader.wait(timeout=30)
+                figures["kill9_to_first_bind_s"] = _probe(kube, watch, "probe-kill", 600)
+                figures["kill9_to_lease_s"] = controllers.phases(standby, since=killed).get("leading")
+                leader, standby = standby, None
+                controllers.wait_for(leader, PHASES["ready"], 600)
+                rss["second: leading, first bind"] = _memory(leader.pid)
 
-            # 3. the API server restarted under it
-            lists_before = _lists(kube)
-            relay.refuse()
-            relay.cut()
-            time.sleep(args.outage)
-            relay.accept_again()
-            back = time.monotonic()
-            kube.create_claim(_claim("probe-outage"))
-            # A leader that could not renew through the outage (renew deadline 10 s) exits to
-            # restart as a standby: restarted here as its Deployment would.
-            figures["outage_restarts"] = 0
-            while not watch.wait(["probe-outage"], 2.0) and time.monotonic() - back < 600:
-                if leader.poll() is not None:
-                    figures["outage_restarts"] += 1
-                    leader = controllers.start()
-            figures["after_outage_first_bind_s"] = (round(watch.seen["probe-outage"] - back, 1)
-                                                    if "probe-outage" in watch.seen else None)
-            time.sleep(max(0.0, 60.0 - (time.monotonic() - back)))
-            figures["lists_in_60s_after_outage"] = _lists(kube) - lists_before
-            figures["books"] = _check_books(kube)
-            rss[f"second: 60 s after the outage (restarts {figures['outage_restarts']})"] = _memory(leader.pid)
+                # 3. the API server restarted under it
+                lists_before = _lists(kube)
+                relay.refuse()
+                relay.cut()
+                time.sleep(args.outage)
+                relay.accept_again()
+                back = time.monotonic()
+                kube.create_claim(_claim("probe-outage"))
+                # A leader that could not renew through the outage (renew deadline 10 s) exits to
+                # restart as a standby: restarted here as its Deployment would.
+                figures["outage_restarts"] = 0
+                while not watch.wait(["probe-outage"], 2.0) and time.monotonic() - back < 600:
+                    if leader.poll() is not None:
+                        figures["outage_restarts"] += 1
+                        leader = controllers.start()
+                figures["after_outage_first_bind_s"] = (round(watch.seen["probe-outage"] - back, 1)
+                                                        if "probe-outage" in watch.seen else None)
+                time.sleep(max(0.0, 60.0 - (time.monotonic() - back)))
+                figures["lists_in_60s_after_outage"] = _lists(kube) - lists_before
+                figures["books"] = _check_books(kube)
+                rss[f"second: 60 s after the outage (restarts {figures['outage_restarts']})"] = _memory(leader.pid)
 
             # 4. at rest: a leader restarted (SIGTERM: it releases the Lease), from its "ready" on
             # (its first pass after the start included), until its CPU is flat; then the same for
