@@ -19,14 +19,12 @@ retries from what it finds.
 
 from __future__ import annotations
 
-import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from elasticgpu.api import ElasticGPUClaim, dra_names
 from elasticgpu.api.gpu import effective_owner
 from elasticgpu.controller.edge.kube import KubeApi
-from elasticgpu.controller.flow import start_order
 from elasticgpu.controller.flow.binding.commit import Commit
 from elasticgpu.controller.flow.binding.elasticgpu_sync import ElasticGPUSync
 from elasticgpu.controller.flow.claim_sync import ClaimSync
@@ -93,7 +91,6 @@ class Controller:
         self.informer = Informer(kube=kube, picture=self.picture, queue=self.queue, namespace=namespace,
                                  liveness=self.liveness, events=self.events)
         self.informer.on_claim = self.claims.recommender.observe
-        self.informer.in_order = functools.partial(start_order.in_order, self.picture)
         if self.events.thread is not None:
             self.liveness.track(self.events.thread)
         self.node_autoscaling = NodeAutoscaling(kube=kube, picture=self.picture, events=self.events,

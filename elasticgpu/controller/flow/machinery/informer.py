@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -41,7 +40,7 @@ from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.flow.machinery.events import EventRecorder
 from elasticgpu.controller.flow.machinery.liveness import Liveness
 from elasticgpu.controller.flow.machinery.namespace_weight_feed import NamespaceWeightFeed
-from elasticgpu.controller.flow.machinery.workqueue import Key, WorkQueue
+from elasticgpu.controller.flow.machinery.workqueue import WorkQueue
 from elasticgpu.controller.picture import versions
 from elasticgpu.controller.picture.picture import Body, Picture
 
@@ -76,9 +75,6 @@ class Informer:
         self.picture = picture
         self.queue = queue
         self.namespace = namespace
-        self.in_order: Callable[[Key], bool] | None = None
-        """Whether a key a start's first list queues would find nothing to do (`flow/start_order.py`): such
-        keys start settled, left to the resync's walk; None: every key is synced once."""
         self.on_claim: Callable[[Body], None] | None = None
         """Sees every claim the watch delivers, before its key is queued (the recommender's usage samples: the
         queue coalesces a claim's changes, and a sync sees only the last of them)."""
@@ -254,22 +250,10 @@ class Informer:
             self.picture.quotas.saw(int(listed_at) if listed_at.isdigit() else None)
         if merged is not None:
             merged()
-        queued = list(keys)
-        if every:
-            queued += self.picture.all_keys()
-        if start and self.in_order is not None:
-            # A start's keys in order are settled without a sync, left to the walk (`settled.adopt`).
-            in_order = self.in_order
-            began = time.monotonic()
-            adopted = self.queue.settled.adopt([key for key in queued if in_order(key)])
-            if adopted:
-                logger.info("%d claims and ElasticGPUs found in order in %.1fs: settled without a sync (the resync's"
-                            " walk verifies them)", len(adopted), time.monotonic() - began)
-        else:
-            adopted = set()
-        for index, key in enumerate(queued):
-            if key not in adopted:
-                self.queue.add(key, background=start or (background and index >= len(keys)))
+        for key in keys:
+            self.queue.add(key, background=start)
+        for key in self.picture.all_keys() if every else ():
+            self.queue.add(key, background=background or start)
         return {**cards, "egpu": egpus_version, "claim": claims_version, "pod": pods_version,
                 "namespace": listed_namespaces[1] if listed_namespaces is not None else ""}
 

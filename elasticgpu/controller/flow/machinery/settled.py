@@ -14,11 +14,6 @@ a settled key is requeued by the resync only when
     ago, a slice per pass so that each is seen about once per relist interval (at most
     `settled_walk_per_s` a second): what a bug elsewhere left wrong is still repaired, rarely.
 
-A start's first list settles the claims and ElasticGPUs it finds in order without syncing them
-(`adopt`, `flow/start_order.py`): they go to the front of the walk, not verified yet. Syncing
-each once was ~42,000 syncs after "ready" at 12,000 cards and 15,000 Bound claims, ~140,000 at
-40,000 / 50,000 (minutes of a core), each finding a Bound pair in order.
-
 A key whose state changes with time alone asks for its own later look (`WorkQueue.add` with a
 delay: heartbeats, quota and group waits, recommendations); such a delayed add does not unsettle
 it, so a timer costs one sync when due, not one per resync.
@@ -75,17 +70,6 @@ class SettledKeys:
         with self._lock:
             if key not in self._settled:
                 self._unsettled.add(key)
-
-    def adopt(self, keys: list[Key]) -> set[Key]:
-        """A start's first list found `keys` in order (`flow/start_order.py`): settled without a
-        sync, as if verified longest ago, so that the walk looks at them before any key a sync
-        verified. A key already known (queued, being synced, settled) keeps its state: an event
-        that queued it meanwhile must still have its sync. Returns the keys adopted."""
-        with self._lock:
-            new = [key for key in dict.fromkeys(keys)
-                   if key not in self._settled and key not in self._unsettled and key not in self._syncing]
-            self._settled = {**dict.fromkeys(new), **self._settled}
-            return set(new)
 
     def unsettle_all(self) -> None:
         """Every key is looked at again by the next resync (a class changed: every claim of it may
