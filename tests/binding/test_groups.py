@@ -204,8 +204,11 @@ def test_a_young_attempt_of_another_controller_is_waited_for_then_rolled_back_pa
     for i in range(3):
         _member(cluster, f"w{i}", "train", 3, class_name)
     _attempt_left(cluster, kube, gpu_names, ["w0", "w1"], "Committing", timestamps.now_rfc3339())
+    # The grace runs from the anchor's reservedAt, whole seconds (up to 1 s older than the write),
+    # and must outlast the list and settle below: they took 0.9-1.5 s of a 3 s grace at load 4-8,
+    # too little room for a CI box that stalls; past the grace the loop below waits for the rollback.
     settings = ControllerSettings(resync=ResyncSettings(orphan_grace_s=60.0),
-                                  binding=BindingSettings(group_partial_grace_s=3.0))
+                                  binding=BindingSettings(group_partial_grace_s=8.0))
     controller = Controller(kube, settings, namespace=cluster.namespace)
     settle(controller)
     assert _status(cluster, "w0").get("reason") == group_attempts.REASON_GROUP_RESERVING, _status(cluster, "w0")

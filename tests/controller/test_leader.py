@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -210,7 +211,9 @@ def test_a_lease_taken_by_someone_else_is_lost_at_the_next_renewal(leases: Kuber
     assert lease is not None
     lease["spec"]["holderIdentity"] = "intruder"  # as if a's renewals had not reached the server
     leases.replace(namespace, "elasticgpu-test", lease)
-    wait_for(lost.is_set, timeout_s=2, what="the leader to see it lost the lease")
+    # The next renewal is due within 0.25 s; the deadline covers its GET and its refused PUT on a
+    # loaded box, where 2 s could pass before either answer came.
+    wait_for(lost.is_set, timeout_s=10, what="the leader to see it lost the lease")
     assert not leader.leading
     stop.set()
     assert lease_spec(leases, namespace)["holderIdentity"] == "intruder"  # a's release does not touch it
@@ -222,7 +225,10 @@ def test_a_stuck_leader_fails_its_health_check(leases: KubernetesLeases, namespa
     assert leader.healthy() == (True, "")
     time.sleep(3.2)
     ok, reason = leader.healthy()
-    assert not ok and f"Lease {namespace}/elasticgpu-test held by a not renewed for 3s" in reason
+    # The reason says the seconds elapsed, whole: 3 unless the sleep overran (a loaded box wakes
+    # it late), so the figure is read, not matched.
+    said = re.search(rf"Lease {namespace}/elasticgpu-test held by a not renewed for (\d+)s", reason)
+    assert not ok and said is not None and int(said.group(1)) >= 3, reason
 
 
 TAKEOVER_S = LeaderSettings().lease_duration_s + 1.0
@@ -314,7 +320,9 @@ def test_standby_process_leads_within_the_lease_of_kill_9(candidates: Candidates
     took = wait_for(lambda: holder() == "second", timeout_s=20, what="second to take over\n" + candidates.logs())
     print(f"standby took over {took:.1f}s after kill -9 of the leader")
     assert took <= TAKEOVER_S, f"the standby took {took:.1f}s\n" + candidates.logs()
-    wait_for(lambda: "LEADING" in candidates.log("second"), timeout_s=2, what="second to say so")
+    # The Lease shows second as holder before second has the answer and logs it: on a loaded box
+    # the line can come seconds later (the webhook's caBundle repair, CI stop 56, was the same race).
+    wait_for(lambda: "LEADING" in candidates.log("second"), timeout_s=10, what="second to say so")
     assert lease_spec(leases, namespace, "controller")["leaseTransitions"] == 1
 
     # A clean stop releases the Lease: the next standby leads at its next attempt, not a lease later.

@@ -166,6 +166,13 @@ def test_an_edited_ca_bundle_is_put_back(
 ) -> None:
     webhook = webhook_factory(namespace, extra_args=("--check-interval-s", "1"))
     good = webhook.ca_bundle()
+    # Ready means the API server holds the caBundle; the webhook logs its write only once the
+    # answer reaches it, which on a loaded box can come after the quiet window below began.
+    wait_until(
+        lambda: webhook.log.read_text().count("MutatingWebhookConfiguration") >= 1,
+        "the first write to be logged",
+        timeout=10,
+    )
     time.sleep(2.5)  # passes that find everything in order write nothing
     assert webhook.log.read_text().count("MutatingWebhookConfiguration") == 1
     stored = webhook.configuration()
