@@ -27,6 +27,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from elasticgpu.testbed import free_ports
 from tests.kube_cluster import REPO_ROOT, TestCluster, kube_request, server_side_apply
 
 POLICIES_FILE = Path(__file__).with_name("pod_update_policies.yaml")
@@ -37,6 +38,8 @@ UNGUARDED_LABEL = "elasticgpu-test/without-claims-policy"
 shows an update is refused by the policy and by nothing else."""
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 START_TIMEOUT_S = 60.0
+PORT_ATTEMPTS = 3
+"""Starts of one webhook on fresh ports when the port chosen was taken before it bound it."""
 
 
 def wait_until(check: Callable[[], Any], what: str, timeout: float = 30.0, interval: float = 0.1) -> Any:
@@ -210,9 +213,40 @@ def start_webhook(
     wait: bool = True,
 ) -> WebhookProcess:
     """Start `python -m elasticgpu webhook` for the local API server (which calls it at
-    https://127.0.0.1:<port>) and wait until it serves a certificate its caBundle trusts."""
-    port = free_port()
+    https://127.0.0.1:<port>) and wait until it serves a certificate its caBundle trusts.
+
+    The port is free when chosen, not when the process (a second or more of Python start on a
+    loaded box) binds it: another test or benchmark on the machine may take it meanwhile. A
+    webhook that exits saying its port is in use is started again on a fresh one, up to
+    PORT_ATTEMPTS times (as elasticgpu/testbed/free_ports.py does for the API server)."""
     name = configuration_name or f"elasticgpu-pods-{uuid.uuid4().hex[:8]}"
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        webhook = _launch_webhook(cluster, api, namespace=namespace, log_dir=log_dir, name=name,
+                                  port=free_port(), extra_args=extra_args)
+        if not wait:
+            return webhook
+        try:
+            wait_until(webhook.is_ready, f"the webhook on port {webhook.port} to serve (log {webhook.log})",
+                       timeout=START_TIMEOUT_S)
+            return webhook
+        except BaseException:
+            webhook.stop()
+            taken = webhook.process.returncode not in (None, 0) and free_ports.TAKEN in webhook.log_tail().lower()
+            if attempt == PORT_ATTEMPTS or not taken:
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _launch_webhook(
+    cluster: TestCluster,
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    log_dir: Path,
+    name: str,
+    port: int,
+    extra_args: tuple[str, ...],
+) -> WebhookProcess:
     log = log_dir / f"webhook-{port}.log"
     command = [
         sys.executable,
@@ -235,14 +269,7 @@ def start_webhook(
     ]
     with log.open("ab") as output:
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT, env=os.environ)
-    webhook = WebhookProcess(process, api, port, namespace, name, "elasticgpu-webhook-tls", log)
-    if wait:
-        try:
-            wait_until(webhook.is_ready, f"the webhook on port {port} to serve (log {log})", timeout=START_TIMEOUT_S)
-        except BaseException:
-            webhook.stop()
-            raise
-    return webhook
+    return WebhookProcess(process, api, port, namespace, name, "elasticgpu-webhook-tls", log)
 
 
 def remove_configuration(api: client.ApiClient, name: str) -> None:
