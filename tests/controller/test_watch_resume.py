@@ -19,6 +19,7 @@ import pytest
 
 from elasticgpu.api import names
 from elasticgpu.controller import errors, run_controller
+from elasticgpu.controller.decisions import binder
 from elasticgpu.controller.edge.kube import KubeApi
 from elasticgpu.controller.process.starting import first_list
 from tests.binding import objects as o
@@ -279,7 +280,10 @@ def test_a_running_controller_says_an_outage_once_and_binds_after_it(
     try:
         cluster.claim(o.claim("before", cores=10, memory="1Gi", class_name=class_name))
         assert _wait(lambda: _phase(cluster, "before") == "Bound", timeout_s=30.0)
-        time.sleep(1.0)  # the bind's Events are written
+        # The bind's Event is written by a thread of its own after the statuses: still queued when
+        # the relay refuses, it would fail loudly (a fixed 1 s was all it had).
+        assert _wait(lambda: _bind_event_written(cluster, kube, "before"), timeout_s=30.0), \
+            [(e["involvedObject"]["name"], e.get("reason")) for e in kube.list_events(cluster.namespace)]
         caplog.clear()
         relay.refuse()  # the API server is gone for the controller (not for this test)
         cluster.claim(o.claim("during", cores=10, memory="1Gi", class_name=class_name))
@@ -301,3 +305,10 @@ def test_a_running_controller_says_an_outage_once_and_binds_after_it(
 
 def _phase(cluster: Cluster, name: str) -> str | None:
     return (cluster.get_claim(name).get("status") or {}).get("phase")
+
+
+def _bind_event_written(cluster: Cluster, kube: KubeApi, claim: str) -> bool:
+    """Whether the API server holds the Event of the claim's bind (the one Event a bind writes:
+    the ElasticGPU's own status change says none)."""
+    return any(e["involvedObject"]["name"] == claim and e.get("reason") == binder.REASON_BOUND
+               for e in kube.list_events(cluster.namespace))
