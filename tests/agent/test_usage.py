@@ -214,8 +214,12 @@ def test_real_processes_in_real_cgroups_reach_the_claims(
                                       .json().get("status", {}).get("usage") or {}).get("memoryUsed") == 612,
              timeout=20)
 
-    # The claims' metrics, in bytes and cards.
-    metrics = scrape(port)
+    # The claims' metrics, in bytes and cards. Scraped once the agent has counted both Events: the
+    # host's process may be first seen a pass after claim-b's OverLimit, and the card's usage (what
+    # was waited for above) is written by another thread before this one has its Event's answer.
+    events_written = ("elasticgpu_agent_api_writes_total", (("write", "event"),))
+    metrics = wait_for("both Events counted", lambda: (m := scrape(port)).get(events_written, 0) >= 2 and m,
+                       timeout=30)
     b_labels = (("claim", "claim-b"), ("namespace", namespace))
     assert metrics[("elasticgpu_agent_claim_memory_used_bytes", b_labels)] == 3072 * 1024 * 1024
     assert metrics[("elasticgpu_agent_claim_memory_limit_bytes", b_labels)] == 2048 * 1024 * 1024
@@ -224,7 +228,7 @@ def test_real_processes_in_real_cgroups_reach_the_claims(
     assert metrics[("elasticgpu_agent_claim_over_limit", b_labels)] == 1.0
     assert metrics[("elasticgpu_agent_api_writes_total", (("write", "claim_status"),))] >= 2
     # Two Events: claim-b's OverLimit, and UnattributedGPUProcess for the host's process on card 0.
-    assert metrics[("elasticgpu_agent_api_writes_total", (("write", "event"),))] == 2
+    assert metrics[events_written] == 2
 
     # Steady usage: no more claim writes (values unchanged), whatever the passes.
     version = read_claim(api_client, namespace, "claim-a")["metadata"]["resourceVersion"]
