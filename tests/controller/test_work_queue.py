@@ -42,11 +42,13 @@ def test_queue_behaves_like_two_fifo_lanes(operations: list[tuple[str, object, o
 
 def test_delayed_key_comes_back_in_the_front_lane() -> None:
     queue = WorkQueue()
-    queue.add(("claim", "ns", "late"), delay_s=0.01)
+    # Due in 0.5 s, not 10 ms: a loaded box that descheduled this thread for 10 ms between the add
+    # and the first get made "late" due already, and it came first.
+    queue.add(("claim", "ns", "late"), delay_s=0.5)
     queue.add(("claim", "ns", "resync"), background=True)
     assert queue.get(timeout_s=1.0) == ("claim", "ns", "resync")  # due later: the background key goes first
     queue.add(("claim", "ns", "resync-2"), background=True)
-    time.sleep(0.02)
+    time.sleep(0.6)  # past the delay: "late" is due whatever the load
     assert queue.get(timeout_s=1.0) == ("claim", "ns", "late")  # due now: ahead of the background lane
     assert queue.get(timeout_s=0.0) == ("claim", "ns", "resync-2")
     assert queue.waiting() == 0
