@@ -15,6 +15,7 @@ import yaml
 
 from elasticgpu.controller import errors
 from elasticgpu.controller.edge.kube import KubeApi
+from elasticgpu.controller.flow.machinery import liveness as liveness_module
 from elasticgpu.controller.flow.machinery import workqueue
 from elasticgpu.controller.flow.machinery.failures import Failures
 from elasticgpu.controller.flow.machinery.liveness import Liveness
@@ -85,7 +86,11 @@ def test_races_are_quiet_and_other_failures_are_said_once(caplog: pytest.LogCapt
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
 
 
-def test_liveness_fails_when_a_thread_dies_or_a_loop_stops_stepping() -> None:
+def test_liveness_fails_when_a_thread_dies_or_a_loop_stops_stepping(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A clock the test moves: with the real one, a thread descheduled 0.2 s between a step and the
+    # check (a loaded box) found the loop stuck where it had just stepped.
+    now = [1000.0]
+    monkeypatch.setattr(liveness_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     liveness = Liveness(stuck_after_s=0.2)
     assert liveness.alive() and liveness.reason() == ""
     stop = threading.Event()
@@ -101,7 +106,9 @@ def test_liveness_fails_when_a_thread_dies_or_a_loop_stops_stepping() -> None:
 
     liveness = Liveness(stuck_after_s=0.2)
     liveness.expect("watch-claim")
-    time.sleep(0.3)
+    now[0] += 0.19
+    assert liveness.alive()
+    now[0] += 0.11
     assert not liveness.alive() and "watch-claim made no progress" in liveness.reason()
     liveness.step("watch-claim")
     assert liveness.alive()
