@@ -121,7 +121,9 @@ def test_a_demo_whose_claims_reach_no_container_exits_1_with_the_reason() -> Non
     assert "gave up waiting for claim slice Bound" in failure[0], failure[0]
     assert "claim slice is Pending (" in failure[0], failure[0]
     assert "no node agent runs (--no-agent)" in failure[0], failure[0]
-    assert took < 45, f"the certain failure took {took:.0f} s to show"
+    # Below the 90 s --timeout-s that the old wait ran out (101 s in all), with room for a loaded
+    # box: the run, API server start included, took 34.5 s at load 7 (45 s left 10 s to spare).
+    assert took < 75, f"the certain failure took {took:.0f} s to show"
     assert "ok claim" not in output
     assert "Traceback" not in output
     assert demo_dirs() == before
