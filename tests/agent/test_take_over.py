@@ -7,7 +7,9 @@ then the agent itself (a subprocess, simulated cards) standing by and taking ove
 
 from __future__ import annotations
 
+import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,14 +25,13 @@ from tests.agent.objects import DESCRIPTION, condition, node_gpus
 
 
 @pytest.fixture
-def plugin_dir(tmp_path: Path) -> Iterator[Path]:
-    # Short: a unix socket path must fit 107 bytes.
-    folder = Path(f"/tmp/egpu-dp-{tmp_path.name[-12:]}")
-    folder.mkdir(parents=True, exist_ok=True)
+def plugin_dir() -> Iterator[Path]:
+    # Short: a unix socket path must fit 107 bytes. A fresh folder, not one named after the test:
+    # the same test in another session on the machine (or a killed run's leftover socket) shared
+    # the name, and binding its socket failed with "Address already in use".
+    folder = Path(tempfile.mkdtemp(prefix="egpu-dp-", dir="/tmp"))
     yield folder
-    for entry in folder.iterdir():
-        entry.unlink()
-    folder.rmdir()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _listen(path: Path) -> socket.socket:
