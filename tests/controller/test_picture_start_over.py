@@ -86,7 +86,7 @@ def _start_over_on_threads(kube: Any, informer: Informer) -> None:
 
 def test_a_watch_starting_over_on_an_unchanged_cluster_keeps_nothing_new() -> None:
     kube, informer, queue, total = _listed()
-    gpu_models = dict(informer.picture.ledger._models)
+    gpu_records = dict(informer.picture.ledger._gpus)
     gc.collect()
     tracemalloc.start(1)
     try:
@@ -104,8 +104,8 @@ def test_a_watch_starting_over_on_an_unchanged_cluster_keeps_nothing_new() -> No
     # the keys' names of the list); now ~19 (the pods' keys the queue's settled-keys table keeps).
     assert kept / total < 50, f"{kept} bytes made by the start-over still held, {kept / total:.0f} per object"
     assert queued >= CLAIMS, "the start-over queued every claim again (the worker looks at each)"
-    # The GPUs listed at the version held are the objects held, not copies.
-    assert all(informer.picture.ledger._models[name] is model for name, model in gpu_models.items())
+    # The GPUs listed at the version held are the records held, not copies.
+    assert all(informer.picture.ledger._gpus[name] is record for name, record in gpu_records.items())
 
 
 def test_the_keys_a_start_over_queues_hold_no_string_of_its_list() -> None:

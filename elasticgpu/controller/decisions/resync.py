@@ -31,6 +31,10 @@ class GPUs(Protocol):
         """The GPU `name` as seen, or None."""
         ...
 
+    def keys_on(self, gpu_name: str) -> set[str]:
+        """The ElasticGPU names GPU `gpu_name` holds a reservation for (answered without its model)."""
+        ...
+
 
 @dataclass(frozen=True)
 class OrphanReservation:
@@ -62,6 +66,8 @@ def find_orphans(
     An allocation without `reservedAt` counts as old (someone wrote it by hand)."""
     orphans: list[OrphanReservation] = []
     for gpu_name in ledger.gpu_names():
+        if all(key in elastic_gpus for key in ledger.keys_on(gpu_name)):
+            continue  # every holder is known: no model built (the ledger builds models on read)
         model = ledger.gpu(gpu_name)
         if model is None:
             continue

@@ -67,7 +67,7 @@ def place_on(ledger: Ledger, request: GpuRequest, *, models: tuple[str, ...], no
 def _allocator(ledger: Ledger, models: tuple[str, ...], node_selector: dict[str, str],
                nodes: frozenset[str] | None) -> MigAllocator:
     cards = []
-    for name in ledger.gpu_names():
+    for name in ledger.mig_gpu_names():  # `cluster.build` skips the others: their models are not built
         gpu = ledger.gpu(name)
         if gpu is not None and (nodes is None or gpu.spec.node_name in nodes):
             cards.append(cluster.ClusterCard(gpu, ledger.node_labels(gpu.spec.node_name), ledger.is_ready(name)))

@@ -363,6 +363,11 @@ class Packed:
         """A body that carries only the resourceVersion (what `versions` compares); no parse."""
         return {"metadata": {"resourceVersion": self.version}}
 
+    def json(self) -> bytes | None:
+        """The body's JSON as kept (without managedFields), or None when it has no JSON form."""
+        data = self._data
+        return data if type(data) is bytes else None
+
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V", bound=Hashable)

@@ -7,16 +7,18 @@ allocation for it) so that `place` answers from memory, and it builds the GPU st
 that commit or free a reservation. It does no I/O: the caller PUTs the bodies with their
 resourceVersion (the commit point) and feeds the server's answer back with `observe_gpu`.
 
-The ledger owns its indexes (`Holders`: the keys each GPU holds, the GPUs holding each key);
-of `compact` and `versions` it asks only leaf questions (the body and model to keep, which copy
-is newer), and nothing it calls calls back into it.
+Of each GPU it keeps a small record and the body's JSON, its model built when read (a bounded
+cache of those built last: `gpu_records`). The ledger owns its indexes (`holders.Holders`: the
+keys each GPU holds, the GPUs holding each key); of `compact`, `gpu_records` and `versions` it
+asks only leaf questions (the record and model to keep, which copy is newer), and nothing it
+calls calls back into it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from elasticgpu.allocator import (
@@ -34,9 +36,10 @@ from elasticgpu.allocator import (
 )
 from elasticgpu.allocator.mig import model_for, partitions_fit
 from elasticgpu.api import GPU, GPUAllocation, ObjectReference, allocatable_summary, format_memory, names, timestamps
-from elasticgpu.api.gpu import GPUPartition, open_to_elastic_gpu
+from elasticgpu.api.gpu import GPUPartition
 from elasticgpu.controller.errors import CardClosed, CardOverfilled
-from elasticgpu.controller.picture import compact, versions
+from elasticgpu.controller.picture import compact, gpu_records, versions
+from elasticgpu.controller.picture.holders import Holders
 
 logger = logging.getLogger(__name__)
 
@@ -57,16 +60,14 @@ class Ledger:
     def __init__(self) -> None:
         self.inventory = Inventory()
         self._allocators: dict[str, Allocator] = {}
-        self._gpus: dict[str, compact.Packed] = {}
-        """Each GPU's body as its JSON: the model answers every question but a write's, which
-        parses it again (`_body`); ~3 KB of dicts each at 40,000 cards otherwise."""
-        self._models: dict[str, GPU] = {}
+        self._gpus: dict[str, gpu_records.GPURecord] = {}
+        """Each GPU's record: what the events' paths read, and its body as JSON (`gpu_records`)."""
+        self._models = gpu_records.Models()
+        """The GPU models built last (a model per GPU was ~7 KB of its ~8.7 KB held)."""
         self._uuid_to_name: dict[str, str] = {}
         self._node_labels: dict[str, dict[str, str]] = {}
         self._holders = Holders()
         """Reservation keys by GPU name and GPU names by key (the ledger's own index)."""
-        self._allocations: dict[str, dict[str, GPUAllocation]] = {}
-        """Each GPU's allocations by ElasticGPU name (a lookup per key, not a scan per key)."""
         self._deleted: versions.Tombstones[str] = versions.Tombstones()
         """GPU deletions seen: an older copy (a list read before, a write answer after) is refused."""
         self._not_ready: set[str] = set()
@@ -79,26 +80,27 @@ class Ledger:
     # -- reading -------------------------------------------------------------------------------
 
     def gpu(self, name: str) -> GPU | None:
-        """The GPU object `name` as last seen, or None."""
-        return self._models.get(name)
+        """The GPU object `name` as last seen, or None (built from its JSON when not cached)."""
+        record = self._gpus.get(name)
+        return None if record is None else self._models.get(name, record)
 
     def gpu_and_body(self, name: str) -> tuple[GPU, Body] | None:
         """The GPU object `name` as last seen, model and body (with its resourceVersion), or None."""
-        model = self._models.get(name)
+        model = self.gpu(name)
         return None if model is None else (model, self._body(name))
 
     def gpu_body(self, name: str) -> Body | None:
         """The GPU object `name` as last seen (a fresh dict with its resourceVersion), or None."""
         held = self._gpus.get(name)
-        return held.body() if held is not None else None
+        return held.packed.body() if held is not None else None
 
     def gpu_version(self, name: str) -> Body | None:
         """A body with only GPU `name`'s resourceVersion (what `versions` compares), or None; no parse."""
         held = self._gpus.get(name)
-        return held.version_body() if held is not None else None
+        return held.packed.version_body() if held is not None else None
 
     def _body(self, name: str) -> Body:
-        return self._gpus[name].body()
+        return self._gpus[name].packed.body()
 
     def gpu_names(self) -> list[str]:
         """Names of every GPU object seen."""
@@ -106,7 +108,20 @@ class Ledger:
 
     def gpus_on_node(self, node: str) -> list[str]:
         """Names of the GPU objects whose spec.nodeName is `node`, sorted."""
-        return sorted(name for name, model in self._models.items() if model.spec.node_name == node)
+        return sorted(name for name, record in self._gpus.items() if record.node == node)
+
+    def mig_gpu_names(self) -> list[str]:
+        """Names of the GPU objects whose card is in MIG mode (spec.mig), builds no model."""
+        return [name for name, record in self._gpus.items() if record.mig]
+
+    def owner_moving_gpu_names(self) -> list[str]:
+        """Names of the GPU objects whose spec.owner is not their effective owner (a move between
+        ElasticGPU and DRA under way); builds no model."""
+        return [name for name, record in self._gpus.items() if record.owner_moving()]
+
+    def keys_on(self, gpu_name: str) -> set[str]:
+        """The ElasticGPU names GPU `gpu_name` holds a reservation for (empty when none or unknown)."""
+        return set(self._holders.keys_on(gpu_name))
 
     def name_of_uuid(self, uuid: str) -> str:
         """GPU object name of a card uuid."""
@@ -124,18 +139,23 @@ class Ledger:
         shares: list[CardShare] = []
         node = ""
         for gpu_name in self._gpus_holding(key):
-            allocation = self.allocation(gpu_name, key)
-            if allocation is None:
+            record = self._gpus.get(gpu_name)
+            share = record.share(key) if record is not None else None
+            if record is None or share is None:
                 continue
-            model = self._models[gpu_name]
-            node = model.spec.node_name
-            shares.append(CardShare(uuid=model.spec.uuid, cores=allocation.cores, memory_mib=allocation.memory,
-                                    whole=allocation.exclusive))
+            node = record.node
+            shares.append(CardShare(uuid=record.uuid, cores=share[1], memory_mib=share[2], whole=share[3]))
         return Placement(node=node, cards=tuple(shares)) if shares else None
 
     def allocation(self, gpu_name: str, key: str) -> GPUAllocation | None:
-        """The allocation of `key` on one GPU, or None."""
-        return self._allocations.get(gpu_name, {}).get(key)
+        """The allocation of `key` on one GPU, or None (from its model: built when not cached)."""
+        record = self._gpus.get(gpu_name)
+        if record is None or record.share(key) is None:
+            return None
+        for allocation in self._models.get(gpu_name, record).status.allocations:
+            if allocation.elastic_gpu == key:
+                return allocation
+        return None
 
     def place(self, request: PlacementRequest, *, policy: str) -> Placement | Unplaceable:
         """Where the request would go now under `policy` (changes nothing)."""
@@ -160,7 +180,7 @@ class Ledger:
         name = compact.own(name)
         self._node_labels[name] = {compact.own(k): compact.own(v) for k, v in labels.items()}
         if name in self.inventory:
-            bodies = [b.body() for n, b in self._gpus.items() if self._models[n].spec.node_name == name]
+            bodies = [r.packed.body() for r in self._gpus.values() if r.node == name]
             for body in bodies:
                 self.forget_gpu(body["metadata"]["name"])
             for body in bodies:
@@ -168,7 +188,7 @@ class Ledger:
 
     def forget_nodes_except(self, listed: set[str]) -> None:
         """Forget the labels of nodes not in `listed` (a complete node list) that hold no GPU."""
-        with_gpus = {m.spec.node_name for m in self._models.values()}
+        with_gpus = {r.node for r in self._gpus.values()}
         for gone in set(self._node_labels) - listed - with_gpus:
             del self._node_labels[gone]
 
@@ -184,27 +204,25 @@ class Ledger:
             # watch starting over after an outage then pinned most of every GPU page's memory
             # (bench/relist_rss.py), for a picture that did not change.
             return
-        held, model = compact.kept(body, GPU)
+        record, model = gpu_records.take_in(body)  # the whole model validated, as ever
         name = model.metadata.name or name  # the model's: the keys below hold nothing of the list
-        previous = self._models.get(name)
-        if previous is not None and (previous.spec != model.spec or _health(previous) != _health(model)
-                                     or previous.status.isolation != model.status.isolation):
+        previous = self._gpus.get(name)
+        if previous is not None and not previous.same_card(record):
             self.forget_gpu(name)
             previous = None
-        self._gpus[name] = held
-        self._models[name] = model
-        self._allocations[name] = {a.elastic_gpu: a for a in model.status.allocations}
-        self._uuid_to_name[model.spec.uuid] = name
+        self._gpus[name] = record
+        self._models.put(name, model)
+        self._uuid_to_name[record.uuid] = name
         if previous is None:
-            node = model.spec.node_name
+            node = record.node
             if node not in self.inventory:
                 self.inventory.add_node(NodeRecord(name=node, labels=self._node_labels.get(node, {})))
             self.inventory.add_card(CardRecord.from_gpu(model))
-            if name in self._not_ready or model.spec.mig:
+            if name in self._not_ready or record.mig:
                 # A card in MIG mode serves MIG classes only (`allocator.mig.cluster`): soft slices
                 # never land on it; what it holds stays counted.
-                self.inventory.set_health(model.spec.uuid, Health.UNHEALTHY)
-        after = {a.elastic_gpu for a in model.status.allocations}
+                self.inventory.set_health(record.uuid, Health.UNHEALTHY)
+        after = record.keys()
         before = self._holders.set_keys_on(name, after)
         self._resync_keys(before | after)
 
@@ -225,10 +243,10 @@ class Ledger:
             self._not_ready.discard(name)
         else:
             self._not_ready.add(name)
-        model = self._models.get(name)
-        if model is not None:
-            healthy = ready and not model.spec.mig
-            self.inventory.set_health(model.spec.uuid, _health(model) if healthy else Health.UNHEALTHY)
+        record = self._gpus.get(name)
+        if record is not None:
+            healthy = ready and not record.mig
+            self.inventory.set_health(record.uuid, record.health if healthy else Health.UNHEALTHY)
         return True
 
     def is_ready(self, name: str) -> bool:
@@ -245,17 +263,16 @@ class Ledger:
 
     def forget_gpu(self, name: str) -> None:
         """Drop a GPU object (deleted, or about to be re-added with a new spec)."""
-        model = self._models.pop(name, None)
-        self._gpus.pop(name, None)
-        self._allocations.pop(name, None)
+        record = self._gpus.pop(name, None)
+        self._models.pop(name)
         keys = self._holders.set_keys_on(name, set())
-        if model is None:
+        if record is None:
             return
-        self.inventory.remove_card(model.spec.uuid)
-        if self._uuid_to_name.get(model.spec.uuid) == name:
-            del self._uuid_to_name[model.spec.uuid]
-        node = model.spec.node_name
-        if not any(m.spec.node_name == node for m in self._models.values()) and node in self.inventory:
+        self.inventory.remove_card(record.uuid)
+        if self._uuid_to_name.get(record.uuid) == name:
+            del self._uuid_to_name[record.uuid]
+        node = record.node
+        if not any(r.node == node for r in self._gpus.values()) and node in self.inventory:
             self.inventory.remove_node(node)
         self._resync_keys(keys)
 
@@ -303,18 +320,17 @@ class Ledger:
             self._tentative.pop(key, None)
             self.inventory.release(key)
             changed.add(key)
-        for name, model in self._models.items():
+        for record in self._gpus.values():
             try:
-                holders = self.inventory.card(model.spec.uuid).holders
+                holders = self.inventory.card(record.uuid).holders
             except UnknownObject:
                 continue
-            allocations = self._allocations.get(name, {})
-            for key, allocation in allocations.items():
+            for key, cores, memory, whole in record.shares:
                 share = holders.get(key)
-                if share is None or (share.cores, share.memory_mib, share.whole) != (
-                        allocation.cores, allocation.memory, allocation.exclusive):
+                if share is None or (share.cores, share.memory_mib, share.whole) != (cores, memory, whole):
                     changed.add(key)
-            changed.update(k for k in holders if k not in allocations and k not in self._tentative)
+            held = record.keys()
+            changed.update(k for k in holders if k not in held and k not in self._tentative)
         self._resync_keys(sorted(changed))
         return sorted(changed)
 
@@ -362,11 +378,11 @@ class Ledger:
         not land on the card, and the picture's newest resourceVersion would let it through (only
         status.owner DRA is refused by the CRD). Adding a holder to a card not ours alone is refused;
         changing a reservation the card already holds (a claimRef stamp, a resize) or removing one is not."""
-        model = self._models[gpu_name]
-        if new_keys and not open_to_elastic_gpu(model):
+        record = self._gpus[gpu_name]
+        if new_keys and not record.open_to_elastic_gpu():
             raise CardClosed(
                 f"GPU {gpu_name}: not reserving {', '.join(sorted(new_keys))}: the card is moving to DRA or is"
-                f" DRA's (spec.owner {model.spec.owner}, status.owner {model.status.owner or 'ElasticGPU'}) since"
+                f" DRA's (spec.owner {record.owner}, status.owner {record.status_owner or 'ElasticGPU'}) since"
                 " the decision; deciding again")
 
     def _refuse_overfill(self, body: Body, allocations: list[Body], keys: list[str]) -> None:
@@ -376,7 +392,7 @@ class Ledger:
         precondition and oversubscribe the card. A write that leaves the card over capacity and
         holding more than it does now is refused; one that only keeps or lowers what an already
         overfull card holds (a release, a claimRef stamp) goes through."""
-        spec = self._models[body["metadata"]["name"]].spec
+        spec = self._models.get(body["metadata"]["name"], self._gpus[body["metadata"]["name"]]).spec
         before = _load(_allocations(body))
         after = _load(allocations)
         cores, memory, count, whole = after
@@ -405,7 +421,8 @@ class Ledger:
         return self._status_body(body, kept)
 
     def _status_body(self, body: Body, allocations: list[Body]) -> Body:
-        model = self._models[body["metadata"]["name"]]
+        name = body["metadata"]["name"]
+        model = self._models.get(name, self._gpus[name])
         status = dict(body.get("status") or {})
         status["allocations"] = allocations
         cores = sum(int(a.get("cores", 0)) for a in allocations)
@@ -425,68 +442,6 @@ class Ledger:
             "spec": body["spec"],
             "status": status,
         }
-
-
-class Holders:
-    """The ledger's index of reservations: the keys each GPU holds an allocation for and, the
-    other way, the GPUs holding each key, kept in step so that a watch event of one GPU costs
-    O(its allocations), not a scan of every GPU. Nearly every key is held by one GPU: that one
-    is kept bare, a set only from two on (an empty set is 216 bytes; 50,000 one-member sets
-    were ~11 MiB)."""
-
-    def __init__(self) -> None:
-        self._keys_on: dict[str, set[str]] = {}
-        self._gpus_of: dict[str, str | set[str]] = {}
-
-    def __contains__(self, key: object) -> bool:
-        """True when some GPU holds an allocation for `key`."""
-        return key in self._gpus_of
-
-    def keys_on(self, gpu_name: str) -> set[str]:
-        """The keys GPU `gpu_name` holds (empty when none); the live set: do not change it."""
-        return self._keys_on.get(gpu_name, set())
-
-    def gpus_holding(self, key: str) -> Collection[str]:
-        """The GPUs holding `key` (empty when none); a live set when several: do not keep it."""
-        held = self._gpus_of.get(key)
-        if held is None:
-            return ()
-        return held if isinstance(held, set) else (held,)
-
-    def set_keys_on(self, gpu_name: str, after: set[str]) -> set[str]:
-        """GPU `gpu_name` holds exactly the keys `after` now; returns those it held before."""
-        before = self._keys_on.get(gpu_name, set())
-        for key in before - after:
-            self._discard(key, gpu_name)
-        for key in after - before:
-            self._add(key, gpu_name)
-        if after:
-            self._keys_on[gpu_name] = after
-        else:
-            self._keys_on.pop(gpu_name, None)
-        return before
-
-    def _add(self, key: str, gpu_name: str) -> None:
-        held = self._gpus_of.get(key)
-        if held is None:
-            self._gpus_of[key] = gpu_name
-        elif isinstance(held, set):
-            held.add(gpu_name)
-        elif held != gpu_name:
-            self._gpus_of[key] = {held, gpu_name}
-
-    def _discard(self, key: str, gpu_name: str) -> None:
-        held = self._gpus_of.get(key)
-        if held is None:
-            return
-        if isinstance(held, set):
-            held.discard(gpu_name)
-            if len(held) == 1:
-                self._gpus_of[key] = next(iter(held))
-            elif not held:
-                del self._gpus_of[key]
-        elif held == gpu_name:
-            del self._gpus_of[key]
 
 
 def allocation_for(key: str, share: CardShare, claim_ref: ObjectReference | None,
@@ -520,7 +475,3 @@ def _load(allocations: list[Body]) -> tuple[int, int, int, bool]:
     return (sum(int(a.get("cores", 0)) for a in allocations), sum(int(a.get("memory", 0)) for a in allocations),
             len(allocations), any(a.get("exclusive") for a in allocations))
 
-
-def _health(model: GPU) -> Health:
-    # A card that is not ours alone (spec.owner or status.owner DRA) takes no new reservation.
-    return Health.UNHEALTHY if model.status.health == "Unhealthy" or not open_to_elastic_gpu(model) else Health.HEALTHY

@@ -119,7 +119,7 @@ class Controller:
         with self.picture.lock:
             ledger = self.picture.ledger
             keys: list[Key] = []
-            for name in ledger.gpu_names():
+            for name in ledger.owner_moving_gpu_names():  # the others' models are not built
                 gpu = ledger.gpu(name)
                 if gpu is None or gpu.spec.owner == effective_owner(gpu):
                     continue  # no move under way: what DRA holds changes nothing for it

@@ -1,0 +1,142 @@
+"""How the ledger keeps its GPU objects: a small record of what the hot paths read, the body's
+JSON, and a bounded cache of the `GPU` models built again from that JSON (issue 49 item 2).
+
+At 40,000 cards the ledger held per GPU its JSON (~1.1 KB), its full pydantic model (~7 KB of
+~8.7 KB: spec, capacity, conditions, usage, running claims, every allocation) and a dict of its
+allocations. Nearly every question the ledger answers per event asks a few fields: the node and
+uuid (the inventory's card), whether the card is in MIG mode, its health and owners, its
+isolation modes, and each reservation's size (what the inventory mirrors). So `GPURecord`
+keeps those and the `compact.Packed` JSON; a reader that asks for the model (`Ledger.gpu`, a
+write, a decision on one card) gets it built again from the JSON by the same validation that
+checked it at take-in (`Models`), and the `CACHE_SIZE` models built or taken in last stay built
+(the sync a watch event or a write wakes finds its card's model ready). This is
+`records.Models`' trick for claims and ElasticGPUs, for the GPUs.
+
+At take-in every body is still validated whole as a `GPU` (`take_in`): a body the model refuses
+is refused as before, however little of it the record keeps.
+
+A leaf: it calls back into no module of the picture but `compact`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from elasticgpu.allocator import Health
+from elasticgpu.api import GPU, names
+from elasticgpu.api.gpu import open_to_elastic_gpu
+from elasticgpu.controller.picture import compact
+
+Body = dict[str, Any]
+
+CACHE_SIZE = 2048
+"""GPU models kept built: those taken in or read last (~7 KB each: ~14 MiB). A burst of binds
+reads the cards it writes and their events' syncs read them again: far fewer than this. A pass
+over every card (a relist's take-in) rebuilds none of them: the record answers it."""
+
+Share = tuple[str, int, int, bool]
+"""One reservation as the inventory mirrors it: (ElasticGPU name, cores, MiB, whole card)."""
+
+
+class GPURecord:
+    """What the ledger reads of one GPU object per event, and the object's JSON (`packed`).
+
+    `spec` is the validated spec's JSON: two copies whose specs differ are re-added to the
+    inventory (as the models' `spec !=` decided), without a model kept to compare with."""
+
+    __slots__ = ("health", "isolation", "mig", "node", "owner", "packed", "shares", "spec", "status_owner", "uuid")
+
+    def __init__(self, model: GPU, packed: compact.Packed) -> None:
+        spec, status = model.spec, model.status
+        self.packed = packed
+        # The model's strings are its own (validated from the JSON, `compact.kept`); the node's
+        # name is one string for the node's cards.
+        self.node: str = compact.own(spec.node_name)
+        self.uuid: str = spec.uuid
+        self.mig: bool = spec.mig
+        self.owner: str = spec.owner
+        self.status_owner: str | None = status.owner
+        self.health: Health = health_of(model)
+        self.isolation: tuple[str, ...] = tuple(status.isolation)
+        self.spec: bytes = spec.model_dump_json().encode()
+        self.shares: tuple[Share, ...] = tuple(
+            (a.elastic_gpu, a.cores, a.memory, a.exclusive) for a in status.allocations)
+
+    def share(self, key: str) -> Share | None:
+        """The reservation of `key` on the card, or None (a card holds a handful: a scan)."""
+        for share in self.shares:
+            if share[0] == key:
+                return share
+        return None
+
+    def keys(self) -> set[str]:
+        """The ElasticGPU names the card holds a reservation for."""
+        return {share[0] for share in self.shares}
+
+    def same_card(self, other: GPURecord) -> bool:
+        """Whether `other` is the same card to the inventory: spec, health and isolation equal."""
+        return self.spec == other.spec and self.health == other.health and self.isolation == other.isolation
+
+    def open_to_elastic_gpu(self) -> bool:
+        """`api.gpu.open_to_elastic_gpu` of the object, without its model."""
+        return self.owner == names.OWNER_ELASTIC_GPU and (self.status_owner or names.OWNER_ELASTIC_GPU) == (
+            names.OWNER_ELASTIC_GPU)
+
+    def owner_moving(self) -> bool:
+        """Whether spec.owner differs from the effective owner (`api.gpu.effective_owner`): a move
+        between ElasticGPU and DRA is under way."""
+        return self.owner != (self.status_owner or names.OWNER_ELASTIC_GPU)
+
+
+def health_of(model: GPU) -> Health:
+    """The card's health to the allocator: Unhealthy when its agent says so, and when the card is
+    not ours alone (spec.owner or status.owner DRA: it takes no new reservation)."""
+    return Health.UNHEALTHY if model.status.health == "Unhealthy" or not open_to_elastic_gpu(model) else Health.HEALTHY
+
+
+def take_in(body: Body) -> tuple[GPURecord, GPU]:
+    """The record of a GPU body from a list, watch event or write, and its model (validated whole,
+    as before: a body the model refuses raises pydantic's ValidationError here)."""
+    packed, model = compact.kept(body, GPU)
+    return GPURecord(model, packed), model
+
+
+class Models:
+    """The GPU models built last, by object name, oldest first; built again from a record's JSON
+    on a miss (see the module docstring). No locking of its own: the ledger's callers hold the
+    picture's lock."""
+
+    def __init__(self, cache_size: int = CACHE_SIZE) -> None:
+        self._cache_size = cache_size
+        self._cache: OrderedDict[str, GPU] = OrderedDict()
+
+    def get(self, name: str, record: GPURecord) -> GPU:
+        """The model of `record` (GPU `name`): the cached one, or one built from its JSON."""
+        found = self._cache.get(name)
+        if found is not None:
+            self._cache.move_to_end(name)
+            return found
+        data = record.packed.json()
+        # The same validation as the model taken in (`compact.kept`): the model is equal to it.
+        model = compact.share_fields(GPU.model_validate_json(data) if data is not None
+                                     else GPU.model_validate(record.packed.body()))
+        self.put(name, model)
+        return model
+
+    def put(self, name: str, model: GPU) -> None:
+        """Keep `model` built as GPU `name`'s newest (a copy just taken in)."""
+        self._cache[name] = model
+        self._cache.move_to_end(name)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    def pop(self, name: str) -> None:
+        """Forget GPU `name`'s model (the object is gone or changed)."""
+        self._cache.pop(name, None)
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+__all__ = ["CACHE_SIZE", "GPURecord", "Models", "Share", "health_of", "take_in"]
