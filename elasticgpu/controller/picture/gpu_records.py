@@ -107,8 +107,9 @@ class Models:
     on a miss (see the module docstring). No locking of its own: the ledger's callers hold the
     picture's lock."""
 
-    def __init__(self, cache_size: int = CACHE_SIZE) -> None:
-        self._cache_size = cache_size
+    def __init__(self, cache_size: int | None = None) -> None:
+        """`cache_size`: `CACHE_SIZE` when None (read now: a test sets it smaller than its fleet)."""
+        self._cache_size = CACHE_SIZE if cache_size is None else cache_size
         self._cache: OrderedDict[str, GPU] = OrderedDict()
 
     def get(self, name: str, record: GPURecord) -> GPU:
