@@ -253,18 +253,22 @@ def strip(body: Body) -> Body:
     return {**body, "metadata": meta}
 
 
-def kept(body: Body, kind: type[M]) -> tuple[Packed, M]:
+def kept(body: Body, kind: type[M], *, share: bool = True) -> tuple[Packed, M]:
     """What the picture keeps of an object it stores whole (a GPU): its body as JSON without
     managedFields (`Packed`) and its model of `kind` with shared field sets (`share_fields`),
     validated from that JSON: pydantic parses it, so every string of the model is allocated now,
     none is the list's (`fresh`), and no dict is built in between (as fast as validating the
     dict). (Interning the body's strings saved ~1.2 KB of a GPU with four reservations, but the
-    unique ones, uids and names, cost an entry of the interned table each: ~0.5 KB net, not kept.)"""
+    unique ones, uids and names, cost an entry of the interned table each: ~0.5 KB net, not kept.)
+    `share`: False leaves the model's field sets its own (a model most likely dropped soon: the
+    caller shares them if it hands the model out)."""
     packed = pack(body)
     if packed is None:
         body = strip(body)
-        return Packed(body), share_fields(kind.model_validate(body))
-    return Packed(body, packed), share_fields(kind.model_validate_json(packed))
+        model = kind.model_validate(body)
+    else:
+        model = kind.model_validate_json(packed)
+    return Packed(body, packed), share_fields(model) if share else model
 
 
 def identity(body: Body) -> Body:

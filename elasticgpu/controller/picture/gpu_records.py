@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from elasticgpu.allocator import Health
+from elasticgpu.allocator import CardRecord, Health
 from elasticgpu.api import GPU, names
 from elasticgpu.api.gpu import open_to_elastic_gpu
 from elasticgpu.controller.picture import compact
@@ -35,6 +35,8 @@ CACHE_SIZE = 2048
 reads the cards it writes and their events' syncs read them again: far fewer than this. A pass
 over every card (a relist's take-in) rebuilds none of them: the record answers it."""
 
+_OWNERS = {names.OWNER_ELASTIC_GPU: names.OWNER_ELASTIC_GPU, names.OWNER_DRA: names.OWNER_DRA}
+
 Share = tuple[str, int, int, bool]
 """One reservation as the inventory mirrors it: (ElasticGPU name, cores, MiB, whole card)."""
 
@@ -42,41 +44,62 @@ Share = tuple[str, int, int, bool]
 class GPURecord:
     """What the ledger reads of one GPU object per event, and the object's JSON (`packed`).
 
-    `spec` is the validated spec's JSON: two copies whose specs differ are re-added to the
-    inventory (as the models' `spec !=` decided), without a model kept to compare with."""
+    `card` is the allocator's record of the card (`CardRecord.from_gpu`, the one the inventory
+    was given): two copies of an object whose cards differ (spec, health, isolation), or whose
+    MIG mode or owner differ, are re-added to the inventory, as the old models' `spec !=` did
+    (a spec change the card does not show, numa absent or 0, would re-add an equal card)."""
 
-    __slots__ = ("health", "isolation", "mig", "node", "owner", "packed", "shares", "spec", "status_owner", "uuid")
+    __slots__ = ("card", "mig", "owner", "packed", "shares", "status_owner")
 
     def __init__(self, model: GPU, packed: compact.Packed) -> None:
         spec, status = model.spec, model.status
         self.packed = packed
-        # The model's strings are its own (validated from the JSON, `compact.kept`); the node's
-        # name is one string for the node's cards.
-        self.node: str = compact.own(spec.node_name)
-        self.uuid: str = spec.uuid
+        # The model's strings are its own (validated from the JSON, `compact.kept`).
+        self.card = CardRecord.from_gpu(model)
         self.mig: bool = spec.mig
-        self.owner: str = spec.owner
-        self.status_owner: str | None = status.owner
-        self.health: Health = health_of(model)
-        self.isolation: tuple[str, ...] = tuple(status.isolation)
-        self.spec: bytes = spec.model_dump_json().encode()
-        self.shares: tuple[Share, ...] = tuple(
-            (a.elastic_gpu, a.cores, a.memory, a.exclusive) for a in status.allocations)
+        # The two owners' constant strings, not the model's copy of one per card.
+        self.owner: str = _OWNERS.get(spec.owner, spec.owner)
+        self.status_owner: str | None = _OWNERS.get(status.owner, status.owner) if status.owner else None
+        # Flat (key, cores, MiB, whole, key, ...): a tuple per reservation was ~70 bytes more each.
+        self.shares: tuple[str | int | bool, ...] = tuple(
+            field for a in status.allocations for field in (a.elastic_gpu, a.cores, a.memory, a.exclusive))
+
+    @property
+    def uuid(self) -> str:
+        """spec.uuid."""
+        return self.card.uuid
+
+    @property
+    def node(self) -> str:
+        """spec.nodeName."""
+        return self.card.node
+
+    @property
+    def health(self) -> Health:
+        """The card's health by its object (`health_of`), before the ledger's readiness."""
+        return self.card.health
 
     def share(self, key: str) -> Share | None:
         """The reservation of `key` on the card, or None (a card holds a handful: a scan)."""
-        for share in self.shares:
-            if share[0] == key:
-                return share
+        shares = self.shares
+        for i in range(0, len(shares), 4):
+            if shares[i] == key:
+                return key, int(shares[i + 1]), int(shares[i + 2]), bool(shares[i + 3])
         return None
+
+    def all_shares(self) -> list[Share]:
+        """Every reservation on the card, in the object's order."""
+        shares = self.shares
+        return [(str(shares[i]), int(shares[i + 1]), int(shares[i + 2]), bool(shares[i + 3]))
+                for i in range(0, len(shares), 4)]
 
     def keys(self) -> set[str]:
         """The ElasticGPU names the card holds a reservation for."""
-        return {share[0] for share in self.shares}
+        return {str(key) for key in self.shares[::4]}
 
     def same_card(self, other: GPURecord) -> bool:
-        """Whether `other` is the same card to the inventory: spec, health and isolation equal."""
-        return self.spec == other.spec and self.health == other.health and self.isolation == other.isolation
+        """Whether `other` is the same card to the inventory (see the class docstring)."""
+        return self.card == other.card and self.mig == other.mig and self.owner == other.owner
 
     def open_to_elastic_gpu(self) -> bool:
         """`api.gpu.open_to_elastic_gpu` of the object, without its model."""
@@ -98,7 +121,7 @@ def health_of(model: GPU) -> Health:
 def take_in(body: Body) -> tuple[GPURecord, GPU]:
     """The record of a GPU body from a list, watch event or write, and its model (validated whole,
     as before: a body the model refuses raises pydantic's ValidationError here)."""
-    packed, model = compact.kept(body, GPU)
+    packed, model = compact.kept(body, GPU, share=False)  # `Models.put` shares on first read
     return GPURecord(model, packed), model
 
 
@@ -111,30 +134,44 @@ class Models:
         """`cache_size`: `CACHE_SIZE` when None (read now: a test sets it smaller than its fleet)."""
         self._cache_size = CACHE_SIZE if cache_size is None else cache_size
         self._cache: OrderedDict[str, GPU] = OrderedDict()
+        self._unshared: set[str] = set()
+        """Cached models taken in and not read yet: their field sets are shared (`compact.share_fields`)
+        at their first read, not at take-in, where it was a quarter of a GPU's CPU and most of a list's
+        models leave the cache unread."""
 
     def get(self, name: str, record: GPURecord) -> GPU:
         """The model of `record` (GPU `name`): the cached one, or one built from its JSON."""
         found = self._cache.get(name)
         if found is not None:
             self._cache.move_to_end(name)
+            if name in self._unshared:
+                self._unshared.discard(name)
+                compact.share_fields(found)
             return found
         data = record.packed.json()
         # The same validation as the model taken in (`compact.kept`): the model is equal to it.
         model = compact.share_fields(GPU.model_validate_json(data) if data is not None
                                      else GPU.model_validate(record.packed.body()))
-        self.put(name, model)
+        self._remember(name, model)
         return model
 
     def put(self, name: str, model: GPU) -> None:
-        """Keep `model` built as GPU `name`'s newest (a copy just taken in)."""
+        """Keep `model` built as GPU `name`'s newest (a copy just taken in, its field sets its own:
+        shared when first read)."""
+        self._remember(name, model)
+        self._unshared.add(name)
+
+    def _remember(self, name: str, model: GPU) -> None:
+        self._unshared.discard(name)
         self._cache[name] = model
         self._cache.move_to_end(name)
         while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+            self._unshared.discard(self._cache.popitem(last=False)[0])
 
     def pop(self, name: str) -> None:
         """Forget GPU `name`'s model (the object is gone or changed)."""
         self._cache.pop(name, None)
+        self._unshared.discard(name)
 
     def __len__(self) -> int:
         return len(self._cache)

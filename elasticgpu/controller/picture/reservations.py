@@ -23,7 +23,6 @@ from typing import Any
 
 from elasticgpu.allocator import (
     Allocator,
-    CardRecord,
     CardShare,
     Health,
     Inventory,
@@ -217,7 +216,7 @@ class Ledger:
             node = record.node
             if node not in self.inventory:
                 self.inventory.add_node(NodeRecord(name=node, labels=self._node_labels.get(node, {})))
-            self.inventory.add_card(CardRecord.from_gpu(model))
+            self.inventory.add_card(record.card)
             if name in self._not_ready or record.mig:
                 # A card in MIG mode serves MIG classes only (`allocator.mig.cluster`): soft slices
                 # never land on it; what it holds stays counted.
@@ -325,7 +324,7 @@ class Ledger:
                 holders = self.inventory.card(record.uuid).holders
             except UnknownObject:
                 continue
-            for key, cores, memory, whole in record.shares:
+            for key, cores, memory, whole in record.all_shares():
                 share = holders.get(key)
                 if share is None or (share.cores, share.memory_mib, share.whole) != (cores, memory, whole):
                     changed.add(key)
