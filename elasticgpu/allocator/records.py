@@ -7,7 +7,7 @@ These are the allocator's own types, built from `elasticgpu.api` objects by whoe
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -103,7 +103,7 @@ class CardRecord:
 _EMPTY: frozenset[str] = frozenset()
 
 
-def _frozen(values: list[str]) -> frozenset[str]:
+def _frozen(values: Collection[str]) -> frozenset[str]:
     """`frozenset(values)`, the one empty frozenset when there are none: an empty one is 216 bytes
     (not shared since Python 3.10), three per card at 40,000 cards (issue 49 item 2)."""
     return frozenset(values) if values else _EMPTY
