@@ -127,6 +127,14 @@ def test_a_model_built_on_read_is_the_model_the_old_path_kept(
         # The card as the old ledger added it, Unhealthy in MIG mode (`set_health`).
         assert ledger.inventory.card(old.spec.uuid).record == replace(CardRecord.from_gpu(old), health=_health(old))
         assert (name in ledger.mig_gpu_names()) == old.spec.mig
+        # What a GPU event's waking reads of the copy held before it (`picture.waking`), from the record.
+        record = ledger.gpu_record(name)
+        assert record is not None
+        assert record.sizes() == {a.elastic_gpu: (a.cores, a.memory, a.limit) for a in old.status.allocations}
+        assert record.card.isolation == frozenset(old.status.isolation)
+        assert record.said_unhealthy == (old.status.health == "Unhealthy")
+        assert sum(c + m for _k, c, m, _w in record.all_shares()) == sum(
+            a.cores + a.memory for a in old.status.allocations)
         assert (name in ledger.owner_moving_gpu_names()) == (old.spec.owner != (old.status.owner or "ElasticGPU"))
     assert len(ledger._models) <= 1
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from elasticgpu.allocator import CardRecord, Health
 from elasticgpu.api import GPU, names
-from elasticgpu.api.gpu import open_to_elastic_gpu
+from elasticgpu.api.gpu import GPULimit, open_to_elastic_gpu
 from elasticgpu.controller.picture import compact
 
 Body = dict[str, Any]
@@ -49,7 +49,7 @@ class GPURecord:
     MIG mode or owner differ, are re-added to the inventory, as the old models' `spec !=` did
     (a spec change the card does not show, numa absent or 0, would re-add an equal card)."""
 
-    __slots__ = ("card", "mig", "owner", "packed", "shares", "status_owner")
+    __slots__ = ("card", "limits", "mig", "owner", "packed", "said_unhealthy", "shares", "status_owner")
 
     def __init__(self, model: GPU, packed: compact.Packed) -> None:
         spec, status = model.spec, model.status
@@ -57,6 +57,11 @@ class GPURecord:
         # The model's strings are its own (validated from the JSON, `compact.kept`).
         self.card = CardRecord.from_gpu(model)
         self.mig: bool = spec.mig
+        self.said_unhealthy = status.health == "Unhealthy"
+        """Whether its agent says Unhealthy (status.health), whoever owns the card."""
+        # The limits of the reservations under a resize, by key; None (nearly always) when none.
+        self.limits: dict[str, GPULimit] | None = {
+            a.elastic_gpu: a.limit for a in status.allocations if a.limit is not None} or None
         # The two owners' constant strings, not the model's copy of one per card.
         self.owner: str = _OWNERS.get(spec.owner, spec.owner)
         self.status_owner: str | None = _OWNERS.get(status.owner, status.owner) if status.owner else None
@@ -80,9 +85,10 @@ class GPURecord:
         return self.card.health
 
     def share(self, key: str) -> Share | None:
-        """The reservation of `key` on the card, or None (a card holds a handful: a scan)."""
+        """The reservation of `key` on the card, or None (a card holds a handful: a scan; the
+        last of a key, as the old dict by key kept)."""
         shares = self.shares
-        for i in range(0, len(shares), 4):
+        for i in range(len(shares) - 4, -1, -4):
             if shares[i] == key:
                 return key, int(shares[i + 1]), int(shares[i + 2]), bool(shares[i + 3])
         return None
@@ -92,6 +98,11 @@ class GPURecord:
         shares = self.shares
         return [(str(shares[i]), int(shares[i + 1]), int(shares[i + 2]), bool(shares[i + 3]))
                 for i in range(0, len(shares), 4)]
+
+    def sizes(self) -> dict[str, tuple[int, int, GPULimit | None]]:
+        """Each reservation's (cores, MiB, limit) by key, as the model's allocations say."""
+        limits = self.limits or {}
+        return {key: (cores, memory, limits.get(key)) for key, cores, memory, _whole in self.all_shares()}
 
     def keys(self) -> set[str]:
         """The ElasticGPU names the card holds a reservation for."""

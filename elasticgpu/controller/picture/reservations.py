@@ -151,10 +151,14 @@ class Ledger:
         record = self._gpus.get(gpu_name)
         if record is None or record.share(key) is None:
             return None
-        for allocation in self._models.get(gpu_name, record).status.allocations:
+        for allocation in reversed(self._models.get(gpu_name, record).status.allocations):
             if allocation.elastic_gpu == key:
-                return allocation
+                return allocation  # the last of a key, as the old dict by key kept
         return None
+
+    def gpu_record(self, name: str) -> gpu_records.GPURecord | None:
+        """What the ledger keeps of GPU `name` besides its JSON (read-only), or None; builds no model."""
+        return self._gpus.get(name)
 
     def place(self, request: PlacementRequest, *, policy: str) -> Placement | Unplaceable:
         """Where the request would go now under `policy` (changes nothing)."""

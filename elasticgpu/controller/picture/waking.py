@@ -23,8 +23,8 @@ class Waking(reading.Reading):
 
     def _isolation_of(self, gpu_name: str) -> frozenset[str]:
         """The isolation modes GPU `gpu_name` offers in the picture (none when unknown)."""
-        model = self.ledger.gpu(gpu_name)
-        return frozenset(model.status.isolation) if model is not None else frozenset()
+        record = self.ledger.gpu_record(gpu_name)  # no model built: every GPU event asks, before its take-in
+        return record.card.isolation if record is not None else frozenset()
 
 
     def _index_cards(self, name: str, old: ElasticGPU | None, new: ElasticGPU | None) -> None:
@@ -46,17 +46,15 @@ class Waking(reading.Reading):
     def _free_of(self, gpu_name: str) -> int:
         """A measure of the card's free room that grows when room appears: a card new to the
         picture or Healthy again counts as more room than any Unhealthy or absent one."""
-        model = self.ledger.gpu(gpu_name)
-        if model is None or model.status.health == "Unhealthy":
+        record = self.ledger.gpu_record(gpu_name)  # no model built: every GPU event asks, before its take-in
+        if record is None or record.said_unhealthy:
             return -(1 << 62)
-        return -sum(a.cores + a.memory for a in model.status.allocations)
+        return -sum(cores + memory for _key, cores, memory, _whole in record.all_shares())
 
     def _allocation_sizes(self, gpu_name: str) -> dict[str, tuple[int, int, Any]]:
         """Each allocation's (cores, memory, limit) on a GPU, as the picture holds it."""
-        model = self.ledger.gpu(gpu_name)
-        if model is None:
-            return {}
-        return {a.elastic_gpu: (a.cores, a.memory, a.limit) for a in model.status.allocations}
+        record = self.ledger.gpu_record(gpu_name)  # no model built: every GPU event asks, before its take-in
+        return record.sizes() if record is not None else {}
 
     def _resizing_claims_on(self, gpu_name: str, *, freed: bool,
                             sizes: dict[str, tuple[int, int, Any]] | None = None) -> Keys:
