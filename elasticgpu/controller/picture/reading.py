@@ -296,8 +296,8 @@ class Reading:
         )
 
     def _card_memory(self, gpu_name: str) -> int | None:
-        model = self.ledger.gpu(gpu_name)
-        return model.spec.memory if model is not None else None
+        record = self.ledger.gpu_record(gpu_name)  # spec.memory, no model built
+        return record.card.memory_mib if record is not None else None
 
 
 def _claim_at_rest(claim: ElasticGPUClaim) -> bool:
