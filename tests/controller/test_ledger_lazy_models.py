@@ -178,3 +178,20 @@ def test_the_cache_of_built_models_is_bounded_and_the_records_answer_without_it(
     assert held is not None and held.node == "n0" and held.cards[0].uuid == "GPU-0"
     assert len(ledger._models) == 4  # none of those built a model
     assert ledger.gpu("gpu-0") is ledger.gpu("gpu-0")  # built once, then cached
+
+
+def test_a_cached_model_answers_only_for_the_record_it_was_built_from() -> None:
+    """A reader that built a model of an older copy while a newer one was taken in (no picture lock
+    held) leaves it in the cache: the newer record's read must not get it."""
+    body = {"apiVersion": names.API_VERSION, "kind": names.KIND_GPU,
+            "metadata": {"name": "gpu-a", "resourceVersion": "1"},
+            "spec": {"index": 0, "uuid": "GPU-A", "memory": 81920, "nodeName": "node-a"},
+            "status": {"allocations": [{"elasticGPU": "e", "cores": 25, "memory": 1024}]}}
+    newer = {**body, "metadata": {"name": "gpu-a", "resourceVersion": "2"}, "status": {"allocations": []}}
+    models = gpu_records.Models(cache_size=4)
+    old_record, old_model = gpu_records.take_in(body)
+    new_record, new_model = gpu_records.take_in(newer)
+    models.put("gpu-a", new_record, new_model)
+    assert models.get("gpu-a", old_record) == old_model  # the late reader's build lands in the cache
+    assert models.get("gpu-a", new_record) == new_model
+    assert models.get("gpu-a", new_record).status.allocations == []

@@ -20,6 +20,7 @@ A leaf: it calls back into no module of the picture but `compact`.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -138,13 +139,17 @@ def take_in(body: Body) -> tuple[GPURecord, GPU]:
 
 class Models:
     """The GPU models built last, by object name, oldest first; built again from a record's JSON
-    on a miss (see the module docstring). No locking of its own: the ledger's callers hold the
-    picture's lock."""
+    on a miss (see the module docstring). A lock of its own: a read moves the entry (and may
+    evict one), and some readers of the ledger's models (a pod's sync) hold no picture lock."""
 
     def __init__(self, cache_size: int | None = None) -> None:
         """`cache_size`: `CACHE_SIZE` when None (read now: a test sets it smaller than its fleet)."""
         self._cache_size = CACHE_SIZE if cache_size is None else cache_size
-        self._cache: OrderedDict[str, GPU] = OrderedDict()
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, tuple[GPURecord, GPU]] = OrderedDict()
+        """By name: the record a model was built from or taken in with, and the model. A model
+        answers only for its own record: one built by a reader while a newer copy was taken in
+        is never handed out for the newer one."""
         self._unshared: set[str] = set()
         """Cached models taken in and not read yet: their field sets are shared (`compact.share_fields`)
         at their first read, not at take-in, where it was a quarter of a GPU's CPU and most of a list's
@@ -152,37 +157,41 @@ class Models:
 
     def get(self, name: str, record: GPURecord) -> GPU:
         """The model of `record` (GPU `name`): the cached one, or one built from its JSON."""
-        found = self._cache.get(name)
-        if found is not None:
-            self._cache.move_to_end(name)
-            if name in self._unshared:
-                self._unshared.discard(name)
-                compact.share_fields(found)
-            return found
+        with self._lock:
+            found = self._cache.get(name)
+            if found is not None and found[0] is record:
+                self._cache.move_to_end(name)
+                if name in self._unshared:
+                    self._unshared.discard(name)
+                    compact.share_fields(found[1])
+                return found[1]
         data = record.packed.json()
         # The same validation as the model taken in (`compact.kept`): the model is equal to it.
         model = compact.share_fields(GPU.model_validate_json(data) if data is not None
                                      else GPU.model_validate(record.packed.body()))
-        self._remember(name, model)
+        with self._lock:
+            self._remember(name, record, model)  # if a newer copy came meanwhile, its read misses
         return model
 
-    def put(self, name: str, model: GPU) -> None:
+    def put(self, name: str, record: GPURecord, model: GPU) -> None:
         """Keep `model` built as GPU `name`'s newest (a copy just taken in, its field sets its own:
         shared when first read)."""
-        self._remember(name, model)
-        self._unshared.add(name)
+        with self._lock:
+            self._remember(name, record, model)
+            self._unshared.add(name)
 
-    def _remember(self, name: str, model: GPU) -> None:
+    def _remember(self, name: str, record: GPURecord, model: GPU) -> None:
         self._unshared.discard(name)
-        self._cache[name] = model
+        self._cache[name] = (record, model)
         self._cache.move_to_end(name)
         while len(self._cache) > self._cache_size:
             self._unshared.discard(self._cache.popitem(last=False)[0])
 
     def pop(self, name: str) -> None:
         """Forget GPU `name`'s model (the object is gone or changed)."""
-        self._cache.pop(name, None)
-        self._unshared.discard(name)
+        with self._lock:
+            self._cache.pop(name, None)
+            self._unshared.discard(name)
 
     def __len__(self) -> int:
         return len(self._cache)

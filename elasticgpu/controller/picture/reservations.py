@@ -214,7 +214,7 @@ class Ledger:
             self.forget_gpu(name)
             previous = None
         self._gpus[name] = record
-        self._models.put(name, model)
+        self._models.put(name, record, model)
         self._uuid_to_name[record.uuid] = name
         if previous is None:
             node = record.node
