@@ -38,6 +38,11 @@ over every card (a relist's take-in) rebuilds none of them: the record answers i
 
 _OWNERS = {names.OWNER_ELASTIC_GPU: names.OWNER_ELASTIC_GPU, names.OWNER_DRA: names.OWNER_DRA}
 
+UNSHARED = 256
+"""Models taken in and not read yet kept in the cache, at most: one whose field sets are its own is
+~15 KB with four reservations (6.7 KB shared), and a list puts every card's; the oldest of them
+leave the cache first (a sync that reads one builds it again, ~40 us)."""
+
 Share = tuple[str, int, int, bool]
 """One reservation as the inventory mirrors it: (ElasticGPU name, cores, MiB, whole card)."""
 
@@ -150,10 +155,10 @@ class Models:
         """By name: the record a model was built from or taken in with, and the model. A model
         answers only for its own record: one built by a reader while a newer copy was taken in
         is never handed out for the newer one."""
-        self._unshared: set[str] = set()
-        """Cached models taken in and not read yet: their field sets are shared (`compact.share_fields`)
-        at their first read, not at take-in, where it was a quarter of a GPU's CPU and most of a list's
-        models leave the cache unread."""
+        self._unshared: OrderedDict[str, None] = OrderedDict()
+        """Cached models taken in and not read yet, oldest first (at most `UNSHARED`): their field sets
+        are shared (`compact.share_fields`) at their first read, not at take-in, where it was a quarter
+        of a GPU's CPU and most of a list's models leave the cache unread."""
 
     def get(self, name: str, record: GPURecord) -> GPU:
         """The model of `record` (GPU `name`): the cached one, or one built from its JSON."""
@@ -161,8 +166,7 @@ class Models:
             found = self._cache.get(name)
             if found is not None and found[0] is record:
                 self._cache.move_to_end(name)
-                if name in self._unshared:
-                    self._unshared.discard(name)
+                if self._unshared.pop(name, False) is None:
                     compact.share_fields(found[1])
                 return found[1]
         data = record.packed.json()
@@ -178,23 +182,25 @@ class Models:
         shared when first read)."""
         with self._lock:
             self._remember(name, record, model)
-            self._unshared.add(name)
+            self._unshared[name] = None
+            while len(self._unshared) > UNSHARED:
+                self._cache.pop(self._unshared.popitem(last=False)[0], None)
 
     def _remember(self, name: str, record: GPURecord, model: GPU) -> None:
-        self._unshared.discard(name)
+        self._unshared.pop(name, None)
         self._cache[name] = (record, model)
         self._cache.move_to_end(name)
         while len(self._cache) > self._cache_size:
-            self._unshared.discard(self._cache.popitem(last=False)[0])
+            self._unshared.pop(self._cache.popitem(last=False)[0], None)
 
     def pop(self, name: str) -> None:
         """Forget GPU `name`'s model (the object is gone or changed)."""
         with self._lock:
             self._cache.pop(name, None)
-            self._unshared.discard(name)
+            self._unshared.pop(name, None)
 
     def __len__(self) -> int:
         return len(self._cache)
 
 
-__all__ = ["CACHE_SIZE", "GPURecord", "Models", "Share", "health_of", "take_in"]
+__all__ = ["CACHE_SIZE", "UNSHARED", "GPURecord", "Models", "Share", "health_of", "take_in"]
