@@ -120,14 +120,20 @@ def test_a_waiting_claim_binds_while_every_claim_is_still_listed_and_no_bound_on
         stopped(stop, thread)
 
 
-def test_the_waiting_list_failing_midway_resumes_and_binds_each_claim_once(
-        kube_cluster: Any, cluster: Cluster, kube: KubeApi, monkeypatch: pytest.MonkeyPatch) -> None:
-    ns = cluster.namespace
+def _five_waiting_claims(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> tuple[str, list[str]]:
+    """A class on fresh cards and five claims of it waiting, listed two to a page (three pages)."""
     class_name = cards(cluster)
-    monkeypatch.setattr(waiting_claims, "PAGE_SIZE", 2)  # 5 waiting claims: three pages
+    monkeypatch.setattr(waiting_claims, "PAGE_SIZE", 2)
     made = [f"waiting-{i}" for i in range(5)]
     for name in made:
         cluster.claim(o.claim(name, cores=10, memory="1Gi", class_name=class_name))
+    return class_name, made
+
+
+def test_the_waiting_list_failing_midway_resumes_and_binds_each_claim_once(
+        kube_cluster: Any, cluster: Cluster, kube: KubeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = cluster.namespace
+    _, made = _five_waiting_claims(cluster, monkeypatch)
     # The second page fails twice, then is asked again with its token.
     held, stop, thread = _start(kube_cluster, ns, fail_pages=2)
     try:
@@ -198,11 +204,7 @@ def test_a_continue_token_expired_midway_lists_again_and_binds_each_claim_once(
     if not kube_cluster.etcd_url:
         pytest.skip("an external cluster: its etcd cannot be compacted from here")
     ns = cluster.namespace
-    class_name = cards(cluster)
-    monkeypatch.setattr(waiting_claims, "PAGE_SIZE", 2)  # 5 waiting claims: three pages
-    made = [f"waiting-{i}" for i in range(5)]
-    for name in made:
-        cluster.claim(o.claim(name, cores=10, memory="1Gi", class_name=class_name))
+    class_name, made = _five_waiting_claims(cluster, monkeypatch)
     kube_api = CompactedMidway.from_kubeconfig(str(kube_cluster.kubeconfig))
     assert isinstance(kube_api, CompactedMidway)
     kube_api.release, kube_api.holding, kube_api.failed, kube_api.answers = (
