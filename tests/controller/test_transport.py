@@ -4,13 +4,10 @@ reopened, failures translated into the controller's errors."""
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -56,48 +53,47 @@ def _closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _sockets_to(port: int) -> int:
-    """This process's established TCP connections to `port` (its own descriptors, read from /proc)."""
-    inodes = set()
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        with open(table) as lines:
-            for line in list(lines)[1:]:
-                fields = line.split()
-                if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # ESTABLISHED
-                    inodes.add(fields[9])
-    fds = Path("/proc/self/fd")
-    mine = set()
-    for fd in fds.iterdir():
-        try:
-            mine.add(os.readlink(fd))
-        except OSError:
-            continue  # closed since the listing
-    return sum(f"socket:[{inode}]" in mine for inode in inodes)
+def _streams(api: KubeApi) -> int:
+    """The watches open on `api`'s transport (registered once the server answered the request)."""
+    assert api._transport is not None
+    with api._transport._lock:
+        return len(api._transport._streams)
 
 
-def test_a_finished_threads_connection_is_closed_when_the_thread_ends(kube: KubeApi) -> None:
+def test_a_finished_threads_connection_is_closed_when_the_thread_ends(kube_cluster: Any,
+                                                                     crds_installed: list[str]) -> None:
     # A long-lived controller starts threads (a sync, a probe): each that made a request kept its
     # socket until the client was closed. Old transport: 20 threads left 20 connections open.
-    assert kube._transport is not None
-    port = kube._transport._port
-    assert port == urlsplit(kube._api.configuration.host).port
-    kube.list_classes()  # this thread's connection, kept: it is alive
-    before = _sockets_to(port)
+    # The client is the test's own and the connections are the threads' own objects: counting the
+    # process's sockets to the server also counted other tests' clients (failed in a full run).
+    api = KubeApi.from_kubeconfig(str(kube_cluster.kubeconfig))
+    try:
+        transport = api._transport
+        assert transport is not None
+        api.list_classes()  # this thread's connection, kept: it is alive
+        mine = transport._local.conn
+        used: list[Any] = []
 
-    def one_request() -> None:
-        kube.list_classes()
+        def one_request() -> None:
+            api.list_classes()
+            used.append(transport._local.conn)
 
-    for _ in range(20):
-        thread = threading.Thread(target=one_request, name="short-lived")
-        thread.start()
-        thread.join(30.0)
-        assert not thread.is_alive(), "a request hung"
-    deadline = time.monotonic() + 10.0
-    while (now := _sockets_to(port)) > before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert now <= before, f"{now - before} connections of ended threads still open ({before} before)"
-    assert len(kube._transport._open) == 1, len(kube._transport._open)
-    kube.list_classes()  # this thread's connection still works
+        for _ in range(20):
+            thread = threading.Thread(target=one_request, name="short-lived")
+            thread.start()
+            thread.join(30.0)
+            assert not thread.is_alive(), "a request hung"
+        assert len(used) == 20 and mine not in used
+        deadline = time.monotonic() + 10.0
+        while (still := [conn for conn in used if conn.sock is not None]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not still, f"{len(still)} connections of ended threads still open"
+        with transport._lock:
+            assert transport._open == {mine}, len(transport._open)
+        api.list_classes()  # this thread's connection still works
+        assert transport._local.conn is mine
+    finally:
+        api.close()
 
 
 def test_closing_the_client_ends_its_open_watches_at_once(kube_cluster: Any, crds_installed: list[str],
@@ -108,8 +104,6 @@ def test_closing_the_client_ends_its_open_watches_at_once(kube_cluster: Any, crd
     path = api.collection_path("claim", namespace)
     _items, version = api.list_collection(path)
     assert api._transport is not None
-    port = api._transport._port
-    before = _sockets_to(port)
     opened, ended = threading.Event(), threading.Event()
 
     def watch() -> None:
@@ -121,7 +115,7 @@ def test_closing_the_client_ends_its_open_watches_at_once(kube_cluster: Any, crd
     thread = threading.Thread(target=watch, name="closed-watch", daemon=True)
     thread.start()
     deadline = time.monotonic() + 10.0
-    while _sockets_to(port) <= before:  # the watch's connection is open
+    while _streams(api) < 1:  # the watch's stream is open
         assert time.monotonic() < deadline, "the watch never connected"
         time.sleep(0.01)
     api.close()
@@ -138,8 +132,6 @@ def test_end_watches_ends_only_the_watches_of_the_threads_named(kube_cluster: An
         path = api.collection_path("claim", namespace)
         _items, version = api.list_collection(path)
         assert api._transport is not None
-        port = api._transport._port
-        before = _sockets_to(port)
         ended = {name: threading.Event() for name in ("stopped", "kept")}
 
         def watch(name: str) -> None:
@@ -152,7 +144,7 @@ def test_end_watches_ends_only_the_watches_of_the_threads_named(kube_cluster: An
         for thread in threads.values():
             thread.start()
         deadline = time.monotonic() + 10.0
-        while _sockets_to(port) < before + 2:  # both watches connected
+        while _streams(api) < 2:  # both watches' streams are open
             assert time.monotonic() < deadline, "the watches never connected"
             time.sleep(0.01)
         api.end_watches([threads["stopped"]])
