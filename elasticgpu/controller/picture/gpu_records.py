@@ -26,7 +26,7 @@ from typing import Any
 
 from elasticgpu.allocator import CardRecord, Health
 from elasticgpu.api import GPU, names
-from elasticgpu.api.gpu import GPULimit, open_to_elastic_gpu
+from elasticgpu.api.gpu import GPULimit, effective_owner, open_to_elastic_gpu
 from elasticgpu.controller.picture import compact
 
 Body = dict[str, Any]
@@ -55,7 +55,7 @@ class GPURecord:
     MIG mode or owner differ, are re-added to the inventory, as the old models' `spec !=` did
     (a spec change the card does not show, numa absent or 0, would re-add an equal card)."""
 
-    __slots__ = ("card", "limits", "mig", "owner", "packed", "said_unhealthy", "shares", "status_owner")
+    __slots__ = ("card", "effective_owner", "limits", "mig", "open", "owner", "packed", "said_unhealthy", "shares")
 
     def __init__(self, model: GPU, packed: compact.Packed) -> None:
         spec, status = model.spec, model.status
@@ -70,7 +70,10 @@ class GPURecord:
             a.elastic_gpu: a.limit for a in status.allocations if a.limit is not None} or None
         # The two owners' constant strings, not the model's copy of one per card.
         self.owner: str = _OWNERS.get(spec.owner, spec.owner)
-        self.status_owner: str | None = _OWNERS.get(status.owner, status.owner) if status.owner else None
+        now = effective_owner(model)
+        self.effective_owner: str = _OWNERS.get(now, now)
+        self.open = open_to_elastic_gpu(model)
+        """`api.gpu.open_to_elastic_gpu`: our allocator may place on the card."""
         # Flat (key, cores, MiB, whole, key, ...): a tuple per reservation was ~70 bytes more each.
         self.shares: tuple[str | int | bool, ...] = tuple(
             field for a in status.allocations for field in (a.elastic_gpu, a.cores, a.memory, a.exclusive))
@@ -118,15 +121,10 @@ class GPURecord:
         """Whether `other` is the same card to the inventory (see the class docstring)."""
         return self.card == other.card and self.mig == other.mig and self.owner == other.owner
 
-    def open_to_elastic_gpu(self) -> bool:
-        """`api.gpu.open_to_elastic_gpu` of the object, without its model."""
-        return self.owner == names.OWNER_ELASTIC_GPU and (self.status_owner or names.OWNER_ELASTIC_GPU) == (
-            names.OWNER_ELASTIC_GPU)
-
     def owner_moving(self) -> bool:
         """Whether spec.owner differs from the effective owner (`api.gpu.effective_owner`): a move
         between ElasticGPU and DRA is under way."""
-        return self.owner != (self.status_owner or names.OWNER_ELASTIC_GPU)
+        return self.owner != self.effective_owner
 
 
 def health_of(model: GPU) -> Health:

@@ -101,6 +101,10 @@ class Ledger:
     def _body(self, name: str) -> Body:
         return self._gpus[name].packed.body()
 
+    def _model(self, name: str) -> GPU:
+        """The model of a GPU the ledger holds (built from its JSON when not cached)."""
+        return self._models.get(name, self._gpus[name])
+
     def gpu_names(self) -> list[str]:
         """Names of every GPU object seen."""
         return list(self._gpus)
@@ -382,10 +386,10 @@ class Ledger:
         status.owner DRA is refused by the CRD). Adding a holder to a card not ours alone is refused;
         changing a reservation the card already holds (a claimRef stamp, a resize) or removing one is not."""
         record = self._gpus[gpu_name]
-        if new_keys and not record.open_to_elastic_gpu():
+        if new_keys and not record.open:
             raise CardClosed(
                 f"GPU {gpu_name}: not reserving {', '.join(sorted(new_keys))}: the card is moving to DRA or is"
-                f" DRA's (spec.owner {record.owner}, status.owner {record.status_owner or 'ElasticGPU'}) since"
+                f" DRA's (spec.owner {record.owner}, status.owner {record.effective_owner}) since"
                 " the decision; deciding again")
 
     def _refuse_overfill(self, body: Body, allocations: list[Body], keys: list[str]) -> None:
@@ -395,7 +399,7 @@ class Ledger:
         precondition and oversubscribe the card. A write that leaves the card over capacity and
         holding more than it does now is refused; one that only keeps or lowers what an already
         overfull card holds (a release, a claimRef stamp) goes through."""
-        spec = self._models.get(body["metadata"]["name"], self._gpus[body["metadata"]["name"]]).spec
+        spec = self._model(body["metadata"]["name"]).spec
         before = _load(_allocations(body))
         after = _load(allocations)
         cores, memory, count, whole = after
@@ -425,7 +429,7 @@ class Ledger:
 
     def _status_body(self, body: Body, allocations: list[Body]) -> Body:
         name = body["metadata"]["name"]
-        model = self._models.get(name, self._gpus[name])
+        model = self._model(name)
         status = dict(body.get("status") or {})
         status["allocations"] = allocations
         cores = sum(int(a.get("cores", 0)) for a in allocations)
